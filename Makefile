@@ -1,0 +1,44 @@
+# mooncake-assets: `make demo` and `make test` work on a fresh clone.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-quick ui bench clean system-deps
+
+install: $(STAMP)
+
+# Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical) and Chromium
+# for the Dagster UI test. Installed only when missing (CI runs as root on Debian).
+system-deps:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium >/dev/null; \
+	  else echo "warning: install Debian's postgresql and chromium packages (need root)"; fi; \
+	fi
+
+$(STAMP): pyproject.toml Makefile
+	$(MAKE) system-deps
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/mooncake demo
+
+test: install
+	$(BIN)/dagster definitions validate -w workspace.yaml
+	$(BIN)/python -m pytest -q
+
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow and not ui"
+
+ui: install
+	$(BIN)/mooncake ui
+
+bench: install
+	$(BIN)/mooncake bench --json bench.json --plots bench-plots
+
+clean:
+	rm -rf $(VENV) .mooncake

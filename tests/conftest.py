@@ -1,0 +1,65 @@
+"""Shared fixtures: a real throwaway PostgreSQL cluster with wal_level=logical.
+
+The cluster's data directory lives under /var/tmp (the `postgres` user cannot enter root-only
+folders such as /root, where a CI clone may live).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from mooncake_assets.engine.pg import EmbeddedPostgres
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def _shared_dir() -> Path:
+    return Path(os.environ.get("MOONCAKE_SHARED", SHARED))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """``../shared`` beside the clone (golden files under ``testdata/iceberg``)."""
+    return _shared_dir()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """One embedded cluster for the whole session; yields the EmbeddedPostgres."""
+    root = Path(tempfile.mkdtemp(prefix="mooncake-test-pg-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    pg = EmbeddedPostgres(root / "state")
+    pg.start()
+    yield pg
+    pg.destroy()
+
+
+@pytest.fixture()
+def pg_dsn(pg_cluster):
+    """A fresh database in the session cluster for one test; yields its DSN."""
+    name = "t_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    dsn = pg_cluster.dsn(name)
+    yield dsn
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)).fetchall():
+            try:
+                c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            except Exception:
+                pass
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture()
+def state_dir():
+    """A fresh mooncake state directory under /var/tmp."""
+    d = Path(tempfile.mkdtemp(prefix="mooncake-test-state-", dir="/var/tmp"))
+    os.chmod(d, 0o755)
+    return d
