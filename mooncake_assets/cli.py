@@ -1,0 +1,339 @@
+"""The ``mooncake`` command line (DESIGN.md §8)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .config import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Live, queryable Iceberg mirrors of PostgreSQL tables (moonlink design), with union reads "
+                       "through DuckDB and Dagster orchestration.")
+pg_app = typer.Typer(no_args_is_help=True, help="The embedded local Postgres in <state>/pg (wal_level=logical).")
+app.add_typer(pg_app, name="pg")
+console = Console()
+err = Console(stderr=True)
+
+
+class Ctx:
+    settings: Settings
+
+
+CTX = Ctx()
+
+
+def fail(msg: str, code: int = 1):
+    err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.callback()
+def main_options(
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory [env MOONCAKE_STATE_DIR; default ./.mooncake]"),
+    dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN [env MOONCAKE_PG_DSN; default: the embedded local Postgres]"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// [env MOONCAKE_WAREHOUSE; default file://<state>/warehouse]"),
+    catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI [env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db]"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
+):
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri)
+
+
+def _client(start: bool = True):
+    from .engine.service import ServiceClient
+    from .engine.service.process import start_service
+
+    s = CTX.settings
+    if start:
+        try:
+            start_service(s)
+        except Exception as e:
+            fail(str(e))
+    return ServiceClient(s.socket_path)
+
+
+def _call(client, action: str, **kw) -> dict:
+    from .engine.service import ServiceError
+
+    try:
+        return client.call(action, **kw)
+    except ServiceError as e:
+        fail(str(e))
+
+
+# ---------------------------------------------------------------------------------------- pg
+@pg_app.command("start")
+def pg_start():
+    """Create (first time) and start the embedded Postgres; prints its DSN. No-op when running."""
+    from .engine.pg import EmbeddedPostgres, PostgresNotFound
+
+    try:
+        print(EmbeddedPostgres(CTX.settings.state_dir).start())
+    except (PostgresNotFound, RuntimeError) as e:
+        fail(str(e))
+
+
+@pg_app.command("stop")
+def pg_stop():
+    """Stop the embedded Postgres."""
+    from .engine.pg import EmbeddedPostgres
+
+    EmbeddedPostgres(CTX.settings.state_dir).stop()
+
+
+@pg_app.command("dsn")
+def pg_dsn():
+    """Print the embedded Postgres's DSN."""
+    from .engine.pg import EmbeddedPostgres
+
+    try:
+        print(EmbeddedPostgres(CTX.settings.state_dir).dsn())
+    except RuntimeError as e:
+        fail(str(e))
+
+
+# ---------------------------------------------------------------------------------------- service
+@app.command()
+def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by policy) or dagster (assets drive it)")):
+    """Run the replicator service in the foreground (Ctrl-C stops it)."""
+    from .engine.service.flight import serve as _serve
+
+    s = CTX.settings
+    if maintenance:
+        s.maintenance = maintenance
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        _serve(s)
+    except Exception as e:
+        fail(f"the service stopped: {type(e).__name__}: {e}")
+
+
+@app.command()
+def start():
+    """Start the replicator service in the background (no-op when it is running)."""
+    from .engine.service.process import start_service
+
+    try:
+        pid = start_service(CTX.settings)
+    except Exception as e:
+        fail(str(e))
+    console.print(f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path})")
+
+
+@app.command()
+def stop():
+    """Stop the background replicator service."""
+    from .engine.service.process import stop_service
+
+    if stop_service(CTX.settings):
+        console.print("mooncake service stopped")
+    else:
+        console.print("mooncake service was not running")
+
+
+@app.command()
+def status():
+    """Is the service running, and what is it doing."""
+    from .engine.service import ServiceClient
+
+    c = ServiceClient(CTX.settings.socket_path)
+    if not c.ping():
+        console.print("mooncake service: not running")
+        raise typer.Exit(3)
+    st = c.status()
+    console.print(f"mooncake service: running; slot {st['slot']}, applied LSN {st['applied_lsn']}, "
+                  f"confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
+                  + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else ""))
+
+
+# ---------------------------------------------------------------------------------------- tables
+@app.command("create-table")
+def create_table(dst: str = typer.Argument(..., help="Name of the mirror"),
+                 src: str = typer.Argument(..., help="Source table, schema.table"),
+                 delete_format: str = typer.Option("deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)")):
+    """Mirror Postgres table SRC as DST: consistent initial copy, then change data capture."""
+    res = _create_with_progress(_client(), dst, src, delete_format)
+    console.print(f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
+                  f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})")
+
+
+def _create_with_progress(client, dst, src, delete_format="deletion-vectors", quiet=False) -> dict:
+    from .engine.service import ServiceClient, ServiceError
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600)
+        except ServiceError as e:
+            box["err"] = str(e)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    poll = ServiceClient(client.socket_path)
+    with Progress(TextColumn("copying {task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} rows"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=quiet) as prog:
+        task = prog.add_task(f"{src} → {dst}", total=None)
+        while th.is_alive():
+            th.join(0.3)
+            try:
+                for t in poll.status()["tables"]:
+                    if t["name"] == dst and t.get("progress"):
+                        p = t["progress"]
+                        prog.update(task, completed=p.get("rows", 0), total=max(p.get("total_rows") or 0, p.get("rows", 0)) or None)
+            except ServiceError:
+                pass
+    poll.close()
+    if "err" in box:
+        fail(box["err"])
+    return box["res"]
+
+
+@app.command("drop-table")
+def drop_table(dst: str):
+    """Stop mirroring DST and delete its Iceberg table (the slot goes with the last table)."""
+    res = _call(_client(), "drop_table", table=dst)
+    console.print(f"dropped {dst}" + (" (and the replication slot)" if res.get("slot_dropped") else ""))
+
+
+@app.command("list-tables")
+def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-readable output")):
+    """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors."""
+    st = _call(_client(), "status")
+    if as_json:
+        print(json.dumps({"tables": st["tables"]}, indent=1))
+        return
+    t = Table(title=f"mirrored tables (applied LSN {st['applied_lsn']})")
+    cols = ["name", "source", "state", "applied_lsn", "flush_lsn", "buffer_rows", "data_files", "index_blocks",
+            "pending_deletes", "deletion_vectors", "live_rows"]
+    for c in cols:
+        t.add_column(c.replace("_", " "))
+    for row in st["tables"]:
+        t.add_row(*[str(row.get(c, "")) for c in cols])
+    console.print(t)
+
+
+@app.command()
+def query(sql: str, fmt: str = typer.Option("table", "--format", help="table, csv or json"),
+          lsn: Optional[str] = typer.Option(None, help="Read at this LSN instead of the current one")):
+    """Union read: run SQL over the mirrors (visible by their DST names), read-your-writes."""
+    from .engine.read import UnionReader
+    from .engine.service import ServiceError
+
+    try:
+        res = UnionReader(_client(), CTX.settings.source_dsn()).query(sql, lsn=lsn)
+    except (ServiceError, TimeoutError) as e:
+        fail(str(e))
+    except Exception as e:
+        fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    _print_arrow(res, fmt)
+
+
+def _print_arrow(res, fmt: str):
+    if fmt == "json":
+        print(json.dumps(res.to_pylist(), default=str))
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(res, sys.stdout.buffer)
+    else:
+        t = Table()
+        for n in res.column_names:
+            t.add_column(n)
+        for row in res.to_pylist():
+            t.add_row(*["NULL" if v is None else str(v) for v in row.values()])
+        console.print(t)
+
+
+def _maint(op: str, dst: str, **kw):
+    res = _call(_client(), op, table=dst, **kw)
+    console.print(f"{op.replace('_', '-')} {dst}: " + ", ".join(f"{k}={v}" for k, v in res.items()))
+
+
+@app.command()
+def flush(dst: str):
+    """Write DST's in-memory rows to Parquet plus an index block (not yet in Iceberg)."""
+    _maint("flush", dst)
+
+
+@app.command()
+def persist(dst: str):
+    """Flush, then commit data files, deletion vectors, index and flush LSN to Iceberg in one commit."""
+    _maint("persist", dst)
+
+
+@app.command("merge-index")
+def merge_index(dst: str):
+    """Merge DST's index blocks (k-way merge by hash)."""
+    _maint("merge_index", dst)
+
+
+@app.command()
+def compact(dst: str, full: bool = typer.Option(False, "--full", help="Rewrite every file"),
+            dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be picked and why")):
+    """Rewrite small and half-deleted files of DST (policy-driven)."""
+    _maint("compact", dst, full=full, dry_run=dry_run)
+
+
+@app.command()
+def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to check (default: all)"),
+           reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg")):
+    """Compare each mirror with its source at one LSN; exit 0 only if all match."""
+    code = run_verify(tables or None, reader)
+    raise typer.Exit(code)
+
+
+def run_verify(tables, reader: str) -> int:
+    from .verify import verify as _verify
+
+    client = _client() if reader == "union" else None
+    try:
+        results, lsn = _verify(CTX.settings, tables, reader, client)
+    except Exception as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    for r in results:
+        console.print(r.line(), highlight=False)
+    ok = sum(r.match for r in results)
+    print(f"verified: {ok}/{len(results)} tables match at LSN {lsn}", flush=True)
+    return 0 if ok == len(results) and results else 1
+
+
+@app.command()
+def demo(seconds: int = typer.Option(30, help="How long pgbench runs"),
+         scale: int = typer.Option(1, help="pgbench scale factor"),
+         clients: int = typer.Option(4, help="pgbench clients"),
+         dagster: bool = typer.Option(False, "--dagster", help="Drive maintenance through the Dagster assets")):
+    """End-to-end run on pgbench's tables: mirror, stream a workload, union-read, persist, verify."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(CTX.settings, seconds=seconds, scale=scale, clients=clients, dagster=dagster))
+
+
+@app.command()
+def bench(quick: bool = typer.Option(False, "--quick"), json_file: Optional[Path] = typer.Option(None, "--json"),
+          plots: Optional[Path] = typer.Option(None, "--plots"),
+          suite: Optional[list[str]] = typer.Option(None, "--suite", help="index, maintenance, ingest, freshness, union_read, memory (default: all)")):
+    """Benchmarks reported as ratios measured side by side in one run."""
+    from .bench import run_bench
+
+    raise typer.Exit(run_bench(CTX.settings, quick=quick, json_file=json_file, plots=plots, suites=suite))
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    main()

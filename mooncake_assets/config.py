@@ -1,0 +1,85 @@
+"""Where mooncake keeps things: state directory, source DSN, warehouse, catalog, service socket.
+
+Defaults (DESIGN.md §8): state dir ``$MOONCAKE_STATE_DIR`` or ``./.mooncake``; DSN ``$MOONCAKE_PG_DSN``
+or the embedded local Postgres in ``<state>/pg``; warehouse ``$MOONCAKE_WAREHOUSE`` or
+``file://<state>/warehouse``; catalog ``$MOONCAKE_CATALOG_URI`` or ``sqlite:///<state>/catalog.db``.
+Settings given on the command line are saved in ``<state>/settings.json`` so that the background
+service and later commands use the same ones.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Settings:
+    """Resolved settings of one mooncake state directory.
+
+    ``dsn``: None means "the embedded local Postgres". ``maintenance``: ``auto`` (the service flushes
+    and persists by policy) or ``dagster`` (assets drive it; the service only enforces its memory cap).
+    """
+
+    state_dir: Path
+    dsn: str | None = None
+    warehouse: str | None = None
+    catalog_uri: str | None = None
+    maintenance: str = "auto"
+    flush_rows: int = 200_000          # buffered rows of one table that trigger a flush (rows)
+    flush_bytes: int = 256 << 20       # buffered Arrow bytes of one table that trigger a flush (bytes)
+    persist_interval_s: float = 10.0   # auto mode: persist a dirty table at most this often (seconds)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def settings_file(self) -> Path:
+        return self.state_dir / "settings.json"
+
+    @property
+    def warehouse_uri(self) -> str:
+        return self.warehouse or f"file://{self.state_dir / 'warehouse'}"
+
+    @property
+    def catalog(self) -> str:
+        return self.catalog_uri or f"sqlite:///{self.state_dir / 'catalog.db'}"
+
+    @property
+    def socket_path(self) -> Path:
+        """Unix socket of the service's Arrow Flight endpoint (kept short: sun_path holds 107 bytes)."""
+        p = self.state_dir / "service.sock"
+        if len(str(p)) > 100:
+            h = hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:12]
+            return Path("/tmp") / f"mooncake-{h}.sock"
+        return p
+
+    def source_dsn(self) -> str:
+        """The DSN of the source Postgres: the configured one or the embedded cluster's (started if needed)."""
+        if self.dsn:
+            return self.dsn
+        from .engine.pg import EmbeddedPostgres
+
+        return EmbeddedPostgres(self.state_dir).start()
+
+    def save(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        d = {k: v for k, v in asdict(self).items() if k != "state_dir"}
+        self.settings_file.write_text(json.dumps(d, indent=1))
+
+
+def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None = None,
+                  warehouse: str | None = None, catalog_uri: str | None = None) -> Settings:
+    """Settings for a state dir: explicit arguments beat the environment, which beats the saved file."""
+    sd = Path(state_dir or os.environ.get("MOONCAKE_STATE_DIR") or ".mooncake").resolve()
+    s = Settings(state_dir=sd)
+    f = s.settings_file
+    if f.exists():
+        saved = json.loads(f.read_text())
+        for k, v in saved.items():
+            if hasattr(s, k):
+                setattr(s, k, v)
+    s.dsn = dsn or os.environ.get("MOONCAKE_PG_DSN") or s.dsn
+    s.warehouse = warehouse or os.environ.get("MOONCAKE_WAREHOUSE") or s.warehouse
+    s.catalog_uri = catalog_uri or os.environ.get("MOONCAKE_CATALOG_URI") or s.catalog_uri
+    return s

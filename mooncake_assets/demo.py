@@ -1,0 +1,104 @@
+"""``mooncake demo``: an end-to-end run on pgbench's tables (issue 2, DESIGN.md §8).
+
+Starts the embedded Postgres (unless a DSN is configured), runs ``pgbench -i``, mirrors
+``pgbench_accounts``, ``pgbench_branches``, ``pgbench_tellers`` and ``pgbench_history`` (no primary
+key: REPLICA IDENTITY FULL), runs ``pgbench`` for ``seconds`` while printing a union-read query next to
+the same query on Postgres and the replication lag, flushes and persists during the run, then stops
+the workload, persists every table and verifies every table. The last line is
+``verified: K/N tables match at LSN …``; the exit status is 0 only when all match.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+
+import psycopg
+from rich.console import Console
+
+from .config import Settings
+
+TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
+QUERY = "SELECT bid, sum(abalance) AS balance FROM pgbench_accounts GROUP BY bid ORDER BY bid LIMIT 3"
+
+
+def _pg_bin(name: str) -> str:
+    from .engine.pg import find_pg_bin
+
+    try:
+        return str(find_pg_bin() / name)
+    except Exception:
+        return shutil.which(name) or name
+
+
+def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int = 4, dagster: bool = False) -> int:
+    from .cli import _create_with_progress, run_verify
+    from .engine.read import UnionReader
+    from .engine.service import ServiceClient, ServiceError
+    from .engine.service.process import start_service
+
+    con = Console()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    dsn = settings.source_dsn()
+    con.print(f"[bold]source[/bold] {dsn}")
+    settings.save()
+    start_service(settings)
+    client = ServiceClient(settings.socket_path)
+    existing = {t["name"] for t in client.status()["tables"]}
+    for t in TABLES:
+        if t in existing:
+            client.call("drop_table", table=t)
+    con.print(f"pgbench -i -s {scale} …")
+    subprocess.run([_pg_bin("pgbench"), "-i", "-q", "-s", str(scale), dsn], check=True, capture_output=True)
+    for t in TABLES:
+        res = _create_with_progress(client, t, f"public.{t}")
+        con.print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)")
+
+    con.print(f"pgbench: {clients} clients for {seconds}s")
+    bench = subprocess.Popen([_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), dsn],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    reader = UnionReader(client, dsn)
+    t0 = time.time()
+    tick = 0
+    maint_log = []
+    try:
+        while bench.poll() is None:
+            time.sleep(min(5.0, max(1.0, seconds / 6)))
+            tick += 1
+            with psycopg.connect(dsn, autocommit=True) as c:
+                src = c.execute(QUERY).fetchall()
+                src_lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+            st = client.status()
+            try:
+                mir = reader.query(QUERY, tables=["pgbench_accounts"], lsn=st["applied_lsn"]).to_pylist()
+            except ServiceError as e:
+                mir = [{"error": str(e)}]
+            lag = _lsn(src_lsn) - _lsn(st["applied_lsn"])
+            con.print(f"[{time.time() - t0:5.1f}s] lag {max(lag, 0):,} bytes | postgres {[(r[0], r[1]) for r in src]} "
+                      f"| mirror {[(r['bid'], r['balance']) for r in mir if 'bid' in r]}")
+            op = "flush" if tick % 2 else "persist"
+            for t in TABLES:
+                r = client.call(op, table=t)
+            maint_log.append(op)
+            con.print(f"         {op} of {len(TABLES)} tables")
+    finally:
+        if bench.poll() is None:
+            bench.send_signal(signal.SIGINT)
+        bench.wait()
+    if bench.returncode not in (0, None):
+        con.print(f"[yellow]pgbench exited with {bench.returncode}: {bench.stderr.read().decode()[-300:]}")
+    while maint_log.count("persist") < 2 or maint_log.count("flush") < 2:
+        op = "flush" if maint_log.count("flush") < 2 else "persist"
+        for t in TABLES:
+            client.call(op, table=t)
+        maint_log.append(op)
+    for t in TABLES:
+        client.call("persist", table=t)
+    con.print("workload stopped; every table persisted; verifying …")
+    return run_verify(TABLES, "union")
+
+
+def _lsn(s: str) -> int:
+    hi, lo = s.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)

@@ -1,0 +1,22 @@
+"""CDC from Postgres: pgoutput protocol, replication connection, type mapping, initial copy and the
+transaction assembler (see DESIGN §6)."""
+from .copy import copy_statement, initial_copy
+from .pgoutput import (
+    Begin, Commit, Delete, Insert, Message, Origin, PgOutputMessage, Relation, RelationColumn, StreamAbort,
+    StreamCommit, StreamStart, StreamStop, Truncate, TupleData, Type, Update, parse_message,
+)
+from .stream import ReplicationConnection, ReplicationError, lsn_to_str, str_to_lsn
+from .txn import Change, ProtocolError, Transaction, TransactionAssembler
+from .types import (
+    OUTPUT_SETTINGS, ColumnSpec, TableSchema, UnsupportedTypeError, arrow_type_for, decode_text_column,
+    decode_text_columns, describe_table,
+)
+
+__all__ = [
+    "Begin", "Commit", "Delete", "Insert", "Message", "Origin", "PgOutputMessage", "Relation", "RelationColumn",
+    "StreamAbort", "StreamCommit", "StreamStart", "StreamStop", "Truncate", "TupleData", "Type", "Update",
+    "parse_message", "ReplicationConnection", "ReplicationError", "lsn_to_str", "str_to_lsn", "Change",
+    "ProtocolError", "Transaction", "TransactionAssembler", "OUTPUT_SETTINGS", "ColumnSpec", "TableSchema",
+    "UnsupportedTypeError", "arrow_type_for", "decode_text_column", "decode_text_columns", "describe_table",
+    "copy_statement", "initial_copy",
+]

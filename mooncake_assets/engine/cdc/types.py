@@ -1,0 +1,548 @@
+"""Postgres table schemas and the Postgres → Arrow type mapping, with column-wise text decoding.
+
+Values arrive from Postgres in its **text output format** (pgoutput tuple data in text mode, and
+``COPY … (FORMAT csv)`` for the initial copy). :func:`decode_text_columns` turns them into Arrow
+column by column: one ``pa.array`` of strings per column, then vectorized ``pyarrow.compute`` casts.
+The sessions that produce the text (the walsender of :class:`~.stream.ReplicationConnection` and the
+copy transaction of :func:`~.copy.initial_copy`) pin the output settings the decoder relies on:
+``DateStyle=ISO``, ``TimeZone=UTC``, ``IntervalStyle=postgres``, ``bytea_output=hex``,
+``extra_float_digits=3``.
+
+Type mapping (``arrow_type_for``):
+
+=============================================  ===========================================
+Postgres                                       Arrow
+=============================================  ===========================================
+boolean                                        bool
+smallint / integer / bigint                    int16 / int32 / int64
+oid                                            int64
+real / double precision                        float32 / float64 (NaN, ±Infinity kept)
+numeric(p,s), 1 <= p <= 38, 0 <= s <= p         decimal128(p, s)
+numeric (unconstrained, p > 38, or s < 0 or    string holding Postgres's exact text ('NaN',
+s > p)                                         'Infinity' included): never loses a digit
+text, varchar(n), char(n)/bpchar, "char",      string (char(n) keeps its blank padding, as
+name, citext                                   Postgres outputs it)
+uuid                                           string, canonical lower-case text
+json, jsonb, xml                               string (Postgres's text output)
+interval, timetz, inet, cidr, macaddr,         string (Postgres's text output)
+macaddr8, bit(n), varbit
+enum types                                     string (the label)
+domains                                        the mapping of their base type
+bytea                                          binary
+date                                           date32
+time                                           time64('us')
+timestamp                                      timestamp('us')
+timestamptz                                    timestamp('us', tz='UTC')
+=============================================  ===========================================
+
+Anything else (arrays, geometric types, tsvector, ranges, composite types, money, …) raises
+:class:`UnsupportedTypeError`.
+
+Special values: ``date``/``timestamp[tz]`` ``infinity`` and ``-infinity`` become DuckDB's sentinels
+(``date``: ±(2**31-1) days; ``timestamp``: ±(2**63-1) µs), which DuckDB reads back (from Arrow and
+from Parquet) as ``infinity``/``-infinity`` (``isinf`` is true); Python ``datetime`` cannot hold them, so
+``to_pylist()`` on such a value fails. BC dates and timestamps are kept (proleptic Gregorian, astronomical year
+numbering: 1 BC is year 0). Values that cannot be represented raise ``ValueError`` naming the
+column: ``numeric`` NaN in a ``decimal128`` column, ``time '24:00:00'``, timestamps past
+294247-01-10 (the int64 µs range from 1970).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "ColumnSpec",
+    "TableSchema",
+    "UnsupportedTypeError",
+    "describe_table",
+    "arrow_type_for",
+    "decode_text_columns",
+    "decode_text_column",
+    "SUPPORTED_TYPES",
+    "OUTPUT_SETTINGS",
+]
+
+#: GUCs a session must have so that its text output is what the decoder expects.
+OUTPUT_SETTINGS: dict[str, str] = {
+    "DateStyle": "ISO",
+    "TimeZone": "UTC",
+    "IntervalStyle": "postgres",
+    "bytea_output": "hex",
+    "extra_float_digits": "3",
+}
+
+# -- type oids (pg_type.dat) --------------------------------------------------------------------
+BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
+JSON, XML, CIDR, FLOAT4, FLOAT8, MACADDR8, MACADDR, INET = 114, 142, 650, 700, 701, 774, 829, 869
+BPCHAR, VARCHAR, DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, TIMETZ = 1042, 1043, 1082, 1083, 1114, 1184, 1186, 1266
+BIT, VARBIT, NUMERIC, UUID, JSONB = 1560, 1562, 1700, 2950, 3802
+
+_FIXED: dict[int, pa.DataType] = {
+    BOOL: pa.bool_(),
+    INT2: pa.int16(),
+    INT4: pa.int32(),
+    INT8: pa.int64(),
+    OID: pa.int64(),
+    FLOAT4: pa.float32(),
+    FLOAT8: pa.float64(),
+    BYTEA: pa.binary(),
+    DATE: pa.date32(),
+    TIME: pa.time64("us"),
+    TIMESTAMP: pa.timestamp("us"),
+    TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+}
+_TEXTUAL = {TEXT, VARCHAR, BPCHAR, CHAR, NAME, UUID, JSON, JSONB, XML, INTERVAL, TIMETZ, INET, CIDR,
+            MACADDR, MACADDR8, BIT, VARBIT}
+_TEXTUAL_NAMES = {"citext"}  # extension types without a fixed oid, recognised by name
+
+#: Human-readable list used in :class:`UnsupportedTypeError` messages.
+SUPPORTED_TYPES = (
+    "boolean, smallint, integer, bigint, oid, real, double precision, numeric, text, varchar, char, "
+    "name, citext, uuid, json, jsonb, xml, bytea, date, time, timetz, timestamp, timestamptz, "
+    "interval, inet, cidr, macaddr, macaddr8, bit, varbit, enums, and domains over these"
+)
+
+DATE_INFINITY = 2**31 - 1          # DuckDB's / Postgres's date 'infinity' (days)
+TIMESTAMP_INFINITY = 2**63 - 1     # DuckDB's timestamp 'infinity' (µs); '-infinity' is its negation
+
+
+class UnsupportedTypeError(ValueError):
+    """A column's Postgres type has no mapping to Arrow (permanent: change the column or exclude
+    the table). The message names table, column and type."""
+
+
+@dataclass
+class ColumnSpec:
+    """One mirrored column.
+
+    ``type_oid``/``typmod``: the type the value's text is decoded as (for a domain, its base type and
+    base typmod); ``type_name``: ``format_type`` text of the column's declared type
+    (``'numeric(12,2)'``, a domain's own name); ``is_key``: part of ``TableSchema.key_columns``.
+    """
+
+    name: str
+    type_oid: int
+    typmod: int
+    type_name: str
+    arrow_type: pa.DataType
+    not_null: bool = False
+    is_key: bool = False
+
+
+@dataclass
+class TableSchema:
+    """A source table as mirrored.
+
+    ``columns``: the columns pgoutput sends, in attribute order (dropped and *generated* columns are
+    excluded: PG 15's pgoutput never sends generated columns, so the mirror leaves them out and
+    the initial copy selects the same list). ``key_columns``: the primary key columns when the table
+    has one; otherwise the columns of the replica identity index (replica identity ``'i'``);
+    otherwise ``[]`` (the row as a whole is the key, which needs replica identity ``'f'``).
+    ``replica_identity``: ``pg_class.relreplident`` (``'d'`` default, ``'f'`` full, ``'i'`` index,
+    ``'n'`` nothing). ``relkind``: ``'r'`` table or ``'p'`` partitioned table.
+    """
+
+    schema: str
+    name: str
+    oid: int
+    columns: list[ColumnSpec]
+    key_columns: list[str]
+    has_primary_key: bool
+    replica_identity: str
+    relkind: str = "r"
+    column_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.column_index = {c.name: i for i, c in enumerate(self.columns)}
+
+    @property
+    def qualified_name(self) -> str:
+        """``schema.name`` as written by Postgres (unquoted)."""
+        return f"{self.schema}.{self.name}"
+
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of the mirror: one field per column, nullable unless ``NOT NULL``.
+        Field metadata carries ``pg_type`` (the ``format_type`` text)."""
+        return pa.schema([
+            pa.field(c.name, c.arrow_type, nullable=not c.not_null,
+                     metadata={"pg_type": c.type_name})
+            for c in self.columns
+        ])
+
+
+# -- mapping ----------------------------------------------------------------------------------------
+
+def numeric_precision_scale(typmod: int) -> tuple[int, int] | None:
+    """``(precision, scale)`` of a ``numeric`` typmod, or None when unconstrained (``typmod < 0``).
+    Layout (PG 15 ``numeric.c``): ``typmod - 4 = precision << 16 | (scale & 0x7ff)``, scale an 11-bit
+    signed integer."""
+    if typmod < 4:
+        return None
+    t = typmod - 4
+    return (t >> 16) & 0xFFFF, ((t & 0x7FF) ^ 1024) - 1024
+
+
+def arrow_type_for(type_oid: int, typmod: int, type_name: str) -> pa.DataType:
+    """Arrow type for a Postgres type (see the module table). ``type_name`` is ``format_type`` text
+    (used for name-matched extension types such as ``citext`` and for the error message).
+    Raises :class:`UnsupportedTypeError` (without table/column; :func:`describe_table` adds them)."""
+    t = _FIXED.get(type_oid)
+    if t is not None:
+        return t
+    if type_oid == NUMERIC:
+        ps = numeric_precision_scale(typmod)
+        if ps is not None:
+            p, s = ps
+            if 1 <= p <= 38 and 0 <= s <= p:
+                return pa.decimal128(p, s)
+        return pa.string()
+    if type_oid in _TEXTUAL or type_name.split("(")[0].split(".")[-1].strip('"') in _TEXTUAL_NAMES:
+        return pa.string()
+    raise UnsupportedTypeError(f"type {type_name} cannot be mirrored (supported: {SUPPORTED_TYPES})")
+
+
+_DESCRIBE_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       t.typtype, t.typbasetype, t.typtypmod, bt.typtype,
+       coalesce(format_type(t.typbasetype, t.typtypmod), ''), a.attnum
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type bt ON bt.oid = t.typbasetype
+WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+_KEY_SQL = """
+SELECT i.indisprimary, i.indisreplident, array(
+         SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+         ORDER BY k.ord)
+FROM pg_index i
+WHERE i.indrelid = %(oid)s AND (i.indisprimary OR i.indisreplident)
+"""
+
+
+def describe_table(conn: psycopg.Connection, qualified_name: str) -> TableSchema:
+    """Read a table's mirror schema from the catalogs (``pg_class``, ``pg_attribute``, ``pg_index``,
+    ``format_type``).
+
+    ``qualified_name``: ``schema.table`` or ``table`` (resolved by ``search_path``), quoted as in SQL
+    when needed (``'"My Schema"."T"'``). Runs in its own transaction block (or a savepoint when the
+    connection is inside a transaction), leaving the connection as it found it.
+
+    Raises ``LookupError("table public.x does not exist")`` for a missing relation (or one that is not
+    a table), :class:`UnsupportedTypeError` naming table, column and type for a column that cannot
+    be mirrored.
+    """
+    with conn.transaction():
+        with conn.cursor() as cur:
+            try:
+                row = cur.execute(
+                    "SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident "
+                    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.oid = to_regclass(%s)", (qualified_name,)).fetchone()
+            except psycopg.errors.Error as e:  # e.g. invalid name syntax
+                raise LookupError(f"table {qualified_name} does not exist ({e})") from None
+            if row is None:
+                raise LookupError(f"table {qualified_name} does not exist")
+            oid, nsp, rel, relkind, replident = row
+            if relkind not in ("r", "p"):
+                kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table",
+                        "S": "a sequence", "i": "an index", "c": "a composite type"}.get(relkind, "not a table")
+                raise LookupError(f"table {qualified_name} does not exist ({nsp}.{rel} is {kind})")
+            attrs = cur.execute(_DESCRIBE_SQL, {"oid": oid}).fetchall()
+            keys = cur.execute(_KEY_SQL, {"oid": oid}).fetchall()
+            domains: dict[int, tuple[int, int, str, str]] = {}
+            for a in attrs:  # nested domains: resolve to the root base type
+                kind, base = a[8], a[6]
+                while kind == "d" and base not in domains:
+                    domains[base] = _resolve_domain(conn, base)
+                    base, kind = domains[base][0], domains[base][3]
+
+    pk = next((list(k[2]) for k in keys if k[0]), None)
+    ident = next((list(k[2]) for k in keys if k[1]), None)
+    if pk is not None:
+        key_columns = pk
+    elif replident == "i" and ident is not None:
+        key_columns = ident
+    else:
+        key_columns = []
+
+    columns: list[ColumnSpec] = []
+    for (name, typid, typmod, tname, notnull, typtype, basetype, basetypmod, basetyptype,
+         basename, _attnum) in attrs:
+        dec_oid, dec_mod, dec_name, dec_kind = typid, typmod, tname, typtype
+        if typtype == "d":  # domain: decode as its base type (nested domains resolve to the root)
+            dec_oid, dec_mod, dec_name, dec_kind = basetype, basetypmod, basename, basetyptype
+            while dec_kind == "d":
+                dec_oid, dec_mod, dec_name, dec_kind = domains[dec_oid]
+        if dec_kind == "e":
+            arrow = pa.string()
+        else:
+            try:
+                arrow = arrow_type_for(dec_oid, dec_mod, dec_name)
+            except UnsupportedTypeError:
+                raise UnsupportedTypeError(
+                    f"table {nsp}.{rel} column {name} has type {tname}, which mooncake cannot mirror "
+                    f"(supported: {SUPPORTED_TYPES})") from None
+        columns.append(ColumnSpec(name=name, type_oid=dec_oid, typmod=dec_mod, type_name=tname,
+                                  arrow_type=arrow, not_null=bool(notnull), is_key=name in key_columns))
+    return TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
+                       has_primary_key=pk is not None, replica_identity=replident, relkind=relkind)
+
+
+def _resolve_domain(conn: psycopg.Connection, type_oid: int) -> tuple[int, int, str, str]:
+    row = conn.execute(
+        "SELECT t.typbasetype, t.typtypmod, format_type(t.typbasetype, t.typtypmod), bt.typtype "
+        "FROM pg_type t JOIN pg_type bt ON bt.oid = t.typbasetype WHERE t.oid = %s", (type_oid,)).fetchone()
+    return row[0], row[1], row[2], row[3]
+
+
+# -- decoding -----------------------------------------------------------------------------------------
+
+def decode_text_columns(columns: Sequence[ColumnSpec], data: Sequence[Any], *,
+                        column_major: bool = False) -> pa.RecordBatch:
+    """Decode Postgres text-format values into one RecordBatch (schema: ``TableSchema.arrow_schema``
+    of these columns, without metadata).
+
+    ``data``: row-major (``[[v_col0, v_col1, …], …]``, the default) or, with ``column_major=True``,
+    one sequence per column (``[[v_row0, v_row1, …], …]``, or a ``pa.Array``/``pa.ChunkedArray`` of
+    strings per column). A value is ``str``, UTF-8 ``bytes`` (as pgoutput's TupleData carries them), or
+    ``None`` for SQL NULL.
+
+    Conversion is vectorized per column (``pyarrow.compute``); the only per-value Python is the
+    fallback for rare dates/timestamps Arrow's parser rejects (BC, ``infinity``, years > 9999,
+    second-precision zone offsets), taken only when the vectorized cast fails.
+
+    Raises ``ValueError`` naming the column for a value that cannot be represented or parsed.
+    """
+    if not column_major:
+        if len(data) == 0:
+            cols_data: list[Any] = [[] for _ in columns]
+        else:
+            n = len(columns)
+            if any(len(r) != n for r in data):
+                bad = next(len(r) for r in data if len(r) != n)
+                raise ValueError(f"a row has {bad} values, expected {n} columns")
+            cols_data = [[r[i] for r in data] for i in range(n)]
+    else:
+        cols_data = list(data)
+        if len(cols_data) != len(columns):
+            raise ValueError(f"got {len(cols_data)} columns of values, expected {len(columns)}")
+    arrays = [decode_text_column(spec, vals) for spec, vals in zip(columns, cols_data)]
+    schema = pa.schema([pa.field(c.name, c.arrow_type, nullable=not c.not_null) for c in columns])
+    if not arrays:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _as_string_array(values: Any, spec: ColumnSpec) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if isinstance(values, pa.Array):
+        if values.type == pa.string():
+            return values
+        if values.type in (pa.large_string(), pa.binary(), pa.large_binary(), pa.null()):
+            try:
+                return values.cast(pa.string())
+            except pa.ArrowInvalid as e:
+                raise ValueError(f"column {spec.name}: value is not valid UTF-8 ({e})") from None
+        raise ValueError(f"column {spec.name}: expected text values, got an Arrow {values.type} array")
+    try:
+        return pa.array(values, type=pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ValueError(f"column {spec.name}: value is not valid UTF-8 text ({e})") from None
+
+
+def decode_text_column(spec: ColumnSpec, values: Any) -> pa.Array:
+    """Decode one column of Postgres text values (sequence of ``str``/``bytes``/``None`` or a string
+    ``pa.Array``) to ``spec.arrow_type``. Raises ``ValueError`` naming the column on bad values."""
+    arr = _as_string_array(values, spec)
+    t = spec.arrow_type
+    try:
+        if pa.types.is_string(t):
+            return arr
+        if pa.types.is_boolean(t):
+            return _decode_bool(arr, spec)
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
+            return _cast(arr, t, spec)
+        if pa.types.is_decimal(t):
+            return _decode_decimal(arr, t, spec)
+        if pa.types.is_binary(t):
+            return _decode_bytea(arr, spec)
+        if pa.types.is_date32(t):
+            return _decode_date(arr, spec)
+        if pa.types.is_timestamp(t):
+            return _decode_timestamp(arr, t, spec)
+        if pa.types.is_time64(t):
+            return _decode_time(arr, spec)
+    except ValueError:
+        raise
+    except pa.ArrowException as e:  # defensive: a cast we did not anticipate
+        raise ValueError(f"column {spec.name} ({spec.type_name}): {e}") from None
+    raise ValueError(f"column {spec.name}: no decoder for Arrow type {t}")
+
+
+def _bad_value(arr: pa.Array, ok: pa.Array | None) -> str:
+    """First value of ``arr`` where ``ok`` is false (for messages)."""
+    if ok is None:
+        return "?"
+    idx = pc.index(ok, False).as_py()
+    return repr(arr[idx].as_py()) if idx is not None and idx >= 0 else "?"
+
+
+def _cast(arr: pa.Array, t: pa.DataType, spec: ColumnSpec) -> pa.Array:
+    try:
+        return pc.cast(arr, t)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"column {spec.name} ({spec.type_name}): cannot decode a value as {t}: {e}") from None
+
+
+def _decode_bool(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    is_t = pc.equal(arr, "t")
+    ok = pc.or_(is_t, pc.equal(arr, "f"))
+    if pc.all(ok).as_py() is False:
+        raise ValueError(f"column {spec.name} (boolean): value {_bad_value(arr, ok)} is not 't' or 'f'")
+    return is_t
+
+
+def _decode_decimal(arr: pa.Array, t: pa.DataType, spec: ColumnSpec) -> pa.Array:
+    try:
+        return pc.cast(arr, t)
+    except pa.ArrowInvalid:
+        for i, v in enumerate(arr.to_pylist()):
+            if v is None:
+                continue
+            try:
+                pc.cast(pa.array([v]), t)
+            except pa.ArrowInvalid as e:
+                raise ValueError(f"column {spec.name} ({spec.type_name}): value {v!r} cannot be "
+                                 f"represented as {t} ({e})") from None
+        raise
+
+
+_HEX_LUT = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX_LUT[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX_LUT[_c] = 10 + _i
+
+
+def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    """``'\\x0a1b…'`` → bytes, vectorized over the array's offsets/data buffers with numpy."""
+    n = len(arr)
+    if n == 0:
+        return pa.array([], pa.binary())
+    validity, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and data_buf.size else np.zeros(0, np.uint8)
+    valid = (np.ones(n, dtype=bool) if arr.null_count == 0
+             else arr.is_valid().to_numpy(zero_copy_only=False))
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    vstarts, vlens = starts[valid], lengths[valid]
+    bad = (vlens < 2) | ((vlens & 1) == 1)
+    if not bad.any() and len(vstarts):
+        bad = (data[vstarts] != ord("\\")) | (data[vstarts + 1] != ord("x"))
+    if bad.any():
+        i = int(np.flatnonzero(valid)[np.flatnonzero(bad)[0]])
+        raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} is not in hex "
+                         "format ('\\x…'); the session needs bytea_output=hex")
+    hex_len = np.where(valid, lengths - 2, 0)
+    total = int(hex_len.sum())
+    out_starts = np.concatenate(([0], np.cumsum(hex_len)[:-1]))
+    src = np.repeat(starts + 2 - out_starts, hex_len) + np.arange(total, dtype=np.int64)
+    nib = _HEX_LUT[data[src]]
+    if total and nib.max() == 255:
+        pos = int(np.flatnonzero(nib == 255)[0])
+        i = int(np.searchsorted(out_starts, pos, side="right") - 1)
+        raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} has a non-hex digit")
+    out = (nib[0::2] << 4) | nib[1::2]
+    new_offsets = np.concatenate(([0], np.cumsum(hex_len // 2))).astype(np.int32)
+    if validity is not None and arr.offset:
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(new_offsets.tobytes()),
+                                                  pa.py_buffer(out.tobytes())], null_count=arr.null_count)
+
+
+# Fallback parsing of dates/timestamps (proleptic Gregorian, any year, BC, infinity) -------------
+
+_TS_RE = re.compile(
+    r"^(\d{4,})-(\d\d)-(\d\d)(?:[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
+    r"(?:([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?)?( BC)?$")
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering)."""
+    y -= m <= 2
+    era = y // 400  # floor division (the C original truncates and adjusts)
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _parse_rare(value: str, spec: ColumnSpec, unit: str) -> int:
+    """One date ('D', days) or timestamp ('us') in Postgres ISO output → int since the Unix epoch."""
+    inf = DATE_INFINITY if unit == "D" else TIMESTAMP_INFINITY
+    if value == "infinity":
+        return inf
+    if value == "-infinity":
+        return -inf
+    m = _TS_RE.match(value)
+    if not m:
+        raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse {value!r}")
+    y, mo, d = int(m[1]), int(m[2]), int(m[3])
+    if m[12]:
+        y = 1 - y  # 1 BC is year 0
+    days = _days_from_civil(y, mo, d)
+    if unit == "D":
+        if not -DATE_INFINITY < days < DATE_INFINITY:
+            raise ValueError(f"column {spec.name} ({spec.type_name}): {value!r} is outside date32's range")
+        return days
+    secs = days * 86400 + int(m[4] or 0) * 3600 + int(m[5] or 0) * 60 + int(m[6] or 0)
+    if m[8]:
+        off = int(m[9]) * 3600 + int(m[10] or 0) * 60 + int(m[11] or 0)
+        secs -= off if m[8] == "+" else -off
+    us = secs * 1_000_000 + int((m[7] or "0").ljust(6, "0"))
+    if not -TIMESTAMP_INFINITY < us < TIMESTAMP_INFINITY:
+        raise ValueError(f"column {spec.name} ({spec.type_name}): {value!r} is outside the range of "
+                         "Arrow timestamp[us] (int64 microseconds since 1970)")
+    return us
+
+
+def _decode_date(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    try:
+        return pc.cast(arr, pa.date32())
+    except pa.ArrowInvalid:
+        pass  # rare values: BC, infinity, years > 9999
+    vals = [None if v is None else _parse_rare(v, spec, "D") for v in arr.to_pylist()]
+    return pa.array(vals, pa.int32()).view(pa.date32())
+
+
+def _decode_timestamp(arr: pa.Array, t: pa.TimestampType, spec: ColumnSpec) -> pa.Array:
+    try:
+        return pc.cast(arr, t)
+    except pa.ArrowInvalid:
+        pass  # rare values: BC, infinity, years > 9999, LMT offsets with seconds
+    vals = [None if v is None else _parse_rare(v, spec, "us") for v in arr.to_pylist()]
+    return pa.array(vals, pa.int64()).view(t)
+
+
+def _decode_time(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    joined = pc.binary_join_element_wise("1970-01-01 ", arr, "")
+    try:
+        ts = pc.cast(joined, pa.timestamp("us"))
+    except pa.ArrowInvalid:
+        bad = next((v for v in arr.to_pylist() if v is not None and not re.match(r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?$", v)), None)
+        if bad is not None and bad.startswith("24:00:00"):
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {bad!r} cannot be represented "
+                             "as Arrow time64 (its range is [00:00, 24:00))") from None
+        raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse time value {bad!r}") from None
+    return pc.cast(ts, pa.time64("us"))

@@ -1,0 +1,102 @@
+"""``data_file`` records for Parquet data files, from the Parquet footer (Iceberg spec: "Manifests",
+``data_file`` struct; metrics as in Appendix D single-value serialization).
+
+Record count, file size, column sizes, value/null/NaN counts, lower/upper bounds and split offsets come
+from the footer through PyIceberg's own statistics helpers (``compute_statistics_plan``,
+``parquet_path_to_id_mapping``, ``data_file_statistics_from_parquet_metadata``), honouring the table's
+``write.metadata.metrics.*`` properties. Columns are matched to the table schema by name; a Parquet field
+id that disagrees with the table's id for that name is an error, because readers resolve columns by id.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
+
+from .manifest import new_data_file
+
+PARQUET_FIELD_ID = b"PARQUET:field_id"
+
+
+def iceberg_arrow_schema(schema: Schema) -> pa.Schema:
+    """The Arrow schema to write data files with: the table's columns carrying ``PARQUET:field_id``."""
+    return schema_to_pyarrow(schema, include_field_ids=True)
+
+
+def check_parquet_schema(schema: Schema, parquet_schema: pa.Schema, location: str) -> None:
+    """Raise ``ValueError`` if a top-level Parquet column is unknown to ``schema`` or carries another field id."""
+    for field in parquet_schema:
+        try:
+            expected = schema.find_field(field.name).field_id
+        except ValueError:
+            raise ValueError(
+                f"data file {location}: column {field.name!r} is not in the table schema "
+                f"(columns: {[f.name for f in schema.fields]})"
+            ) from None
+        if field.metadata and PARQUET_FIELD_ID in field.metadata:
+            found = int(field.metadata[PARQUET_FIELD_ID])
+            if found != expected:
+                raise ValueError(
+                    f"data file {location}: column {field.name!r} has Parquet field id {found}, "
+                    f"expected the table's id {expected}"
+                )
+
+
+def data_file_from_parquet_metadata(
+    location: str,
+    file_size_in_bytes: int,
+    parquet_metadata: pq.FileMetaData,
+    schema: Schema,
+    table_properties: dict[str, str],
+    format_version: int,
+) -> DataFile:
+    """A DATA ``data_file`` record (layout of ``format_version``) for the Parquet file at ``location``.
+
+    ``file_size_in_bytes``: the whole file, bytes. Raises ``ValueError`` when the columns do not match
+    the table schema (see ``check_parquet_schema``).
+    """
+    check_parquet_schema(schema, parquet_metadata.schema.to_arrow_schema(), location)
+    try:
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=parquet_metadata,
+            stats_columns=compute_statistics_plan(schema, table_properties),
+            parquet_column_mapping=parquet_path_to_id_mapping(schema),
+        )
+    except KeyError as e:
+        raise ValueError(f"data file {location}: Parquet column {e} does not map to the table schema") from None
+    return new_data_file(
+        format_version,
+        content=DataFileContent.DATA,
+        file_path=location,
+        file_format=FileFormat.PARQUET,
+        file_size_in_bytes=file_size_in_bytes,
+        sort_order_id=None,
+        equality_ids=None,
+        key_metadata=None,
+        **stats.to_serialized_dict(),
+    )
+
+
+def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_properties: dict[str, str], format_version: int) -> DataFile:
+    """Like ``data_file_from_parquet_metadata``, reading the footer of ``location`` through ``io``.
+
+    Raises ``FileNotFoundError`` when the file is missing, ``ValueError`` when it is not Parquet or does not
+    match the schema.
+    """
+    input_file = io.new_input(location)
+    if not input_file.exists():
+        raise FileNotFoundError(f"data file {location} does not exist (upload it with upload_data_file first)")
+    with input_file.open() as stream:
+        try:
+            metadata = pq.read_metadata(stream)
+        except pa.ArrowInvalid as e:
+            raise ValueError(f"data file {location} is not a Parquet file: {e}") from None
+    return data_file_from_parquet_metadata(location, len(input_file), metadata, schema, table_properties, format_version)

@@ -1,0 +1,204 @@
+"""MemIndex: key hash → (batch id, row) for the rows of the in-memory MemSlice.
+
+Seed 000 ("MemIndex：维护 主键 → (batch_id, row_offset)，… 纯内存的哈希表") and DESIGN.md §3: INSERT adds
+the row's location, a DELETE that hits the MemIndex marks the batch's deletion vector and removes the
+location here, and at flush the flushed batches' locations become file locations in one new IndexBlock
+(:func:`~mooncake_assets.engine.index.flush.build_block_from_mem_index`) and are dropped from here.
+
+A plain ``dict`` from the hash (int) to one packed location ``batch_id << 32 | row`` or, when several
+rows share the hash (tables without a primary key, a key deleted and inserted again in one batch, or a
+collision of non-integer keys), a list of them. Inserts of a whole batch go through ``dict.update``;
+the locations inserted per batch are also kept as arrays, so the flush reads them back vectorized.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+
+from .block import _as_hashes
+
+__all__ = ["MemIndex"]
+
+_M64 = (1 << 64) - 1
+MAX_BATCH_ID = (1 << 31) - 1
+
+
+def _add(v: Union[int, list], p: int) -> list:
+    if isinstance(v, list):
+        v.append(p)
+        return v
+    return [v, p]
+
+
+class MemIndex:
+    """Hash → locations of the in-memory rows (several per hash allowed).
+
+    Locations are ``(batch_id, row)``: ``batch_id`` an int in ``[0, 2³¹)``, ``row`` in ``[0, 2³²)``.
+    ``len(m)`` is the number of locations.
+    """
+
+    def __init__(self) -> None:
+        self._map: Dict[int, Union[int, list]] = {}
+        self._batches: Dict[int, List[Tuple[np.ndarray, np.ndarray]]] = {}
+        self._removed: Dict[int, set] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def batch_ids(self) -> List[int]:
+        """Batch ids with locations inserted (and not dropped), ascending."""
+        return sorted(self._batches)
+
+    def insert(self, hashes, batch_id: int, rows=None) -> None:
+        """Add locations ``(batch_id, rows[i])`` under ``hashes[i]``.
+
+        ``hashes``: uint64 (n,) (``hash_keys`` of the batch's key columns); ``rows``: int (n,) row
+        offsets in the batch, default ``0..n-1``. Raises ``ValueError`` for bad ids or lengths.
+        """
+        h = _as_hashes(hashes)
+        n = len(h)
+        batch_id = int(batch_id)
+        if not 0 <= batch_id <= MAX_BATCH_ID:
+            raise ValueError(f"batch_id must be in [0, 2**31), found {batch_id}")
+        if rows is None:
+            r = np.arange(n, dtype=np.uint64)
+        else:
+            r = np.asarray(rows)
+            if r.shape != (n,):
+                raise ValueError(f"hashes and rows must have one length, found {n} and {r.shape}")
+            if n and (int(r.min()) < 0 or int(r.max()) >= 1 << 32):
+                raise ValueError("rows must be in [0, 2**32)")
+            r = r.astype(np.uint64)
+        if n == 0:
+            return
+        self._batches.setdefault(batch_id, []).append((h.copy(), r.copy()))
+        removed = self._removed.get(batch_id)
+        if removed:
+            removed.difference_update(r.tolist())
+        hl = h.tolist()
+        pl = ((np.uint64(batch_id) << np.uint64(32)) | r).tolist()
+        m = self._map
+        new = dict(zip(hl, pl))
+        if len(new) == n:
+            common = new.keys() & m.keys()
+            olds = {k: m[k] for k in common}
+            m.update(new)
+            for k in common:
+                m[k] = _add(olds[k], new[k])
+        else:  # repeated hashes inside the batch
+            for k, p in zip(hl, pl):
+                v = m.get(k)
+                m[k] = p if v is None else _add(v, p)
+        self._len += n
+
+    def lookup(self, h: int) -> List[Tuple[int, int]]:
+        """Every (batch_id, row) under hash ``h``, in insertion order."""
+        v = self._map.get(int(h) & _M64)
+        if v is None:
+            return []
+        if isinstance(v, list):
+            return [(p >> 32, p & 0xFFFFFFFF) for p in v]
+        return [(v >> 32, v & 0xFFFFFFFF)]
+
+    def lookup_batch(self, hashes) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every location of many hashes: ``(query_index int64, batch_id int64, row uint32)`` (m,),
+        ``query_index`` non-decreasing."""
+        q = _as_hashes(hashes)
+        qi: List[int] = []
+        locs: List[int] = []
+        get = self._map.get
+        for i, k in enumerate(q.tolist()):
+            v = get(k)
+            if v is None:
+                continue
+            if isinstance(v, list):
+                qi.extend([i] * len(v))
+                locs.extend(v)
+            else:
+                qi.append(i)
+                locs.append(v)
+        p = np.array(locs, dtype=np.uint64)
+        return (np.array(qi, dtype=np.int64), (p >> np.uint64(32)).astype(np.int64),
+                (p & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+
+    def remove(self, h: int, location: Tuple[int, int]) -> None:
+        """Remove one location (a DELETE that hit an in-memory row). Raises ``KeyError`` when
+        ``location`` is not under ``h`` (the caller's invariant is broken: report it)."""
+        k = int(h) & _M64
+        batch_id, row = int(location[0]), int(location[1])
+        p = (batch_id << 32) | row
+        v = self._map.get(k)
+        if v is None:
+            raise KeyError(f"hash {k:#018x} is not in the MemIndex")
+        if isinstance(v, list):
+            try:
+                v.remove(p)
+            except ValueError:
+                raise KeyError(f"location {(batch_id, row)} is not under hash {k:#018x}") from None
+            if len(v) == 1:
+                self._map[k] = v[0]
+        elif v == p:
+            del self._map[k]
+        else:
+            raise KeyError(f"location {(batch_id, row)} is not under hash {k:#018x}")
+        self._removed.setdefault(batch_id, set()).add(row)
+        self._len -= 1
+
+    def batch_entries(self, batch_id: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Live locations of one batch: ``(hashes uint64 (n,), rows uint32 (n,))`` in insertion order
+        (removed locations left out)."""
+        chunks = self._batches.get(int(batch_id), [])
+        if not chunks:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
+        h = np.concatenate([c[0] for c in chunks])
+        r = np.concatenate([c[1] for c in chunks])
+        removed = self._removed.get(int(batch_id))
+        if removed:
+            keep = ~np.isin(r, np.fromiter(removed, dtype=np.uint64, count=len(removed)))
+            h, r = h[keep], r[keep]
+        return h, r.astype(np.uint32)
+
+    def entries(self, batch_ids: Optional[Iterable[int]] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Live locations of ``batch_ids`` (default all), batch by batch:
+        ``(hashes uint64, batch_ids int64, rows uint32)`` (n,)."""
+        ids = self.batch_ids if batch_ids is None else [int(b) for b in batch_ids]
+        hs, bs, rs = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)], [np.zeros(0, np.uint32)]
+        for b in ids:
+            h, r = self.batch_entries(b)
+            hs.append(h)
+            rs.append(r)
+            bs.append(np.full(len(h), b, dtype=np.int64))
+        return np.concatenate(hs), np.concatenate(bs), np.concatenate(rs)
+
+    def drop_batches(self, batch_ids: Iterable[int]) -> None:
+        """Forget every location of ``batch_ids`` (after their rows were flushed)."""
+        ids = {int(b) for b in batch_ids} & set(self._batches)
+        if not ids:
+            return
+        if ids == set(self._batches):
+            self._map.clear()
+            self._batches.clear()
+            self._removed.clear()
+            self._len = 0
+            return
+        m = self._map
+        for b in ids:
+            h, r = self.batch_entries(b)
+            for k, p in zip(h.tolist(), ((np.uint64(b) << np.uint64(32)) | r.astype(np.uint64)).tolist()):
+                v = m[k]
+                if isinstance(v, list):
+                    v.remove(p)
+                    if len(v) == 1:
+                        m[k] = v[0]
+                else:
+                    del m[k]
+                self._len -= 1
+            del self._batches[b]
+            self._removed.pop(b, None)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.drop_batches(list(self._batches))

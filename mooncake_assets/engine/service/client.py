@@ -1,0 +1,98 @@
+"""Client of the replicator service: Arrow Flight over the service's Unix socket (DESIGN.md §2).
+
+Control calls are Flight *actions* whose body and result are JSON; the in-memory rows of a ReadState
+come back as an Arrow stream from ``do_get`` on the ticket the ReadState names.
+
+Errors: :class:`ServiceUnavailable` when nothing answers on the socket (retrying after
+``mooncake start`` helps); :class:`ServiceError` carrying the service's one-line message otherwise.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+
+class ServiceError(RuntimeError):
+    """The service refused or failed a call; the message is the service's own."""
+
+
+class ServiceUnavailable(ServiceError):
+    """No service answers on the socket (temporary: start it with `mooncake start`)."""
+
+
+class ServiceClient:
+    """Flight client bound to one service socket (``<state>/service.sock``)."""
+
+    def __init__(self, socket_path: str | os.PathLike, timeout: float = 600.0):
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self._client = None
+
+    def _conn(self) -> flight.FlightClient:
+        if self._client is None:
+            if not self.socket_path.exists():
+                raise ServiceUnavailable(f"no mooncake service at {self.socket_path} (run `mooncake start`)")
+            self._client = flight.connect(flight.Location.for_grpc_unix(str(self.socket_path)))
+        return self._client
+
+    def call(self, action: str, timeout: float | None = None, **body) -> dict:
+        """Run one action; returns its JSON result as a dict."""
+        opts = flight.FlightCallOptions(timeout=timeout or self.timeout)
+        try:
+            results = list(self._conn().do_action(flight.Action(action, json.dumps(body).encode()), opts))
+        except flight.FlightUnavailableError as e:
+            self.close()
+            raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None
+        except flight.FlightError as e:
+            raise ServiceError(_clean(e)) from None
+        if not results:
+            return {}
+        return json.loads(results[0].body.to_pybytes())
+
+    def ping(self, timeout: float = 2.0) -> bool:
+        try:
+            self.call("ping", timeout=timeout)
+            return True
+        except ServiceError:
+            return False
+
+    def fetch(self, ticket: str) -> pa.Table:
+        """The Arrow rows behind a ReadState's in-memory ticket."""
+        try:
+            reader = self._conn().do_get(flight.Ticket(ticket.encode()))
+            return reader.read_all()
+        except flight.FlightError as e:
+            raise ServiceError(_clean(e)) from None
+
+    # convenience wrappers (the Dagster resource and the CLI use these)
+    def status(self) -> dict:
+        return self.call("status")
+
+    def read_state(self, table: str, lsn: str | None = None) -> dict:
+        return self.call("read_state", table=table, lsn=lsn)
+
+    def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict:
+        return self.call("wait_lsn", lsn=lsn, timeout=timeout + 10, timeout_s=timeout)
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+            self._client = None
+
+
+def _clean(e: Exception) -> str:
+    """Strip gRPC's decoration from a Flight error message."""
+    msg = str(e)
+    for marker in ("Detail: ", ". gRPC client debug context"):
+        pass
+    if "Python exception: " in msg:
+        msg = msg.split("Python exception: ", 1)[1]
+    msg = msg.split(". Detail:")[0].split("\ngRPC client debug context")[0]
+    return msg.strip()

@@ -1,0 +1,132 @@
+"""Arrow Flight front of the replicator service, on a Unix socket (DESIGN.md §2).
+
+Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format}``,
+``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
+(returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
+``shutdown``. ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
+expire after 10 minutes). Errors reach the client as one-line Flight errors.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from ..table.mirror import parse_lsn
+from .service import MooncakeError, ReplicatorService
+
+log = logging.getLogger("mooncake.flight")
+
+
+class MooncakeFlightServer(flight.FlightServerBase):
+    def __init__(self, service: ReplicatorService, socket_path: str):
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+        super().__init__(flight.Location.for_grpc_unix(socket_path))
+        self.service = service
+        self.socket_path = socket_path
+        self._tickets: dict[str, tuple[float, pa.Table]] = {}
+        self._tlock = threading.Lock()
+
+    # ------------------------------------------------------------------ actions
+    def do_action(self, context, action):
+        body = json.loads(action.body.to_pybytes() or b"{}")
+        try:
+            result = self._dispatch(action.type, body)
+        except (MooncakeError, TimeoutError, ValueError, LookupError) as e:
+            raise flight.FlightServerError(str(e))
+        except Exception as e:
+            log.exception("action %s failed", action.type)
+            raise flight.FlightServerError(f"{type(e).__name__}: {e}")
+        yield flight.Result(json.dumps(result, default=str).encode())
+
+    def list_actions(self, context):
+        return [("ping", "liveness"), ("status", "list-tables document"), ("create_table", "mirror a table"),
+                ("drop_table", "stop mirroring"), ("flush", ""), ("persist", ""), ("merge_index", ""),
+                ("compact", ""), ("read_state", "ReadState + ticket"), ("wait_lsn", "read-your-writes barrier"),
+                ("shutdown", "stop the service")]
+
+    def _dispatch(self, kind: str, b: dict):
+        s = self.service
+        if kind == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        if kind == "status":
+            return s.status()
+        if kind == "create_table":
+            return s.create_table(b["dst"], b["src"], b.get("delete_format") or "deletion-vectors")
+        if kind == "drop_table":
+            return s.drop_table(b["table"])
+        if kind in ("flush", "persist", "merge_index", "compact"):
+            kw = {k: v for k, v in b.items() if k != "table"}
+            return s.maintenance(kind, b["table"], **kw)
+        if kind == "wait_lsn":
+            applied = s.wait_lsn(parse_lsn(b["lsn"]), float(b.get("timeout_s", 30)))
+            from ..table.mirror import lsn_str
+            return {"applied_lsn": lsn_str(applied)}
+        if kind == "read_state":
+            lsn = parse_lsn(b["lsn"]) if b.get("lsn") else None
+            rs, mem = s.read_state(b["table"], lsn)
+            ticket = uuid.uuid4().hex
+            with self._tlock:
+                now = time.time()
+                for k in [k for k, (t, _) in self._tickets.items() if now - t > 600]:
+                    self._tickets.pop(k, None)
+                self._tickets[ticket] = (now, mem)
+            rs["ticket"] = ticket
+            rs["mem_rows"] = mem.num_rows
+            return rs
+        if kind == "shutdown":
+            threading.Thread(target=self._shutdown_soon, daemon=True).start()
+            return {"ok": True}
+        raise MooncakeError(f"unknown action {kind!r}")
+
+    def _shutdown_soon(self):
+        time.sleep(0.2)
+        self.service.stop()
+        self.shutdown()
+
+    # ------------------------------------------------------------------ streams
+    def do_get(self, context, ticket):
+        key = ticket.ticket.decode()
+        with self._tlock:
+            item = self._tickets.pop(key, None)
+        if item is None:
+            raise flight.FlightServerError(f"unknown or expired ticket {key}")
+        return flight.RecordBatchStream(item[1])
+
+
+def serve(settings, ready_cb=None) -> None:
+    """Run the service in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    pidfile = settings.state_dir / "service.pid"
+    service = ReplicatorService(settings)
+    server = MooncakeFlightServer(service, str(settings.socket_path))
+    service.start()
+    pidfile.write_text(str(os.getpid()))
+
+    def _term(signum, frame):
+        threading.Thread(target=server._shutdown_soon, daemon=True).start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, _term)
+        except ValueError:
+            pass
+    log.info("mooncake service listening on %s", settings.socket_path)
+    if ready_cb:
+        ready_cb()
+    try:
+        server.serve()
+    finally:
+        try:
+            if pidfile.exists() and pidfile.read_text().strip() == str(os.getpid()):
+                pidfile.unlink()
+        except OSError:
+            pass

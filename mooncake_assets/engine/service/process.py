@@ -1,0 +1,105 @@
+"""The service as a background process (``mooncake start|stop|status``).
+
+``start_service`` spawns ``python -m mooncake_assets.cli serve`` detached (own session, default signal
+handlers, output to ``<state>/service.log``) and waits until it answers a ping; ``stop_service`` asks it
+to shut down over Flight, then kills it by its own pid (``<state>/service.pid``) if it has not gone.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ...config import Settings
+from .client import ServiceClient, ServiceUnavailable
+
+
+def _reset_signals():  # pragma: no cover - child side
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def service_pid(settings: Settings) -> int | None:
+    f = settings.state_dir / "service.pid"
+    try:
+        pid = int(f.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+def start_service(settings: Settings, timeout: float = 60.0) -> int:
+    """Start the service unless it already answers; returns its pid. RuntimeError with the log tail on failure."""
+    client = ServiceClient(settings.socket_path)
+    if client.ping():
+        return service_pid(settings) or -1
+    settings.save()
+    log = open(settings.state_dir / "service.log", "ab")
+    env = dict(os.environ)
+    env["MOONCAKE_STATE_DIR"] = str(settings.state_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True, preexec_fn=_reset_signals, cwd=str(settings.state_dir))
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            break
+        if client.ping(timeout=1.0):
+            client.close()
+            return proc.pid
+        time.sleep(0.1)
+    tail = (settings.state_dir / "service.log").read_text(errors="replace").splitlines()[-15:]
+    raise RuntimeError("the mooncake service did not start:\n" + "\n".join(tail))
+
+
+def stop_service(settings: Settings, timeout: float = 15.0) -> bool:
+    """Stop the background service; returns True if one was running."""
+    pid = service_pid(settings)
+    client = ServiceClient(settings.socket_path)
+    was = False
+    try:
+        client.call("shutdown", timeout=5)
+        was = True
+    except Exception:
+        pass
+    client.close()
+    if pid:
+        was = True
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return was
+
+
+def kill_service(settings: Settings) -> None:
+    """SIGKILL the service (crash tests)."""
+    pid = service_pid(settings)
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            try:
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is our child (else it stays a zombie)
+            except ChildProcessError:
+                pass
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)

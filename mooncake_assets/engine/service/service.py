@@ -1,0 +1,520 @@
+"""The replicator service: the single writer of every mirrored table (DESIGN.md §2, §6).
+
+One logical replication slot and one publication serve every table of a state directory. A
+background thread reads pgoutput messages, assembles committed transactions (streamed ones
+included) and applies them in commit order; Arrow Flight actions (``flight.py``) call into this
+object for control and reads. Every method that touches table state holds ``self.lock``.
+
+Registry: ``<state>/tables.json`` — slot and publication names and, per table, its source, delete
+format and state (``copying`` / ``ready`` / ``error``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ...config import Settings
+from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
+                   initial_copy, parse_message)
+from ..iceberg import IcebergMirrorTable, make_catalog
+from ..table.mirror import MirrorTable, lsn_str, parse_lsn
+
+log = logging.getLogger("mooncake.service")
+
+NAMESPACE = "mooncake"
+PG_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex -c IntervalStyle=postgres"
+
+
+def with_options(dsn: str) -> str:
+    """``dsn`` with the session settings that pin every value's text form (see table/keys.py)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    d = conninfo_to_dict(dsn)
+    d["options"] = (d.get("options", "") + " " + PG_OPTIONS).strip()
+    return make_conninfo(**d)
+
+
+class MooncakeError(Exception):
+    """A user-facing failure with a one-line message (bad table, bad DSN, unknown mirror...)."""
+
+
+class ReplicatorService:
+    """Owns the mirrored tables of one state directory. ``start()`` restores them and begins streaming."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.dsn = settings.source_dsn()
+        self.lock = threading.RLock()
+        self.tables: dict[str, MirrorTable] = {}
+        self.by_oid: dict[int, MirrorTable] = {}
+        self.copying: dict[int, dict] = {}        # oid -> {"table", "copy_lsn", "queue": [...]}
+        self.progress: dict[str, dict] = {}
+        self.catalog = make_catalog(settings.catalog, settings.warehouse_uri)
+        self.registry_path = settings.state_dir / "tables.json"
+        self.registry = self._load_registry()
+        self.applied_lsn = 0
+        self.confirmed_lsn = 0
+        self._want_reply = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.repl: ReplicationConnection | None = None
+        self.stream_error: str | None = None
+        self.relations: dict[int, object] = {}
+
+    # ------------------------------------------------------------------ registry
+    def _load_registry(self) -> dict:
+        if self.registry_path.exists():
+            return json.loads(self.registry_path.read_text())
+        h = hashlib.sha1(str(self.settings.state_dir).encode()).hexdigest()[:10]
+        return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}", "tables": {}}
+
+    def _save_registry(self) -> None:
+        tmp = self.registry_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.registry, indent=1))
+        tmp.replace(self.registry_path)
+
+    @property
+    def slot(self) -> str:
+        return self.registry["slot"]
+
+    @property
+    def publication(self) -> str:
+        return self.registry["publication"]
+
+    def _ident(self, name: str) -> str:
+        return f"{NAMESPACE}.{name}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Restore every ready table from Iceberg and start the replication thread."""
+        with self.lock:
+            for name, meta in list(self.registry["tables"].items()):
+                if meta.get("state") != "ready":
+                    log.warning("table %s was being copied when the service stopped; copying again", name)
+                    self._drop_iceberg(name)
+                    self.registry["tables"].pop(name)
+                    self._save_registry()
+                    continue
+                self._open_table(name, meta)
+        if self.registry["tables"] or self.copying:
+            self._ensure_stream()
+
+    def _open_table(self, name: str, meta: dict) -> MirrorTable:
+        with psycopg.connect(with_options(self.dsn)) as conn:
+            schema = describe_table(conn, meta["source"])
+        ice = IcebergMirrorTable.load(self.catalog, self._ident(name))
+        t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
+        t.restore()
+        self.tables[name] = t
+        self.by_oid[schema.oid] = t
+        return t
+
+    def _drop_iceberg(self, name: str) -> None:
+        try:
+            IcebergMirrorTable.load(self.catalog, self._ident(name)).drop()
+        except Exception:
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        if self.repl:
+            try:
+                self.repl.close()
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------------ replication
+    def _ensure_slot(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            row = c.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
+        if row is None:
+            rc = ReplicationConnection(with_options(self.dsn))
+            try:
+                rc.create_slot(self.slot, export_snapshot=False)
+            finally:
+                rc.close()
+
+    def _ensure_stream(self) -> None:
+        if self._thread and self._thread.is_alive():
+            return
+        self._ensure_slot()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mooncake-replication", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                self._stream_once()
+                backoff = 0.5
+            except Exception as e:  # reconnect with backoff; never confirm past what is durable
+                self.stream_error = f"{type(e).__name__}: {e}"
+                log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
+                try:
+                    if self.repl:
+                        self.repl.close()
+                except Exception:
+                    pass
+                self.repl = None
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _stream_once(self) -> None:
+        self.repl = ReplicationConnection(with_options(self.dsn))
+        self.repl.start(self.slot, [self.publication], 0, streaming=True)
+        assembler = TransactionAssembler()
+        self.stream_error = None
+        last_status = 0.0
+        last_maint = 0.0
+        while not self._stop.is_set():
+            msgs = self.repl.read(timeout=0.05)
+            if msgs:
+                with self.lock:
+                    for wal_start, payload in msgs:
+                        msg = parse_message(payload, assembler.in_stream)
+                        for txn in assembler.feed(msg, wal_start):
+                            self._apply_txn(txn, assembler)
+            idle = assembler.idle
+            if idle and self.repl.server_wal_end > self.applied_lsn:
+                with self.lock:
+                    self.applied_lsn = self.repl.server_wal_end
+                    for t in self.tables.values():
+                        t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+            now = time.time()
+            if self._want_reply.is_set() or now - last_status > 1.0:
+                self._send_status(reply=self._want_reply.is_set())
+                self._want_reply.clear()
+                last_status = now
+            if now - last_maint > 0.5:
+                self._auto_maintenance()
+                last_maint = now
+
+    def _apply_txn(self, txn, assembler) -> None:
+        touched = set()
+        for ch in txn.changes:
+            oids = ch.truncate_oids if ch.kind == "truncate" else [ch.relation_oid]
+            for oid in oids:
+                cp = self.copying.get(oid)
+                if cp is not None:
+                    if txn.commit_lsn >= cp["copy_lsn"]:
+                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid)))
+                    continue
+                t = self.by_oid.get(oid)
+                if t is None or txn.commit_lsn < t.flush_lsn or t.error:
+                    continue  # not mirrored, already durable in Iceberg (restart), or stopped by an error
+                if oid not in t._relmap:
+                    rel = assembler.relations[oid]
+                    t.column_map(oid, [c.name for c in rel.columns])
+                try:
+                    t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
+                except Exception as e:  # a bad change stops only its table
+                    t.error = f"LSN {lsn_str(txn.commit_lsn)}: {type(e).__name__}: {e}"
+                    log.exception("table %s: failed to apply a change at LSN %s", t.name, lsn_str(txn.commit_lsn))
+                touched.add(t.name)
+        self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
+        for t in self.tables.values():
+            t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+
+    def durable_lsn(self) -> int:
+        """The LSN the slot may be confirmed to: min over tables of what is durable in Iceberg."""
+        lsn = self.applied_lsn
+        for t in self.tables.values():
+            if t.is_dirty():
+                lsn = min(lsn, t.flush_lsn)
+        for cp in self.copying.values():
+            lsn = min(lsn, cp["copy_lsn"])
+        return lsn
+
+    def _send_status(self, reply: bool = False) -> None:
+        with self.lock:
+            durable = self.durable_lsn()
+        if durable > self.confirmed_lsn:
+            self.confirmed_lsn = durable
+        self.repl.send_status(self.applied_lsn, self.confirmed_lsn, self.confirmed_lsn, reply=reply)
+
+    def _auto_maintenance(self) -> None:
+        s = self.settings
+        with self.lock:
+            for t in list(self.tables.values()):
+                if t.error:
+                    continue
+                try:
+                    big = t.mem.live_rows >= s.flush_rows or t.mem.nbytes >= s.flush_bytes
+                    if s.maintenance == "auto":
+                        if big or (t.is_dirty() and time.time() - t.last_persist >= s.persist_interval_s):
+                            t.persist()
+                    elif big:
+                        t.flush()
+                except Exception as e:
+                    log.exception("table %s: maintenance failed", t.name)
+                    t.error = f"maintenance: {type(e).__name__}: {e}"
+
+    # ------------------------------------------------------------------ control API
+    def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
+        """Block until every commit with commit_lsn < ``lsn`` is applied (read-your-writes barrier).
+
+        Raises ``TimeoutError`` naming both LSNs."""
+        deadline = time.time() + timeout_s
+        while self.applied_lsn < lsn:
+            if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
+                raise MooncakeError("replication is not running (no mirrored table?)")
+            if time.time() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for LSN {lsn_str(lsn)}; "
+                                   f"applied up to {lsn_str(self.applied_lsn)}"
+                                   + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
+            self._want_reply.set()
+            time.sleep(0.01)
+        return self.applied_lsn
+
+    def table(self, name: str) -> MirrorTable:
+        t = self.tables.get(name)
+        if t is None:
+            raise MooncakeError(f"no mirrored table named {name!r} (see `mooncake list-tables`)")
+        return t
+
+    def create_table(self, dst: str, src: str, delete_format: str = "deletion-vectors") -> dict:
+        """Mirror Postgres table ``src`` as ``dst``: publication, consistent initial copy, then CDC.
+
+        Errors (``MooncakeError``, nothing left half-created): missing table, unsupported column type,
+        a name already in use, an unreachable Postgres."""
+        if delete_format not in ("deletion-vectors", "position-deletes"):
+            raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
+        if "." not in src:
+            src = f"public.{src}"
+        with self.lock:
+            if dst in self.tables or dst in self.registry["tables"]:
+                raise MooncakeError(f"a mirrored table named {dst!r} already exists")
+        t0 = time.time()
+        try:
+            conn = psycopg.connect(with_options(self.dsn), autocommit=True)
+        except psycopg.OperationalError as e:
+            raise MooncakeError(f"cannot connect to Postgres: {str(e).strip().splitlines()[0]}") from None
+        created_pub = added_pub = False
+        ice = None
+        cp = None
+        try:
+            try:
+                schema = describe_table(conn, src)
+            except (LookupError, UnsupportedTypeError) as e:
+                raise MooncakeError(str(e).strip("'\"")) from None
+            if not schema.has_primary_key and schema.replica_identity not in ("f", "i"):
+                conn.execute(f"ALTER TABLE {_qi(src)} REPLICA IDENTITY FULL")
+                schema = describe_table(conn, src)
+            ident = self._ident(dst)
+            try:
+                self.catalog.create_namespace_if_not_exists(NAMESPACE)
+            except Exception:
+                pass
+            ice = IcebergMirrorTable.create(self.catalog, ident, schema.arrow_schema(),
+                                            delete_format=delete_format,
+                                            properties={"mooncake.source": src})
+            table = MirrorTable(dst, src, schema, ice, self.settings.state_dir / "tables" / dst)
+            with self.lock:
+                cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
+                self.copying[schema.oid] = cp
+                self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, src)}
+            pub_exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone()
+            if pub_exists:
+                conn.execute(f"ALTER PUBLICATION {self.publication} ADD TABLE {_qi(src)}")
+                added_pub = True
+            else:
+                conn.execute(f"CREATE PUBLICATION {self.publication} FOR TABLE {_qi(src)} "
+                             "WITH (publish_via_partition_root = true)")
+                created_pub = True
+            self._ensure_slot()
+            # a temporary slot exports the snapshot of the copy; its consistent point splits copy and stream
+            tmp = ReplicationConnection(with_options(self.dsn))
+            try:
+                tmp_slot = f"mooncake_copy_{uuid.uuid4().hex[:8]}"
+                copy_lsn, snap = tmp.create_slot(tmp_slot, export_snapshot=True, temporary=True)
+                with self.lock:
+                    cp["copy_lsn"] = copy_lsn
+                self._ensure_stream()
+                rows = self._copy(table, schema, snap)
+            finally:
+                tmp.close()
+            with self.lock:
+                self.copying.pop(schema.oid, None)
+                table.applied_lsn = max(copy_lsn, self.applied_lsn)
+                table.flushed_lsn = copy_lsn
+                table.flush_lsn = 0
+                # changes that arrived during the copy, in commit order
+                for commit_lsn, end_lsn, ch, rel in cp["queue"]:
+                    if commit_lsn < copy_lsn:
+                        continue  # in the copy's snapshot
+                    if ch.kind != "truncate" and ch.relation_oid not in table._relmap:
+                        table.column_map(ch.relation_oid, [c.name for c in rel.columns])
+                    table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
+                self.tables[dst] = table
+                self.by_oid[schema.oid] = table
+                table.applied_lsn = max(table.applied_lsn, self.applied_lsn)
+                # persist the copy: the flush LSN is the copy's consistent point unless more was applied
+                table.flush_lsn = 0
+                table.persist()
+                self.registry["tables"][dst] = {"source": src, "delete_format": delete_format, "state": "ready",
+                                                "oid": schema.oid}
+                self._save_registry()
+                self.progress.pop(dst, None)
+            return {"table": dst, "source": src, "rows": rows, "copy_lsn": lsn_str(copy_lsn),
+                    "seconds": round(time.time() - t0, 3), "key": schema.key_columns,
+                    "replica_identity": schema.replica_identity}
+        except BaseException:
+            with self.lock:
+                if cp is not None:
+                    self.copying.pop(cp["table"].schema.oid, None)
+                self.tables.pop(dst, None)
+                self.progress.pop(dst, None)
+                self.registry["tables"].pop(dst, None)
+            if ice is not None:
+                self._drop_iceberg(dst)
+            try:
+                if created_pub:
+                    conn.execute(f"DROP PUBLICATION IF EXISTS {self.publication}")
+                elif added_pub:
+                    conn.execute(f"ALTER PUBLICATION {self.publication} DROP TABLE {_qi(src)}")
+            except Exception:
+                pass
+            import shutil
+            shutil.rmtree(self.settings.state_dir / "tables" / dst, ignore_errors=True)
+            raise
+        finally:
+            conn.close()
+
+    def _copy(self, table: MirrorTable, schema, snapshot: str) -> int:
+        """Initial copy at the exported snapshot into Parquet files (≤ 1M rows each) with IndexBlocks."""
+        total = 0
+        with psycopg.connect(with_options(self.dsn)) as c:
+            writer, path, n, hashes = None, None, 0, []
+
+            def close():
+                nonlocal writer, path, n, hashes
+                if writer is not None:
+                    writer.close()
+                    import numpy as np
+                    table.add_copied_file(path, n, np.concatenate(hashes))
+                writer, path, n, hashes = None, None, 0, []
+
+            for rb, key_text in initial_copy(c, schema, snapshot, text_columns=table.key_names,
+                                             progress=lambda r, b: self.progress.get(table.name, {}).update(rows=r, bytes=b)):
+                if writer is None:
+                    path = table.dir / "staging" / f"{uuid.uuid4().hex}.parquet"
+                    writer = pq.ParquetWriter(path, table.arrow_schema, compression="zstd")
+                writer.write_batch(rb, row_group_size=128 * 1024)
+                hashes.append(table.hasher.hash_columns(key_text))
+                n += rb.num_rows
+                total += rb.num_rows
+                if n >= 1_000_000:
+                    close()
+            close()
+        return total
+
+    def drop_table(self, name: str) -> dict:
+        """Stop mirroring ``name``: remove it from the publication, drop its Iceberg table and local state;
+        drop the slot and publication when it was the last table."""
+        with self.lock:
+            t = self.table(name)
+            self.tables.pop(name)
+            self.by_oid.pop(t.schema.oid, None)
+            self.registry["tables"].pop(name, None)
+            self._save_registry()
+            last = not self.registry["tables"]
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            try:
+                c.execute(f"ALTER PUBLICATION {self.publication} DROP TABLE {_qi(t.source)}")
+            except psycopg.Error:
+                pass
+            if last:
+                self._stop.set()
+                if self._thread:
+                    self._thread.join(timeout=10)
+                if self.repl:
+                    self.repl.close()
+                    self.repl = None
+                c.execute(f"DROP PUBLICATION IF EXISTS {self.publication}")
+                for _ in range(50):
+                    try:
+                        c.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                                  (self.slot,))
+                        break
+                    except psycopg.Error:
+                        time.sleep(0.1)
+        self._drop_iceberg(name)
+        import shutil
+        shutil.rmtree(t.dir, ignore_errors=True)
+        return {"dropped": name, "slot_dropped": last}
+
+    def status(self) -> dict:
+        """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields."""
+        with self.lock:
+            src_lsn = None
+            tables = []
+            for name, meta in self.registry["tables"].items():
+                t = self.tables.get(name)
+                if t is None:
+                    continue
+                st = t.stats()
+                st["state"] = "error" if t.error else "ready"
+                st["error"] = t.error
+                st["lag_bytes"] = 0
+                tables.append(st)
+            for oid, cp in self.copying.items():
+                t = cp["table"]
+                tables.append({"name": t.name, "source": t.source, "state": "copying", "error": None,
+                               "progress": self.progress.get(t.name)})
+            return {"tables": tables, "applied_lsn": lsn_str(self.applied_lsn),
+                    "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
+                    "publication": self.publication, "stream_error": self.stream_error,
+                    "streaming": bool(self._thread and self._thread.is_alive())}
+
+    def maintenance(self, op: str, name: str, **kw) -> dict:
+        with self.lock:
+            t = self.table(name)
+            if op == "flush":
+                return t.flush()
+            if op == "persist":
+                return t.persist()
+            if op == "merge_index":
+                return t.merge_index(**kw)
+            if op == "compact":
+                return t.compact(**kw)
+        raise MooncakeError(f"unknown maintenance operation {op!r}")
+
+    def read_state(self, name: str, lsn: int | None = None) -> tuple[dict, pa.Table]:
+        with self.lock:
+            t = self.table(name)
+            rs, mem = t.read_state(lsn)
+            rs["schema"] = [f.name for f in t.arrow_schema]
+            return rs, mem
+
+
+class _Truncate:
+    kind = "truncate"
+
+    def __init__(self, oid):
+        self.relation_oid = oid
+
+
+def _qi(qualified: str) -> str:
+    """Quote a schema.table name for SQL."""
+    parts = qualified.split(".", 1)
+    return ".".join('"' + p.replace('"', '""') + '"' for p in parts)
+
+
+def _estimate_rows(conn, src: str) -> int | None:
+    try:
+        r = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", (_qi(src),)).fetchone()
+        return max(int(r[0]), 0) if r else None
+    except psycopg.Error:
+        return None

@@ -1,0 +1,205 @@
+"""MemSlice: the in-memory buffer of committed rows not yet flushed (DESIGN.md §3, seed 000 "MemSlice").
+
+Rows arrive as Postgres text values (one list per row, in the table's column order) and are kept in
+an *open* row buffer; every ``batch_rows`` rows (or when a reader or a flush needs them) the buffer is
+decoded column-wise into an Arrow ``RecordBatch`` with vectorized casts. Each row carries:
+
+- ``ins_lsn`` (uint64): the commit LSN of the transaction that inserted it;
+- ``del_lsn`` (uint64): the commit LSN of the transaction that deleted it, 0 while live — this is the
+  **BatchDeletionVector**, stamped so that a read at LSN L sees exactly the commits with
+  ``commit_lsn < L``;
+- ``hash`` (uint64): the key hash (see :mod:`.keys`), kept so a flush builds its IndexBlock without
+  re-hashing.
+
+Locations are ``(batch_id, row)``; the open buffer has ``batch_id == len(batches)``. The **MemIndex**
+maps key hash → locations (several for duplicate rows of key-less tables).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..index import MemIndex
+
+LIVE = 0
+
+
+class Carried:
+    """A value carried over from an existing row (unchanged TOAST), already typed (a Python value)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):  # pragma: no cover
+        return f"Carried({self.value!r})"
+
+
+@dataclass
+class Batch:
+    """One sealed batch: ``rb`` rows with their ``ins_lsn``/``del_lsn``/``hash`` arrays (same length)."""
+
+    rb: pa.RecordBatch
+    ins_lsn: np.ndarray
+    del_lsn: np.ndarray
+    hashes: np.ndarray
+
+
+class MemSlice:
+    """Committed, unflushed rows of one table plus their MemIndex.
+
+    ``decode``: callable(list of column value lists) -> pa.RecordBatch (the table's text decoder);
+    values that are :class:`Carried` are patched in after the vectorized decode.
+    """
+
+    def __init__(self, schema: pa.Schema, decode, batch_rows: int = 16384):
+        self.schema = schema
+        self._decode = decode
+        self.batch_rows = batch_rows
+        self.batches: list[Batch] = []
+        self.index = MemIndex()
+        self._rows: list[list] = []
+        self._ins: list[int] = []
+        self._hashes: list[int] = []
+        self._open_del: dict[int, int] = {}
+        self.deleted_rows = 0
+        self._bytes = 0
+
+    # -- writes -------------------------------------------------------------------------------
+    def append(self, values: list, h: int, lsn: int) -> tuple[int, int]:
+        """Append one row (text values / None / Carried) with key hash ``h`` at commit LSN ``lsn``."""
+        loc = (len(self.batches), len(self._rows))
+        self._rows.append(values)
+        self._ins.append(lsn)
+        self._hashes.append(h)
+        self.index.insert(np.array([h], dtype=np.uint64), loc[0], np.array([loc[1]], dtype=np.int64))
+        if len(self._rows) >= self.batch_rows:
+            self.seal()
+        return loc
+
+    def is_live(self, loc: tuple[int, int]) -> bool:
+        b, r = loc
+        if b == len(self.batches):
+            return r not in self._open_del
+        return self.batches[b].del_lsn[r] == LIVE
+
+    def delete(self, loc: tuple[int, int], h: int, lsn: int) -> None:
+        """Mark the row at ``loc`` deleted by the commit at ``lsn`` and drop it from the MemIndex."""
+        b, r = loc
+        if b == len(self.batches):
+            self._open_del[r] = lsn
+        else:
+            self.batches[b].del_lsn[r] = lsn
+        self.index.remove(h, loc)
+        self.deleted_rows += 1
+
+    def find(self, h: int) -> list[tuple[int, int]]:
+        """Live locations whose key hash is ``h``."""
+        return [loc for loc in self.index.lookup(h) if self.is_live(loc)]
+
+    def row_values(self, loc: tuple[int, int]) -> list:
+        """The row's values: text/None/Carried for the open buffer, Carried for sealed batches."""
+        b, r = loc
+        if b == len(self.batches):
+            return list(self._rows[r])
+        rb = self.batches[b].rb
+        return [Carried(rb.column(i)[r].as_py()) for i in range(rb.num_columns)]
+
+    # -- sealing ------------------------------------------------------------------------------
+    def seal(self) -> None:
+        """Decode the open row buffer into a sealed Arrow batch (no-op when it is empty)."""
+        if not self._rows:
+            return
+        cols = [list(c) for c in zip(*self._rows)]
+        patches = []
+        for ci, col in enumerate(cols):
+            idx = [i for i, v in enumerate(col) if isinstance(v, Carried)]
+            if idx:
+                patches.append((ci, idx, [col[i].value for i in idx]))
+                for i in idx:
+                    col[i] = None
+        rb = self._decode(cols)
+        if patches:
+            arrays = list(rb.columns)
+            for ci, idx, vals in patches:
+                py = arrays[ci].to_pylist()
+                for i, v in zip(idx, vals):
+                    py[i] = v
+                arrays[ci] = pa.array(py, type=self.schema.field(ci).type)
+            rb = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        n = len(self._rows)
+        dl = np.zeros(n, dtype=np.uint64)
+        for r, lsn in self._open_del.items():
+            dl[r] = lsn
+        self.batches.append(Batch(rb, np.array(self._ins, dtype=np.uint64), dl,
+                                  np.array(self._hashes, dtype=np.uint64)))
+        self._bytes += rb.nbytes
+        self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
+
+    # -- reads --------------------------------------------------------------------------------
+    def visible(self, lsn: int | None = None) -> pa.Table:
+        """Rows visible at ``lsn`` (commits with commit_lsn < lsn; None = all applied) as one Arrow table."""
+        self.seal()
+        parts = []
+        for b in self.batches:
+            if lsn is None:
+                mask = b.del_lsn == LIVE
+            else:
+                L = np.uint64(lsn)
+                mask = (b.ins_lsn < L) & ((b.del_lsn == LIVE) | (b.del_lsn >= L))
+            if mask.all():
+                parts.append(b.rb)
+            elif mask.any():
+                parts.append(b.rb.filter(pa.array(mask)))
+        if not parts:
+            return self.schema.empty_table()
+        return pa.Table.from_batches(parts, schema=self.schema)
+
+    def drain(self) -> tuple[pa.Table, np.ndarray, int]:
+        """Take every live row out (for a flush) and empty the slice.
+
+        Returns (live rows, their key hashes, ``horizon``): the largest insert or delete LSN among the
+        rows taken out, so a read at an LSN <= horizon can no longer be served exactly (0 when empty).
+        """
+        self.seal()
+        parts, hashes = [], []
+        horizon = 0
+        for b in self.batches:
+            if len(b.ins_lsn):
+                horizon = max(horizon, int(b.ins_lsn.max()), int(b.del_lsn.max()))
+            mask = b.del_lsn == LIVE
+            if mask.any():
+                parts.append(b.rb.filter(pa.array(mask)) if not mask.all() else b.rb)
+                hashes.append(b.hashes[mask])
+        table = pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
+        hs = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
+        self.clear()
+        return table, hs, horizon
+
+    def clear(self) -> None:
+        self.batches = []
+        self.index = MemIndex()
+        self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
+        self.deleted_rows = 0
+        self._bytes = 0
+
+    @property
+    def num_rows(self) -> int:
+        """Rows held (live and deleted), sealed and open."""
+        return sum(b.rb.num_rows for b in self.batches) + len(self._rows)
+
+    @property
+    def live_rows(self) -> int:
+        return self.num_rows - self.deleted_rows
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate bytes held: sealed Arrow buffers plus ~64 bytes per value in the open buffer."""
+        ncols = len(self.schema)
+        return self._bytes + len(self._rows) * ncols * 64
+
+    def is_empty(self) -> bool:
+        return self.num_rows == 0

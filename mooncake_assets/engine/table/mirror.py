@@ -1,0 +1,472 @@
+"""One mirrored table: the apply path, flush, persist and ReadState (DESIGN.md §3, §4; seed 000).
+
+State of a table (all owned by the replicator service, the single writer):
+
+- ``mem``: the :class:`MemSlice` (committed rows not yet flushed, with their MemIndex and
+  BatchDeletionVectors);
+- ``files``: :class:`DiskFile` per Parquet data file, flushed (staged on local disk) or persisted
+  (in the Iceberg table), each with its persisted deletion vector and its pending position deletes;
+- ``file_index``: the FileIndex (IndexBlocks, key hash → (file, row));
+- LSNs: ``applied_lsn`` (every commit with commit_lsn < it is applied), ``flushed_lsn`` (the last
+  flush boundary: reads at an LSN below it cannot be served exactly), ``flush_lsn`` (durable in
+  Iceberg: snapshot summary ``mooncake.flush-lsn``).
+
+LSN convention everywhere: a state "at L" holds exactly the transactions whose commit record starts
+before L (``commit_lsn < L``), the same rule Postgres uses for an exported snapshot and for
+``confirmed_flush_lsn``.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap64
+
+from ..cdc import TableSchema, decode_text_columns
+from ..index import FileIndex, IndexBlock
+from .keys import KeyHasher
+from .memslice import Carried, MemSlice
+
+log = logging.getLogger("mooncake.table")
+
+MAX_FILE_ROWS = 1_000_000
+
+
+def lsn_str(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(s: str) -> int:
+    hi, lo = s.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def local_path_of(location: str) -> str:
+    """A path DuckDB/PyArrow can open for a warehouse location (``file://`` stripped)."""
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+@dataclass
+class DiskFile:
+    """A Parquet data file of the table.
+
+    ``committed``: positions deleted in the persisted snapshot (its DV); ``pending``: position →
+    commit LSN of deletes not yet persisted; ``truncated_lsn``: commit LSN of a TRUNCATE that removed
+    every row (0 = none).
+    """
+
+    name: str
+    num_rows: int
+    size_bytes: int
+    local_path: str | None = None
+    location: str | None = None
+    committed: BitMap64 = field(default_factory=BitMap64)
+    pending: dict = field(default_factory=dict)
+    truncated_lsn: int = 0
+
+    @property
+    def persisted(self) -> bool:
+        return self.location is not None
+
+    @property
+    def read_path(self) -> str:
+        return local_path_of(self.location) if self.location else self.local_path
+
+    def is_deleted(self, row: int) -> bool:
+        return self.truncated_lsn != 0 or row in self.committed or row in self.pending
+
+    def deleted_at(self, lsn: int | None) -> BitMap64:
+        """Deleted positions as of ``lsn`` (None = everything applied)."""
+        if self.truncated_lsn and (lsn is None or self.truncated_lsn < lsn):
+            return BitMap64(range(self.num_rows))
+        bm = BitMap64(self.committed)
+        if self.pending:
+            if lsn is None:
+                bm.update(self.pending.keys())
+            else:
+                bm.update(p for p, l in self.pending.items() if l < lsn)
+        return bm
+
+    def deleted_count(self) -> int:
+        if self.truncated_lsn:
+            return self.num_rows
+        return len(self.committed) + len(self.pending)
+
+
+class MissingKey(Exception):
+    pass
+
+
+class MirrorTable:
+    """The mirror of one Postgres table (see module docstring).
+
+    ``name``: destination name (also the Iceberg table name in namespace ``mooncake``);
+    ``schema``: the source table's :class:`TableSchema`; ``iceberg``: its IcebergMirrorTable;
+    ``table_dir``: local state (staged Parquet files, index blocks).
+    """
+
+    def __init__(self, name: str, source: str, schema: TableSchema, iceberg, table_dir: Path):
+        self.name = name
+        self.source = source
+        self.schema = schema
+        self.iceberg = iceberg
+        self.dir = Path(table_dir)
+        (self.dir / "staging").mkdir(parents=True, exist_ok=True)
+        (self.dir / "index").mkdir(parents=True, exist_ok=True)
+        self.arrow_schema = schema.arrow_schema()
+        self._col_names = [c.name for c in schema.columns]
+        # a table without a key (REPLICA IDENTITY FULL) is keyed by the whole row
+        self.key_names = list(schema.key_columns) or list(self._col_names)
+        self._key_idx = [self._col_names.index(k) for k in self.key_names]
+        self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
+        self.mem = MemSlice(self.arrow_schema, self._decode)
+        self.files: dict[str, DiskFile] = {}
+        self.file_index = FileIndex()
+        self.applied_lsn = 0
+        self.flushed_lsn = 0
+        self.flush_lsn = 0
+        self.missing_keys = 0
+        self.error: str | None = None
+        self.last_persist = time.time()
+        self._retired: list[tuple[float, str]] = []
+        self._relmap: dict[int, list[int]] = {}
+        self._row_cache: dict[str, pa.Table] = {}
+
+    # ------------------------------------------------------------------ decoding helpers
+    def _decode(self, cols: list[list]) -> pa.RecordBatch:
+        return decode_text_columns(self.schema.columns, cols, column_major=True)
+
+    def column_map(self, rel_oid: int, rel_columns: list[str]) -> list[int]:
+        """Indices of our columns in a Relation message's column list (-1 = not sent)."""
+        m = [rel_columns.index(c) if c in rel_columns else -1 for c in self._col_names]
+        self._relmap[rel_oid] = m
+        return m
+
+    @staticmethod
+    def _cell(v):
+        kind, data = v
+        if kind == "n":
+            return None
+        if kind == "u":
+            return _UNCHANGED
+        return bytes(data).decode("utf-8")
+
+    def _values(self, tup, rel_oid: int) -> list:
+        m = self._relmap[rel_oid]
+        return [self._cell(tup[i]) if i >= 0 else None for i in m]
+
+    def _key(self, values: list) -> list:
+        return [values[i] for i in self._key_idx]
+
+    # ------------------------------------------------------------------ locating rows
+    def _find(self, key_vals: list):
+        """Locate a live row by key: ('mem', loc) | ('disk', file, row) | None. Newest first."""
+        h = self.hasher.hash_one(key_vals)
+        for loc in self.mem.find(h):
+            if self.hasher.exact or self._recheck_mem(loc, key_vals):
+                return ("mem", loc, h)
+        for fname, row in self.file_index.lookup(h):
+            f = self.files.get(fname)
+            if f is None or f.is_deleted(row):
+                continue
+            return ("disk", (fname, row), h)
+        return None
+
+    def _recheck_mem(self, loc, key_vals) -> bool:
+        vals = self.mem.row_values(loc)
+        for i, kv in zip(self._key_idx, key_vals):
+            v = vals[i]
+            if isinstance(v, Carried):
+                return True  # sealed batch: text form not kept; a 64-bit hash match is taken as equal
+            if v != kv:
+                return False
+        return True
+
+    def _disk_row(self, fname: str, row: int) -> list:
+        t = self._row_cache.get(fname)
+        if t is None:
+            t = pq.read_table(self.files[fname].read_path)
+            if len(self._row_cache) > 4:
+                self._row_cache.pop(next(iter(self._row_cache)))
+            self._row_cache[fname] = t
+        return [Carried(t.column(i)[row].as_py()) for i in range(t.num_columns)]
+
+    def _delete_found(self, found, lsn: int) -> None:
+        kind, loc, h = found
+        if kind == "mem":
+            self.mem.delete(loc, h, lsn)
+        else:
+            fname, row = loc
+            self.files[fname].pending[row] = lsn
+
+    def _report_missing(self, what: str, key_vals, lsn: int) -> None:
+        self.missing_keys += 1
+        log.error("table %s: %s of key %r at LSN %s found no live row (invariant violation; change skipped)",
+                  self.name, what, key_vals, lsn_str(lsn))
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, change, commit_lsn: int) -> None:
+        """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules)."""
+        kind = change.kind
+        if kind == "insert":
+            vals = self._values(change.new, change.relation_oid)
+            self.mem.append(vals, self.hasher.hash_one(self._key(vals)), commit_lsn)
+        elif kind == "delete":
+            old = self._values(change.old, change.relation_oid)
+            key = self._key(old)
+            found = self._find(key)
+            if found is None:
+                self._report_missing("DELETE", key, commit_lsn)
+            else:
+                self._delete_found(found, commit_lsn)
+        elif kind == "update":
+            new = self._values(change.new, change.relation_oid)
+            old = self._values(change.old, change.relation_oid) if change.old is not None else None
+            key = self._key(old) if old is not None else self._key(new)
+            found = self._find(key)
+            if any(v is _UNCHANGED for v in new):
+                if old is not None and change.old_kind == "O":
+                    src = old
+                elif found is not None:
+                    src = self.mem.row_values(found[1]) if found[0] == "mem" else self._disk_row(*found[1])
+                else:
+                    src = [None] * len(new)
+                new = [src[i] if v is _UNCHANGED else v for i, v in enumerate(new)]
+                new = [None if v is _UNCHANGED else v for v in new]
+            if found is None:
+                self._report_missing("UPDATE", key, commit_lsn)
+            else:
+                self._delete_found(found, commit_lsn)
+            nkey = self._key(new)
+            nkey_text = [v.value if isinstance(v, Carried) else v for v in nkey]
+            self.mem.append(new, self.hasher.hash_one([None if x is None else str(x) for x in nkey_text]), commit_lsn)
+        elif kind == "truncate":
+            self.truncate(commit_lsn)
+
+    def truncate(self, lsn: int) -> None:
+        """TRUNCATE at ``lsn``: every row deleted as of that LSN."""
+        self.mem.seal()
+        for b in self.mem.batches:
+            live = b.del_lsn == 0
+            b.del_lsn[live] = lsn
+            self.mem.deleted_rows += int(live.sum())
+        from ..index import MemIndex
+        self.mem.index = MemIndex()
+        for f in self.files.values():
+            if not f.truncated_lsn:
+                f.truncated_lsn = lsn
+
+    # ------------------------------------------------------------------ flush
+    def flush(self) -> dict:
+        """Write the MemSlice's live rows to Parquet in ``staging/`` plus one IndexBlock for them.
+
+        Rows stay visible throughout (the caller holds the service lock). Returns
+        ``{"rows", "files", "bytes", "seconds"}``.
+        """
+        t0 = time.time()
+        table, hashes, horizon = self.mem.drain()
+        if horizon:
+            self.flushed_lsn = max(self.flushed_lsn, horizon + 1)
+        self._row_cache.clear()
+        if table.num_rows == 0:
+            return {"rows": 0, "files": 0, "bytes": 0, "seconds": time.time() - t0}
+        names, file_ids, rows = [], [], []
+        nbytes = 0
+        for fi, start in enumerate(range(0, table.num_rows, MAX_FILE_ROWS)):
+            part = table.slice(start, MAX_FILE_ROWS)
+            name = f"{uuid.uuid4().hex}.parquet"
+            path = self.dir / "staging" / name
+            pq.write_table(part, path, compression="zstd", row_group_size=128 * 1024)
+            size = path.stat().st_size
+            nbytes += size
+            self.files[name] = DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path))
+            names.append(name)
+            file_ids.append(np.full(part.num_rows, fi, dtype=np.uint32))
+            rows.append(np.arange(part.num_rows, dtype=np.uint32))
+        block = IndexBlock.build(str(self.dir / "index" / f"{uuid.uuid4().hex}.idx"), hashes,
+                                 np.concatenate(file_ids), np.concatenate(rows), names)
+        self.file_index.add_block(block)
+        return {"rows": table.num_rows, "files": len(names), "bytes": nbytes, "seconds": time.time() - t0}
+
+    def add_copied_file(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:
+        """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
+        name = path.name
+        self.files[name] = DiskFile(name=name, num_rows=num_rows, size_bytes=path.stat().st_size, local_path=str(path))
+        block = IndexBlock.build(str(self.dir / "index" / f"{uuid.uuid4().hex}.idx"), hashes,
+                                 np.zeros(num_rows, dtype=np.uint32), np.arange(num_rows, dtype=np.uint32), [name])
+        self.file_index.add_block(block)
+
+    # ------------------------------------------------------------------ persist
+    def is_dirty(self) -> bool:
+        """True when something applied is not yet durable in Iceberg."""
+        return not self.mem.is_empty() or any(not f.persisted or f.pending or f.truncated_lsn
+                                              for f in self.files.values())
+
+    def persist(self) -> dict:
+        """Flush, then commit to Iceberg in ONE commit: new data files, merged deletes (one DV per file),
+        files whose rows are all deleted removed, the FileIndex blob and ``mooncake.flush-lsn``.
+
+        Only after it returns may the slot be confirmed up to ``flush_lsn``. Returns counts.
+        """
+        t0 = time.time()
+        fl = self.flush()
+        lsn = self.applied_lsn
+        add, deletes, remove = [], {}, []
+        for f in list(self.files.values()):
+            fully = f.truncated_lsn or f.deleted_count() >= f.num_rows
+            if fully:
+                if f.persisted:
+                    remove.append(f.location)
+                continue
+            if not f.persisted:
+                f.location = self.iceberg.upload_data_file(f.local_path)
+                add.append(f)
+            if f.pending:
+                deletes[f.location] = BitMap64(f.pending.keys())
+        gone = [f for f in self.files.values() if f.truncated_lsn or f.deleted_count() >= f.num_rows]
+        for f in gone:
+            self.files.pop(f.name)
+        if gone:
+            self.file_index.drop_files({f.name for f in gone}) if hasattr(self.file_index, "drop_files") else None
+        new_dvs = sum(len(b) for b in deletes.values())
+        changed = bool(add or deletes or remove or fl["rows"]) or self.flush_lsn == 0
+        if changed:
+            self.iceberg.commit(
+                add_files=[f.location for f in add],
+                deletes=deletes,
+                remove_files=remove,
+                index_blob=self.index_blob(),
+                summary={"mooncake.flush-lsn": lsn_str(lsn), "mooncake.source": self.source},
+            )
+        now = time.time()
+        for f in add:
+            if f.local_path:
+                self._retired.append((now, f.local_path))
+                f.local_path = None
+        for f in self.files.values():
+            if f.pending:
+                # committed positions lose their LSN: reads below the newest of them are no longer exact
+                self.flushed_lsn = max(self.flushed_lsn, max(f.pending.values()) + 1)
+                f.committed.update(f.pending.keys())
+                f.pending = {}
+        for f in gone:
+            self.flushed_lsn = max(self.flushed_lsn, f.truncated_lsn + 1, max(f.pending.values(), default=0) + 1)
+            if f.local_path:
+                self._retired.append((now, f.local_path))
+        self.flush_lsn = lsn
+        self.last_persist = now
+        self._gc_retired()
+        return {"rows": fl["rows"], "files_added": len(add), "files_removed": len(remove),
+                "deleted_rows": new_dvs, "flush_lsn": lsn_str(lsn), "seconds": now - t0}
+
+    def _gc_retired(self, grace_s: float = 120.0) -> None:
+        """Delete staged files that were persisted or dropped more than ``grace_s`` ago (readers may hold them)."""
+        keep = []
+        for t, p in self._retired:
+            if time.time() - t > grace_s:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            else:
+                keep.append((t, p))
+        self._retired = keep
+
+    # ------------------------------------------------------------------ index persistence
+    def index_blob(self) -> bytes:
+        """The FileIndex as bytes: 4-byte LE header length, JSON header {"blocks": [{"name","size"}]},
+        then each IndexBlock file's bytes, newest first."""
+        blobs, meta = [], []
+        for b in self.file_index.blocks:
+            data = Path(b.path).read_bytes()
+            blobs.append(data)
+            meta.append({"name": Path(b.path).name, "size": len(data)})
+        head = json.dumps({"blocks": meta}).encode()
+        return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+
+    def restore_index(self, blob: bytes) -> None:
+        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
+        n = int.from_bytes(blob[:4], "little")
+        head = json.loads(blob[4:4 + n])
+        off = 4 + n
+        blocks = []
+        for m in head["blocks"]:
+            p = self.dir / "index" / m["name"]
+            p.write_bytes(blob[off:off + m["size"]])
+            off += m["size"]
+            blocks.append(IndexBlock.open(str(p)))
+        self.file_index = FileIndex(blocks)
+
+    def restore(self) -> None:
+        """Load the persisted state (data files, DVs, index, flush LSN) after a restart."""
+        st = self.iceberg.state()
+        self.files = {}
+        for loc, df in st.data_files.items():
+            name = loc.rsplit("/", 1)[-1]
+            self.files[name] = DiskFile(name=name, num_rows=df.record_count, size_bytes=df.file_size_in_bytes,
+                                        location=loc, committed=BitMap64(df.deleted))
+        lsn = st.summary.get("mooncake.flush-lsn") if st.summary else None
+        self.flush_lsn = parse_lsn(lsn) if lsn else 0
+        self.applied_lsn = self.flushed_lsn = self.flush_lsn
+        if st.index_blob:
+            self.restore_index(st.index_blob)
+        for p in (self.dir / "staging").glob("*.parquet"):
+            if p.name not in self.files:
+                p.unlink()
+
+    # ------------------------------------------------------------------ reads
+    def read_state(self, lsn: int | None = None) -> tuple[dict, pa.Table]:
+        """ReadState at ``lsn`` (None = all applied): (description of files + deletes, in-memory rows).
+
+        Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served exactly).
+        """
+        if lsn is not None and lsn < self.flushed_lsn:
+            raise ValueError(f"table {self.name}: cannot read at LSN {lsn_str(lsn)}, it was flushed up to "
+                             f"{lsn_str(self.flushed_lsn)}; read at a newer LSN")
+        files = []
+        for f in self.files.values():
+            dv = f.deleted_at(lsn)
+            if len(dv) >= f.num_rows:
+                continue
+            files.append({"name": f.name, "path": f.read_path, "rows": f.num_rows,
+                          "deleted": base64.b64encode(dv.serialize()).decode() if len(dv) else None})
+        mem = self.mem.visible(lsn)
+        rs = {"table": self.name, "lsn": lsn_str(lsn if lsn is not None else self.applied_lsn), "files": files}
+        return rs, mem
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict:
+        data_bytes = sum(f.size_bytes for f in self.files.values())
+        deleted = sum(f.deleted_count() for f in self.files.values())
+        file_rows = sum(f.num_rows for f in self.files.values())
+        return {
+            "name": self.name, "source": self.source,
+            "applied_lsn": lsn_str(self.applied_lsn), "flush_lsn": lsn_str(self.flush_lsn),
+            "buffer_rows": self.mem.live_rows, "buffer_bytes": self.mem.nbytes,
+            "data_files": len(self.files), "data_bytes": data_bytes,
+            "index_blocks": len(self.file_index.blocks),
+            "pending_deletes": sum(len(f.pending) for f in self.files.values()),
+            "deletion_vectors": sum(1 for f in self.files.values() if len(f.committed)),
+            "deleted_rows": deleted, "live_rows": file_rows - deleted + self.mem.live_rows,
+            "missing_keys": self.missing_keys,
+        }
+
+
+class _Unchanged:
+    __slots__ = ()
+
+    def __repr__(self):  # pragma: no cover
+        return "UNCHANGED_TOAST"
+
+
+_UNCHANGED = _Unchanged()

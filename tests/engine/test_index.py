@@ -1,0 +1,534 @@
+"""Tests of mooncake_assets.engine.index (issue 3): hashing, IndexBlock, FileIndex, MemIndex, policy."""
+from __future__ import annotations
+
+import datetime
+import decimal
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from mooncake_assets.engine.index import (
+    PUFFIN_BLOB_TYPE,
+    FileIndex,
+    IndexBlock,
+    IndexBlockFormatError,
+    IndexMergePolicy,
+    MemIndex,
+    PositionMap,
+    block_layout,
+    build_block_from_mem_index,
+    build_flush_block,
+    hash_keys,
+    key_is_exact,
+    merge_sorted_runs,
+    next_power_of_two,
+    splitmix64,
+    stable_hash_bytes,
+)
+from mooncake_assets.engine.index.bench import run_index_bench
+from mooncake_assets.engine.index.hashing import NULL_HASH, _row_hash_py
+
+M64 = (1 << 64) - 1
+
+
+def brute(entries, h):
+    """(file, row) pairs of ``entries`` [(hash, file, row)] under hash ``h``, sorted."""
+    return sorted((f, r) for hh, f, r in entries if hh == h)
+
+
+# ------------------------------------------------------------------------------------------ hashing
+
+def test_splitmix64_known_values():
+    assert splitmix64(0) == 0xE220A8397B1DCDAF
+    assert splitmix64(1) == 0x910A2DEC89025CC1
+    arr = splitmix64(np.array([0, 1], dtype=np.uint64))
+    assert arr.dtype == np.uint64
+    assert arr.tolist() == [0xE220A8397B1DCDAF, 0x910A2DEC89025CC1]
+
+
+def test_splitmix64_int_and_array_agree_and_twos_complement():
+    vals = [0, 1, 2, 12345, (1 << 63) - 1, 1 << 63, M64]
+    arr = splitmix64(np.array(vals, dtype=np.uint64))
+    assert arr.tolist() == [splitmix64(v) for v in vals]
+    assert splitmix64(-1) == splitmix64(M64)
+    assert splitmix64(np.int64(-5)) == splitmix64((-5) & M64)
+    assert splitmix64(np.array([-1, -2], dtype=np.int32)).tolist() == [splitmix64(M64), splitmix64(M64 - 1)]
+    assert splitmix64([3, -3]).tolist() == [splitmix64(3), splitmix64(-3)]
+    inp = np.array([7], dtype=np.uint64)
+    splitmix64(inp)
+    assert inp[0] == 7  # input untouched
+
+
+def test_splitmix64_rejects_bad_input():
+    with pytest.raises(ValueError):
+        splitmix64(1 << 64)
+    with pytest.raises(ValueError):
+        splitmix64(-(1 << 63) - 1)
+    with pytest.raises(TypeError):
+        splitmix64(np.array([1.5]))
+    with pytest.raises(TypeError):
+        splitmix64(True)
+
+
+def test_hash_keys_single_int_column_is_splitmix64():
+    vals = [0, 1, -1, 2**40, -(2**63)]
+    h = hash_keys([pa.array(vals, pa.int64())])
+    assert h.tolist() == [splitmix64(v) for v in vals]
+    # value-based: the same value in another integer width hashes the same
+    assert hash_keys([pa.array([5, -7], pa.int16())]).tolist() == hash_keys([pa.array([5, -7], pa.int64())]).tolist()
+    assert hash_keys([pa.array([5], pa.uint32())]).tolist() == [splitmix64(5)]
+    assert key_is_exact([pa.array([1, 2])])
+    assert key_is_exact([pa.int32()])
+    assert not key_is_exact([pa.array(["a"])])
+    assert not key_is_exact([pa.array([1]), pa.array([2])])
+    assert not key_is_exact([pa.array([1, None])])
+
+
+def test_hash_keys_strings_match_reference_and_slicing():
+    vals = ["hello", "", None, "x" * 17, "héllo wörld", "abcdefgh", "abcdefgh\0"]
+    a = pa.array(vals)
+    ref = [_row_hash_py([None if v is None else v.encode()]) for v in vals]
+    assert hash_keys([a]).tolist() == ref
+    assert hash_keys(a.slice(2, 4)).tolist() == ref[2:6]
+    assert hash_keys([a.cast(pa.large_string())]).tolist() == ref
+    assert hash_keys([a.dictionary_encode()]).tolist() == ref
+    assert hash_keys([pa.chunked_array([a.slice(0, 3), a.slice(3)])]).tolist() == ref
+    assert hash_keys([a.cast(pa.string_view())]).tolist() == ref
+    b = pa.array([v.encode() if v is not None else None for v in vals], pa.binary())
+    assert hash_keys([b]).tolist() == ref
+    # trailing zero byte and length are part of the hash
+    assert len(set(ref)) == len(ref)
+
+
+def test_hash_keys_is_pinned():
+    # golden values: changing the hash would orphan every saved index block
+    assert stable_hash_bytes(b"") == splitmix64(0)
+    assert hash_keys([pa.array(["hello"])]).tolist() == [634129527942820148]
+    assert hash_keys([pa.array([1, 2, None]), pa.array(["x", "y", "z"])]).tolist() == [
+        14134830211326584476, 12714044470899129535, 17818520571671554867]
+
+
+def test_hash_keys_canonical_values():
+    f = hash_keys([pa.array([0.0, -0.0, float("nan"), float("-nan"), 1.5])]).tolist()
+    assert f[0] == f[1] and f[2] == f[3] and len({f[0], f[2], f[4]}) == 3
+    assert hash_keys([pa.array([1.5], pa.float32())]).tolist() == [f[4]]
+    d = pa.array([decimal.Decimal("1.50"), decimal.Decimal("-2.25"), None], pa.decimal128(10, 2))
+    raw = [(150).to_bytes(16, "little", signed=True), (-225).to_bytes(16, "little", signed=True), None]
+    assert hash_keys([d]).tolist() == [_row_hash_py([r]) for r in raw]
+    assert hash_keys([pa.array([True, False, None])]).tolist() == [
+        _row_hash_py([b"\x01"]), _row_hash_py([b"\x00"]), _row_hash_py([None])]
+    day = datetime.date(2020, 1, 2)
+    days = (day - datetime.date(1970, 1, 1)).days
+    assert hash_keys([pa.array([day]), pa.array([1], pa.int8())]).tolist() == [
+        _row_hash_py([days.to_bytes(8, "little"), (1).to_bytes(8, "little")])]
+    fsb = pa.array([b"abc", b"xyz"], pa.binary(3))
+    assert hash_keys([fsb]).tolist() == [_row_hash_py([b"abc"]), _row_hash_py([b"xyz"])]
+    nested = pa.array([[1, 2], None, []])
+    assert hash_keys([nested]).tolist() == [_row_hash_py([b"[1,2]"]), _row_hash_py([None]), _row_hash_py([b"[]"])]
+
+
+def test_hash_keys_multi_column_and_nulls():
+    a = pa.array([1, 2, None, 1])
+    b = pa.array(["x", "y", "z", None])
+    h = hash_keys([a, b]).tolist()
+    assert h == [
+        _row_hash_py([(1).to_bytes(8, "little"), b"x"]),
+        _row_hash_py([(2).to_bytes(8, "little"), b"y"]),
+        _row_hash_py([None, b"z"]),
+        _row_hash_py([(1).to_bytes(8, "little"), None]),
+    ]
+    # column order matters, swapped values do not collide
+    assert hash_keys([pa.array(["a"]), pa.array(["b"])]) != hash_keys([pa.array(["b"]), pa.array(["a"])])
+    # a null in a single integer column hashes like the canonical path
+    assert hash_keys([pa.array([None], pa.int64())]).tolist() == [_row_hash_py([None])]
+    assert hash_keys([pa.array([None, None])]).tolist() == [_row_hash_py([None])] * 2
+    assert NULL_HASH != stable_hash_bytes(b"")
+    with pytest.raises(ValueError):
+        hash_keys([])
+    with pytest.raises(ValueError):
+        hash_keys([pa.array([1]), pa.array([1, 2])])
+
+
+def test_hash_keys_stable_across_processes():
+    code = ("import pyarrow as pa; from mooncake_assets.engine.index import hash_keys;"
+            "print(hash_keys([pa.array(['a', 'bb', None]), pa.array([1.5, 2.0, None])]).tolist())")
+    outs = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    assert len(outs) == 1
+    here = hash_keys([pa.array(["a", "bb", None]), pa.array([1.5, 2.0, None])]).tolist()
+    assert outs.pop().strip() == str(here)
+
+
+# ------------------------------------------------------------------------------------------ IndexBlock
+
+def test_layout_follows_the_seed():
+    # seed 000: 1000 rows -> 256 buckets (N=8); 500 -> 128 (N=7); 2000 -> 512 (N=9); merged 3500 -> 1024
+    for rows, nb, n in [(1000, 256, 8), (500, 128, 7), (2000, 512, 9), (3500, 1024, 10), (0, 2, 1), (1, 2, 1)]:
+        lay = block_layout(rows, 1)
+        assert (lay["num_buckets"], lay["hash_upper_bits"], lay["hash_lower_bits"]) == (nb, n, 64 - n)
+        assert lay["num_buckets"] == next_power_of_two(rows // 4 + 2)
+    assert [block_layout(10, f)["file_id_bits"] for f in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
+    assert block_layout(10, 8)["row_bits"] == 32
+    assert block_layout(10, 8)["entry_bits"] == block_layout(10, 8)["hash_lower_bits"] + 3 + 32
+
+
+def _random_block(tmp_path, n, nfiles, seed=0, dup=0.0, name="b.idx"):
+    rng = np.random.default_rng(seed)
+    h = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) + rng.integers(0, 2, n).astype(np.uint64)
+    if dup and n:
+        k = int(n * dup)
+        h[:k] = h[rng.integers(0, n, k)]
+    fid = rng.integers(0, max(nfiles, 1), n)
+    rows = rng.integers(0, 2**32, n, dtype=np.int64)
+    files = [f"file-{i}.parquet" for i in range(nfiles)]
+    b = IndexBlock.build(tmp_path / name, h, fid, rows, files)
+    return b, list(zip(h.tolist(), [files[i] for i in fid], rows.tolist())), h
+
+
+@pytest.mark.parametrize("n,nfiles", [(0, 1), (1, 1), (7, 1), (100, 3), (5000, 8), (3000, 1000)])
+def test_block_lookups_match_brute_force(tmp_path, n, nfiles):
+    b, entries, h = _random_block(tmp_path, n, nfiles, seed=n, dup=0.1)
+    assert b.num_entries == n and b.files == tuple(f"file-{i}.parquet" for i in range(nfiles))
+    rng = np.random.default_rng(1)
+    queries = np.concatenate([h[: min(n, 200)], rng.integers(0, 2**63, 50).astype(np.uint64),
+                              np.array([0, M64], dtype=np.uint64)])
+    for q in queries.tolist():
+        assert sorted(b.lookup(q)) == brute(entries, q)
+    qi, fid, row = b.lookup_batch(queries)
+    assert qi.dtype == np.int64 and fid.dtype == np.int32 and row.dtype == np.uint32
+    assert (np.diff(qi) >= 0).all()
+    got = {}
+    for i, f, r in zip(qi.tolist(), fid.tolist(), row.tolist()):
+        got.setdefault(i, []).append((b.files[f], r))
+    for i, q in enumerate(queries.tolist()):
+        assert sorted(got.get(i, [])) == brute(entries, q)
+    eh, ef, er = b.entries()
+    assert (np.diff(eh.astype(object)) >= 0).all() if n > 1 else True
+    assert sorted(zip(eh.tolist(), [b.files[f] for f in ef], er.tolist())) == sorted(entries)
+    b.close()
+
+
+def test_block_edge_hashes(tmp_path):
+    # extreme hashes, hashes that differ in their lowest bit only, one bucket holding everything
+    hs = [0, 1, M64, M64 - 1, 1 << 63, (1 << 63) + 1, 5, 5, 5]
+    b = IndexBlock.build(tmp_path / "e.idx", np.array(hs, dtype=np.uint64), [0, 1, 0, 1, 0, 1, 0, 1, 1],
+                         [0, 1, 2, 3, 4, 5, 6, 7, 2**32 - 1], ["a", "b"])
+    assert b.lookup(0) == [("a", 0)]
+    assert b.lookup(1) == [("b", 1)]
+    assert b.lookup(M64) == [("a", 2)]
+    assert b.lookup(-1) == [("a", 2)]
+    assert sorted(b.lookup(5)) == [("a", 6), ("b", 7), ("b", 2**32 - 1)]
+    assert b.lookup(2) == []
+    qi, f, r = b.lookup_batch(np.array([5, M64, 3], dtype=np.uint64))
+    assert qi.tolist() == [0, 0, 0, 1]
+    assert b.lookup_batch(np.array([-1], dtype=np.int64))[2].tolist() == [2]
+
+
+def test_block_size_at_most_12_bytes_per_entry(tmp_path):
+    n = 1_000_000
+    b, _, _ = _random_block(tmp_path, n, 8, seed=3)
+    assert b.size_bytes == os.path.getsize(b.path)
+    assert b.size_bytes / n <= 12.0
+    assert b.entry_bits == 46 + 3 + 32  # 2**18 buckets: 46 low hash bits, 3 file bits, 32 row bits
+
+
+def test_block_byte_layout(tmp_path):
+    b = IndexBlock.build(tmp_path / "x.idx", np.array([3, (1 << 63) | 9], dtype=np.uint64), [1, 0], [7, 8], ["f0", "f1"])
+    data = b.to_bytes()
+    assert data[:8] == b"MCIDXBLK"
+    version, upper, lower, fbits, rbits, bbits = struct.unpack_from("<HBBBBB", data, 8)
+    assert (version, upper, lower, fbits, rbits, bbits) == (1, 1, 63, 1, 32, 2)
+    n, nb, nfiles, flen, eoff = struct.unpack_from("<QQIIQ", data, 16)
+    assert (n, nb, nfiles) == (2, 2, 2) and eoff % 8 == 0
+    assert data[80:80 + flen] == struct.pack("<I", 2) + b"f0" + struct.pack("<I", 2) + b"f1"
+    words = np.frombuffer(data, dtype="<u8", offset=eoff, count=3)
+    stream = int(words[0]) | int(words[1]) << 64 | int(words[2]) << 128
+    w = 63 + 1 + 32
+    e0, e1 = stream & ((1 << w) - 1), (stream >> w) & ((1 << w) - 1)
+    # entry = low hash bits | file id << 63 | row << 64, sorted by hash
+    assert e0 == 3 | (1 << 63) | (7 << 64)
+    assert e1 == 9 | (0 << 63) | (8 << 64)
+
+
+def test_block_persistence_round_trip(tmp_path):
+    b, entries, h = _random_block(tmp_path, 2000, 4, seed=5)
+    data = b.to_bytes()
+    assert len(data) == b.size_bytes and PUFFIN_BLOB_TYPE == "mooncake-hash-index-v1"
+    c = IndexBlock.from_bytes(data, tmp_path / "restored.idx")
+    assert c.files == b.files and c.num_entries == b.num_entries
+    for q in h[:50].tolist():
+        assert sorted(c.lookup(q)) == brute(entries, q)
+    d = IndexBlock.open(tmp_path / "restored.idx", verify=True)
+    assert d.to_bytes() == data
+    d.verify()
+    for x in (b, c, d):
+        x.close()
+
+
+def test_block_rejects_bad_bytes(tmp_path):
+    b, _, _ = _random_block(tmp_path, 300, 2)
+    data = bytearray(b.to_bytes())
+    b.close()
+    cases = {
+        "magic": lambda d: d.__setitem__(slice(0, 8), b"NOTABLOK"),
+        "version": lambda d: d.__setitem__(slice(8, 10), b"\x09\x00"),
+        "header crc": lambda d: d.__setitem__(20, d[20] ^ 1),
+        "data crc": lambda d: d.__setitem__(len(d) - 20, d[len(d) - 20] ^ 0xFF),
+    }
+    for name, corrupt in cases.items():
+        bad = bytearray(data)
+        corrupt(bad)
+        with pytest.raises(IndexBlockFormatError):
+            IndexBlock.from_bytes(bytes(bad), tmp_path / f"bad-{name.replace(' ', '')}.idx")
+    with pytest.raises(IndexBlockFormatError, match="expected"):
+        IndexBlock.from_bytes(bytes(data[:-8]), tmp_path / "trunc.idx")
+    with pytest.raises(IndexBlockFormatError):
+        IndexBlock.from_bytes(b"short", tmp_path / "short.idx")
+    # a corrupt data section is found by open(verify=True) but not by a plain open
+    bad = bytearray(data)
+    bad[len(bad) - 20] ^= 0xFF
+    (tmp_path / "corrupt.idx").write_bytes(bytes(bad))
+    IndexBlock.open(tmp_path / "corrupt.idx").close()
+    with pytest.raises(IndexBlockFormatError, match="CRC"):
+        IndexBlock.open(tmp_path / "corrupt.idx", verify=True)
+    assert issubclass(IndexBlockFormatError, ValueError)
+
+
+def test_block_is_immutable_and_closable(tmp_path):
+    b, _, h = _random_block(tmp_path, 100, 2)
+    before = b.path.read_bytes()
+    b.lookup_batch(h)
+    b.lookup(int(h[0]))
+    with pytest.raises((ValueError, TypeError)):
+        b._entries[0] = 1
+    assert b.path.read_bytes() == before
+    b.close()
+    b.close()
+    with pytest.raises(ValueError, match="closed"):
+        b.lookup(1)
+    b.unlink()
+    assert not b.path.exists()
+
+
+def test_block_build_validates(tmp_path):
+    h = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(ValueError):
+        IndexBlock.build(tmp_path / "a", h, [0, 2], [0, 1], ["a", "b"])
+    with pytest.raises(ValueError):
+        IndexBlock.build(tmp_path / "a", h, [0, 0], [0, 2**32], ["a"])
+    with pytest.raises(ValueError):
+        IndexBlock.build(tmp_path / "a", h, [0, 0], [0, 1], ["a", "a"])
+    with pytest.raises(ValueError):
+        IndexBlock.build(tmp_path / "a", h, [0], [0, 1], ["a"])
+    with pytest.raises(TypeError):
+        IndexBlock.build(tmp_path / "a", np.array([1.0, 2.0]), 0, [0, 1], ["a"])
+    assert not (tmp_path / "a").exists()
+    assert IndexBlock.build(tmp_path / "a", h, 0, [4, 5], ["only"]).lookup(2) == [("only", 5)]
+
+
+# ------------------------------------------------------------------------------------------ FileIndex
+
+def test_merge_sorted_runs_matches_sort():
+    rng = np.random.default_rng(0)
+    runs = []
+    for k in range(7):
+        h = np.sort(rng.integers(0, 1000, rng.integers(0, 50)).astype(np.uint64))
+        runs.append((h, np.full(len(h), k, np.uint64)))
+    h, p = merge_sorted_runs(runs)
+    allh = np.concatenate([r[0] for r in runs])
+    assert np.array_equal(h, np.sort(allh))
+    # ties: earlier runs first
+    for v in np.unique(h):
+        ps = p[h == v]
+        assert (np.diff(ps.astype(np.int64)) >= 0).all()
+    assert len(merge_sorted_runs([])[0]) == 0
+
+
+def _flush_blocks(tmp_path, nblocks, rows_per_block, seed=0, key_range=None):
+    rng = np.random.default_rng(seed)
+    fi = FileIndex()
+    model = []  # (hash, file, row)
+    for k in range(nblocks):
+        n = rows_per_block
+        keys = rng.integers(0, key_range or 2**62, n)
+        h = hash_keys([pa.array(keys)])
+        files = [f"d{k}a", f"d{k}b"]
+        fid = rng.integers(0, 2, n)
+        rows = np.arange(n)
+        fi.add_block(IndexBlock.build(tmp_path / f"flush{k}.idx", h, fid, rows, files))
+        model += list(zip(h.tolist(), [files[i] for i in fid], rows.tolist()))
+    return fi, model
+
+
+def test_file_index_lookup_newest_first_and_batch(tmp_path):
+    fi, model = _flush_blocks(tmp_path, 5, 300, key_range=500)
+    assert len(fi) == 5 and fi.num_entries == 1500
+    assert fi.blocks[0].path.name == "flush4.idx"  # newest first
+    assert set(fi.files) == {f"d{k}{s}" for k in range(5) for s in "ab"}
+    hs = sorted({h for h, _, _ in model})[:100] + [12345]
+    res = fi.lookup_batch(np.array(hs, dtype=np.uint64))
+    lists = res.as_lists(len(hs))
+    for i, h in enumerate(hs):
+        single = fi.lookup(h)
+        assert sorted(single) == brute(model, h)
+        assert lists[i] == single  # same candidates, same newest-first order
+        blocks_of = [int(f[1]) for f, _ in single]
+        assert blocks_of == sorted(blocks_of, reverse=True)
+    assert list(res.file_names[:3]) == [fi.files[i] for i in res.file_idx[:3]]
+
+
+def test_build_from_merge(tmp_path):
+    fi, model = _flush_blocks(tmp_path, 6, 400, key_range=1000)
+    merged = FileIndex.build_from_merge(fi.blocks, tmp_path / "merged.idx")
+    assert merged.num_entries == len(model)
+    assert merged.num_buckets == next_power_of_two(len(model) // 4 + 2)
+    assert set(merged.files) == set(fi.files)
+    eh, ef, er = merged.entries()
+    assert (eh[1:] >= eh[:-1]).all()
+    assert sorted(zip(eh.tolist(), [merged.files[f] for f in ef], er.tolist())) == sorted(model)
+    old = list(fi.blocks)
+    fi.replace_blocks(old[1:4], merged)
+    assert fi.blocks == (old[0], merged, old[4], old[5])
+    fi.replace_blocks([old[0], old[4], old[5]], None)
+    assert fi.blocks == (merged,)
+    for h in {h for h, _, _ in model[:200]}:
+        assert sorted(fi.lookup(h)) == brute(model, h)
+    with pytest.raises(ValueError):
+        fi.remove_blocks([old[0]])
+
+
+def test_build_from_compaction_seed_example(tmp_path):
+    # seed 000: parquet-1 [10, 20, 30 (deleted)], parquet-2 [40, 50] -> parquet-new [10, 20, 40, 50]
+    h = {k: splitmix64(k) for k in (10, 20, 30, 40, 50)}
+    b1 = IndexBlock.build(tmp_path / "1.idx", np.array([h[10], h[20], h[30]], np.uint64), 0, [0, 1, 2], ["parquet-1"])
+    b2 = IndexBlock.build(tmp_path / "2.idx", np.array([h[40], h[50]], np.uint64), 0, [0, 1], ["parquet-2"])
+    fi = FileIndex([b2, b1])
+    pm = {
+        "parquet-1": (["parquet-new"], np.array([0, 0, -1], np.int32), np.array([0, 1, 0], np.uint32)),
+        "parquet-2": (["parquet-new"], np.array([0, 0], np.int32), np.array([2, 3], np.uint32)),
+    }
+    blocks = fi.blocks_for_files(["parquet-1", "parquet-2"])
+    new = FileIndex.build_from_compaction(blocks, pm, tmp_path / "new.idx")
+    fi.replace_blocks(blocks, new)
+    assert new.files == ("parquet-new",) and new.num_entries == 4
+    assert fi.lookup(h[10]) == [("parquet-new", 0)]
+    assert fi.lookup(h[20]) == [("parquet-new", 1)]
+    assert fi.lookup(h[30]) == []
+    assert fi.lookup(h[40]) == [("parquet-new", 2)]
+    assert fi.lookup(h[50]) == [("parquet-new", 3)]
+
+
+def test_build_from_compaction_unmapped_files_and_errors(tmp_path):
+    hs = np.array([splitmix64(k) for k in range(6)], np.uint64)
+    b = IndexBlock.build(tmp_path / "b.idx", hs, [0, 0, 1, 1, 2, 2], [0, 1, 0, 1, 0, 1], ["A", "B", "C"])
+    pm = PositionMap(("N1", "N2"), {"A": (np.array([1, -1]), np.array([5, 0])), "B": (np.array([0, 0]), np.array([0, 1]))})
+    kept = FileIndex.build_from_compaction([b], pm, tmp_path / "k.idx")
+    assert kept.files == ("N1", "N2", "C")
+    got = {k: kept.lookup(int(hs[k])) for k in range(6)}
+    assert got == {0: [("N2", 5)], 1: [], 2: [("N1", 0)], 3: [("N1", 1)], 4: [("C", 0)], 5: [("C", 1)]}
+    dropped = FileIndex.build_from_compaction([b], pm, tmp_path / "d.idx", unmapped="drop")
+    assert dropped.num_entries == 3 and dropped.lookup(int(hs[4])) == []
+    with pytest.raises(ValueError, match="not in the position map"):
+        FileIndex.build_from_compaction([b], pm, tmp_path / "e.idx", unmapped="error")
+    short = PositionMap(("N",), {"A": (np.array([0]), np.array([0]))})
+    with pytest.raises(ValueError, match="past its position map"):
+        FileIndex.build_from_compaction([b], short, tmp_path / "s.idx")
+    with pytest.raises(ValueError):
+        PositionMap(("N",), {"A": (np.array([1]), np.array([0]))})
+
+
+def test_position_map_from_dict_unites_file_lists():
+    pm = PositionMap.from_dict({
+        "a": (["x", "y"], np.array([1, 0, -1]), np.array([0, 1, 0])),
+        "b": (["y", "z"], np.array([0, 1]), np.array([2, 3])),
+    })
+    assert pm.files == ("x", "y", "z")
+    assert pm.map_rows("a", np.array([0, 1, 2]))[0].tolist() == [1, 0, -1]
+    assert pm.map_rows("b", np.array([0, 1]))[0].tolist() == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------ MemIndex
+
+def test_mem_index_insert_lookup_remove():
+    m = MemIndex()
+    m.insert(np.array([1, 2, 3], np.uint64), batch_id=0)
+    m.insert(np.array([2, 2, 9], np.uint64), batch_id=1, rows=[5, 6, 7])
+    assert len(m) == 6
+    assert m.lookup(1) == [(0, 0)]
+    assert m.lookup(2) == [(0, 1), (1, 5), (1, 6)]
+    assert m.lookup(4) == []
+    qi, bid, row = m.lookup_batch(np.array([2, 4, 9], np.uint64))
+    assert list(zip(qi.tolist(), bid.tolist(), row.tolist())) == [(0, 0, 1), (0, 1, 5), (0, 1, 6), (2, 1, 7)]
+    m.remove(2, (1, 5))
+    assert m.lookup(2) == [(0, 1), (1, 6)]
+    with pytest.raises(KeyError):
+        m.remove(2, (1, 5))
+    with pytest.raises(KeyError):
+        m.remove(77, (0, 0))
+    m.remove(1, (0, 0))
+    assert m.lookup(1) == [] and len(m) == 4
+    h, b, r = m.entries()
+    assert sorted(zip(h.tolist(), b.tolist(), r.tolist())) == [(2, 0, 1), (2, 1, 6), (3, 0, 2), (9, 1, 7)]
+    m.drop_batches([0])
+    assert m.lookup(2) == [(1, 6)] and m.lookup(3) == [] and len(m) == 2 and m.batch_ids == [1]
+    m.clear()
+    assert len(m) == 0 and m.lookup(9) == []
+    with pytest.raises(ValueError):
+        m.insert(np.array([1], np.uint64), batch_id=-1)
+
+
+def test_flush_hand_over(tmp_path):
+    m = MemIndex()
+    k0 = np.array([10, 11, 12, 13])
+    k1 = np.array([14, 10])
+    m.insert(hash_keys([pa.array(k0)]), 0)
+    m.insert(hash_keys([pa.array(k1)]), 1)
+    m.remove(splitmix64(12), (0, 2))  # deleted in memory: not written, not indexed
+    # the flush writes batch 0 rows 0,1,3 then batch 1 rows 0,1 into two files
+    pm = PositionMap(("f1", "f2"), {0: (np.array([0, 0, -1, 0]), np.array([0, 1, 0, 2])),
+                                    1: (np.array([1, 1]), np.array([0, 1]))})
+    b = build_block_from_mem_index(tmp_path / "flush.idx", m, pm)
+    assert b.num_entries == 5 and b.files == ("f1", "f2")
+    assert sorted(b.lookup(splitmix64(10))) == [("f1", 0), ("f2", 1)]
+    assert b.lookup(splitmix64(12)) == []
+    assert b.lookup(splitmix64(13)) == [("f1", 2)]
+    m.drop_batches(pm.sources)
+    assert len(m) == 0
+    c = build_flush_block(tmp_path / "flush2.idx", ["g1", "g2"], [hash_keys([pa.array([1, 2])]), hash_keys([pa.array([3])])])
+    assert c.lookup(splitmix64(3)) == [("g2", 0)] and c.lookup(splitmix64(2)) == [("g1", 1)]
+
+
+# ------------------------------------------------------------------------------------------ policy, bench
+
+def test_merge_policy(tmp_path):
+    fi = FileIndex()
+    pol = IndexMergePolicy(max_blocks=3, max_blocks_per_merge=3)
+    for k, n in enumerate([50, 10, 20, 30]):
+        fi.add_block(IndexBlock.build(tmp_path / f"{k}.idx", np.arange(n, dtype=np.uint64), 0, np.arange(n), [f"f{k}"]))
+        if k < 3:
+            assert pol.pick(fi) == []
+    picked = pol.pick(fi)
+    # the three smallest (10, 20, 30 entries), newest first
+    assert [b.num_entries for b in picked] == [30, 20, 10]
+    assert IndexMergePolicy().pick(fi) == []
+    assert len(IndexMergePolicy(max_blocks=1).pick(fi)) == 4
+    with pytest.raises(ValueError):
+        IndexMergePolicy(max_blocks=0)
+    with pytest.raises(ValueError):
+        IndexMergePolicy(max_blocks_per_merge=1)
+
+
+def test_run_index_bench_tiny():
+    out = run_index_bench(sizes=(2000,), quick=True)
+    fig = out["index"]["2000"]
+    for key in ("bytes_per_entry", "build_entries_per_s", "lookup_ns_single", "lookup_ns_batched",
+                "lookup_ns_batched_merged", "lookup_ns_dict", "merge_entries_per_s"):
+        assert fig[key] > 0, key

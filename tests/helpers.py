@@ -1,0 +1,45 @@
+"""Test helpers: a mooncake state dir bound to a test database, the service as a real background process."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mooncake_assets.config import Settings, load_settings
+from mooncake_assets.engine.service import ServiceClient
+from mooncake_assets.engine.service.process import start_service, stop_service
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_settings(state_dir: Path, dsn: str, **kw) -> Settings:
+    s = load_settings(state_dir, dsn=dsn)
+    for k, v in kw.items():
+        setattr(s, k, v)
+    s.save()
+    return s
+
+
+@contextlib.contextmanager
+def running_service(settings: Settings):
+    start_service(settings)
+    client = ServiceClient(settings.socket_path)
+    try:
+        yield client
+    finally:
+        client.close()
+        stop_service(settings)
+
+
+def mooncake(settings: Settings, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real `mooncake` command line against a state dir."""
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir)]
+    if settings.dsn:
+        cmd += ["--dsn", settings.dsn]
+    r = subprocess.run(cmd + list(args), capture_output=True, text=True, env=env, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"mooncake {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r
