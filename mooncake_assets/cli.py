@@ -184,7 +184,7 @@ def _create_with_progress(client, dst, src, delete_format="deletion-vectors", qu
     th.start()
     poll = ServiceClient(client.socket_path)
     with Progress(TextColumn("copying {task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} rows"),
-                  TimeElapsedColumn(), console=err, transient=True, disable=quiet) as prog:
+                  TimeElapsedColumn(), console=err, transient=True, disable=quiet or not err.is_terminal) as prog:
         task = prog.add_task(f"{src} → {dst}", total=None)
         while th.is_alive():
             th.join(0.3)
@@ -304,7 +304,7 @@ def run_verify(tables, reader: str) -> int:
     except Exception as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for r in results:
-        console.print(r.line(), highlight=False)
+        print(r.line(), flush=True)
     ok = sum(r.match for r in results)
     print(f"verified: {ok}/{len(results)} tables match at LSN {lsn}", flush=True)
     return 0 if ok == len(results) and results else 1

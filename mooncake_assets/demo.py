@@ -53,7 +53,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     subprocess.run([_pg_bin("pgbench"), "-i", "-q", "-s", str(scale), dsn], check=True, capture_output=True)
     for t in TABLES:
         res = _create_with_progress(client, t, f"public.{t}")
-        con.print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)")
+        print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)", flush=True)
 
     con.print(f"pgbench: {clients} clients for {seconds}s")
     bench = subprocess.Popen([_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), dsn],
@@ -75,13 +75,14 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
             except ServiceError as e:
                 mir = [{"error": str(e)}]
             lag = _lsn(src_lsn) - _lsn(st["applied_lsn"])
-            con.print(f"[{time.time() - t0:5.1f}s] lag {max(lag, 0):,} bytes | postgres {[(r[0], r[1]) for r in src]} "
-                      f"| mirror {[(r['bid'], r['balance']) for r in mir if 'bid' in r]}")
+            pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
+            mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if 'bid' in r) or str(mir)
+            print(f"[{time.time() - t0:5.1f}s] lag {max(lag, 0):>10,} bytes | postgres {pg_txt} | mirror {mir_txt}", flush=True)
             op = "flush" if tick % 2 else "persist"
             for t in TABLES:
                 r = client.call(op, table=t)
             maint_log.append(op)
-            con.print(f"         {op} of {len(TABLES)} tables")
+            print(f"         {op} of {len(TABLES)} tables", flush=True)
     finally:
         if bench.poll() is None:
             bench.send_signal(signal.SIGINT)
@@ -93,9 +94,10 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
         for t in TABLES:
             client.call(op, table=t)
         maint_log.append(op)
+    reader.barrier()  # let the service apply everything pgbench committed before the final persist
     for t in TABLES:
         client.call("persist", table=t)
-    con.print("workload stopped; every table persisted; verifying …")
+    print("workload stopped; every table persisted; verifying …", flush=True)
     return run_verify(TABLES, "union")
 
 

@@ -195,6 +195,6 @@ def make_machine(root: Path):
 def test_index_state_machine(tmp_path):
     run_state_machine_as_test(
         make_machine(tmp_path),
-        settings=settings(max_examples=40, stateful_step_count=25, deadline=None,
+        settings=settings(max_examples=75, stateful_step_count=25, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
     )

@@ -183,8 +183,8 @@ def _serialize_sorted(hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray
     file_list = _encode_files(files)
     entries_offset = (HEADER_SIZE + len(file_list) + 7) // 8 * 8
     pad = b"\0" * (entries_offset - HEADER_SIZE - len(file_list))
-    eb = entries.tobytes()
-    bbytes = buckets.tobytes()
+    eb = entries.astype("<u8", copy=False).tobytes()
+    bbytes = buckets.astype("<u8", copy=False).tobytes()
     crc = zlib.crc32(file_list)
     crc = zlib.crc32(pad, crc)
     crc = zlib.crc32(eb, crc)

@@ -133,13 +133,17 @@ class FileIndex:
     """
 
     def __init__(self, blocks: Iterable[IndexBlock] = ()):
-        self._blocks: Tuple[IndexBlock, ...] = tuple(blocks)
-        self._refresh()
+        self._set(tuple(blocks))
 
-    def _refresh(self) -> None:
-        files, remaps = _union_files(self._blocks)
-        self._files = tuple(files)
-        self._remaps = [r.astype(np.int32) for r in remaps]
+    def _set(self, blocks: Tuple[IndexBlock, ...]) -> None:
+        # one attribute holds (blocks, files, per-block file id remaps): a lookup reads it once, so a
+        # concurrent replace_blocks never mixes two states
+        files, remaps = _union_files(blocks)
+        self._state = (blocks, tuple(files), tuple(r.astype(np.int32) for r in remaps))
+
+    @property
+    def _blocks(self) -> Tuple[IndexBlock, ...]:
+        return self._state[0]
 
     # ------------------------------------------------------------------ the set of blocks
     @property
@@ -148,7 +152,7 @@ class FileIndex:
 
     @property
     def files(self) -> Tuple[str, ...]:
-        return self._files
+        return self._state[1]
 
     @property
     def num_entries(self) -> int:
@@ -169,8 +173,7 @@ class FileIndex:
         """Register a new (newest) block, e.g. the block of a flush."""
         if any(b is block for b in self._blocks):
             raise ValueError(f"{block!r} is already in the FileIndex")
-        self._blocks = (block,) + self._blocks
-        self._refresh()
+        self._set((block,) + self._blocks)
 
     def remove_blocks(self, blocks: Iterable[IndexBlock]) -> None:
         """Drop ``blocks`` (by identity). Raises ``ValueError`` if one is not here. Does not close them."""
@@ -195,8 +198,7 @@ class FileIndex:
                 out.append(b)
         if not placed:
             out.insert(0, new)
-        self._blocks = tuple(out)
-        self._refresh()
+        self._set(tuple(out))
 
     def blocks_for_files(self, file_names: Iterable[str]) -> List[IndexBlock]:
         """Blocks that hold entries of any of ``file_names`` (the blocks a compaction must rewrite)."""
@@ -214,20 +216,21 @@ class FileIndex:
     def lookup_batch(self, hashes) -> BatchLookup:
         """Vectorized :meth:`lookup` of many hashes (uint64 (q,)): a :class:`BatchLookup`."""
         q = _as_hashes(hashes)
+        blocks, files, remaps = self._state
         parts_q, parts_f, parts_r = [], [], []
-        for b, remap in zip(self._blocks, self._remaps):
+        for b, remap in zip(blocks, remaps):
             qi, fid, row = b.lookup_batch(q)
             if len(qi):
                 parts_q.append(qi)
                 parts_f.append(remap[fid])
                 parts_r.append(row)
         if not parts_q:
-            return BatchLookup(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint32), self._files)
+            return BatchLookup(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint32), files)
         if len(parts_q) == 1:
-            return BatchLookup(parts_q[0], parts_f[0], parts_r[0], self._files)
+            return BatchLookup(parts_q[0], parts_f[0], parts_r[0], files)
         qi = np.concatenate(parts_q)
         order = np.argsort(qi, kind="stable")  # keeps newest-first order within a query
-        return BatchLookup(qi[order], np.concatenate(parts_f)[order], np.concatenate(parts_r)[order], self._files)
+        return BatchLookup(qi[order], np.concatenate(parts_f)[order], np.concatenate(parts_r)[order], files)
 
     # ------------------------------------------------------------------ maintenance builds
     @staticmethod
