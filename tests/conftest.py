@@ -38,6 +38,9 @@ def pg_cluster():
     pg.start()
     yield pg
     pg.destroy()
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture()
@@ -62,4 +65,8 @@ def state_dir():
     """A fresh mooncake state directory under /var/tmp."""
     d = Path(tempfile.mkdtemp(prefix="mooncake-test-state-", dir="/var/tmp"))
     os.chmod(d, 0o755)
-    return d
+    yield d
+    if os.environ.get("MOONCAKE_KEEP_TEST_STATE") != "1":
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)

@@ -78,18 +78,21 @@ class MemIndex:
         removed = self._removed.get(batch_id)
         if removed:
             removed.difference_update(r.tolist())
+        packed = (np.uint64(batch_id) << np.uint64(32)) | r
         hl = h.tolist()
-        pl = ((np.uint64(batch_id) << np.uint64(32)) | r).tolist()
         m = self._map
-        new = dict(zip(hl, pl))
-        if len(new) == n:
-            common = new.keys() & m.keys()
-            olds = {k: m[k] for k in common}
-            m.update(new)
-            for k in common:
-                m[k] = _add(olds[k], new[k])
-        else:  # repeated hashes inside the batch
-            for k, p in zip(hl, pl):
+        before = len(m)
+        if m.keys().isdisjoint(hl):  # the common case: every hash is new
+            m.update(zip(hl, packed.tolist()))
+            if len(m) != before + n:  # repeated hashes inside the batch: rebuild them as lists
+                _, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
+                rep = cnt[inv] > 1
+                dups: Dict[int, list] = {}
+                for k, p in zip(h[rep].tolist(), packed[rep].tolist()):
+                    dups.setdefault(k, []).append(p)
+                m.update(dups)
+        else:
+            for k, p in zip(hl, packed.tolist()):
                 v = m.get(k)
                 m[k] = p if v is None else _add(v, p)
         self._len += n
