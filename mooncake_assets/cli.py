@@ -44,11 +44,12 @@ def main_options(
     dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN [env MOONCAKE_PG_DSN; default: the embedded local Postgres]"),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// [env MOONCAKE_WAREHOUSE; default file://<state>/warehouse]"),
     catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI [env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db]"),
+    s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri)
+    CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint)
 
 
 def _client(start: bool = True):

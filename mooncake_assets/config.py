@@ -31,6 +31,9 @@ class Settings:
     flush_rows: int = 200_000          # buffered rows of one table that trigger a flush (rows)
     flush_bytes: int = 256 << 20       # buffered Arrow bytes of one table that trigger a flush (bytes)
     persist_interval_s: float = 10.0   # auto mode: persist a dirty table at most this often (seconds)
+    s3_endpoint: str | None = None     # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3
+    s3_region: str | None = None       # s3:// warehouses: region (default us-east-1)
+    s3_allow_http: bool | None = None  # allow a plain-http endpoint (None: only loopback ones)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -69,7 +72,8 @@ class Settings:
 
 
 def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None = None,
-                  warehouse: str | None = None, catalog_uri: str | None = None) -> Settings:
+                  warehouse: str | None = None, catalog_uri: str | None = None,
+                  s3_endpoint: str | None = None) -> Settings:
     """Settings for a state dir: explicit arguments beat the environment, which beats the saved file."""
     sd = Path(state_dir or os.environ.get("MOONCAKE_STATE_DIR") or ".mooncake").resolve()
     s = Settings(state_dir=sd)
@@ -82,4 +86,7 @@ def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None
     s.dsn = dsn or os.environ.get("MOONCAKE_PG_DSN") or s.dsn
     s.warehouse = warehouse or os.environ.get("MOONCAKE_WAREHOUSE") or s.warehouse
     s.catalog_uri = catalog_uri or os.environ.get("MOONCAKE_CATALOG_URI") or s.catalog_uri
+    from .engine.storage.config import apply_s3_settings  # S3 endpoint/region/allow_http: env names there
+
+    apply_s3_settings(s, endpoint=s3_endpoint)
     return s

@@ -479,6 +479,10 @@ def test_mem_index_insert_lookup_remove():
     assert sorted(zip(h.tolist(), b.tolist(), r.tolist())) == [(2, 0, 1), (2, 1, 6), (3, 0, 2), (9, 1, 7)]
     m.drop_batches([0])
     assert m.lookup(2) == [(1, 6)] and m.lookup(3) == [] and len(m) == 2 and m.batch_ids == [1]
+    m.insert_one(9, 3, 0)
+    m.insert_one(-1, 3, 1)
+    assert m.lookup(9) == [(1, 7), (3, 0)] and m.lookup(M64) == [(3, 1)]
+    assert m.batch_entries(3)[1].tolist() == [0, 1]
     m.clear()
     assert len(m) == 0 and m.lookup(9) == []
     with pytest.raises(ValueError):

@@ -50,7 +50,7 @@ import os
 import struct
 import zlib
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 

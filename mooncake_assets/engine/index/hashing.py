@@ -61,7 +61,6 @@ from typing import Sequence, Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 __all__ = [
     "splitmix64",

@@ -7,8 +7,9 @@ location here, and at flush the flushed batches' locations become file locations
 
 A plain ``dict`` from the hash (int) to one packed location ``batch_id << 32 | row`` or, when several
 rows share the hash (tables without a primary key, a key deleted and inserted again in one batch, or a
-collision of non-integer keys), a list of them. Inserts of a whole batch go through ``dict.update``;
-the locations inserted per batch are also kept as arrays, so the flush reads them back vectorized.
+collision of non-integer keys), a list of them. Inserts of a whole batch go through ``dict.update``
+(:meth:`MemIndex.insert`), single rows through :meth:`MemIndex.insert_one`; the locations inserted per
+batch are also kept in insertion order, so the flush reads them back as arrays.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class MemIndex:
 
     def __init__(self) -> None:
         self._map: Dict[int, Union[int, list]] = {}
-        self._batches: Dict[int, List[Tuple[np.ndarray, np.ndarray]]] = {}
+        self._batches: Dict[int, Tuple[List[int], List[int]]] = {}  # batch -> (hashes, rows) as inserted
         self._removed: Dict[int, set] = {}
         self._len = 0
 
@@ -74,12 +75,10 @@ class MemIndex:
             r = r.astype(np.uint64)
         if n == 0:
             return
-        self._batches.setdefault(batch_id, []).append((h.copy(), r.copy()))
-        removed = self._removed.get(batch_id)
-        if removed:
-            removed.difference_update(r.tolist())
-        packed = (np.uint64(batch_id) << np.uint64(32)) | r
         hl = h.tolist()
+        rl = r.tolist()
+        self._append(batch_id, hl, rl)
+        packed = (np.uint64(batch_id) << np.uint64(32)) | r
         m = self._map
         before = len(m)
         if m.keys().isdisjoint(hl):  # the common case: every hash is new
@@ -96,6 +95,31 @@ class MemIndex:
                 v = m.get(k)
                 m[k] = p if v is None else _add(v, p)
         self._len += n
+
+    def insert_one(self, h: int, batch_id: int, row: int) -> None:
+        """Add one location ``(batch_id, row)`` under hash ``h`` (an int): the per-row path, no numpy."""
+        k = int(h) & _M64
+        batch_id = int(batch_id)
+        row = int(row)
+        if not 0 <= batch_id <= MAX_BATCH_ID:
+            raise ValueError(f"batch_id must be in [0, 2**31), found {batch_id}")
+        if not 0 <= row < 1 << 32:
+            raise ValueError(f"row must be in [0, 2**32), found {row}")
+        self._append(batch_id, (k,), (row,))
+        p = (batch_id << 32) | row
+        v = self._map.get(k)
+        self._map[k] = p if v is None else _add(v, p)
+        self._len += 1
+
+    def _append(self, batch_id: int, hashes, rows) -> None:
+        lists = self._batches.get(batch_id)
+        if lists is None:
+            lists = self._batches[batch_id] = ([], [])
+        lists[0].extend(hashes)
+        lists[1].extend(rows)
+        removed = self._removed.get(batch_id)
+        if removed:
+            removed.difference_update(rows)
 
     def lookup(self, h: int) -> List[Tuple[int, int]]:
         """Every (batch_id, row) under hash ``h``, in insertion order."""
@@ -153,11 +177,11 @@ class MemIndex:
     def batch_entries(self, batch_id: int) -> Tuple[np.ndarray, np.ndarray]:
         """Live locations of one batch: ``(hashes uint64 (n,), rows uint32 (n,))`` in insertion order
         (removed locations left out)."""
-        chunks = self._batches.get(int(batch_id), [])
-        if not chunks:
+        lists = self._batches.get(int(batch_id))
+        if not lists:
             return np.zeros(0, np.uint64), np.zeros(0, np.uint32)
-        h = np.concatenate([c[0] for c in chunks])
-        r = np.concatenate([c[1] for c in chunks])
+        h = np.array(lists[0], dtype=np.uint64)
+        r = np.array(lists[1], dtype=np.uint64)
         removed = self._removed.get(int(batch_id))
         if removed:
             keep = ~np.isin(r, np.fromiter(removed, dtype=np.uint64, count=len(removed)))

@@ -76,6 +76,10 @@ def stop_service(settings: Settings, timeout: float = 15.0) -> bool:
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is our child (a zombie still answers kill 0)
+            except ChildProcessError:
+                pass
+            try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 break

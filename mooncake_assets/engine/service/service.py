@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from ...config import Settings
 from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
                    initial_copy, parse_message)
+from .. import storage
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
 
@@ -58,7 +59,9 @@ class ReplicatorService:
         self.by_oid: dict[int, MirrorTable] = {}
         self.copying: dict[int, dict] = {}        # oid -> {"table", "copy_lsn", "queue": [...]}
         self.progress: dict[str, dict] = {}
-        self.catalog = make_catalog(settings.catalog, settings.warehouse_uri)
+        self.catalog = make_catalog(settings.catalog, settings.warehouse_uri, **storage.catalog_properties(settings))
+        self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
+        self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -253,13 +256,40 @@ class ReplicatorService:
                 try:
                     big = t.mem.live_rows >= s.flush_rows or t.mem.nbytes >= s.flush_bytes
                     if s.maintenance == "auto":
-                        if big or (t.is_dirty() and time.time() - t.last_persist >= s.persist_interval_s):
-                            t.persist()
+                        fault = self.faults.get(t.name)
+                        if fault is not None and not fault.due():
+                            if big:
+                                t.flush()  # local staging only; the persist waits for its backoff
+                        elif big or (t.is_dirty() and time.time() - t.last_persist >= s.persist_interval_s):
+                            self._persist(t)
                     elif big:
                         t.flush()
+                except _PersistFault:
+                    pass  # recorded in self.faults, shown by status, retried after its backoff
                 except Exception as e:
                     log.exception("table %s: maintenance failed", t.name)
                     t.error = f"maintenance: {type(e).__name__}: {e}"
+
+    def _persist(self, t: MirrorTable) -> dict:
+        """``t.persist()``; a storage or catalog failure (unreachable endpoint, missing bucket, rejected
+        credentials, lost catalog connection) keeps everything in the buffer, local staging and the slot
+        (nothing is confirmed past ``t.flush_lsn``), is recorded with a backoff shown by ``status``, and
+        raises ``_PersistFault`` (a MooncakeError) saying what happened. Other errors propagate."""
+        try:
+            res = t.persist()
+        except Exception as e:
+            endpoint = (self.storage_hints or {}).get("endpoint")
+            err = storage.classify(e, location=self.settings.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
+            if err is None and not getattr(e, "retryable", False):
+                raise
+            fault = self.faults.setdefault(t.name, storage.Backoff())
+            fault.failed(err or e)
+            log.warning("table %s: %s", t.name, fault.describe())
+            raise _PersistFault(f"table {t.name}: {fault.describe()}; its changes stay in the buffer, local "
+                                "staging and the replication slot until a persist succeeds") from e
+        if self.faults.pop(t.name, None) is not None:
+            log.warning("table %s: persisted again after a storage fault", t.name)
+        return res
 
     # ------------------------------------------------------------------ control API
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
@@ -291,6 +321,10 @@ class ReplicatorService:
         a name already in use, an unreachable Postgres."""
         if delete_format not in ("deletion-vectors", "position-deletes"):
             raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
+        try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
+            storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_s3(self.settings))
+        except storage.StorageError as e:
+            raise MooncakeError(str(e)) from None
         if "." not in src:
             src = f"public.{src}"
         with self.lock:
@@ -465,8 +499,9 @@ class ReplicatorService:
                 if t is None:
                     continue
                 st = t.stats()
-                st["state"] = "error" if t.error else "ready"
-                st["error"] = t.error
+                fault = self.faults.get(name)
+                st["state"] = "error" if t.error else ("retrying" if fault else "ready")
+                st["error"] = t.error or (fault.describe() if fault else None)
                 st["lag_bytes"] = 0
                 tables.append(st)
             for oid, cp in self.copying.items():
@@ -484,7 +519,7 @@ class ReplicatorService:
             if op == "flush":
                 return t.flush()
             if op == "persist":
-                return t.persist()
+                return self._persist(t)
             if op == "merge_index":
                 return t.merge_index(**kw)
             if op == "compact":
@@ -496,7 +531,12 @@ class ReplicatorService:
             t = self.table(name)
             rs, mem = t.read_state(lsn)
             rs["schema"] = [f.name for f in t.arrow_schema]
+            rs["storage"] = self.storage_hints
             return rs, mem
+
+
+class _PersistFault(MooncakeError):
+    """A persist failed on storage or the catalog; the table keeps its data and is retried (see _persist)."""
 
 
 class _Truncate:

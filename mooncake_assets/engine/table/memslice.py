@@ -75,7 +75,7 @@ class MemSlice:
         self._rows.append(values)
         self._ins.append(lsn)
         self._hashes.append(h)
-        self.index.insert(np.array([h], dtype=np.uint64), loc[0], np.array([loc[1]], dtype=np.int64))
+        self.index.insert_one(h, loc[0], loc[1])
         if len(self._rows) >= self.batch_rows:
             self.seal()
         return loc

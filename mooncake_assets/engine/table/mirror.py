@@ -140,6 +140,7 @@ class MirrorTable:
         self.last_persist = time.time()
         self._retired: list[tuple[float, str]] = []
         self._relmap: dict[int, list[int]] = {}
+        self._identity: dict[int, list[int]] = {}
         self._row_cache: dict[str, pa.Table] = {}
 
     # ------------------------------------------------------------------ decoding helpers
@@ -150,6 +151,10 @@ class MirrorTable:
         """Indices of our columns in a Relation message's column list (-1 = not sent)."""
         m = [rel_columns.index(c) if c in rel_columns else -1 for c in self._col_names]
         self._relmap[rel_oid] = m
+        if m == list(range(len(rel_columns))):
+            self._identity[rel_oid] = m
+        else:
+            self._identity.pop(rel_oid, None)
         return m
 
     @staticmethod
@@ -162,7 +167,10 @@ class MirrorTable:
         return bytes(data).decode("utf-8")
 
     def _values(self, tup, rel_oid: int) -> list:
+        """Our columns' text values of a TupleData (None = NULL, _UNCHANGED = unchanged TOAST)."""
         m = self._relmap[rel_oid]
+        if "u" not in tup.kinds and m is self._identity.get(rel_oid):
+            return [None if v is None else v.decode() for v in tup.data]  # the hot path
         return [self._cell(tup[i]) if i >= 0 else None for i in m]
 
     def _key(self, values: list) -> list:

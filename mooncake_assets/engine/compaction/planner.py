@@ -1,0 +1,182 @@
+"""Which files a data compaction rewrites, and why (DESIGN.md §3 step 4; seed 002 §3.2–3.3).
+
+:func:`plan_compaction` takes the table's persisted files as :class:`FileStats` and a
+:class:`~.policy.MaintenancePolicy` and returns a :class:`CompactionPlan`: the files to rewrite, in a
+stable order, each with the reasons it was picked, plus the checks that did not fire (what
+``mooncake compact --dry-run`` prints).
+
+Checks, in order (universal compaction as in Paimon/RocksDB, over *small* files: live bytes <
+``target_file_bytes``, sorted by live bytes ascending — with deletion vectors no file shadows another,
+so size is the only order that matters, and it is the same after a restart):
+
+1. **delete ratio** (any size): deleted rows / rows ≥ ``delete_ratio_percent``;
+2. **size amplification**: with ≥ ``file_count_trigger`` small files, when the live bytes of all but
+   the largest small file exceed ``max_size_amplification_percent`` of the largest's: all small files;
+3. **size ratio**: with ≥ ``file_count_trigger`` small files, starting from the smallest, a run grows by
+   the next file while that file is at most (100 + ``size_ratio_percent``)% of the run so far; a run of
+   ≥ ``min_files_per_run`` files is picked (the first start that yields one);
+4. **file count**: more than ``file_count_trigger`` small files: the smallest ``count − trigger + 1``
+   (at least ``min_files_per_run``) with the size-ratio growth on top.
+
+``full``: every file (Paimon "full compaction"). The run is capped at ``max_files_per_run`` (delete-ratio
+files first, the highest ratio first) except for ``full``. Nothing is picked when the result would be a
+single file that has no deleted row (rewriting it changes nothing).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .policy import MaintenancePolicy
+
+__all__ = ["FileStats", "CompactionPlan", "plan_compaction"]
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """What the planner knows of one persisted data file: ``name``; ``rows`` (all, deleted included);
+    ``deleted`` (rows deleted: persisted DV, pending position deletes, or all after a TRUNCATE);
+    ``size_bytes`` (the Parquet file's bytes)."""
+
+    name: str
+    rows: int
+    deleted: int
+    size_bytes: int
+
+    @property
+    def live_rows(self) -> int:
+        return max(self.rows - self.deleted, 0)
+
+    @property
+    def delete_ratio_percent(self) -> float:
+        return 100.0 * self.deleted / self.rows if self.rows else 0.0
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes the live rows take, estimated as file bytes × live share."""
+        return int(self.size_bytes * self.live_rows / self.rows) if self.rows else 0
+
+
+@dataclass
+class CompactionPlan:
+    """``files``: names to rewrite, in rewrite order; ``reasons``: name → list of reasons (text);
+    ``checks``: one line per check saying whether it fired and why; ``full``: a full compaction."""
+
+    files: list[str] = field(default_factory=list)
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    checks: list[str] = field(default_factory=list)
+    full: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def describe(self, stats: dict[str, FileStats]) -> list[dict]:
+        """Per picked file: name, rows, deleted, bytes, live_bytes, delete_ratio_percent, reasons."""
+        out = []
+        for n in self.files:
+            s = stats[n]
+            out.append({"file": n, "rows": s.rows, "deleted": s.deleted, "bytes": s.size_bytes,
+                        "live_bytes": s.live_bytes, "delete_ratio_percent": round(s.delete_ratio_percent, 1),
+                        "reasons": self.reasons.get(n, [])})
+        return out
+
+
+def _mib(b: float) -> str:
+    return f"{b / (1 << 20):.2f} MiB" if b >= 1 << 20 else f"{b / 1024:.1f} KiB"
+
+
+def _size_ratio_run(small: list[FileStats], start: int, ratio: float, count: int = 1) -> int:
+    """Length of the run starting at ``start`` holding at least ``count`` files, grown while the next
+    file's live bytes ≤ (100 + ratio)% of the run's total."""
+    n = min(start + count, len(small))
+    total = sum(f.live_bytes for f in small[start:n])
+    while n < len(small) and small[n].live_bytes * 100.0 <= total * (100.0 + ratio):
+        total += small[n].live_bytes
+        n += 1
+    return n - start
+
+
+def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: bool = False) -> CompactionPlan:
+    """The files to rewrite now (see the module docstring). ``files``: the table's persisted files."""
+    plan = CompactionPlan(full=full)
+    if full:
+        plan.files = [f.name for f in files]
+        plan.reasons = {f.name: ["full compaction"] for f in files}
+        plan.checks.append(f"full: every one of {len(files)} persisted file(s)")
+        if len(files) == 1 and files[0].deleted == 0:
+            plan.checks.append("full: a single file without deletes; nothing to gain")
+            plan.files, plan.reasons = [], {}
+        return plan
+
+    def add(f: FileStats, why: str) -> None:
+        if f.name not in plan.reasons:
+            plan.files.append(f.name)
+            plan.reasons[f.name] = []
+        plan.reasons[f.name].append(why)
+
+    # 1. delete ratio
+    thr = policy.delete_ratio_percent
+    if thr > 0:
+        hot = sorted((f for f in files if f.rows and f.delete_ratio_percent >= thr),
+                     key=lambda f: (-f.delete_ratio_percent, f.name))
+        for f in hot:
+            add(f, f"delete ratio {f.delete_ratio_percent:.1f}% ≥ {thr:g}%")
+        plan.checks.append(f"delete ratio ≥ {thr:g}%: {len(hot)} file(s)")
+    else:
+        plan.checks.append("delete ratio: off")
+
+    # universal checks over small files, smallest first
+    target = policy.target_file_bytes
+    small = sorted((f for f in files if f.live_bytes < target), key=lambda f: (f.live_bytes, f.name))
+    trig = policy.file_count_trigger
+    picked_universal = False
+    if len(small) < trig:
+        plan.checks.append(f"universal: {len(small)} small file(s) (< {_mib(target)} live) < trigger {trig}")
+    else:
+        # 2. size amplification
+        largest = small[-1].live_bytes
+        rest = sum(f.live_bytes for f in small[:-1])
+        amp = 100.0 * rest / largest if largest else float("inf")
+        if len(small) >= 2 and amp > policy.max_size_amplification_percent:
+            for f in small:
+                add(f, f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}% "
+                       f"({_mib(rest)} over the largest small file's {_mib(largest)})")
+            plan.checks.append(f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}%: "
+                               f"all {len(small)} small files")
+            picked_universal = True
+        else:
+            plan.checks.append(f"size amplification {amp:.0f}% ≤ {policy.max_size_amplification_percent:g}%")
+        # 3. size ratio
+        if not picked_universal:
+            for start in range(len(small) - 1):
+                n = _size_ratio_run(small, start, policy.size_ratio_percent)
+                if n >= policy.min_files_per_run:
+                    run = small[start:start + n]
+                    for f in run:
+                        add(f, f"size ratio: run of {n} files within {policy.size_ratio_percent:g}% "
+                               f"({_mib(sum(x.live_bytes for x in run))})")
+                    plan.checks.append(f"size ratio {policy.size_ratio_percent:g}%: run of {n} files")
+                    picked_universal = True
+                    break
+            else:
+                plan.checks.append(f"size ratio {policy.size_ratio_percent:g}%: no run of ≥ {policy.min_files_per_run} files")
+        # 4. file count
+        if not picked_universal and len(small) > trig:
+            count = max(len(small) - trig + 1, policy.min_files_per_run)
+            n = _size_ratio_run(small, 0, policy.size_ratio_percent, count)
+            for f in small[:n]:
+                add(f, f"file count: {len(small)} small files > trigger {trig}")
+            plan.checks.append(f"file count {len(small)} > {trig}: the {n} smallest")
+            picked_universal = True
+
+    # cap, and nothing to gain from rewriting one clean file
+    if len(plan.files) > policy.max_files_per_run:
+        dropped = plan.files[policy.max_files_per_run:]
+        plan.files = plan.files[:policy.max_files_per_run]
+        for n in dropped:
+            plan.reasons.pop(n, None)
+        plan.checks.append(f"capped at max_files_per_run = {policy.max_files_per_run} ({len(dropped)} left for later)")
+    by_name = {f.name: f for f in files}
+    if len(plan.files) == 1 and by_name[plan.files[0]].deleted == 0:
+        plan.checks.append("one file without deletes picked; nothing to gain")
+        plan.files, plan.reasons = [], {}
+    return plan

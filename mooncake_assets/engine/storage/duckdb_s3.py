@@ -1,0 +1,62 @@
+"""DuckDB over S3: the ``httpfs`` extension, loaded offline from the PyPI package
+``duckdb-extension-httpfs`` (same DuckDB version), and an S3 secret built from an ``S3Config``.
+
+After ``configure_duckdb_s3(con, cfg)`` the connection reads ``s3://bucket/key`` paths directly
+(``read_parquet``, ``iceberg_scan``), with ranged GETs: only the footers, the needed columns and the row
+groups that survive the statistics are fetched.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily: loading settings must stay cheap
+    import duckdb
+
+from .config import S3Config, resolve_s3
+
+SECRET_NAME = "mooncake_s3"
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def load_httpfs(con: duckdb.DuckDBPyConnection) -> None:
+    """Load ``httpfs`` into ``con`` from the installed ``duckdb-extension-httpfs`` package (no download).
+
+    Raises ``RuntimeError`` naming the package to install when it is missing or built for another DuckDB."""
+    row = con.execute("SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'httpfs'").fetchone()
+    if row and row[0]:
+        return
+    from ..iceberg.duckdb_ext import extension_file
+
+    con.execute(f"LOAD {_sql_str(str(extension_file('httpfs')))}")
+
+
+def configure_duckdb_s3(con: duckdb.DuckDBPyConnection, cfg: S3Config, *, name: str = SECRET_NAME) -> None:
+    """Load httpfs and (re)create the S3 secret ``name`` on ``con`` for ``cfg`` (endpoint, region, URL
+    style, SSL, credentials). Idempotent; cheap enough to call before every registration."""
+    load_httpfs(con)
+    opts = ["TYPE s3", f"REGION {_sql_str(cfg.region)}"]
+    if cfg.access_key_id:
+        opts.append(f"KEY_ID {_sql_str(cfg.access_key_id)}")
+    if cfg.secret_access_key:
+        opts.append(f"SECRET {_sql_str(cfg.secret_access_key)}")
+    if cfg.session_token:
+        opts.append(f"SESSION_TOKEN {_sql_str(cfg.session_token)}")
+    if cfg.endpoint:
+        opts.append(f"ENDPOINT {_sql_str(cfg.host_port)}")
+        opts.append(f"USE_SSL {'true' if cfg.scheme == 'https' else 'false'}")
+    opts.append(f"URL_STYLE {_sql_str('path' if cfg.use_path_style else 'vhost')}")
+    con.execute(f"CREATE OR REPLACE TEMPORARY SECRET {name} ({', '.join(opts)})")
+
+
+def ensure_duckdb_s3(con: duckdb.DuckDBPyConnection, hints: Mapping | None) -> S3Config | None:
+    """For a ReadState's ``storage`` hints (None for local warehouses): configure ``con`` with the
+    endpoint the service uses and this process's credentials; returns the config (None if nothing to do)."""
+    if not hints:
+        return None
+    cfg = resolve_s3(hints=hints)
+    configure_duckdb_s3(con, cfg)
+    return cfg

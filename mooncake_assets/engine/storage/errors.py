@@ -1,0 +1,208 @@
+"""Errors of the warehouse (object store / directory) and of the catalog behind it, classified.
+
+Each error says whether retrying can help (``retryable``), as moonlink's errors do: a temporary error
+(an endpoint that does not answer, a timeout, a 5xx, throttling, a catalog database that dropped the
+connection) may succeed when the same call is made again later; a permanent one (no such bucket,
+credentials rejected, access denied, a bad URI) fails again until someone changes the setup.
+
+``classify(exc)`` turns what PyArrow's S3 filesystem, DuckDB's httpfs, botocore and SQLAlchemy raise
+into these classes (or None when the exception is not a storage failure), reading the AWS error code
+or HTTP status out of the message where the library gives no structured field.
+"""
+from __future__ import annotations
+
+import re
+
+
+class StorageError(Exception):
+    """Base class. ``retryable``: True when calling again unchanged may succeed (temporary).
+    ``location``: the URI involved, if known; ``endpoint``: where requests went, if known."""
+
+    retryable: bool = False
+    kind: str = "storage"
+
+    def __init__(self, message: str, *, location: str | None = None, endpoint: str | None = None,
+                 retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.location = location
+        self.endpoint = endpoint
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class StorageUnavailable(StorageError):
+    """The endpoint did not answer (refused, reset, DNS, timeout) or answered 5xx / "slow down". Temporary."""
+
+    retryable = True
+    kind = "unavailable"
+
+
+class CatalogUnavailable(StorageError):
+    """The catalog (SQL database or REST server) could not be reached or dropped the connection. Temporary."""
+
+    retryable = True
+    kind = "catalog-unavailable"
+
+
+class BucketNotFound(StorageError):
+    """The warehouse bucket does not exist. Permanent: create it or fix the warehouse URI."""
+
+    kind = "bucket-not-found"
+
+
+class CredentialsRejected(StorageError):
+    """The store does not know the access key, the signature does not match, or the token expired.
+    Permanent: fix the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN)."""
+
+    kind = "credentials-rejected"
+
+
+class AccessDenied(StorageError):
+    """The credentials are valid but not allowed to do this (bucket policy, IAM). Permanent."""
+
+    kind = "access-denied"
+
+
+class WarehouseConfigError(StorageError, ValueError):
+    """The warehouse URI or the S3 settings are malformed or refused (e.g. plain HTTP not allowed). Permanent."""
+
+    kind = "config"
+
+
+# AWS error codes as PyArrow prints them ("AWS Error NO_SUCH_BUCKET during …") and as S3 sends them
+# ("NoSuchBucket"), normalised to upper snake case.
+_CODES: dict[str, type[StorageError]] = {
+    "NO_SUCH_BUCKET": BucketNotFound,
+    "INVALID_ACCESS_KEY_ID": CredentialsRejected,
+    "SIGNATURE_DOES_NOT_MATCH": CredentialsRejected,
+    "EXPIRED_TOKEN": CredentialsRejected,
+    "INVALID_TOKEN": CredentialsRejected,
+    "INVALID_CLIENT_TOKEN_ID": CredentialsRejected,
+    "UNRECOGNIZED_CLIENT": CredentialsRejected,
+    "MISSING_AUTHENTICATION_TOKEN": CredentialsRejected,
+    "REQUEST_EXPIRED": CredentialsRejected,
+    "ACCESS_DENIED": AccessDenied,
+    "ALL_ACCESS_DISABLED": AccessDenied,
+    "NETWORK_CONNECTION": StorageUnavailable,
+    "REQUEST_TIMEOUT": StorageUnavailable,
+    "REQUEST_TIME_TOO_SKEWED": StorageUnavailable,
+    "SLOW_DOWN": StorageUnavailable,
+    "THROTTLING": StorageUnavailable,
+    "SERVICE_UNAVAILABLE": StorageUnavailable,
+    "INTERNAL_FAILURE": StorageUnavailable,
+    "INTERNAL_ERROR": StorageUnavailable,
+}
+_AWS_CODE_RE = re.compile(r"AWS Error ([A-Z_]+)")
+_S3_CODE_RE = re.compile(r"\b(NoSuchBucket|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|AccessDenied|"
+                         r"SlowDown|ServiceUnavailable|InternalError|RequestTimeout)\b")
+_HTTP_STATUS_RE = re.compile(r"(?:HTTP status |HTTP |status code:? ?)(\d{3})\b")
+_UNREACHABLE_RE = re.compile(
+    r"curlCode: ?(6|7|28|35|52|56)\b|Could not connect|Couldn't connect|Connection refused|Failed to connect|"
+    r"Connection reset|Could not resolve host|timed out|Timeout was reached|Empty reply from server|"
+    r"Could not establish connection|EndpointConnectionError",
+    re.IGNORECASE,
+)
+_CAMEL_RE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _snake(code: str) -> str:
+    return _CAMEL_RE.sub("_", code).upper()
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _one(exc: BaseException) -> type[StorageError] | None:
+    if isinstance(exc, StorageError):
+        return type(exc)
+    mod = type(exc).__module__ or ""
+    name = type(exc).__name__
+    if mod.startswith("sqlalchemy") and name in ("OperationalError", "InterfaceError", "DisconnectionError",
+                                                 "TimeoutError"):
+        return CatalogUnavailable
+    if mod.startswith("psycopg") and name in ("OperationalError", "InterfaceError"):
+        return CatalogUnavailable
+    if mod.startswith("botocore"):
+        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"):
+            return StorageUnavailable
+        if name == "NoCredentialsError":
+            return CredentialsRejected
+        response = getattr(exc, "response", None) or {}
+        code = (response.get("Error") or {}).get("Code")
+        if code:
+            cls = _CODES.get(_snake(str(code)))
+            if cls is None and str(code) in ("404", "NoSuchBucket"):
+                cls = BucketNotFound
+            if cls is not None:
+                return cls
+    if mod.startswith("pyiceberg") and name in ("ServerError", "ServiceUnavailableError"):
+        return CatalogUnavailable
+    if mod.startswith("requests") and name in ("ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout"):
+        return CatalogUnavailable
+    text = str(exc)
+    m = _AWS_CODE_RE.search(text)
+    if m and m.group(1) in _CODES:
+        return _CODES[m.group(1)]
+    m = _S3_CODE_RE.search(text)
+    if m:
+        return _CODES.get(_snake(m.group(1)))
+    is_io = isinstance(exc, OSError) or mod.startswith("duckdb") or mod.startswith("_duckdb")
+    if not is_io:
+        return None
+    if _UNREACHABLE_RE.search(text):
+        return StorageUnavailable
+    m = _HTTP_STATUS_RE.search(text)
+    if m:
+        status = int(m.group(1))
+        if status >= 500 or status in (408, 429):
+            return StorageUnavailable
+        if status == 403:
+            return AccessDenied
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return StorageUnavailable
+    return None
+
+
+_HINTS = {
+    StorageUnavailable: "the endpoint did not answer or failed temporarily; retrying may help",
+    CatalogUnavailable: "the catalog could not be reached; retrying may help",
+    BucketNotFound: "the bucket does not exist: create it or fix the warehouse URI",
+    CredentialsRejected: "the credentials were rejected: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+                         "(and AWS_SESSION_TOKEN)",
+    AccessDenied: "access denied: the credentials lack permission on this bucket/prefix",
+}
+
+
+def classify(exc: BaseException, *, location: str | None = None, endpoint: str | None = None,
+             what: str | None = None) -> StorageError | None:
+    """A ``StorageError`` describing ``exc`` (or something in its cause chain), or None when it is not a
+    storage or catalog failure. A ``StorageError`` passed in is returned as is. ``what``: the operation,
+    for the message (``"upload of s3://…"``)."""
+    for e in _chain(exc):
+        if isinstance(e, StorageError):
+            return e
+    for e in _chain(exc):
+        cls = _one(e)
+        if cls is None:
+            continue
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        where = f" at {endpoint}" if endpoint else ""
+        head = f"{what}{where}: " if what else (f"warehouse{where}: " if endpoint else "")
+        err = cls(f"{head}{_HINTS.get(cls, 'storage error')} ({first})", location=location, endpoint=endpoint)
+        err.__cause__ = exc
+        return err
+    return None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True when ``exc`` is (or wraps) a temporary failure: a retryable ``StorageError`` or an error with a
+    true ``retryable`` attribute (e.g. ``CommitConflict``, ``CommitStateUnknown``)."""
+    if getattr(exc, "retryable", False):
+        return True
+    err = classify(exc)
+    return bool(err and err.retryable)
