@@ -276,16 +276,44 @@ def persist(dst: str):
 
 
 @app.command("merge-index")
-def merge_index(dst: str):
-    """Merge DST's index blocks (k-way merge by hash)."""
-    _maint("merge_index", dst)
+def merge_index(dst: str, merge_all: bool = typer.Option(False, "--all", help="Merge even below the policy's block count"),
+                as_json: bool = typer.Option(False, "--json", help="Print the result as JSON")):
+    """Merge DST's index blocks (k-way merge by hash) when the policy says so (more than 16 blocks by default)."""
+    res = _call(_client(), "merge_index", table=dst, full=merge_all)
+    if as_json:
+        print(json.dumps(res))
+    elif not res.get("merged"):
+        console.print(f"merge-index {dst}: nothing to merge ({res.get('reason')})")
+    else:
+        console.print(f"merge-index {dst}: {res['blocks_in']} blocks → 1 ({res['entries_out']:,} entries, "
+                      f"{res['dead_entries_dropped']:,} of gone files dropped) in {res['seconds']:.2f}s; "
+                      f"{res['blocks_after']} block(s) now")
 
 
 @app.command()
 def compact(dst: str, full: bool = typer.Option(False, "--full", help="Rewrite every file"),
-            dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be picked and why")):
-    """Rewrite small and half-deleted files of DST (policy-driven)."""
-    _maint("compact", dst, full=full, dry_run=dry_run)
+            dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be picked and why"),
+            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON")):
+    """Rewrite small and half-deleted files of DST (policy: settings.json extra.maintenance, see MaintenancePolicy)."""
+    res = _call(_client(), "compact", table=dst, full=full, dry_run=dry_run)
+    if as_json:
+        print(json.dumps(res))
+        return
+    if dry_run:
+        print(f"compact {dst} --dry-run: {res['picked']} file(s) would be rewritten")
+        for c in res.get("checks", []):
+            print(f"  check: {c}")
+        for f in res.get("files", []):
+            print(f"  {f['file']}: {f['rows']:,} rows, {f['deleted']:,} deleted ({f['delete_ratio_percent']}%), "
+                  f"{f['bytes']:,} bytes — {'; '.join(f['reasons'])}")
+        return
+    if not res.get("compacted"):
+        console.print(f"compact {dst}: nothing to compact ({'; '.join(res.get('checks', []))})", highlight=False)
+        return
+    console.print(f"compact {dst}: {res['files_in']} files → {res['files_out']}, rows {res['rows_in']:,} → "
+                  f"{res['rows_out']:,} ({res['deleted_rows_dropped']:,} deleted dropped, {res['deletes_remapped']:,} "
+                  f"re-mapped), bytes {res['bytes_in']:,} → {res['bytes_out']:,}, index blocks {res['blocks_in']} → "
+                  f"{res['blocks_out']}, {res['seconds']:.2f}s (lock held {res['lock_seconds']:.3f}s)", highlight=False)
 
 
 @app.command()

@@ -1,6 +1,134 @@
-"""Dagster definitions: ``dagster dev -w workspace.yaml`` loads this module (DESIGN.md §7)."""
+"""Dagster definitions: ``dagster dev -w workspace.yaml`` loads this module (DESIGN.md §7).
+
+Loading contacts nothing (no service, no Postgres): the configuration comes from the environment and
+the state directory's ``settings.json`` (key ``extra.dagster``), the environment winning:
+
+=================================  ===========================================  =====================================
+environment                        settings.json ``extra.dagster``              default
+=================================  ===========================================  =====================================
+``MOONCAKE_STATE_DIR``             —                                            ``./.mooncake``
+``MOONCAKE_TABLES`` (comma-sep.)   ``tables`` (list)                            the four pgbench tables
+``MOONCAKE_SENSOR_INTERVAL_S``     ``sensor_interval_s``                        10 (seconds)
+``MOONCAKE_SCHEDULE_<KIND>``       ``schedules.<kind>``                         see ``jobs/maintenance.py``
+                                                                                (cron; ``off`` disables one)
+``MOONCAKE_DAGSTER_AUTOMATION``    ``automation``                               ``on``: sensor and schedules run by
+                                                                                default (``off``: stopped)
+``MOONCAKE_DUCKDB``                ``database``                                 ``<state>/dagster.duckdb``
+—                                  ``thresholds`` (MaintenanceThresholds        see ``resources/replication.py``
+                                   fields)
+=================================  ===========================================  =====================================
+
+A table is ``name`` (source ``public.name``), ``schema.table`` or ``name=schema.table``. The DSN,
+warehouse and catalog are the state directory's (``mooncake`` settings and ``MOONCAKE_PG_DSN`` etc.).
+"""
 from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
-defs = dg.Definitions(assets=[])
+from jobs.maintenance import DEFAULT_CRON, build_maintenance_jobs, build_mirror_job, build_schedules
+from resources.io_manager import MooncakeDuckDBIOManager
+from resources.replication import DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource, TableSpec, parse_tables
+from sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
+
+from .assets import analytics_assets, build_mirror_checks, build_table_assets
+from .config import load_settings
+
+
+@dataclass
+class DagsterConfig:
+    """What the Dagster layer is built from (see the module docstring for where each value comes from)."""
+
+    state_dir: Path
+    tables: list[TableSpec] = field(default_factory=lambda: parse_tables(DEFAULT_TABLES))
+    sensor_interval_s: int = DEFAULT_INTERVAL_S
+    cron: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CRON))
+    automation: bool = True
+    database: str | None = None
+    thresholds: dict = field(default_factory=dict)
+    catalog_uri: str | None = None
+
+
+def _flag(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    return str(v).strip().lower() not in ("0", "off", "false", "no", "stopped")
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> DagsterConfig:
+    """The configuration from ``environ`` (default ``os.environ``) and settings.json. Raises ``ValueError``
+    naming the bad value (e.g. a malformed table entry)."""
+    env = os.environ if environ is None else environ
+    settings = load_settings(env.get("MOONCAKE_STATE_DIR") or None)
+    saved = (settings.extra or {}).get("dagster", {}) if isinstance(settings.extra, dict) else {}
+    tables = env.get("MOONCAKE_TABLES") or saved.get("tables") or list(DEFAULT_TABLES)
+    cron = dict(DEFAULT_CRON)
+    cron.update(saved.get("schedules", {}))
+    for kind in DEFAULT_CRON:
+        v = env.get(f"MOONCAKE_SCHEDULE_{kind.upper()}")
+        if v is not None:
+            cron[kind] = v
+    cron = {k: ("" if v.strip().lower() in ("", "off", "none") else v.strip()) for k, v in cron.items()}
+    interval = env.get("MOONCAKE_SENSOR_INTERVAL_S") or saved.get("sensor_interval_s") or DEFAULT_INTERVAL_S
+    try:
+        interval = int(float(interval))
+    except ValueError:
+        raise ValueError(f"MOONCAKE_SENSOR_INTERVAL_S must be a number of seconds, not {interval!r}") from None
+    automation = _flag(env.get("MOONCAKE_DAGSTER_AUTOMATION", saved.get("automation", True)))
+    database = env.get("MOONCAKE_DUCKDB") or saved.get("database") or str(settings.state_dir / "dagster.duckdb")
+    thresholds = dict(saved.get("thresholds", {}))
+    MaintenanceThresholds(**thresholds)  # fail at load time on a bad threshold, naming it
+    return DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(tables), sensor_interval_s=interval,
+                         cron=cron, automation=automation, database=database, thresholds=thresholds,
+                         catalog_uri=settings.catalog)
+
+
+def build_definitions(config: DagsterConfig) -> dg.Definitions:
+    """Assets, checks, jobs, schedules, the sensor and the resources for ``config``."""
+    replication = ReplicationResource(state_dir=str(config.state_dir), tables=[str(t) for t in config.tables],
+                                      thresholds=MaintenanceThresholds(**config.thresholds))
+    io_manager = MooncakeDuckDBIOManager(database=config.database or str(config.state_dir / "dagster.duckdb"),
+                                         replication=replication)
+    jobs = build_maintenance_jobs()
+    mirror_job = build_mirror_job()
+    all_jobs = [*jobs.values(), mirror_job]
+    return dg.Definitions(
+        assets=[*build_table_assets(config.tables, config.catalog_uri),
+                *analytics_assets(t.name for t in config.tables)],
+        asset_checks=build_mirror_checks(config.tables),
+        jobs=all_jobs,
+        schedules=build_schedules(jobs, config.cron, running=config.automation),
+        sensors=[build_replication_sensor(all_jobs, config.sensor_interval_s, running=config.automation)],
+        resources={"replication": replication, "io_manager": io_manager},
+        executor=dg.in_process_executor,
+    )
+
+
+def dagster_home(state_dir: str | os.PathLike) -> Path:
+    """``<state>/dagster``: the DAGSTER_HOME of ``mooncake ui`` and ``mooncake demo --dagster`` (created,
+    with a dagster.yaml that turns telemetry off, when missing)."""
+    home = Path(state_dir) / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text("telemetry:\n  enabled: false\n")
+    return home
+
+
+def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | None = None,
+                     raise_on_error: bool = True, tags: Mapping[str, str] | None = None,
+                     run_config: Mapping | None = None) -> dg.ExecuteInProcessResult:
+    """Materialize the assets ``keys`` (AssetKeys or "a/b" strings) of ``defs`` in this process, with
+    their asset checks and the resources bound in ``defs`` (the ``mooncake demo --dagster`` way).
+    ``run_config``: e.g. ``{"ops": {"compaction__t": {"config": {"full": True}}}}``."""
+    keys = [k if isinstance(k, dg.AssetKey) else dg.AssetKey.from_user_string(k) for k in keys]
+    job = defs.resolve_implicit_global_asset_job_def()
+    return job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=raise_on_error, tags=tags,
+                                  run_config=run_config)
+
+
+defs = build_definitions(load_config())

@@ -42,6 +42,11 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     dsn = settings.source_dsn()
     con.print(f"[bold]source[/bold] {dsn}")
+    if dagster:  # the Dagster assets drive maintenance; the service only caps its memory
+        from .engine.service.process import stop_service
+
+        settings.maintenance = "dagster"
+        stop_service(settings)  # a service already running keeps its mode: start it again in this one
     settings.save()
     start_service(settings)
     client = ServiceClient(settings.socket_path)
@@ -59,6 +64,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     bench = subprocess.Popen([_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), dsn],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     reader = UnionReader(client, dsn)
+    maint = _DagsterMaintenance(settings) if dagster else (lambda op: [client.call(op, table=t) for t in TABLES])
     t0 = time.time()
     tick = 0
     maint_log = []
@@ -79,8 +85,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
             mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if 'bid' in r) or str(mir)
             print(f"[{time.time() - t0:5.1f}s] lag {max(lag, 0):>10,} bytes | postgres {pg_txt} | mirror {mir_txt}", flush=True)
             op = "flush" if tick % 2 else "persist"
-            for t in TABLES:
-                r = client.call(op, table=t)
+            maint(op)
             maint_log.append(op)
             print(f"         {op} of {len(TABLES)} tables", flush=True)
     finally:
@@ -91,12 +96,14 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
         con.print(f"[yellow]pgbench exited with {bench.returncode}: {bench.stderr.read().decode()[-300:]}")
     while maint_log.count("persist") < 2 or maint_log.count("flush") < 2:
         op = "flush" if maint_log.count("flush") < 2 else "persist"
-        for t in TABLES:
-            client.call(op, table=t)
+        maint(op)
         maint_log.append(op)
     reader.barrier()  # let the service apply everything pgbench committed before the final persist
-    for t in TABLES:
-        client.call("persist", table=t)
+    if dagster:
+        maint.finish()
+    else:
+        for t in TABLES:
+            client.call("persist", table=t)
     print("workload stopped; every table persisted; verifying …", flush=True)
     return run_verify(TABLES, "union")
 
@@ -104,3 +111,55 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
 def _lsn(s: str) -> int:
     hi, lo = s.split("/")
     return (int(hi, 16) << 32) | int(lo, 16)
+
+
+class _DagsterMaintenance:
+    """``demo --dagster``: maintenance by materializing the Dagster assets (in this process, recorded in
+    the Dagster instance of ``<state>/dagster`` so the runs show up in ``mooncake ui``)."""
+
+    def __init__(self, settings: Settings):
+        import dagster as dg
+
+        from resources import parse_tables
+
+        from .definitions import DagsterConfig, build_definitions, dagster_home
+
+        self.instance = dg.DagsterInstance.from_config(str(dagster_home(settings.state_dir)))
+        self.defs = build_definitions(DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES),
+                                                    automation=False))
+
+    def run(self, keys: list[str], label: str):
+        from .definitions import materialize_keys
+
+        res = materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=False,
+                               tags={"mooncake/trigger": "demo"})
+        done = len(res.get_asset_materialization_events())
+        print(f"         dagster run {res.run_id[:8]}: {label}, {done}/{len(keys)} assets materialized"
+              + ("" if res.success else " — FAILED"), flush=True)
+        for ev in res.all_events:
+            if ev.is_step_failure:
+                print(f"           {ev.step_key}: {ev.step_failure_data.error.message.strip().splitlines()[0]}", flush=True)
+        return res
+
+    def __call__(self, op: str) -> None:
+        kind = "flush" if op == "flush" else "deletion_vectors"
+        self.run([f"{kind}/{t}" for t in TABLES], f"{kind}/* ({len(TABLES)} tables)")
+
+    def finish(self) -> None:
+        """Full optimize, the downstream assets through the I/O manager, then the mirror assets' checks."""
+        kinds = ["flush", "deletion_vectors", "index_merge", "compaction"]
+        self.run([f"{k}/{t}" for t in TABLES for k in kinds], "full optimize (flush → deletion vectors → index merge → compaction)")
+        res = self.run(["analytics/branch_balances", "analytics/teller_activity"], "downstream assets (union reads)")
+        for ev in res.get_asset_materialization_events():
+            m = {k: v.value for k, v in ev.materialization.metadata.items()}
+            key = ev.asset_key.to_user_string()
+            if "balanced_branches" in m:
+                print(f"           {key}: {m['balanced_branches']}/{m['branches']} branches balanced, total balance "
+                      f"{m['total_branch_balance']:,} (accounts {m['total_account_balance']:,})", flush=True)
+            if "balanced_tellers" in m:
+                print(f"           {key}: {m['balanced_tellers']}/{m['tellers']} tellers balanced over "
+                      f"{m['transactions']:,} transactions", flush=True)
+        res = self.run([f"mirror/{t}" for t in TABLES], "mirror assets and their checks")
+        for ev in res.get_asset_check_evaluations():
+            status = "passed" if ev.passed else f"FAILED ({ev.severity.value})"
+            print(f"           check {ev.asset_key.path[-1]}:{ev.check_name} {status} — {ev.description}", flush=True)

@@ -76,14 +76,17 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
         r = UnionReader(client)
         return r.read_table(name, lsn=lsn)
     from .engine.iceberg import make_catalog
+    from .engine.storage import catalog_properties, configure_duckdb_s3, warehouse_s3
 
-    catalog = make_catalog(settings.catalog, settings.warehouse_uri)
+    catalog = make_catalog(settings.catalog, settings.warehouse_uri, **catalog_properties(settings))
     tbl = catalog.load_table(f"mooncake.{name}")
     if reader == "pyiceberg":
         return tbl.scan().to_arrow()
     from .engine.iceberg.duckdb_ext import connect_with_iceberg
 
     con = connect_with_iceberg()
+    if (s3 := warehouse_s3(settings)) is not None:
+        configure_duckdb_s3(con, s3)
     return con.execute(f"SELECT * FROM iceberg_scan('{tbl.metadata_location}')").to_arrow_table()
 
 

@@ -19,7 +19,6 @@
 
 The LSN each mirror input was read at is logged as input metadata (``mooncake/lsn``).
 """
-from __future__ import annotations
 
 import logging
 from collections.abc import Sequence

@@ -10,7 +10,6 @@ Errors: :class:`~mooncake_assets.engine.service.ServiceUnavailable` when the ser
 ServiceError` with the service's one-line message when it refused a call (e.g. an unknown table:
 permanent until the configuration changes).
 """
-from __future__ import annotations
 
 import fcntl
 from contextlib import contextmanager
@@ -71,16 +70,19 @@ def parse_tables(specs) -> list[TableSpec]:
 class MaintenanceThresholds(dg.Config):
     """When the sensor asks for maintenance, and when the ``replication_lag`` check warns or fails.
 
-    A threshold of 0 disables that trigger."""
+    A threshold of 0 disables that trigger. Index merge and compaction follow the table's maintenance
+    policy (``settings.json`` ``extra.maintenance``, see ``engine/compaction/policy.py``) — the same
+    rules the service applies — unless ``index_merge_blocks`` overrides the block count."""
 
     flush_buffer_bytes: int = Field(64 << 20, ge=0, description="Buffered Arrow bytes of one table that trigger flush/<t> (bytes).")
     flush_buffer_rows: int = Field(500_000, ge=0, description="Buffered rows of one table that trigger flush/<t> (rows).")
     persist_pending_deletes: int = Field(10_000, ge=0, description="Position deletes not yet in Puffin that trigger deletion_vectors/<t> (rows).")
     persist_max_age_s: float = Field(120.0, ge=0, description="Unpersisted changes older than this trigger deletion_vectors/<t> (seconds).")
-    index_merge_blocks: int = Field(8, ge=0, description="Index blocks of one table that trigger index_merge/<t> (blocks, ≥ 2 to be useful).")
-    compaction_min_files: int = Field(8, ge=0, description="Data files of one table, all small on average, that trigger compaction/<t> (files).")
-    compaction_small_file_bytes: int = Field(32 << 20, ge=0, description="A data file smaller than this is small (bytes; compared with the average file size).")
-    compaction_delete_ratio: float = Field(20.0, ge=0, le=100, description="Deleted rows in data files that trigger compaction/<t> (percentage of file rows, 0–100).")
+    index_merge_blocks: int | None = Field(None, ge=0, description="Index blocks of one table that trigger index_merge/<t> (blocks; the run then "
+                                                                  "merges whatever the policy says, full); None: more than the policy's index_max_blocks.")
+    compaction: bool = Field(True, description="Ask the service's compaction planner (a dry run under the table's policy: small files, "
+                                               "delete ratio, size amplification) and request compaction/<t> when it picks files.")
+    min_request_interval_s: float = Field(30.0, ge=0, description="Least time between two sensor requests of one kind of maintenance for one table (seconds).")
     lag_warn_bytes: int = Field(16 << 20, ge=0, description="replication_lag warns above this lag (bytes of WAL).")
     lag_fail_bytes: int = Field(256 << 20, ge=0, description="replication_lag fails above this lag (bytes of WAL).")
     lag_warn_s: float = Field(30.0, ge=0, description="replication_lag warns above this lag (seconds).")
@@ -216,12 +218,23 @@ class ReplicationResource(dg.ConfigurableResource):
         return self.call("persist", table=name)
 
     def merge_index(self, name: str, **kw) -> dict:
-        """Merge the table's index blocks (the service's ``merge_index`` action)."""
+        """Merge the table's index blocks (the service's ``merge_index`` action; ``full``: whenever there are
+        two or more, not only above the policy's ``index_max_blocks``)."""
         return self.call("merge_index", table=name, **kw)
 
     def compact(self, name: str, **kw) -> dict:
-        """Rewrite small or half-deleted data files (the service's ``compact`` action; ``full``, ``dry_run``)."""
+        """Rewrite small or half-deleted data files (the service's ``compact`` action; keywords ``full``:
+        every persisted file, ``dry_run``: only plan, returning ``{"picked", "files", "checks"}``)."""
         return self.call("compact", table=name, **kw)
+
+    def maintenance_policy(self, name: str) -> dict:
+        """The table's maintenance policy as the service applies it (defaults overridden by settings.json
+        ``extra.maintenance`` and ``extra.maintenance_tables.<name>``); ``{}`` when the engine has none."""
+        try:
+            from mooncake_assets.engine.compaction import policy_for
+        except ImportError:
+            return {}
+        return policy_for(self.settings(), name).to_dict()
 
     def read_state(self, name: str, lsn: str | None = None, fetch: bool = True) -> dict:
         """The ReadState of ``name`` at ``lsn`` (None: everything applied): ``{"table", "lsn", "files":

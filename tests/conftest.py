@@ -57,7 +57,16 @@ def pg_dsn(pg_cluster):
                 c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             except Exception:
                 pass
-        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        import time
+
+        for attempt in range(50):  # a stopping service's walsender may still hold the slot for a moment
+            try:
+                for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)).fetchall():
+                    c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                break
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.2)
 
 
 @pytest.fixture()

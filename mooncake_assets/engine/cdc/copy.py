@@ -37,7 +37,9 @@ def copy_statement(table: TableSchema) -> sql.Composed:
 
 def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = None):
     names = [f"c{i}" for i in range(len(table.columns))]  # positional names, safe in CSV options
-    data = pa.py_buffer(b"".join(chunks))
+    # pyarrow's CSV reader drops a UTF-8 BOM at the start of its input: give it one of its own, so a
+    # first value that starts with U+FEFF keeps it
+    data = pa.py_buffer(b"\xef\xbb\xbf" + b"".join(chunks))
     tbl = pacsv.read_csv(
         pa.BufferReader(data),
         read_options=pacsv.ReadOptions(column_names=names, block_size=4 << 20, use_threads=True),

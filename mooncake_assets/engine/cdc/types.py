@@ -6,9 +6,9 @@ column by column: one ``pa.array`` of strings per column, then vectorized ``pyar
 The sessions that produce the text (the walsender of :class:`~.stream.ReplicationConnection` and the
 copy transaction of :func:`~.copy.initial_copy`) pin the output settings the decoder relies on:
 ``DateStyle=ISO``, ``TimeZone=UTC``, ``IntervalStyle=postgres``, ``bytea_output=hex``,
-``extra_float_digits=3``.
+``extra_float_digits=3``, ``lc_monetary=C``.
 
-Type mapping (``arrow_type_for``):
+Type mapping (``arrow_type_for``; the user-facing table with examples is ``docs/types.md``):
 
 =============================================  ===========================================
 Postgres                                       Arrow
@@ -17,9 +17,12 @@ boolean                                        bool
 smallint / integer / bigint                    int16 / int32 / int64
 oid                                            int64
 real / double precision                        float32 / float64 (NaN, ±Infinity kept)
-numeric(p,s), 1 <= p <= 38, 0 <= s <= p         decimal128(p, s)
+numeric(p,s), 1 <= p <= 38, 0 <= s <= p         decimal128(p, s) ('NaN' cannot be held: the value
+                                               raises ``ValueError`` naming the column)
 numeric (unconstrained, p > 38, or s < 0 or    string holding Postgres's exact text ('NaN',
 s > p)                                         'Infinity' included): never loses a digit
+money                                          decimal128(19, 2) (sessions pin lc_monetary=C,
+                                               so the text is '-$1,234.56')
 text, varchar(n), char(n)/bpchar, "char",      string (char(n) keeps its blank padding, as
 name, citext                                   Postgres outputs it)
 uuid                                           string, canonical lower-case text
@@ -28,6 +31,11 @@ interval, timetz, inet, cidr, macaddr,         string (Postgres's text output)
 macaddr8, bit(n), varbit
 enum types                                     string (the label)
 domains                                        the mapping of their base type
+arrays of any type above (``t[]``, ``t[][]``)  list<T> nested once per declared dimension
+                                               (``pg_attribute.attndims``, at least 1; a
+                                               value with other dimensions or with explicit
+                                               lower bounds raises ``ValueError``); NULL
+                                               elements kept
 bytea                                          binary
 date                                           date32
 time                                           time64('us')
@@ -35,7 +43,7 @@ timestamp                                      timestamp('us')
 timestamptz                                    timestamp('us', tz='UTC')
 =============================================  ===========================================
 
-Anything else (arrays, geometric types, tsvector, ranges, composite types, money, …) raises
+Anything else (geometric types, tsvector, ranges, composite types, int2vector, …) raises
 :class:`UnsupportedTypeError`.
 
 Special values: ``date``/``timestamp[tz]`` ``infinity`` and ``-infinity`` become DuckDB's sentinels
@@ -61,6 +69,7 @@ __all__ = [
     "ColumnSpec",
     "TableSchema",
     "UnsupportedTypeError",
+    "UnsupportedTableError",
     "describe_table",
     "arrow_type_for",
     "decode_text_columns",
@@ -76,6 +85,7 @@ OUTPUT_SETTINGS: dict[str, str] = {
     "IntervalStyle": "postgres",
     "bytea_output": "hex",
     "extra_float_digits": "3",
+    "lc_monetary": "C",
 }
 
 # -- type oids (pg_type.dat) --------------------------------------------------------------------
@@ -83,6 +93,8 @@ BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 2
 JSON, XML, CIDR, FLOAT4, FLOAT8, MACADDR8, MACADDR, INET = 114, 142, 650, 700, 701, 774, 829, 869
 BPCHAR, VARCHAR, DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, TIMETZ = 1042, 1043, 1082, 1083, 1114, 1184, 1186, 1266
 BIT, VARBIT, NUMERIC, UUID, JSONB = 1560, 1562, 1700, 2950, 3802
+MONEY = 790
+INT2VECTOR, OIDVECTOR = 22, 30  # category 'A' but space-separated text: not arrays we decode
 
 _FIXED: dict[int, pa.DataType] = {
     BOOL: pa.bool_(),
@@ -97,6 +109,7 @@ _FIXED: dict[int, pa.DataType] = {
     TIME: pa.time64("us"),
     TIMESTAMP: pa.timestamp("us"),
     TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+    MONEY: pa.decimal128(19, 2),
 }
 _TEXTUAL = {TEXT, VARCHAR, BPCHAR, CHAR, NAME, UUID, JSON, JSONB, XML, INTERVAL, TIMETZ, INET, CIDR,
             MACADDR, MACADDR8, BIT, VARBIT}
@@ -106,7 +119,8 @@ _TEXTUAL_NAMES = {"citext"}  # extension types without a fixed oid, recognised b
 SUPPORTED_TYPES = (
     "boolean, smallint, integer, bigint, oid, real, double precision, numeric, text, varchar, char, "
     "name, citext, uuid, json, jsonb, xml, bytea, date, time, timetz, timestamp, timestamptz, "
-    "interval, inet, cidr, macaddr, macaddr8, bit, varbit, enums, and domains over these"
+    "interval, inet, cidr, macaddr, macaddr8, bit, varbit, money, enums, domains over these and "
+    "arrays of these"
 )
 
 DATE_INFINITY = 2**31 - 1          # DuckDB's / Postgres's date 'infinity' (days)
@@ -125,6 +139,10 @@ class ColumnSpec:
     ``type_oid``/``typmod``: the type the value's text is decoded as (for a domain, its base type and
     base typmod); ``type_name``: ``format_type`` text of the column's declared type
     (``'numeric(12,2)'``, a domain's own name); ``is_key``: part of ``TableSchema.key_columns``.
+    For an array column: ``element`` is the spec its elements decode with and ``ndims`` the number
+    of dimensions (list nesting) of its values; both are None/0 otherwise. ``decl_oid``/
+    ``decl_typmod``: the column's declared ``atttypid``/``atttypmod`` as pgoutput's Relation message
+    carries them (a domain's own oid), to recognise schema changes; 0/-1 when unknown.
     """
 
     name: str
@@ -134,6 +152,10 @@ class ColumnSpec:
     arrow_type: pa.DataType
     not_null: bool = False
     is_key: bool = False
+    element: "ColumnSpec | None" = None
+    ndims: int = 0
+    decl_oid: int = 0
+    decl_typmod: int = -1
 
 
 @dataclass
@@ -209,14 +231,16 @@ def arrow_type_for(type_oid: int, typmod: int, type_name: str) -> pa.DataType:
 
 
 _DESCRIBE_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull,
-       t.typtype, t.typbasetype, t.typtypmod, bt.typtype,
-       coalesce(format_type(t.typbasetype, t.typtypmod), ''), a.attnum
+SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attndims,
+       a.attnum
 FROM pg_attribute a
-JOIN pg_type t ON t.oid = a.atttypid
-LEFT JOIN pg_type bt ON bt.oid = t.typbasetype
 WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
+"""
+
+_TYPE_SQL = """
+SELECT t.typtype, t.typbasetype, t.typtypmod, t.typelem, t.typcategory, t.typlen, t.typndims
+FROM pg_type t WHERE t.oid = %s
 """
 
 _KEY_SQL = """
@@ -257,52 +281,90 @@ def describe_table(conn: psycopg.Connection, qualified_name: str) -> TableSchema
                 kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table",
                         "S": "a sequence", "i": "an index", "c": "a composite type"}.get(relkind, "not a table")
                 raise LookupError(f"table {qualified_name} does not exist ({nsp}.{rel} is {kind})")
+            parent = cur.execute(
+                "SELECT pg_partition_root(c.oid)::regclass::text FROM pg_class c "
+                "WHERE c.oid = %s AND c.relispartition", (oid,)).fetchone()
+            if parent is not None:
+                raise UnsupportedTableError(
+                    f"table {nsp}.{rel} is a partition of {parent[0]}: changes of a partition are published "
+                    f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead")
             attrs = cur.execute(_DESCRIBE_SQL, {"oid": oid}).fetchall()
             keys = cur.execute(_KEY_SQL, {"oid": oid}).fetchall()
-            domains: dict[int, tuple[int, int, str, str]] = {}
-            for a in attrs:  # nested domains: resolve to the root base type
-                kind, base = a[8], a[6]
-                while kind == "d" and base not in domains:
-                    domains[base] = _resolve_domain(conn, base)
-                    base, kind = domains[base][0], domains[base][3]
+            types = _TypeResolver(cur)
+            columns: list[ColumnSpec] = []
+            for name, typid, typmod, tname, notnull, ndims, _attnum in attrs:
+                try:
+                    spec = types.spec(name, typid, typmod, tname, ndims)
+                except UnsupportedTypeError:
+                    raise UnsupportedTypeError(
+                        f"table {nsp}.{rel} column {name} has type {tname}, which mooncake cannot mirror "
+                        f"(supported: {SUPPORTED_TYPES})") from None
+                spec.not_null = bool(notnull)
+                spec.decl_oid, spec.decl_typmod = typid, typmod
+                columns.append(spec)
 
     pk = next((list(k[2]) for k in keys if k[0]), None)
     ident = next((list(k[2]) for k in keys if k[1]), None)
-    if pk is not None:
+    if replident == "i" and ident is not None:
+        key_columns = ident  # the replica identity is what UPDATE/DELETE old tuples carry
+    elif pk is not None:
         key_columns = pk
-    elif replident == "i" and ident is not None:
-        key_columns = ident
     else:
         key_columns = []
-
-    columns: list[ColumnSpec] = []
-    for (name, typid, typmod, tname, notnull, typtype, basetype, basetypmod, basetyptype,
-         basename, _attnum) in attrs:
-        dec_oid, dec_mod, dec_name, dec_kind = typid, typmod, tname, typtype
-        if typtype == "d":  # domain: decode as its base type (nested domains resolve to the root)
-            dec_oid, dec_mod, dec_name, dec_kind = basetype, basetypmod, basename, basetyptype
-            while dec_kind == "d":
-                dec_oid, dec_mod, dec_name, dec_kind = domains[dec_oid]
-        if dec_kind == "e":
-            arrow = pa.string()
-        else:
-            try:
-                arrow = arrow_type_for(dec_oid, dec_mod, dec_name)
-            except UnsupportedTypeError:
-                raise UnsupportedTypeError(
-                    f"table {nsp}.{rel} column {name} has type {tname}, which mooncake cannot mirror "
-                    f"(supported: {SUPPORTED_TYPES})") from None
-        columns.append(ColumnSpec(name=name, type_oid=dec_oid, typmod=dec_mod, type_name=tname,
-                                  arrow_type=arrow, not_null=bool(notnull), is_key=name in key_columns))
+    for c in columns:
+        c.is_key = c.name in key_columns
     return TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
                        has_primary_key=pk is not None, replica_identity=replident, relkind=relkind)
 
 
-def _resolve_domain(conn: psycopg.Connection, type_oid: int) -> tuple[int, int, str, str]:
-    row = conn.execute(
-        "SELECT t.typbasetype, t.typtypmod, format_type(t.typbasetype, t.typtypmod), bt.typtype "
-        "FROM pg_type t JOIN pg_type bt ON bt.oid = t.typbasetype WHERE t.oid = %s", (type_oid,)).fetchone()
-    return row[0], row[1], row[2], row[3]
+class UnsupportedTableError(UnsupportedTypeError):
+    """The relation cannot be mirrored as named (e.g. a partition: mirror its partitioned root).
+    Permanent; the message names the table and what to do."""
+
+
+class _TypeResolver:
+    """Resolves a column's type to a :class:`ColumnSpec`: domains to their root base type, enums to
+    text, arrays to a list of their element's spec (``pg_type``: typtype, typbasetype, typtypmod,
+    typelem, typcategory, typlen, typndims)."""
+
+    def __init__(self, cur):
+        self.cur = cur
+        self._info: dict[int, tuple] = {}
+
+    def info(self, oid: int) -> tuple:
+        if oid not in self._info:
+            self._info[oid] = self.cur.execute(_TYPE_SQL, (oid,)).fetchone()
+        return self._info[oid]
+
+    def format_type(self, oid: int, typmod: int) -> str:
+        return self.cur.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()[0]
+
+    def spec(self, name: str, oid: int, typmod: int, decl_name: str, attndims: int = 0) -> ColumnSpec:
+        """Spec for a column ``name`` of type ``oid``/``typmod`` (``decl_name``: its ``format_type``)."""
+        typtype, base, base_mod, elem, category, typlen, typndims = self.info(oid)
+        dec_name = decl_name
+        depth = 0
+        while typtype == "d":  # domains (nested ones too) decode as their root base type
+            oid, typmod = base, base_mod
+            attndims = attndims or typndims
+            typtype, base, base_mod, elem, category, typlen, typndims = self.info(oid)
+            dec_name = self.format_type(oid, typmod)
+            depth += 1
+            if depth > 32:
+                raise UnsupportedTypeError(f"type {decl_name}: domain nesting too deep")
+        if typtype == "e":
+            return ColumnSpec(name, oid, typmod, decl_name, pa.string())
+        if category == "A" and elem and typlen == -1 and oid not in (INT2VECTOR, OIDVECTOR):
+            # the attribute's typmod applies to the elements (numeric(5,2)[] has numeric(5,2) elements)
+            el = self.spec(f"{name}[]", elem, typmod, self.format_type(elem, typmod))
+            if el.element is not None:
+                raise UnsupportedTypeError(f"type {decl_name}: arrays of arrays")
+            nd = max(int(attndims or 0), 1)
+            t: pa.DataType = el.arrow_type
+            for _ in range(nd):
+                t = pa.list_(t)
+            return ColumnSpec(name, oid, typmod, decl_name, t, element=el, ndims=nd)
+        return ColumnSpec(name, oid, typmod, decl_name, arrow_type_for(oid, typmod, dec_name))
 
 
 # -- decoding -----------------------------------------------------------------------------------------
@@ -373,7 +435,11 @@ def decode_text_column(spec: ColumnSpec, values: Any) -> pa.Array:
             return _decode_bool(arr, spec)
         if pa.types.is_integer(t) or pa.types.is_floating(t):
             return _cast(arr, t, spec)
+        if pa.types.is_list(t):
+            return _decode_array(arr, spec)
         if pa.types.is_decimal(t):
+            if spec.type_oid == MONEY:  # '-$1,234.56' (lc_monetary=C) -> '-1234.56'
+                arr = pc.replace_substring(pc.replace_substring(arr, "$", ""), ",", "")
             return _decode_decimal(arr, t, spec)
         if pa.types.is_binary(t):
             return _decode_bytea(arr, spec)
@@ -546,3 +612,91 @@ def _decode_time(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
                              "as Arrow time64 (its range is [00:00, 24:00))") from None
         raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse time value {bad!r}") from None
     return pc.cast(ts, pa.time64("us"))
+
+
+# Arrays -------------------------------------------------------------------------------------------
+#
+# Postgres's array text output (``array_out``): ``{e1,e2,…}``, nested braces per dimension
+# (``{{1,2},{3,4}}``), an optional ``[lo:hi]…=`` prefix when a lower bound is not 1, unquoted ``NULL``
+# for a NULL element; an element is double-quoted when it is empty, equals ``NULL`` (any case), or
+# holds braces, quotes, backslashes, the delimiter or white space, and inside quotes ``"`` and ``\``
+# are backslash-escaped. The delimiter is ``,`` for every type we map (only ``box`` uses ``;``).
+
+_ARRAY_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|([{},])|([^{},"]+)', re.S)
+_UNESCAPE = re.compile(r"\\(.)", re.S)
+
+
+def _parse_array_text(text: str, spec: ColumnSpec):
+    """One array value's text -> nested Python lists of element texts (None for NULL)."""
+    if text.startswith("["):
+        raise ValueError(f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has explicit "
+                         "lower bounds, which a list cannot keep")
+    stack: list[list] = []
+    root = None
+    expect_item = True
+    for m in _ARRAY_TOKEN.finditer(text):
+        quoted, punct, bare = m.group(1), m.group(2), m.group(3)
+        if punct == "{":
+            node: list = []
+            if stack:
+                stack[-1].append(node)
+            elif root is not None:
+                break  # text after the outer array
+            else:
+                root = node
+            stack.append(node)
+        elif punct == "}":
+            if not stack:
+                break
+            stack.pop()
+        elif punct == ",":
+            continue
+        elif not stack:
+            break
+        elif quoted is not None:
+            stack[-1].append(_UNESCAPE.sub(r"\1", quoted))
+        else:
+            stack[-1].append(None if bare == "NULL" else bare)
+    else:
+        if root is not None and not stack:
+            return root
+    raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse array value {text[:60]!r}")
+
+
+def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    """Array texts -> ``list<…>`` nested ``spec.ndims`` times; elements decoded column-wise (one
+    vectorized :func:`decode_text_column` over every element of every value)."""
+    nd = spec.ndims
+    offsets: list[list[int]] = [[0] for _ in range(nd)]
+    flat: list = []
+    valid: list[bool] = []
+
+    def add(node: list, level: int, text: str) -> None:
+        if level == nd - 1:
+            if any(isinstance(x, list) for x in node):
+                raise ValueError(f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has more "
+                                 f"than the column's {nd} dimension(s)")
+            flat.extend(node)
+        else:
+            for child in node:
+                if not isinstance(child, list):
+                    raise ValueError(f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has "
+                                     f"fewer than the column's {nd} dimensions")
+                add(child, level + 1, text)
+        offsets[level].append(offsets[level][-1] + len(node))
+
+    for v in arr.to_pylist():
+        if v is None:
+            valid.append(False)
+            offsets[0].append(offsets[0][-1])
+            continue
+        valid.append(True)
+        add(_parse_array_text(v, spec), 0, v)
+    out: pa.Array = decode_text_column(spec.element, flat)
+    types = [spec.arrow_type]
+    for _ in range(nd - 1):
+        types.append(types[-1].value_type)
+    for level in reversed(range(nd)):
+        mask = pa.array([not x for x in valid]) if level == 0 and not all(valid) else None
+        out = pa.ListArray.from_arrays(pa.array(offsets[level], pa.int32()), out, type=types[level], mask=mask)
+    return out

@@ -64,12 +64,24 @@ def data_file_from_parquet_metadata(
     the table schema (see ``check_parquet_schema``).
     """
     check_parquet_schema(schema, parquet_metadata.schema.to_arrow_schema(), location)
+    mapping = parquet_path_to_id_mapping(schema)
     try:
-        stats = data_file_statistics_from_parquet_metadata(
-            parquet_metadata=parquet_metadata,
-            stats_columns=compute_statistics_plan(schema, table_properties),
-            parquet_column_mapping=parquet_path_to_id_mapping(schema),
-        )
+        try:
+            stats = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=parquet_metadata,
+                stats_columns=compute_statistics_plan(schema, table_properties),
+                parquet_column_mapping=mapping,
+            )
+        except (OverflowError, ValueError):
+            # a bound Python cannot hold (date/timestamp 'infinity' sentinels, years past 9999): keep the
+            # counts of those columns and leave their bounds out (no bounds = never pruned, still correct)
+            counts_only = {f"write.metadata.metrics.column.{schema.find_column_name(mapping[path])}": "counts"
+                           for path in _unreadable_bounds(parquet_metadata) if path in mapping}
+            stats = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=parquet_metadata,
+                stats_columns=compute_statistics_plan(schema, {**table_properties, **counts_only}),
+                parquet_column_mapping=mapping,
+            )
     except KeyError as e:
         raise ValueError(f"data file {location}: Parquet column {e} does not map to the table schema") from None
     return new_data_file(
@@ -100,3 +112,20 @@ def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_prop
         except pa.ArrowInvalid as e:
             raise ValueError(f"data file {location} is not a Parquet file: {e}") from None
     return data_file_from_parquet_metadata(location, len(input_file), metadata, schema, table_properties, format_version)
+
+
+def _unreadable_bounds(parquet_metadata: pq.FileMetaData) -> set[str]:
+    """Parquet column paths whose min/max statistics cannot be turned into Python values."""
+    bad: set[str] = set()
+    for rg in range(parquet_metadata.num_row_groups):
+        group = parquet_metadata.row_group(rg)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            st = col.statistics
+            if st is None or not st.has_min_max or col.path_in_schema in bad:
+                continue
+            try:
+                st.min, st.max
+            except (OverflowError, ValueError):
+                bad.add(col.path_in_schema)
+    return bad

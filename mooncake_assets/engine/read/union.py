@@ -73,6 +73,10 @@ class UnionReader:
         ``columns``: project to these columns only. Returns the ReadState (dict)."""
         rs = self.client.read_state(table, lsn)
         mem = self.client.fetch(rs["ticket"])
+        if rs.get("storage"):  # s3:// warehouse: httpfs + an S3 secret (the service's endpoint, our credentials)
+            from ..storage import ensure_duckdb_s3
+
+            ensure_duckdb_s3(self.con, rs["storage"])
         view = view or table
         cols = columns or rs["schema"]
         sel = ", ".join(_ident(c) for c in cols)

@@ -107,8 +107,8 @@ def serve(settings, ready_cb=None) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     pidfile = settings.state_dir / "service.pid"
     service = ReplicatorService(settings)
+    service.start()  # restore tables and start streaming before the socket answers pings
     server = MooncakeFlightServer(service, str(settings.socket_path))
-    service.start()
     pidfile.write_text(str(os.getpid()))
 
     def _term(signum, frame):

@@ -27,7 +27,9 @@ from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeE
                    initial_copy, parse_message)
 from .. import storage
 from ..iceberg import IcebergMirrorTable, make_catalog
+from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
+from ..table.schema_change import SchemaChangeError, on_relation
 
 log = logging.getLogger("mooncake.service")
 
@@ -72,6 +74,8 @@ class ReplicatorService:
         self.repl: ReplicationConnection | None = None
         self.stream_error: str | None = None
         self.relations: dict[int, object] = {}
+        # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
+        self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
 
     # ------------------------------------------------------------------ registry
     def _load_registry(self) -> dict:
@@ -129,6 +133,7 @@ class ReplicatorService:
 
     def stop(self) -> None:
         self._stop.set()
+        self.background.stop()
         if self._thread:
             self._thread.join(timeout=10)
         if self.repl:
@@ -194,7 +199,8 @@ class ReplicatorService:
                 with self.lock:
                     self.applied_lsn = self.repl.server_wal_end
                     for t in self.tables.values():
-                        t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+                        if not t.error:
+                            t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
             now = time.time()
             if self._want_reply.is_set() or now - last_status > 1.0:
                 self._send_status(reply=self._want_reply.is_set())
@@ -215,26 +221,29 @@ class ReplicatorService:
                         cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid)))
                     continue
                 t = self.by_oid.get(oid)
-                if t is None or txn.commit_lsn < t.flush_lsn or t.error:
-                    continue  # not mirrored, already durable in Iceberg (restart), or stopped by an error
-                if oid not in t._relmap:
-                    rel = assembler.relations[oid]
-                    t.column_map(oid, [c.name for c in rel.columns])
+                if t is None or txn.commit_lsn < t.applied_lsn or t.error:
+                    continue  # not mirrored, applied already (durable before a restart, or in memory
+                    #           before a reconnect resent it), or stopped by an error
                 try:
+                    if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
+                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn)
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
-                except Exception as e:  # a bad change stops only its table
-                    t.error = f"LSN {lsn_str(txn.commit_lsn)}: {type(e).__name__}: {e}"
-                    log.exception("table %s: failed to apply a change at LSN %s", t.name, lsn_str(txn.commit_lsn))
+                except Exception as e:  # a bad change stops only its table; its slot position is held
+                    t.error = (str(e) if isinstance(e, SchemaChangeError) else
+                               f"table {t.name}: change at LSN {lsn_str(txn.commit_lsn)} failed: {type(e).__name__}: {e}")
+                    t.applied_lsn = min(t.applied_lsn, txn.commit_lsn)
+                    log.error("%s", t.error)
                 touched.add(t.name)
         self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
         for t in self.tables.values():
-            t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+            if not t.error:  # a stopped table stays at the commit that failed
+                t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
 
     def durable_lsn(self) -> int:
         """The LSN the slot may be confirmed to: min over tables of what is durable in Iceberg."""
         lsn = self.applied_lsn
         for t in self.tables.values():
-            if t.is_dirty():
+            if t.is_dirty() or t.error:  # a stopped table holds the slot where its durable state ends
                 lsn = min(lsn, t.flush_lsn)
         for cp in self.copying.values():
             lsn = min(lsn, cp["copy_lsn"])
@@ -262,6 +271,8 @@ class ReplicatorService:
                                 t.flush()  # local staging only; the persist waits for its backoff
                         elif big or (t.is_dirty() and time.time() - t.last_persist >= s.persist_interval_s):
                             self._persist(t)
+                        if t.name not in self.faults:
+                            self.background.tick(t)
                     elif big:
                         t.flush()
                 except _PersistFault:
@@ -345,6 +356,10 @@ class ReplicatorService:
                 raise MooncakeError(str(e).strip("'\"")) from None
             if not schema.has_primary_key and schema.replica_identity not in ("f", "i"):
                 conn.execute(f"ALTER TABLE {_qi(src)} REPLICA IDENTITY FULL")
+                if schema.relkind == "p":  # not inherited: each existing partition logs its own old rows
+                    for (leaf,) in conn.execute("SELECT relid::regclass::text FROM pg_partition_tree(%s::regclass) "
+                                                "WHERE isleaf", (_qi(src),)).fetchall():
+                        conn.execute(f"ALTER TABLE {leaf} REPLICA IDENTITY FULL")
                 schema = describe_table(conn, src)
             ident = self._ident(dst)
             try:
@@ -388,8 +403,8 @@ class ReplicatorService:
                 for commit_lsn, end_lsn, ch, rel in cp["queue"]:
                     if commit_lsn < copy_lsn:
                         continue  # in the copy's snapshot
-                    if ch.kind != "truncate" and ch.relation_oid not in table._relmap:
-                        table.column_map(ch.relation_oid, [c.name for c in rel.columns])
+                    if ch.kind != "truncate":
+                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn)
                     table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
                 self.tables[dst] = table
                 self.by_oid[schema.oid] = table
@@ -503,6 +518,9 @@ class ReplicatorService:
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
                 st["error"] = t.error or (fault.describe() if fault else None)
                 st["lag_bytes"] = 0
+                st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
+                if name in self.background.errors:
+                    st["maintenance"]["error"] = self.background.errors[name]
                 tables.append(st)
             for oid, cp in self.copying.items():
                 t = cp["table"]
@@ -514,8 +532,15 @@ class ReplicatorService:
                     "streaming": bool(self._thread and self._thread.is_alive())}
 
     def maintenance(self, op: str, name: str, **kw) -> dict:
+        if op in ("merge_index", "compact"):
+            # the heavy part runs without the service lock: only snapshot and swap take it (engine/compaction)
+            with self.lock:
+                t = self.table(name)
+            return getattr(t, op)(lock=self.lock, policy=policy_for(self.settings, name), **kw)
         with self.lock:
             t = self.table(name)
+            if t.error and op in ("flush", "persist"):  # its buffer may hold part of the failed transaction
+                raise MooncakeError(f"table {name} is stopped by an error, so it is not flushed or persisted: {t.error}")
             if op == "flush":
                 return t.flush()
             if op == "persist":

@@ -27,15 +27,21 @@ LIVE = 0
 
 
 class Carried:
-    """A value carried over from an existing row (unchanged TOAST), already typed (a Python value)."""
+    """A value carried over from an existing row (unchanged TOAST), already typed: ``scalar`` is the
+    Arrow scalar (kept as Arrow so values Python cannot hold, such as timestamp 'infinity', carry over
+    exactly); ``value`` is its Python value (raises for such values)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("scalar",)
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, scalar: pa.Scalar):
+        self.scalar = scalar
+
+    @property
+    def value(self):
+        return self.scalar.as_py()
 
     def __repr__(self):  # pragma: no cover
-        return f"Carried({self.value!r})"
+        return f"Carried({self.scalar!r})"
 
 
 @dataclass
@@ -106,7 +112,7 @@ class MemSlice:
         if b == len(self.batches):
             return list(self._rows[r])
         rb = self.batches[b].rb
-        return [Carried(rb.column(i)[r].as_py()) for i in range(rb.num_columns)]
+        return [Carried(rb.column(i)[r]) for i in range(rb.num_columns)]
 
     # -- sealing ------------------------------------------------------------------------------
     def seal(self) -> None:
@@ -118,17 +124,18 @@ class MemSlice:
         for ci, col in enumerate(cols):
             idx = [i for i, v in enumerate(col) if isinstance(v, Carried)]
             if idx:
-                patches.append((ci, idx, [col[i].value for i in idx]))
+                patches.append((ci, idx, [col[i].scalar for i in idx]))
                 for i in idx:
                     col[i] = None
         rb = self._decode(cols)
         if patches:
             arrays = list(rb.columns)
-            for ci, idx, vals in patches:
-                py = arrays[ci].to_pylist()
-                for i, v in zip(idx, vals):
-                    py[i] = v
-                arrays[ci] = pa.array(py, type=self.schema.field(ci).type)
+            for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
+                base = arrays[ci]
+                carried = pa.array(scalars, type=base.type)
+                pick = np.arange(len(base), dtype=np.int64)
+                pick[idx] = len(base) + np.arange(len(idx), dtype=np.int64)
+                arrays[ci] = pa.concat_arrays([base, carried]).take(pa.array(pick))
             rb = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         n = len(self._rows)
         dl = np.zeros(n, dtype=np.uint64)

@@ -181,33 +181,47 @@ class MirrorTable:
         """Locate a live row by key: ('mem', loc) | ('disk', file, row) | None. Newest first."""
         h = self.hasher.hash_one(key_vals)
         for loc in self.mem.find(h):
-            if self.hasher.exact or self._recheck_mem(loc, key_vals):
+            if self.hasher.exact or self._recheck(self.mem.row_values(loc), key_vals):
                 return ("mem", loc, h)
         for fname, row in self.file_index.lookup(h):
             f = self.files.get(fname)
             if f is None or f.is_deleted(row):
                 continue
+            if not self.hasher.exact and not self._recheck(self._disk_row(fname, row), key_vals):
+                continue
             return ("disk", (fname, row), h)
         return None
 
-    def _recheck_mem(self, loc, key_vals) -> bool:
-        vals = self.mem.row_values(loc)
-        for i, kv in zip(self._key_idx, key_vals):
+    def _recheck(self, vals: list, key_vals: list) -> bool:
+        """Does a candidate row (text or Carried values) really hold this key (text values)?
+
+        Hashed keys are re-checked on every hit (DESIGN.md §3): a text value is compared as text, a
+        typed value (sealed batch or data file) with the key decoded by the table's own decoder;
+        NULL equals NULL and NaN equals NaN, as for a row identity."""
+        typed = None
+        for j, (i, kv) in enumerate(zip(self._key_idx, key_vals)):
             v = vals[i]
             if isinstance(v, Carried):
-                return True  # sealed batch: text form not kept; a 64-bit hash match is taken as equal
-            if v != kv:
+                if typed is None:
+                    specs = [self.schema.columns[k] for k in self._key_idx]
+                    typed = decode_text_columns(specs, [[x] for x in key_vals], column_major=True).to_pylist()[0]
+                    typed = [typed[c.name] for c in specs]
+                if not _same_value(v.value, typed[j]):
+                    return False
+            elif v != kv:
                 return False
         return True
 
     def _disk_row(self, fname: str, row: int) -> list:
         t = self._row_cache.get(fname)
         if t is None:
-            t = pq.read_table(self.files[fname].read_path)
+            path = self.files[fname].read_path
+            # a persisted file in an object store is read through the table's FileIO (same endpoint/credentials)
+            t = pq.read_table(self.iceberg.io.new_input(path).open() if "://" in path else path)
             if len(self._row_cache) > 4:
                 self._row_cache.pop(next(iter(self._row_cache)))
             self._row_cache[fname] = t
-        return [Carried(t.column(i)[row].as_py()) for i in range(t.num_columns)]
+        return [Carried(t.column(i)[row]) for i in range(t.num_columns)]
 
     def _delete_found(self, found, lsn: int) -> None:
         kind, loc, h = found
@@ -330,32 +344,38 @@ class MirrorTable:
         fl = self.flush()
         lsn = self.applied_lsn
         add, deletes, remove = [], {}, []
+        # Nothing below changes a DiskFile or self.files until the commit has landed: a failed upload or
+        # commit (e.g. the warehouse is unreachable) leaves files, pending deletes and removals as they
+        # were, so the next persist retries all of it.
+        uploaded: dict[str, str] = {}  # file name -> its warehouse location
         for f in list(self.files.values()):
             fully = f.truncated_lsn or f.deleted_count() >= f.num_rows
             if fully:
                 if f.persisted:
                     remove.append(f.location)
                 continue
-            if not f.persisted:
-                f.location = self.iceberg.upload_data_file(f.local_path)
+            if not f.persisted:  # overwrite: an earlier failed persist may have uploaded it (names are unique)
+                uploaded[f.name] = self.iceberg.upload_data_file(f.local_path, overwrite=True)
                 add.append(f)
             if f.pending:
-                deletes[f.location] = BitMap64(f.pending.keys())
+                deletes[uploaded.get(f.name, f.location)] = BitMap64(f.pending.keys())
         gone = [f for f in self.files.values() if f.truncated_lsn or f.deleted_count() >= f.num_rows]
-        for f in gone:
-            self.files.pop(f.name)
         if gone:
             self.file_index.drop_files({f.name for f in gone}) if hasattr(self.file_index, "drop_files") else None
         new_dvs = sum(len(b) for b in deletes.values())
         changed = bool(add or deletes or remove or fl["rows"]) or self.flush_lsn == 0
         if changed:
             self.iceberg.commit(
-                add_files=[f.location for f in add],
+                add_files=[uploaded[f.name] for f in add],
                 deletes=deletes,
                 remove_files=remove,
                 index_blob=self.index_blob(),
                 summary={"mooncake.flush-lsn": lsn_str(lsn), "mooncake.source": self.source},
             )
+        for f in add:
+            f.location = uploaded[f.name]
+        for f in gone:
+            self.files.pop(f.name)
         now = time.time()
         for f in add:
             if f.local_path:
@@ -431,6 +451,25 @@ class MirrorTable:
         for p in (self.dir / "staging").glob("*.parquet"):
             if p.name not in self.files:
                 p.unlink()
+        # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
+        from ..compaction import cleanup_after_restore
+
+        self.last_cleanup = cleanup_after_restore(self)
+
+    # ------------------------------------------------------------------ maintenance (engine/compaction)
+    def merge_index(self, **kw) -> dict:
+        """Merge IndexBlocks by policy; see :func:`mooncake_assets.engine.compaction.merge_index`
+        (keywords: ``lock``, ``policy``, ``full``). The heavy part runs without ``lock``."""
+        from ..compaction import merge_index
+
+        return merge_index(self, **kw)
+
+    def compact(self, **kw) -> dict:
+        """Data compaction by policy; see :func:`mooncake_assets.engine.compaction.compact` (keywords:
+        ``lock``, ``policy``, ``full``, ``dry_run``, ``persist_first``, ``expire``)."""
+        from ..compaction import compact
+
+        return compact(self, **kw)
 
     # ------------------------------------------------------------------ reads
     def read_state(self, lsn: int | None = None) -> tuple[dict, pa.Table]:
@@ -468,6 +507,12 @@ class MirrorTable:
             "deleted_rows": deleted, "live_rows": file_rows - deleted + self.mem.live_rows,
             "missing_keys": self.missing_keys,
         }
+
+
+def _same_value(a, b) -> bool:
+    if a == b:
+        return True
+    return isinstance(a, float) and isinstance(b, float) and a != a and b != b  # NaN
 
 
 class _Unchanged:

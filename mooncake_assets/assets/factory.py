@@ -1,0 +1,236 @@
+"""The asset factory: per configured table, the mirror and its maintenance as Dagster assets (DESIGN.md §7).
+
+For mirror ``t`` of Postgres table ``schema.table``, the lineage reads source → buffer → Parquet →
+Puffin/Iceberg → merged index → compacted files:
+
+====================================  =====================================================================
+asset key                             materializing it
+====================================  =====================================================================
+``postgres/<schema>/<table>``         (external) the source table in Postgres
+``mirror/<t>``                        makes sure the service runs and mirrors the table (initial copy the
+                                      first time), waits until it has applied the source's current LSN;
+                                      the live mirror: in-memory buffer + files. Inputs from it are union
+                                      reads (see ``resources/io_manager.py``)
+``flush/<t>``                         buffer → Parquet file(s) + one index block (service ``flush``)
+``deletion_vectors/<t>``              one Iceberg commit: new data files, Puffin deletion vectors, index,
+                                      flush LSN (service ``persist``)
+``index_merge/<t>``                   index blocks merged into one (service ``merge_index``)
+``compaction/<t>``                    small / half-deleted files rewritten (service ``compact``)
+====================================  =====================================================================
+
+Each returns a ``MaterializeResult`` with rows, files, bytes, LSN and duration, and a Markdown table
+of the data files where it changes them. A table the service does not mirror fails the maintenance
+assets with a message naming ``mirror/<t>``.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+
+import dagster as dg
+from pydantic import Field
+
+from mooncake_assets.engine.service import ServiceError
+from resources.io_manager import MIRROR_TABLE
+from resources.replication import ReplicationResource, TableSpec
+
+from .metadata import files_markdown, iceberg_column_schema, postgres_column_schema, result_metadata, table_stats_metadata
+
+MAINTENANCE_KINDS = ("flush", "deletion_vectors", "index_merge", "compaction")
+MIRROR = "mirror"
+
+
+def source_key(spec: TableSpec) -> dg.AssetKey:
+    return dg.AssetKey(["postgres", *spec.source.split(".", 1)])
+
+
+def mirror_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey([MIRROR, name])
+
+
+def maintenance_key(kind: str, name: str) -> dg.AssetKey:
+    if kind not in MAINTENANCE_KINDS:
+        raise ValueError(f"unknown maintenance kind {kind!r}; one of {', '.join(MAINTENANCE_KINDS)}")
+    return dg.AssetKey([kind, name])
+
+
+_DESCRIPTIONS = {
+    "flush": "Flush the in-memory buffer of `{t}` to Parquet (one index block per flush). The rows stay "
+             "visible to union reads throughout; they are not yet in Iceberg.",
+    "deletion_vectors": "Persist `{t}` to Iceberg in one commit: flushed data files, pending deletes merged "
+                        "into one Puffin deletion vector per data file, the key index and the flush LSN.",
+    "index_merge": "Merge the index blocks of `{t}` into one (k-way merge by hash): key lookups then cost one "
+                   "bucket probe.",
+    "compaction": "Compact `{t}`: rewrite small files and files with many deleted rows, remap the index and "
+                  "replace the files in one Iceberg commit.",
+}
+_KINDS = {"flush": {"parquet"}, "deletion_vectors": {"iceberg", "puffin"}, "index_merge": {"index"},
+          "compaction": {"iceberg", "parquet"}}
+_UPSTREAM = {"flush": None, "deletion_vectors": "flush", "index_merge": "deletion_vectors", "compaction": "index_merge"}
+
+
+def _require_table(replication: ReplicationResource, name: str) -> dict:
+    replication.ensure_running()
+    st = replication.table_status(name)
+    if st is None:
+        raise dg.Failure(description=f"the service does not mirror {name!r} yet: materialize mirror/{name} first")
+    if st.get("state") == "error":
+        raise dg.Failure(description=f"mirror {name} stopped on an error: {st.get('error')}",
+                         metadata={"error": st.get("error") or ""})
+    return st
+
+
+def _call(fn: Callable[[], dict], what: str) -> dict:
+    try:
+        return fn()
+    except ServiceError as e:
+        raise dg.Failure(description=f"{what} failed: {e}") from None
+
+
+def build_mirror_asset(spec: TableSpec, group: str | None = None,
+                       column_schema: dg.TableSchema | None = None) -> dg.AssetsDefinition:
+    """``mirror/<t>``: the live mirror of ``spec.source`` (see the module docstring). ``column_schema``:
+    definition-time column metadata (else it comes with each materialization)."""
+    name = spec.name
+    metadata = {MIRROR_TABLE: name, "mooncake/source": spec.source, "dagster/table_name": f"mooncake.{name}"}
+    if column_schema is not None:
+        metadata["dagster/column_schema"] = column_schema
+
+    @dg.asset(
+        key=mirror_key(name),
+        deps=[source_key(spec)],
+        group_name=group or name,
+        kinds={"postgres", "iceberg", "duckdb"},
+        description=(f"Live mirror of Postgres table `{spec.source}` as Iceberg table `mooncake.{name}`: changes "
+                     "stream in by logical replication; reads see the persisted files, the flushed files and the "
+                     "in-memory rows with every delete applied (union read at an LSN)."),
+        metadata=metadata,
+        tags={"mooncake/table": name},
+    )
+    def _mirror(context: dg.AssetExecutionContext, replication: ReplicationResource) -> dg.MaterializeResult:
+        t0 = time.time()
+        started = replication.ensure_running()
+        st = replication.table_status(name)
+        meta: dict = {"source": dg.MetadataValue.text(spec.source)}
+        if started["started"]:
+            meta["service"] = dg.MetadataValue.text(f"started (pid {started['pid']})")
+        if st is None:
+            context.log.info(f"mirroring {spec.source} as {name}: initial copy, then change data capture")
+            created = _call(lambda: replication.create_table(name, spec.source), f"mirroring {spec.source}")
+            meta.update(result_metadata(created, prefix="initial_copy/"))
+        elif st.get("state") == "error":
+            raise dg.Failure(description=f"mirror {name} stopped on an error: {st.get('error')}")
+        source_lsn = replication.union_reader().barrier()  # the mirror has applied everything committed so far
+        st = replication.table_status(name) or {}
+        meta.update(table_stats_metadata(st))
+        meta["source_lsn"] = dg.MetadataValue.text(source_lsn or "")
+        meta["dagster/row_count"] = dg.MetadataValue.int(int(st.get("live_rows", 0)))
+        try:
+            meta["dagster/column_schema"] = postgres_column_schema(replication.source_dsn(), spec.source)
+        except Exception as e:  # schema metadata is informative; the mirror itself is fine
+            context.log.warning(f"could not read the column schema of {spec.source}: {e}")
+        meta["duration_s"] = dg.MetadataValue.float(round(time.time() - t0, 3))
+        return dg.MaterializeResult(metadata=meta)
+
+    return _mirror
+
+
+class FullConfig(dg.Config):
+    """Run configuration of ``index_merge/<t>`` and ``compaction/<t>``."""
+
+    full: bool = Field(False, description="index_merge: merge whenever there are two or more blocks; compaction: rewrite "
+                                          "every persisted file. Default: what the table's maintenance policy picks.")
+
+
+def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None) -> dg.AssetsDefinition:
+    """``<kind>/<t>`` for kind in flush, deletion_vectors, index_merge, compaction (the last two take
+    :class:`FullConfig`)."""
+    name = spec.name
+    up = _UPSTREAM[kind]
+    dep = mirror_key(name) if up is None else maintenance_key(up, name)
+    decorate = dg.asset(
+        key=maintenance_key(kind, name),
+        deps=[dep],
+        group_name=group or name,
+        kinds=_KINDS[kind],
+        description=_DESCRIPTIONS[kind].format(t=name),
+        tags={"mooncake/table": name, "mooncake/maintenance": kind},
+    )
+    if kind in ("index_merge", "compaction"):
+        @decorate
+        def _configured(context: dg.AssetExecutionContext, replication: ReplicationResource,
+                        config: FullConfig) -> dg.MaterializeResult:
+            return _maintain(context, replication, config.full)
+
+        asset_def = _configured
+    else:
+        @decorate
+        def _plain(context: dg.AssetExecutionContext, replication: ReplicationResource) -> dg.MaterializeResult:
+            return _maintain(context, replication, False)
+
+        asset_def = _plain
+
+    def _maintain(context, replication: ReplicationResource, full: bool) -> dg.MaterializeResult:
+        t0 = time.time()
+        before = _require_table(replication, name)
+        ops = {"flush": replication.flush, "deletion_vectors": replication.persist,
+               "index_merge": lambda n: replication.merge_index(n, full=full),
+               "compaction": lambda n: replication.compact(n, full=full)}
+        res = _call(lambda: ops[kind](name), f"{kind} of {name}")
+        after = replication.table_status(name) or {}
+        meta = result_metadata(res)
+        meta["lsn"] = dg.MetadataValue.text(after.get("flush_lsn" if kind != "flush" else "applied_lsn", ""))
+        meta["data_files"] = dg.MetadataValue.int(int(after.get("data_files", 0)))
+        meta["data_bytes"] = dg.MetadataValue.int(int(after.get("data_bytes", 0)))
+        if kind == "flush":
+            meta["rows"] = dg.MetadataValue.int(int(res.get("rows", 0)))
+            meta["files"] = dg.MetadataValue.int(int(res.get("files", 0)))
+            meta["bytes"] = dg.MetadataValue.int(int(res.get("bytes", 0)))
+        elif kind == "deletion_vectors":
+            meta["rows"] = dg.MetadataValue.int(int(res.get("rows", 0)))
+            meta["files"] = dg.MetadataValue.int(int(res.get("files_added", 0)))
+            meta["deletion_vectors"] = dg.MetadataValue.int(int(after.get("deletion_vectors", 0)))
+            meta["pending_deletes_before"] = dg.MetadataValue.int(int(before.get("pending_deletes", 0)))
+        elif kind == "index_merge":
+            meta["index_blocks_before"] = dg.MetadataValue.int(int(before.get("index_blocks", 0)))
+            meta["index_blocks"] = dg.MetadataValue.int(int(after.get("index_blocks", 0)))
+            meta["rows"] = dg.MetadataValue.int(int(res.get("entries_out", 0)))  # index entries written
+        elif kind == "compaction":
+            meta["rows"] = dg.MetadataValue.int(int(res.get("rows_out", 0)))
+            meta["files"] = dg.MetadataValue.int(int(res.get("files_out", 0)))
+            meta["bytes"] = dg.MetadataValue.int(int(res.get("bytes_out", 0)))
+            meta["data_files_before"] = dg.MetadataValue.int(int(before.get("data_files", 0)))
+            meta["data_bytes_before"] = dg.MetadataValue.int(int(before.get("data_bytes", 0)))
+            meta["deleted_rows_before"] = dg.MetadataValue.int(int(before.get("deleted_rows", 0)))
+        meta.setdefault("bytes", dg.MetadataValue.int(int(after.get("data_bytes", 0))))
+        meta.setdefault("rows", dg.MetadataValue.int(int(after.get("live_rows", 0))))
+        meta.setdefault("files", dg.MetadataValue.int(int(after.get("data_files", 0))))
+        if kind != "index_merge":
+            try:
+                meta["data_files_table"] = dg.MetadataValue.md(files_markdown(replication.read_state(name)))
+            except ServiceError as e:
+                context.log.warning(f"could not list the files of {name}: {e}")
+        meta["duration_s"] = dg.MetadataValue.float(round(time.time() - t0, 3))
+        context.log.info(f"{kind} of {name}: " + ", ".join(f"{k}={v}" for k, v in res.items() if k not in ("files", "reasons")))
+        return dg.MaterializeResult(metadata=meta)
+
+    return asset_def
+
+
+def build_table_assets(specs: Sequence[TableSpec], catalog_uri: str | None = None
+                       ) -> list[dg.AssetsDefinition | dg.AssetSpec]:
+    """Every asset of the configured mirrors: the external source tables, ``mirror/<t>`` and the four
+    maintenance assets per table. ``catalog_uri``: a local SQLite Iceberg catalog to take the mirrors'
+    column schemas from at load time (skipped when absent; nothing else is contacted)."""
+    out: list = []
+    seen_sources = set()
+    for spec in specs:
+        if spec.source not in seen_sources:
+            seen_sources.add(spec.source)
+            out.append(dg.AssetSpec(
+                key=source_key(spec), group_name=spec.name, kinds={"postgres"},
+                description=f"Postgres table `{spec.source}`, the source of the mirror (logical replication, pgoutput).",
+            ))
+        schema = iceberg_column_schema(catalog_uri, spec.name) if catalog_uri else None
+        out.append(build_mirror_asset(spec, column_schema=schema))
+        out.extend(build_maintenance_asset(kind, spec) for kind in MAINTENANCE_KINDS)
+    return out

@@ -1,0 +1,529 @@
+"""Data compaction and index merge of one :class:`~mooncake_assets.engine.table.mirror.MirrorTable`
+while replication goes on (DESIGN.md §3 steps 3–4; seed 000 "Data Compaction 后 GlobalIndex 的更新").
+
+The service lock (``lock``: the one the apply loop holds per batch of transactions) is held only for
+two short moments; the heavy work runs without it:
+
+1. **snapshot** (lock): persist first if the table has unpersisted changes (``persist_first``), pick
+   files by policy (persisted files only), copy each picked file's committed deletion vector, note the
+   IndexBlocks that cover them and the table's live file names;
+2. **work** (no lock): rewrite the live rows (:func:`.rewriter.rewrite_files`, keeping the old→new
+   :class:`~mooncake_assets.engine.index.PositionMap`), upload the new files to the warehouse, rebuild
+   the index of those blocks in one linear pass (``FileIndex.build_from_compaction``: entries of
+   rewritten rows move, entries of dropped rows and of files no longer in the table go, others stay);
+3. **swap** (lock): re-map the deletes that arrived meanwhile — positions of the old files deleted by
+   transactions applied during step 2 (pending, keeping their commit LSNs) or committed by a persist
+   during step 2 (they go into the new files' deletion vectors); a delete whose row has no new
+   position is dropped and counted — then ONE Iceberg commit (operation ``replace``: new files and
+   their DVs added, old files removed, the new index blob, ``mooncake.flush-lsn`` unchanged), then the
+   in-memory swap of files and blocks. A reader's ReadState is taken under the same lock, so it sees
+   the old files or the new ones, never a mix.
+
+Visibility: the rewrite drops only rows whose delete was already persisted, and a persist advances
+``flushed_lsn`` past every delete it makes permanent, so at any LSN a read may still ask for
+(≥ ``flushed_lsn``) the new files show exactly what the old ones did; ``flushed_lsn`` and ``flush_lsn``
+do not move.
+
+Old data files stay in the warehouse while older snapshots reference them; :func:`expire_and_clean`
+expires snapshots past the retention and deletes the files only they referenced, plus orphans (files
+under the table location no snapshot references: a crashed persist or compaction leaves them).
+
+Errors: a failure before the commit deletes what the run wrote and re-raises (the table is unchanged;
+retrying may help when the cause was temporary). ``CommitStateUnknown`` from the catalog keeps the
+written files (the commit may have landed; the next restart reloads the truth).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+import numpy as np
+from pyroaring import BitMap64
+
+from ..iceberg.errors import CommitStateUnknown
+from ..index import FileIndex, IndexBlock, PositionMap
+from .faults import fault
+from .planner import FileStats, plan_compaction
+from .policy import MaintenancePolicy
+from .rewriter import RewriteInput, rewrite_files
+
+__all__ = ["compact", "merge_index", "expire_and_clean", "clean_local", "file_stats", "maintenance_lock"]
+
+log = logging.getLogger("mooncake.compaction")
+
+_locks: "weakref.WeakKeyDictionary[object, threading.Lock]" = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def maintenance_lock(table) -> threading.Lock:
+    """The per-table lock that lets one merge or compaction run at a time (both swap IndexBlocks)."""
+    with _locks_guard:
+        lk = _locks.get(table)
+        if lk is None:
+            lk = _locks[table] = threading.Lock()
+        return lk
+
+
+class _Timed:
+    """A lock wrapper that adds up how long it was held (the apply loop's stall)."""
+
+    def __init__(self, lock):
+        self.lock = lock if lock is not None else threading.RLock()
+        self.held = 0.0
+        self.longest = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        with self.lock:
+            t = time.perf_counter()
+            try:
+                yield
+            finally:
+                d = time.perf_counter() - t
+                self.held += d
+                self.longest = max(self.longest, d)
+
+
+def file_stats(table) -> dict[str, FileStats]:
+    """Planner view of the table's persisted, not truncated files (call under the service lock)."""
+    return {f.name: FileStats(f.name, f.num_rows, f.deleted_count(), f.size_bytes)
+            for f in table.files.values() if f.persisted and not f.truncated_lsn}
+
+
+def _record(table, op: str, report: dict) -> dict:
+    last = getattr(table, "last_maintenance", None)
+    if not isinstance(last, dict):
+        last = {}
+        table.last_maintenance = last
+    last[op] = {k: v for k, v in report.items() if k not in ("files", "checks", "policy", "reasons")}
+    last[op]["at"] = round(time.time(), 3)
+    return report
+
+
+# ------------------------------------------------------------------------------------ index helpers
+
+def _dead_file_maps(blocks, live: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """PositionMap sources that drop every entry of files no longer in the table (their row count is
+    taken from the entries themselves: the file is gone)."""
+    longest: dict[str, int] = {}
+    for b in blocks:
+        dead = [i for i, name in enumerate(b.files) if name not in live]
+        if not dead:
+            continue
+        _, fid, rows = b.entries()
+        mx = np.full(len(b.files), -1, dtype=np.int64)
+        np.maximum.at(mx, fid.astype(np.intp), rows.astype(np.int64))
+        for i in dead:
+            longest[b.files[i]] = max(longest.get(b.files[i], 0), int(mx[i]) + 1)
+    return {name: (np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.uint32)) for name, n in longest.items()}
+
+
+def _new_block_path(table) -> Path:
+    return table.dir / "index" / f"{uuid.uuid4().hex}.idx"
+
+
+def _unlink_blocks(blocks) -> None:
+    for b in blocks:
+        try:
+            b.unlink()
+        except OSError as e:  # pragma: no cover - the file is orphaned, cleaned at next start
+            log.warning("could not delete index block %s: %s", b.path, e)
+
+
+# ------------------------------------------------------------------------------------ index merge
+
+def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, full: bool = False) -> dict:
+    """Merge the table's IndexBlocks by policy (seed 000 "索引合并"; :class:`IndexMergePolicy`: more
+    than ``index_max_blocks`` blocks → the smallest ``index_max_blocks_per_merge`` into one); ``full``:
+    merge up to ``index_max_blocks_per_merge`` blocks whenever there are two or more.
+
+    The merge is ``FileIndex.build_from_merge`` (k-way by hash), or ``build_from_compaction`` with an
+    empty map when some merged block still has entries of files that left the table (those entries
+    are dropped). Built without the service lock; the swap takes it. The merged index reaches Iceberg
+    with the next persist (until then a restart reloads the unmerged blocks, which are equivalent).
+
+    Returns (JSON-serializable) ``{"merged", "blocks_in", "blocks_out", "blocks_before",
+    "blocks_after", "entries_in", "entries_out", "dead_entries_dropped", "seconds", "lock_seconds",
+    "reason"}``.
+    """
+    policy = policy or MaintenancePolicy()
+    t0 = time.time()
+    lk = _Timed(lock)
+    with maintenance_lock(table):
+        with lk():
+            blocks_before = len(table.file_index.blocks)
+            if full:
+                pick = list(table.file_index.blocks)[: policy.index_max_blocks_per_merge] if blocks_before > 1 else []
+                reason = f"full: {len(pick)} of {blocks_before} blocks" if pick else f"{blocks_before} block(s); nothing to merge"
+            else:
+                pick = policy.index_merge.pick(table.file_index)
+                reason = (f"{blocks_before} blocks > index_max_blocks {policy.index_max_blocks}: merging {len(pick)}"
+                          if pick else f"{blocks_before} blocks ≤ index_max_blocks {policy.index_max_blocks}")
+            live = set(table.files)
+        if not pick:
+            return _record(table, "merge_index", {
+                "merged": False, "blocks_in": 0, "blocks_out": 0, "blocks_before": blocks_before,
+                "blocks_after": blocks_before, "entries_in": 0, "entries_out": 0, "dead_entries_dropped": 0,
+                "seconds": round(time.time() - t0, 4), "lock_seconds": round(lk.held, 4), "reason": reason})
+        entries_in = sum(b.num_entries for b in pick)
+        dead = _dead_file_maps(pick, live)
+        path = _new_block_path(table)
+        if dead:
+            new = FileIndex.build_from_compaction(pick, PositionMap((), dead), path, unmapped="keep")
+        else:
+            new = FileIndex.build_from_merge(pick, path)
+        fault("merge_index:after_index_rebuilt")
+        try:
+            with lk():
+                table.file_index.replace_blocks(pick, new)
+                _unlink_blocks(pick)
+                blocks_after = len(table.file_index.blocks)
+        except BaseException:
+            new.unlink()
+            raise
+    return _record(table, "merge_index", {
+        "merged": True, "blocks_in": len(pick), "blocks_out": 1, "blocks_before": blocks_before,
+        "blocks_after": blocks_after, "entries_in": entries_in, "entries_out": new.num_entries,
+        "dead_entries_dropped": entries_in - new.num_entries, "seconds": round(time.time() - t0, 4),
+        "lock_seconds": round(lk.held, 4), "reason": reason})
+
+
+# ------------------------------------------------------------------------------------ compaction
+
+def _policy_summary(p: MaintenancePolicy) -> dict:
+    return {k: getattr(p, k) for k in ("target_file_bytes", "size_ratio_percent", "max_size_amplification_percent",
+                                       "file_count_trigger", "min_files_per_run", "max_files_per_run",
+                                       "delete_ratio_percent")}
+
+
+def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: bool = False,
+            dry_run: bool = False, persist_first: bool | None = None, expire: bool = True) -> dict:
+    """Compact the table's data files by policy (``full``: every persisted file) — see the module
+    docstring for the steps, :mod:`.planner` for the choice.
+
+    ``lock``: the service lock (None: a private one, for single-threaded use). ``dry_run``: only plan
+    (no persist, nothing written) and return ``{"dry_run": True, "picked", "files": [{file, rows,
+    deleted, bytes, live_bytes, delete_ratio_percent, reasons}], "checks", "policy"}``.
+    ``persist_first``: default from the policy. ``expire``: afterwards, expire snapshots and delete
+    files no snapshot needs (:func:`expire_and_clean`).
+
+    Returns (JSON-serializable): ``compacted`` (bool), ``files_in``, ``files_out``, ``rows_in``,
+    ``rows_out``, ``bytes_in``, ``bytes_out``, ``deleted_rows_dropped`` (rows the old DVs deleted, not
+    rewritten), ``deletes_remapped`` (deletes that arrived during the run, moved to new positions),
+    ``deletes_dropped`` (of those, rows with no new position), ``blocks_in``, ``blocks_out``,
+    ``index_entries_in``, ``index_entries_out``, ``rewrite_seconds``, ``upload_seconds``,
+    ``index_seconds``, ``commit_seconds``, ``lock_seconds`` (total time the service lock was held,
+    persist included), ``swap_seconds`` (the final swap's hold), ``persist_seconds``, ``seconds``,
+    ``snapshot_id``, ``reasons`` (per file), ``checks``, ``expired`` (cleanup counts).
+    """
+    policy = policy or MaintenancePolicy()
+    persist_first = policy.persist_first if persist_first is None else persist_first
+    t0 = time.time()
+    lk = _Timed(lock)
+    if dry_run:
+        with lk():
+            stats = file_stats(table)
+            unpersisted = sum(1 for f in table.files.values() if not f.persisted)
+        plan = plan_compaction(list(stats.values()), policy, full)
+        checks = list(plan.checks)
+        if unpersisted:
+            checks.append(f"{unpersisted} unpersisted file(s) not considered"
+                          + (" (a real run persists first)" if persist_first else ""))
+        return {"dry_run": True, "full": full, "picked": len(plan.files), "files": plan.describe(stats),
+                "checks": checks, "policy": _policy_summary(policy)}
+
+    with maintenance_lock(table):
+        persist_s = 0.0
+        with lk():
+            if persist_first and table.is_dirty():
+                tp = time.perf_counter()
+                table.persist()
+                persist_s = time.perf_counter() - tp
+            stats = file_stats(table)
+            plan = plan_compaction(list(stats.values()), policy, full)
+            if not plan:
+                report = {"compacted": False, "checks": plan.checks, "files_in": 0, "files_out": 0,
+                          "seconds": round(time.time() - t0, 4), "lock_seconds": round(lk.held, 4),
+                          "persist_seconds": round(persist_s, 4)}
+                return _record(table, "compact", report)
+            snap = {n: (table.files[n], BitMap64(table.files[n].committed)) for n in plan.files}
+            inputs = [RewriteInput(n, f.read_path, f.num_rows, committed, f.size_bytes)
+                      for n, (f, committed) in snap.items()]
+            old_blocks = table.file_index.blocks_for_files(plan.files)
+            live = set(table.files)
+        report = _work_and_swap(table, lk, policy, plan, snap, inputs, old_blocks, live)
+        report["persist_seconds"] = round(persist_s, 4)
+    if expire:
+        try:
+            report["expired"] = expire_and_clean(table, lock=lock, policy=policy)
+        except Exception as e:  # cleanup is best effort; the compaction itself is committed
+            log.warning("table %s: cleanup after compaction failed: %s", table.name, e)
+            report["expired"] = {"error": f"{type(e).__name__}: {e}"}
+    report["seconds"] = round(time.time() - t0, 4)
+    report["lock_seconds"] = round(lk.held, 4)
+    return _record(table, "compact", report)
+
+
+def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, live) -> dict:
+    ice = table.iceberg
+    out_dir = table.dir / "compaction"
+    uploaded: list[str] = []
+    new_block = None
+    rw = None
+    committed = False
+    try:
+        # -- rewrite and upload (no lock)
+        rw = rewrite_files(inputs, out_dir, table.arrow_schema, policy.target_file_bytes,
+                           open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p)
+        t_up = time.perf_counter()
+        for o in rw.outputs:
+            uploaded.append(ice.upload_data_file(o.path))
+        upload_s = time.perf_counter() - t_up
+        fault("compaction:after_files_written")
+        # -- index rebuild in one pass over the old entries (no lock)
+        t_ix = time.perf_counter()
+        pm = rw.position_map
+        dead = _dead_file_maps(old_blocks, live)
+        if dead:
+            pm = PositionMap(pm.files, {**dead, **pm.sources})
+        if old_blocks:
+            new_block = FileIndex.build_from_compaction(old_blocks, pm, _new_block_path(table), unmapped="keep")
+        index_s = time.perf_counter() - t_ix
+        fault("compaction:after_index_rebuilt")
+        # -- swap (lock)
+        with lk():
+            t_swap = time.perf_counter()
+            new_files, adds, remove, remapped, dropped = _remap(table, snap, rw, uploaded)
+            fi = table.file_index
+            staged = FileIndex(fi.blocks)
+            if old_blocks:
+                staged.replace_blocks(old_blocks, new_block)
+            table.file_index = staged
+            try:
+                blob = table.index_blob()
+            finally:
+                table.file_index = fi
+            t_c = time.perf_counter()
+            previous_hook = ice.before_swap
+
+            def hook(location):
+                if previous_hook is not None:
+                    previous_hook(location)
+                fault("compaction:before_commit")
+
+            ice.before_swap = hook
+            try:
+                snapshot_id = ice.commit(add_files=uploaded, deletes=adds, remove_files=remove, index_blob=blob,
+                                         summary={"mooncake.operation": "compaction"}, operation="replace")
+            finally:
+                ice.before_swap = previous_hook
+            committed = True
+            commit_s = time.perf_counter() - t_c
+            fault("compaction:after_commit")
+            for name in snap:
+                cur = table.files.get(name)
+                if cur is snap[name][0]:
+                    table.files.pop(name)
+            for f in new_files:
+                table.files[f.name] = f
+            if old_blocks:
+                fi.replace_blocks(old_blocks, new_block)
+                _unlink_blocks(old_blocks)
+            table._row_cache.clear()
+            swap_s = time.perf_counter() - t_swap
+    except BaseException as e:
+        if not committed and not isinstance(e, CommitStateUnknown):
+            for loc in uploaded:
+                with contextlib.suppress(Exception):
+                    ice.io.delete(loc)
+            if new_block is not None:
+                new_block.unlink()
+        raise
+    finally:
+        if rw is not None:
+            for o in rw.outputs:
+                with contextlib.suppress(OSError):
+                    os.unlink(o.path)
+    return {
+        "compacted": True, "full": plan.full, "files_in": len(inputs), "files_out": len(rw.outputs),
+        "rows_in": rw.rows_in, "rows_out": rw.rows_out, "bytes_in": rw.bytes_in, "bytes_out": rw.bytes_out,
+        "deleted_rows_dropped": rw.rows_dropped, "deletes_remapped": remapped, "deletes_dropped": dropped,
+        "blocks_in": len(old_blocks), "blocks_out": 1 if new_block is not None else 0,
+        "index_entries_in": sum(b.num_entries for b in old_blocks) if new_block is not None else 0,
+        "index_entries_out": new_block.num_entries if new_block is not None else 0,
+        "rewrite_seconds": round(rw.seconds, 4), "upload_seconds": round(upload_s, 4),
+        "index_seconds": round(index_s, 4), "commit_seconds": round(commit_s, 4),
+        "swap_seconds": round(swap_s, 4), "snapshot_id": snapshot_id,
+        "reasons": {n: plan.reasons.get(n, []) for n in plan.files}, "checks": plan.checks,
+    }
+
+
+def _remap(table, snap, rw, locations):
+    """Under the lock: the new DiskFiles with the deletes that arrived during the run moved onto them.
+
+    Returns (new DiskFiles, {new location: committed positions for the commit}, old locations to
+    remove, deletes re-mapped, deletes dropped)."""
+    from ..table.mirror import DiskFile  # the table module imports nothing from here
+
+    pm = rw.position_map
+    nout = len(rw.outputs)
+    committed = [BitMap64() for _ in range(nout)]
+    pending: list[dict] = [{} for _ in range(nout)]
+    truncated = 0
+    remove: list[str] = []
+    remapped = dropped = 0
+    for name, (f_snap, committed_snap) in snap.items():
+        cur = table.files.get(name)
+        if cur is not f_snap:
+            # removed by a persist meanwhile (every row deleted, committed): all its rewritten rows go
+            gone = BitMap64(range(f_snap.num_rows)) - committed_snap
+            newly, pend = gone, {}
+        else:
+            remove.append(cur.location)
+            newly = cur.committed - committed_snap
+            pend = cur.pending
+            if cur.truncated_lsn:
+                truncated = max(truncated, cur.truncated_lsn)
+        if len(newly):
+            rows = np.fromiter(newly, dtype=np.int64, count=len(newly))
+            fi, fr = pm.map_rows(name, rows)
+            ok = fi >= 0
+            dropped += int((~ok).sum())
+            remapped += int(ok.sum())
+            for k in np.unique(fi[ok]):
+                committed[int(k)].update(fr[ok & (fi == k)].astype(np.uint64).tolist())
+        if pend:
+            rows = np.fromiter(pend.keys(), dtype=np.int64, count=len(pend))
+            lsns = list(pend.values())
+            fi, fr = pm.map_rows(name, rows)
+            for k, r, l in zip(fi.tolist(), fr.tolist(), lsns):
+                if k < 0:
+                    dropped += 1
+                    continue
+                pending[k][r] = l
+                remapped += 1
+    new_files = []
+    adds = {}
+    for i, (o, loc) in enumerate(zip(rw.outputs, locations)):
+        f = DiskFile(name=o.name, num_rows=o.rows, size_bytes=o.size_bytes, location=loc,
+                     committed=committed[i], pending=pending[i], truncated_lsn=truncated)
+        new_files.append(f)
+        if len(committed[i]):
+            adds[loc] = committed[i]
+    return new_files, adds, remove, remapped, dropped
+
+
+# ------------------------------------------------------------------------------------ cleanup
+
+def _strip(loc: str) -> str:
+    return loc[len("file://"):] if loc.startswith("file://") else loc
+
+
+def _referenced(ice) -> set[str]:
+    """Every file the table's current metadata needs: per snapshot its manifest list, manifests, live
+    data and delete files and index Puffin; the current metadata JSON and the metadata log."""
+    ice.refresh()
+    table = ice.table
+    md = table.metadata
+    refs: set[str] = set()
+    for s in md.snapshots:
+        refs |= {_strip(x) for x in ice._files_of(table.io, md, s)}
+    refs.add(_strip(table.metadata_location))
+    refs |= {_strip(e.metadata_file) for e in md.metadata_log}
+    return refs
+
+
+def find_orphans(ice, min_age_s: float = 0.0) -> list[str]:
+    """Files under a local table location (``data/``, ``index/``, ``metadata/``) that no snapshot of the
+    current metadata references and that are older than ``min_age_s`` seconds. Returns local paths.
+    Non-local warehouses (``s3://``): [] (not listed here)."""
+    loc = ice.location
+    if not (loc.startswith("file://") or loc.startswith("/")):
+        return []
+    base = Path(_strip(loc))
+    now = time.time()
+    listed = []
+    for sub in ("data", "index", "metadata"):
+        d = base / sub
+        if not d.is_dir():
+            continue
+        for p in d.rglob("*"):
+            try:
+                if p.is_file() and now - p.stat().st_mtime >= min_age_s:
+                    listed.append(str(p))
+            except FileNotFoundError:
+                pass
+    if not listed:
+        return []
+    refs = _referenced(ice)  # after listing: a file committed meanwhile is referenced by now
+    return sorted(p for p in listed if p not in refs and not p.endswith("version-hint.text"))
+
+
+def expire_and_clean(table, *, lock=None, policy: MaintenancePolicy | None = None,
+                     orphan_grace_s: float | None = None) -> dict:
+    """Expire snapshots older than ``snapshot_retention_s`` (keeping the newest ``retain_snapshots``),
+    delete the files only they referenced, then delete orphans older than ``orphan_grace_s`` (default:
+    the policy's). The expiry commit holds the service lock (it races the persist commits otherwise);
+    listing and deleting do not. Returns ``{"snapshots_expired", "files_deleted", "orphans_deleted"}``.
+    """
+    policy = policy or MaintenancePolicy()
+    grace = policy.orphan_grace_s if orphan_grace_s is None else orphan_grace_s
+    ice = table.iceberg
+    lk = _Timed(lock)
+    with lk():
+        before = len(ice.table.metadata.snapshots)
+        gone = ice.expire_snapshots(int((time.time() - policy.snapshot_retention_s) * 1000),
+                                    retain_last=policy.retain_snapshots, delete_files=False)
+        after = len(ice.table.metadata.snapshots)
+    for loc in gone:
+        with contextlib.suppress(Exception):
+            ice.io.delete(loc)
+    orphans = find_orphans(ice, grace)
+    for p in orphans:
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+    if orphans:
+        log.info("table %s: deleted %d orphan file(s)", table.name, len(orphans))
+    return {"snapshots_expired": before - after, "files_deleted": len(gone), "orphans_deleted": len(orphans)}
+
+
+def clean_local(table) -> dict:
+    """At service start (nothing in flight): delete leftovers of a crashed run — compaction outputs
+    under ``<table>/compaction/`` and IndexBlock files under ``<table>/index/`` that the restored
+    FileIndex does not use. Returns ``{"local_files_deleted"}``."""
+    n = 0
+    keep = {Path(b.path).name for b in table.file_index.blocks}
+    for p in (table.dir / "index").glob("*"):
+        if p.is_file() and p.name not in keep:
+            p.unlink(missing_ok=True)
+            n += 1
+    comp = table.dir / "compaction"
+    if comp.is_dir():
+        for p in comp.glob("*"):
+            if p.is_file():
+                p.unlink(missing_ok=True)
+                n += 1
+    return {"local_files_deleted": n}
+
+
+def cleanup_after_restore(table, policy: MaintenancePolicy | None = None) -> dict:
+    """:func:`clean_local` plus warehouse orphans of any age (call at service start only)."""
+    out = clean_local(table)
+    try:
+        orphans = find_orphans(table.iceberg, 0.0)
+        for p in orphans:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        out["orphans_deleted"] = len(orphans)
+    except Exception as e:  # never block a restart on cleanup
+        log.warning("table %s: orphan cleanup at start failed: %s", table.name, e)
+        out["orphans_error"] = f"{type(e).__name__}: {e}"
+    if out.get("orphans_deleted") or out["local_files_deleted"]:
+        log.warning("table %s: removed leftovers of an interrupted run: %s", table.name, out)
+    return out

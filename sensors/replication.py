@@ -1,0 +1,271 @@
+"""``replication_sensor``: keeps the service alive, observes every mirror, asks for maintenance.
+
+Each tick (default every 10 s, running by default):
+
+1. ``ensure_running()``: starts the service when nothing answers; when it had been seen running
+   before (the cursor remembers its pid) that is a restart after a crash, and the sensor says so in
+   its log, in the cursor (``restarts``) and on the observations (``service``).
+2. One ``AssetObservation`` per ``mirror/<t>``: source LSN, applied LSN, flush LSN, lag (bytes of WAL,
+   and Postgres's measured apply lag in seconds), buffer rows and bytes, data files and bytes, index
+   blocks, pending deletes, deletion vectors, live rows.
+3. ``RunRequest``s for maintenance whose thresholds (the resource's ``thresholds``) are crossed:
+
+   ==========================  ==============================================================
+   trigger                     asset
+   ==========================  ==============================================================
+   buffer bytes or rows        ``flush/<t>``
+   pending deletes, or age     ``deletion_vectors/<t>`` (age: unpersisted changes older than
+                               ``persist_max_age_s``)
+   index blocks                ``index_merge/<t>`` (more than the table policy's
+                               ``index_max_blocks``, or ``index_merge_blocks``)
+   small files, delete ratio   ``compaction/<t>`` (when the service's compaction planner,
+                               asked for a dry run, picks files under the table's policy)
+   table not mirrored yet      ``mirror/<t>`` (the initial copy)
+   ==========================  ==============================================================
+
+   Several triggers of one table make one run. Run keys are ``<kinds>/<table>/<applied LSN>``, so an
+   unchanged table is never asked twice for the same work; no request is made for a table while a run
+   touching its maintenance (or its mirror) is queued or running, nor within ``min_request_interval_s``
+   of the previous request of the same kind.
+
+Cursor (JSON): ``{"pid", "restarts", "ticks", "tables": {t: {"dirty_since", "last_request": {kind: ts}}}}``.
+"""
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
+from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes
+
+SENSOR_NAME = "replication_sensor"
+DEFAULT_INTERVAL_S = 10
+
+
+@dataclass
+class SensorCursor:
+    pid: int | None = None
+    restarts: int = 0
+    ticks: int = 0
+    tables: dict = field(default_factory=dict)
+
+    @staticmethod
+    def load(text: str | None) -> "SensorCursor":
+        try:
+            d = json.loads(text) if text else {}
+        except ValueError:
+            d = {}
+        return SensorCursor(pid=d.get("pid"), restarts=int(d.get("restarts", 0)), ticks=int(d.get("ticks", 0)),
+                            tables=dict(d.get("tables", {})))
+
+    def dump(self) -> str:
+        return json.dumps({"pid": self.pid, "restarts": self.restarts, "ticks": self.ticks, "tables": self.tables},
+                          sort_keys=True)
+
+
+def plan_maintenance(st: Mapping, th: MaintenanceThresholds, age_s: float | None = None,
+                     index_max_blocks: int = 16, compaction_plan: Mapping | None = None) -> list[tuple[str, str]]:
+    """Which maintenance one table needs, as ``[(kind, reason)]`` in lineage order.
+
+    ``st``: the table's entry of the service status; ``age_s``: how long its changes have waited to be
+    persisted (None: nothing unpersisted); ``index_max_blocks``: the policy's block limit (used when
+    ``th.index_merge_blocks`` is None); ``compaction_plan``: the service's compaction dry run (None:
+    not asked)."""
+    out = []
+    buf_b, buf_r = int(st.get("buffer_bytes", 0)), int(st.get("buffer_rows", 0))
+    if (th.flush_buffer_bytes and buf_b >= th.flush_buffer_bytes) or (th.flush_buffer_rows and buf_r >= th.flush_buffer_rows):
+        out.append(("flush", f"buffer {buf_r:,} rows / {buf_b:,} bytes"))
+    pend = int(st.get("pending_deletes", 0))
+    if th.persist_pending_deletes and pend >= th.persist_pending_deletes:
+        out.append(("deletion_vectors", f"{pend:,} pending deletes"))
+    elif th.persist_max_age_s and age_s is not None and age_s >= th.persist_max_age_s:
+        out.append(("deletion_vectors", f"unpersisted changes {age_s:.0f}s old"))
+    blocks = int(st.get("index_blocks", 0))
+    if th.index_merge_blocks is None:
+        if blocks > index_max_blocks:
+            out.append(("index_merge", f"{blocks} index blocks > policy's {index_max_blocks}"))
+    elif th.index_merge_blocks and blocks >= max(th.index_merge_blocks, 2):
+        out.append(("index_merge", f"{blocks} index blocks ≥ {th.index_merge_blocks}"))
+    if compaction_plan and int(compaction_plan.get("picked", 0)) > 0:
+        reasons = sorted({r for f in compaction_plan.get("files", [])
+                          for r in ([f["reasons"]] if isinstance(f.get("reasons"), str) else f.get("reasons", []))})
+        out.append(("compaction", f"{compaction_plan['picked']} file(s) picked: {'; '.join(reasons)[:120]}"))
+    return out
+
+
+def busy_tables(instance: dg.DagsterInstance, all_tables: Iterable[str]) -> dict[str, str]:
+    """``{table: run id}`` for tables with a queued or running run that touches their maintenance or mirror."""
+    names = set(all_tables)
+    out: dict[str, str] = {}
+    for run in active_runs(instance):
+        touched: set[str] = set()
+        if run.asset_selection:
+            for key in run.asset_selection:
+                if len(key.path) == 2 and key.path[0] in (*KINDS, "mirror") and key.path[1] in names:
+                    touched.add(key.path[1])
+        elif run.tags.get(MAINTENANCE_TAG):
+            touched = set(names)
+        for t in touched:
+            out.setdefault(t, run.run_id)
+    return out
+
+
+def _latest_ts(instance: dg.DagsterInstance, key: dg.AssetKey) -> float | None:
+    ev = instance.get_latest_materialization_event(key)
+    return ev.timestamp if ev is not None else None
+
+
+def observation(name: str, st: Mapping, source: Mapping | None, service_note: str | None) -> dg.AssetObservation:
+    src_lsn = source.get("source_lsn") if source else None
+    meta = {
+        "source_lsn": dg.MetadataValue.text(src_lsn or "unknown"),
+        "applied_lsn": dg.MetadataValue.text(st.get("applied_lsn", "")),
+        "flush_lsn": dg.MetadataValue.text(st.get("flush_lsn", "")),
+        "state": dg.MetadataValue.text(st.get("state", "")),
+    }
+    lb = lag_bytes(src_lsn, st.get("applied_lsn"))
+    if lb is not None:
+        meta["lag_bytes"] = dg.MetadataValue.int(lb)
+    if source is not None:
+        meta["lag_seconds"] = dg.MetadataValue.float(round(float(source.get("apply_lag_s") or 0.0), 3))
+    for k in ("buffer_rows", "buffer_bytes", "data_files", "data_bytes", "index_blocks", "pending_deletes",
+              "deletion_vectors", "deleted_rows", "live_rows"):
+        if k in st:
+            meta[k] = dg.MetadataValue.int(int(st[k]))
+    if st.get("error"):
+        meta["error"] = dg.MetadataValue.text(str(st["error"]))
+    if service_note:
+        meta["service"] = dg.MetadataValue.text(service_note)
+    return dg.AssetObservation(asset_key=dg.AssetKey(["mirror", name]), metadata=meta)
+
+
+def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResource) -> dg.SensorResult:
+    """One tick of the sensor (see the module docstring)."""
+    cur = SensorCursor.load(context.cursor)
+    cur.ticks += 1
+    now = time.time()
+    try:
+        info = replication.ensure_running()
+    except Exception as e:
+        context.log.error(f"the mooncake service is not answering and could not be started: {e}")
+        return dg.SensorResult(skip_reason=f"mooncake service down and not startable: {str(e).splitlines()[0]}",
+                               cursor=cur.dump())
+    note = None
+    if info["started"]:
+        if cur.pid is not None:
+            cur.restarts += 1
+            note = (f"restarted: the service (pid {cur.pid}) had stopped answering; now pid {info['pid']} "
+                    f"(restart #{cur.restarts})")
+            context.log.warning(f"mooncake service {note}")
+        else:
+            note = f"started (pid {info['pid']})"
+            context.log.info(f"mooncake service {note}")
+    cur.pid = info["pid"]
+    status = replication.status()
+    try:
+        source = replication.source_position(status.get("slot"))
+    except Exception as e:  # Postgres unreachable: still observe what the service knows
+        context.log.warning(f"could not read the source's position: {e}")
+        source = None
+    by_name = {t["name"]: t for t in status["tables"]}
+    specs = replication.table_specs()
+    busy = busy_tables(context.instance, [s.name for s in specs])
+    th = replication.thresholds
+    events, requests, notes = [], [], []
+    for spec in specs:
+        t = spec.name
+        tcur = cur.tables.setdefault(t, {})
+        last_req = tcur.setdefault("last_request", {})
+        st = by_name.get(t)
+        if st is None:
+            if t in busy:
+                notes.append(f"{t}: not mirrored yet, run {busy[t]} in flight")
+            else:
+                requests.append(dg.RunRequest(run_key=f"mirror/{t}/create/{cur.restarts}", job_name=job_name(MIRROR_JOB),
+                                              asset_selection=[dg.AssetKey(["mirror", t])],
+                                              tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME,
+                                                    "mooncake/reason": "not mirrored yet"}))
+                notes.append(f"{t}: not mirrored yet, requesting mirror/{t}")
+            continue
+        if st.get("state") == "copying":
+            continue
+        events.append(observation(t, st, source, note))
+        if st.get("state") == "error":
+            context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
+            continue
+        dirty = (int(st.get("buffer_rows", 0)) > 0 or int(st.get("pending_deletes", 0)) > 0
+                 or (_latest_ts(context.instance, dg.AssetKey(["flush", t])) or 0)
+                 > (_latest_ts(context.instance, dg.AssetKey(["deletion_vectors", t])) or 0))
+        if dirty:
+            tcur.setdefault("dirty_since", now)
+            persisted = _latest_ts(context.instance, dg.AssetKey(["deletion_vectors", t])) or 0
+            age = now - max(tcur["dirty_since"], persisted)
+        else:
+            tcur.pop("dirty_since", None)
+            age = None
+        policy = _policy(replication, t)
+        plan = plan_maintenance(st, th, age, index_max_blocks=int(policy.get("index_max_blocks", 16)),
+                                compaction_plan=_compaction_plan(context, replication, t, st) if th.compaction else None)
+        plan = [(k, r) for k, r in plan if now - float(last_req.get(k, 0)) >= th.min_request_interval_s]
+        if not plan:
+            continue
+        if t in busy:
+            notes.append(f"{t}: {', '.join(k for k, _ in plan)} wanted, but run {busy[t]} is in flight")
+            continue
+        kinds = [k for k, _ in plan]
+        reason = "; ".join(f"{k}: {r}" for k, r in plan)
+        run_config = {}
+        if "index_merge" in kinds and th.index_merge_blocks is not None:  # our own limit: merge even below the policy's
+            run_config = {"ops": {_op_name(["index_merge", t]): {"config": {"full": True}}}}
+        requests.append(dg.RunRequest(
+            run_key=f"{'+'.join(kinds)}/{t}/{st.get('applied_lsn')}",
+            run_config=run_config,
+            job_name=job_name(kinds[0] if len(kinds) == 1 else FULL_OPTIMIZE),
+            asset_selection=[dg.AssetKey([k, t]) for k in kinds],
+            tags={"mooncake/table": t, MAINTENANCE_TAG: "+".join(kinds), "mooncake/trigger": SENSOR_NAME,
+                  "mooncake/reason": reason[:200]}))
+        for k in kinds:
+            last_req[k] = now
+        notes.append(f"{t}: {reason}")
+    for n in notes:
+        context.log.info(n)
+    return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cur.dump())
+
+
+def _op_name(path) -> str:
+    return "__".join(path)
+
+
+def _policy(replication: ReplicationResource, table: str) -> dict:
+    try:
+        return replication.maintenance_policy(table)
+    except Exception:  # a bad policy in settings.json is the service's error to report; use defaults here
+        return {}
+
+
+def _compaction_plan(context, replication: ReplicationResource, table: str, st: Mapping) -> dict | None:
+    """The service's compaction dry run for ``table`` (None when there is nothing to plan or it failed)."""
+    if int(st.get("data_files", 0)) < 2 and int(st.get("deleted_rows", 0)) == 0:
+        return None
+    try:
+        return replication.compact(table, dry_run=True)
+    except Exception as e:
+        context.log.warning(f"compaction planning of {table} failed: {e}")
+        return None
+
+
+def build_replication_sensor(jobs: Sequence, interval_s: int = DEFAULT_INTERVAL_S, running: bool = True,
+                             name: str = SENSOR_NAME) -> dg.SensorDefinition:
+    """The sensor, targeting the maintenance ``jobs`` (and the mirror assets through the global asset job)."""
+
+    @dg.sensor(name=name, minimum_interval_seconds=max(int(interval_s), 1), jobs=list(jobs),
+               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+               description="Keeps the mooncake service running (restarts it after a crash), records lag and buffer "
+                           "observations on the mirror assets and requests maintenance runs when thresholds are crossed.")
+    def replication_sensor(context: dg.SensorEvaluationContext, replication: ReplicationResource):
+        return evaluate(context, replication)
+
+    return replication_sensor

@@ -1,0 +1,214 @@
+"""engine/compaction without Postgres: policy, planner (seed 002 universal compaction), rewriter and
+its position map, the index rebuild through it (seed 000), fault parsing."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyroaring import BitMap64
+
+from mooncake_assets.engine.compaction import (FileStats, MaintenancePolicy, RewriteInput, plan_compaction,
+                                               policy_for, rewrite_files)
+from mooncake_assets.engine.compaction.faults import faults
+from mooncake_assets.engine.compaction.runner import _dead_file_maps
+from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
+
+KiB = 1024
+MiB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------ policy
+
+def test_policy_defaults_and_validation():
+    p = MaintenancePolicy()
+    assert p.target_file_bytes == 128 * MiB and p.index_max_blocks == 16 and p.index_max_blocks_per_merge == 32
+    assert p.index_merge.max_blocks == 16
+    with pytest.raises(ValueError, match="delete_ratio_percent"):
+        MaintenancePolicy(delete_ratio_percent=120)
+    with pytest.raises(ValueError, match="min_files_per_run"):
+        MaintenancePolicy(min_files_per_run=1)
+    with pytest.raises(ValueError, match="unknown setting"):
+        MaintenancePolicy.from_dict({"target_file_size": 1})
+    with pytest.raises(ValueError, match="target_file_bytes must be a int"):
+        MaintenancePolicy.from_dict({"target_file_bytes": "big"})
+    assert MaintenancePolicy.from_dict({"target_file_bytes": "2048"}).target_file_bytes == 2048
+
+
+def test_policy_per_table_precedence():
+    class S:
+        extra = {"maintenance": {"delete_ratio_percent": 10, "file_count_trigger": 3},
+                 "maintenance_tables": {"orders": {"delete_ratio_percent": 50}}}
+
+    assert policy_for(S(), "orders").delete_ratio_percent == 50
+    assert policy_for(S(), "orders").file_count_trigger == 3
+    assert policy_for(S(), "other").delete_ratio_percent == 10
+
+
+# ------------------------------------------------------------------------------------------ planner
+
+def _f(name, kib, rows=1000, deleted=0):
+    return FileStats(name, rows, deleted, kib * KiB)
+
+
+def test_plan_delete_ratio_picks_any_size_highest_first():
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, delete_ratio_percent=30)
+    files = [_f("big", 4096, deleted=300), _f("a", 512, deleted=500), _f("b", 512, deleted=100)]
+    plan = plan_compaction(files, pol)
+    assert plan.files == ["a", "big"]
+    assert "delete ratio 50.0%" in plan.reasons["a"][0]
+
+
+def test_plan_below_trigger_picks_nothing_and_says_why():
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=5)
+    plan = plan_compaction([_f(f"f{i}", 10) for i in range(4)], pol)
+    assert not plan and any("< trigger 5" in c for c in plan.checks)
+
+
+def test_plan_size_amplification_rewrites_all_small_files():
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=3, max_size_amplification_percent=200)
+    files = [_f("base", 300), _f("x", 250), _f("y", 250), _f("z", 250), _f("large", 2048)]
+    plan = plan_compaction(files, pol)
+    assert sorted(plan.files) == ["base", "x", "y", "z"]  # 750 KiB over 300 KiB = 250% > 200%
+    assert "size amplification 250%" in plan.reasons["base"][0]
+
+
+def test_plan_size_ratio_run_from_the_smallest():
+    # amplification 100+110+130 over 900 = 38%: no; ratio 1%: 100 → 110? no (110 > 101); 110 → 130? no
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=4, size_ratio_percent=1)
+    files = [_f("a", 100), _f("b", 110), _f("c", 130), _f("d", 900)]
+    plan = plan_compaction(files, pol)
+    assert not plan
+    pol = pol.merged({"size_ratio_percent": 20})  # 110 ≤ 120: run a,b (210); 130 ≤ 252: c; 900 > 408
+    plan = plan_compaction(files, pol)
+    assert plan.files == ["a", "b", "c"] and "size ratio" in plan.reasons["a"][0]
+
+
+def test_plan_file_count_forces_the_smallest():
+    # sizes double, so no ratio run and amplification 1+2+4+8+16+32 over 64 < 200%
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=4, size_ratio_percent=1)
+    files = [_f(f"f{k}", 2 ** k) for k in range(7)]
+    plan = plan_compaction(files, pol)
+    # 7 small files > trigger 4: the 4 smallest (7 − 4 + 1), plus f4 by the ratio (16 ≤ 1.01 × 15? no)
+    assert plan.files == ["f0", "f1", "f2", "f3"]
+    assert "file count" in plan.reasons["f0"][0]
+
+
+def test_plan_caps_full_and_single_clean_file():
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=2, max_files_per_run=3)
+    files = [_f(f"f{i}", 10) for i in range(6)]
+    assert len(plan_compaction(files, pol).files) == 3
+    full = plan_compaction(files, pol, full=True)
+    assert len(full.files) == 6 and full.reasons["f0"] == ["full compaction"]
+    assert not plan_compaction([_f("only", 10)], pol, full=True)
+    assert plan_compaction([_f("only", 10, deleted=1)], pol, full=True).files == ["only"]
+
+
+def test_plan_fixpoint_bounds_small_files():
+    """Repeated planning + 'rewriting' (merging the picked files into one of their total live size)
+    ends with at most file_count_trigger small files and no file at the delete-ratio threshold."""
+    rng = np.random.default_rng(3)
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=5, delete_ratio_percent=25)
+    files = [FileStats(f"f{i}", 1000, int(rng.integers(0, 600)), int(rng.integers(1, 400)) * KiB) for i in range(60)]
+    n = 0
+    while True:
+        plan = plan_compaction(files, pol)
+        if not plan:
+            break
+        picked = [f for f in files if f.name in set(plan.files)]
+        live = sum(f.live_bytes for f in picked)
+        rows = sum(f.live_rows for f in picked)
+        files = [f for f in files if f.name not in set(plan.files)]
+        while live > 0:  # outputs cut at the target
+            part = min(live, pol.target_file_bytes)
+            files.append(FileStats(f"n{n}", max(1, rows * part // max(live, 1)), 0, part))
+            n += 1
+            live -= part
+        assert n < 500
+    small = [f for f in files if f.live_bytes < pol.target_file_bytes]
+    assert len(small) <= pol.file_count_trigger
+    assert all(f.delete_ratio_percent < 25 for f in files)
+
+
+# ------------------------------------------------------------------------------------------ rewriter
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+
+
+def _write(path, ids):
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "v": [f"value-{i:08d}" * 3 for i in ids]}, schema=SCHEMA),
+                   path, compression="zstd")
+    return path.stat().st_size
+
+
+def test_rewrite_applies_dvs_and_maps_every_row(tmp_path):
+    a_ids, b_ids = list(range(0, 5000)), list(range(10_000, 13_000))
+    sa, sb = _write(tmp_path / "a.parquet", a_ids), _write(tmp_path / "b.parquet", b_ids)
+    del_a = BitMap64(range(0, 5000, 3))
+    del_b = BitMap64(range(3000))  # every row: the file contributes nothing
+    inputs = [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 5000, del_a, sa),
+              RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 3000, del_b, sb)]
+    res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4)
+    assert res.rows_in == 8000 and res.rows_dropped == len(del_a) + 3000 and res.rows_out == 5000 - len(del_a)
+    assert len(res.outputs) >= 2  # cut at the target
+    out = [pq.read_table(o.path) for o in res.outputs]
+    assert [t.num_rows for t in out] == [o.rows for o in res.outputs]
+    pm = res.position_map
+    fi, fr = pm.map_rows("a.parquet", np.arange(5000))
+    for old in range(5000):
+        if old in del_a:
+            assert fi[old] == -1
+        else:
+            assert out[fi[old]].column("id")[int(fr[old])].as_py() == a_ids[old]
+    assert (pm.map_rows("b.parquet", np.arange(3000))[0] == -1).all()
+    assert pq.ParquetFile(res.outputs[0].path).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_rewrite_failure_leaves_no_output(tmp_path):
+    _write(tmp_path / "a.parquet", list(range(100)))
+    bad = RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 99, BitMap64(), 10)  # wrong row count
+    good = RewriteInput("g.parquet", str(tmp_path / "a.parquet"), 100, BitMap64(), 10)
+    with pytest.raises(ValueError, match="expected 99 rows"):
+        rewrite_files([good, bad], tmp_path / "out", SCHEMA, target_bytes=1 << 20)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_index_rebuild_through_the_rewrite_map(tmp_path):
+    """Seed 000's example end to end: blocks of old files → build_from_compaction with the rewriter's
+    map (plus a dead file's entries dropped): every live key points at its row in the new files."""
+    a_ids, b_ids = list(range(0, 400)), list(range(1000, 1300))
+    _write(tmp_path / "a.parquet", a_ids)
+    _write(tmp_path / "b.parquet", b_ids)
+    blk1 = IndexBlock.build(tmp_path / "1.idx", splitmix64(np.array(a_ids + [7777] * 5, dtype=np.uint64)),
+                            np.array([0] * 400 + [1] * 5), np.array(list(range(400)) + list(range(5))),
+                            ["a.parquet", "dead.parquet"])
+    blk2 = IndexBlock.build(tmp_path / "2.idx", splitmix64(np.array(b_ids, dtype=np.uint64)), 0, np.arange(300),
+                            ["b.parquet"])
+    del_a, del_b = BitMap64(range(0, 400, 2)), BitMap64([0, 299])
+    res = rewrite_files([RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 400, del_a, 1),
+                         RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 300, del_b, 1)],
+                        tmp_path / "out", SCHEMA, target_bytes=1 << 20)
+    dead = _dead_file_maps([blk1, blk2], {"a.parquet", "b.parquet"})
+    assert set(dead) == {"dead.parquet"} and len(dead["dead.parquet"][0]) == 5
+    pm = PositionMap(res.position_map.files, {**dead, **res.position_map.sources})
+    new = FileIndex.build_from_compaction([blk1, blk2], pm, tmp_path / "new.idx")
+    assert new.num_entries == res.rows_out and new.files == tuple(o.name for o in res.outputs)
+    tables = {o.name: pq.read_table(o.path) for o in res.outputs}
+    fidx = FileIndex([new])
+    for pos, k in enumerate(a_ids):
+        hits = fidx.lookup(int(splitmix64(np.array([k], dtype=np.uint64))[0]))
+        if pos in del_a:
+            assert hits == []
+        else:
+            (name, row), = hits
+            assert tables[name].column("id")[row].as_py() == k
+    assert fidx.lookup(int(splitmix64(np.array([7777], dtype=np.uint64))[0])) == []
+
+
+# ------------------------------------------------------------------------------------------ faults
+
+def test_fault_spec_parsing(monkeypatch):
+    monkeypatch.setenv("MOONCAKE_FAULT", "compaction:after_commit, compaction:after_files_written=sleep:0.5")
+    assert faults() == {"compaction:after_commit": "kill", "compaction:after_files_written": "sleep:0.5"}
+    monkeypatch.delenv("MOONCAKE_FAULT")
+    assert faults() == {}

@@ -1,0 +1,385 @@
+"""Issue 5: data compaction and index merge against the real Postgres and the real service process.
+
+Differential (hypothesis picks where flushes, persists, merges and compactions fall in an update-heavy
+workload; the union read equals Postgres after every step, PyIceberg after the final persist); bounds
+after a long update-heavy run under ``maintenance: auto``; SIGKILL at each compaction crash point;
+compaction and merge while replication goes on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from mooncake_assets.engine.compaction import find_orphans
+from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
+from mooncake_assets.engine.service import ServiceError
+from mooncake_assets.engine.service.process import start_service, stop_service
+from mooncake_assets.verify import verify
+
+from .helpers import make_settings, mooncake, running_service
+
+#: small files and eager triggers so that every check of the policy fires within a few steps
+SMALL_POLICY = {"target_file_bytes": 24 * 1024, "file_count_trigger": 3, "delete_ratio_percent": 25,
+                "snapshot_retention_s": 0, "retain_snapshots": 2, "orphan_grace_s": 0}
+
+
+def _lsn(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+
+
+def _match(s, client, names=None, reader="union") -> str:
+    results, lsn = verify(s, names, reader, client)
+    bad = [r.line() for r in results if not r.match]
+    assert not bad, f"{reader} at LSN {lsn}: {bad}"
+    return lsn
+
+
+def _status(client, name: str) -> dict:
+    return {t["name"]: t for t in client.status()["tables"]}[name]
+
+
+def _leftovers(s, name: str, blocks_in_use: int | None = None) -> dict:
+    """Files nothing references: warehouse orphans (no snapshot), local index blocks beyond those in
+    use, compaction outputs."""
+    ice = IcebergMirrorTable.load(make_catalog(s.catalog, s.warehouse_uri), f"mooncake.{name}")
+    tdir = s.state_dir / "tables" / name
+    out = {"warehouse": find_orphans(ice, 0.0),
+           "compaction": [p.name for p in (tdir / "compaction").glob("*")] if (tdir / "compaction").exists() else []}
+    if blocks_in_use is not None:
+        idx = [p.name for p in (tdir / "index").glob("*")]
+        out["index_extra"] = len(idx) - blocks_in_use
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+def test_compact_and_merge_index_commands(pg_dsn, state_dir):
+    """`mooncake compact --dry-run` says what and why; compact rewrites and reports; merge-index
+    --all merges; the mirror equals Postgres through union reads, PyIceberg and after a restart."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL, pad text)")
+        c.execute("INSERT INTO acc SELECT g, 0, repeat('p', 40) FROM generate_series(1, 4000) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster", extra={"maintenance": dict(SMALL_POLICY)})
+    with running_service(s) as client:
+        client.call("create_table", dst="acc", src="public.acc")
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            for i in range(6):
+                c.execute("UPDATE acc SET bal = bal + 1 WHERE id %% 10 IN (%s, %s)", (i, i + 1))
+                client.wait_lsn(_lsn(pg_dsn))
+                client.call("persist", table="acc")
+        before = _status(client, "acc")
+        dry = mooncake(s, "compact", "acc", "--dry-run", check=True).stdout
+        assert "would be rewritten" in dry and "check:" in dry and "delete ratio" in dry, dry
+        plan = json.loads(mooncake(s, "compact", "acc", "--dry-run", "--json", check=True).stdout)
+        assert plan["picked"] >= 2 and all(f["reasons"] for f in plan["files"])
+        assert _status(client, "acc")["data_files"] == before["data_files"]  # dry run changed nothing
+        res = json.loads(mooncake(s, "compact", "acc", "--json", check=True).stdout)
+        assert res["compacted"] and res["files_in"] == plan["picked"]
+        assert res["rows_in"] - res["deleted_rows_dropped"] == res["rows_out"]
+        assert res["deleted_rows_dropped"] > 0 and res["bytes_out"] > 0 and res["blocks_out"] == 1
+        json.dumps(res)  # Dagster metadata: JSON-serializable
+        _match(s, client)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:  # deletes now go through the rebuilt index
+            c.execute("UPDATE acc SET bal = bal + 100 WHERE id <= 300")
+            c.execute("DELETE FROM acc WHERE id BETWEEN 3900 AND 3950")
+        _match(s, client)
+        out = mooncake(s, "merge-index", "acc", "--all", check=True).stdout
+        assert "merge-index acc" in out
+        assert _status(client, "acc")["index_blocks"] == 1
+        full = client.call("compact", table="acc", full=True)
+        assert full["compacted"] and full["reasons"] and all(r == ["full compaction"] for r in full["reasons"].values())
+        st = _status(client, "acc")
+        assert st["deleted_rows"] == 0 and st["pending_deletes"] == 0 and st["missing_keys"] == 0
+        assert st["maintenance"]["compact"]["files_in"] == full["files_in"]
+        _match(s, client)
+        _match(s, client, reader="pyiceberg")
+        lt = json.loads(mooncake(s, "list-tables", "--json", check=True).stdout)["tables"][0]
+        assert lt["data_files"] == st["data_files"] and lt["index_blocks"] == 1
+    with running_service(s) as client:  # restart: compacted files, index and DVs come back from Iceberg
+        st = _status(client, "acc")
+        assert st["index_blocks"] == 1
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("UPDATE acc SET bal = -bal WHERE id % 7 = 0")
+        _match(s, client)
+        assert _status(client, "acc")["missing_keys"] == 0
+        left = _leftovers(s, "acc", _status(client, "acc")["index_blocks"])
+        assert left == {"warehouse": [], "compaction": [], "index_extra": 0}, left
+
+
+# ------------------------------------------------------------------------------------------------
+OPS = st.sampled_from(["update", "update", "update", "insert_delete", "flush", "persist", "persist",
+                       "merge", "compact", "compact", "compact_full"])
+
+
+@pytest.mark.slow
+def test_differential_interleaved_maintenance(pg_dsn, state_dir):
+    """Hot keys updated over and over; hypothesis places flushes, persists, merges and compactions;
+    after every step the union read equals Postgres; PyIceberg equals it after the final persist."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE seed_only (id int PRIMARY KEY)")  # keeps the slot alive between examples
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster", extra={"maintenance": dict(SMALL_POLICY)})
+    used = {"compacted": 0, "merged": 0, "remapped": 0}
+
+    with running_service(s) as client:
+        client.call("create_table", dst="seed_only", src="public.seed_only")
+
+        @hsettings(max_examples=6, deadline=None, derandomize=True,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+        @given(steps=st.lists(st.tuples(OPS, st.integers(0, 2**31)), min_size=8, max_size=14))
+        def run(steps):
+            name = "t_" + uuid.uuid4().hex[:8]
+            with psycopg.connect(pg_dsn, autocommit=True) as c:
+                c.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v bigint NOT NULL, note text)")
+                c.execute(f"INSERT INTO {name} SELECT g, 0, repeat('n', 30) FROM generate_series(1, 1500) g")
+            client.call("create_table", dst=name, src=f"public.{name}")
+            try:
+                with psycopg.connect(pg_dsn, autocommit=True) as c:
+                    next_id = 100_000
+                    for op, seed in steps:
+                        if op == "update":  # the same hot keys again and again
+                            lo = seed % 1200
+                            c.execute(f"UPDATE {name} SET v = v + 1, note = %s WHERE id BETWEEN %s AND %s OR id %% 50 = %s",
+                                      (f"u{seed}", lo, lo + 300, seed % 50))
+                        elif op == "insert_delete":
+                            c.execute(f"INSERT INTO {name} SELECT g, g, 'new' FROM generate_series(%s, %s) g",
+                                      (next_id, next_id + 99))
+                            next_id += 100
+                            c.execute(f"DELETE FROM {name} WHERE id %% 17 = %s AND id < 1500", (seed % 17,))
+                        elif op in ("flush", "persist"):
+                            client.wait_lsn(_lsn(pg_dsn))
+                            client.call(op, table=name)
+                        elif op == "merge":
+                            r = client.call("merge_index", table=name, full=True)
+                            used["merged"] += bool(r["merged"])
+                        else:
+                            r = client.call("compact", table=name, full=op == "compact_full")
+                            used["compacted"] += bool(r.get("compacted"))
+                        _match(s, client, [name])
+                client.wait_lsn(_lsn(pg_dsn))
+                client.call("persist", table=name)
+                _match(s, client, [name], reader="pyiceberg")
+                stt = _status(client, name)
+                assert stt["missing_keys"] == 0, stt
+            finally:
+                client.call("drop_table", table=name)
+
+        run()
+    assert used["compacted"] >= 3 and used["merged"] >= 1, used
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_long_update_run_stays_bounded(pg_dsn, state_dir):
+    """`maintenance: auto` with the default index policy (merge above 16 blocks) and a small compaction
+    policy: after a long update-heavy run the file count, index blocks and deleted share stay within
+    what the policy allows, and `list-tables --json` shows them."""
+    pol = {"target_file_bytes": 256 * 1024, "file_count_trigger": 4, "delete_ratio_percent": 30,
+           "auto_interval_s": 0.3, "snapshot_retention_s": 5, "retain_snapshots": 3, "orphan_grace_s": 5}
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE hot (id int PRIMARY KEY, v bigint NOT NULL, pad text)")
+        c.execute("INSERT INTO hot SELECT g, 0, md5(g::text) FROM generate_series(1, 3000) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="auto", persist_interval_s=0.25, extra={"maintenance": pol})
+    stop = threading.Event()
+    updates = [0]
+
+    def workload():
+        import random
+
+        rng = random.Random(5)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            while not stop.is_set():
+                lo = rng.randint(1, 2700)
+                c.execute("UPDATE hot SET v = v + 1 WHERE id BETWEEN %s AND %s", (lo, lo + 300))
+                updates[0] += 1
+
+    samples = []
+    with running_service(s) as client:
+        client.call("create_table", dst="hot", src="public.hot")
+        th = threading.Thread(target=workload)
+        th.start()
+        try:
+            t_end = time.time() + 25
+            while time.time() < t_end:
+                time.sleep(1.0)
+                samples.append(_status(client, "hot"))
+        finally:
+            stop.set()
+            th.join()
+        # quiesce: the last persist, then compaction and merge reach their fixpoint
+        deadline = time.time() + 30
+        while True:
+            time.sleep(1.0)
+            st_ = _status(client, "hot")
+            if (st_["pending_deletes"] == 0 and st_["buffer_rows"] == 0 and st_["data_files"] <= pol["file_count_trigger"]
+                    and st_["index_blocks"] <= 16) or time.time() > deadline:
+                break
+        time.sleep(1.0)
+        lt = json.loads(mooncake(s, "list-tables", "--json", check=True).stdout)["tables"][0]
+        _match(s, client)
+        client.call("persist", table="hot")
+        _match(s, client, reader="pyiceberg")
+    rows_written = 3000 + sum(1 for _ in range(0))  # the table always holds 3000 live rows
+    total_rows = lt["live_rows"] + lt["deleted_rows"]
+    assert updates[0] > 200, updates
+    assert lt["live_rows"] == rows_written
+    # bounds given by the policy (all files are small here: 3000 rows are far below 256 KiB live)
+    assert lt["data_files"] <= pol["file_count_trigger"], lt
+    assert lt["index_blocks"] <= 16, lt
+    assert lt["deleted_rows"] * 100 < pol["delete_ratio_percent"] * total_rows, lt
+    assert lt["maintenance"].get("compact", {}).get("compacted") is not None, lt
+    assert "error" not in lt["maintenance"], lt["maintenance"]
+    # and during the run, never far from them (files persisted between two ticks of the maintainer)
+    assert max(x["data_files"] for x in samples) <= pol["file_count_trigger"] + 12, [x["data_files"] for x in samples]
+    assert max(x["index_blocks"] for x in samples) <= 16 + 12, [x["index_blocks"] for x in samples]
+    ratio = [x["deleted_rows"] / max(1, x["live_rows"] + x["deleted_rows"]) for x in samples]
+    assert max(ratio) < 0.6, ratio
+
+
+# ------------------------------------------------------------------------------------------------
+CRASH_POINTS = ["compaction:after_files_written", "compaction:after_index_rebuilt",
+                "compaction:before_commit", "compaction:after_commit"]
+
+
+def _reap(pid):
+    for _ in range(100):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigkill_at_each_compaction_step_converges(pg_dsn, state_dir, monkeypatch):
+    """SIGKILL the service after the new files are written, after the index is rebuilt, before and
+    after the Iceberg commit: each restart converges (union and PyIceberg equal Postgres, nothing lost
+    or doubled) and no orphan is left once the restart's cleanup has run."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL, note text)")
+        c.execute("INSERT INTO acc SELECT g, 0, 'x' FROM generate_series(1, 3000) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster", extra={"maintenance": dict(SMALL_POLICY)})
+    start_service(s)
+    from mooncake_assets.engine.service import ServiceClient
+
+    client = ServiceClient(s.socket_path)
+    try:
+        client.call("create_table", dst="acc", src="public.acc")
+        round_ = 0
+        for point in CRASH_POINTS:
+            with psycopg.connect(pg_dsn, autocommit=True) as c:
+                for k in range(3):
+                    round_ += 1
+                    c.execute("UPDATE acc SET bal = bal + 1, note = %s WHERE id %% 5 = %s", (f"r{round_}", k))
+                    client.wait_lsn(_lsn(pg_dsn))
+                    client.call("persist", table="acc")
+                c.execute("UPDATE acc SET bal = bal + 1000 WHERE id <= 50")  # pending at crash time
+            client.wait_lsn(_lsn(pg_dsn))
+            files_before = _status(client, "acc")["data_files"]
+            # restart the service with the fault armed
+            stop_service(s)
+            client.close()
+            monkeypatch.setenv("MOONCAKE_FAULT", point)
+            pid = start_service(s)
+            with pytest.raises(ServiceError):
+                client.call("compact", table="acc", full=True, timeout=60)
+            _reap(pid)
+            client.close()
+            monkeypatch.delenv("MOONCAKE_FAULT")
+            with psycopg.connect(pg_dsn, autocommit=True) as c:  # changes while it is down
+                c.execute("UPDATE acc SET bal = bal - 1 WHERE id % 11 = 0")
+            start_service(s)
+            _match(s, client)
+            st_ = _status(client, "acc")
+            if point == "compaction:after_commit":
+                assert st_["data_files"] < files_before, (point, st_)  # the replace snapshot landed
+            left = _leftovers(s, "acc", st_["index_blocks"])
+            assert left == {"warehouse": [], "compaction": [], "index_extra": 0}, (point, left)
+            assert st_["missing_keys"] == 0, (point, st_)
+        client.call("persist", table="acc")
+        _match(s, client, reader="pyiceberg")
+        res = client.call("compact", table="acc", full=True)  # and a clean run still works after all that
+        assert res["compacted"]
+        _match(s, client)
+    finally:
+        client.close()
+        stop_service(s)
+
+
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, monkeypatch):
+    """With the rewrite stalled for 2 s (fault injection), updates keep being applied, a read during
+    the compaction equals Postgres, the deletes that arrived meanwhile are re-mapped, and the service
+    lock is held only for a short swap."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL)")
+        c.execute("INSERT INTO acc SELECT g, 0 FROM generate_series(1, 20000) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster", )
+    monkeypatch.setenv("MOONCAKE_FAULT", "compaction:after_files_written=sleep:2,merge_index:after_index_rebuilt=sleep:2")
+    stop = threading.Event()
+
+    def workload():
+        import random
+
+        rng = random.Random(11)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            while not stop.is_set():
+                c.execute("UPDATE acc SET bal = bal + 1 WHERE id = ANY(%s)", ([rng.randint(1, 20000) for _ in range(20)],))
+
+    with running_service(s) as client:
+        client.call("create_table", dst="acc", src="public.acc")
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            for i in range(4):
+                c.execute("UPDATE acc SET bal = bal + 1 WHERE id %% 4 = %s", (i,))
+                client.wait_lsn(_lsn(pg_dsn))
+                client.call("persist", table="acc")
+        th = threading.Thread(target=workload)
+        th.start()
+        box = {}
+        try:
+            for op, kw in (("compact", {"full": True}), ("merge_index", {"full": True})):
+                worker = threading.Thread(target=lambda: box.__setitem__(op, client_call(s, op, kw)))
+                worker.start()
+                time.sleep(0.3)
+                a0 = client.status()["applied_lsn"]
+                _match(s, client)  # a read while the rewrite / merge is in flight
+                time.sleep(0.3)
+                a1 = client.status()["applied_lsn"]
+                assert worker.is_alive(), f"{op} finished before the reads were done"
+                assert _lsn_int(a1) > _lsn_int(a0), (op, a0, a1)  # replication went on
+                worker.join()
+                client.call("flush", table="acc")  # one more block for the merge
+        finally:
+            stop.set()
+            th.join()
+        res, mres = box["compact"], box["merge_index"]
+        assert res["compacted"] and res["deletes_remapped"] > 0, res
+        assert res["lock_seconds"] < 1.5 and res["swap_seconds"] < 1.0, res  # the 2 s stall was outside the lock
+        assert mres["merged"] and mres["lock_seconds"] < 0.5, mres
+        _match(s, client)
+        client.call("persist", table="acc")
+        _match(s, client, reader="pyiceberg")
+        assert _status(client, "acc")["missing_keys"] == 0
+
+
+def client_call(s, op, kw):
+    from mooncake_assets.engine.service import ServiceClient
+
+    c = ServiceClient(s.socket_path)
+    try:
+        return c.call(op, table="acc", **kw)
+    finally:
+        c.close()
+
+
+def _lsn_int(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
