@@ -52,11 +52,11 @@ def main_options(
     CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint)
 
 
-def _client(start: bool = True):
+def _client(start: bool = True, settings: Settings | None = None):
     from .engine.service import ServiceClient
     from .engine.service.process import start_service
 
-    s = CTX.settings
+    s = settings or CTX.settings
     if start:
         try:
             start_service(s)
@@ -324,12 +324,14 @@ def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to c
     raise typer.Exit(code)
 
 
-def run_verify(tables, reader: str) -> int:
+def run_verify(tables, reader: str, settings: Settings | None = None) -> int:
+    """Print one line per table and the closing ``verified: K/N tables match at LSN …``; returns the exit code."""
     from .verify import verify as _verify
 
-    client = _client() if reader == "union" else None
+    settings = settings or CTX.settings
+    client = _client(settings=settings) if reader == "union" else None
     try:
-        results, lsn = _verify(CTX.settings, tables, reader, client)
+        results, lsn = _verify(settings, tables, reader, client)
     except Exception as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for r in results:

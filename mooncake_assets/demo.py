@@ -105,7 +105,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
         for t in TABLES:
             client.call("persist", table=t)
     print("workload stopped; every table persisted; verifying …", flush=True)
-    return run_verify(TABLES, "union")
+    return run_verify(TABLES, "union", settings)
 
 
 def _lsn(s: str) -> int:
@@ -132,7 +132,7 @@ class _DagsterMaintenance:
         from .definitions import materialize_keys
 
         res = materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=False,
-                               tags={"mooncake/trigger": "demo"})
+                               tags={"mooncake/trigger": "demo"}, log_level="ERROR")
         done = len(res.get_asset_materialization_events())
         print(f"         dagster run {res.run_id[:8]}: {label}, {done}/{len(keys)} assets materialized"
               + ("" if res.success else " — FAILED"), flush=True)

@@ -212,6 +212,36 @@ class MirrorTable:
                 return False
         return True
 
+    def _find_full(self, key_vals: list, old: list):
+        """Like :meth:`_find`, for a change that carries the whole old row (REPLICA IDENTITY FULL): when
+        several live rows hold the key — a unique key under a DEFERRABLE constraint may, inside a
+        transaction (a one-statement key swap) — take the one equal to the old row."""
+        h = self.hasher.hash_one(key_vals)
+        cands = [("mem", loc, h) for loc in self.mem.find(h)]
+        cands += [("disk", (fname, row), h) for fname, row in self.file_index.lookup(h)
+                  if fname in self.files and not self.files[fname].is_deleted(row)]
+        if len(cands) <= 1:
+            return self._find(key_vals)
+        typed = None
+        for c in cands:
+            vals = self.mem.row_values(c[1]) if c[0] == "mem" else self._disk_row(*c[1])
+            same = True
+            for i, (v, o) in enumerate(zip(vals, old)):
+                if isinstance(v, Carried):
+                    if typed is None:
+                        typed = decode_text_columns(self.schema.columns, [[x] for x in old], column_major=True)
+                    t = typed.column(i)[0]
+                    if not (v.scalar.equals(t) or (pa.types.is_floating(t.type) and t.is_valid and v.scalar.is_valid
+                                                   and t.as_py() != t.as_py() and v.value != v.value)):
+                        same = False
+                        break
+                elif v != o:
+                    same = False
+                    break
+            if same:
+                return c
+        return self._find(key_vals)
+
     def _disk_row(self, fname: str, row: int) -> list:
         t = self._row_cache.get(fname)
         if t is None:
@@ -246,7 +276,7 @@ class MirrorTable:
         elif kind == "delete":
             old = self._values(change.old, change.relation_oid)
             key = self._key(old)
-            found = self._find(key)
+            found = self._find_full(key, old) if change.old_kind == "O" and self.schema.key_columns else self._find(key)
             if found is None:
                 self._report_missing("DELETE", key, commit_lsn)
             else:
@@ -255,7 +285,8 @@ class MirrorTable:
             new = self._values(change.new, change.relation_oid)
             old = self._values(change.old, change.relation_oid) if change.old is not None else None
             key = self._key(old) if old is not None else self._key(new)
-            found = self._find(key)
+            found = (self._find_full(key, old) if old is not None and change.old_kind == "O" and self.schema.key_columns
+                     else self._find(key))
             if any(v is _UNCHANGED for v in new):
                 if old is not None and change.old_kind == "O":
                     src = old
