@@ -40,10 +40,10 @@ def fail(msg: str, code: int = 1):
 
 @app.callback()
 def main_options(
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory [env MOONCAKE_STATE_DIR; default ./.mooncake]"),
-    dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN [env MOONCAKE_PG_DSN; default: the embedded local Postgres]"),
-    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// [env MOONCAKE_WAREHOUSE; default file://<state>/warehouse]"),
-    catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI [env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db]"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory (env MOONCAKE_STATE_DIR; default ./.mooncake)"),
+    dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres)"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse)"),
+    catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)"),
     s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
@@ -115,6 +115,10 @@ def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by pol
     if maintenance:
         s.maintenance = maintenance
     logging.getLogger().setLevel(logging.INFO)
+    if os.environ.get("MOONCAKE_FAULTS"):  # tests: injected faults (see mooncake_assets/chaos.py)
+        from .chaos import install_fault_hooks
+
+        install_fault_hooks(os.environ["MOONCAKE_FAULTS"])
     try:
         _serve(s)
     except Exception as e:
@@ -350,6 +354,41 @@ def demo(seconds: int = typer.Option(30, help="How long pgbench runs"),
     from .demo import run_demo
 
     raise typer.Exit(run_demo(CTX.settings, seconds=seconds, scale=scale, clients=clients, dagster=dagster))
+
+
+@app.command()
+def ui(port: int = typer.Option(3000, help="Webserver port"),
+       host: str = typer.Option("127.0.0.1", help="Webserver address (loopback by default)"),
+       scale: int = typer.Option(1, help="pgbench scale factor (when its tables are created)"),
+       rate: int = typer.Option(20, help="pgbench workload in transactions per second (0: none)"),
+       clients: int = typer.Option(2, help="pgbench clients")):
+    """Dagster webserver + daemon on the demo tables, with the service and a pgbench workload running."""
+    from .ui import run_ui
+
+    raise typer.Exit(run_ui(CTX.settings, host=host, port=port, scale=scale, rate=rate, clients=clients))
+
+
+@app.command()
+def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
+          steps: int = typer.Option(300, "--steps", help="Workload steps per seed"),
+          seeds: int = typer.Option(1, "--seeds", help="Number of seeds to run: seed, seed+1, …"),
+          phase: int = typer.Option(25, "--phase", help="Steps between verify phases"),
+          cases: Optional[Path] = typer.Option(None, "--cases", help="Where failing seeds are written "
+                                               "[default: ./tests/cases when it exists, else <state>/chaos-cases]")):
+    """Seeded chaos: mixed workloads, maintenance and SIGKILLs of the real service, checked by verify."""
+    from .chaos import run_chaos
+
+    cases = cases or (Path("tests/cases") if Path("tests/cases").is_dir() else CTX.settings.state_dir / "chaos-cases")
+    dsn = CTX.settings.source_dsn()
+    bad = 0
+    for s in range(seed, seed + seeds):
+        res = run_chaos(s, steps, dsn, cases_dir=cases, phase=phase, log=lambda m: err.print(m, highlight=False))
+        print(res.line(), flush=True)
+        for d in res.divergences[:5]:
+            print(f"  divergence: {json.dumps(d)}", flush=True)
+        bad += len(res.divergences) > 0
+    print(f"chaos: {seeds} seed(s) x {steps} steps: {bad} with divergences", flush=True)
+    raise typer.Exit(1 if bad else 0)
 
 
 @app.command()

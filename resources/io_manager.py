@@ -107,8 +107,9 @@ class MooncakeDbIOManager(DbIOManager):
 
 def _step_key(context: dg.InputContext) -> tuple[str, str] | None:
     try:
-        return (context.run_id, context.step_context.step.key)
-    except Exception:
+        step = context.step_context
+        return (step.run_id, step.step.key)
+    except Exception:  # an input context built outside a run (tests): no pinning
         return None
 
 

@@ -18,6 +18,8 @@ asset key                             materializing it
 ``compaction/<t>``                    small / half-deleted files rewritten (service ``compact``)
 ====================================  =====================================================================
 
+Asset groups are the stages (``postgres``, ``mirror``, ``flush``, ``deletion_vectors``, ``index_merge``,
+``compaction``), so the global lineage graph reads as the pipeline, one node per table in each stage.
 Each returns a ``MaterializeResult`` with rows, files, bytes, LSN and duration, and a Markdown table
 of the data files where it changes them. A table the service does not mirror fails the maintenance
 assets with a message naming ``mirror/<t>``.
@@ -86,7 +88,7 @@ def _call(fn: Callable[[], dict], what: str) -> dict:
         raise dg.Failure(description=f"{what} failed: {e}") from None
 
 
-def build_mirror_asset(spec: TableSpec, group: str | None = None,
+def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
                        column_schema: dg.TableSchema | None = None) -> dg.AssetsDefinition:
     """``mirror/<t>``: the live mirror of ``spec.source`` (see the module docstring). ``column_schema``:
     definition-time column metadata (else it comes with each materialization)."""
@@ -98,7 +100,7 @@ def build_mirror_asset(spec: TableSpec, group: str | None = None,
     @dg.asset(
         key=mirror_key(name),
         deps=[source_key(spec)],
-        group_name=group or name,
+        group_name=group,
         kinds={"postgres", "iceberg", "duckdb"},
         description=(f"Live mirror of Postgres table `{spec.source}` as Iceberg table `mooncake.{name}`: changes "
                      "stream in by logical replication; reads see the persisted files, the flushed files and the "
@@ -150,7 +152,7 @@ def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None
     decorate = dg.asset(
         key=maintenance_key(kind, name),
         deps=[dep],
-        group_name=group or name,
+        group_name=group or kind,
         kinds=_KINDS[kind],
         description=_DESCRIPTIONS[kind].format(t=name),
         tags={"mooncake/table": name, "mooncake/maintenance": kind},
@@ -227,7 +229,7 @@ def build_table_assets(specs: Sequence[TableSpec], catalog_uri: str | None = Non
         if spec.source not in seen_sources:
             seen_sources.add(spec.source)
             out.append(dg.AssetSpec(
-                key=source_key(spec), group_name=spec.name, kinds={"postgres"},
+                key=source_key(spec), group_name="postgres", kinds={"postgres"},
                 description=f"Postgres table `{spec.source}`, the source of the mirror (logical replication, pgoutput).",
             ))
         schema = iceberg_column_schema(catalog_uri, spec.name) if catalog_uri else None

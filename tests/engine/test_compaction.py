@@ -150,7 +150,8 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path):
               RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 3000, del_b, sb)]
     res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4)
     assert res.rows_in == 8000 and res.rows_dropped == len(del_a) + 3000 and res.rows_out == 5000 - len(del_a)
-    assert len(res.outputs) >= 2  # cut at the target
+    assert len(res.outputs) >= 2  # cut at the target: every output but the last reaches it
+    assert all(o.size_bytes >= sa // 4 for o in res.outputs[:-1]), [o.size_bytes for o in res.outputs]
     out = [pq.read_table(o.path) for o in res.outputs]
     assert [t.num_rows for t in out] == [o.rows for o in res.outputs]
     pm = res.position_map
@@ -162,6 +163,23 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path):
             assert out[fi[old]].column("id")[int(fr[old])].as_py() == a_ids[old]
     assert (pm.map_rows("b.parquet", np.arange(3000))[0] == -1).all()
     assert pq.ParquetFile(res.outputs[0].path).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_rewrite_outputs_are_not_small_again(tmp_path):
+    """Outputs land at the target (not far above), so the planner does not pick a fresh compaction's
+    outputs again: compaction reaches a fixpoint."""
+    paths = []
+    for i in range(12):
+        ids = list(range(i * 20_000, (i + 1) * 20_000))
+        size = _write(tmp_path / f"in{i}.parquet", ids)
+        paths.append(RewriteInput(f"in{i}.parquet", str(tmp_path / f"in{i}.parquet"), 20_000, BitMap64(), size))
+    target = 256 * KiB
+    res = rewrite_files(paths, tmp_path / "out", SCHEMA, target_bytes=target)
+    sizes = [o.size_bytes for o in res.outputs]
+    assert all(target <= b < 1.5 * target for b in sizes[:-1]), sizes
+    pol = MaintenancePolicy(target_file_bytes=target, file_count_trigger=2)
+    again = plan_compaction([FileStats(o.name, o.rows, 0, o.size_bytes) for o in res.outputs], pol)
+    assert not again, again
 
 
 def test_rewrite_failure_leaves_no_output(tmp_path):

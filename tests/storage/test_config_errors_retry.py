@@ -1,6 +1,8 @@
 """Unit tests of engine/storage: S3 settings resolution, error classification, retries with backoff."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mooncake_assets.config import load_settings
@@ -170,3 +172,9 @@ def test_backoff_grows_caps_and_describes():
     assert b.due()
     with pytest.raises(ValueError):
         RetryPolicy(initial_s=0)
+    service = Backoff()  # the service's policy: float growth, capped at 30 s, no overflow after many failures
+    for _ in range(2000):
+        service.failed(OSError("AWS Error NETWORK_CONNECTION"))
+    assert 15.0 <= service.next_at - time.monotonic() <= 30.0
+    service.failed(OSError("AWS Error ACCESS_DENIED during PutObject operation"))
+    assert not service.retryable and 15.0 <= service.next_at - time.monotonic() <= 30.0

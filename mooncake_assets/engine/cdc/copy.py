@@ -49,7 +49,10 @@ def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = No
             quoted_strings_can_be_null=False),
     )
     cols = [tbl.column(i) for i in range(len(names))]
-    batch = decode_text_columns(table.columns, cols, column_major=True)
+    try:
+        batch = decode_text_columns(table.columns, cols, column_major=True)
+    except ValueError as e:
+        raise ValueError(f"table {table.qualified_name}: {e}") from None
     if text_idx is None:
         return batch
     return batch, [cols[i].to_pylist() for i in text_idx]

@@ -253,7 +253,7 @@ WHERE i.indrelid = %(oid)s AND (i.indisprimary OR i.indisreplident)
 """
 
 
-def describe_table(conn: psycopg.Connection, qualified_name: str) -> TableSchema:
+def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupported: bool = False) -> TableSchema:
     """Read a table's mirror schema from the catalogs (``pg_class``, ``pg_attribute``, ``pg_index``,
     ``format_type``).
 
@@ -263,7 +263,9 @@ def describe_table(conn: psycopg.Connection, qualified_name: str) -> TableSchema
 
     Raises ``LookupError("table public.x does not exist")`` for a missing relation (or one that is not
     a table), :class:`UnsupportedTypeError` naming table, column and type for a column that cannot
-    be mirrored.
+    be mirrored — or, with ``skip_unsupported``, leaves such columns out. ``current_columns`` of the
+    result: the names of every column the table has now (skipped ones included); ``catalog_lsn``: a
+    WAL position after every commit these catalogs show (0 when unknown).
     """
     with conn.transaction():
         with conn.cursor() as cur:
@@ -290,12 +292,16 @@ def describe_table(conn: psycopg.Connection, qualified_name: str) -> TableSchema
                     f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead")
             attrs = cur.execute(_DESCRIBE_SQL, {"oid": oid}).fetchall()
             keys = cur.execute(_KEY_SQL, {"oid": oid}).fetchall()
+            catalog_lsn = cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN NULL "
+                                      "ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END").fetchone()[0]
             types = _TypeResolver(cur)
             columns: list[ColumnSpec] = []
             for name, typid, typmod, tname, notnull, ndims, _attnum in attrs:
                 try:
                     spec = types.spec(name, typid, typmod, tname, ndims)
                 except UnsupportedTypeError:
+                    if skip_unsupported:
+                        continue
                     raise UnsupportedTypeError(
                         f"table {nsp}.{rel} column {name} has type {tname}, which mooncake cannot mirror "
                         f"(supported: {SUPPORTED_TYPES})") from None
@@ -313,8 +319,11 @@ def describe_table(conn: psycopg.Connection, qualified_name: str) -> TableSchema
         key_columns = []
     for c in columns:
         c.is_key = c.name in key_columns
-    return TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
-                       has_primary_key=pk is not None, replica_identity=replident, relkind=relkind)
+    out = TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
+                      has_primary_key=pk is not None, replica_identity=replident, relkind=relkind)
+    out.current_columns = {a[0] for a in attrs}
+    out.catalog_lsn = int(catalog_lsn) if catalog_lsn is not None else 0
+    return out
 
 
 class UnsupportedTableError(UnsupportedTypeError):
@@ -489,8 +498,10 @@ def _decode_decimal(arr: pa.Array, t: pa.DataType, spec: ColumnSpec) -> pa.Array
             try:
                 pc.cast(pa.array([v]), t)
             except pa.ArrowInvalid as e:
+                why = (f"{spec.type_name} is mirrored as {t}, which has no NaN (unconstrained numeric is "
+                       "mirrored exactly as text; see docs/types.md)" if v == "NaN" else str(e))
                 raise ValueError(f"column {spec.name} ({spec.type_name}): value {v!r} cannot be "
-                                 f"represented as {t} ({e})") from None
+                                 f"represented as {t} ({why})") from None
         raise
 
 
@@ -699,4 +710,55 @@ def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     for level in reversed(range(nd)):
         mask = pa.array([not x for x in valid]) if level == 0 and not all(valid) else None
         out = pa.ListArray.from_arrays(pa.array(offsets[level], pa.int32()), out, type=types[level], mask=mask)
+    return out
+
+
+# Mirrored signatures ---------------------------------------------------------------------------------
+
+def column_signature(schema: TableSchema) -> list[dict]:
+    """What the mirror was built with, per column: ``{"name", "oid", "typmod", "ndims"}`` (declared
+    type as pgoutput's Relation message carries it). Saved beside the mirror so a restart rebuilds the
+    same columns even when the source changed meanwhile (the change then shows up, at its LSN, in the
+    replayed stream)."""
+    return [{"name": c.name, "oid": c.decl_oid, "typmod": c.decl_typmod, "ndims": c.ndims} for c in schema.columns]
+
+
+def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: list[dict] | None,
+                      key: list[str] | None = None) -> TableSchema:
+    """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
+    :func:`column_signature`), decoded with the source's current catalogs: columns that still exist
+    with the same type are taken from :func:`describe_table`; the others (dropped, renamed or retyped
+    since) are resolved from their saved type oid. ``key``: the mirror's key columns (default: the
+    source's current key). Without a signature: :func:`describe_table`. ``current_columns`` of the
+    result: the source's columns now (names)."""
+    if not signature:
+        return describe_table(conn, qualified_name)
+    current = describe_table(conn, qualified_name, skip_unsupported=True)  # a later column may not map
+    current_names = current.current_columns
+    by_name = {c.name: c for c in current.columns}
+    cols: list[ColumnSpec] = []
+    with conn.transaction(), conn.cursor() as cur:
+        types = _TypeResolver(cur)
+        for sig in signature:
+            c = by_name.get(sig["name"])
+            if c is not None and (c.decl_oid, c.decl_typmod) == (sig["oid"], sig["typmod"]):
+                cols.append(c)
+                continue
+            try:
+                name_sql = cur.execute("SELECT format_type(%s, %s)", (sig["oid"], sig["typmod"])).fetchone()[0]
+                spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
+            except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
+                raise UnsupportedTypeError(
+                    f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
+                    f"be resolved ({e})") from None
+            spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
+            cols.append(spec)
+    keys = list(current.key_columns if key is None else key)
+    for c in cols:
+        c.is_key = c.name in keys
+    out = TableSchema(schema=current.schema, name=current.name, oid=current.oid, columns=cols, key_columns=keys,
+                      has_primary_key=current.has_primary_key, replica_identity=current.replica_identity,
+                      relkind=current.relkind)
+    out.current_columns = current_names
+    out.catalog_lsn = current.catalog_lsn
     return out

@@ -60,7 +60,7 @@ class BackgroundMaintenance:
             return
         self._last_check[table.name] = now
         merge = len(table.file_index.blocks) > policy.index_max_blocks
-        plan = plan_compaction(list(file_stats(table).values()), policy)
+        plan = plan_compaction(list(file_stats(table, committed_only=True).values()), policy)
         expire = now - self._last_expire.get(table.name, 0.0) >= max(EXPIRE_EVERY_S, policy.auto_interval_s)
         if not (merge or plan or expire):
             return
@@ -72,7 +72,8 @@ class BackgroundMaintenance:
     def _work(self, table, policy: MaintenancePolicy, do_compact: bool, do_merge: bool, do_expire: bool) -> None:
         try:
             if do_compact and not self._stop.is_set():
-                r = compact(table, lock=self.lock, policy=policy, expire=False)
+                # the service persists by its own policy; compaction takes what is persisted by now
+                r = compact(table, lock=self.lock, policy=policy, expire=False, persist_first=False)
                 if r.get("compacted"):
                     log.info("table %s: compacted %s files into %s (%s rows dropped) in %.2fs, lock held %.3fs",
                              table.name, r["files_in"], r["files_out"], r["deleted_rows_dropped"], r["seconds"],
@@ -80,7 +81,7 @@ class BackgroundMaintenance:
             if not self._stop.is_set() and (do_merge or len(table.file_index.blocks) > policy.index_max_blocks):
                 merge_index(table, lock=self.lock, policy=policy)
             if do_expire and not self._stop.is_set():
-                expire_and_clean(table, lock=self.lock, policy=policy)
+                expire_and_clean(table, policy=policy)
                 self._last_expire[table.name] = time.time()
             self.errors.pop(table.name, None)
         except Exception as e:

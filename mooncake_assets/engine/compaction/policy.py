@@ -50,8 +50,10 @@ class MaintenancePolicy:
       run's time; ``--full`` ignores it).
     ``delete_ratio_percent``: a persisted file whose deleted share of rows reaches this is rewritten
       whatever its size (percent, 0–100; default 30; 0 turns the trigger off).
-    ``persist_first``: ``compact`` persists the table first when it has unpersisted changes, so that
-      every delete up to now is dropped by the rewrite (compaction only ever rewrites persisted files).
+    ``persist_first``: ``mooncake compact`` persists the table first when it has unpersisted changes,
+      so that every delete up to now is dropped by the rewrite (compaction only ever rewrites persisted
+      files, and drops only persisted deletes). The service's own ``maintenance: auto`` compaction does
+      not: it persists on its own schedule and compacts what is persisted by then.
 
     Index merge (``mooncake merge-index``; :class:`~mooncake_assets.engine.index.IndexMergePolicy`):
 

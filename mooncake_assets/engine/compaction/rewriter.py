@@ -4,9 +4,14 @@ Parquet files of a target size, and record where every old row went (seed 000, "
 
 Pure file work: no table state, no lock. Inputs are read record batch by record batch (memory stays
 around one batch plus the Parquet writer's open row group); rows keep their input order, inputs are
-taken in the order given, so a new file holds a contiguous stretch of the inputs. An output file is
-closed once its estimated compressed size — each input's bytes per row × rows written from it —
-reaches ``target_bytes`` (never in the middle of a batch slice: a file holds at least one row).
+taken in the order given, so a new file holds a contiguous stretch of the inputs.
+
+File size: rows are written in row groups of at most ``ROW_GROUP_ROWS``; each row group is sized to
+what the file still needs to reach ``target_bytes`` (bytes per row measured on the file so far, or the
+input's before its first row group; at least ``MIN_ROW_GROUP_ROWS``), and the file is closed as soon
+as its written bytes reach the target. So every output but the last of a run holds at least
+``target_bytes`` (and less than one more row group): a freshly compacted file is never "small" to the
+planner, which is what keeps compaction from rewriting its own output over and over.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from ..index import PositionMap
 __all__ = ["RewriteInput", "RewriteOutput", "RewriteResult", "rewrite_files"]
 
 ROW_GROUP_ROWS = 128 * 1024
+MIN_ROW_GROUP_ROWS = 1024
 READ_BATCH_ROWS = 64 * 1024
 
 
@@ -92,33 +98,44 @@ def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Sc
     names: list[str] = []
     maps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     writer = None
-    parts: list[pa.RecordBatch] = []  # rows of the current file not yet written (one row group's worth)
-    cur = {"name": None, "path": None, "rows": 0, "est": 0.0, "buffered": 0}
+    sink = None
+    parts: list[pa.RecordBatch] = []  # rows of the current file not yet written (at most one row group)
+    cur = {"name": None, "path": None, "rows": 0, "written": 0, "buffered": 0}
+
+    def row_group_rows(per_row_input: float) -> int:
+        """Rows the next row group of the current file should hold."""
+        size = sink.tell()
+        per_row = size / cur["written"] if cur["written"] else (per_row_input or 1.0)
+        want = int(np.ceil(max(target_bytes - size, 0) / max(per_row, 1e-9)))
+        return int(min(ROW_GROUP_ROWS, max(MIN_ROW_GROUP_ROWS, want)))
 
     def write_parts() -> None:
         if parts:
             writer.write_table(pa.Table.from_batches(parts, schema=schema), row_group_size=ROW_GROUP_ROWS)
+            cur["written"] += cur["buffered"]
             parts.clear()
             cur["buffered"] = 0
 
     def close_current() -> None:
-        nonlocal writer
+        nonlocal writer, sink
         if writer is None:
             return
         write_parts()
         writer.close()
-        writer = None
+        sink.close()
+        writer = sink = None
         size = Path(cur["path"]).stat().st_size
         res.outputs.append(RewriteOutput(cur["name"], cur["path"], cur["rows"], size))
         res.bytes_out += size
 
     def open_new() -> None:
-        nonlocal writer
+        nonlocal writer, sink
         name = f"{uuid.uuid4().hex}.parquet"
         path = out_dir / name
-        writer = pq.ParquetWriter(str(path), schema, compression=compression)
+        sink = pa.OSFile(str(path), "wb")  # unbuffered: tell() is what the row groups written so far take
+        writer = pq.ParquetWriter(sink, schema, compression=compression)
         names.append(name)
-        cur.update(name=name, path=str(path), rows=0, est=0.0, buffered=0)
+        cur.update(name=name, path=str(path), rows=0, written=0, buffered=0)
 
     try:
         for inp in inputs:
@@ -151,22 +168,20 @@ def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Sc
                     while off < len(live):
                         if writer is None:
                             open_new()
-                        # rows that still fit the current file's estimate (at least one)
-                        room = (target_bytes - cur["est"]) / per_row if per_row else len(live)
-                        take = int(max(1, min(len(live) - off, np.ceil(room))))
+                        want = row_group_rows(per_row)
+                        take = int(max(1, min(len(live) - off, want - cur["buffered"])))
                         sel = live[off:off + take]
                         parts.append(batch.slice(off, take) if whole else batch.take(pa.array(sel)))
                         idx[start + sel] = len(names) - 1
                         rows[start + sel] = np.arange(cur["rows"], cur["rows"] + take, dtype=np.uint32)
                         cur["rows"] += take
                         cur["buffered"] += take
-                        cur["est"] += take * per_row
                         res.rows_out += take
                         off += take
-                        if cur["est"] >= target_bytes:
-                            close_current()
-                        elif cur["buffered"] >= ROW_GROUP_ROWS:
+                        if cur["buffered"] >= want:
                             write_parts()
+                            if sink.tell() >= target_bytes:
+                                close_current()
                     start += n
             finally:
                 if hasattr(src, "close"):
@@ -175,11 +190,12 @@ def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Sc
         close_current()
     except BaseException:
         parts.clear()
-        if writer is not None:
-            try:
-                writer.close()
-            except Exception:
-                pass
+        for closable in (writer, sink):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:
+                    pass
         for n in names:
             (out_dir / n).unlink(missing_ok=True)
         raise

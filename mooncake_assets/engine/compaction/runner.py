@@ -90,9 +90,13 @@ class _Timed:
                 self.longest = max(self.longest, d)
 
 
-def file_stats(table) -> dict[str, FileStats]:
-    """Planner view of the table's persisted, not truncated files (call under the service lock)."""
-    return {f.name: FileStats(f.name, f.num_rows, f.deleted_count(), f.size_bytes)
+def file_stats(table, committed_only: bool = True) -> dict[str, FileStats]:
+    """Planner view of the table's persisted, not truncated files (call under the service lock).
+
+    ``committed_only``: count only persisted deletes (what a rewrite drops); else pending ones too (what
+    a rewrite would drop after a persist)."""
+    return {f.name: FileStats(f.name, f.num_rows, len(f.committed) if committed_only else f.deleted_count(),
+                              f.size_bytes)
             for f in table.files.values() if f.persisted and not f.truncated_lsn}
 
 
@@ -216,7 +220,9 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
     Returns (JSON-serializable): ``compacted`` (bool), ``files_in``, ``files_out``, ``rows_in``,
     ``rows_out``, ``bytes_in``, ``bytes_out``, ``deleted_rows_dropped`` (rows the old DVs deleted, not
     rewritten), ``deletes_remapped`` (deletes that arrived during the run, moved to new positions),
-    ``deletes_dropped`` (of those, rows with no new position), ``blocks_in``, ``blocks_out``,
+    ``deletes_dropped`` (of those, rows with no new position), ``files_removed_meanwhile`` (inputs a
+    persist removed during the run, every row deleted: their rows are deleted in the new files too),
+    ``blocks_in``, ``blocks_out``,
     ``index_entries_in``, ``index_entries_out``, ``rewrite_seconds``, ``upload_seconds``,
     ``index_seconds``, ``commit_seconds``, ``lock_seconds`` (total time the service lock was held,
     persist included), ``swap_seconds`` (the final swap's hold), ``persist_seconds``, ``seconds``,
@@ -228,7 +234,7 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
     lk = _Timed(lock)
     if dry_run:
         with lk():
-            stats = file_stats(table)
+            stats = file_stats(table, committed_only=not persist_first)
             unpersisted = sum(1 for f in table.files.values() if not f.persisted)
         plan = plan_compaction(list(stats.values()), policy, full)
         checks = list(plan.checks)
@@ -261,7 +267,7 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
         report["persist_seconds"] = round(persist_s, 4)
     if expire:
         try:
-            report["expired"] = expire_and_clean(table, lock=lock, policy=policy)
+            report["expired"] = expire_and_clean(table, policy=policy)
         except Exception as e:  # cleanup is best effort; the compaction itself is committed
             log.warning("table %s: cleanup after compaction failed: %s", table.name, e)
             report["expired"] = {"error": f"{type(e).__name__}: {e}"}
@@ -299,7 +305,7 @@ def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, li
         # -- swap (lock)
         with lk():
             t_swap = time.perf_counter()
-            new_files, adds, remove, remapped, dropped = _remap(table, snap, rw, uploaded)
+            new_files, adds, remove, remapped, dropped, vanished = _remap(table, snap, rw, uploaded)
             fi = table.file_index
             staged = FileIndex(fi.blocks)
             if old_blocks:
@@ -320,7 +326,7 @@ def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, li
             ice.before_swap = hook
             try:
                 snapshot_id = ice.commit(add_files=uploaded, deletes=adds, remove_files=remove, index_blob=blob,
-                                         summary={"mooncake.operation": "compaction"}, operation="replace")
+                                         operation="replace")
             finally:
                 ice.before_swap = previous_hook
             committed = True
@@ -354,6 +360,7 @@ def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, li
         "compacted": True, "full": plan.full, "files_in": len(inputs), "files_out": len(rw.outputs),
         "rows_in": rw.rows_in, "rows_out": rw.rows_out, "bytes_in": rw.bytes_in, "bytes_out": rw.bytes_out,
         "deleted_rows_dropped": rw.rows_dropped, "deletes_remapped": remapped, "deletes_dropped": dropped,
+        "files_removed_meanwhile": vanished,
         "blocks_in": len(old_blocks), "blocks_out": 1 if new_block is not None else 0,
         "index_entries_in": sum(b.num_entries for b in old_blocks) if new_block is not None else 0,
         "index_entries_out": new_block.num_entries if new_block is not None else 0,
@@ -368,7 +375,7 @@ def _remap(table, snap, rw, locations):
     """Under the lock: the new DiskFiles with the deletes that arrived during the run moved onto them.
 
     Returns (new DiskFiles, {new location: committed positions for the commit}, old locations to
-    remove, deletes re-mapped, deletes dropped)."""
+    remove, deletes re-mapped, deletes dropped, old files a persist removed meanwhile)."""
     from ..table.mirror import DiskFile  # the table module imports nothing from here
 
     pm = rw.position_map
@@ -377,11 +384,12 @@ def _remap(table, snap, rw, locations):
     pending: list[dict] = [{} for _ in range(nout)]
     truncated = 0
     remove: list[str] = []
-    remapped = dropped = 0
+    remapped = dropped = vanished = 0
     for name, (f_snap, committed_snap) in snap.items():
         cur = table.files.get(name)
         if cur is not f_snap:
             # removed by a persist meanwhile (every row deleted, committed): all its rewritten rows go
+            vanished += 1
             gone = BitMap64(range(f_snap.num_rows)) - committed_snap
             newly, pend = gone, {}
         else:
@@ -416,7 +424,7 @@ def _remap(table, snap, rw, locations):
         new_files.append(f)
         if len(committed[i]):
             adds[loc] = committed[i]
-    return new_files, adds, remove, remapped, dropped
+    return new_files, adds, remove, remapped, dropped, vanished
 
 
 # ------------------------------------------------------------------------------------ cleanup
@@ -465,32 +473,40 @@ def find_orphans(ice, min_age_s: float = 0.0) -> list[str]:
     return sorted(p for p in listed if p not in refs and not p.endswith("version-hint.text"))
 
 
-def expire_and_clean(table, *, lock=None, policy: MaintenancePolicy | None = None,
-                     orphan_grace_s: float | None = None) -> dict:
+def expire_and_clean(table, *, policy: MaintenancePolicy | None = None, orphan_grace_s: float | None = None) -> dict:
     """Expire snapshots older than ``snapshot_retention_s`` (keeping the newest ``retain_snapshots``),
     delete the files only they referenced, then delete orphans older than ``orphan_grace_s`` (default:
-    the policy's). The expiry commit holds the service lock (it races the persist commits otherwise);
-    listing and deleting do not. Returns ``{"snapshots_expired", "files_deleted", "orphans_deleted"}``.
+    the policy's).
+
+    Runs on its own :class:`IcebergMirrorTable` instance (own caches, no shared state with the service's),
+    without the service lock: the expiry is a compare-and-swap commit like a persist's, so whichever of
+    the two loses the race re-reads the metadata and retries. Returns ``{"snapshots_expired",
+    "files_deleted", "orphans_deleted"}``.
     """
+    from ..iceberg import IcebergMirrorTable
+
     policy = policy or MaintenancePolicy()
     grace = policy.orphan_grace_s if orphan_grace_s is None else orphan_grace_s
-    ice = table.iceberg
-    lk = _Timed(lock)
-    with lk():
-        before = len(ice.table.metadata.snapshots)
-        gone = ice.expire_snapshots(int((time.time() - policy.snapshot_retention_s) * 1000),
-                                    retain_last=policy.retain_snapshots, delete_files=False)
-        after = len(ice.table.metadata.snapshots)
-    for loc in gone:
-        with contextlib.suppress(Exception):
-            ice.io.delete(loc)
+    main = table.iceberg
+    ice = IcebergMirrorTable.load(main.catalog, main.identifier)
+    md = ice.table.metadata
+    cutoff = int((time.time() - policy.snapshot_retention_s) * 1000)
+    expired = files = 0
+    if len(md.snapshots) > policy.retain_snapshots and any(x.timestamp_ms < cutoff for x in md.snapshots):
+        before = len(md.snapshots)
+        gone = ice.expire_snapshots(cutoff, retain_last=policy.retain_snapshots, delete_files=False)
+        expired = before - len(ice.table.metadata.snapshots)
+        for loc in gone:
+            with contextlib.suppress(Exception):
+                ice.io.delete(loc)
+        files = len(gone)
     orphans = find_orphans(ice, grace)
     for p in orphans:
         with contextlib.suppress(OSError):
             os.unlink(p)
     if orphans:
         log.info("table %s: deleted %d orphan file(s)", table.name, len(orphans))
-    return {"snapshots_expired": before - after, "files_deleted": len(gone), "orphans_deleted": len(orphans)}
+    return {"snapshots_expired": expired, "files_deleted": files, "orphans_deleted": len(orphans)}
 
 
 def clean_local(table) -> dict:

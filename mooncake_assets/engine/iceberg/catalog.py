@@ -64,12 +64,17 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
     ``uri``: ``sqlite:///relative.db`` / ``sqlite:////abs/path.db`` or ``postgresql://user@host/db``
     (driven through psycopg 3: ``postgresql+psycopg://``) -> ``SqlCatalog``; ``http(s)://…`` ->
     ``RestCatalog``. ``warehouse``: ``file:///dir``, a plain directory path, or ``s3://bucket/prefix``.
-    ``props``: further catalog/FileIO properties (e.g. ``s3.endpoint``). Raises ``ValueError`` for any
-    other URI scheme.
+    ``props``: further catalog/FileIO properties (e.g. ``s3.endpoint``); for an ``s3://`` warehouse the
+    ``s3.*`` ones default to the environment's (``engine/storage/config.py``). Raises ``ValueError`` for
+    any other URI scheme.
     """
     wh = normalize_warehouse(warehouse)
     if wh.startswith("file://"):
         Path(wh[len("file://"):]).mkdir(parents=True, exist_ok=True)
+    elif wh.startswith("s3://") and not any(k.startswith("s3.") for k in props):
+        from ..storage import resolve_s3  # endpoint, region (never left to a lookup at AWS), credentials
+
+        props = {**resolve_s3().fileio_properties(), **props}
     if uri.startswith("sqlite:"):
         db = uri.split(":///", 1)[1] if ":///" in uri else ""
         if db and db != ":memory:":

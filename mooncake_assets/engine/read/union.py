@@ -3,14 +3,34 @@
 For each mirrored table the reader asks the service for a ReadState at one LSN — the data files
 (persisted in Iceberg or flushed and staged locally), each with its deleted positions as a portable
 Roaring bitmap, and a Flight ticket for the committed in-memory rows — and registers a DuckDB view
-named after the table:
+named after the table. Applying the deletions is where a union read wins or loses, so the view is
+built from per-file plans (:mod:`.plan`):
 
-    SELECT cols FROM read_parquet([files without deletes])
-    UNION ALL BY NAME
-    SELECT cols FROM read_parquet(file_k, file_row_number = true) ANTI JOIN deletes_k
-        ON file_row_number = pos                       -- one branch per file with deletes
-    UNION ALL BY NAME
-    SELECT cols FROM mem                              -- the Arrow rows from Flight
+- files without deletes: **one** plain ``read_parquet([...])`` (projection, filter and row-group
+  pushdown as for any Parquet scan);
+- a file with deletes is split at its row groups: row groups whose rows are all deleted are not
+  read at all, row groups without deletes are read plainly (a ``file_row_number BETWEEN`` range, which
+  DuckDB prunes row groups with), and only the row groups with some deletes pay for the positions;
+- the positions are applied one of two ways (``mode``):
+
+  ``lazy``  — in DuckDB: ``get_bit(<DV as a BIT string>, file_row_number) = 0``, the files' bitmaps
+             joined on ``file_index`` to one shared scan of the files read whole (or to a
+             file's own branches when it has row groups to skip). The view stays lazy: DuckDB pushes
+             projections and filters into the Parquet scan and tests positions only on the rows that
+             survive them (selective queries, ``LIMIT``, arbitrary SQL over :meth:`register`).
+  ``arrow`` — in PyArrow, when the columns a query needs are known: each file's surviving row groups
+             are read (only those columns, files in parallel) and a keep mask built from the bitmap is
+             attached as a column that DuckDB filters on. For scans, the cheapest (no hash table, no
+             per-row function call).
+  ``anti``  — the baseline: one ``ANTI JOIN`` on ``file_row_number`` per file with deletes.
+
+- the in-memory rows: the Arrow table from Flight, ``UNION ALL BY NAME``.
+
+:meth:`query` picks the mode per statement from DuckDB's own parse tree (``json_serialize_sql``):
+a statement without ``WHERE``/``HAVING``/``QUALIFY``/join conditions/``LIMIT``/``SAMPLE`` reads whole
+tables, so it gets ``arrow`` with the referenced columns only; any other statement gets ``lazy``.
+Both modes return the same rows (tests/engine/test_union_read.py checks every mode against the
+expected rows). Only the tables a statement names are registered.
 
 **Read-your-writes**: with a DSN, the reader first asks Postgres for ``pg_current_wal_lsn()`` and
 waits (``wait_timeout`` seconds, then ``TimeoutError`` naming both LSNs) until the service has
@@ -18,15 +38,34 @@ applied every commit before it.
 """
 from __future__ import annotations
 
-import base64
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
 import psycopg
 import pyarrow as pa
-from pyroaring import BitMap64
+import pyarrow.parquet as pq
 
 from ..service.client import ServiceClient
+from ..storage.arrow_fs import arrow_source
+from .plan import FilePlan, arrow_mask, deleted_positions, keep_mask, parquet_row_groups, plan_file
+
+MODES = ("auto", "lazy", "arrow", "anti")
+# DuckDB scans registered Arrow tables through Acero, which warns once per batch about buffers that
+# arrived unaligned from Flight's IPC stream; they are read correctly on every platform we run on.
+os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "ignore")
+
+_POOL: ThreadPoolExecutor | None = None
+PARALLEL_ROWS = 200_000  # read files with deletes in parallel when they hold at least this many rows
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="mooncake-read")
+    return _POOL
 
 
 def current_wal_lsn(dsn: str) -> str:
@@ -43,20 +82,81 @@ def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
 
+class StatementInfo:
+    """What a SQL statement needs from the mirrored tables, read from DuckDB's parse tree.
+
+    ``tables``: lower-cased names of every base table referenced; ``columns``: lower-cased names of
+    every column referenced anywhere (a superset of what any one table needs), None when some
+    ``*``/``COLUMNS(...)`` needs them all; ``whole``: True when nothing restricts the rows read
+    (no WHERE/HAVING/QUALIFY/join condition/LIMIT/SAMPLE). ``parsed``: False when DuckDB could not
+    serialize the statement (not a SELECT): then nothing is known and everything is assumed needed.
+    """
+
+    def __init__(self, sql: str, con: duckdb.DuckDBPyConnection):
+        self.tables: set[str] = set()
+        self.columns: set[str] | None = set()
+        self.whole = True
+        self.parsed = False
+        try:
+            doc = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+        except duckdb.Error:
+            doc = {"error": True}
+        if doc.get("error"):
+            self.columns = None
+            self.whole = False
+            return
+        self.parsed = True
+        self._walk(doc.get("statements", []))
+
+    def _walk(self, node) -> None:
+        if isinstance(node, list):
+            for x in node:
+                self._walk(x)
+            return
+        if not isinstance(node, dict):
+            return
+        cls = node.get("class")
+        if cls == "COLUMN_REF":
+            if self.columns is not None:
+                self.columns.update(str(n).lower() for n in node.get("column_names", []))
+        elif cls in ("STAR", "COLUMNS"):
+            self.columns = None
+        if node.get("type") == "BASE_TABLE" and node.get("table_name"):
+            self.tables.add(str(node["table_name"]).lower())
+        if node.get("type") in ("LIMIT_MODIFIER", "LIMIT_PERCENT_MODIFIER"):
+            self.whole = False
+        for key in ("where_clause", "having", "qualify", "condition", "sample"):
+            if node.get(key) is not None:
+                self.whole = False
+        if node.get("using_columns"):
+            self.whole = False
+        for v in node.values():
+            if isinstance(v, (dict, list)):
+                self._walk(v)
+
+
 class UnionReader:
     """Registers mirrored tables as DuckDB views over one ReadState each and runs SQL on them.
 
-    ``client``: a :class:`ServiceClient`; ``dsn``: the source DSN for the read-your-writes barrier
-    (None = no barrier); ``con``: an existing DuckDB connection to register into (else a new one).
+    ``client``: a :class:`ServiceClient` (or anything with ``read_state(table, lsn)``, ``fetch(ticket)``
+    and ``status()``); ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
+    ``con``: an existing DuckDB connection to register into (else a new one); ``mode``: how deletes are
+    applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``.
     """
 
     def __init__(self, client: ServiceClient, dsn: str | None = None, con: duckdb.DuckDBPyConnection | None = None,
-                 wait_timeout: float = 30.0):
+                 wait_timeout: float = 30.0, mode: str = "auto"):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.client = client
         self.dsn = dsn
         self.con = con or duckdb.connect()
         self.wait_timeout = wait_timeout
+        self.mode = mode
         self.states: dict[str, dict] = {}
+        self._objects: dict[str, list[str]] = {}   # view -> Arrow objects registered for it
+        self._views: dict[str, str] = {}           # view -> the DDL it was created with
+        self._infos: dict[str, StatementInfo] = {}
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
@@ -66,51 +166,169 @@ class UnionReader:
         self.client.wait_lsn(lsn, timeout=self.wait_timeout)
         return lsn
 
+    # ------------------------------------------------------------------ registration
     def register(self, table: str, lsn: str | None = None, view: str | None = None,
-                 columns: list[str] | None = None) -> dict:
+                 columns: list[str] | None = None, mode: str | None = None) -> dict:
         """Create view ``view`` (default: the table's name) over the table's ReadState at ``lsn``.
 
-        ``columns``: project to these columns only. Returns the ReadState (dict)."""
+        ``columns``: project to these columns only. ``mode``: ``lazy`` (default unless the reader was
+        made with another fixed mode), ``arrow`` or ``anti``. Returns the ReadState (dict)."""
         rs = self.client.read_state(table, lsn)
         mem = self.client.fetch(rs["ticket"])
-        if rs.get("storage"):  # s3:// warehouse: httpfs + an S3 secret (the service's endpoint, our credentials)
+        if mode is None:
+            mode = "lazy" if self.mode == "auto" else self.mode
+        self.register_state(rs, mem, view or table, columns=columns, mode=mode)
+        return rs
+
+    def register_state(self, rs: dict, mem: pa.Table, view: str, columns: list[str] | None = None,
+                       mode: str = "lazy") -> None:
+        """Create view ``view`` over a ReadState ``rs`` (its ``files`` and ``schema``) and its in-memory
+        rows ``mem``, applying deletes the ``mode`` way (module docstring)."""
+        if mode not in ("lazy", "arrow", "anti"):
+            raise ValueError(f"mode must be lazy, arrow or anti, not {mode!r}")
+        if rs.get("storage"):  # s3:// warehouse: httpfs + S3 secret (service's endpoint, our credentials)
             from ..storage import ensure_duckdb_s3
 
             ensure_duckdb_s3(self.con, rs["storage"])
-        view = view or table
-        cols = columns or rs["schema"]
+        objs: dict[str, object] = {}
+        cols = list(columns or rs["schema"])
         sel = ", ".join(_ident(c) for c in cols)
         parts = []
         clean = [f["path"] for f in rs["files"] if not f["deleted"]]
+        dirty = [f for f in rs["files"] if f["deleted"]]
         if clean:
             parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(_sql_str(p) for p in clean)}])")
-        for i, f in enumerate(f for f in rs["files"] if f["deleted"]):
-            bm = BitMap64.deserialize(base64.b64decode(f["deleted"]))
-            name = f"__mc_del_{view}_{i}"
-            self.con.register(name, pa.table({"pos": pa.array(np.fromiter(bm, dtype=np.int64, count=len(bm)))}))
-            parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true) d "
-                         f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
+        # Arrow objects keep one name per view and role, so an unchanged plan reuses the view as it is
+        if mode == "anti":
+            for i, f in enumerate(dirty):
+                name = f"__mc_del_{view}_{i}"
+                pos = deleted_positions(f["deleted"])
+                objs[name] = pa.table({"pos": pa.array(pos.astype(np.int64))})
+                parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true) d "
+                             f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
+        elif mode == "lazy":
+            plans = [plan_file(f["path"], f["rows"], deleted_positions(f["deleted"])) for f in dirty]
+            parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs))
+        else:  # arrow
+            if dirty:
+                name = f"__mc_dirty_{view}"
+                objs[name] = _read_masked(dirty, cols)
+                parts.append(f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep")
         mem_name = f"__mc_mem_{view}"
-        self.con.register(mem_name, mem)
+        objs[mem_name] = mem
         parts.append(f"SELECT {sel} FROM {_ident(mem_name)}")
+        for name in set(self._objects.get(view, [])) - set(objs):
+            try:
+                self.con.unregister(name)
+            except duckdb.Error:
+                pass
+        for name, obj in objs.items():
+            self.con.register(name, obj)
         body = "\nUNION ALL BY NAME\n".join(parts)
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {_ident(view)} AS SELECT {sel} FROM ({body})")
+        ddl = f"CREATE OR REPLACE TEMP VIEW {_ident(view)} AS SELECT {sel} FROM ({body})"
+        if self._views.get(view) != ddl:
+            self.con.execute(ddl)
+            self._views[view] = ddl
+        self._objects[view] = list(objs)
         self.states[view] = rs
-        return rs
 
+    # ------------------------------------------------------------------ reads
     def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
-        """Run ``sql`` over the named mirrored tables (default: every table the service has)."""
+        """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references)."""
         if lsn is None:
             self.barrier()
+        info = self._infos.get(sql)
+        if info is None:
+            info = self._infos[sql] = StatementInfo(sql, self.con)
+            if len(self._infos) > 256:
+                self._infos.pop(next(iter(self._infos)))
         if tables is None:
-            tables = [t["name"] for t in self.client.status()["tables"] if t.get("state") != "copying"]
+            names = [t["name"] for t in self.client.status()["tables"] if t.get("state") != "copying"]
+            tables = [t for t in names if t.lower() in info.tables] if info.parsed else names
         for t in tables:
-            self.register(t, lsn)
+            rs = self.client.read_state(t, lsn)
+            mem = self.client.fetch(rs["ticket"])
+            mode, cols = self.mode, None
+            if mode == "auto":
+                mode = "arrow" if info.whole else "lazy"
+            if mode == "arrow" and info.columns is not None:
+                cols = [c for c in rs["schema"] if c.lower() in info.columns] or rs["schema"][:1]
+            self.register_state(rs, mem, t, columns=cols, mode=mode)
         return self.con.execute(sql).to_arrow_table()
 
     def read_table(self, table: str, lsn: str | None = None, columns: list[str] | None = None) -> pa.Table:
         """All visible rows of one mirrored table as Arrow (optionally projected)."""
         if lsn is None:
             self.barrier()
-        self.register(table, lsn, view=f"__mc_read_{table}", columns=columns)
-        return self.con.execute(f"SELECT * FROM {_ident('__mc_read_' + table)}").to_arrow_table()
+        view = f"__mc_read_{table}"
+        self.register(table, lsn, view=view, columns=columns, mode="arrow" if self.mode == "auto" else self.mode)
+        try:
+            return self.con.execute(f"SELECT * FROM {_ident(view)}").to_arrow_table()
+        finally:
+            self.con.execute(f"DROP VIEW IF EXISTS {_ident(view)}")
+            self._views.pop(view, None)
+            for name in self._objects.pop(view, []):
+                try:
+                    self.con.unregister(name)
+                except duckdb.Error:
+                    pass
+
+
+def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict) -> list[str]:
+    """SQL branches reading files with deletes the lazy way (see :func:`.plan.plan_file`).
+
+    Files read whole (one segment, some deletes) share **one** ``read_parquet`` whose
+    ``file_index`` joins to their bitmaps; files with row groups to skip or to read plainly get one
+    branch per segment. The bitmaps are one Arrow table ``dv_name`` (``i``: plan index, ``c``: index
+    in the shared scan or -1, ``b``: the bit string), added to ``objs``."""
+    sel = ", ".join("d." + _ident(c) for c in cols)
+    shared = [i for i, p in enumerate(plans) if len(p.segments) == 1 and p.segments[0].whole and p.needs_bits]
+    pos_in_shared = {i: k for k, i in enumerate(shared)}
+    rows = [(i, pos_in_shared.get(i, -1), p.dv_bits) for i, p in enumerate(plans) if p.needs_bits]
+    if rows:
+        objs[dv_name] = pa.table({"i": pa.array([r[0] for r in rows], pa.int32()),
+                                  "c": pa.array([r[1] for r in rows], pa.int32()),
+                                  "b": pa.array([r[2] for r in rows], pa.binary())})
+    dv = _ident(dv_name)
+    out = []
+    if shared:
+        files = ", ".join(_sql_str(plans[i].path) for i in shared)
+        out.append(f"SELECT {sel} FROM read_parquet([{files}], file_row_number = true) d "
+                   f"JOIN (SELECT c, b::BIT AS b FROM {dv} WHERE c >= 0) m ON d.file_index = m.c "
+                   f"WHERE get_bit(m.b, d.file_row_number::INTEGER) = 0")
+    for i, p in enumerate(plans):
+        if i in pos_in_shared:
+            continue
+        src = f"read_parquet({_sql_str(p.path)}, file_row_number = true) d"
+        for seg in p.segments:
+            rng = "" if seg.whole else f"d.file_row_number BETWEEN {seg.start} AND {seg.stop - 1}"
+            if seg.has_deletes:
+                cond = "get_bit(m.b, d.file_row_number::INTEGER) = 0" + (f" AND {rng}" if rng else "")
+                out.append(f"SELECT {sel} FROM {src}, (SELECT b::BIT AS b FROM {dv} WHERE i = {i}) m WHERE {cond}")
+            else:
+                out.append(f"SELECT {sel} FROM {src}" + (f" WHERE {rng}" if rng else ""))
+    return out
+
+
+def _read_masked(files: list[dict], cols: list[str]) -> pa.Table:
+    """Files with deletes read with PyArrow (columns ``cols``, row groups with live rows only, files in
+    parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows."""
+
+    def one(f):
+        pos = deleted_positions(f["deleted"])
+        rgs = parquet_row_groups(f["path"])
+        keep = keep_mask(f["rows"], pos)
+        starts = np.concatenate([[0], np.cumsum(rgs)])
+        live = [k for k in range(len(rgs)) if keep[starts[k]:starts[k + 1]].any()]
+        pf = pq.ParquetFile(arrow_source(f["path"]))  # s3:// through PyArrow's S3 filesystem
+        if len(live) == len(rgs):
+            t = pf.read(columns=cols)
+            m = keep
+        else:
+            t = pf.read_row_groups(live, columns=cols) if live else pf.schema_arrow.empty_table().select(cols)
+            m = np.concatenate([keep[starts[k]:starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
+        return t.append_column("__mc_keep", arrow_mask(m))
+
+    parallel = len(files) > 1 and sum(f["rows"] for f in files) >= PARALLEL_ROWS
+    tables = list(_pool().map(one, files)) if parallel else [one(f) for f in files]
+    return pa.concat_tables(tables)

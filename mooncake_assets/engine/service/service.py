@@ -10,6 +10,7 @@ format and state (``copying`` / ``ready`` / ``error``).
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -29,6 +30,8 @@ from .. import storage
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
+from ..cdc.types import column_signature, describe_mirrored
+from ..table.memslice import BadRowError
 from ..table.schema_change import SchemaChangeError, on_relation
 
 log = logging.getLogger("mooncake.service")
@@ -44,6 +47,16 @@ def with_options(dsn: str) -> str:
     d = conninfo_to_dict(dsn)
     d["options"] = (d.get("options", "") + " " + PG_OPTIONS).strip()
     return make_conninfo(**d)
+
+
+def tune_gc() -> None:
+    """Keep Python's cyclic GC off the apply loop's back: everything alive now (imported modules,
+    restored tables) is frozen out of its scans and young objects are collected less often. The
+    loop allocates a few objects per change; with the default settings, collections walking every
+    imported module made it about 2x slower (``mooncake bench``, ingest). Called when a stream starts."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 50)
 
 
 class MooncakeError(Exception):
@@ -73,6 +86,7 @@ class ReplicatorService:
         self._thread: threading.Thread | None = None
         self.repl: ReplicationConnection | None = None
         self.stream_error: str | None = None
+        self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.relations: dict[int, object] = {}
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
@@ -111,13 +125,16 @@ class ReplicatorService:
                     self.registry["tables"].pop(name)
                     self._save_registry()
                     continue
-                self._open_table(name, meta)
+                storage.retry_call(lambda: self._open_table(name, meta), storage.RESTORE_POLICY,
+                                   what=f"restoring table {name} from the warehouse")  # S3/catalog blips
         if self.registry["tables"] or self.copying:
             self._ensure_stream()
 
     def _open_table(self, name: str, meta: dict) -> MirrorTable:
         with psycopg.connect(with_options(self.dsn)) as conn:
-            schema = describe_table(conn, meta["source"])
+            # the columns the mirror was built with (a change made while the service was down shows up,
+            # at its LSN, in the replayed stream)
+            schema = describe_mirrored(conn, meta["source"], meta.get("columns"), meta.get("key"))
         ice = IcebergMirrorTable.load(self.catalog, self._ident(name))
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
         t.restore()
@@ -169,6 +186,8 @@ class ReplicatorService:
                 backoff = 0.5
             except Exception as e:  # reconnect with backoff; never confirm past what is durable
                 self.stream_error = f"{type(e).__name__}: {e}"
+                self.stream_faults = (self.stream_faults + [{"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                             "error": self.stream_error.splitlines()[0]}])[-10:]
                 log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
                 try:
                     if self.repl:
@@ -180,6 +199,7 @@ class ReplicatorService:
                 backoff = min(backoff * 2, 10.0)
 
     def _stream_once(self) -> None:
+        tune_gc()
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.slot, [self.publication], 0, streaming=True)
         assembler = TransactionAssembler()
@@ -229,15 +249,23 @@ class ReplicatorService:
                         on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn)
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
-                    t.error = (str(e) if isinstance(e, SchemaChangeError) else
-                               f"table {t.name}: change at LSN {lsn_str(txn.commit_lsn)} failed: {type(e).__name__}: {e}")
-                    t.applied_lsn = min(t.applied_lsn, txn.commit_lsn)
-                    log.error("%s", t.error)
+                    self._stop_table(t, e, txn.commit_lsn)
                 touched.add(t.name)
         self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
         for t in self.tables.values():
             if not t.error:  # a stopped table stays at the commit that failed
                 t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+
+    def _stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None:
+        """Stop one table after a change it cannot take (the others go on). ``lsn``: the commit being
+        applied; a row found undecodable later (``BadRowError``) names its own commit. The table's
+        applied LSN stays below that commit and ``durable_lsn`` holds the slot at its flush LSN, so a
+        restart replays everything from there."""
+        lsn = getattr(e, "lsn", lsn)
+        t.error = (str(e) if isinstance(e, SchemaChangeError) else
+                   f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
+        t.applied_lsn = min(t.applied_lsn, lsn)
+        log.error("%s", t.error)
 
     def durable_lsn(self) -> int:
         """The LSN the slot may be confirmed to: min over tables of what is durable in Iceberg."""
@@ -277,6 +305,8 @@ class ReplicatorService:
                         t.flush()
                 except _PersistFault:
                     pass  # recorded in self.faults, shown by status, retried after its backoff
+                except BadRowError as e:
+                    self._stop_table(t, e, e.lsn)
                 except Exception as e:
                     log.exception("table %s: maintenance failed", t.name)
                     t.error = f"maintenance: {type(e).__name__}: {e}"
@@ -413,7 +443,8 @@ class ReplicatorService:
                 table.flush_lsn = 0
                 table.persist()
                 self.registry["tables"][dst] = {"source": src, "delete_format": delete_format, "state": "ready",
-                                                "oid": schema.oid}
+                                                "oid": schema.oid, "columns": column_signature(schema),
+                                                "key": list(schema.key_columns)}
                 self._save_registry()
                 self.progress.pop(dst, None)
             return {"table": dst, "source": src, "rows": rows, "copy_lsn": lsn_str(copy_lsn),
@@ -529,6 +560,7 @@ class ReplicatorService:
             return {"tables": tables, "applied_lsn": lsn_str(self.applied_lsn),
                     "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
                     "publication": self.publication, "stream_error": self.stream_error,
+                    "stream_faults": list(self.stream_faults),
                     "streaming": bool(self._thread and self._thread.is_alive())}
 
     def maintenance(self, op: str, name: str, **kw) -> dict:
@@ -541,10 +573,14 @@ class ReplicatorService:
             t = self.table(name)
             if t.error and op in ("flush", "persist"):  # its buffer may hold part of the failed transaction
                 raise MooncakeError(f"table {name} is stopped by an error, so it is not flushed or persisted: {t.error}")
-            if op == "flush":
-                return t.flush()
-            if op == "persist":
-                return self._persist(t)
+            try:
+                if op == "flush":
+                    return t.flush()
+                if op == "persist":
+                    return self._persist(t)
+            except BadRowError as e:  # a buffered value that cannot be decoded stops the table
+                self._stop_table(t, e, e.lsn)
+                raise MooncakeError(t.error) from None
             if op == "merge_index":
                 return t.merge_index(**kw)
             if op == "compact":
@@ -554,7 +590,11 @@ class ReplicatorService:
     def read_state(self, name: str, lsn: int | None = None) -> tuple[dict, pa.Table]:
         with self.lock:
             t = self.table(name)
-            rs, mem = t.read_state(lsn)
+            try:
+                rs, mem = t.read_state(lsn)
+            except BadRowError as e:  # a buffered value that cannot be decoded stops the table
+                self._stop_table(t, e, e.lsn)
+                raise MooncakeError(t.error) from None
             rs["schema"] = [f.name for f in t.arrow_schema]
             rs["storage"] = self.storage_hints
             return rs, mem

@@ -5,11 +5,13 @@
 - ``errors.py``: classified storage/catalog errors, each temporary or permanent (``retryable``);
 - ``retry.py``: ``RetryPolicy``, ``retry_call`` and the service's per-table ``Backoff``;
 - ``warehouse.py``: ``check_warehouse`` (missing bucket, rejected credentials, unreachable endpoint);
-- ``duckdb_s3.py``: DuckDB's httpfs loaded offline and an S3 secret, so union reads scan ``s3://`` files.
+- ``duckdb_s3.py``: DuckDB's httpfs loaded offline and an S3 secret, so union reads scan ``s3://`` files;
+- ``arrow_fs.py``: the same files opened through PyArrow's S3 filesystem (readers that decode Parquet).
 
 Freshly flushed files are staged on local disk (``<state>/tables/<t>/staging``) and reach the
 warehouse only when a persist uploads them right before its Iceberg commit, as in pg_mooncake.
 """
+from .arrow_fs import arrow_source, s3_filesystem, use_s3
 from .config import (
     S3Config,
     apply_s3_settings,
@@ -32,10 +34,11 @@ from .errors import (
     classify,
     is_retryable,
 )
-from .retry import SERVICE_POLICY, Backoff, RetryPolicy, retry_call
+from .retry import RESTORE_POLICY, SERVICE_POLICY, Backoff, RetryPolicy, retry_call
 from .warehouse import check_warehouse, describe_warehouse
 
 __all__ = [
+    "RESTORE_POLICY",
     "SERVICE_POLICY",
     "AccessDenied",
     "Backoff",
@@ -48,6 +51,7 @@ __all__ = [
     "StorageUnavailable",
     "WarehouseConfigError",
     "apply_s3_settings",
+    "arrow_source",
     "catalog_properties",
     "check_warehouse",
     "classify",
@@ -60,6 +64,8 @@ __all__ = [
     "parse_s3_uri",
     "resolve_s3",
     "retry_call",
+    "s3_filesystem",
     "storage_hints",
+    "use_s3",
     "warehouse_s3",
 ]

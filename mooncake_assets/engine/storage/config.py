@@ -24,7 +24,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .errors import WarehouseConfigError
@@ -257,9 +257,3 @@ def storage_hints(settings) -> dict | None:
     ``{"warehouse", "endpoint", "region", "allow_http", "path_style"}`` (no credentials)."""
     cfg = warehouse_s3(settings)
     return {"warehouse": settings.warehouse_uri, **cfg.hints()} if cfg else None
-
-
-def with_credentials(cfg: S3Config, access_key_id: str | None, secret_access_key: str | None,
-                     session_token: str | None = None) -> S3Config:
-    """``cfg`` with other credentials (tests, tools)."""
-    return replace(cfg, access_key_id=access_key_id, secret_access_key=secret_access_key, session_token=session_token)

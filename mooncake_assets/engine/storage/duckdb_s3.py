@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported lazily: loading settings must stay cheap
     import duckdb
 
+from .arrow_fs import use_s3
 from .config import S3Config, resolve_s3
 
 SECRET_NAME = "mooncake_s3"
@@ -54,9 +55,11 @@ def configure_duckdb_s3(con: duckdb.DuckDBPyConnection, cfg: S3Config, *, name: 
 
 def ensure_duckdb_s3(con: duckdb.DuckDBPyConnection, hints: Mapping | None) -> S3Config | None:
     """For a ReadState's ``storage`` hints (None for local warehouses): configure ``con`` with the
-    endpoint the service uses and this process's credentials; returns the config (None if nothing to do)."""
+    endpoint the service uses and this process's credentials, and make it the process's configuration
+    for PyArrow reads (``arrow_fs.arrow_source``); returns the config (None if nothing to do)."""
     if not hints:
         return None
     cfg = resolve_s3(hints=hints)
     configure_duckdb_s3(con, cfg)
+    use_s3(cfg)  # PyArrow reads of the same files (arrow_fs.arrow_source)
     return cfg

@@ -125,8 +125,6 @@ def _one(exc: BaseException) -> type[StorageError] | None:
     if mod.startswith("sqlalchemy") and name in ("OperationalError", "InterfaceError", "DisconnectionError",
                                                  "TimeoutError"):
         return CatalogUnavailable
-    if mod.startswith("psycopg") and name in ("OperationalError", "InterfaceError"):
-        return CatalogUnavailable
     if mod.startswith("botocore"):
         if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"):
             return StorageUnavailable

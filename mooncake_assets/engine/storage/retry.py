@@ -52,12 +52,15 @@ class RetryPolicy:
 
     def delay(self, failures: int, rng: Callable[[], float] = random.random) -> float:
         """Seconds to wait after the ``failures``-th consecutive failure (1-based)."""
-        base = min(self.max_delay_s, self.initial_s * self.multiplier ** max(failures - 1, 0))
+        base = min(self.max_delay_s, self.initial_s * float(self.multiplier) ** min(max(failures - 1, 0), 64))
         return base * (1.0 - self.jitter * rng())
 
 
 SERVICE_POLICY = RetryPolicy(initial_s=0.5, multiplier=2.0, max_delay_s=30.0, max_attempts=None, deadline_s=None)
 """The service's persist retries: 0.5 s, 1 s, 2 s, … up to 30 s between tries, for as long as it takes."""
+
+RESTORE_POLICY = RetryPolicy(initial_s=0.5, multiplier=2.0, max_delay_s=8.0, max_attempts=6, deadline_s=30.0)
+"""Restoring a table at service start: a few tries within 30 s, then the (classified) error stops the start."""
 
 
 def retry_call(fn: Callable[[], T], policy: RetryPolicy = RetryPolicy(), *,
@@ -116,7 +119,7 @@ class Backoff:
         self.failures += 1
         if self.since is None:
             self.since = time.time()
-        n = self.failures if self.retryable else 10**6
+        n = self.failures if self.retryable else 64  # permanent: straight to the longest delay
         wait = self.policy.delay(n)
         self.next_at = self.clock() + wait
         self.error = (str(err).splitlines() or [type(err).__name__])[0]

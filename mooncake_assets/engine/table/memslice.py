@@ -26,6 +26,15 @@ from ..index import MemIndex
 LIVE = 0
 
 
+class BadRowError(ValueError):
+    """A buffered row whose text cannot be decoded to the table's Arrow types (found when the open
+    buffer is sealed). ``lsn``: commit LSN of the transaction that wrote the row. Permanent."""
+
+    def __init__(self, message: str, lsn: int):
+        super().__init__(f"{message} (a row committed at LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X})")
+        self.lsn = lsn
+
+
 class Carried:
     """A value carried over from an existing row (unchanged TOAST), already typed: ``scalar`` is the
     Arrow scalar (kept as Arrow so values Python cannot hold, such as timestamp 'infinity', carry over
@@ -73,10 +82,25 @@ class MemSlice:
         self._open_del: dict[int, int] = {}
         self.deleted_rows = 0
         self._bytes = 0
+        self._suspects = _suspect_checks(schema)
 
     # -- writes -------------------------------------------------------------------------------
     def append(self, values: list, h: int, lsn: int) -> tuple[int, int]:
-        """Append one row (text values / None / Carried) with key hash ``h`` at commit LSN ``lsn``."""
+        """Append one row (text values / None / Carried) with key hash ``h`` at commit LSN ``lsn``.
+
+        A value that may not decode (``numeric`` NaN for a decimal column, ``time`` 24:00, …; see
+        :func:`_suspect_checks`) has its row decoded at once, so :class:`BadRowError` is raised by the
+        change that brought it rather than by a later read or flush."""
+        for i, suspect in self._suspects:
+            v = values[i]
+            if v.__class__ is str and suspect(v):
+                try:
+                    self._decode([[None if isinstance(x, Carried) else x] for x in values])
+                except ValueError as e:
+                    raise BadRowError(str(e), lsn) from None
+                except Exception:
+                    pass
+                break
         loc = (len(self.batches), len(self._rows))
         self._rows.append(values)
         self._ins.append(lsn)
@@ -127,7 +151,11 @@ class MemSlice:
                 patches.append((ci, idx, [col[i].scalar for i in idx]))
                 for i in idx:
                     col[i] = None
-        rb = self._decode(cols)
+        try:
+            rb = self._decode(cols)
+        except ValueError as e:  # name the commit that brought the value (the open buffer stays as it was)
+            bad = next((i for i in range(len(self._rows)) if not self._decodes([[c[i]] for c in cols])), 0)
+            raise BadRowError(str(e), self._ins[bad]) from None
         if patches:
             arrays = list(rb.columns)
             for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
@@ -145,6 +173,13 @@ class MemSlice:
                                   np.array(self._hashes, dtype=np.uint64)))
         self._bytes += rb.nbytes
         self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
+
+    def _decodes(self, cols: list[list]) -> bool:
+        try:
+            self._decode(cols)
+            return True
+        except ValueError:
+            return False
 
     # -- reads --------------------------------------------------------------------------------
     def visible(self, lsn: int | None = None) -> pa.Table:
@@ -210,3 +245,25 @@ class MemSlice:
 
     def is_empty(self) -> bool:
         return self.num_rows == 0
+
+
+def _suspect_checks(schema: pa.Schema) -> list:
+    """(column index, cheap text test) for columns whose decoder can reject a value Postgres accepts:
+    decimals (NaN), times (24:00:00), dates/timestamps (years past 9999 may exceed the range), arrays
+    (explicit lower bounds, other dimensions, such elements). A hit only costs a one-row decode."""
+    out = []
+    for i, f in enumerate(schema):
+        t = f.type
+        if pa.types.is_decimal(t):
+            out.append((i, lambda v: v == "NaN"))
+        elif pa.types.is_time(t):
+            out.append((i, lambda v: v.startswith("24")))
+        elif pa.types.is_timestamp(t) or pa.types.is_date(t):
+            out.append((i, lambda v: len(v) > 4 and v[4] != "-" and not v.endswith("infinity")))
+        elif pa.types.is_list(t):
+            nd = 0
+            while pa.types.is_list(t):
+                nd, t = nd + 1, t.value_type
+            out.append((i, lambda v, nd=nd: v.startswith("[") or "NaN" in v or "24:" in v
+                        or (v != "{}" and len(v) - len(v.lstrip("{")) != nd)))
+    return out

@@ -73,6 +73,9 @@ class DiskFile:
     committed: BitMap64 = field(default_factory=BitMap64)
     pending: dict = field(default_factory=dict)
     truncated_lsn: int = 0
+    # deleted_at(None), kept while the sizes of committed and pending are unchanged (both only grow,
+    # and a persist moves positions from one to the other): union reads ask for it on every query
+    _all_deleted: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def persisted(self) -> bool:
@@ -89,13 +92,32 @@ class DiskFile:
         """Deleted positions as of ``lsn`` (None = everything applied)."""
         if self.truncated_lsn and (lsn is None or self.truncated_lsn < lsn):
             return BitMap64(range(self.num_rows))
+        if lsn is None:
+            key = (len(self.committed), len(self.pending))
+            if self._all_deleted is not None and self._all_deleted[0] == key:
+                return BitMap64(self._all_deleted[1])
+            self._all_deleted = None
         bm = BitMap64(self.committed)
         if self.pending:
             if lsn is None:
                 bm.update(self.pending.keys())
             else:
                 bm.update(p for p, l in self.pending.items() if l < lsn)
+        if lsn is None:
+            self._all_deleted = (key, BitMap64(bm))
         return bm
+
+    def deleted_payload(self, lsn: int | None) -> tuple[int, str | None]:
+        """(how many positions are deleted as of ``lsn``, their portable bitmap as base64 or None when
+        none) for a ReadState; for ``lsn=None`` the text is cached with :meth:`deleted_at`'s bitmap."""
+        dv = self.deleted_at(lsn)
+        if lsn is None and not self.truncated_lsn and self._all_deleted is not None:
+            key, bm, *text = self._all_deleted
+            if not text:
+                text = [base64.b64encode(bm.serialize()).decode() if len(bm) else None]
+                self._all_deleted = (key, bm, text[0])
+            return len(bm), text[0]
+        return len(dv), base64.b64encode(dv.serialize()).decode() if len(dv) else None
 
     def deleted_count(self) -> int:
         if self.truncated_lsn:
@@ -513,11 +535,10 @@ class MirrorTable:
                              f"{lsn_str(self.flushed_lsn)}; read at a newer LSN")
         files = []
         for f in self.files.values():
-            dv = f.deleted_at(lsn)
-            if len(dv) >= f.num_rows:
+            count, deleted = f.deleted_payload(lsn)
+            if count >= f.num_rows:
                 continue
-            files.append({"name": f.name, "path": f.read_path, "rows": f.num_rows,
-                          "deleted": base64.b64encode(dv.serialize()).decode() if len(dv) else None})
+            files.append({"name": f.name, "path": f.read_path, "rows": f.num_rows, "deleted": deleted})
         mem = self.mem.visible(lsn)
         rs = {"table": self.name, "lsn": lsn_str(lsn if lsn is not None else self.applied_lsn), "files": files}
         return rs, mem

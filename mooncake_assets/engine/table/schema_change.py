@@ -13,6 +13,13 @@ mirror's (name, declared type oid, typmod, in order) the tuple-to-column map is 
 else happens. Any other difference raises :class:`SchemaChangeError`, which the service turns into
 an error of that table only (list-tables shows it; the slot is held at the table's flush LSN so a
 resume after a fix replays everything from there).
+
+Resuming: re-creating the mirror always works (a fresh copy under the new schema). A restart rebuilds
+the mirror with the columns it was built with (``column_signature`` in the registry) and replays from
+its flush LSN; in changes committed before the restart read the catalogs, a Relation column the mirror
+lacks and the source no longer has (an added column that was dropped again) is ignored, so undoing an
+ADD COLUMN and restarting resumes the table with nothing lost. Evolving the Iceberg schema at the change (ADD/DROP/RENAME COLUMN, widening) is not
+implemented.
 """
 from __future__ import annotations
 
@@ -60,6 +67,8 @@ def describe_change(table: Any, rel: Any, lsn: int) -> str:
     """One line naming the table, every column that changed and how, and the LSN."""
     old = [(c.name, c.decl_oid, c.decl_typmod, c.type_name) for c in table.schema.columns]
     new = [(c.name, c.type_oid, c.typmod) for c in rel.columns]
+    gone = _gone_columns(table, lsn)
+    new = [n for n in new if n[0] not in gone]
     old_names = [o[0] for o in old]
     new_names = [n[0] for n in new]
     removed = [o for o in old if o[0] not in new_names]
@@ -85,9 +94,28 @@ def describe_change(table: Any, rel: Any, lsn: int) -> str:
         else:
             parts.append("the columns changed")
     return (f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)}: "
-            + "; ".join(parts) + " — the mirror cannot follow it, so this table stopped (other tables go on); "
-            "the replication slot is held at the table's flush LSN "
-            f"{_lsn(table.flush_lsn)}, so nothing is lost: after a fix, restart the service to resume")
+            + "; ".join(parts) + " — the mirror does not follow schema changes yet, so this table stopped (the "
+            f"others go on) and holds the replication slot at its flush LSN {_lsn(table.flush_lsn)}, so nothing "
+            "is lost. To resume: re-create the mirror (drop-table, then create-table), or, for an added column, "
+            "drop it again on the source and restart the service")
+
+
+class _Gone:
+    """Column names that count as gone for a change at ``lsn``: any column not in the source's catalogs
+    as read at (re)start, for changes committed before that read (``catalog_lsn``): such a column was
+    added and dropped again while the mirror was behind, and its values are gone from the source too.
+    A column first seen in a change after that read is a real schema change."""
+
+    def __init__(self, mine: set, current: set | None, catalog_lsn: int, lsn: int):
+        self.mine, self.current, self.active = mine, current, current is not None and lsn < catalog_lsn
+
+    def __contains__(self, name: str) -> bool:
+        return self.active and name not in self.mine and name not in self.current
+
+
+def _gone_columns(table: Any, lsn: int) -> _Gone:
+    return _Gone({c.name for c in table.schema.columns}, getattr(table.schema, "current_columns", None),
+                 getattr(table.schema, "catalog_lsn", 0) or 0, lsn)
 
 
 def _check_identity(table: Any, rel: Any, lsn: int) -> None:
@@ -114,8 +142,9 @@ def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int) -> None:
     seen = table.__dict__.setdefault("_relations_seen", {})
     if seen.get(rel_oid) is rel and rel_oid in table._relmap:
         return
-    sig = [(c.name, c.type_oid, c.typmod) for c in rel.columns]
     mine = [(c.name, c.decl_oid, c.decl_typmod) for c in table.schema.columns]
+    gone = _gone_columns(table, lsn)
+    sig = [(c.name, c.type_oid, c.typmod) for c in rel.columns if c.name not in gone]
     if sig != mine:
         raise SchemaChangeError(describe_change(table, rel, lsn))
     _check_identity(table, rel, lsn)

@@ -1,0 +1,180 @@
+"""``mooncake bench``: every figure measured side by side with its reference in one run (issue 8).
+
+Suites (``--suite``, default all): ``ingest`` (rows/s applied vs ``pg_recvlogical`` on the same WAL,
+initial copy vs ``COPY TO STDOUT``), ``freshness`` (commit → visible under pgbench load),
+``union_read`` (vs a clean Parquet copy and vs equality deletes), ``maintenance``
+(:func:`.maintenance.run_maintenance_bench`), ``memory`` (service RSS per buffered row, index bytes per
+row) and ``index`` (:func:`mooncake_assets.engine.index.bench.run_index_bench`). Each runs against the
+configured Postgres (the embedded one by default) in scratch databases and state directories that it
+removes afterwards.
+
+Output: a JSON document (``--json``; default ``<state>/bench/bench.json``) with nested sections
+(``ingest.narrow.ratio``, ``union_read.scan.ratio_vs_clean.d1``, …, ``machine``, ``targets``), a
+Markdown summary ``bench.md`` beside it, and PNG plots (``--plots``; default ``bench-plots`` beside
+the JSON). ``--quick`` sizes everything to finish in minutes; a suite that fails is recorded under
+``errors`` and the exit code is 1. ``MOONCAKE_BENCH_SIZE=tiny`` (or ``run_bench(size="tiny")``) runs
+everything at toy sizes in well under a minute (tests/test_bench.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .common import SIZES, get_path, machine, set_path
+
+__all__ = ["run_bench", "SUITES", "TARGETS", "REQUIRED_KEYS"]
+
+SUITES = ("ingest", "freshness", "union_read", "maintenance", "memory", "index")
+PG_SUITES = {"ingest", "freshness", "memory", "maintenance"}
+
+# (dotted key, comparison, target, what it means)
+TARGETS = [
+    ("ingest.narrow.ratio", ">=", 0.5, "ingest ≥ 0.5 of pg_recvlogical for narrow rows"),
+    ("freshness.p99_ms", "<=", 1000.0, "freshness p99 ≤ 1 s"),
+    ("union_read.scan.ratio_vs_clean.d1", "<=", 1.3, "union read ≤ 1.3× the clean-Parquet scan at 1% deletes"),
+    ("union_read.scan.speedup_vs_equality_deletes.d10", ">=", 5.0,
+     "union read ≥ 5× faster than equality deletes at 10% deletes"),
+]
+
+REQUIRED_KEYS = [
+    "ingest.narrow.rows_per_s", "ingest.narrow.recvlogical_rows_per_s", "ingest.narrow.ratio", "ingest.wide.ratio",
+    "initial_copy.rows_per_s", "freshness.p50_ms", "freshness.p99_ms",
+    *[f"union_read.{q}.ratio_vs_clean.{d}" for q in ("scan", "filter") for d in ("d1", "d10", "d30")],
+    *[f"union_read.scan.speedup_vs_equality_deletes.{d}" for d in ("d1", "d10", "d30")],
+    "memory.service_rss_bytes_per_million_rows", "memory.index_bytes_per_row", "machine",
+]
+
+
+def run_bench(settings, quick: bool = False, json_file=None, plots=None, suites=None, size: str | None = None,
+              log=print) -> int:
+    """Run the benchmark suites; write the JSON, ``bench.md`` and the plots. Returns the exit code
+    (0 when every suite ran; the targets are reported, not enforced). ``size``: ``full``/``quick``/
+    ``tiny`` (overrides ``quick``; ``tiny`` is for the test that keeps this from rotting)."""
+    size = size or os.environ.get("MOONCAKE_BENCH_SIZE") or ("quick" if quick else "full")
+    if size not in SIZES:
+        log(f"unknown bench size {size!r}; choose from {', '.join(SIZES)}")
+        return 2
+    sizes = SIZES[size]
+    chosen = list(suites or SUITES)
+    unknown = [s for s in chosen if s not in SUITES]
+    if unknown:
+        log(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+        return 2
+    json_path = Path(json_file) if json_file else Path(settings.state_dir) / "bench" / "bench.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    plot_dir = Path(plots) if plots else json_path.parent / "bench-plots"
+    doc: dict = {"machine": machine(), "size": size, "suites": chosen,
+                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": {}, "errors": {}}
+    admin_dsn = None
+    if PG_SUITES & set(chosen):
+        admin_dsn = settings.source_dsn()
+        doc["machine"]["postgres"] = _pg_version(admin_dsn)
+    t_all = time.perf_counter()
+    for suite in chosen:
+        log(f"[{suite}]")
+        t0 = time.perf_counter()
+        try:
+            _run_suite(suite, doc, settings, admin_dsn, sizes, quick or size != "full", log)
+        except Exception as e:  # one suite failing must not lose the others' figures
+            doc["errors"][suite] = f"{type(e).__name__}: {e}"
+            doc.setdefault("tracebacks", {})[suite] = traceback.format_exc()
+            log(f"  {suite} FAILED: {type(e).__name__}: {e}")
+        doc["seconds"][suite] = round(time.perf_counter() - t0, 1)
+    doc["seconds"]["total"] = round(time.perf_counter() - t_all, 1)
+    doc["targets"] = _targets(doc)
+    doc["missing_keys"] = [k for k in REQUIRED_KEYS if get_path(doc, k) is None]
+    json_path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    from .report import write_markdown, write_plots
+
+    md = json_path.with_name("bench.md")
+    written = write_plots(doc, plot_dir)
+    write_markdown(doc, md, plots=written, base=md.parent)
+    log(f"wrote {json_path}, {md} and {len(written)} plot(s) in {plot_dir} ({doc['seconds']['total']:.0f}s)")
+    for t in doc["targets"].values():
+        log(f"  target {'met' if t['met'] else 'NOT met'}: {t['what']} (value {_fmt(t['value'])})")
+    return 1 if doc["errors"] else 0
+
+
+def _run_suite(suite: str, doc: dict, settings, admin_dsn, sizes, quick: bool, log) -> None:
+    if suite == "ingest":
+        from .ingest import run_ingest_bench
+
+        res = run_ingest_bench(admin_dsn, sizes, log=log)
+        doc["initial_copy"] = res.pop("initial_copy")
+        doc["ingest"] = res
+    elif suite == "freshness":
+        from .freshness import run_freshness_bench
+
+        doc["freshness"] = run_freshness_bench(admin_dsn, sizes, log=log)
+    elif suite == "union_read":
+        from .union_read import run_union_read_bench
+
+        doc["union_read"] = run_union_read_bench(sizes, log=log)
+    elif suite == "memory":
+        from .memory import run_memory_bench
+
+        doc.setdefault("memory", {}).update(run_memory_bench(admin_dsn, sizes, log=log))
+    elif suite == "maintenance":
+        try:
+            from .maintenance import run_maintenance_bench
+        except ImportError:
+            doc["maintenance"] = {"skipped": "mooncake_assets.bench.maintenance is not available"}
+            return
+        doc["maintenance"] = run_maintenance_bench(settings, sizes.maintenance_quick)
+        log("  maintenance: done")
+    elif suite == "index":
+        try:
+            from ..engine.index.bench import run_index_bench
+        except ImportError:
+            doc["index"] = {"skipped": "mooncake_assets.engine.index.bench is not available"}
+            return
+        res = run_index_bench(sizes.index_sizes, quick=quick)
+        doc["index"] = res.get("index", res)
+        largest = str(max(int(k) for k in doc["index"]))
+        bpe = doc["index"][largest].get("bytes_per_entry")
+        if bpe is not None:
+            doc.setdefault("memory", {}).setdefault("index_bytes_per_row", bpe)
+            doc["memory"]["index_bench_bytes_per_entry"] = bpe
+        log(f"  index: sizes {', '.join(doc['index'])}")
+
+
+def _targets(doc: dict) -> dict:
+    out = {}
+    for key, op, target, what in TARGETS:
+        v = get_path(doc, key)
+        met = v is not None and (v >= target if op == ">=" else v <= target)
+        out[key] = {"what": what, "target": f"{op} {target}", "value": v, "met": bool(met)}
+    return out
+
+
+def _pg_version(dsn: str) -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as c:
+            return c.execute("SHOW server_version").fetchone()[0]
+    except Exception:
+        return None
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:
+        pass
+    return str(o)
+
+
+# re-exported for callers that build documents by hand
+set_path = set_path

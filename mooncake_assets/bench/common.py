@@ -1,0 +1,151 @@
+"""Shared pieces of the benchmarks: sizes, timing side by side, machine facts, bench databases.
+
+Timing rule (issue 8): a figure and its reference are measured in the same run, **interleaved**:
+``rounds`` rounds, each running every contender once (in a rotated order), so that noise from other
+processes on the machine hits both sides alike. Each contender's time is the **median** of its
+rounds; ratios are ratios of medians (the ratio of best times is recorded too, as ``*_best``).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import psycopg
+
+
+@dataclass
+class Sizes:
+    """How big each suite's workload is: ``full`` (``mooncake bench``), ``quick`` (``--quick``, under 10
+    minutes for everything) or ``tiny`` (the test that keeps the bench from rotting)."""
+
+    name: str
+    union_rows: int            # rows of the union-read table
+    union_rounds: int          # interleaved rounds per union-read figure
+    ingest_small_rows: int     # rows inserted in small transactions (10 rows each)
+    ingest_large_rows: int     # rows inserted by one large (streamed) transaction
+    wide_factor: float         # wide-row workloads use this share of the narrow row counts
+    copy_rows: int             # rows of the initial-copy table
+    fresh_commits: int         # single-row commits timed by the freshness suite
+    fresh_load_tps: int        # background pgbench rate (transactions/s) during the freshness suite
+    memory_rows: int           # rows buffered by the memory suite
+    index_sizes: tuple         # sizes for the index bench
+    maintenance_quick: bool    # passed to run_maintenance_bench
+
+
+SIZES = {
+    "full": Sizes("full", 5_000_000, 9, 500_000, 1_000_000, 0.4, 2_000_000, 300, 400, 2_000_000,
+                  (1_000_000, 10_000_000), False),
+    "quick": Sizes("quick", 500_000, 9, 100_000, 200_000, 0.5, 500_000, 100, 300, 500_000,
+                   (100_000, 1_000_000), True),
+    "tiny": Sizes("tiny", 30_000, 2, 2_000, 5_000, 0.5, 5_000, 8, 50, 20_000, (20_000,), True),
+}
+
+
+def interleaved(contenders: dict[str, Callable[[], object]], rounds: int) -> tuple[dict[str, list[float]], dict[str, object]]:
+    """Run every contender once per round, order rotated each round; returns (seconds per round,
+    last result) per contender."""
+    names = list(contenders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    results: dict[str, object] = {}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            t = time.perf_counter()
+            results[n] = contenders[n]()
+            times[n].append(time.perf_counter() - t)
+    return times, results
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    import duckdb
+    import pyarrow
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "duckdb": duckdb.__version__, "pyarrow": pyarrow.__version__}
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total_bytes"] = int(f.readline().split()[1]) * 1024
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+        info["loadavg_at_start"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    return info
+
+
+class BenchDatabase:
+    """A throwaway database in the source cluster (created on enter, dropped with its slots on exit)."""
+
+    def __init__(self, admin_dsn: str, prefix: str = "mooncake_bench"):
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        self.admin_dsn = admin_dsn
+        self.name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        d = conninfo_to_dict(admin_dsn)
+        d["dbname"] = self.name
+        self.dsn = make_conninfo(**d)
+
+    def __enter__(self) -> "BenchDatabase":
+        with psycopg.connect(self.admin_dsn, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {self.name}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as c:
+            for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
+                                     (self.name,)).fetchall():
+                for _ in range(50):
+                    try:
+                        c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                        break
+                    except psycopg.Error:
+                        time.sleep(0.1)
+            c.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+    def execute(self, sql: str, params=None) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            c.execute(sql, params)
+
+
+def pg_bin(name: str) -> str:
+    """A Postgres client binary (pgbench, pg_recvlogical, psql) next to the server's."""
+    import shutil
+
+    from ..engine.pg import find_pg_bin
+
+    try:
+        p = find_pg_bin() / name
+        if p.exists():
+            return str(p)
+    except Exception:
+        pass
+    return shutil.which(name) or name
+
+
+def set_path(d: dict, dotted: str, value) -> None:
+    """``d["a"]["b"]["c"] = value`` for ``dotted = "a.b.c"`` (creating the dicts)."""
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+    d[keys[-1]] = value
+
+
+def get_path(d: dict, dotted: str, default=None):
+    for k in dotted.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return d
