@@ -160,7 +160,9 @@ def status():
     st = c.status()
     console.print(f"mooncake service: running; slot {st['slot']}, applied LSN {st['applied_lsn']}, "
                   f"confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
-                  + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else ""))
+                  + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else "")
+                  + (f"; {len(st['stream_faults'])} lost stream(s), last at {st['stream_faults'][-1]['at']}: "
+                     f"{st['stream_faults'][-1]['error']}" if st.get("stream_faults") else ""))
 
 
 # ---------------------------------------------------------------------------------------- tables

@@ -121,17 +121,20 @@ def dagster_home(state_dir: str | os.PathLike) -> Path:
 
 def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | None = None,
                      raise_on_error: bool = True, tags: Mapping[str, str] | None = None,
-                     run_config: Mapping | None = None, log_level: str | None = None) -> dg.ExecuteInProcessResult:
-    """Materialize the assets ``keys`` (AssetKeys or "a/b" strings) of ``defs`` in this process, with
-    their asset checks and the resources bound in ``defs`` (the ``mooncake demo --dagster`` way).
-    ``run_config``: e.g. ``{"ops": {"compaction__t": {"config": {"full": True}}}}``; ``log_level``: of
+                     run_config: Mapping | None = None, log_level: str | None = None,
+                     checks: bool = True) -> dg.ExecuteInProcessResult:
+    """Materialize the assets ``keys`` (AssetKeys or "a/b" strings) of ``defs`` in this process, with the
+    resources bound in ``defs`` (the ``mooncake demo --dagster`` way); ``checks``: run their asset checks
+    too. ``run_config``: e.g. ``{"ops": {"compaction__t": {"config": {"full": True}}}}``; ``log_level``: of
     the run's console log (default Dagster's, DEBUG)."""
     keys = [k if isinstance(k, dg.AssetKey) else dg.AssetKey.from_user_string(k) for k in keys]
     if log_level:
         run_config = {**(run_config or {}), "loggers": {"console": {"config": {"log_level": log_level}}}}
-    job = defs.resolve_implicit_global_asset_job_def()
-    return job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=raise_on_error, tags=tags,
-                                  run_config=run_config)
+    selection = dg.AssetSelection.assets(*keys)
+    if not checks:
+        selection = selection.without_checks()
+    return dg.materialize([*defs.assets, *defs.asset_checks], selection=selection, resources=defs.resources,
+                          instance=instance, raise_on_error=raise_on_error, tags=tags, run_config=run_config)
 
 
 defs = build_definitions(load_config())

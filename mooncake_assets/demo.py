@@ -127,7 +127,6 @@ class _DagsterMaintenance:
         self.instance = dg.DagsterInstance.from_config(str(dagster_home(settings.state_dir)))
         self.defs = build_definitions(DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES),
                                                     automation=False))
-        self.defs.resolve_implicit_global_asset_job_def()  # build the job now, not during the workload
 
     def run(self, keys: list[str], label: str):
         from .definitions import materialize_keys

@@ -20,7 +20,6 @@
 The LSN each mirror input was read at is logged as input metadata (``mooncake/lsn``).
 """
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +36,7 @@ from pydantic import Field
 from mooncake_assets.engine.service import ServiceError
 
 from .replication import ReplicationResource
-from .type_handlers import DuckDBRelationTypeHandler, default_type_handlers
-
-log = logging.getLogger("mooncake.dagster")
+from .type_handlers import default_type_handlers
 
 MIRROR_TABLE = "mooncake/table"  # definition metadata that marks a mirror asset (value: the mirror's name)
 
@@ -93,10 +90,9 @@ class MooncakeDbIOManager(DbIOManager):
                                         "reading it at its current LSN instead")
                     rs = reader.register(table, lsn=None, view=view, columns=read_columns)
             local = table_slice._replace(table=view, schema="temp", database=None)
-            obj = handler.load_input(context, local, con)
+            obj = handler.load_input(context, local, con)  # a relation is materialized into its own connection
         finally:
-            if not isinstance(handler, DuckDBRelationTypeHandler):
-                con.close()
+            con.close()
         try:
             context.add_input_metadata({"mooncake/lsn": rs["lsn"], "mooncake/table": table,
                                         "mooncake/files": len(rs["files"]), "mooncake/memory_rows": rs.get("mem_rows", 0)})

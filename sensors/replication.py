@@ -14,19 +14,24 @@ Each tick (default every 10 s, running by default):
    trigger                     asset
    ==========================  ==============================================================
    buffer bytes or rows        ``flush/<t>``
-   pending deletes, or age     ``deletion_vectors/<t>`` (age: unpersisted changes older than
-                               ``persist_max_age_s``)
+   pending deletes, or age     ``deletion_vectors/<t>`` (age: unpersisted changes — rows in the
+                               buffer, pending deletes, or a flush/<t> newer than the last
+                               deletion_vectors/<t> — older than ``persist_max_age_s``)
    index blocks                ``index_merge/<t>`` (more than the table policy's
                                ``index_max_blocks``, or ``index_merge_blocks``)
    small files, delete ratio   ``compaction/<t>`` (when the service's compaction planner,
-                               asked for a dry run, picks files under the table's policy)
-   table not mirrored yet      ``mirror/<t>`` (the initial copy)
+                               asked for a dry run, picks files under the table's policy —
+                               other than files already wholly deleted, which persist drops)
+   table not mirrored yet      ``mirror/<t>`` (the initial copy; at most once an hour)
    ==========================  ==============================================================
 
    Several triggers of one table make one run. Run keys are ``<kinds>/<table>/<applied LSN>``, so an
    unchanged table is never asked twice for the same work; no request is made for a table while a run
    touching its maintenance (or its mirror) is queued or running, nor within ``min_request_interval_s``
    of the previous request of the same kind.
+
+A tick whose service cannot be started (or does not answer) is skipped with the reason; the next tick
+tries again.
 
 Cursor (JSON): ``{"pid", "restarts", "ticks", "tables": {t: {"dirty_since", "last_request": {kind: ts}}}}``.
 """
@@ -39,6 +44,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
+from mooncake_assets.engine.service import ServiceError
 from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes
 
 SENSOR_NAME = "replication_sensor"
@@ -90,9 +96,14 @@ def plan_maintenance(st: Mapping, th: MaintenanceThresholds, age_s: float | None
     elif th.index_merge_blocks and blocks >= max(th.index_merge_blocks, 2):
         out.append(("index_merge", f"{blocks} index blocks ≥ {th.index_merge_blocks}"))
     if compaction_plan and int(compaction_plan.get("picked", 0)) > 0:
-        reasons = sorted({r for f in compaction_plan.get("files", [])
-                          for r in ([f["reasons"]] if isinstance(f.get("reasons"), str) else f.get("reasons", []))})
-        out.append(("compaction", f"{compaction_plan['picked']} file(s) picked: {'; '.join(reasons)[:120]}"))
+        files = compaction_plan.get("files") or []
+        # a file whose rows are all deleted needs no rewrite: the next persist drops it
+        useful = [f for f in files if float(f.get("delete_ratio_percent", 0)) < 100.0] if files else None
+        if useful is None or useful:
+            reasons = sorted({r for f in (useful or [])
+                              for r in ([f["reasons"]] if isinstance(f.get("reasons"), str) else f.get("reasons", []))})
+            n = len(useful) if useful is not None else int(compaction_plan["picked"])
+            out.append(("compaction", f"{n} file(s) picked: {'; '.join(reasons)[:120]}"))
     return out
 
 
@@ -163,8 +174,17 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
         else:
             note = f"started (pid {info['pid']})"
             context.log.info(f"mooncake service {note}")
+    elif cur.pid is not None and info["pid"] is not None and info["pid"] != cur.pid:
+        cur.restarts += 1  # restarted meanwhile by someone else (a run's ensure_running, `mooncake start`)
+        note = f"restarted since the last tick: pid {cur.pid} → {info['pid']} (restart #{cur.restarts})"
+        context.log.warning(f"mooncake service {note}")
     cur.pid = info["pid"]
-    status = replication.status()
+    try:
+        status = replication.status()
+    except ServiceError as e:  # it answered a ping a moment ago: a crash or a hang; the next tick sees
+        context.log.error(f"the mooncake service did not answer its status: {e}")
+        return dg.SensorResult(skip_reason=f"mooncake service status failed: {str(e).splitlines()[0]}",
+                               cursor=cur.dump())
     try:
         source = replication.source_position(status.get("slot"))
     except Exception as e:  # Postgres unreachable: still observe what the service knows
@@ -184,7 +204,8 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
             if t in busy:
                 notes.append(f"{t}: not mirrored yet, run {busy[t]} in flight")
             else:
-                requests.append(dg.RunRequest(run_key=f"mirror/{t}/create/{cur.restarts}", job_name=job_name(MIRROR_JOB),
+                # one request per hour at most: a copy that fails (e.g. no such table) is not retried every tick
+                requests.append(dg.RunRequest(run_key=f"mirror/{t}/create/{int(now // 3600)}", job_name=job_name(MIRROR_JOB),
                                               asset_selection=[dg.AssetKey(["mirror", t])],
                                               tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME,
                                                     "mooncake/reason": "not mirrored yet"}))
@@ -207,8 +228,9 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
             tcur.pop("dirty_since", None)
             age = None
         policy = _policy(replication, t)
+        ask_planner = th.compaction and t not in busy
         plan = plan_maintenance(st, th, age, index_max_blocks=int(policy.get("index_max_blocks", 16)),
-                                compaction_plan=_compaction_plan(context, replication, t, st) if th.compaction else None)
+                                compaction_plan=_compaction_plan(context, replication, t, st) if ask_planner else None)
         plan = [(k, r) for k, r in plan if now - float(last_req.get(k, 0)) >= th.min_request_interval_s]
         if not plan:
             continue

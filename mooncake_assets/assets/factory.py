@@ -75,6 +75,8 @@ def _require_table(replication: ReplicationResource, name: str) -> dict:
     st = replication.table_status(name)
     if st is None:
         raise dg.Failure(description=f"the service does not mirror {name!r} yet: materialize mirror/{name} first")
+    if st.get("state") == "copying":
+        raise dg.Failure(description=f"{name} is still being copied (initial copy); try again when mirror/{name} is done")
     if st.get("state") == "error":
         raise dg.Failure(description=f"mirror {name} stopped on an error: {st.get('error')}",
                          metadata={"error": st.get("error") or ""})
@@ -115,6 +117,15 @@ def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
         meta: dict = {"source": dg.MetadataValue.text(spec.source)}
         if started["started"]:
             meta["service"] = dg.MetadataValue.text(f"started (pid {started['pid']})")
+        if st is not None and st.get("state") == "copying":  # another run is copying it: wait for that copy
+            context.log.info(f"{name} is being copied by another run; waiting for the copy to finish")
+            deadline = time.time() + replication.call_timeout_s
+            while st is not None and st.get("state") == "copying" and time.time() < deadline:
+                time.sleep(1.0)
+                st = replication.table_status(name)
+            if st is None or st.get("state") == "copying":
+                raise dg.Failure(description=f"the initial copy of {name} by another run did not finish "
+                                             f"within {replication.call_timeout_s:.0f}s (or failed); try again")
         if st is None:
             context.log.info(f"mirroring {spec.source} as {name}: initial copy, then change data capture")
             created = _call(lambda: replication.create_table(name, spec.source), f"mirroring {spec.source}")

@@ -3,7 +3,8 @@
 Timing rule (issue 8): a figure and its reference are measured in the same run, **interleaved**:
 ``rounds`` rounds, each running every contender once (in a rotated order), so that noise from other
 processes on the machine hits both sides alike. Each contender's time is the **median** of its
-rounds; ratios are ratios of medians (the ratio of best times is recorded too, as ``*_best``).
+rounds; ratios are ratios of medians (the ratio of best times is recorded too, as ``*_best``, and
+where both sides run in this process, the ratio of median CPU times, as ``cpu_*``).
 """
 from __future__ import annotations
 
@@ -46,18 +47,23 @@ SIZES = {
 }
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], rounds: int) -> tuple[dict[str, list[float]], dict[str, object]]:
-    """Run every contender once per round, order rotated each round; returns (seconds per round,
-    last result) per contender."""
+def interleaved(contenders: dict[str, Callable[[], object]], rounds: int,
+                cpu: dict[str, list[float]] | None = None) -> tuple[dict[str, list[float]], dict[str, object]]:
+    """Run every contender once per round, order rotated each round; returns (wall seconds per round,
+    last result) per contender. ``cpu``: filled with this process's CPU seconds per round (all its
+    threads: DuckDB's, PyArrow's, an in-process server's), which noise from other processes disturbs less."""
     names = list(contenders)
     times: dict[str, list[float]] = {n: [] for n in names}
     results: dict[str, object] = {}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
+            c = time.process_time()
             t = time.perf_counter()
             results[n] = contenders[n]()
             times[n].append(time.perf_counter() - t)
+            if cpu is not None:
+                cpu.setdefault(n, []).append(time.process_time() - c)
     return times, results
 
 

@@ -58,8 +58,8 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
     if ur:
         lines += [f"## Union read ({_f(ur['rows'])} live rows)", "",
                   f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.", "",
-                  "| query | deletes | clean ms | union ms | union / clean | anti join / clean | equality deletes / clean | "
-                  "speed-up vs equality deletes | rows & checksums equal |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
+                  "speed-up vs equality deletes | rows & checksums equal |", "|---|---|---|---|---|---|---|---|---|---|"]
         for q in ("scan", "filter"):
             sec = ur.get(q, {})
             for d, pct in SHARES:
@@ -70,7 +70,8 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
                 same = ck.get("results_equal") and len({(v["rows"], v["checksum"]) for k, v in ck.items()
                                                        if isinstance(v, dict) and "rows" in v}) == 1
                 lines.append(f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
-                             f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec['anti_join_ratio_vs_clean'][d])} | "
+                             f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
+                             f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
                              f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
                              f"{'yes' if same else '**NO**'} |")
         lines.append("")

@@ -43,8 +43,32 @@ def test_replay_chaos_case(pg_cluster, case: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [3, 4])
-def test_chaos_seeds(pg_cluster, seed):
-    """seed 3 runs with maintenance: auto (the service persists and compacts by itself), seed 4 with
-    maintenance driven by the run."""
-    _assert_clean(run_chaos(seed, 150, pg_cluster.dsn(), cases_dir=CASES))
+def test_chaos_seed_with_auto_maintenance(pg_cluster):
+    """Seed 3 runs with ``maintenance: auto`` (the service persists, merges and compacts by itself while
+    the run adds its own maintenance calls and kills); the short run above drives maintenance itself."""
+    _assert_clean(run_chaos(3, 150, pg_cluster.dsn(), cases_dir=CASES))
+
+
+def test_a_failing_seed_is_written_as_a_replayable_case(pg_cluster, tmp_path, monkeypatch):
+    """The case file a divergent run leaves: seed, steps, phase, the divergences, the operation log;
+    the database and state directory are kept for a post-mortem."""
+    import shutil
+
+    import psycopg
+
+    from mooncake_assets import chaos
+
+    def diverge(self):
+        self.sql("SELECT 1")
+        self.res.divergences.append({"step": 1, "reader": "union", "table": "c_items", "detail": "injected"})
+
+    monkeypatch.setattr(chaos._Run, "run", diverge)
+    res = run_chaos(5, 10, pg_cluster.dsn(), cases_dir=tmp_path, phase=5, log=lambda m: None)
+    case = json.loads((tmp_path / "chaos-5-10.json").read_text())
+    assert res.case_file == str(tmp_path / "chaos-5-10.json")
+    assert (case["seed"], case["steps"], case["phase"]) == (5, 10, 5)
+    assert case["result"]["divergences"][0]["detail"] == "injected" and case["ops"] == ["SELECT 1"]
+    assert Path(case["state_dir"]).is_dir()
+    shutil.rmtree(case["state_dir"], ignore_errors=True)
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        c.execute(f"DROP DATABASE {case['database']} WITH (FORCE)")

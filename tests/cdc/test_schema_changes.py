@@ -3,12 +3,15 @@ table, column and LSN, holds the slot at the table's flush LSN, and a fix resume
 (Following the change as Iceberg schema evolution is not implemented.)"""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mooncake_assets.engine.service.process import start_service, stop_service
 from mooncake_assets.engine.table.mirror import parse_lsn
 
 from .conftest import mirror_fixture
+from ..helpers import mooncake
 
 
 def _lsn_now(m) -> int:
@@ -60,6 +63,10 @@ def test_schema_change_stops_only_its_table(mirror, kind, ddl, dml, expect):
     flush = parse_lsn(st["flush_lsn"])
     assert _slot_confirmed(m) <= flush                         # held: nothing after it is confirmed
     assert "\n" not in err
+    if kind == "add":                                          # the command line shows it too
+        lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
+        row = next(x for x in lt["tables"] if x["name"] == t)
+        assert row["state"] == "error" and row["error"] == err
 
 
 def test_recreating_the_mirror_resumes_with_nothing_lost(mirror):
@@ -104,7 +111,8 @@ def test_undoing_an_added_column_and_restarting_resumes(fresh_mirror):
     m.client.close()
     m.check("sc_keep")
     st2 = m.status("sc_undo")
-    assert st2["state"] == "error" and st2["error"].split(":")[0] == st["error"].split(":")[0], (st, st2)
+    at = lambda e: e.split("schema change at LSN ")[1].split(":")[0]  # noqa: E731
+    assert st2["state"] == "error" and at(st2["error"]) == at(st["error"]), (st, st2)
     m.sql("ALTER TABLE sc_undo DROP COLUMN doc")                # the fix
     m.sql("INSERT INTO sc_undo VALUES (34, 'after fix')", "INSERT INTO sc_keep VALUES (2)")
     stop_service(m.settings)

@@ -59,9 +59,11 @@ class MooncakeEnv:
     def replication(self) -> ReplicationResource:
         return self.defs.resources["replication"]
 
-    def materialize(self, *keys: str, raise_on_error: bool = True, run_config=None) -> dg.ExecuteInProcessResult:
+    def materialize(self, *keys: str, raise_on_error: bool = True, run_config=None,
+                    checks: bool = False) -> dg.ExecuteInProcessResult:
+        """Materialize ``keys`` (without their asset checks unless ``checks``)."""
         return materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=raise_on_error,
-                                run_config=run_config)
+                                run_config=run_config, checks=checks)
 
     def mirror_all(self) -> dg.ExecuteInProcessResult:
         return self.materialize(*[f"mirror/{t}" for t in PGBENCH])

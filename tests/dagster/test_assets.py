@@ -32,7 +32,7 @@ def _skip_if_missing(res, what: str):
 def test_mirror_asset_creates_the_mirror(mc):
     """mirror/<t> starts the service, copies the table, and reports rows, LSNs and the column schema; its
     checks pass; a second materialization does not copy again."""
-    res = mc.materialize("mirror/pgbench_accounts", "mirror/pgbench_history")
+    res = mc.materialize("mirror/pgbench_accounts", "mirror/pgbench_history", checks=True)
     acc = _meta(res, "mirror/pgbench_accounts")
     assert acc["initial_copy/rows"] == 2000 and acc["dagster/row_count"] == 2000
     assert acc["service"].startswith("started")

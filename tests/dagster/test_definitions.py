@@ -112,6 +112,8 @@ def test_plan_maintenance_rules():
     (kind, reason), = plan_maintenance({}, th, compaction_plan=plan)
     assert kind == "compaction" and "2 file(s)" in reason
     assert plan_maintenance({}, th, compaction_plan={"picked": 0}) == []
+    gone = {"picked": 1, "files": [{"delete_ratio_percent": 100.0, "reasons": ["delete ratio 100% ≥ 30%"]}]}
+    assert plan_maintenance({}, th, compaction_plan=gone) == []  # persist drops a wholly deleted file
     assert SensorCursor.load("not json").ticks == 0
 
 

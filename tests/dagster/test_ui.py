@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -175,3 +176,4 @@ def test_dagster_dev_asset_graph(pg_dsn, state_dir, out_dir):
             browser.close()
         _stop_group(dev)
         log.close()
+        shutil.rmtree(home, ignore_errors=True)

@@ -30,8 +30,14 @@ def _all_match(settings, client=None, reader="union"):
 
 @pytest.fixture()
 def on_s3(monkeypatch, moto_server, s3_bucket):
-    """Make the skeleton tests' ``make_settings`` put the warehouse in a fresh bucket on moto."""
+    """Make the skeleton tests' ``make_settings`` put the warehouse in a fresh bucket on moto.
+
+    Auto persists at least 2 s apart: a persist is a dozen requests to moto (upload, DV and index Puffin,
+    manifests, list, metadata) and runs on the replication thread, so a persist every 0.5 s of two
+    busy tables leaves too little time to apply changes (the slower the store, the more it shows)."""
     def s3_make_settings(state_dir, dsn, **kw):
+        if "persist_interval_s" in kw:
+            kw["persist_interval_s"] = max(kw["persist_interval_s"], 2.0)
         return _s3_settings(state_dir, dsn, moto_server.endpoint, s3_bucket, **kw)
 
     monkeypatch.setattr(skeleton, "make_settings", s3_make_settings)

@@ -6,7 +6,8 @@ half second per table; it only looks (block count, the compaction plan from in-m
 since the last expiry) and, when something is due, starts a worker thread for that table. The worker
 runs :func:`.runner.compact`, :func:`.runner.merge_index` and :func:`.runner.expire_and_clean`, which
 take the service lock only for their snapshots and swaps, so the apply loop keeps going. A failure is
-logged and kept in :attr:`BackgroundMaintenance.errors`; it never stops replication of the table.
+logged and kept in :attr:`BackgroundMaintenance.errors` (``list-tables --json``: ``maintenance.error``)
+and retried after a backoff (5 s doubling to 5 min); it never stops replication of the table.
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ class BackgroundMaintenance:
         self._stop = threading.Event()
         self.errors: dict[str, str] = {}
         self.runs: dict[str, int] = {}
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
 
     def tick(self, table) -> None:
         """Look at ``table`` (caller holds the service lock) and start a worker if something is due."""
@@ -56,7 +59,7 @@ class BackgroundMaintenance:
         except ValueError as e:
             self.errors[table.name] = str(e)
             return
-        if now - self._last_check.get(table.name, 0.0) < policy.auto_interval_s:
+        if now - self._last_check.get(table.name, 0.0) < policy.auto_interval_s or now < self._retry_at.get(table.name, 0.0):
             return
         self._last_check[table.name] = now
         merge = len(table.file_index.blocks) > policy.index_max_blocks
@@ -84,9 +87,13 @@ class BackgroundMaintenance:
                 expire_and_clean(table, policy=policy)
                 self._last_expire[table.name] = time.time()
             self.errors.pop(table.name, None)
+            self._failures.pop(table.name, None)
         except Exception as e:
             self.errors[table.name] = f"{type(e).__name__}: {e}"
-            log.exception("table %s: background maintenance failed (replication continues)", table.name)
+            n = self._failures[table.name] = self._failures.get(table.name, 0) + 1
+            self._retry_at[table.name] = time.time() + min(300.0, 5.0 * 2 ** (n - 1))  # back off: 5 s, 10 s, … 5 min
+            log.exception("table %s: background maintenance failed (replication continues; retry in %.0fs)",
+                          table.name, self._retry_at[table.name] - time.time())
         finally:
             self.runs[table.name] = self.runs.get(table.name, 0) + 1
 

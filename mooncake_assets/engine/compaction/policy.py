@@ -34,7 +34,8 @@ class MaintenancePolicy:
     runs, newest first (with deletion vectors no file shadows another, so only sizes matter):
 
     ``target_file_bytes``: size a rewrite aims each new file at (bytes, ≥ 1024; default 128 MiB,
-      Paimon ``target-file-size``). Outputs are cut when their estimated compressed size reaches it.
+      Paimon ``target-file-size``). An output is closed once its written bytes reach it, so every
+      output of a run but the last holds at least this much and is not small (no rewrite loops).
     ``size_ratio_percent``: a run of the smallest files grows by the next file while that file's live
       bytes are at most (100 + this)% of the run's total (percent, ≥ 0; default 1, Paimon
       ``compaction.size-ratio``).

@@ -447,30 +447,52 @@ def _referenced(ice) -> set[str]:
     return refs
 
 
-def find_orphans(ice, min_age_s: float = 0.0) -> list[str]:
-    """Files under a local table location (``data/``, ``index/``, ``metadata/``) that no snapshot of the
-    current metadata references and that are older than ``min_age_s`` seconds. Returns local paths.
-    Non-local warehouses (``s3://``): [] (not listed here)."""
+def _list_files(ice, min_age_s: float) -> list[str]:
+    """Files under the table's ``data/``, ``index/`` and ``metadata/`` older than ``min_age_s``: local
+    paths for a local warehouse, ``scheme://bucket/key`` otherwise (listed through the table's own
+    FileIO filesystem, so an S3 endpoint and credentials are the ones the table uses)."""
+    import pyarrow.fs as pafs
+
     loc = ice.location
-    if not (loc.startswith("file://") or loc.startswith("/")):
-        return []
-    base = Path(_strip(loc))
+    io = ice.io
     now = time.time()
-    listed = []
+    if loc.startswith("file://") or loc.startswith("/") or not hasattr(io, "fs_by_scheme"):
+        if not (loc.startswith("file://") or loc.startswith("/")):
+            return []  # a FileIO that cannot list (not PyArrow's): nothing is listed, nothing deleted
+        scheme, fs, base = "file", pafs.LocalFileSystem(), _strip(loc)
+    else:
+        scheme, netloc, base = io.parse_location(loc)
+        fs = io.fs_by_scheme(scheme, netloc)
+    out = []
     for sub in ("data", "index", "metadata"):
-        d = base / sub
-        if not d.is_dir():
-            continue
-        for p in d.rglob("*"):
-            try:
-                if p.is_file() and now - p.stat().st_mtime >= min_age_s:
-                    listed.append(str(p))
-            except FileNotFoundError:
-                pass
+        for info in fs.get_file_info(pafs.FileSelector(f"{base.rstrip('/')}/{sub}", recursive=True,
+                                                       allow_not_found=True)):
+            if info.type != pafs.FileType.File:
+                continue
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            if now - mtime >= min_age_s:
+                out.append(info.path if scheme == "file" else f"{scheme}://{info.path}")
+    return out
+
+
+def find_orphans(ice, min_age_s: float = 0.0) -> list[str]:
+    """Files under the table location (``data/``, ``index/``, ``metadata/``) that no snapshot of the
+    current metadata references and that are older than ``min_age_s`` seconds: local paths for a local
+    warehouse, URIs otherwise (delete them with the table's FileIO)."""
+    listed = _list_files(ice, min_age_s)
     if not listed:
         return []
     refs = _referenced(ice)  # after listing: a file committed meanwhile is referenced by now
     return sorted(p for p in listed if p not in refs and not p.endswith("version-hint.text"))
+
+
+def _delete_files(ice, paths) -> None:
+    for p in paths:
+        with contextlib.suppress(Exception):
+            if "://" in p:
+                ice.io.delete(p)
+            else:
+                os.unlink(p)
 
 
 def expire_and_clean(table, *, policy: MaintenancePolicy | None = None, orphan_grace_s: float | None = None) -> dict:
@@ -501,9 +523,7 @@ def expire_and_clean(table, *, policy: MaintenancePolicy | None = None, orphan_g
                 ice.io.delete(loc)
         files = len(gone)
     orphans = find_orphans(ice, grace)
-    for p in orphans:
-        with contextlib.suppress(OSError):
-            os.unlink(p)
+    _delete_files(ice, orphans)
     if orphans:
         log.info("table %s: deleted %d orphan file(s)", table.name, len(orphans))
     return {"snapshots_expired": expired, "files_deleted": files, "orphans_deleted": len(orphans)}
@@ -533,9 +553,7 @@ def cleanup_after_restore(table, policy: MaintenancePolicy | None = None) -> dic
     out = clean_local(table)
     try:
         orphans = find_orphans(table.iceberg, 0.0)
-        for p in orphans:
-            with contextlib.suppress(OSError):
-                os.unlink(p)
+        _delete_files(table.iceberg, orphans)
         out["orphans_deleted"] = len(orphans)
     except Exception as e:  # never block a restart on cleanup
         log.warning("table %s: orphan cleanup at start failed: %s", table.name, e)

@@ -29,6 +29,25 @@ MAX_SEGMENTS = 16  # more than this many row ranges in one file: read it as one 
 
 
 def deleted_positions(dv: str | bytes | None) -> np.ndarray:
+    """:func:`decode_positions`, memoized by the bitmap's text (read-only result): a reader that reads
+    an unchanged file again does not decode its deletion vector again (Trino and Spark keep such
+    caches of delete files too). Bounded: :data:`CACHED_VECTORS` vectors."""
+    if not dv:
+        return np.zeros(0, dtype=np.uint32)
+    return _positions_cached(dv)
+
+
+CACHED_VECTORS = 256
+
+
+@functools.lru_cache(maxsize=CACHED_VECTORS)
+def _positions_cached(dv: str | bytes) -> np.ndarray:
+    a = decode_positions(dv)
+    a.flags.writeable = False
+    return a
+
+
+def decode_positions(dv: str | bytes | None) -> np.ndarray:
     """Sorted deleted positions (``uint32``, or ``int64`` beyond 2**32) of a ReadState's ``deleted`` field (base64 text or raw bytes
     of a portable 64-bit Roaring bitmap; None = nothing deleted). Raises ``ValueError`` on bad bytes."""
     if not dv:
@@ -98,6 +117,30 @@ class FilePlan:
     @property
     def needs_bits(self) -> bool:
         return any(s.has_deletes for s in self.segments)
+
+
+@functools.lru_cache(maxsize=128)
+def cached_plan(path: str, num_rows: int, dv: str) -> FilePlan:
+    """:func:`plan_file` of a file given its ReadState ``deleted`` text, memoized (plans are pure
+    functions of the immutable file and the vector's bytes)."""
+    return plan_file(path, num_rows, deleted_positions(dv))
+
+
+@functools.lru_cache(maxsize=128)
+def cached_keep(path: str, num_rows: int, dv: str):
+    """For reading a file with PyArrow: (row groups to read — None for all —, a keep mask over their
+    rows as an Arrow ``BooleanArray``), memoized like :func:`cached_plan`. Row groups whose rows are all
+    deleted are left out."""
+    rgs = parquet_row_groups(path)
+    keep = keep_mask(num_rows, deleted_positions(dv))
+    if sum(rgs) != num_rows:
+        return None, arrow_mask(keep)
+    starts = np.concatenate([[0], np.cumsum(rgs, dtype=np.int64)])
+    live = [k for k in range(len(rgs)) if keep[starts[k]:starts[k + 1]].any()]
+    if len(live) == len(rgs):
+        return None, arrow_mask(keep)
+    m = np.concatenate([keep[starts[k]:starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
+    return tuple(live), arrow_mask(m)
 
 
 def plan_file(path: str, num_rows: int, positions: np.ndarray, row_groups: tuple[int, ...] | None = None) -> FilePlan:

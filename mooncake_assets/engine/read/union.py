@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 
 from ..service.client import ServiceClient
 from ..storage.arrow_fs import arrow_source
-from .plan import FilePlan, arrow_mask, deleted_positions, keep_mask, parquet_row_groups, plan_file
+from .plan import FilePlan, cached_keep, cached_plan, deleted_positions
 
 MODES = ("auto", "lazy", "arrow", "anti")
 # DuckDB scans registered Arrow tables through Acero, which warns once per batch about buffers that
@@ -207,7 +207,7 @@ class UnionReader:
                 parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true) d "
                              f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
         elif mode == "lazy":
-            plans = [plan_file(f["path"], f["rows"], deleted_positions(f["deleted"])) for f in dirty]
+            plans = [cached_plan(f["path"], f["rows"], f["deleted"]) for f in dirty]
             parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs))
         else:  # arrow
             if dirty:
@@ -315,19 +315,13 @@ def _read_masked(files: list[dict], cols: list[str]) -> pa.Table:
     parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows."""
 
     def one(f):
-        pos = deleted_positions(f["deleted"])
-        rgs = parquet_row_groups(f["path"])
-        keep = keep_mask(f["rows"], pos)
-        starts = np.concatenate([[0], np.cumsum(rgs)])
-        live = [k for k in range(len(rgs)) if keep[starts[k]:starts[k + 1]].any()]
+        live, keep = cached_keep(f["path"], f["rows"], f["deleted"])
         pf = pq.ParquetFile(arrow_source(f["path"]))  # s3:// through PyArrow's S3 filesystem
-        if len(live) == len(rgs):
+        if live is None:
             t = pf.read(columns=cols)
-            m = keep
         else:
-            t = pf.read_row_groups(live, columns=cols) if live else pf.schema_arrow.empty_table().select(cols)
-            m = np.concatenate([keep[starts[k]:starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
-        return t.append_column("__mc_keep", arrow_mask(m))
+            t = pf.read_row_groups(list(live), columns=cols) if live else pf.schema_arrow.empty_table().select(cols)
+        return t.append_column("__mc_keep", keep)
 
     parallel = len(files) > 1 and sum(f["rows"] for f in files) >= PARALLEL_ROWS
     tables = list(_pool().map(one, files)) if parallel else [one(f) for f in files]

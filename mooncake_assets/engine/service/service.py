@@ -396,6 +396,11 @@ class ReplicatorService:
                 self.catalog.create_namespace_if_not_exists(NAMESPACE)
             except Exception:
                 pass
+            if self.catalog.table_exists(ident):  # not in the registry: left by a create that was killed
+                log.warning("table %s: dropping the Iceberg table an interrupted create-table left", dst)
+                self._drop_iceberg(dst)
+            import shutil
+            shutil.rmtree(self.settings.state_dir / "tables" / dst, ignore_errors=True)
             ice = IcebergMirrorTable.create(self.catalog, ident, schema.arrow_schema(),
                                             delete_format=delete_format,
                                             properties={"mooncake.source": src})
@@ -405,7 +410,12 @@ class ReplicatorService:
                 self.copying[schema.oid] = cp
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, src)}
             pub_exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone()
-            if pub_exists:
+            member = pub_exists and conn.execute(
+                "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+                "WHERE p.pubname = %s AND r.prrelid = %s", (self.publication, schema.oid)).fetchone()
+            if member:
+                pass  # left by a create that was killed: keep it
+            elif pub_exists:
                 conn.execute(f"ALTER PUBLICATION {self.publication} ADD TABLE {_qi(src)}")
                 added_pub = True
             else:
