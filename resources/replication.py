@@ -11,8 +11,6 @@ ServiceError` with the service's one-line message when it refused a call (e.g. a
 permanent until the configuration changes).
 """
 
-import fcntl
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,23 +160,10 @@ class ReplicationResource(dg.ConfigurableResource):
         if self.socket_path != s.socket_path:
             raise ServiceUnavailable(f"no mooncake service answers on {self.socket_path}, and one started for "
                                      f"{s.state_dir} would listen on {s.socket_path}")
-        with self._start_lock():  # sensors and runs may race to start it: one starts, the others see it
-            if self.client().ping():
-                return {"started": False, "pid": service_pid(s), "socket": str(self.socket_path)}
-            self.client().close()
-            pid = start_service(s, timeout=self.start_timeout_s)
-        return {"started": True, "pid": pid, "socket": str(self.socket_path)}
-
-    @contextmanager
-    def _start_lock(self):
-        s = self.settings()
-        s.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(s.state_dir / "service.start.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        # start_service holds <state>/service.start.lock: sensors, runs and the CLI may race, one starts it
+        pid, started = start_service(s, timeout=self.start_timeout_s, report=True)
+        self.client().close()
+        return {"started": started, "pid": pid, "socket": str(self.socket_path)}
 
     def call(self, action: str, timeout: float | None = None, **body) -> dict:
         """One service action (see engine/service/flight.py); returns its JSON result."""

@@ -6,6 +6,7 @@ to shut down over Flight, then kills it by its own pid (``<state>/service.pid``)
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -36,11 +37,27 @@ def service_pid(settings: Settings) -> int | None:
     return pid
 
 
-def start_service(settings: Settings, timeout: float = 60.0) -> int:
-    """Start the service unless it already answers; returns its pid. RuntimeError with the log tail on failure."""
-    client = ServiceClient(settings.socket_path)
-    if client.ping():
-        return service_pid(settings) or -1
+def start_service(settings: Settings, timeout: float = 60.0, report: bool = False):
+    """Start the service unless it already answers; returns its pid (with ``report=True``:
+    ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
+    exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
+    RuntimeError with the log tail on failure."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.state_dir / "service.start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client = ServiceClient(settings.socket_path)
+            if client.ping():
+                client.close()
+                pid = service_pid(settings) or -1
+                return (pid, False) if report else pid
+            pid = _spawn(settings, client, timeout)
+            return (pid, True) if report else pid
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _spawn(settings: Settings, client: ServiceClient, timeout: float) -> int:
     settings.save()
     log = open(settings.state_dir / "service.log", "ab")
     env = dict(os.environ)

@@ -545,10 +545,21 @@ class ReplicatorService:
         shutil.rmtree(t.dir, ignore_errors=True)
         return {"dropped": name, "slot_dropped": last}
 
+    def _source_lsn(self) -> int | None:
+        """``pg_current_wal_lsn()`` of the source over a kept connection (None when unreachable)."""
+        try:
+            if getattr(self, "_status_conn", None) is None or self._status_conn.closed:
+                self._status_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+            text = self._status_conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+            return parse_lsn(text)
+        except psycopg.Error:
+            self._status_conn = None
+            return None
+
     def status(self) -> dict:
         """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields."""
+        src_lsn = self._source_lsn()
         with self.lock:
-            src_lsn = None
             tables = []
             for name, meta in self.registry["tables"].items():
                 t = self.tables.get(name)
@@ -558,7 +569,7 @@ class ReplicatorService:
                 fault = self.faults.get(name)
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
                 st["error"] = t.error or (fault.describe() if fault else None)
-                st["lag_bytes"] = 0
+                st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
                     st["maintenance"]["error"] = self.background.errors[name]
@@ -568,6 +579,7 @@ class ReplicatorService:
                 tables.append({"name": t.name, "source": t.source, "state": "copying", "error": None,
                                "progress": self.progress.get(t.name)})
             return {"tables": tables, "applied_lsn": lsn_str(self.applied_lsn),
+                    "source_lsn": lsn_str(src_lsn) if src_lsn is not None else None,
                     "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
                     "publication": self.publication, "stream_error": self.stream_error,
                     "stream_faults": list(self.stream_faults),
