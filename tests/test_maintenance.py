@@ -410,10 +410,11 @@ def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, mon
                 _match(s, client)  # a read while the rewrite / merge is in flight
                 time.sleep(0.3)
                 a1 = client.status()["applied_lsn"]
+                if not worker.is_alive(): worker.join(); print("DEBUG", op, box.get(op))
                 assert worker.is_alive(), f"{op} finished before the reads were done"
                 assert _lsn_int(a1) > _lsn_int(a0), (op, a0, a1)  # replication went on
                 worker.join()
-                client.call("flush", table="acc")  # one more block for the merge
+                print("FLUSH", client.call("flush", table="acc"), _status(client, "acc")["index_blocks"])  # one more block for the merge
         finally:
             stop.set()
             th.join()

@@ -145,3 +145,19 @@ def test_query_registers_only_referenced_tables_and_reregisters_cleanly(table):
     assert sum(len(v) for v in r._objects.values()) <= 3
     got = r.query("SELECT count(*) AS n FROM t JOIN other USING (id)", lsn="0/10")
     assert got["n"][0].as_py() == 3
+
+
+@pytest.mark.parametrize("mode", ["lazy", "arrow"])
+def test_new_deletes_on_the_same_file_are_seen_despite_the_plan_cache(table, mode):
+    """Plans and decoded vectors are memoized by the vector's bytes: a file whose DV grows between two
+    reads is read with the new one."""
+    client, expected = table
+    r = UnionReader(client, mode=mode)
+    before = r.read_table("t", lsn="0/10").num_rows
+    rs, mem = client.tables["t"]
+    f = next(f for f in rs["files"] if f["name"] == "random.parquet")
+    old = set(deleted_positions(f["deleted"]).tolist())
+    more = sorted(old | {p for p in range(0, 5000, 7) if p not in old})
+    f["deleted"] = _dv(more)
+    after = r.read_table("t", lsn="0/10").num_rows
+    assert before - after == len(more) - len(old) > 0

@@ -690,22 +690,23 @@ class IcebergMirrorTable:
         )
 
     def _write_delete_files(self, io: FileIO, new_sets: dict[str, BitMap64], snapshot_id: int, written: list[str]) -> list[DataFile]:
-        """v3: one Puffin file with one ``deletion-vector-v1`` blob per data file; v2: one Parquet
+        """v3: one Puffin file holding the ``deletion-vector-v1`` blob of each data file; v2: one Parquet
         position-delete file per data file. Returns their ``data_file`` records."""
         if not new_sets:
             return []
         provider = load_location_provider(self.location, self._table.metadata.properties)
         if self.format_version >= 3:
-            locations = sorted(new_sets)
-            data, metas = write_puffin(
-                [deletion_vector_blob(loc, new_sets[loc]) for loc in locations], {"created-by": CREATED_BY}
-            )
-            location = provider.new_data_location(f"{snapshot_id}-{uuid.uuid4()}-deletes.puffin")
-            written.append(location)
-            with io.new_output(location).create(overwrite=False) as out:
-                out.write(data)
+            # One Puffin file per data file's DV. The spec allows several DV blobs in one Puffin file,
+            # but DuckDB's iceberg extension (1.5.5) applied the wrong positions to such files (seen
+            # here: 99,378 rows instead of 100,000), so every reader gets the simplest layout.
             records = []
-            for loc, meta in zip(locations, metas):
+            for loc in sorted(new_sets):
+                data, metas = write_puffin([deletion_vector_blob(loc, new_sets[loc])], {"created-by": CREATED_BY})
+                meta = metas[0]
+                location = provider.new_data_location(f"{snapshot_id}-{uuid.uuid4()}-deletes.puffin")
+                written.append(location)
+                with io.new_output(location).create(overwrite=False) as out:
+                    out.write(data)
                 records.append(
                     new_data_file(
                         3,
