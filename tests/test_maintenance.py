@@ -376,14 +376,14 @@ def test_sigkill_at_each_compaction_step_converges(pg_dsn, state_dir, monkeypatc
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, monkeypatch):
-    """With the rewrite stalled for 3 s (fault injection), updates keep being applied, a read during
+    """With the rewrite and the merge stalled for 5 s (fault injection), updates keep being applied, a read during
     the compaction equals Postgres, the deletes that arrived meanwhile are re-mapped, and the service
     lock is held only for a short swap."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL)")
         c.execute("INSERT INTO acc SELECT g, 0 FROM generate_series(1, 20000) g")
     s = make_settings(state_dir, pg_dsn, maintenance="dagster", )
-    monkeypatch.setenv("MOONCAKE_FAULT", "compaction:after_files_written=sleep:3,merge_index:after_index_rebuilt=sleep:3")
+    monkeypatch.setenv("MOONCAKE_FAULT", "compaction:after_files_written=sleep:5,merge_index:after_index_rebuilt=sleep:5")
     stop = threading.Event()
 
     def workload():
@@ -408,13 +408,11 @@ def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, mon
             for op, kw in (("compact", {"full": True}), ("merge_index", {"full": True})):
                 worker = threading.Thread(target=lambda: box.__setitem__(op, client_call(s, op, kw)))
                 worker.start()
-                time.sleep(0.3); t_s = time.time()
+                time.sleep(0.3)
                 a0 = client.status()["applied_lsn"]
                 time.sleep(0.3)
                 a1 = client.status()["applied_lsn"]
-                t_m = time.time(); _match(s, client); print("READ TOOK", time.time() - t_m, "since start", time.time() - t_s)
-                t_r = time.time()
-                if not worker.is_alive(): worker.join(); print("DEBUG", op, box.get(op))
+                _match(s, client)  # a read while the rewrite / merge is in flight
                 assert worker.is_alive(), f"{op} finished before the reads were done"
                 assert _lsn_int(a1) > _lsn_int(a0), (op, a0, a1)  # replication went on
                 worker.join()
@@ -424,7 +422,7 @@ def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, mon
             th.join()
         res, mres = box["compact"], box["merge_index"]
         assert res["compacted"] and res["deletes_remapped"] > 0, res
-        assert res["lock_seconds"] < 1.5 and res["swap_seconds"] < 1.0, res  # the 3 s stall was outside the lock
+        assert res["lock_seconds"] < 1.5 and res["swap_seconds"] < 1.0, res  # the 5 s stall was outside the lock
         assert mres["merged"] and mres["lock_seconds"] < 0.5, mres
         _match(s, client)
         client.call("persist", table="acc")

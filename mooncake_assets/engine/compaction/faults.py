@@ -10,6 +10,9 @@ race window). Points:
 ``compaction:before_commit``           every file of the Iceberg commit written, pointer not swapped
 ``compaction:after_commit``            the Iceberg commit landed, in-memory state not swapped yet
 ``merge_index:after_index_rebuilt``    the merged IndexBlock written, not swapped in
+``persist:after_upload``               a persist's data files uploaded, its commit not started
+``commit:before_swap``                 every file of any Iceberg commit written, pointer not swapped
+``persist:after_commit``               a persist's commit landed, in-memory state not updated yet
 =====================================  ========================================================
 
 Unknown points are ignored (a typo cannot crash a production service: the variable is for tests).

@@ -35,6 +35,7 @@ from pyroaring import BitMap64
 from ..cdc import TableSchema, decode_text_columns
 from ..index import FileIndex, IndexBlock
 from .keys import KeyHasher
+from ..compaction.faults import fault
 from .memslice import Carried, MemSlice
 
 log = logging.getLogger("mooncake.table")
@@ -142,6 +143,9 @@ class MirrorTable:
         self.source = source
         self.schema = schema
         self.iceberg = iceberg
+        if iceberg is not None and getattr(iceberg, "before_swap", None) is None:
+            # crash point for tests: every file of an Iceberg commit written, the pointer not swapped yet
+            iceberg.before_swap = lambda location: fault("commit:before_swap")
         self.dir = Path(table_dir)
         (self.dir / "staging").mkdir(parents=True, exist_ok=True)
         (self.dir / "index").mkdir(parents=True, exist_ok=True)
@@ -418,6 +422,7 @@ class MirrorTable:
         new_dvs = sum(len(b) for b in deletes.values())
         changed = bool(add or deletes or remove or fl["rows"]) or self.flush_lsn == 0
         if changed:
+            fault("persist:after_upload")
             self.iceberg.commit(
                 add_files=[uploaded[f.name] for f in add],
                 deletes=deletes,
@@ -425,6 +430,7 @@ class MirrorTable:
                 index_blob=self.index_blob(),
                 summary={"mooncake.flush-lsn": lsn_str(lsn), "mooncake.source": self.source},
             )
+            fault("persist:after_commit")
         for f in add:
             f.location = uploaded[f.name]
         for f in gone:
