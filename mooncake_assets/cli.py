@@ -351,11 +351,17 @@ def run_verify(tables, reader: str, settings: Settings | None = None) -> int:
 def demo(seconds: int = typer.Option(30, help="How long pgbench runs"),
          scale: int = typer.Option(1, help="pgbench scale factor"),
          clients: int = typer.Option(4, help="pgbench clients"),
-         dagster: bool = typer.Option(False, "--dagster", help="Drive maintenance through the Dagster assets")):
+         dagster: bool = typer.Option(False, "--dagster", help="Drive maintenance through the Dagster assets"),
+         warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI for this demo (same as the global option)"),
+         s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for an s3:// warehouse")):
     """End-to-end run on pgbench's tables: mirror, stream a workload, union-read, persist, verify."""
     from .demo import run_demo
 
-    raise typer.Exit(run_demo(CTX.settings, seconds=seconds, scale=scale, clients=clients, dagster=dagster))
+    settings = CTX.settings
+    if warehouse or s3_endpoint:
+        settings = load_settings(settings.state_dir, dsn=settings.dsn, warehouse=warehouse or settings.warehouse,
+                                 catalog_uri=settings.catalog_uri, s3_endpoint=s3_endpoint or settings.s3_endpoint)
+    raise typer.Exit(run_demo(settings, seconds=seconds, scale=scale, clients=clients, dagster=dagster))
 
 
 @app.command()

@@ -376,9 +376,9 @@ def test_sigkill_at_each_compaction_step_converges(pg_dsn, state_dir, monkeypatc
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, monkeypatch):
-    """With the rewrite and the merge stalled for 5 s (fault injection), updates keep being applied, a read during
-    the compaction equals Postgres, the deletes that arrived meanwhile are re-mapped, and the service
-    lock is held only for a short swap."""
+    """With the rewrite and the merge stalled for 5 s (fault injection), updates keep being applied, a
+    read during the compaction equals Postgres, the deletes that arrived meanwhile are re-mapped, and
+    the service lock is held only for a short swap."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL)")
         c.execute("INSERT INTO acc SELECT g, 0 FROM generate_series(1, 20000) g")

@@ -12,11 +12,13 @@ so size is the only order that matters, and it is the same after a restart):
 1. **delete ratio** (any size): deleted rows / rows ≥ ``delete_ratio_percent``;
 2. **size amplification**: with ≥ ``file_count_trigger`` small files, when the live bytes of all but
    the largest small file exceed ``max_size_amplification_percent`` of the largest's: all small files;
-3. **size ratio**: with ≥ ``file_count_trigger`` small files, starting from the smallest, a run grows by
-   the next file while that file is at most (100 + ``size_ratio_percent``)% of the run so far; a run of
-   ≥ ``min_files_per_run`` files is picked (the first start that yields one);
-4. **file count**: more than ``file_count_trigger`` small files: the smallest ``count − trigger + 1``
-   (at least ``min_files_per_run``) with the size-ratio growth on top.
+3. **size ratio / file count**: with ≥ ``file_count_trigger`` small files, a run is seeded with the
+   smallest ``max(min_files_per_run, count − trigger + 1)`` files (Paimon's file-count rule: enough to
+   bring the count under the trigger) and grows by the next larger file while that file is at most
+   (100 + ``size_ratio_percent``)% of the run so far (Paimon's size-ratio rule between neighbouring
+   runs). Seeding with two files rather than one is where this differs from Paimon, whose runs are in
+   age order: in size order the second file is never smaller than the first, so a 1% ratio would
+   almost never let a run start.
 
 ``full``: every file (Paimon "full compaction"). The run is capped at ``max_files_per_run`` (delete-ratio
 files first, the highest ratio first) except for ``full``. Nothing is picked when the result would be a
@@ -145,27 +147,20 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
             picked_universal = True
         else:
             plan.checks.append(f"size amplification {amp:.0f}% ≤ {policy.max_size_amplification_percent:g}%")
-        # 3. size ratio
+        # 3. size ratio / file count
         if not picked_universal:
-            for start in range(len(small) - 1):
-                n = _size_ratio_run(small, start, policy.size_ratio_percent)
-                if n >= policy.min_files_per_run:
-                    run = small[start:start + n]
-                    for f in run:
-                        add(f, f"size ratio: run of {n} files within {policy.size_ratio_percent:g}% "
-                               f"({_mib(sum(x.live_bytes for x in run))})")
-                    plan.checks.append(f"size ratio {policy.size_ratio_percent:g}%: run of {n} files")
-                    picked_universal = True
-                    break
+            seed = max(policy.min_files_per_run, len(small) - trig + 1)
+            n = _size_ratio_run(small, 0, policy.size_ratio_percent, seed)
+            run = small[:n]
+            if len(small) > trig:
+                why = (f"file count: {len(small)} small files > trigger {trig}; the {seed} smallest, grown to "
+                       f"{n} by the {policy.size_ratio_percent:g}% size ratio")
             else:
-                plan.checks.append(f"size ratio {policy.size_ratio_percent:g}%: no run of ≥ {policy.min_files_per_run} files")
-        # 4. file count
-        if not picked_universal and len(small) > trig:
-            count = max(len(small) - trig + 1, policy.min_files_per_run)
-            n = _size_ratio_run(small, 0, policy.size_ratio_percent, count)
-            for f in small[:n]:
-                add(f, f"file count: {len(small)} small files > trigger {trig}")
-            plan.checks.append(f"file count {len(small)} > {trig}: the {n} smallest")
+                why = (f"size ratio: the {seed} smallest small files grown to {n} within "
+                       f"{policy.size_ratio_percent:g}% ({_mib(sum(x.live_bytes for x in run))})")
+            for f in run:
+                add(f, why)
+            plan.checks.append(why)
             picked_universal = True
 
     # cap, and nothing to gain from rewriting one clean file
