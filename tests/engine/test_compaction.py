@@ -74,14 +74,14 @@ def test_plan_size_amplification_rewrites_all_small_files():
 
 
 def test_plan_size_ratio_run_from_the_smallest():
-    # amplification 100+110+130 over 900 = 38%: no; ratio 1%: 100 → 110? no (110 > 101); 110 → 130? no
-    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=4, size_ratio_percent=1)
-    files = [_f("a", 100), _f("b", 110), _f("c", 130), _f("d", 900)]
-    plan = plan_compaction(files, pol)
-    assert not plan
-    pol = pol.merged({"size_ratio_percent": 20})  # 110 ≤ 120: run a,b (210); 130 ≤ 252: c; 900 > 408
+    # amplification 100+100+150+400 over 900 = 83%: no. Ratio 1%: seed a,b (200); c 150 ≤ 202 → 350;
+    # d 400 > 353.5: stop
+    pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=5, size_ratio_percent=1)
+    files = [_f("a", 100), _f("b", 100), _f("c", 150), _f("d", 400), _f("e", 900)]
     plan = plan_compaction(files, pol)
     assert plan.files == ["a", "b", "c"] and "size ratio" in plan.reasons["a"][0]
+    pol = pol.merged({"size_ratio_percent": 20})  # d 400 ≤ 420 → 750; e 900 ≤ 900 → everything
+    assert plan_compaction(files, pol).files == ["a", "b", "c", "d", "e"]
 
 
 def test_plan_file_count_forces_the_smallest():
@@ -89,7 +89,7 @@ def test_plan_file_count_forces_the_smallest():
     pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=4, size_ratio_percent=1)
     files = [_f(f"f{k}", 2 ** k) for k in range(7)]
     plan = plan_compaction(files, pol)
-    # 7 small files > trigger 4: the 4 smallest (7 − 4 + 1), plus f4 by the ratio (16 ≤ 1.01 × 15? no)
+    # 7 small files > trigger 4: seeded with the 4 smallest (7 − 4 + 1); f4 not by the ratio (16 > 1.01 × 15)
     assert plan.files == ["f0", "f1", "f2", "f3"]
     assert "file count" in plan.reasons["f0"][0]
 
@@ -106,7 +106,7 @@ def test_plan_caps_full_and_single_clean_file():
 
 def test_plan_fixpoint_bounds_small_files():
     """Repeated planning + 'rewriting' (merging the picked files into one of their total live size)
-    ends with at most file_count_trigger small files and no file at the delete-ratio threshold."""
+    ends with fewer than file_count_trigger small files and no file at the delete-ratio threshold."""
     rng = np.random.default_rng(3)
     pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=5, delete_ratio_percent=25)
     files = [FileStats(f"f{i}", 1000, int(rng.integers(0, 600)), int(rng.integers(1, 400)) * KiB) for i in range(60)]
@@ -126,7 +126,7 @@ def test_plan_fixpoint_bounds_small_files():
             live -= part
         assert n < 500
     small = [f for f in files if f.live_bytes < pol.target_file_bytes]
-    assert len(small) <= pol.file_count_trigger
+    assert len(small) < pol.file_count_trigger
     assert all(f.delete_ratio_percent < 25 for f in files)
 
 

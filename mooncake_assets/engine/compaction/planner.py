@@ -148,7 +148,9 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
         else:
             plan.checks.append(f"size amplification {amp:.0f}% ≤ {policy.max_size_amplification_percent:g}%")
         # 3. size ratio / file count
-        if not picked_universal:
+        if not picked_universal and len(small) < policy.min_files_per_run:
+            plan.checks.append(f"size ratio: {len(small)} small file(s) < min_files_per_run {policy.min_files_per_run}")
+        elif not picked_universal:
             seed = max(policy.min_files_per_run, len(small) - trig + 1)
             n = _size_ratio_run(small, 0, policy.size_ratio_percent, seed)
             run = small[:n]

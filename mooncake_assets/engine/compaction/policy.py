@@ -36,17 +36,19 @@ class MaintenancePolicy:
     ``target_file_bytes``: size a rewrite aims each new file at (bytes, ≥ 1024; default 128 MiB,
       Paimon ``target-file-size``). An output is closed once its written bytes reach it, so every
       output of a run but the last holds at least this much and is not small (no rewrite loops).
-    ``size_ratio_percent``: a run of the smallest files grows by the next file while that file's live
-      bytes are at most (100 + this)% of the run's total (percent, ≥ 0; default 1, Paimon
+    ``size_ratio_percent``: a run of the smallest files grows by the next larger file while that file's
+      live bytes are at most (100 + this)% of the run's total (percent, ≥ 0; default 1, Paimon
       ``compaction.size-ratio``).
     ``max_size_amplification_percent``: rewrite every small file when the live bytes of all of them but
       the largest exceed this share of the largest's (percent, ≥ 0; default 200, Paimon
       ``compaction.max-size-amplification-percent``).
     ``file_count_trigger``: the size-amplification and size-ratio checks run only when the table has at
-      least this many small files, and when it has more, the smallest are rewritten even if no ratio
-      holds (count, ≥ 1; default 5, Paimon ``num-sorted-run.compaction-trigger``). After compaction
-      reaches its fixpoint a table has at most this many small files.
-    ``min_files_per_run``: fewest files a size-ratio run may rewrite (count, ≥ 2; default 2).
+      least this many small files; the size-ratio run then starts from enough of the smallest files to
+      bring the count back under it (count, ≥ 1; default 5, Paimon
+      ``num-sorted-run.compaction-trigger``). After compaction reaches its fixpoint a table has fewer
+      small files than this (or fewer than ``min_files_per_run``).
+    ``min_files_per_run``: fewest files a size-ratio run starts with and may rewrite (count, ≥ 2;
+      default 2).
     ``max_files_per_run``: most files one compaction rewrites (count, ≥ 2; default 32; bounds one
       run's time; ``--full`` ignores it).
     ``delete_ratio_percent``: a persisted file whose deleted share of rows reaches this is rewritten
