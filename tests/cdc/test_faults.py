@@ -51,11 +51,14 @@ def test_walsender_terminated_resumes_without_duplicates(fresh_mirror):
           "INSERT INTO w SELECT g, 0 FROM generate_series(1, 100) g")
     m.create("w")
     m.create("w_nk")
+    with psycopg.connect(m.dsn, autocommit=True) as c:
+        before = parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
     m.sql("INSERT INTO w SELECT g, 1 FROM generate_series(101, 200) g", "UPDATE w SET n = n + 1 WHERE id <= 50",
           "INSERT INTO w_nk SELECT g % 3, 'd' FROM generate_series(1, 30) g")
     m.check("w", "w_nk")                          # applied in memory, not persisted: the slot stays behind
-    flush = parse_lsn(m.status("w")["flush_lsn"])
-    assert _slot_confirmed(m) <= flush
+    # the slot may have been confirmed past the tables' flush LSN while they were clean (an idle mirror
+    # confirms the keepalive's WAL end), but never past the first change that is only in memory
+    assert _slot_confirmed(m) <= before
     for round_ in range(2):
         slot = m.client.status()["slot"]
         m.sql("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", params=(slot,))

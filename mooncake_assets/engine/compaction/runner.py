@@ -47,7 +47,7 @@ import numpy as np
 from pyroaring import BitMap64
 
 from ..iceberg.errors import CommitStateUnknown
-from ..index import FileIndex, IndexBlock, PositionMap
+from ..index import FileIndex, PositionMap
 from .faults import fault
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
