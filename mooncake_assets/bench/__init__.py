@@ -95,6 +95,9 @@ def run_bench(settings, quick: bool = False, json_file=None, plots=None, suites=
     write_markdown(doc, md, plots=written, base=md.parent)
     log(f"wrote {json_path}, {md} and {len(written)} plot(s) in {plot_dir} ({doc['seconds']['total']:.0f}s)")
     for t in doc["targets"].values():
+        if t["value"] is None:
+            log(f"  target not measured in this run: {t['what']}")
+            continue
         log(f"  target {'met' if t['met'] else 'NOT met'}: {t['what']} (value {_fmt(t['value'])})")
     return 1 if doc["errors"] else 0
 
