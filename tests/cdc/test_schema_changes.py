@@ -60,8 +60,9 @@ def test_schema_change_stops_only_its_table(mirror, kind, ddl, dml, expect):
     assert f"table {t}" in err and expect in err, err
     at = parse_lsn(err.split("schema change at LSN ")[1].split(":")[0])
     assert before <= at < after, (hex(before), hex(at), hex(after))
-    flush = parse_lsn(st["flush_lsn"])
-    assert _slot_confirmed(m) <= flush                         # held: nothing after it is confirmed
+    # held: the slot is never confirmed past the change that stopped the table (it was clean and idle
+    # before, so the slot may legitimately be past its flush LSN), so Postgres resends it after a fix
+    assert _slot_confirmed(m) <= at
     assert "\n" not in err
     if kind == "add":                                          # the command line shows it too
         lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
