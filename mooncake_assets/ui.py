@@ -20,13 +20,9 @@ from pathlib import Path
 from rich.console import Console
 
 from .config import Settings
+from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _reset_signals() -> None:  # pragma: no cover - runs in the child
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def dagster_dev_command(host: str, port: int, workspace: Path | None = None) -> tuple[list[str], Path]:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import duckdb
 import psycopg
+from ..engine.index.bench import best_time
 
 __all__ = ["run_maintenance_bench"]
 
@@ -47,15 +48,6 @@ QUERIES = {
     "scan": "SELECT count(*) AS n, sum(v) AS sv, max(pad) AS mp FROM {t}",
     "filter": "SELECT count(*) AS n, sum(v) AS sv FROM {t} WHERE k < 50",
 }
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _lsn(dsn: str) -> str:
@@ -134,8 +126,8 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
                     raise RuntimeError(f"maintenance bench: union read {q} differs from the clean copy")
                 u = c = float("inf")
                 for _ in range(repeat):  # interleaved, so both sides see the same machine load
-                    u = min(u, _best(lambda: r.query(sql, tables=["bench"]), 1))
-                    c = min(c, _best(lambda: ref.execute(sql).fetchall(), 1))
+                    u = min(u, best_time(lambda: r.query(sql, tables=["bench"]), 1))
+                    c = min(c, best_time(lambda: ref.execute(sql).fetchall(), 1))
                 union[q], ref_ms[q] = round(1000 * u, 2), round(1000 * c, 2)
             return {"data_files": st["data_files"], "index_blocks": st["index_blocks"],
                     "deleted_rows": st["deleted_rows"], "live_rows": st["live_rows"], "union_ms": union,

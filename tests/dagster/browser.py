@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -29,11 +30,6 @@ def find_chromium() -> str | None:
         if c and os.access(c, os.X_OK):
             return c
     return None
-
-
-def _reset_signals() -> None:  # pragma: no cover - runs in the child
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 class HeadlessChromium:

@@ -19,21 +19,11 @@ import pytest
 from .browser import HeadlessChromium, find_chromium
 from .conftest import PGBENCH
 from ..helpers import REPO, make_settings
+from mooncake_assets.engine.pg.embedded import free_port as _free_port, reset_signals as _reset_signals
 
 KINDS = ["flush", "deletion_vectors", "index_merge", "compaction"]
 ERROR_MARKERS = ("Unexpected GraphQL error", "PythonError", "Something went wrong", "An error occurred",
                  "Error loading", "Could not load", "DagsterInvalidDefinitionError")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _reset_signals() -> None:  # pragma: no cover - runs in the child
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def graphql(port: int, query: str, variables: dict | None = None, timeout: float = 30.0) -> dict:

@@ -43,7 +43,8 @@ QUICK_SIZES = (100_000, 1_000_000)
 NUM_BLOCKS = 16
 
 
-def _best(fn, repeat: int) -> float:
+def best_time(fn, repeat: int) -> float:
+    """Best wall time of ``repeat`` calls of ``fn`` (seconds; the least disturbed run on a noisy machine)."""
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
@@ -84,8 +85,8 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> Dict[str, float
     def batched():
         return fi.lookup_batch(splitmix64(qkeys))
 
-    single_s = _best(single, repeat)
-    batched_s = _best(batched, max(1, repeat - 1))
+    single_s = best_time(single, repeat)
+    batched_s = best_time(batched, max(1, repeat - 1))
     res = batched()
     assert len(res.query_index) == q, "every key must be found exactly once"
 
@@ -103,7 +104,7 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> Dict[str, float
 
     gc.disable()
     try:
-        dict_s = _best(dict_lookup, repeat)
+        dict_s = best_time(dict_lookup, repeat)
     finally:
         gc.enable()
     del d, loc
@@ -117,8 +118,8 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> Dict[str, float
     for b in old:
         b.unlink()
 
-    single_m_s = _best(single, repeat)
-    batched_m_s = _best(batched, repeat)
+    single_m_s = best_time(single, repeat)
+    batched_m_s = best_time(batched, repeat)
     res = batched()
     assert len(res.query_index) == q and np.array_equal(res.query_index, np.arange(q))
     names = np.array([f"data-{k}.parquet" for k in range(NUM_BLOCKS)], dtype=object)

@@ -49,13 +49,16 @@ def find_pg_bin() -> Path:
     raise PostgresNotFound(INSTALL_HINT)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released; a race with another process is possible)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _reset_signals() -> None:  # pragma: no cover - runs in the child
+def reset_signals() -> None:  # pragma: no cover - runs in the child
+    """``preexec_fn`` for servers we start: default SIGINT/SIGTERM/SIGQUIT/SIGHUP handlers (processes
+    started in the background here inherit them ignored), so they can be stopped by their own pid."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -127,7 +130,7 @@ class EmbeddedPostgres:
             os.chmod(data, 0o700)
             self._run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                        "-E", "UTF8", "--locale=C", "--no-sync"])
-        port = _free_port()
+        port = free_port()
         conf = {
             "port": port,
             "listen_addresses": "'127.0.0.1'",
@@ -147,7 +150,7 @@ class EmbeddedPostgres:
         proc = subprocess.run(
             (["runuser", "-u", "postgres", "--"] if self.as_root else [])
             + [str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data), "-l", str(log)],
-            capture_output=True, text=True, cwd="/", start_new_session=True, preexec_fn=_reset_signals,
+            capture_output=True, text=True, cwd="/", start_new_session=True, preexec_fn=reset_signals,
         )
         if proc.returncode != 0:
             tail = ""

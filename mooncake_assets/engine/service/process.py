@@ -15,11 +15,7 @@ import time
 
 from ...config import Settings
 from .client import ServiceClient, ServiceUnavailable
-
-
-def _reset_signals():  # pragma: no cover - child side
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
+from ..pg.embedded import reset_signals as _reset_signals
 
 
 def service_pid(settings: Settings) -> int | None:
