@@ -143,6 +143,13 @@ class ColumnSpec:
     of dimensions (list nesting) of its values; both are None/0 otherwise. ``decl_oid``/
     ``decl_typmod``: the column's declared ``atttypid``/``atttypmod`` as pgoutput's Relation message
     carries them (a domain's own oid), to recognise schema changes; 0/-1 when unknown.
+
+    Schema evolution (see :mod:`mooncake_assets.engine.table.evolution`): ``field_id`` is the column's
+    Iceberg field id (written into every Parquet file as ``PARQUET:field_id``; 0 = not assigned yet)
+    and ``element_ids`` the ids of its list elements, outermost first (one per array dimension);
+    ``attnum`` is ``pg_attribute.attnum`` (stable across renames; 0 = unknown); ``initial_default``
+    is the Postgres text of the value rows written before the column existed read as (an ``ADD
+    COLUMN … DEFAULT``), None for NULL.
     """
 
     name: str
@@ -156,6 +163,44 @@ class ColumnSpec:
     ndims: int = 0
     decl_oid: int = 0
     decl_typmod: int = -1
+    field_id: int = 0
+    element_ids: list = field(default_factory=list)
+    attnum: int = 0
+    initial_default: str | None = None
+
+    def arrow_field(self) -> pa.Field:
+        """The Arrow field files are written with: ``pg_type`` and, once assigned, ``PARQUET:field_id``
+        metadata (also on list elements, as Iceberg's Parquet mapping expects)."""
+        t = self.arrow_type
+        if self.field_id and self.element_ids:
+            t = _list_with_ids(t, list(self.element_ids))
+        meta = {"pg_type": self.type_name}
+        if self.field_id:
+            meta["PARQUET:field_id"] = str(self.field_id)
+        return pa.field(self.name, t, nullable=not self.not_null, metadata=meta)
+
+
+def _list_with_ids(t: pa.DataType, ids: list) -> pa.DataType:
+    if not pa.types.is_list(t) or not ids:
+        return t
+    inner = _list_with_ids(t.value_type, ids[1:])
+    return pa.list_(pa.field("element", inner, nullable=True, metadata={"PARQUET:field_id": str(ids[0])}))
+
+
+def assign_field_ids(columns: list, next_id: int = 1) -> int:
+    """Give every column without one a field id (and its list elements ids), in column order, from
+    ``next_id``; returns the next free id. Top-level ids first, then element ids, as Iceberg's
+    fresh-id assignment numbers them."""
+    for c in columns:
+        if not c.field_id:
+            c.field_id = next_id
+            next_id += 1
+    for c in columns:
+        missing = c.ndims - len(c.element_ids) if c.element is not None else 0
+        if missing > 0:
+            c.element_ids = list(c.element_ids) + list(range(next_id, next_id + missing))
+            next_id += missing
+    return next_id
 
 
 @dataclass
@@ -191,12 +236,9 @@ class TableSchema:
 
     def arrow_schema(self) -> pa.Schema:
         """The Arrow schema of the mirror: one field per column, nullable unless ``NOT NULL``.
-        Field metadata carries ``pg_type`` (the ``format_type`` text)."""
-        return pa.schema([
-            pa.field(c.name, c.arrow_type, nullable=not c.not_null,
-                     metadata={"pg_type": c.type_name})
-            for c in self.columns
-        ])
+        Field metadata carries ``pg_type`` (the ``format_type`` text) and, once assigned, the Iceberg
+        field id (``PARQUET:field_id``; see :meth:`ColumnSpec.arrow_field`)."""
+        return pa.schema([c.arrow_field() for c in self.columns])
 
 
 # -- mapping ----------------------------------------------------------------------------------------
@@ -296,7 +338,7 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                                       "ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END").fetchone()[0]
             types = _TypeResolver(cur)
             columns: list[ColumnSpec] = []
-            for name, typid, typmod, tname, notnull, ndims, _attnum in attrs:
+            for name, typid, typmod, tname, notnull, ndims, attnum in attrs:
                 try:
                     spec = types.spec(name, typid, typmod, tname, ndims)
                 except UnsupportedTypeError:
@@ -307,7 +349,9 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                         f"(supported: {SUPPORTED_TYPES})") from None
                 spec.not_null = bool(notnull)
                 spec.decl_oid, spec.decl_typmod = typid, typmod
+                spec.attnum = int(attnum)
                 columns.append(spec)
+            assign_field_ids(columns)
 
     pk = next((list(k[2]) for k in keys if k[0]), None)
     ident = next((list(k[2]) for k in keys if k[1]), None)
@@ -716,11 +760,25 @@ def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
 # Mirrored signatures ---------------------------------------------------------------------------------
 
 def column_signature(schema: TableSchema) -> list[dict]:
-    """What the mirror was built with, per column: ``{"name", "oid", "typmod", "ndims"}`` (declared
-    type as pgoutput's Relation message carries it). Saved beside the mirror so a restart rebuilds the
-    same columns even when the source changed meanwhile (the change then shows up, at its LSN, in the
-    replayed stream)."""
-    return [{"name": c.name, "oid": c.decl_oid, "typmod": c.decl_typmod, "ndims": c.ndims} for c in schema.columns]
+    """What the mirror was built with, per column: ``{"name", "oid", "typmod", "ndims", "field_id",
+    "element_ids", "attnum", "initial_default", "not_null"}`` (declared type as pgoutput's Relation
+    message carries it; Iceberg field ids). Saved with the mirror (the registry and the Iceberg table
+    property ``mooncake.columns``) so a restart rebuilds the same columns even when the source changed
+    meanwhile (the change then shows up, at its LSN, in the replayed stream)."""
+    return [{"name": c.name, "oid": c.decl_oid, "typmod": c.decl_typmod, "ndims": c.ndims,
+             "field_id": c.field_id, "element_ids": list(c.element_ids), "attnum": c.attnum,
+             "initial_default": c.initial_default, "not_null": c.not_null} for c in schema.columns]
+
+
+def _apply_signature(c: ColumnSpec, sig: dict) -> ColumnSpec:
+    """Carry the saved identity of a mirrored column (field ids, attnum, initial default) onto ``c``."""
+    c.field_id = int(sig.get("field_id") or 0)
+    c.element_ids = list(sig.get("element_ids") or [])
+    c.attnum = int(sig.get("attnum") or c.attnum or 0)
+    c.initial_default = sig.get("initial_default")
+    if "not_null" in sig:
+        c.not_null = bool(sig["not_null"])
+    return c
 
 
 def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: list[dict] | None,
@@ -742,7 +800,7 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
         for sig in signature:
             c = by_name.get(sig["name"])
             if c is not None and (c.decl_oid, c.decl_typmod) == (sig["oid"], sig["typmod"]):
-                cols.append(c)
+                cols.append(_apply_signature(c, sig))
                 continue
             try:
                 name_sql = cur.execute("SELECT format_type(%s, %s)", (sig["oid"], sig["typmod"])).fetchone()[0]
@@ -752,7 +810,7 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
                     f"be resolved ({e})") from None
             spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
-            cols.append(spec)
+            cols.append(_apply_signature(spec, sig))
     keys = list(current.key_columns if key is None else key)
     for c in cols:
         c.is_key = c.name in keys
@@ -762,3 +820,49 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
     out.current_columns = current_names
     out.catalog_lsn = current.catalog_lsn
     return out
+
+
+# Catalog lookups for schema evolution -----------------------------------------------------------------
+
+_ATTRS_SQL = """
+SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
+       CASE WHEN a.atthasmissing AND NOT a.attisdropped THEN (a.attmissingval::text::text[])[1] END
+FROM pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+@dataclass
+class CatalogColumn:
+    """One ``pg_attribute`` row of a mirrored table as the catalogs show it now: ``missing`` is the
+    text of ``attmissingval`` (the value rows that predate an ``ADD COLUMN … DEFAULT`` read as), None
+    when there is none."""
+
+    attnum: int
+    name: str
+    dropped: bool
+    type_oid: int
+    typmod: int
+    ndims: int
+    not_null: bool
+    missing: str | None
+
+
+def catalog_columns(conn: psycopg.Connection, table_oid: int) -> list[CatalogColumn]:
+    """Every non-generated attribute of the table (dropped ones too), in ``attnum`` order."""
+    with conn.transaction(), conn.cursor() as cur:
+        return [CatalogColumn(int(r[0]), r[1], bool(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), bool(r[6]), r[7])
+                for r in cur.execute(_ATTRS_SQL, (table_oid,)).fetchall()]
+
+
+def resolve_column(conn: psycopg.Connection, name: str, type_oid: int, typmod: int, ndims: int = 0) -> ColumnSpec:
+    """The :class:`ColumnSpec` for a column of type ``type_oid``/``typmod`` (as a Relation message
+    names it). Raises :class:`UnsupportedTypeError` (without table; the caller adds it) when the type
+    cannot be mirrored."""
+    with conn.transaction(), conn.cursor() as cur:
+        types = _TypeResolver(cur)
+        tname = types.format_type(type_oid, typmod)
+        spec = types.spec(name, type_oid, typmod, tname, ndims)
+    spec.decl_oid, spec.decl_typmod = type_oid, typmod
+    return spec

@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from ..table.evolution import project
+
 from ..index import PositionMap
 
 __all__ = ["RewriteInput", "RewriteOutput", "RewriteResult", "rewrite_files"]
@@ -81,11 +83,13 @@ def _keep_mask(deleted_sorted: np.ndarray, start: int, n: int) -> np.ndarray:
 
 
 def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Schema,
-                  target_bytes: int, compression: str = "zstd", open_input=None) -> RewriteResult:
+                  target_bytes: int, compression: str = "zstd", open_input=None, defaults=None) -> RewriteResult:
     """Rewrite ``inputs`` into new files under ``out_dir`` (see the module docstring).
 
-    ``schema``: the table's Arrow schema (input batches are cast to it; a file whose columns cannot be
-    cast raises ``pyarrow.ArrowInvalid`` — permanent). ``target_bytes``: bytes, ≥ 1. ``open_input``:
+    ``schema``: the table's Arrow schema (input batches are brought to it: columns matched by field id,
+    promoted types cast, columns a file written under an older schema lacks filled from ``defaults``
+    — field id → Arrow scalar — or NULL; see :func:`mooncake_assets.engine.table.evolution.project`;
+    a file whose columns cannot be cast raises ``pyarrow.ArrowInvalid`` — permanent). ``target_bytes``: bytes, ≥ 1. ``open_input``:
     path → what ``pyarrow.parquet.ParquetFile`` takes (e.g. a FileIO stream for ``s3://``); default:
     the path itself. ``compression``: the Parquet codec (default ZSTD, as flushes write). Returns a
     :class:`RewriteResult`; on any error the partly written outputs are deleted and the error raised.
@@ -156,9 +160,8 @@ def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Sc
                     raise ValueError(f"data file {inp.name}: expected {inp.rows} rows, found {pf.metadata.num_rows}")
                 start = 0
                 for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
-                    if batch.schema != schema:
-                        batch = pa.RecordBatch.from_arrays(
-                            [batch.column(i).cast(schema.field(i).type) for i in range(len(schema))], schema=schema)
+                    if not batch.schema.equals(schema, check_metadata=True):
+                        batch = project(batch, schema, defaults)
                     n = batch.num_rows
                     keep = _keep_mask(deleted, start, n)
                     whole = bool(keep.all())

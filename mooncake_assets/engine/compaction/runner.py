@@ -247,7 +247,8 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
     with maintenance_lock(table):
         persist_s = 0.0
         with lk():
-            if persist_first and table.is_dirty():
+            # a schema change not committed yet goes first: the rewritten files use the new layout
+            if (persist_first and table.is_dirty()) or getattr(table, "schema_pending", False):
                 tp = time.perf_counter()
                 table.persist()
                 persist_s = time.perf_counter() - tp
@@ -286,7 +287,8 @@ def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, li
     try:
         # -- rewrite and upload (no lock)
         rw = rewrite_files(inputs, out_dir, table.arrow_schema, policy.target_file_bytes,
-                           open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p)
+                           open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
+                           defaults=getattr(table, "defaults", None))
         t_up = time.perf_counter()
         for o in rw.outputs:
             uploaded.append(ice.upload_data_file(o.path))

@@ -16,10 +16,11 @@ from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
+    pyarrow_to_schema,
     schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, index_by_id
 
 from .manifest import new_data_file
 
@@ -57,13 +58,33 @@ def data_file_from_parquet_metadata(
     schema: Schema,
     table_properties: dict[str, str],
     format_version: int,
+    known_field_ids: set[int] | None = None,
 ) -> DataFile:
     """A DATA ``data_file`` record (layout of ``format_version``) for the Parquet file at ``location``.
 
-    ``file_size_in_bytes``: the whole file, bytes. Raises ``ValueError`` when the columns do not match
-    the table schema (see ``check_parquet_schema``).
+    ``file_size_in_bytes``: the whole file, bytes. A file whose columns carry ``PARQUET:field_id`` is
+    described by its own schema (it may have been written under an older or newer schema of the table:
+    schema evolution keeps ids stable, so metrics keyed by id stay right); a file without ids must match
+    the table ``schema`` by name. ``known_field_ids``: every field id the table has had or is about to
+    have (default: those of ``schema``). Raises ``ValueError`` when the columns do not match (see
+    ``check_parquet_schema``) or a field id is unknown to the table.
     """
-    check_parquet_schema(schema, parquet_metadata.schema.to_arrow_schema(), location)
+    file_arrow = parquet_metadata.schema.to_arrow_schema()
+    if file_arrow and all(f.metadata and PARQUET_FIELD_ID in f.metadata for f in file_arrow):
+        known = known_field_ids if known_field_ids is not None else set(index_by_id(schema))
+        for f in file_arrow:
+            fid = int(f.metadata[PARQUET_FIELD_ID])
+            if fid not in known:
+                expected = ""
+                try:
+                    expected = f", expected the table's id {schema.find_field(f.name).field_id}"
+                except ValueError:
+                    pass
+                raise ValueError(f"data file {location}: column {f.name!r} has Parquet field id {fid}, which the "
+                                 f"table never had{expected}")
+        schema = pyarrow_to_schema(file_arrow, format_version=format_version)
+    else:
+        check_parquet_schema(schema, file_arrow, location)
     mapping = parquet_path_to_id_mapping(schema)
     try:
         try:
@@ -97,7 +118,8 @@ def data_file_from_parquet_metadata(
     )
 
 
-def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_properties: dict[str, str], format_version: int) -> DataFile:
+def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_properties: dict[str, str], format_version: int,
+                           known_field_ids: set[int] | None = None) -> DataFile:
     """Like ``data_file_from_parquet_metadata``, reading the footer of ``location`` through ``io``.
 
     Raises ``FileNotFoundError`` when the file is missing, ``ValueError`` when it is not Parquet or does not
@@ -111,7 +133,8 @@ def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_prop
             metadata = pq.read_metadata(stream)
         except pa.ArrowInvalid as e:
             raise ValueError(f"data file {location} is not a Parquet file: {e}") from None
-    return data_file_from_parquet_metadata(location, len(input_file), metadata, schema, table_properties, format_version)
+    return data_file_from_parquet_metadata(location, len(input_file), metadata, schema, table_properties, format_version,
+                                           known_field_ids)
 
 
 def _unreadable_bounds(parquet_metadata: pq.FileMetaData) -> set[str]:

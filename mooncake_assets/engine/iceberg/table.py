@@ -45,7 +45,7 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
@@ -53,10 +53,14 @@ from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import (
+    AddSchemaUpdate,
     AddSnapshotUpdate,
+    AssertCurrentSchemaId,
     AssertRefSnapshotId,
     AssertTableUUID,
     RemoveSnapshotsUpdate,
+    SetCurrentSchemaUpdate,
+    SetPropertiesUpdate,
     SetSnapshotRefUpdate,
 )
 from pyiceberg.types import PrimitiveType
@@ -197,6 +201,8 @@ class _Request:
     summary: dict[str, str]
     operation: Operation | None
     commit_id: str
+    schema: Schema | None = None
+    properties: dict[str, str] | None = None
 
 
 class IcebergMirrorTable:
@@ -352,11 +358,20 @@ class IcebergMirrorTable:
 
     # ----------------------------------------------------------------- data files
 
-    def upload_data_file(self, local_path: str, *, overwrite: bool = False) -> str:
+    def known_field_ids(self, schema: Schema | None = None) -> set[int]:
+        """Every field id of the table's schemas (all of them: files keep the ids they were written
+        with), plus those of ``schema`` (one about to be committed)."""
+        ids: set[int] = set()
+        for s in self._table.metadata.schemas + ([schema] if schema is not None else []):
+            ids.update(index_by_id(s))
+        return ids
+
+    def upload_data_file(self, local_path: str, *, overwrite: bool = False, schema: Schema | None = None) -> str:
         """Copy a local Parquet file to ``<location>/data/<basename>`` through the table's FileIO.
 
         Returns the location as Iceberg records it (``file://…`` or ``s3://…``). The footer is checked
-        against the table schema first (``ValueError`` on a mismatch) and its metrics are kept for the
+        against the table schema first (``ValueError`` on a mismatch; ``schema``: a schema the same
+        commit will add, whose new field ids the file may carry) and its metrics are kept for the
         commit that adds the file. Raises ``FileExistsError`` when the destination exists and
         ``overwrite`` is False (data files are immutable once written).
         """
@@ -364,7 +379,8 @@ class IcebergMirrorTable:
         provider = load_location_provider(self.location, self._table.metadata.properties)
         location = provider.new_data_location(os.path.basename(local_path))
         data_file = data_file_from_parquet_metadata(
-            location, size, pq.read_metadata(local_path), self.schema, self._table.metadata.properties, self.format_version
+            location, size, pq.read_metadata(local_path), self.schema, self._table.metadata.properties, self.format_version,
+            known_field_ids=self.known_field_ids(schema),
         )
         output = self.io.new_output(location)
         with open(local_path, "rb") as src, output.create(overwrite=overwrite) as dst:
@@ -383,8 +399,15 @@ class IcebergMirrorTable:
         index_blob: bytes | None = None,
         summary: Mapping[str, str] | None = None,
         operation: str | None = None,
+        schema: Schema | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> int:
         """Commit one snapshot; returns its id.
+
+        ``schema``: make this the table's current schema in the same commit (schema evolution: the
+        caller keeps field ids stable and gives new fields fresh ids; added as a new schema unless its
+        fields equal the current one's) — the snapshot records it, and ``schema.name-mapping.default``
+        is renewed. ``properties``: table properties to set in the same commit.
 
         ``add_files``: locations from ``upload_data_file`` (metrics from the Parquet footer).
         ``deletes``: data file location -> NEW deleted row positions (0-based); merged with the file's
@@ -422,6 +445,8 @@ class IcebergMirrorTable:
             summary=summary,
             operation=_OPERATIONS[operation] if operation else None,
             commit_id=uuid.uuid4().hex,
+            schema=schema,
+            properties=dict(properties) if properties else None,
         )
         both = set(req.add_files) & set(req.remove_files)
         if both:
@@ -429,7 +454,8 @@ class IcebergMirrorTable:
         for location in req.add_files:
             if location not in self._prepared:
                 self._prepared[location] = data_file_from_parquet(
-                    self.io, location, self.schema, self._table.metadata.properties, self.format_version
+                    self.io, location, self.schema, self._table.metadata.properties, self.format_version,
+                    self.known_field_ids(schema),
                 )
         last_conflict: Exception | None = None
         for attempt in range(1, self.commit_attempts + 1):
@@ -512,6 +538,7 @@ class IcebergMirrorTable:
                 )
 
         sequence_number = md.next_sequence_number()
+        schema_updates, schema_id = self._schema_updates(md, req)
         snapshot_id = md.new_snapshot_id()
         data_seq = {loc: live.entry.sequence_number for loc, live in current.data.items()}
 
@@ -662,19 +689,35 @@ class IcebergMirrorTable:
             timestamp_ms=max(int(time.time() * 1000), md.last_updated_ms),
             manifest_list=manifest_list,
             summary=Summary(operation=op, **props),
-            schema_id=md.current_schema_id,
+            schema_id=schema_id,
             first_row_id=first_row_id,
             added_rows=added_rows if fv >= 3 else None,
         )
-        updates = (
+        updates = schema_updates + (
             AddSnapshotUpdate(snapshot=snapshot),
             SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=snapshot_id),
         )
         requirements = (
             AssertTableUUID(uuid=md.table_uuid),
             AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),
+            AssertCurrentSchemaId(current_schema_id=md.current_schema_id),
         )
         return snapshot_id, updates, requirements
+
+    @staticmethod
+    def _schema_updates(md: TableMetadata, req: _Request) -> tuple[tuple, int]:
+        """(metadata updates, schema id the snapshot is written under) for ``req.schema``/``properties``."""
+        updates: list = []
+        schema_id = md.current_schema_id
+        props = dict(req.properties or {})
+        if req.schema is not None and tuple(req.schema.fields) != tuple(md.schema().fields):
+            schema_id = max(s.schema_id for s in md.schemas) + 1
+            new = Schema(*req.schema.fields, schema_id=schema_id, identifier_field_ids=[])
+            updates += [AddSchemaUpdate(schema_=new), SetCurrentSchemaUpdate(schema_id=-1)]
+            props["schema.name-mapping.default"] = create_mapping_from_schema(new).model_dump_json()
+        if props:
+            updates.append(SetPropertiesUpdate(updates=props))
+        return tuple(updates), schema_id
 
     def _write_manifest(self, io, md: TableMetadata, location, content, snapshot_id, sequence_number, entries) -> ManifestInfo:
         return write_manifest(

@@ -196,19 +196,23 @@ class UnionReader:
         parts = []
         clean = [f["path"] for f in rs["files"] if not f["deleted"]]
         dirty = [f for f in rs["files"] if f["deleted"]]
+        # after a schema change files have several layouts: DuckDB maps their columns by field id
+        opts = _schema_option(rs["fields"]) if rs.get("fields") else ""
+        if opts and mode == "arrow":
+            mode = "lazy"
         if clean:
-            parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(_sql_str(p) for p in clean)}])")
+            parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(_sql_str(p) for p in clean)}]{opts})")
         # Arrow objects keep one name per view and role, so an unchanged plan reuses the view as it is
         if mode == "anti":
             for i, f in enumerate(dirty):
                 name = f"__mc_del_{view}_{i}"
                 pos = deleted_positions(f["deleted"])
                 objs[name] = pa.table({"pos": pa.array(pos.astype(np.int64))})
-                parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true) d "
+                parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true{opts}) d "
                              f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
         elif mode == "lazy":
             plans = [cached_plan(f["path"], f["rows"], f["deleted"]) for f in dirty]
-            parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs))
+            parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs, opts))
         else:  # arrow
             if dirty:
                 name = f"__mc_dirty_{view}"
@@ -274,7 +278,19 @@ class UnionReader:
                     pass
 
 
-def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict) -> list[str]:
+def _schema_option(fields: list[dict]) -> str:
+    """``read_parquet``'s ``schema`` argument for a ReadState's ``fields`` (``{"id", "name", "type",
+    "default"}`` per current column): columns resolved by Parquet field id, renamed, cast to today's
+    type, and a column a file lacks read as its default (text DuckDB casts) or NULL."""
+    entries = []
+    for f in fields:
+        default = "CAST(NULL AS VARCHAR)" if f.get("default") is None else _sql_str(f["default"])
+        entries.append(f"{int(f['id'])}: {{name: {_sql_str(f['name'])}, type: {_sql_str(f['type'])}, "
+                       f"default_value: {default}}}")
+    return ", schema = MAP {" + ", ".join(entries) + "}"
+
+
+def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict, opts: str = "") -> list[str]:
     """SQL branches reading files with deletes the lazy way (see :func:`.plan.plan_file`).
 
     Files read whole (one segment, some deletes) share **one** ``read_parquet`` whose
@@ -293,13 +309,13 @@ def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict
     out = []
     if shared:
         files = ", ".join(_sql_str(plans[i].path) for i in shared)
-        out.append(f"SELECT {sel} FROM read_parquet([{files}], file_row_number = true) d "
+        out.append(f"SELECT {sel} FROM read_parquet([{files}], file_row_number = true{opts}) d "
                    f"JOIN (SELECT c, b::BIT AS b FROM {dv} WHERE c >= 0) m ON d.file_index = m.c "
                    f"WHERE get_bit(m.b, d.file_row_number::INTEGER) = 0")
     for i, p in enumerate(plans):
         if i in pos_in_shared:
             continue
-        src = f"read_parquet({_sql_str(p.path)}, file_row_number = true) d"
+        src = f"read_parquet({_sql_str(p.path)}, file_row_number = true{opts}) d"
         for seg in p.segments:
             rng = "" if seg.whole else f"d.file_row_number BETWEEN {seg.start} AND {seg.stop - 1}"
             if seg.has_deletes:

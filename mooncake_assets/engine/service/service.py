@@ -30,7 +30,7 @@ from .. import storage
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
-from ..cdc.types import column_signature, describe_mirrored
+from ..cdc.types import catalog_columns, column_signature, describe_mirrored, resolve_column
 from ..table.memslice import BadRowError
 from ..table.schema_change import SchemaChangeError, on_relation
 
@@ -77,6 +77,7 @@ class ReplicatorService:
         self.catalog = make_catalog(settings.catalog, settings.warehouse_uri, **storage.catalog_properties(settings))
         self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
+        self.source_catalog = SourceCatalog(self.dsn)
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -131,11 +132,17 @@ class ReplicatorService:
             self._ensure_stream()
 
     def _open_table(self, name: str, meta: dict) -> MirrorTable:
-        with psycopg.connect(with_options(self.dsn)) as conn:
-            # the columns the mirror was built with (a change made while the service was down shows up,
-            # at its LSN, in the replayed stream)
-            schema = describe_mirrored(conn, meta["source"], meta.get("columns"), meta.get("key"))
         ice = IcebergMirrorTable.load(self.catalog, self._ident(name))
+        # the columns the mirror was built with, as of its last persist (a change made while the service
+        # was down, or not persisted yet, shows up again at its LSN in the replayed stream)
+        cols, key, hash_ids = meta.get("columns"), meta.get("key"), None
+        prop = ice.table.metadata.properties.get("mooncake.columns")
+        if prop:
+            saved = json.loads(prop)
+            cols, key, hash_ids = saved["columns"], saved["key"], saved.get("hash_field_ids")
+        with psycopg.connect(with_options(self.dsn)) as conn:
+            schema = describe_mirrored(conn, meta["source"], cols, key)
+        schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
         t.restore()
         self.tables[name] = t
@@ -158,6 +165,7 @@ class ReplicatorService:
                 self.repl.close()
             except Exception:
                 pass
+        self.source_catalog.close()
 
     # ------------------------------------------------------------------ replication
     def _ensure_slot(self) -> None:
@@ -246,7 +254,7 @@ class ReplicatorService:
                     #           before a reconnect resent it), or stopped by an error
                 try:
                     if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
-                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn)
+                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.source_catalog)
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self._stop_table(t, e, txn.commit_lsn)
@@ -444,7 +452,7 @@ class ReplicatorService:
                     if commit_lsn < copy_lsn:
                         continue  # in the copy's snapshot
                     if ch.kind != "truncate":
-                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn)
+                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog)
                     table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
                 self.tables[dst] = table
                 self.by_oid[schema.oid] = table
@@ -618,8 +626,47 @@ class ReplicatorService:
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
             rs["schema"] = [f.name for f in t.arrow_schema]
+            fields = t.read_fields()
+            if fields:  # files of older schemas: readers resolve columns by field id
+                rs["fields"] = fields
             rs["storage"] = self.storage_hints
             return rs, mem
+
+
+class SourceCatalog:
+    """The source's catalogs as schema evolution looks them up (``columns``, ``resolve``; see
+    :func:`mooncake_assets.engine.table.schema_change.on_relation`), over one lazily opened connection
+    that is re-opened (a few tries, with backoff) when it broke."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self._conn = None
+
+    def _call(self, fn, *args):
+        for attempt in range(5):
+            try:
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
+                return fn(self._conn, *args)
+            except psycopg.OperationalError:
+                self._conn = None
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * 2 ** attempt)
+
+    def columns(self, table_oid: int):
+        return self._call(catalog_columns, table_oid)
+
+    def resolve(self, name: str, type_oid: int, typmod: int, ndims: int = 0):
+        return self._call(resolve_column, name, type_oid, typmod, ndims)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._conn = None
 
 
 class _PersistFault(MooncakeError):

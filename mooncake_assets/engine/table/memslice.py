@@ -174,6 +174,19 @@ class MemSlice:
         self._bytes += rb.nbytes
         self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
 
+    def evolve(self, schema: pa.Schema, decode, convert) -> None:
+        """Switch to a new table schema (a source schema change): the open buffer is sealed with the old
+        decoder, every sealed batch is converted with ``convert(RecordBatch) -> RecordBatch`` (see
+        :func:`.evolution.project`), then rows decode with ``decode`` into ``schema``. LSN stamps,
+        hashes and the MemIndex are unchanged (locations stay valid). Raises :class:`BadRowError`
+        from sealing (the slice is then unchanged)."""
+        self.seal()
+        self.batches = [Batch(convert(b.rb), b.ins_lsn, b.del_lsn, b.hashes) for b in self.batches]
+        self._bytes = sum(b.rb.nbytes for b in self.batches)
+        self.schema = schema
+        self._decode = decode
+        self._suspects = _suspect_checks(schema)
+
     def _decodes(self, cols: list[list]) -> bool:
         try:
             self._decode(cols)

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
 from ..cdc import TableSchema, decode_text_columns
+from .evolution import field_id_of, project
 from ..index import FileIndex, IndexBlock
 from .keys import KeyHasher
 from ..compaction.faults import fault
@@ -149,11 +150,13 @@ class MirrorTable:
         self.dir = Path(table_dir)
         (self.dir / "staging").mkdir(parents=True, exist_ok=True)
         (self.dir / "index").mkdir(parents=True, exist_ok=True)
-        self.arrow_schema = schema.arrow_schema()
-        self._col_names = [c.name for c in schema.columns]
-        # a table without a key (REPLICA IDENTITY FULL) is keyed by the whole row
-        self.key_names = list(schema.key_columns) or list(self._col_names)
-        self._key_idx = [self._col_names.index(k) for k in self.key_names]
+        # schema evolution (engine/table/evolution.py): Iceberg field ids are the Iceberg table's;
+        # ``schema_pending``: the current schema is not committed to Iceberg yet (next persist does);
+        # ``evolved``: files may have been written under older schemas (readers map by field id)
+        self.next_field_id = self._sync_field_ids(schema, iceberg)
+        self.schema_pending = iceberg is None or not self._iceberg_has_columns(iceberg)
+        self.evolved = iceberg is not None and len(iceberg.table.metadata.schemas) > 1
+        self._set_schema(schema, getattr(schema, "hash_field_ids", None))
         self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
         self.mem = MemSlice(self.arrow_schema, self._decode)
         self.files: dict[str, DiskFile] = {}
@@ -168,6 +171,141 @@ class MirrorTable:
         self._relmap: dict[int, list[int]] = {}
         self._identity: dict[int, list[int]] = {}
         self._row_cache: dict[str, pa.Table] = {}
+
+    # ------------------------------------------------------------------ schema
+    @staticmethod
+    def _sync_field_ids(schema: TableSchema, iceberg) -> int:
+        """Take the Iceberg table's field ids for our columns (by name, list elements too); returns the
+        next free field id."""
+        top = max([c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns] + [0])
+        if iceberg is None:
+            return top + 1
+        ice = iceberg.schema
+        for c in schema.columns:
+            try:
+                f = ice.find_field(c.name)
+            except ValueError:
+                continue
+            c.field_id = f.field_id
+            ids, t = [], f.field_type
+            while hasattr(t, "element_id"):
+                ids.append(t.element_id)
+                t = t.element_type
+            if ids:
+                c.element_ids = ids
+        top = max([top, iceberg.table.metadata.last_column_id or 0]
+                  + [c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns])
+        return top + 1
+
+    @staticmethod
+    def _iceberg_has_columns(iceberg) -> bool:
+        return "mooncake.columns" in iceberg.table.metadata.properties
+
+    def _set_schema(self, schema: TableSchema, hash_field_ids: list | None = None) -> None:
+        self.schema = schema
+        self.arrow_schema = schema.arrow_schema()
+        self._col_names = [c.name for c in schema.columns]
+        # a table without a key (REPLICA IDENTITY FULL) is keyed by the whole row — the columns it had when
+        # its rows were hashed (``hash_field_ids``): a column added later is only re-checked
+        if schema.key_columns:
+            self.key_names = list(schema.key_columns)
+        elif hash_field_ids:
+            by_id = {c.field_id: c.name for c in schema.columns}
+            self.key_names = [by_id[f] for f in hash_field_ids]
+        else:
+            self.key_names = list(self._col_names)
+        self._key_idx = [self._col_names.index(k) for k in self.key_names]
+        self._whole_row_recheck = not schema.key_columns and len(self._key_idx) < len(self._col_names)
+        self.defaults = {}
+        for c in schema.columns:
+            if c.initial_default is not None:
+                self.defaults[c.field_id] = decode_text_columns([c], [[c.initial_default]], column_major=True).column(0)[0]
+        self._read_fields = None
+
+    @property
+    def hash_field_ids(self) -> list[int]:
+        """Field ids of the columns row keys are hashed from (the key, or a key-less table's original row)."""
+        return [self.schema.columns[i].field_id for i in self._key_idx]
+
+    def evolve(self, change) -> None:
+        """Follow a source schema change at ``change.lsn`` (a :class:`.evolution.SchemaChange`): seal the
+        open buffer under the old schema, convert the buffered rows, switch decoding, and make the next
+        persist commit the new Iceberg schema. Reads at LSNs before the change are refused afterwards.
+        Raises :class:`BadRowError` (nothing changed) when a buffered row cannot be decoded."""
+        hash_ids = self.hash_field_ids
+        new = TableSchema(schema=self.schema.schema, name=self.schema.name, oid=self.schema.oid, columns=change.columns,
+                          key_columns=change.key_columns, has_primary_key=self.schema.has_primary_key,
+                          replica_identity=self.schema.replica_identity, relkind=self.schema.relkind)
+        old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
+        probe = MirrorTable.__new__(MirrorTable)  # the new defaults, decoded with the new specs
+        probe._set_schema(new, hash_ids if not new.key_columns else None)
+        self.mem.evolve(new_arrow, self._decode, lambda rb: project(
+            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, probe.defaults))
+        self._set_schema(new, hash_ids if not new.key_columns else None)
+        self._relmap.clear()
+        self._identity.clear()
+        self.__dict__.get("_relations_seen", {}).clear()
+        self._row_cache.clear()
+        self.flushed_lsn = max(self.flushed_lsn, change.lsn)
+        self.next_field_id = max(self.next_field_id, change.next_field_id)
+        self.schema_pending = True
+        self.evolved = True
+        log.info("table %s: %s", self.name, change.describe())
+
+    def columns_property(self) -> str:
+        """The Iceberg table property ``mooncake.columns``: the mirror's columns as a restart needs them."""
+        from ..cdc.types import column_signature
+
+        return json.dumps({"columns": column_signature(self.schema), "key": list(self.schema.key_columns),
+                           "hash_field_ids": self.hash_field_ids})
+
+    def iceberg_schema(self):
+        """The current schema as a PyIceberg ``Schema`` (our field ids; added columns carry their
+        ``initial-default``)."""
+        from pyiceberg.io.pyarrow import pyarrow_to_schema
+
+        sch = pyarrow_to_schema(self.arrow_schema, format_version=self.iceberg.format_version)
+        if not self.defaults:
+            return sch
+        fields = []
+        for f in sch.fields:
+            d = self.defaults.get(f.field_id)
+            if d is not None and d.is_valid:
+                try:
+                    from pyiceberg.conversions import to_json
+
+                    value = d.as_py()
+                    to_json(f.field_type, value)  # checked here: the metadata writer would fail on it later
+                    f = f.model_copy(update={"initial_default": value})
+                except Exception:  # noqa: BLE001 — e.g. timestamp 'infinity', a list: older rows read NULL there
+                    log.warning("table %s: column %s: its default cannot be an Iceberg initial-default; Iceberg "
+                                "readers show NULL for rows older than the column", self.name, f.name)
+            fields.append(f)
+        return type(sch)(*fields, schema_id=sch.schema_id)
+
+    def read_fields(self) -> list[dict] | None:
+        """For readers of a table whose files may have older layouts (None otherwise): per current column
+        ``{"id", "name", "type" (DuckDB type), "default" (text DuckDB casts, or None)}``."""
+        if not self.evolved:
+            return None
+        if self._read_fields is None:
+            import duckdb
+
+            con = duckdb.connect()
+            empty = self.arrow_schema.empty_table()
+            types = con.from_arrow(empty).types
+            out = []
+            for f, t in zip(self.arrow_schema, types):
+                fid = field_id_of(f)
+                d = self.defaults.get(fid)
+                text = None
+                if d is not None and d.is_valid:
+                    one = pa.Table.from_arrays([pa.repeat(d, 1)], names=["v"])
+                    text = con.from_arrow(one).project("CAST(v AS VARCHAR)").fetchone()[0]
+                out.append({"id": fid, "name": f.name, "type": str(t), "default": text})
+            con.close()
+            self._read_fields = out
+        return self._read_fields
 
     # ------------------------------------------------------------------ decoding helpers
     def _decode(self, cols: list[list]) -> pa.RecordBatch:
@@ -274,6 +412,8 @@ class MirrorTable:
             path = self.files[fname].read_path
             # a persisted file in an object store is read through the table's FileIO (same endpoint/credentials)
             t = pq.read_table(self.iceberg.io.new_input(path).open() if "://" in path else path)
+            if self.evolved:  # written under an older schema: in today's layout
+                t = project(t, self.arrow_schema, self.defaults)
             if len(self._row_cache) > 4:
                 self._row_cache.pop(next(iter(self._row_cache)))
             self._row_cache[fname] = t
@@ -302,7 +442,8 @@ class MirrorTable:
         elif kind == "delete":
             old = self._values(change.old, change.relation_oid)
             key = self._key(old)
-            found = self._find_full(key, old) if change.old_kind == "O" and self.schema.key_columns else self._find(key)
+            full = change.old_kind == "O" and (self.schema.key_columns or self._whole_row_recheck)
+            found = self._find_full(key, old) if full else self._find(key)
             if found is None:
                 self._report_missing("DELETE", key, commit_lsn)
             else:
@@ -311,8 +452,8 @@ class MirrorTable:
             new = self._values(change.new, change.relation_oid)
             old = self._values(change.old, change.relation_oid) if change.old is not None else None
             key = self._key(old) if old is not None else self._key(new)
-            found = (self._find_full(key, old) if old is not None and change.old_kind == "O" and self.schema.key_columns
-                     else self._find(key))
+            found = (self._find_full(key, old) if old is not None and change.old_kind == "O"
+                     and (self.schema.key_columns or self._whole_row_recheck) else self._find(key))
             if any(v is _UNCHANGED for v in new):
                 if old is not None and change.old_kind == "O":
                     src = old
@@ -388,8 +529,8 @@ class MirrorTable:
     # ------------------------------------------------------------------ persist
     def is_dirty(self) -> bool:
         """True when something applied is not yet durable in Iceberg."""
-        return not self.mem.is_empty() or any(not f.persisted or f.pending or f.truncated_lsn
-                                              for f in self.files.values())
+        return not self.mem.is_empty() or self.schema_pending or any(
+            not f.persisted or f.pending or f.truncated_lsn for f in self.files.values())
 
     def persist(self) -> dict:
         """Flush, then commit to Iceberg in ONE commit: new data files, merged deletes (one DV per file),
@@ -405,6 +546,7 @@ class MirrorTable:
         # commit (e.g. the warehouse is unreachable) leaves files, pending deletes and removals as they
         # were, so the next persist retries all of it.
         uploaded: dict[str, str] = {}  # file name -> its warehouse location
+        new_schema = self.iceberg_schema() if self.schema_pending else None
         for f in list(self.files.values()):
             fully = f.truncated_lsn or f.deleted_count() >= f.num_rows
             if fully:
@@ -412,7 +554,7 @@ class MirrorTable:
                     remove.append(f.location)
                 continue
             if not f.persisted:  # overwrite: an earlier failed persist may have uploaded it (names are unique)
-                uploaded[f.name] = self.iceberg.upload_data_file(f.local_path, overwrite=True)
+                uploaded[f.name] = self.iceberg.upload_data_file(f.local_path, overwrite=True, schema=new_schema)
                 add.append(f)
             if f.pending:
                 deletes[uploaded.get(f.name, f.location)] = BitMap64(f.pending.keys())
@@ -420,7 +562,7 @@ class MirrorTable:
         if gone:
             self.file_index.drop_files({f.name for f in gone}) if hasattr(self.file_index, "drop_files") else None
         new_dvs = sum(len(b) for b in deletes.values())
-        changed = bool(add or deletes or remove or fl["rows"]) or self.flush_lsn == 0
+        changed = bool(add or deletes or remove or fl["rows"]) or self.flush_lsn == 0 or self.schema_pending
         if changed:
             fault("persist:after_upload")
             self.iceberg.commit(
@@ -429,8 +571,11 @@ class MirrorTable:
                 remove_files=remove,
                 index_blob=self.index_blob(),
                 summary={"mooncake.flush-lsn": lsn_str(lsn), "mooncake.source": self.source},
+                schema=new_schema,
+                properties={"mooncake.columns": self.columns_property()} if self.schema_pending else None,
             )
             fault("persist:after_commit")
+            self.schema_pending = False
         for f in add:
             f.location = uploaded[f.name]
         for f in gone:
@@ -507,6 +652,7 @@ class MirrorTable:
         self.applied_lsn = self.flushed_lsn = self.flush_lsn
         if st.index_blob:
             self.restore_index(st.index_blob)
+        self.evolved = len(self.iceberg.table.metadata.schemas) > 1
         for p in (self.dir / "staging").glob("*.parquet"):
             if p.name not in self.files:
                 p.unlink()

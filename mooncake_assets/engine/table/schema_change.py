@@ -10,16 +10,11 @@ the DDL and that point, so the two are the same state of the table).
 :func:`on_relation` runs for every change before it is applied. The fast path is one identity check
 (the assembler keeps one Relation object until a new message replaces it). When the columns equal the
 mirror's (name, declared type oid, typmod, in order) the tuple-to-column map is refreshed and nothing
-else happens. Any other difference raises :class:`SchemaChangeError`, which the service turns into
-an error of that table only (list-tables shows it; the slot is held at the table's flush LSN so a
-resume after a fix replays everything from there).
-
-Resuming: re-creating the mirror always works (a fresh copy under the new schema). A restart rebuilds
-the mirror with the columns it was built with (``column_signature`` in the registry) and replays from
-its flush LSN; in changes committed before the restart read the catalogs, a Relation column the mirror
-lacks and the source no longer has (an added column that was dropped again) is ignored, so undoing an
-ADD COLUMN and restarting resumes the table with nothing lost. Evolving the Iceberg schema at the change (ADD/DROP/RENAME COLUMN, widening) is not
-implemented.
+else happens. Otherwise, with a ``catalog`` to look the table up in, the change is planned
+(:func:`.evolution.plan_schema_change`) and the table evolves at that LSN (``MirrorTable.evolve``);
+a change that cannot be followed raises :class:`SchemaChangeError`, which the service turns into an
+error of that table only (list-tables shows it; the slot is held at the table's flush LSN so a resume
+after a fix replays everything from there).
 """
 from __future__ import annotations
 
@@ -67,8 +62,6 @@ def describe_change(table: Any, rel: Any, lsn: int) -> str:
     """One line naming the table, every column that changed and how, and the LSN."""
     old = [(c.name, c.decl_oid, c.decl_typmod, c.type_name) for c in table.schema.columns]
     new = [(c.name, c.type_oid, c.typmod) for c in rel.columns]
-    gone = _gone_columns(table, lsn)
-    new = [n for n in new if n[0] not in gone]
     old_names = [o[0] for o in old]
     new_names = [n[0] for n in new]
     removed = [o for o in old if o[0] not in new_names]
@@ -94,59 +87,55 @@ def describe_change(table: Any, rel: Any, lsn: int) -> str:
         else:
             parts.append("the columns changed")
     return (f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)}: "
-            + "; ".join(parts) + " — the mirror does not follow schema changes yet, so this table stopped (the "
-            f"others go on) and holds the replication slot at its flush LSN {_lsn(table.flush_lsn)}, so nothing "
-            "is lost. To resume: re-create the mirror (drop-table, then create-table), or, for an added column, "
-            "drop it again on the source and restart the service")
-
-
-class _Gone:
-    """Column names that count as gone for a change at ``lsn``: any column not in the source's catalogs
-    as read at (re)start, for changes committed before that read (``catalog_lsn``): such a column was
-    added and dropped again while the mirror was behind, and its values are gone from the source too.
-    A column first seen in a change after that read is a real schema change."""
-
-    def __init__(self, mine: set, current: set | None, catalog_lsn: int, lsn: int):
-        self.mine, self.current, self.active = mine, current, current is not None and lsn < catalog_lsn
-
-    def __contains__(self, name: str) -> bool:
-        return self.active and name not in self.mine and name not in self.current
-
-
-def _gone_columns(table: Any, lsn: int) -> _Gone:
-    return _Gone({c.name for c in table.schema.columns}, getattr(table.schema, "current_columns", None),
-                 getattr(table.schema, "catalog_lsn", 0) or 0, lsn)
+            + "; ".join(parts) + f" — this table stopped (the others go on) and holds the replication slot at its flush LSN "
+            f"{_lsn(table.flush_lsn)}, so nothing is lost. To resume: undo the change on the source and restart the "
+            "service, or re-create the mirror (drop-table, then create-table)")
 
 
 def _check_identity(table: Any, rel: Any, lsn: int) -> None:
     """The key the mirror locates rows by must still be what UPDATE/DELETE old tuples carry."""
+    _check_identity_of(table.name, table.source, table.schema.key_columns, rel, lsn)
+
+
+def _check_identity_of(name: str, source: str, key_columns: list, rel: Any, lsn: int) -> None:
     ident = rel.replica_identity
     if ident == "f":
         return
-    if not table.schema.key_columns:  # keyed by the whole row: needs REPLICA IDENTITY FULL
+    if not key_columns:  # keyed by the whole row: needs REPLICA IDENTITY FULL
         raise SchemaChangeError(
-            f"table {table.name} (source {table.source}): at LSN {_lsn(lsn)} its replica identity changed "
+            f"table {name} (source {source}): at LSN {_lsn(lsn)} its replica identity changed "
             f"from FULL to {'NOTHING' if ident == 'n' else 'DEFAULT' if ident == 'd' else 'USING INDEX'}; "
             "a table without a primary key is mirrored by whole rows and needs REPLICA IDENTITY FULL")
     flagged = [c.name for c in rel.columns if c.is_key]
-    if ident == "n" or (flagged and sorted(flagged) != sorted(table.schema.key_columns)):
+    if ident == "n" or (flagged and sorted(flagged) != sorted(key_columns)):
         raise SchemaChangeError(
-            f"table {table.name} (source {table.source}): at LSN {_lsn(lsn)} its replica identity key "
+            f"table {name} (source {source}): at LSN {_lsn(lsn)} its replica identity key "
             f"became ({', '.join(flagged) or 'nothing'}) but the mirror locates rows by "
-            f"({', '.join(table.schema.key_columns)})")
+            f"({', '.join(key_columns)})")
 
 
-def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int) -> None:
+def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = None) -> None:
     """Check the Relation in effect for a change of ``table`` (a MirrorTable) at commit ``lsn``; refresh
-    the tuple-to-column map when it is new and compatible. Raises :class:`SchemaChangeError`."""
+    the tuple-to-column map when it is new. A changed column list evolves the table when ``catalog``
+    (``columns(table_oid) -> [CatalogColumn]``, ``resolve(name, oid, typmod, ndims) -> ColumnSpec``) is
+    given. Raises :class:`SchemaChangeError` for a change the mirror cannot follow (or any change without
+    ``catalog``)."""
     seen = table.__dict__.setdefault("_relations_seen", {})
     if seen.get(rel_oid) is rel and rel_oid in table._relmap:
         return
     mine = [(c.name, c.decl_oid, c.decl_typmod) for c in table.schema.columns]
-    gone = _gone_columns(table, lsn)
-    sig = [(c.name, c.type_oid, c.typmod) for c in rel.columns if c.name not in gone]
+    sig = [(c.name, c.type_oid, c.typmod) for c in rel.columns]
     if sig != mine:
-        raise SchemaChangeError(describe_change(table, rel, lsn))
+        if catalog is None:
+            raise SchemaChangeError(describe_change(table, rel, lsn))
+        from .evolution import plan_schema_change
+
+        change = plan_schema_change(table.schema, sig, catalog.columns(table.schema.oid), catalog.resolve, lsn,
+                                    table.next_field_id, table=table.name,
+                                    format_version=getattr(table.iceberg, "format_version", 3))
+        _check_identity_of(table.name, table.source, change.key_columns, rel, lsn)
+        if not change.is_noop():
+            table.evolve(change)
     _check_identity(table, rel, lsn)
     table.column_map(rel_oid, [c.name for c in rel.columns])
     seen[rel_oid] = rel

@@ -1,0 +1,219 @@
+"""Schema evolution of a mirrored table: a source ``ALTER TABLE`` becomes an Iceberg schema change at
+the LSN where pgoutput shows it (issue 7; Iceberg spec "Schema Evolution", format v3 "Default values").
+
+pgoutput sends a new Relation message before the first change made under the new schema; the
+mirror compares it with its own columns (:func:`plan_schema_change`, pure: the service looks the
+catalogs up) and, when the change can be followed, switches at that commit LSN
+(``MirrorTable.evolve``):
+
+=====================================  ==============================================================
+source change                          mirror / Iceberg
+=====================================  ==============================================================
+``ADD COLUMN c T``                     new field (fresh id), optional; older rows read NULL
+``ADD COLUMN c T DEFAULT v``           same, with Iceberg ``initial-default`` = v (``attmissingval``):
+                                       older rows read v, as in Postgres (format v3 only)
+``DROP COLUMN c``                      field removed from the current schema; old files keep it
+``RENAME COLUMN a TO b``               same field id, new name
+``int2→int4→int8``, ``real→double``,   Iceberg type promotion (int→long, float→double, decimal
+``numeric(p,s)→numeric(p',s)``, p'≥p   precision); old files are cast when read
+``varchar(n)→varchar(m)/text``         same Arrow/Iceberg type (string); nothing to promote
+anything else                          the table stops with an error naming table, column and LSN
+=====================================  ==============================================================
+
+Columns are matched by ``pg_attribute.attnum`` (which a rename keeps), looked up in the catalogs
+*now*, so a column dropped and re-added under the same name is a new field. A table without a key is
+mirrored by its whole row: it follows ADD, RENAME and type promotions (rows keep being located by the
+columns they were hashed with and re-checked on the whole row) but not DROP COLUMN, which would
+change every row's identity.
+
+Files keep the layout they were written with; every file carries ``PARQUET:field_id``, so readers
+(PyIceberg, DuckDB's ``iceberg_scan``, the union read through ``read_parquet(schema=…)`` and
+:func:`project`) resolve columns by id.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pyarrow as pa
+
+from ..cdc.types import CatalogColumn, ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+
+FIELD_ID = b"PARQUET:field_id"
+
+__all__ = ["SchemaChange", "plan_schema_change", "promotable", "project", "field_id_of"]
+
+
+def _lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def promotable(old: pa.DataType, new: pa.DataType) -> bool:
+    """Can values of Arrow type ``old`` be read as ``new`` under Iceberg's type promotion rules
+    (int→long, float→double, decimal(P,S)→decimal(P',S) with P' ≥ P; equal types trivially)?"""
+    if old.equals(new):
+        return True
+    ints = (pa.int16(), pa.int32(), pa.int64())
+    if old in ints and new in ints:
+        return ints.index(new) >= ints.index(old)
+    if old == pa.float32() and new == pa.float64():
+        return True
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        return new.scale == old.scale and new.precision >= old.precision
+    return False
+
+
+@dataclass
+class SchemaChange:
+    """A followable change: the mirror's new ``columns`` (field ids kept or fresh) and ``key_columns``,
+    plus what changed, for logs and the table's history."""
+
+    columns: list[ColumnSpec]
+    key_columns: list[str]
+    lsn: int
+    next_field_id: int
+    added: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+    retyped: list[tuple[str, str, str]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = [f"added {a}" for a in self.added] + [f"dropped {d}" for d in self.dropped]
+        parts += [f"renamed {a} to {b}" for a, b in self.renamed]
+        parts += [f"{c}: {a} -> {b}" for c, a, b in self.retyped]
+        return f"schema change at LSN {_lsn(self.lsn)}: " + ("; ".join(parts) or "type details only")
+
+    def is_noop(self) -> bool:
+        """Nothing the mirror has changes (e.g. only an ignored column, or a type change within the same
+        Arrow type and declared type — never, since the Relation differed)."""
+        return not (self.added or self.dropped or self.renamed or self.retyped)
+
+
+def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, int]], catalog: list[CatalogColumn],
+                       resolve: Callable[[str, int, int, int], ColumnSpec], lsn: int, next_field_id: int,
+                       *, table: str, format_version: int = 3) -> SchemaChange:
+    """Match a Relation message's columns (``rel_columns``: (name, type oid, typmod) in order) with the
+    mirror's ``schema`` through the table's catalog rows now (``catalog``, dropped ones included);
+    ``resolve(name, oid, typmod, ndims)`` gives the spec of a new or retyped column (raises
+    :class:`UnsupportedTypeError`); ``next_field_id``: the first free Iceberg field id.
+
+    Returns a :class:`SchemaChange`. Raises ``SchemaChangeError`` (from :mod:`.schema_change`), naming
+    ``table``, the column(s) and ``lsn``, for a change Iceberg cannot express or the mirror cannot
+    follow: a type change that is not a promotion, an unmappable type, a default on a format v2 table,
+    DROP COLUMN on a table without a key, or a column the catalogs no longer identify. An added column
+    whose type cannot be mirrored but which the source has dropped again since is left out
+    (``ignored``): that is how undoing such an ADD COLUMN and restarting resumes the table."""
+    from .schema_change import SchemaChangeError
+
+    where = f"table {table} (source {schema.qualified_name}): schema change at LSN {_lsn(lsn)}"
+
+    def fail(what: str) -> SchemaChangeError:
+        return SchemaChangeError(
+            f"{where}: {what} — this table stopped (the others go on) and holds the replication slot at its "
+            "flush LSN, so nothing is lost; undo the change on the source and restart the service, or re-create "
+            "the mirror (drop-table, then create-table)")
+
+    alive = {c.name: c for c in catalog if not c.dropped}
+    by_attnum = {c.attnum: c for c in schema.columns if c.attnum}
+    by_name = {c.name: c for c in schema.columns}
+    matched: dict[int, ColumnSpec] = {}  # id(mine) -> new spec
+    out: list[ColumnSpec] = []
+    change = SchemaChange(columns=out, key_columns=[], lsn=lsn, next_field_id=next_field_id)
+    for name, oid, typmod in rel_columns:
+        cat = alive.get(name)
+        mine = None
+        if cat is not None and cat.attnum in by_attnum:
+            mine = by_attnum[cat.attnum]
+        elif name in by_name and (by_name[name].attnum == 0 or cat is None):
+            mine = by_name[name]  # no attnum known, or the name is gone from the catalogs again since
+        if mine is not None and id(mine) in matched:
+            raise fail(f"column {name} cannot be told apart from column {mine.name} (the catalogs changed again "
+                       "since)")
+        if mine is None:  # a new column
+            try:
+                spec = resolve(name, oid, typmod, cat.ndims if cat is not None else 0)
+            except UnsupportedTypeError as e:
+                if cat is None:  # dropped again since (the change is being replayed): its values are gone
+                    change.ignored.append(name)  # from the source too, so it is left out
+                    continue
+                raise fail(f"column {name} was added with a type that cannot be mirrored ({e})") from None
+            spec.attnum = cat.attnum if cat is not None else 0
+            spec.initial_default = cat.missing if cat is not None else None
+            spec.not_null = False  # rows older than the column may read NULL
+            if spec.initial_default is not None and format_version < 3:
+                raise fail(f"column {name} was added with a default; a format v2 table (delete format "
+                           "position-deletes) cannot give older rows that default (Iceberg initial-default needs "
+                           "format v3)")
+            out.append(spec)
+            change.added.append(name)
+            continue
+        spec = copy.copy(mine)
+        spec.element_ids = list(mine.element_ids)
+        if name != mine.name:
+            spec.name = name
+            change.renamed.append((mine.name, name))
+        if (oid, typmod) != (mine.decl_oid, mine.decl_typmod):
+            try:
+                new = resolve(name, oid, typmod, mine.ndims)
+            except UnsupportedTypeError as e:
+                raise fail(f"column {name} changed type to one that cannot be mirrored ({e})") from None
+            if not promotable(mine.arrow_type, new.arrow_type) or new.ndims != mine.ndims:
+                raise fail(f"column {name} changed type from {mine.type_name} to {new.type_name}, which is not an "
+                           f"Iceberg type promotion ({mine.arrow_type} to {new.arrow_type})")
+            change.retyped.append((name, mine.type_name, new.type_name))
+            for attr in ("type_oid", "typmod", "type_name", "arrow_type", "element", "decl_oid", "decl_typmod"):
+                setattr(spec, attr, getattr(new, attr))
+        matched[id(mine)] = spec
+        out.append(spec)
+    dropped = [c for c in schema.columns if id(c) not in matched]
+    change.dropped = [c.name for c in dropped]
+    if dropped and not schema.key_columns:
+        raise fail(f"column {', '.join(change.dropped)} was dropped from a table without a primary key; such a "
+                   "table is mirrored by its whole row, and dropping a column changes every row's identity")
+    keys = []
+    for k in schema.key_columns:
+        spec = matched.get(id(by_name[k]))
+        if spec is None:
+            raise fail(f"key column {k} was dropped")
+        keys.append(spec.name)
+    change.key_columns = keys
+    change.next_field_id = assign_field_ids(out, next_field_id)
+    for c in out:
+        c.is_key = c.name in keys
+    return change
+
+
+def field_id_of(f: pa.Field) -> int | None:
+    """The ``PARQUET:field_id`` of an Arrow field, None when it has none."""
+    if f.metadata and FIELD_ID in f.metadata:
+        return int(f.metadata[FIELD_ID])
+    return None
+
+
+def project(data: pa.Table | pa.RecordBatch, target: pa.Schema, defaults: dict[int, pa.Scalar] | None = None):
+    """Rows of a file or batch written under an older schema, in the ``target`` layout: columns
+    matched by field id (by name when ``data`` carries no ids), cast on a type promotion, and a
+    column the data lacks filled with its initial default (``defaults``: field id → Arrow scalar) or
+    NULL. Returns the same kind (Table or RecordBatch) with schema ``target``. Raises
+    ``pyarrow.ArrowInvalid`` on a cast that is not a promotion."""
+    if data.schema.equals(target, check_metadata=True):
+        return data
+    by_id = {field_id_of(f): i for i, f in enumerate(data.schema) if field_id_of(f) is not None}
+    by_name = {f.name: i for i, f in enumerate(data.schema)}
+    n = data.num_rows
+    arrays = []
+    for f in target:
+        fid = field_id_of(f)
+        i = by_id.get(fid) if (by_id and fid is not None) else by_name.get(f.name)
+        if i is not None:
+            a = data.column(i)
+            arrays.append(a if a.type.equals(f.type) else a.cast(f.type))
+            continue
+        d = (defaults or {}).get(fid)
+        arrays.append(pa.repeat(d.cast(f.type), n) if d is not None and d.is_valid else pa.nulls(n, f.type))
+    if isinstance(data, pa.RecordBatch):
+        arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+        return pa.RecordBatch.from_arrays(arrays, schema=target)
+    return pa.Table.from_arrays(arrays, schema=target)
