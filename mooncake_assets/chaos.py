@@ -19,8 +19,9 @@ table                           shape
 Steps are row changes (inserts, updates of keys and of non-key columns with TOAST left untouched,
 deletes, duplicate-row deletes), mixed transactions, savepoints rolled back, aborted transactions,
 large transactions streamed before commit (the source DSN sets ``logical_decoding_work_mem=64kB``),
-TRUNCATE (one or several tables, RESTART IDENTITY), random maintenance (flush, persist, merge-index,
-compact) and faults: SIGKILL of the service (also in the middle of a persist and while a streamed
+TRUNCATE (one or several tables, RESTART IDENTITY), schema changes (ADD COLUMN with and without a
+default, RENAME, DROP, int→bigint / varchar→text / numeric precision widening, then updates of the
+new columns), random maintenance (flush, persist, merge-index, compact) and faults: SIGKILL of the service (also in the middle of a persist and while a streamed
 transaction is open) and ``pg_terminate_backend`` of its walsender. Every ``phase`` steps the run
 waits for the service, then checks every table with ``verify`` (union read at one LSN); every few
 phases it persists every table and checks PyIceberg too. A mismatch, a stopped table or a missing-key
@@ -165,6 +166,9 @@ class _Run:
         self.next_id = 10_000
         self.open_stream: psycopg.Connection | None = None
         self.parts = 2
+        self.extra: dict[str, list[list[str]]] = {}  # table -> [[column, type]] added by the run
+        self.ncol = 0
+        self.widened: set[str] = set()
 
     # -- plumbing ---------------------------------------------------------------------------------
     def sql(self, q: str, params=None):
@@ -224,8 +228,8 @@ class _Run:
         return self.next_id
 
     # -- workload ---------------------------------------------------------------------------------
-    def stmt_insert(self) -> list[str]:
-        t = self.rng.choice(TABLES)
+    def stmt_insert(self, t: str | None = None) -> list[str]:
+        t = t or self.rng.choice(TABLES)
         n = self.rng.randint(1, 12)
         ids = [self.new_id() for _ in range(n)]
         if t == "c_items":
@@ -311,6 +315,53 @@ class _Run:
         return [f"INSERT INTO c_items VALUES ({i}, 0, 'tmp', NULL, 1, now(), NULL)",
                 f"UPDATE c_items SET name = 'tmp2' WHERE id = {i}", f"DELETE FROM c_items WHERE id = {i}"]
 
+    _ADD_TYPES = [("int", None), ("int", "7"), ("text", "'d'"), ("numeric(8,2)", "1.5"), ("boolean", "true"),
+                  ("date", "'2020-01-01'"), ("varchar(4)", None), ("text", None)]
+    _SET_VALUES = {"int": "42", "bigint": "5000000000", "text": "'u'", "varchar(4)": "'u'", "numeric(8,2)": "2.25",
+                   "numeric(12,2)": "1234567.25", "boolean": "false", "date": "'2021-05-05'"}
+    _WIDEN = {"int": "bigint", "varchar(4)": "text", "numeric(8,2)": "numeric(12,2)"}
+    _BASE_WIDEN = [("c_comp", "v"), ("c_part", "n"), ("c_items", "grp")]  # int columns the workload uses
+
+    def _where(self, t: str) -> str:
+        if t == "c_nokey":
+            return f"k = {self.rng.randint(0, 15)}"
+        if t == "c_comp":
+            return f"a = {self.rng.randint(0, 40)}"
+        return f"id % 7 = {self.rng.randint(0, 6)}"
+
+    def stmt_schema(self) -> list[str]:
+        """A schema change the mirror must follow as Iceberg schema evolution: ADD COLUMN (with and
+        without default), RENAME / DROP / widen (int→bigint, varchar(4)→text, numeric precision) of a
+        column the run added, widening of a workload column, or an UPDATE of an added column. No DROP on
+        the key-less table (whole-row identity: stopping it would be right, but is not what this tests)."""
+        t = self.rng.choice(TABLES)
+        cols = self.extra.setdefault(t, [])
+        r = self.rng.random()
+        if r < 0.3 or not cols:
+            self.ncol += 1
+            typ, default = self.rng.choice(self._ADD_TYPES)
+            if t == "c_comp":  # format v2 (position deletes): Iceberg v2 has no initial-default
+                default = None
+            cols.append([f"x{self.ncol}", typ])
+            return [f"ALTER TABLE {t} ADD COLUMN x{self.ncol} {typ}" + (f" DEFAULT {default}" if default else "")]
+        if r < 0.37:
+            bt, bc = self.rng.choice(self._BASE_WIDEN)
+            if (bt, bc) not in self.widened:
+                self.widened.add((bt, bc))
+                return [f"ALTER TABLE {bt} ALTER COLUMN {bc} TYPE bigint"]
+        c = self.rng.choice(cols)
+        if r < 0.5:
+            self.ncol += 1
+            old, c[0] = c[0], f"y{self.ncol}"
+            return [f"ALTER TABLE {t} RENAME COLUMN {old} TO {c[0]}"]
+        if r < 0.62 and t != "c_nokey":
+            cols.remove(c)
+            return [f"ALTER TABLE {t} DROP COLUMN {c[0]}"]
+        if r < 0.75 and c[1] in self._WIDEN:
+            c[1] = self._WIDEN[c[1]]
+            return [f"ALTER TABLE {t} ALTER COLUMN {c[0]} TYPE {c[1]}"]
+        return [f"UPDATE {t} SET {c[0]} = {self._SET_VALUES[c[1]]} WHERE {self._where(t)}"]
+
     def big_txn_stmts(self) -> list[str]:
         lo = self.new_id()
         self.next_id += 3000
@@ -356,6 +407,10 @@ class _Run:
         elif r < 0.835 and self.parts < 6:               # a partition created while mirroring
             self.parts += 1
             self.txn([f"CREATE TABLE c_part_p{self.parts} PARTITION OF c_part FOR VALUES IN ('p{self.parts}')"])
+        elif r < 0.855:                                  # a schema change + a row change that carries it
+            stmts = self.stmt_schema()                   # (pgoutput shows a table's new schema with its
+            t = stmts[0].split()[2]                      # next row change: see docs/schema-changes.md)
+            self.txn(stmts + self.stmt_insert(t) + (self.stmt_update() if self.rng.random() < 0.5 else []))
         elif r < 0.93:                                   # maintenance
             op = self.rng.choice(["flush", "flush", "persist", "persist", "merge_index", "compact"])
             t = self.rng.choice(TABLES)

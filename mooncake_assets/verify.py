@@ -42,13 +42,15 @@ class TableResult:
     missing: int      # rows in the source, not in the mirror
     extra: int        # rows in the mirror, not in the source
     error: str | None = None
+    columns: list | None = None  # on a mismatch: the columns whose values differ (as multisets)
 
     def line(self) -> str:
         if self.error:
             return f"{self.name}: ERROR {self.error}"
         state = "match" if self.match else "MISMATCH"
         return (f"{self.name} ({self.source}): {state} — source {self.source_rows} rows, mirror {self.mirror_rows} rows"
-                + ("" if self.match else f", {self.missing} missing, {self.extra} extra"))
+                + ("" if self.match else f", {self.missing} missing, {self.extra} extra")
+                + (f" (values differ in: {', '.join(self.columns)})" if self.columns else ""))
 
 
 def registry(settings: Settings) -> dict:
@@ -67,6 +69,20 @@ def compare(src: pa.Table, mir: pa.Table) -> tuple[int, int]:
     missing = con.execute("SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM m)").fetchone()[0]
     extra = con.execute("SELECT count(*) FROM (SELECT * FROM m EXCEPT ALL SELECT * FROM s)").fetchone()[0]
     return missing, extra
+
+
+def differing_columns(src: pa.Table, mir: pa.Table) -> list[str]:
+    """The columns whose values differ between ``src`` and ``mir`` as multisets (a diagnosis for a
+    mismatch: a column read wrong shows up here, a row missing shows up in every column)."""
+    con = duckdb.connect()
+    con.register("s", src)
+    con.register("m", mir.select(src.column_names))
+    out = []
+    for c in src.column_names:
+        q = '"' + c.replace('"', '""') + '"'
+        if con.execute(f"SELECT count(*) FROM (SELECT {q} FROM s EXCEPT ALL SELECT {q} FROM m)").fetchone()[0]:
+            out.append(c)
+    return out
 
 
 def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=None) -> pa.Table:
@@ -129,9 +145,18 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
                             break
                         results.append(TableResult(name, src_name, False, 0, 0, 0, 0, error=str(e).splitlines()[0]))
                         continue
+                    only_src = [c for c in src.column_names if c not in mir.column_names]
+                    only_mir = [c for c in mir.column_names if c not in src.column_names]
+                    if only_src or only_mir:
+                        results.append(TableResult(
+                            name, src_name, False, src.num_rows, mir.num_rows, 0, 0,
+                            error=f"columns differ at LSN {lsn}: source only {only_src}, mirror only {only_mir} (a "
+                                  "schema change reaches the mirror with the table's next row change)"))
+                        continue
                     missing, extra = compare(src, mir)
                     results.append(TableResult(name, src_name, missing == 0 and extra == 0, src.num_rows, mir.num_rows,
-                                               missing, extra))
+                                               missing, extra, columns=differing_columns(src, mir) if missing or extra
+                                               else None))
             if not retry:
                 return results, lsn
         finally:

@@ -269,3 +269,41 @@ def test_undoing_an_added_column_and_restarting_resumes(fresh_mirror):
     assert m.status("sc_undo")["state"] == "ready" and m.status("sc_undo")["missing_keys"] == 0
     m.sql("ALTER TABLE sc_undo ADD COLUMN late int", "INSERT INTO sc_undo VALUES (35, 'late', 1)")  # followed
     _check_all_readers(m, "sc_undo")
+
+
+def test_several_changes_with_kills_on_a_wide_table(fresh_mirror):
+    """Changes of several kinds one after another on a table with TOAST text, arrays, infinity
+    timestamps and numerics, with flushes, persists and SIGKILLs in between (a chaos run's shape)."""
+    m = fresh_mirror
+    t = "se_wide"
+    m.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, grp int, name text, big text, amount numeric(12,2), "
+          "at timestamptz, tags text[])", f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL",
+          f"INSERT INTO {t} SELECT g, g % 7, 'n' || g, CASE WHEN g % 5 = 0 THEN repeat(md5(g::text), 200) END, "
+          "g * 1.25, now(), ARRAY['a', 'b' || g] FROM generate_series(1, 200) g")
+    m.create(t)
+
+    def restart():
+        kill_service(m.settings)
+        start_service(m.settings)
+        m.client.close()
+
+    ins = (f"INSERT INTO {t} SELECT g, g % 7, 'i' || g, NULL, (g % 1000) / 8.0, 'infinity', "
+           "ARRAY['x', NULL, 'y' || g] FROM generate_series({a}, {b}) g")
+    m.sql(f"ALTER TABLE {t} ADD COLUMN x3 text DEFAULT 'd'", ins.format(a=300, b=303))
+    restart()
+    m.sql(f"UPDATE {t} SET x3 = 'u' WHERE id % 7 = 6", f"UPDATE {t} SET grp = grp + 1 WHERE id IN (1, 2, 301)")
+    m.check(t)
+    m.call("flush", table=t)
+    m.sql(f"ALTER TABLE {t} ADD COLUMN x7 text", ins.format(a=400, b=408))
+    m.check(t)
+    m.call("persist", table=t)
+    restart()
+    m.sql(f"ALTER TABLE {t} ALTER COLUMN grp TYPE bigint", ins.format(a=500, b=510))
+    m.check(t)
+    m.sql(f"ALTER TABLE {t} RENAME COLUMN x3 TO y9", ins.format(a=600, b=601))
+    m.check(t)
+    restart()
+    m.sql(f"UPDATE {t} SET y9 = 'v' WHERE id % 5 = 1")
+    _check_all_readers(m, t)
+    m.call("compact", table=t, full=True)
+    _check_all_readers(m, t)

@@ -826,7 +826,12 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
 
 _ATTRS_SQL = """
 SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
-       CASE WHEN a.atthasmissing AND NOT a.attisdropped THEN (a.attmissingval::text::text[])[1] END
+       CASE WHEN NOT a.attisdropped THEN COALESCE(
+         CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
+         -- a partitioned root stores no rows: its leaves hold the value older rows read
+         (SELECT (p.attmissingval::text::text[])[1] FROM pg_partition_tree(a.attrelid) t
+          JOIN pg_attribute p ON p.attrelid = t.relid AND p.attname = a.attname
+          WHERE t.isleaf AND t.relid <> a.attrelid AND p.atthasmissing AND NOT p.attisdropped LIMIT 1)) END
 FROM pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND a.attgenerated = ''
 ORDER BY a.attnum
@@ -836,8 +841,8 @@ ORDER BY a.attnum
 @dataclass
 class CatalogColumn:
     """One ``pg_attribute`` row of a mirrored table as the catalogs show it now: ``missing`` is the
-    text of ``attmissingval`` (the value rows that predate an ``ADD COLUMN … DEFAULT`` read as), None
-    when there is none."""
+    text of ``attmissingval`` (the value rows that predate an ``ADD COLUMN … DEFAULT`` read as; for a
+    partitioned table, a leaf partition's), None when there is none."""
 
     attnum: int
     name: str
