@@ -307,3 +307,35 @@ def test_several_changes_with_kills_on_a_wide_table(fresh_mirror):
     _check_all_readers(m, t)
     m.call("compact", table=t, full=True)
     _check_all_readers(m, t)
+
+
+@pytest.fixture()
+def streaming_mirror(pg_cluster):
+    yield from mirror_fixture(pg_cluster, dsn_options="-c logical_decoding_work_mem=64kB")
+
+
+def test_change_inside_a_transaction_and_a_streamed_one(streaming_mirror):
+    """Rows written before and after an ALTER in ONE transaction (the tuples have two shapes under one
+    commit LSN), and the same inside a transaction large enough to be streamed before commit."""
+    import time
+
+    m = streaming_mirror
+    m.sql("CREATE TABLE se_txn (id int PRIMARY KEY, v text)", "INSERT INTO se_txn SELECT g, 'v' FROM generate_series(1, 10) g")
+    m.create("se_txn")
+    m.txn("INSERT INTO se_txn VALUES (11, 'before')", "UPDATE se_txn SET v = 'u1' WHERE id = 1",
+          "ALTER TABLE se_txn ADD COLUMN c int DEFAULT 5", "INSERT INTO se_txn VALUES (12, 'after', 6)",
+          "UPDATE se_txn SET c = 7 WHERE id IN (2, 11)", "ALTER TABLE se_txn RENAME COLUMN v TO w",
+          "DELETE FROM se_txn WHERE id = 3")
+    m.check("se_txn")
+    m.txn("INSERT INTO se_txn SELECT g, repeat('x', 200), g FROM generate_series(100, 3000) g",  # > 64kB: streamed
+          "ALTER TABLE se_txn ADD COLUMN d text DEFAULT 'dd'", "ALTER TABLE se_txn ALTER COLUMN c TYPE bigint",
+          "INSERT INTO se_txn SELECT g, 'y', g::bigint * 1000000000, 'e' FROM generate_series(3001, 5000) g",
+          "UPDATE se_txn SET d = 'upd' WHERE id % 10 = 0")
+    _check_all_readers(m, "se_txn")
+    slot = m.client.status()["slot"]
+    for _ in range(50):  # the statistics are reported asynchronously
+        streamed = m.sql("SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", params=(slot,))
+        if streamed and streamed[0][0] > 0:
+            break
+        time.sleep(0.2)
+    assert streamed and streamed[0][0] > 0, "the large transaction was not streamed"

@@ -831,11 +831,15 @@ SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims,
          -- a partitioned root stores no rows: its leaves hold the value older rows read
          (SELECT (p.attmissingval::text::text[])[1] FROM pg_partition_tree(a.attrelid) t
           JOIN pg_attribute p ON p.attrelid = t.relid AND p.attname = a.attname
-          WHERE t.isleaf AND t.relid <> a.attrelid AND p.atthasmissing AND NOT p.attisdropped LIMIT 1)) END
-FROM pg_attribute a
+          WHERE t.isleaf AND t.relid <> a.attrelid AND p.atthasmissing AND NOT p.attisdropped LIMIT 1)) END,
+       pg_get_expr(d.adbin, d.adrelid), d.adbin::text
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = %s AND a.attnum > 0 AND a.attgenerated = ''
 ORDER BY a.attnum
 """
+
+_FUNC_IDS = re.compile(r":(?:funcid|opfuncid|opno) (\d+)")
+
 
 
 @dataclass
@@ -855,10 +859,40 @@ class CatalogColumn:
 
 
 def catalog_columns(conn: psycopg.Connection, table_oid: int) -> list[CatalogColumn]:
-    """Every non-generated attribute of the table (dropped ones too), in ``attnum`` order."""
+    """Every non-generated attribute of the table (dropped ones too), in ``attnum`` order.
+
+    ``missing`` comes from ``attmissingval``; a table rewrite since the ``ADD COLUMN`` (``ALTER …
+    TYPE``, ``VACUUM FULL``) stores the values in the rows and clears it, and then the column's default
+    expression is evaluated instead when it is immutable (constants, casts, immutable functions: the
+    value the rows got); a volatile default leaves it unknown (None)."""
+    out = []
     with conn.transaction(), conn.cursor() as cur:
-        return [CatalogColumn(int(r[0]), r[1], bool(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), bool(r[6]), r[7])
-                for r in cur.execute(_ATTRS_SQL, (table_oid,)).fetchall()]
+        for r in cur.execute(_ATTRS_SQL, (table_oid,)).fetchall():
+            missing = r[7]
+            if missing is None and r[8] is not None and not r[2]:
+                missing = _immutable_default(cur, r[8], r[9])
+            out.append(CatalogColumn(int(r[0]), r[1], bool(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), bool(r[6]),
+                                     missing))
+    return out
+
+
+def _immutable_default(cur, expr: str, tree: str) -> str | None:
+    """The text of a default expression's value when every function and operator in it is immutable
+    (and it reads no table), else None."""
+    if "SUBLINK" in tree or "NEXTVAL" in tree.upper():
+        return None
+    ids = sorted({int(x) for x in _FUNC_IDS.findall(tree)})
+    if ids:
+        rows = cur.execute("SELECT provolatile FROM pg_proc WHERE oid = ANY(%s) UNION ALL "
+                           "SELECT p.provolatile FROM pg_operator o JOIN pg_proc p ON p.oid = o.oprcode "
+                           "WHERE o.oid = ANY(%s)", (ids, ids)).fetchall()
+        if any(v != "i" for (v,) in rows):
+            return None
+    try:
+        with cur.connection.transaction():
+            return cur.execute(f"SELECT ({expr})::text").fetchone()[0]
+    except psycopg.Error:
+        return None
 
 
 def resolve_column(conn: psycopg.Connection, name: str, type_oid: int, typmod: int, ndims: int = 0) -> ColumnSpec:

@@ -116,21 +116,54 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
             "the mirror (drop-table, then create-table)")
 
     alive = {c.name: c for c in catalog if not c.dropped}
+    by_num = {c.attnum: c for c in catalog}
     by_attnum = {c.attnum: c for c in schema.columns if c.attnum}
     by_name = {c.name: c for c in schema.columns}
     matched: dict[int, ColumnSpec] = {}  # id(mine) -> new spec
     out: list[ColumnSpec] = []
     change = SchemaChange(columns=out, key_columns=[], lsn=lsn, next_field_id=next_field_id)
-    for name, oid, typmod in rel_columns:
+    # 1. by attnum (the catalogs now), else by name
+    pairs: list[ColumnSpec | None] = []
+    for name, _oid, _typmod in rel_columns:
         cat = alive.get(name)
         mine = None
         if cat is not None and cat.attnum in by_attnum:
             mine = by_attnum[cat.attnum]
         elif name in by_name and (by_name[name].attnum == 0 or cat is None):
             mine = by_name[name]  # no attnum known, or the name is gone from the catalogs again since
-        if mine is not None and id(mine) in matched:
+        if mine is not None and any(m is mine for m in pairs):
             raise fail(f"column {name} cannot be told apart from column {mine.name} (the catalogs changed again "
                        "since)")
+        pairs.append(mine)
+    # 2. by position: a column renamed at this LSN and renamed again or dropped since (the change is
+    # processed late, e.g. replayed after a restart) is known to the catalogs under neither name; a
+    # rename keeps the column's place, so pair such columns in order between their matched neighbours
+    rel_names = {n for n, _, _ in rel_columns}
+
+    def maybe_renamed(m: ColumnSpec) -> bool:
+        c = by_num.get(m.attnum) if m.attnum else None
+        return c is None or c.dropped or c.name not in rel_names
+
+    pos_of = {id(m): j for j, m in enumerate(pairs) if m is not None}
+    window: list[ColumnSpec] = []
+    prev = -1
+    for m in list(schema.columns) + [None]:
+        if m is not None and id(m) not in pos_of:
+            window.append(m)
+            continue
+        nxt = pos_of[id(m)] if m is not None else len(rel_columns)
+        free = [j for j in range(prev + 1, nxt) if pairs[j] is None and rel_columns[j][0] not in alive]
+        for w in window:
+            if not maybe_renamed(w):
+                continue
+            same = [j for j in free if (rel_columns[j][1], rel_columns[j][2]) == (w.decl_oid, w.decl_typmod)]
+            if same:
+                pairs[same[0]] = w
+                free = [j for j in free if j > same[0]]
+        window = []
+        prev = nxt
+    for (name, oid, typmod), mine in zip(rel_columns, pairs):
+        cat = alive.get(name)
         if mine is None:  # a new column
             try:
                 spec = resolve(name, oid, typmod, cat.ndims if cat is not None else 0)
@@ -151,6 +184,8 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
             continue
         spec = copy.copy(mine)
         spec.element_ids = list(mine.element_ids)
+        if not spec.attnum and cat is not None:
+            spec.attnum = cat.attnum
         if name != mine.name:
             spec.name = name
             change.renamed.append((mine.name, name))
