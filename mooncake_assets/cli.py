@@ -34,7 +34,9 @@ CTX = Ctx()
 
 
 def fail(msg: str, code: int = 1):
-    err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    from rich.markup import escape  # a message may hold brackets ("[errno 1]") that are not markup
+
+    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

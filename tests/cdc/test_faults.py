@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import tempfile
 import threading
@@ -66,8 +67,12 @@ def test_walsender_terminated_resumes_without_duplicates(fresh_mirror):
         m.check("w", "w_nk")
     st = m.client.status()
     assert len(st["stream_faults"]) >= 2 and "terminating connection" in st["stream_faults"][-1]["error"], st
-    out = mooncake(m.settings, "status", check=True).stdout
+    out = " ".join(mooncake(m.settings, "status", check=True).stdout.split())
     assert "lost stream(s)" in out and "terminating connection" in out, out
+    # the report names the slot and the LSN the stream resumes from (its confirmed LSN: the last persist)
+    assert f"slot {st['slot']}," in out, out
+    resumed = parse_lsn(re.search(r"confirmed LSN ([0-9A-F]+/[0-9A-F]+)", out).group(1))
+    assert resumed <= before, (out, before)
     assert m.status("w")["missing_keys"] == 0 and m.status("w_nk")["missing_keys"] == 0
     m.check("w", "w_nk", iceberg=True)
 
@@ -146,6 +151,13 @@ def test_postgres_restarts_under_the_mirror(tmp_path):
                 m.check("r", "r_nk")
             st = m.client.status()
             assert len(st["stream_faults"]) >= 2, st
+            # each lost stream is reported with the server's reason; status names the slot and the LSN the
+            # stream resumes from (the slot's confirmed LSN)
+            assert any("terminating connection" in f["error"] or "closed the connection" in f["error"]
+                       for f in st["stream_faults"]), st["stream_faults"]
+            out = " ".join(mooncake(s, "status", check=True).stdout.split())
+            assert f"slot {st['slot']}," in out and "lost stream(s)" in out, out
+            assert re.search(r"confirmed LSN [0-9A-F]+/[0-9A-F]+", out), out
             m.check("r", "r_nk", iceberg=True)
             assert m.status("r")["missing_keys"] == 0 and m.status("r_nk")["missing_keys"] == 0
     finally:

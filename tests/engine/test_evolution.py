@@ -110,3 +110,11 @@ def test_project_matches_by_field_id_casts_and_fills_defaults():
     # without field ids (a file from before ids were written) columns match by name
     plain = pa.table({"id": pa.array([3], pa.int32()), "amount": pa.array([5], pa.int32())})
     assert project(plain, new, {}).to_pydict()["amount"] == [5]
+
+
+def test_a_column_added_late_then_renamed_is_a_rename():
+    """x18 was added and renamed to y19 before the mirror processed the ADD: its attnum stayed unknown;
+    at the rename the catalogs know y19 (attnum 5), and position + type pair it with x18."""
+    k = schema(spec("a", INT4, 1, 1), spec("x18", TEXT, 0, 7), keyless=True)
+    ch = plan(k, [("a", INT4, -1), ("y19", TEXT, -1)], [cat(1, "a"), cat(5, "y19", TEXT)])
+    assert ch.renamed == [("x18", "y19")] and not ch.dropped and ch.columns[1].attnum == 5

@@ -94,5 +94,7 @@ def _clean(e: Exception) -> str:
         pass
     if "Python exception: " in msg:
         msg = msg.split("Python exception: ", 1)[1]
-    msg = msg.split(". Detail:")[0].split("\ngRPC client debug context")[0]
+    msg = msg.split("\ngRPC client debug context")[0]
+    if ". Detail:" in msg:  # gRPC appends ". Detail: …"; the message itself may contain one (PyArrow's OSErrors)
+        msg = msg.rsplit(". Detail:", 1)[0]
     return msg.strip()

@@ -145,6 +145,7 @@ class ReplicatorService:
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
         t.restore()
+        t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
         self.by_oid[schema.oid] = t
         return t
@@ -174,9 +175,19 @@ class ReplicatorService:
         if row is None:
             rc = ReplicationConnection(with_options(self.dsn))
             try:
-                rc.create_slot(self.slot, export_snapshot=False)
+                start_lsn, _ = rc.create_slot(self.slot, export_snapshot=False)
             finally:
                 rc.close()
+            with self.lock:  # the slot was dropped under mirrors: what it held after their flush LSNs is gone
+                for t in self.tables.values():
+                    if not t.error:
+                        t.error = (f"table {t.name}: replication slot {self.slot} was gone (dropped while the service "
+                                   f"was down?), so the changes after its flush LSN {lsn_str(t.flush_lsn)} up to LSN "
+                                   f"{lsn_str(start_lsn)}, where a new slot starts, are lost; re-create the mirror "
+                                   "(drop-table, then create-table)")
+                        log.error("%s", t.error)
+                        self.registry["tables"].get(t.name, {})["error"] = t.error  # still stopped after a restart
+                self._save_registry()
 
     def _ensure_stream(self) -> None:
         if self._thread and self._thread.is_alive():
@@ -392,6 +403,10 @@ class ReplicatorService:
                 schema = describe_table(conn, src)
             except (LookupError, UnsupportedTypeError) as e:
                 raise MooncakeError(str(e).strip("'\"")) from None
+            if schema.has_primary_key and schema.replica_identity == "n":  # nothing published yet
+                raise MooncakeError(f"table {src} has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry "
+                                    "no key (and Postgres refuses them once the table is published); set REPLICA "
+                                    "IDENTITY DEFAULT (its primary key) or FULL, then create the mirror")
             if not schema.has_primary_key and schema.replica_identity not in ("f", "i"):
                 conn.execute(f"ALTER TABLE {_qi(src)} REPLICA IDENTITY FULL")
                 if schema.relkind == "p":  # not inherited: each existing partition logs its own old rows

@@ -31,6 +31,7 @@ from .errors import (
     StorageError,
     StorageUnavailable,
     WarehouseConfigError,
+    WarehouseUnwritable,
     classify,
     is_retryable,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "WarehouseConfigError",
+    "WarehouseUnwritable",
     "apply_s3_settings",
     "arrow_source",
     "catalog_properties",

@@ -11,6 +11,7 @@ or HTTP status out of the message where the library gives no structured field.
 """
 from __future__ import annotations
 
+import errno
 import re
 
 
@@ -63,6 +64,16 @@ class AccessDenied(StorageError):
     kind = "access-denied"
 
 
+class WarehouseUnwritable(StorageError):
+    """A local (``file://``) warehouse directory cannot be written: permission denied or not permitted
+    (e.g. an immutable directory), a read-only or full file system, a quota, a path component that is no
+    longer a directory (an unmounted volume), an I/O error. Temporary: a persist succeeds again once
+    someone makes the directory writable, without a restart."""
+
+    retryable = True
+    kind = "unwritable"
+
+
 class WarehouseConfigError(StorageError, ValueError):
     """The warehouse URI or the S3 settings are malformed or refused (e.g. plain HTTP not allowed). Permanent."""
 
@@ -103,6 +114,9 @@ _UNREACHABLE_RE = re.compile(
     re.IGNORECASE,
 )
 _CAMEL_RE = re.compile(r"(?<!^)(?=[A-Z])")
+# errno values of a local file system that refuses writes (as Python's OSError and PyArrow's local
+# filesystem report them); ENOENT / EEXIST are not among them: those are a caller's logic, not an outage
+_UNWRITABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EIO}
 
 
 def _snake(code: str) -> str:
@@ -163,6 +177,8 @@ def _one(exc: BaseException) -> type[StorageError] | None:
             return AccessDenied
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return StorageUnavailable
+    if isinstance(exc, OSError) and exc.errno in _UNWRITABLE_ERRNOS:
+        return WarehouseUnwritable
     return None
 
 
@@ -173,6 +189,8 @@ _HINTS = {
     CredentialsRejected: "the credentials were rejected: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
                          "(and AWS_SESSION_TOKEN)",
     AccessDenied: "access denied: the credentials lack permission on this bucket/prefix",
+    WarehouseUnwritable: "the warehouse directory cannot be written (permissions, a read-only or full file "
+                         "system); retrying may help once it is writable again",
 }
 
 
@@ -190,7 +208,9 @@ def classify(exc: BaseException, *, location: str | None = None, endpoint: str |
             continue
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = f" at {endpoint}" if endpoint else ""
-        head = f"{what}{where}: " if what else (f"warehouse{where}: " if endpoint else "")
+        if cls is WarehouseUnwritable and location and not endpoint:  # which directory (ENOSPC names no path)
+            where = f" in {location}"
+        head = f"{what}{where}: " if what else (f"warehouse{where}: " if where else "")
         err = cls(f"{head}{_HINTS.get(cls, 'storage error')} ({first})", location=location, endpoint=endpoint)
         err.__cause__ = exc
         return err

@@ -152,11 +152,14 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
             window.append(m)
             continue
         nxt = pos_of[id(m)] if m is not None else len(rel_columns)
-        free = [j for j in range(prev + 1, nxt) if pairs[j] is None and rel_columns[j][0] not in alive]
+        free = [j for j in range(prev + 1, nxt) if pairs[j] is None]
         for w in window:
             if not maybe_renamed(w):
                 continue
-            same = [j for j in free if (rel_columns[j][1], rel_columns[j][2]) == (w.decl_oid, w.decl_typmod)]
+            # a name the catalogs know is a candidate only for a column whose attnum is unknown (a column
+            # dropped and re-added under the same name has a new attnum: not a rename)
+            same = [j for j in free if (rel_columns[j][1], rel_columns[j][2]) == (w.decl_oid, w.decl_typmod)
+                    and (rel_columns[j][0] not in alive or not w.attnum)]
             if same:
                 pairs[same[0]] = w
                 free = [j for j in free if j > same[0]]
