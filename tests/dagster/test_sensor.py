@@ -132,3 +132,25 @@ def test_no_second_request_while_a_run_is_in_flight(mc):
     data, _ = tick(env, data.cursor)
     assert not data.run_requests
     env.instance.report_run_failed(run)
+
+
+def test_sensor_reports_a_schema_change_the_mirror_cannot_follow(mc):
+    """A followable change (ADD COLUMN on branches) is just evolution; an unfollowable one (history's
+    filler char(22) → integer) stops only that mirror, and the sensor's observation and log say which
+    table, column and LSN."""
+    env = mc.rebuild(min_request_interval_s=0)
+    env.mirror_all()
+    with psycopg.connect(env.dsn, autocommit=True) as c:
+        c.execute("ALTER TABLE pgbench_branches ADD COLUMN region text DEFAULT 'north'")
+        c.execute("UPDATE pgbench_branches SET bbalance = bbalance + 1 WHERE bid = 1")
+        c.execute("ALTER TABLE pgbench_history ALTER COLUMN filler TYPE integer USING NULL")
+        c.execute("INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 1, now())")
+    env.union_barrier()
+    data, _ = tick(env)
+    obs = observations(data)
+    err = obs["pgbench_history"].get("error", "")
+    assert "table pgbench_history" in err and "column filler changed type" in err and "LSN " in err, obs["pgbench_history"]
+    assert "error" not in obs["pgbench_branches"] and "error" not in obs["pgbench_accounts"]
+    assert "pgbench_history" not in requests_by_table(data)
+    rows = env.replication.union_reader().query("SELECT bid, region FROM pgbench_branches ORDER BY bid")
+    assert rows.column("region").to_pylist() == ["north"] * rows.num_rows
