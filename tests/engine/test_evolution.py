@@ -118,3 +118,16 @@ def test_a_column_added_late_then_renamed_is_a_rename():
     k = schema(spec("a", INT4, 1, 1), spec("x18", TEXT, 0, 7), keyless=True)
     ch = plan(k, [("a", INT4, -1), ("y19", TEXT, -1)], [cat(1, "a"), cat(5, "y19", TEXT)])
     assert ch.renamed == [("x18", "y19")] and not ch.dropped and ch.columns[1].attnum == 5
+
+
+def test_a_column_added_then_renamed_before_the_add_is_processed_keeps_its_default():
+    """Replay after a restart: x9 (DEFAULT 7) was renamed to y13 since, x11 added after it; the catalogs
+    know y13 and x11. The ADD at x9's LSN finds its row by attnum order and type: attnum 5, default 7."""
+    s = schema(spec("id", INT4, 1, 1, True), spec("x4", TEXT, 4, 4))
+    catalog = [cat(1, "id"), cat(4, "x4", TEXT), cat(5, "y13", INT4, missing="7"), cat(6, "x11", TEXT, missing="d")]
+    ch = plan(s, [("id", INT4, -1), ("x4", TEXT, -1), ("x9", INT4, -1)], catalog)
+    assert ch.added == ["x9"] and ch.columns[2].attnum == 5 and ch.columns[2].initial_default == "7"
+    # an unmappable column added and dropped again since is still left out
+    catalog = [cat(1, "id"), cat(4, "x4", TEXT), cat(5, "doc", dropped=True)]
+    ch = plan(s, [("id", INT4, -1), ("x4", TEXT, -1), ("doc", TSV, -1)], catalog)
+    assert ch.ignored == ["doc"]

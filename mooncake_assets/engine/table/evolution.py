@@ -167,11 +167,13 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
         prev = nxt
     for (name, oid, typmod), mine in zip(rel_columns, pairs):
         cat = alive.get(name)
+        if mine is None and cat is None:
+            cat = _guess_added(catalog, out, by_attnum, rel_names, oid, typmod)
         if mine is None:  # a new column
             try:
                 spec = resolve(name, oid, typmod, cat.ndims if cat is not None else 0)
             except UnsupportedTypeError as e:
-                if cat is None:  # dropped again since (the change is being replayed): its values are gone
+                if cat is None or cat.dropped:  # dropped again since (a replayed change): its values are gone
                     change.ignored.append(name)  # from the source too, so it is left out
                     continue
                 raise fail(f"column {name} was added with a type that cannot be mirrored ({e})") from None
@@ -221,6 +223,22 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     for c in out:
         c.is_key = c.name in keys
     return change
+
+
+def _guess_added(catalog: list[CatalogColumn], out: list[ColumnSpec], by_attnum: dict, rel_names: set,
+                 oid: int, typmod: int) -> CatalogColumn | None:
+    """The catalog row of a column added at this LSN and renamed (or dropped) since: columns are added
+    with growing attnums, so it is the first row after the previous column's attnum that no known
+    column holds, whose name the Relation does not carry, and whose type matches (a dropped row's type
+    is gone). Its ``missing`` value is the column's default for older rows."""
+    used = set(by_attnum) | {c.attnum for c in out if c.attnum}
+    after = max([c.attnum for c in out if c.attnum] + [0])
+    for c in sorted(catalog, key=lambda c: c.attnum):
+        if c.attnum <= after or c.attnum in used or c.name in rel_names:
+            continue
+        if c.dropped or (c.type_oid, c.typmod) == (oid, typmod):
+            return c
+    return None
 
 
 def field_id_of(f: pa.Field) -> int | None:
