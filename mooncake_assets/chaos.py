@@ -32,9 +32,8 @@ seed replays the same workload; fault timing inside the service differs from run
 seed is written to ``cases_dir`` as ``chaos-<seed>-<steps>.json`` (seed, steps, the divergences and
 the operation log), which ``tests/cdc/test_chaos.py`` replays.
 
-Fault hooks for tests (``install_fault_hooks``): when ``MOONCAKE_FAULTS`` names a JSON file, the
-service process reads it at every Iceberg commit; ``{"commit_conflicts": N}`` makes the next N
-commits lose the pointer race (as if another writer moved the table), counting down in the file.
+Injected faults for tests (Iceberg commit conflicts, kills at given points) are one mechanism:
+:mod:`mooncake_assets.engine.faults`.
 """
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ from pathlib import Path
 
 import psycopg
 
-__all__ = ["ChaosResult", "run_chaos", "install_fault_hooks", "set_faults"]
+__all__ = ["ChaosResult", "run_chaos"]
 
 TABLES = ["c_items", "c_full", "c_nokey", "c_comp", "c_part"]
 BIG = "(SELECT string_agg(md5(%s::text || g), '') FROM generate_series(1, %s) g)"  # incompressible text
@@ -75,40 +74,6 @@ SETUP = [
     "INSERT INTO c_comp SELECT g % 20, 'b' || (g / 20), g FROM generate_series(1, 120) g",
     "INSERT INTO c_part SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, 'v', 0 FROM generate_series(1, 100) g",
 ]
-
-
-# ------------------------------------------------------------------------------------------ faults
-_FAULT_LOCK = threading.Lock()
-
-
-def set_faults(path: str | os.PathLike, **faults) -> None:
-    """Write the fault file a service started with ``MOONCAKE_FAULTS=path`` reads (atomically)."""
-    p = Path(path)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(faults))
-    tmp.replace(p)
-
-
-def install_fault_hooks(path: str) -> None:
-    """In the service process: make Iceberg commits consult the fault file (see module docstring)."""
-    from .engine.iceberg.catalog import SwapConflict
-    from .engine.iceberg.table import IcebergMirrorTable
-
-    def before_swap(table, location):
-        with _FAULT_LOCK:
-            try:
-                faults = json.loads(Path(path).read_text())
-            except (OSError, ValueError):
-                return
-            n = int(faults.get("commit_conflicts", 0))
-            if n <= 0:
-                return
-            faults["commit_conflicts"] = n - 1
-            faults["conflicts_injected"] = int(faults.get("conflicts_injected", 0)) + 1
-            set_faults(path, **faults)
-        raise SwapConflict(f"injected: another writer moved {table.identifier} (fault file {path})")
-
-    IcebergMirrorTable.before_swap = before_swap
 
 
 # ------------------------------------------------------------------------------------------ runner

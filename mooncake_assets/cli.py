@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -117,10 +116,6 @@ def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by pol
     if maintenance:
         s.maintenance = maintenance
     logging.getLogger().setLevel(logging.INFO)
-    if os.environ.get("MOONCAKE_FAULTS"):  # tests: injected faults (see mooncake_assets/chaos.py)
-        from .chaos import install_fault_hooks
-
-        install_fault_hooks(os.environ["MOONCAKE_FAULTS"])
     try:
         _serve(s)
     except Exception as e:

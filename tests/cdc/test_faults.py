@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mooncake_assets.chaos import set_faults
+from mooncake_assets.engine.faults import set_faults
 from mooncake_assets.engine.pg import EmbeddedPostgres
 from mooncake_assets.engine.service.process import kill_service, start_service
 from mooncake_assets.engine.table.mirror import parse_lsn

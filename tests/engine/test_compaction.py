@@ -10,7 +10,7 @@ from pyroaring import BitMap64
 
 from mooncake_assets.engine.compaction import (FileStats, MaintenancePolicy, RewriteInput, plan_compaction,
                                                policy_for, rewrite_files)
-from mooncake_assets.engine.compaction.faults import faults
+from mooncake_assets.engine.faults import faults
 from mooncake_assets.engine.compaction.runner import _dead_file_maps
 from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
 

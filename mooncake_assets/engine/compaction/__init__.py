@@ -12,7 +12,7 @@
 * :func:`fault` — ``MOONCAKE_FAULT`` crash points for tests (``faults``).
 """
 from .background import BackgroundMaintenance
-from .faults import fault
+from ..faults import fault
 from .planner import CompactionPlan, FileStats, plan_compaction
 from .policy import MaintenancePolicy, policy_for
 from .rewriter import RewriteInput, RewriteOutput, RewriteResult, rewrite_files

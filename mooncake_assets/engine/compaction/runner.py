@@ -48,7 +48,7 @@ from pyroaring import BitMap64
 
 from ..iceberg.errors import CommitStateUnknown
 from ..index import FileIndex, PositionMap
-from .faults import fault
+from ..faults import fault
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
 from .rewriter import RewriteInput, rewrite_files

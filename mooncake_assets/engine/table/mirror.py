@@ -36,7 +36,7 @@ from ..cdc import TableSchema, decode_text_columns
 from .evolution import field_id_of, project
 from ..index import FileIndex, IndexBlock
 from .keys import KeyHasher
-from ..compaction.faults import fault
+from ..faults import fault
 from .memslice import Carried, MemSlice
 
 log = logging.getLogger("mooncake.table")

@@ -1,8 +1,15 @@
-"""Fault injection for maintenance crash tests (moonlink style: faults are injected, not mocked).
+"""Fault injection for crash and fault tests (moonlink style: faults are injected, not mocked).
 
-The service reads ``MOONCAKE_FAULT`` from its environment: a comma-separated list of
-``<point>`` (SIGKILL the process at that point) or ``<point>=sleep:<seconds>`` (stall there, to widen a
-race window). Points:
+One mechanism, two ways to arm it, both read by the service process at each point:
+
+- ``MOONCAKE_FAULT`` (fixed for the process's life): a comma-separated list of ``<point>`` (SIGKILL
+  the process at that point) or ``<point>=sleep:<seconds>`` (stall there, to widen a race window);
+- ``MOONCAKE_FAULTS`` (changed while the process runs): the path of a JSON file written with
+  :func:`set_faults`; ``{"commit_conflicts": N}`` makes the next N Iceberg commits (at
+  ``commit:before_swap``) lose the pointer race as if another writer had moved the table, counting
+  down in the file (``conflicts_injected`` counts up).
+
+Points:
 
 =====================================  ========================================================
 ``compaction:after_files_written``     new data files written and uploaded to the warehouse
@@ -19,14 +26,18 @@ Unknown points are ignored (a typo cannot crash a production service: the variab
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
-__all__ = ["fault", "faults"]
+__all__ = ["fault", "faults", "set_faults"]
 
 log = logging.getLogger("mooncake.faults")
+_FILE_LOCK = threading.Lock()
 
 
 def faults() -> dict[str, str]:
@@ -41,8 +52,38 @@ def faults() -> dict[str, str]:
     return out
 
 
+def set_faults(path: str | os.PathLike, **faults) -> None:
+    """Write the fault file a service started with ``MOONCAKE_FAULTS=path`` reads (atomically)."""
+    p = Path(path)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(p)
+
+
+def _file_fault(point: str) -> None:
+    path = os.environ.get("MOONCAKE_FAULTS")
+    if not path or point != "commit:before_swap":
+        return
+    with _FILE_LOCK:
+        try:
+            armed = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return
+        n = int(armed.get("commit_conflicts", 0))
+        if n <= 0:
+            return
+        armed["commit_conflicts"] = n - 1
+        armed["conflicts_injected"] = int(armed.get("conflicts_injected", 0)) + 1
+        set_faults(path, **armed)
+    from .iceberg.catalog import SwapConflict
+
+    raise SwapConflict(f"injected: another writer moved the table (fault file {path})")
+
+
 def fault(point: str) -> None:
-    """Act on ``point`` if ``MOONCAKE_FAULT`` names it: SIGKILL this process, or sleep."""
+    """Act on ``point`` if ``MOONCAKE_FAULT`` names it (SIGKILL this process, or sleep) or the
+    ``MOONCAKE_FAULTS`` file arms it (raise ``SwapConflict`` at ``commit:before_swap``)."""
+    _file_fault(point)
     action = faults().get(point)
     if action is None:
         return
