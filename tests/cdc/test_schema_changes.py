@@ -339,3 +339,17 @@ def test_change_inside_a_transaction_and_a_streamed_one(streaming_mirror):
             break
         time.sleep(0.2)
     assert streamed and streamed[0][0] > 0, "the large transaction was not streamed"
+
+
+def test_a_column_added_flushed_and_dropped_before_a_persist(mirror):
+    """A file flushed under an intermediate schema (x5 added, then dropped before any persist) is
+    committed with that schema version in the table's history, so its field ids are known."""
+    m = mirror
+    m.sql("CREATE TABLE se_mid (id int PRIMARY KEY, v int)", "INSERT INTO se_mid SELECT g, g FROM generate_series(1, 5) g")
+    m.create("se_mid")
+    m.sql("ALTER TABLE se_mid ADD COLUMN x5 numeric(8,2)", "INSERT INTO se_mid VALUES (6, 6, 1.5)")
+    m.call("flush", table="se_mid")
+    m.sql("ALTER TABLE se_mid DROP COLUMN x5", "INSERT INTO se_mid VALUES (7, 7)", "UPDATE se_mid SET v = -v WHERE id IN (1, 6)")
+    _check_all_readers(m, "se_mid")
+    ice = _iceberg_table(m, "se_mid")
+    assert len(ice.metadata.schemas) == 3 and [f.name for f in ice.schema().fields] == ["id", "v"]

@@ -264,7 +264,10 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
                       for n, (f, committed) in snap.items()]
             old_blocks = table.file_index.blocks_for_files(plan.files)
             live = set(table.files)
-        report = _work_and_swap(table, lk, policy, plan, snap, inputs, old_blocks, live)
+            # the layout the Iceberg table has now: a schema change during the rewrite must not put field
+            # ids into the outputs that the table does not know yet (they stay readable by id either way)
+            layout = (table.arrow_schema, dict(getattr(table, "defaults", None) or {}))
+        report = _work_and_swap(table, lk, policy, plan, snap, inputs, old_blocks, live, layout)
         report["persist_seconds"] = round(persist_s, 4)
     if expire:
         try:
@@ -277,7 +280,7 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
     return _record(table, "compact", report)
 
 
-def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, live) -> dict:
+def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, live, layout) -> dict:
     ice = table.iceberg
     out_dir = table.dir / "compaction"
     uploaded: list[str] = []
@@ -286,9 +289,9 @@ def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, li
     committed = False
     try:
         # -- rewrite and upload (no lock)
-        rw = rewrite_files(inputs, out_dir, table.arrow_schema, policy.target_file_bytes,
+        rw = rewrite_files(inputs, out_dir, layout[0], policy.target_file_bytes,
                            open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
-                           defaults=getattr(table, "defaults", None))
+                           defaults=layout[1])
         t_up = time.perf_counter()
         for o in rw.outputs:
             uploaded.append(ice.upload_data_file(o.path))

@@ -26,7 +26,7 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,7 +201,7 @@ class _Request:
     summary: dict[str, str]
     operation: Operation | None
     commit_id: str
-    schema: Schema | None = None
+    schema: list[Schema] | None = None
     properties: dict[str, str] | None = None
 
 
@@ -358,15 +358,16 @@ class IcebergMirrorTable:
 
     # ----------------------------------------------------------------- data files
 
-    def known_field_ids(self, schema: Schema | None = None) -> set[int]:
+    def known_field_ids(self, schema: Schema | Sequence[Schema] | None = None) -> set[int]:
         """Every field id of the table's schemas (all of them: files keep the ids they were written
-        with), plus those of ``schema`` (one about to be committed)."""
+        with), plus those of ``schema`` (one or several about to be committed)."""
         ids: set[int] = set()
-        for s in self._table.metadata.schemas + ([schema] if schema is not None else []):
+        for s in self._table.metadata.schemas + _schema_list(schema):
             ids.update(index_by_id(s))
         return ids
 
-    def upload_data_file(self, local_path: str, *, overwrite: bool = False, schema: Schema | None = None) -> str:
+    def upload_data_file(self, local_path: str, *, overwrite: bool = False,
+                         schema: Schema | Sequence[Schema] | None = None) -> str:
         """Copy a local Parquet file to ``<location>/data/<basename>`` through the table's FileIO.
 
         Returns the location as Iceberg records it (``file://…`` or ``s3://…``). The footer is checked
@@ -399,7 +400,7 @@ class IcebergMirrorTable:
         index_blob: bytes | None = None,
         summary: Mapping[str, str] | None = None,
         operation: str | None = None,
-        schema: Schema | None = None,
+        schema: Schema | Sequence[Schema] | None = None,
         properties: Mapping[str, str] | None = None,
     ) -> int:
         """Commit one snapshot; returns its id.
@@ -407,7 +408,8 @@ class IcebergMirrorTable:
         ``schema``: make this the table's current schema in the same commit (schema evolution: the
         caller keeps field ids stable and gives new fields fresh ids; added as a new schema unless its
         fields equal the current one's) — the snapshot records it, and ``schema.name-mapping.default``
-        is renewed. ``properties``: table properties to set in the same commit.
+        is renewed. A list adds each version in order (files written under an intermediate version
+        keep its field ids, which the table then knows) and makes the last one current. ``properties``: table properties to set in the same commit.
 
         ``add_files``: locations from ``upload_data_file`` (metrics from the Parquet footer).
         ``deletes``: data file location -> NEW deleted row positions (0-based); merged with the file's
@@ -445,7 +447,7 @@ class IcebergMirrorTable:
             summary=summary,
             operation=_OPERATIONS[operation] if operation else None,
             commit_id=uuid.uuid4().hex,
-            schema=schema,
+            schema=_schema_list(schema) or None,
             properties=dict(properties) if properties else None,
         )
         both = set(req.add_files) & set(req.remove_files)
@@ -710,10 +712,17 @@ class IcebergMirrorTable:
         updates: list = []
         schema_id = md.current_schema_id
         props = dict(req.properties or {})
-        if req.schema is not None and tuple(req.schema.fields) != tuple(md.schema().fields):
-            schema_id = max(s.schema_id for s in md.schemas) + 1
-            new = Schema(*req.schema.fields, schema_id=schema_id, identifier_field_ids=[])
-            updates += [AddSchemaUpdate(schema_=new), SetCurrentSchemaUpdate(schema_id=-1)]
+        last = tuple(md.schema().fields)
+        next_id = max(s.schema_id for s in md.schemas) + 1
+        for version in req.schema or []:
+            if tuple(version.fields) == last:
+                continue
+            schema_id, next_id = next_id, next_id + 1
+            new = Schema(*version.fields, schema_id=schema_id, identifier_field_ids=[])
+            updates.append(AddSchemaUpdate(schema_=new))
+            last = tuple(version.fields)
+        if schema_id != md.current_schema_id:
+            updates.append(SetCurrentSchemaUpdate(schema_id=-1))
             props["schema.name-mapping.default"] = create_mapping_from_schema(new).model_dump_json()
         if props:
             updates.append(SetPropertiesUpdate(updates=props))
@@ -1058,6 +1067,12 @@ def _entry(fv: int, status: ManifestEntryStatus, snapshot_id, sequence_number, f
         file_sequence_number=file_sequence_number,
         data_file=data_file,
     )
+
+
+def _schema_list(schema) -> list[Schema]:
+    if schema is None:
+        return []
+    return [schema] if isinstance(schema, Schema) else list(schema)
 
 
 def _as_bitmap(positions) -> BitMap64:

@@ -157,6 +157,7 @@ class MirrorTable:
         self.schema_pending = iceberg is None or not self._iceberg_has_columns(iceberg)
         self.evolved = iceberg is not None and len(iceberg.table.metadata.schemas) > 1
         self._set_schema(schema, getattr(schema, "hash_field_ids", None))
+        self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
         self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
         self.mem = MemSlice(self.arrow_schema, self._decode)
         self.files: dict[str, DiskFile] = {}
@@ -250,6 +251,7 @@ class MirrorTable:
         self.next_field_id = max(self.next_field_id, change.next_field_id)
         self.schema_pending = True
         self.evolved = True
+        self._schema_versions.append(self.iceberg_schema())  # files may be flushed under each version
         log.info("table %s: %s", self.name, change.describe())
 
     def columns_property(self) -> str:
@@ -264,7 +266,7 @@ class MirrorTable:
         ``initial-default``)."""
         from pyiceberg.io.pyarrow import pyarrow_to_schema
 
-        sch = pyarrow_to_schema(self.arrow_schema, format_version=self.iceberg.format_version)
+        sch = pyarrow_to_schema(self.arrow_schema, format_version=getattr(self.iceberg, "format_version", 3))
         if not self.defaults:
             return sch
         fields = []
@@ -546,7 +548,7 @@ class MirrorTable:
         # commit (e.g. the warehouse is unreachable) leaves files, pending deletes and removals as they
         # were, so the next persist retries all of it.
         uploaded: dict[str, str] = {}  # file name -> its warehouse location
-        new_schema = self.iceberg_schema() if self.schema_pending else None
+        new_schema = (self._schema_versions[:-1] + [self.iceberg_schema()]) if self.schema_pending else None
         for f in list(self.files.values()):
             fully = f.truncated_lsn or f.deleted_count() >= f.num_rows
             if fully:
@@ -576,6 +578,7 @@ class MirrorTable:
             )
             fault("persist:after_commit")
             self.schema_pending = False
+            self._schema_versions = []
         for f in add:
             f.location = uploaded[f.name]
         for f in gone:
