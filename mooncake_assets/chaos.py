@@ -87,6 +87,7 @@ class ChaosResult:
     walsender_kills: int = 0
     maintenance: int = 0
     transactions: int = 0
+    schema_changes: int = 0
     divergences: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     case_file: str | None = None
@@ -94,6 +95,7 @@ class ChaosResult:
 
     def line(self) -> str:
         return (f"seed {self.seed}: {self.steps} steps ({self.mode} maintenance), {self.transactions} transactions, "
+                f"{self.schema_changes} schema changes, "
                 f"{self.phases} verify phases (+{self.iceberg_checks} PyIceberg), {self.maintenance} maintenance calls, "
                 f"{self.kills} service kills, {self.walsender_kills} walsender kills, "
                 f"{len(self.divergences)} divergences, {self.seconds:.0f}s"
@@ -101,7 +103,7 @@ class ChaosResult:
 
 
 class _Run:
-    def __init__(self, seed: int, steps: int, base_dsn: str, workdir: Path, phase: int, log):
+    def __init__(self, seed: int, steps: int, base_dsn: str, workdir: Path, phase: int, log, schema_rate: float = 0.0):
         from .config import load_settings
 
         self.rng = random.Random(seed)
@@ -131,6 +133,7 @@ class _Run:
         self.next_id = 10_000
         self.open_stream: psycopg.Connection | None = None
         self.parts = 2
+        self.schema_rate = schema_rate
         self.extra: dict[str, list[list[str]]] = {}  # table -> [[column, type]] added by the run
         self.ncol = 0
         self.widened: set[str] = set()
@@ -333,7 +336,15 @@ class _Run:
         return [f"INSERT INTO c_comp SELECT 1000 + g % 50, 'big' || g, g FROM generate_series({lo}, {lo + 2999}) g",
                 f"UPDATE c_comp SET v = -v WHERE a BETWEEN 1000 AND 1010"]
 
+    def schema_step(self):
+        stmts = self.stmt_schema()                       # a schema change + a row change that carries it
+        t = stmts[0].split()[2]                          # (pgoutput shows a table's new schema with its
+        self.txn(stmts + self.stmt_insert(t) + (self.stmt_update() if self.rng.random() < 0.5 else []))
+        self.res.schema_changes += 1                     # next row change: see docs/schema-changes.md)
+
     def step(self, i: int):
+        if self.schema_rate and self.rng.random() < self.schema_rate:
+            return self.schema_step()
         r = self.rng.random()
         if r < 0.30:
             stmts = self.stmt_insert()
@@ -372,10 +383,8 @@ class _Run:
         elif r < 0.835 and self.parts < 6:               # a partition created while mirroring
             self.parts += 1
             self.txn([f"CREATE TABLE c_part_p{self.parts} PARTITION OF c_part FOR VALUES IN ('p{self.parts}')"])
-        elif r < 0.855:                                  # a schema change + a row change that carries it
-            stmts = self.stmt_schema()                   # (pgoutput shows a table's new schema with its
-            t = stmts[0].split()[2]                      # next row change: see docs/schema-changes.md)
-            self.txn(stmts + self.stmt_insert(t) + (self.stmt_update() if self.rng.random() < 0.5 else []))
+        elif r < 0.855:                                  # a schema change
+            self.schema_step()
         elif r < 0.93:                                   # maintenance
             op = self.rng.choice(["flush", "flush", "persist", "persist", "merge_index", "compact"])
             t = self.rng.choice(TABLES)
@@ -481,16 +490,19 @@ class _Run:
 
 
 def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLike | None = None,
-              cases_dir: str | os.PathLike | None = None, phase: int = 25, log=print) -> ChaosResult:
+              cases_dir: str | os.PathLike | None = None, phase: int = 25, log=print,
+              schema_rate: float = 0.0) -> ChaosResult:
     """One seeded chaos run (see module docstring). ``base_dsn``: a database of the source cluster
     (a fresh database is created beside it, and dropped after a clean run). ``workdir``: where the run's
     state directory goes (a temp dir under /var/tmp by default; kept, with the database, when the run
-    diverged). ``cases_dir``: where a failing seed is written. ``phase``: steps between checks."""
+    diverged). ``cases_dir``: where a failing seed is written. ``phase``: steps between checks.
+    ``schema_rate``: the share of steps that are schema changes on top of the workload's own ~2 %
+    (0..1; 0 keeps a seed's workload as it always was)."""
     t0 = time.time()
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"mooncake-chaos-{seed}-", dir="/var/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)
-    run = _Run(seed, steps, base_dsn, root, phase, log)
+    run = _Run(seed, steps, base_dsn, root, phase, log, schema_rate)
     failed = True
     try:
         run.run()
@@ -504,7 +516,8 @@ def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLik
         if run.res.divergences and cases_dir:
             p = Path(cases_dir) / f"chaos-{seed}-{steps}.json"
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps({"seed": seed, "steps": steps, "phase": phase, "result": asdict(run.res),
+            p.write_text(json.dumps({"seed": seed, "steps": steps, "phase": phase, "schema_rate": schema_rate,
+                                     "result": asdict(run.res),
                                      "state_dir": str(root), "database": run.db, "ops": run.ops[-400:]}, indent=1))
             run.res.case_file = str(p)
         run.close(keep=failed)

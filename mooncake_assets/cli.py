@@ -378,6 +378,9 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
           steps: int = typer.Option(300, "--steps", help="Workload steps per seed"),
           seeds: int = typer.Option(1, "--seeds", help="Number of seeds to run: seed, seed+1, …"),
           phase: int = typer.Option(25, "--phase", help="Steps between verify phases"),
+          schema_rate: float = typer.Option(0.0, "--schema-rate", min=0.0, max=1.0,
+                                            help="Extra share of steps that are schema changes (ADD/DROP/RENAME "
+                                                 "COLUMN, widening), on top of the workload's ~2 %"),
           cases: Optional[Path] = typer.Option(None, "--cases", help="Where failing seeds are written "
                                                "[default: ./tests/cases when it exists, else <state>/chaos-cases]")):
     """Seeded chaos: mixed workloads, maintenance and SIGKILLs of the real service, checked by verify."""
@@ -387,7 +390,8 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
     dsn = CTX.settings.source_dsn()
     bad = 0
     for s in range(seed, seed + seeds):
-        res = run_chaos(s, steps, dsn, cases_dir=cases, phase=phase, log=lambda m: err.print(m, highlight=False))
+        res = run_chaos(s, steps, dsn, cases_dir=cases, phase=phase, log=lambda m: err.print(m, highlight=False),
+                        schema_rate=schema_rate)
         print(res.line(), flush=True)
         for d in res.divergences[:5]:
             print(f"  divergence: {json.dumps(d)}", flush=True)

@@ -29,9 +29,12 @@ def _assert_clean(res):
 
 def test_chaos_command_short_run(pg_cluster, state_dir):
     s = make_settings(state_dir, pg_cluster.dsn())
-    r = mooncake(s, "chaos", "--seed", "101", "--steps", "40", "--phase", "20", "--cases", str(CASES), timeout=600)
+    r = mooncake(s, "chaos", "--seed", "101", "--steps", "40", "--phase", "20", "--schema-rate", "0.2",
+                 "--cases", str(CASES), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "seed 101: 40 steps" in r.stdout and "0 divergences" in r.stdout, r.stdout
+    changes = int(r.stdout.split(" schema changes")[0].rsplit(" ", 1)[1])
+    assert changes >= 3, r.stdout                                       # ADD/DROP/RENAME/widening mixed in
     assert r.stdout.strip().splitlines()[-1] == "chaos: 1 seed(s) x 40 steps: 0 with divergences"
 
 
@@ -39,14 +42,15 @@ def test_chaos_command_short_run(pg_cluster, state_dir):
 @pytest.mark.parametrize("case", _cases(), ids=lambda p: p.stem)
 def test_replay_chaos_case(pg_cluster, case: Path):
     c = json.loads(case.read_text())
-    _assert_clean(run_chaos(c["seed"], c["steps"], pg_cluster.dsn(), cases_dir=None, phase=c.get("phase", 25)))
+    _assert_clean(run_chaos(c["seed"], c["steps"], pg_cluster.dsn(), cases_dir=None, phase=c.get("phase", 25),
+                            schema_rate=c.get("schema_rate", 0.0)))
 
 
 @pytest.mark.slow
 def test_chaos_seed_with_auto_maintenance(pg_cluster):
     """Seed 3 runs with ``maintenance: auto`` (the service persists, merges and compacts by itself while
     the run adds its own maintenance calls and kills); the short run above drives maintenance itself."""
-    _assert_clean(run_chaos(3, 150, pg_cluster.dsn(), cases_dir=CASES))
+    _assert_clean(run_chaos(3, 150, pg_cluster.dsn(), cases_dir=CASES, schema_rate=0.1))
 
 
 def test_a_failing_seed_is_written_as_a_replayable_case(pg_cluster, tmp_path, monkeypatch):
