@@ -353,3 +353,23 @@ def test_a_column_added_flushed_and_dropped_before_a_persist(mirror):
     _check_all_readers(m, "se_mid")
     ice = _iceberg_table(m, "se_mid")
     assert len(ice.metadata.schemas) == 3 and [f.name for f in ice.schema().fields] == ["id", "v"]
+
+
+def test_position_delete_tables_evolve_too_but_not_with_defaults(mirror):
+    """Format v2 (position-deletes): ADD (no default), RENAME, widening and DROP become schema evolution
+    like on v3; ADD COLUMN … DEFAULT stops the table (Iceberg v2 has no initial-default)."""
+    m = mirror
+    m.sql("CREATE TABLE se_v2 (id int PRIMARY KEY, a int, b text)", "INSERT INTO se_v2 SELECT g, g, 'b' FROM generate_series(1, 30) g")
+    m.create("se_v2", delete_format="position-deletes")
+    m.sql("DELETE FROM se_v2 WHERE id < 4")
+    m.call("persist", table="se_v2")
+    m.sql("ALTER TABLE se_v2 ADD COLUMN c int", "ALTER TABLE se_v2 RENAME COLUMN b TO bb",
+          "ALTER TABLE se_v2 ALTER COLUMN a TYPE bigint", "INSERT INTO se_v2 VALUES (40, 4000000000, 'n', 4)",
+          "UPDATE se_v2 SET c = 1 WHERE id < 10")
+    m.sql("ALTER TABLE se_v2 DROP COLUMN c", "DELETE FROM se_v2 WHERE id = 5")
+    _check_all_readers(m, "se_v2")
+    assert _iceberg_table(m, "se_v2").format_version == 2
+    m.sql("ALTER TABLE se_v2 ADD COLUMN d int DEFAULT 3", "INSERT INTO se_v2 VALUES (41, 1, 'x', 4)")
+    m.client.wait_lsn(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    err = m.status("se_v2")["error"] or ""
+    assert "table se_v2" in err and "column d was added with a default" in err and "format v2" in err, err
