@@ -227,6 +227,13 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
     for row in st["tables"]:
         t.add_row(*[str(row.get(c, "")) for c in cols])
     console.print(t)
+    from rich.markup import escape
+
+    for row in st["tables"]:  # what the table view has no room for
+        if row.get("error"):
+            console.print(f"[red]{escape(row['name'])}:[/red] {escape(str(row['error']))}", highlight=False)
+        if row.get("last_schema_change"):
+            console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
 
 
 @app.command()

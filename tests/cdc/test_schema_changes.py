@@ -98,6 +98,7 @@ def test_schema_change_becomes_iceberg_schema_evolution(mirror, kind, ddl, dml, 
     cols = m.read(t).column_names
     assert cols_ok(cols), cols
     assert m.status(t)["state"] == "ready", m.status(t)
+    assert "schema change at LSN" in (m.status(t)["last_schema_change"] or ""), m.status(t)
     m.check(t)                                                   # union read, before the change is persisted
     m.sql(f"INSERT INTO {t} SELECT g, 1, 1, 1 FROM generate_series(200, 210) g" if kind == "drop"
           else f"UPDATE {t} SET id = id + 1000 WHERE id IN (10, 48, 67)")
@@ -214,6 +215,8 @@ def test_unfollowable_change_stops_only_its_table(mirror, kind, ddl, dml, expect
         lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
         row = next(x for x in lt["tables"] if x["name"] == t)
         assert row["state"] == "error" and row["error"] == err
+        human = mooncake(m.settings, "list-tables", check=True).stdout
+        assert f"{t}: table {t}" in " ".join(human.split()), human
 
 
 def test_recreating_the_mirror_resumes_with_nothing_lost(mirror):

@@ -158,6 +158,7 @@ class MirrorTable:
         self.evolved = iceberg is not None and len(iceberg.table.metadata.schemas) > 1
         self._set_schema(schema, getattr(schema, "hash_field_ids", None))
         self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
+        self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
         self.mem = MemSlice(self.arrow_schema, self._decode)
         self.files: dict[str, DiskFile] = {}
@@ -252,7 +253,8 @@ class MirrorTable:
         self.schema_pending = True
         self.evolved = True
         self._schema_versions.append(self.iceberg_schema())  # files may be flushed under each version
-        log.info("table %s: %s", self.name, change.describe())
+        self.last_schema_change = change.describe()
+        log.info("table %s: %s", self.name, self.last_schema_change)
 
     def columns_property(self) -> str:
         """The Iceberg table property ``mooncake.columns``: the mirror's columns as a restart needs them."""
@@ -713,6 +715,8 @@ class MirrorTable:
             "deletion_vectors": sum(1 for f in self.files.values() if len(f.committed)),
             "deleted_rows": deleted, "live_rows": file_rows - deleted + self.mem.live_rows,
             "missing_keys": self.missing_keys,
+            "columns": len(self._col_names),
+            "last_schema_change": self.last_schema_change,
         }
 
 
