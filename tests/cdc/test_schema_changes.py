@@ -331,8 +331,9 @@ def test_change_inside_a_transaction_and_a_streamed_one(streaming_mirror):
           "DELETE FROM se_txn WHERE id = 3")
     m.check("se_txn")
     m.txn("INSERT INTO se_txn SELECT g, repeat('x', 200), g FROM generate_series(100, 3000) g",  # > 64kB: streamed
-          "ALTER TABLE se_txn ADD COLUMN d text DEFAULT 'dd'", "ALTER TABLE se_txn ALTER COLUMN c TYPE bigint",
-          "INSERT INTO se_txn SELECT g, 'y', g::bigint * 1000000000, 'e' FROM generate_series(3001, 5000) g",
+          "ALTER TABLE se_txn ADD COLUMN d text DEFAULT 'dd'", "ALTER TABLE se_txn ADD COLUMN flag boolean DEFAULT true",
+          "ALTER TABLE se_txn ADD COLUMN amt numeric(6,2) DEFAULT 1.5", "ALTER TABLE se_txn ALTER COLUMN c TYPE bigint",
+          "INSERT INTO se_txn SELECT g, 'y', g::bigint * 1000000000, 'e', false, 2 FROM generate_series(3001, 5000) g",
           "UPDATE se_txn SET d = 'upd' WHERE id % 10 = 0")
     _check_all_readers(m, "se_txn")
     slot = m.client.status()["slot"]

@@ -870,15 +870,16 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int) -> list[CatalogCol
         for r in cur.execute(_ATTRS_SQL, (table_oid,)).fetchall():
             missing = r[7]
             if missing is None and r[8] is not None and not r[2]:
-                missing = _immutable_default(cur, r[8], r[9])
+                missing = _immutable_default(cur, r[8], r[9], int(r[3]), int(r[4]))
             out.append(CatalogColumn(int(r[0]), r[1], bool(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), bool(r[6]),
                                      missing))
     return out
 
 
-def _immutable_default(cur, expr: str, tree: str) -> str | None:
-    """The text of a default expression's value when every function and operator in it is immutable
-    (and it reads no table), else None."""
+def _immutable_default(cur, expr: str, tree: str, typid: int, typmod: int) -> str | None:
+    """The text (the column type's output form, as the replication stream carries values) of a default
+    expression's value when every function and operator in it is immutable (and it reads no table),
+    else None."""
     if "SUBLINK" in tree or "NEXTVAL" in tree.upper():
         return None
     ids = sorted({int(x) for x in _FUNC_IDS.findall(tree)})
@@ -889,8 +890,9 @@ def _immutable_default(cur, expr: str, tree: str) -> str | None:
         if any(v != "i" for (v,) in rows):
             return None
     try:
-        with cur.connection.transaction():
-            return cur.execute(f"SELECT ({expr})::text").fetchone()[0]
+        with cur.connection.transaction():  # format's %s uses the type's output function: 't', not 'true'
+            tname = cur.execute("SELECT format_type(%s, %s)", (typid, typmod)).fetchone()[0]
+            return cur.execute(f"SELECT format('%s', ({expr})::{tname})").fetchone()[0]
     except psycopg.Error:
         return None
 
