@@ -218,10 +218,7 @@ class MirrorTable:
             self.key_names = list(self._col_names)
         self._key_idx = [self._col_names.index(k) for k in self.key_names]
         self._whole_row_recheck = not schema.key_columns and len(self._key_idx) < len(self._col_names)
-        self.defaults = {}
-        for c in schema.columns:
-            if c.initial_default is not None:
-                self.defaults[c.field_id] = decode_text_columns([c], [[c.initial_default]], column_major=True).column(0)[0]
+        self.defaults = initial_defaults(schema.columns)
         self._read_fields = None
 
     @property
@@ -239,10 +236,9 @@ class MirrorTable:
                           key_columns=change.key_columns, has_primary_key=self.schema.has_primary_key,
                           replica_identity=self.schema.replica_identity, relkind=self.schema.relkind)
         old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
-        probe = MirrorTable.__new__(MirrorTable)  # the new defaults, decoded with the new specs
-        probe._set_schema(new, hash_ids if not new.key_columns else None)
+        defaults = initial_defaults(new.columns)
         self.mem.evolve(new_arrow, self._decode, lambda rb: project(
-            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, probe.defaults))
+            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults))
         self._set_schema(new, hash_ids if not new.key_columns else None)
         self._relmap.clear()
         self._identity.clear()
@@ -718,6 +714,13 @@ class MirrorTable:
             "columns": len(self._col_names),
             "last_schema_change": self.last_schema_change,
         }
+
+
+def initial_defaults(columns) -> dict:
+    """Field id → Arrow scalar of the value rows older than a column read (its ``initial_default``
+    text decoded with the column's own decoder). Raises ``ValueError`` for a text the type rejects."""
+    return {c.field_id: decode_text_columns([c], [[c.initial_default]], column_major=True).column(0)[0]
+            for c in columns if c.initial_default is not None}
 
 
 def _same_value(a, b) -> bool:
