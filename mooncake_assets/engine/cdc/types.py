@@ -825,16 +825,20 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
 # Catalog lookups for schema evolution -----------------------------------------------------------------
 
 _ATTRS_SQL = """
+WITH RECURSIVE tree(relid) AS (
+  SELECT %(oid)s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid)
 SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
        CASE WHEN NOT a.attisdropped THEN COALESCE(
          CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
-         -- a partitioned root stores no rows: its leaves hold the value older rows read
-         (SELECT (p.attmissingval::text::text[])[1] FROM pg_partition_tree(a.attrelid) t
+         -- a partitioned root stores no rows: its leaves hold the value older rows read (walked through
+         -- pg_inherits, which takes no lock on the partitions: pg_partition_tree() does, and could
+         -- deadlock with the user's ALTER TABLE)
+         (SELECT (p.attmissingval::text::text[])[1] FROM tree t
           JOIN pg_attribute p ON p.attrelid = t.relid AND p.attname = a.attname
-          WHERE t.isleaf AND t.relid <> a.attrelid AND p.atthasmissing AND NOT p.attisdropped LIMIT 1)) END,
+          WHERE t.relid <> a.attrelid AND p.atthasmissing AND NOT p.attisdropped LIMIT 1)) END,
        pg_get_expr(d.adbin, d.adrelid), d.adbin::text
 FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-WHERE a.attrelid = %s AND a.attnum > 0 AND a.attgenerated = ''
+WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND a.attgenerated = ''
 ORDER BY a.attnum
 """
 
@@ -867,7 +871,7 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int) -> list[CatalogCol
     value the rows got); a volatile default leaves it unknown (None)."""
     out = []
     with conn.transaction(), conn.cursor() as cur:
-        for r in cur.execute(_ATTRS_SQL, (table_oid,)).fetchall():
+        for r in cur.execute(_ATTRS_SQL, {"oid": table_oid}).fetchall():
             missing = r[7]
             if missing is None and r[8] is not None and not r[2]:
                 missing = _immutable_default(cur, r[8], r[9], int(r[3]), int(r[4]))

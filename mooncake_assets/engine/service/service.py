@@ -662,6 +662,8 @@ class SourceCatalog:
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
+                    # never hold up the user's DDL: the lookups take no relation locks, and must not wait
+                    self._conn.execute("SET lock_timeout = '500ms'")
                 return fn(self._conn, *args)
             except psycopg.OperationalError:
                 self._conn = None

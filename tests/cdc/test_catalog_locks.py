@@ -1,0 +1,36 @@
+"""Schema evolution looks the source's catalogs up while the user's DDL runs: those lookups must take
+no lock on the user's tables, or an ``ALTER TABLE`` can deadlock with them — and Postgres may pick the
+user's statement as the victim (found by the chaos suite with ``pg_partition_tree``, which locks
+every partition)."""
+from __future__ import annotations
+
+import psycopg
+
+from mooncake_assets.engine.cdc.types import catalog_columns, describe_table
+
+
+def test_catalog_lookups_take_no_locks_on_the_table_or_its_partitions(pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS lk_root")
+        c.execute("CREATE TABLE lk_root (id int, r text, v int DEFAULT 3, PRIMARY KEY (id, r)) PARTITION BY LIST (r)")
+        c.execute("CREATE TABLE lk_a PARTITION OF lk_root FOR VALUES IN ('a')")
+        c.execute("CREATE TABLE lk_b PARTITION OF lk_root FOR VALUES IN ('b')")
+        c.execute("INSERT INTO lk_root VALUES (1, 'a'), (2, 'b')")
+        c.execute("ALTER TABLE lk_root ADD COLUMN w text DEFAULT 'x'")
+        oid = c.execute("SELECT 'lk_root'::regclass::oid").fetchone()[0]
+    with psycopg.connect(pg_dsn) as c:  # one open transaction: any lock taken stays until its end
+        c.execute("SELECT 1")  # (so catalog_columns' own transaction block is a savepoint inside it)
+        cols = {x.name: x for x in catalog_columns(c, oid)}
+        locked = c.execute(
+            "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'lk\\_%'").fetchall()
+        c.rollback()
+    assert cols["w"].missing == "x" and cols["v"].missing == "3"  # attmissingval on a leaf; an immutable default
+    assert locked == [], f"catalog_columns locked {locked}"
+    with psycopg.connect(pg_dsn) as c:
+        c.execute("SELECT 1")
+        describe_table(c, "public.lk_root")
+        locked = c.execute(
+            "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'lk\\_%'").fetchall()
+    assert locked == [], f"describe_table locked {locked}"
