@@ -19,7 +19,8 @@ from .config import Settings, load_settings
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Live, queryable Iceberg mirrors of PostgreSQL tables (moonlink design), with union reads "
                        "through DuckDB and Dagster orchestration.")
-pg_app = typer.Typer(no_args_is_help=True, help="The embedded local Postgres in <state>/pg (wal_level=logical).")
+pg_app = typer.Typer(no_args_is_help=True, help="The embedded local Postgres (wal_level=logical). Its data directory is under /var/tmp, where the "
+                                                   "postgres user can reach it; <state>/pg/location records where.")
 app.add_typer(pg_app, name="pg")
 console = Console()
 err = Console(stderr=True)
@@ -244,12 +245,19 @@ def query(sql: str, fmt: str = typer.Option("table", "--format", help="table, cs
     from .engine.service import ServiceError
 
     try:
-        res = UnionReader(_client(), CTX.settings.source_dsn()).query(sql, lsn=lsn)
+        reader = UnionReader(_client(), CTX.settings.source_dsn())
+        res = reader.query(sql, lsn=lsn)
     except (ServiceError, TimeoutError) as e:
         fail(str(e))
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
     _print_arrow(res, fmt)
+    from rich.markup import escape
+
+    for t in reader.client.status()["tables"]:  # read-your-writes does not hold for a stopped mirror
+        if t["name"] in reader.states and t.get("state") == "error":
+            err.print(f"[yellow]warning:[/yellow] {escape(t['name'])} is stopped and shows its rows as of LSN "
+                      f"{t.get('applied_lsn')}, not the source's latest: {escape(str(t.get('error')))}", highlight=False)
 
 
 def _print_arrow(res, fmt: str):

@@ -43,6 +43,7 @@ class TableResult:
     extra: int        # rows in the mirror, not in the source
     error: str | None = None
     columns: list | None = None  # on a mismatch: the columns whose values differ (as multisets)
+    note: str | None = None      # on a mismatch: what explains it (e.g. the mirror is stopped by an error)
 
     def line(self) -> str:
         if self.error:
@@ -50,7 +51,8 @@ class TableResult:
         state = "match" if self.match else "MISMATCH"
         return (f"{self.name} ({self.source}): {state} — source {self.source_rows} rows, mirror {self.mirror_rows} rows"
                 + ("" if self.match else f", {self.missing} missing, {self.extra} extra")
-                + (f" (values differ in: {', '.join(self.columns)})" if self.columns else ""))
+                + (f" (values differ in: {', '.join(self.columns)})" if self.columns else "")
+                + (f"; {self.note}" if self.note else ""))
 
 
 def registry(settings: Settings) -> dict:
@@ -120,6 +122,12 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
     from .engine.service.service import with_options
 
     last_err = None
+    stopped: dict[str, str] = {}  # mirrors stopped by an error (a mismatch is then explained by it)
+    if client is not None:
+        try:
+            stopped = {t["name"]: t.get("error") or "" for t in client.status()["tables"] if t.get("state") == "error"}
+        except Exception:  # noqa: BLE001 — only an explanation; the comparison goes on without it
+            stopped = {}
     for attempt in range(attempts):
         rc = ReplicationConnection(with_options(dsn))
         try:
@@ -154,9 +162,14 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
                                   "schema change reaches the mirror with the table's next row change)"))
                         continue
                     missing, extra = compare(src, mir)
+                    if (missing or extra) and stopped.get(name):
+                        results.append(TableResult(name, src_name, False, src.num_rows, mir.num_rows, missing, extra,
+                                                   note=f"the mirror is stopped: {stopped[name]}"))
+                        continue
+                    # which columns differ, when no row is missing or extra (else every column would)
                     results.append(TableResult(name, src_name, missing == 0 and extra == 0, src.num_rows, mir.num_rows,
-                                               missing, extra, columns=differing_columns(src, mir) if missing or extra
-                                               else None))
+                                               missing, extra, columns=differing_columns(src, mir)
+                                               if (missing or extra) and missing == extra else None))
             if not retry:
                 return results, lsn
         finally:

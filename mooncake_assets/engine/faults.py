@@ -3,7 +3,9 @@
 One mechanism, two ways to arm it, both read by the service process at each point:
 
 - ``MOONCAKE_FAULT`` (fixed for the process's life): a comma-separated list of ``<point>`` (SIGKILL
-  the process at that point) or ``<point>=sleep:<seconds>`` (stall there, to widen a race window);
+  the process at that point), ``<point>=sleep:<seconds>`` (stall there, to widen a race window) or
+  ``<point>=wait:<path>`` (stall there while ``<path>`` exists, after creating ``<path>.reached``: a
+  test holds the process at the point for exactly as long as it needs);
 - ``MOONCAKE_FAULTS`` (changed while the process runs): the path of a JSON file written with
   :func:`set_faults`; ``{"commit_conflicts": N}`` makes the next N Iceberg commits (at
   ``commit:before_swap``) lose the pointer race as if another writer had moved the table, counting
@@ -17,6 +19,8 @@ Points:
 ``compaction:before_commit``           every file of the Iceberg commit written, pointer not swapped
 ``compaction:after_commit``            the Iceberg commit landed, in-memory state not swapped yet
 ``merge_index:after_index_rebuilt``    the merged IndexBlock written, not swapped in
+``persist:upload``                     a persist about to copy a staged file to the warehouse (the
+                                       copy runs without the service lock)
 ``persist:after_upload``               a persist's data files uploaded, its commit not started
 ``commit:before_swap``                 every file of any Iceberg commit written, pointer not swapped
 ``persist:after_commit``               a persist's commit landed, in-memory state not updated yet
@@ -90,6 +94,15 @@ def fault(point: str) -> None:
     if action.startswith("sleep:"):
         log.warning("fault injection: sleeping %ss at %s", action[6:], point)
         time.sleep(float(action[6:]))
+        return
+    if action.startswith("wait:"):
+        flag = Path(action[5:])
+        if flag.exists():
+            log.warning("fault injection: holding at %s while %s exists", point, flag)
+            Path(f"{flag}.reached").touch()
+            deadline = time.time() + 120
+            while flag.exists() and time.time() < deadline:
+                time.sleep(0.05)
         return
     log.warning("fault injection: SIGKILL at %s", point)
     for h in logging.getLogger().handlers:

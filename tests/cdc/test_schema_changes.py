@@ -211,12 +211,20 @@ def test_unfollowable_change_stops_only_its_table(mirror, kind, ddl, dml, expect
     # held: the slot is never confirmed past the change that stopped the table, so Postgres resends it
     assert _slot_confirmed(m) <= at
     assert "\n" not in err
+    if kind == "unmappable_add":                               # the remedy offered is one that works
+        assert "drop column doc on the source and restart the service" in err, err
+    else:
+        assert "restart the service" not in err and "re-create the mirror" in err, err
     if kind == "int_to_text":                                  # the command line shows it too
         lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
         row = next(x for x in lt["tables"] if x["name"] == t)
         assert row["state"] == "error" and row["error"] == err
         human = mooncake(m.settings, "list-tables", check=True).stdout
         assert f"{t}: table {t}" in " ".join(human.split()), human
+        q = mooncake(m.settings, "query", f"SELECT count(*) AS n FROM {t}", "--format", "json", check=True)
+        assert f"{t} is stopped" in " ".join(q.stderr.split()), q.stderr   # stale rows are not silent
+        v = mooncake(m.settings, "verify", t)
+        assert v.returncode != 0 and "the mirror is stopped" in v.stdout + v.stderr, v.stdout + v.stderr
 
 
 def test_recreating_the_mirror_resumes_with_nothing_lost(mirror):

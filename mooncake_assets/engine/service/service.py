@@ -77,6 +77,7 @@ class ReplicatorService:
         self.catalog = make_catalog(settings.catalog, settings.warehouse_uri, **storage.catalog_properties(settings))
         self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
+        self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
         self.source_catalog = SourceCatalog(self.dsn)
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
@@ -159,6 +160,8 @@ class ReplicatorService:
     def stop(self) -> None:
         self._stop.set()
         self.background.stop()
+        for th in list(self._persisting.values()):
+            th.join(timeout=10)
         if self._thread:
             self._thread.join(timeout=10)
         if self.repl:
@@ -316,8 +319,11 @@ class ReplicatorService:
                         if fault is not None and not fault.due():
                             if big:
                                 t.flush()  # local staging only; the persist waits for its backoff
+                        elif self._persist_running(t):
+                            if big:
+                                t.flush()  # bounded memory meanwhile; the running persist or the next takes it
                         elif big or (t.is_dirty() and time.time() - t.last_persist >= s.persist_interval_s):
-                            self._persist(t)
+                            self._start_persist(t)
                         if t.name not in self.faults:
                             self.background.tick(t)
                     elif big:
@@ -330,26 +336,77 @@ class ReplicatorService:
                     log.exception("table %s: maintenance failed", t.name)
                     t.error = f"maintenance: {type(e).__name__}: {e}"
 
-    def _persist(self, t: MirrorTable) -> dict:
+    def _persist(self, t: MirrorTable, uploaded: dict | None = None) -> dict:
         """``t.persist()``; a storage or catalog failure (unreachable endpoint, missing bucket, rejected
         credentials, lost catalog connection) keeps everything in the buffer, local staging and the slot
         (nothing is confirmed past ``t.flush_lsn``), is recorded with a backoff shown by ``status``, and
         raises ``_PersistFault`` (a MooncakeError) saying what happened. Other errors propagate."""
         try:
-            res = t.persist()
+            res = t.persist(uploaded)
         except Exception as e:
-            endpoint = (self.storage_hints or {}).get("endpoint")
-            err = storage.classify(e, location=self.settings.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
-            if err is None and not getattr(e, "retryable", False):
-                raise
-            fault = self.faults.setdefault(t.name, storage.Backoff())
-            fault.failed(err or e)
-            log.warning("table %s: %s", t.name, fault.describe())
-            raise _PersistFault(f"table {t.name}: {fault.describe()}; its changes stay in the buffer, local "
-                                "staging and the replication slot until a persist succeeds") from e
+            self._persist_failed(t, e)
         if self.faults.pop(t.name, None) is not None:
             log.warning("table %s: persisted again after a storage fault", t.name)
         return res
+
+    def _persist_failed(self, t: MirrorTable, e: Exception) -> None:
+        """Record a failed persist (caller holds the lock): storage/catalog faults get a backoff and raise
+        ``_PersistFault``; anything else is re-raised."""
+        endpoint = (self.storage_hints or {}).get("endpoint")
+        err = storage.classify(e, location=self.settings.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
+        if err is None and not getattr(e, "retryable", False):
+            raise e
+        fault = self.faults.setdefault(t.name, storage.Backoff())
+        fault.failed(err or e)
+        log.warning("table %s: %s", t.name, fault.describe())
+        raise _PersistFault(f"table {t.name}: {fault.describe()}; its changes stay in the buffer, local "
+                            "staging and the replication slot until a persist succeeds") from e
+
+    def persist_unlocked(self, t: MirrorTable) -> dict:
+        """A persist that holds the service lock only to flush and to commit: the staged files are copied
+        to the warehouse (the slow part, seconds on S3) without it, so the replication thread keeps
+        applying and readers keep reading meanwhile. Call WITHOUT holding the lock. Raises like
+        :meth:`_persist` (``MooncakeError`` for a stopped or dropped table)."""
+        with self.lock:
+            if self.tables.get(t.name) is not t:
+                raise MooncakeError(f"table {t.name} was dropped")
+            if t.error:
+                raise MooncakeError(f"table {t.name} is stopped by an error, so it is not flushed or persisted: "
+                                    f"{t.error}")
+            t.flush()
+            todo, schemas = t.upload_plan()
+        try:
+            uploaded = t.upload(todo, schemas)
+        except Exception as e:
+            with self.lock:
+                self._persist_failed(t, e)
+        with self.lock:
+            if self.tables.get(t.name) is not t or t.error:
+                raise MooncakeError(f"table {t.name} was dropped or stopped while it was being persisted")
+            return self._persist(t, uploaded)
+
+    def _persist_running(self, t: MirrorTable) -> bool:
+        th = self._persisting.get(t.name)
+        return th is not None and th.is_alive()
+
+    def _start_persist(self, t: MirrorTable) -> None:
+        """Run :meth:`persist_unlocked` for ``t`` in a worker thread (``maintenance: auto``)."""
+        def work():
+            try:
+                self.persist_unlocked(t)
+            except (_PersistFault, MooncakeError):
+                pass  # recorded in self.faults (status shows it, retried after its backoff), or stopped/dropped
+            except BadRowError as e:
+                with self.lock:
+                    self._stop_table(t, e, e.lsn)
+            except Exception as e:
+                log.exception("table %s: persist failed", t.name)
+                with self.lock:
+                    t.error = f"maintenance: {type(e).__name__}: {e}"
+
+        th = threading.Thread(target=work, name=f"mooncake-persist-{t.name}", daemon=True)
+        self._persisting[t.name] = th
+        th.start()
 
     # ------------------------------------------------------------------ control API
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
@@ -614,15 +671,22 @@ class ReplicatorService:
             with self.lock:
                 t = self.table(name)
             return getattr(t, op)(lock=self.lock, policy=policy_for(self.settings, name), **kw)
+        if op == "persist":
+            with self.lock:
+                t = self.table(name)
+            try:
+                return self.persist_unlocked(t)
+            except BadRowError as e:  # a buffered value that cannot be decoded stops the table
+                with self.lock:
+                    self._stop_table(t, e, e.lsn)
+                raise MooncakeError(t.error) from None
         with self.lock:
             t = self.table(name)
-            if t.error and op in ("flush", "persist"):  # its buffer may hold part of the failed transaction
+            if t.error and op == "flush":  # its buffer may hold part of the failed transaction
                 raise MooncakeError(f"table {name} is stopped by an error, so it is not flushed or persisted: {t.error}")
             try:
                 if op == "flush":
                     return t.flush()
-                if op == "persist":
-                    return self._persist(t)
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None

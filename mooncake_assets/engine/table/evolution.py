@@ -109,11 +109,13 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
 
     where = f"table {table} (source {schema.qualified_name}): schema change at LSN {_lsn(lsn)}"
 
-    def fail(what: str) -> SchemaChangeError:
+    def fail(what: str, undo: str | None = None) -> SchemaChangeError:
+        # undo: a fix on the source after which a restart resumes the table (replaying the change from
+        # the slot must then go through); without one, only a fresh copy gets past the change
+        how = (f"{undo} and restart the service, or re-create the mirror" if undo else "re-create the mirror")
         return SchemaChangeError(
             f"{where}: {what} — this table stopped (the others go on) and holds the replication slot at its "
-            "flush LSN, so nothing is lost; undo the change on the source and restart the service, or re-create "
-            "the mirror (drop-table, then create-table)")
+            f"flush LSN, so nothing is lost; to resume, {how} (drop-table, then create-table: a fresh copy)")
 
     alive = {c.name: c for c in catalog if not c.dropped}
     by_num = {c.attnum: c for c in catalog}
@@ -176,7 +178,8 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
                 if cat is None or cat.dropped:  # dropped again since (a replayed change): its values are gone
                     change.ignored.append(name)  # from the source too, so it is left out
                     continue
-                raise fail(f"column {name} was added with a type that cannot be mirrored ({e})") from None
+                raise fail(f"column {name} was added with a type that cannot be mirrored ({e})",
+                           undo=f"drop column {name} on the source") from None
             spec.attnum = cat.attnum if cat is not None else 0
             spec.initial_default = cat.missing if cat is not None else None
             spec.not_null = False  # rows older than the column may read NULL

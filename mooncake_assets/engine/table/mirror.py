@@ -532,11 +532,33 @@ class MirrorTable:
         return not self.mem.is_empty() or self.schema_pending or any(
             not f.persisted or f.pending or f.truncated_lsn for f in self.files.values())
 
-    def persist(self) -> dict:
+    def _pending_schemas(self):
+        return (self._schema_versions[:-1] + [self.iceberg_schema()]) if self.schema_pending else None
+
+    def upload_plan(self) -> tuple[list[tuple[str, str]], object]:
+        """(name, local path) of the live data files not in Iceberg yet, and the schema versions a commit
+        would add — what :meth:`upload` may copy to the warehouse without the service lock (call this
+        under it, after a :meth:`flush`)."""
+        todo = [(f.name, f.local_path) for f in self.files.values()
+                if not f.persisted and f.local_path and not (f.truncated_lsn or f.deleted_count() >= f.num_rows)]
+        return todo, self._pending_schemas()
+
+    def upload(self, todo: list[tuple[str, str]], schema) -> dict[str, str]:
+        """Copy staged files (immutable) to the warehouse; name → location, for :meth:`persist`'s
+        ``uploaded``. Changes no state of the table, so it runs without the service lock; a failure
+        raises (the next persist uploads again, overwriting)."""
+        out = {}
+        for name, path in todo:
+            fault("persist:upload")
+            out[name] = self.iceberg.upload_data_file(path, overwrite=True, schema=schema)
+        return out
+
+    def persist(self, uploaded: dict[str, str] | None = None) -> dict:
         """Flush, then commit to Iceberg in ONE commit: new data files, merged deletes (one DV per file),
         files whose rows are all deleted removed, the FileIndex blob and ``mooncake.flush-lsn``.
 
-        Only after it returns may the slot be confirmed up to ``flush_lsn``. Returns counts.
+        ``uploaded``: files :meth:`upload` already copied (name → location); the others are uploaded
+        here. Only after it returns may the slot be confirmed up to ``flush_lsn``. Returns counts.
         """
         t0 = time.time()
         fl = self.flush()
@@ -545,8 +567,9 @@ class MirrorTable:
         # Nothing below changes a DiskFile or self.files until the commit has landed: a failed upload or
         # commit (e.g. the warehouse is unreachable) leaves files, pending deletes and removals as they
         # were, so the next persist retries all of it.
-        uploaded: dict[str, str] = {}  # file name -> its warehouse location
-        new_schema = (self._schema_versions[:-1] + [self.iceberg_schema()]) if self.schema_pending else None
+        pre = dict(uploaded or {})
+        uploaded = {}  # file name -> its warehouse location
+        new_schema = self._pending_schemas()
         for f in list(self.files.values()):
             fully = f.truncated_lsn or f.deleted_count() >= f.num_rows
             if fully:
@@ -554,7 +577,8 @@ class MirrorTable:
                     remove.append(f.location)
                 continue
             if not f.persisted:  # overwrite: an earlier failed persist may have uploaded it (names are unique)
-                uploaded[f.name] = self.iceberg.upload_data_file(f.local_path, overwrite=True, schema=new_schema)
+                uploaded[f.name] = pre.get(f.name) or self.iceberg.upload_data_file(
+                    f.local_path, overwrite=True, schema=new_schema)
                 add.append(f)
             if f.pending:
                 deletes[uploaded.get(f.name, f.location)] = BitMap64(f.pending.keys())

@@ -88,8 +88,8 @@ def describe_change(table: Any, rel: Any, lsn: int) -> str:
             parts.append("the columns changed")
     return (f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)}: "
             + "; ".join(parts) + f" — this table stopped (the others go on) and holds the replication slot at its flush LSN "
-            f"{_lsn(table.flush_lsn)}, so nothing is lost. To resume: undo the change on the source and restart the "
-            "service, or re-create the mirror (drop-table, then create-table)")
+            f"{_lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, then "
+            "create-table: a fresh copy)")
 
 
 def _check_identity(table: Any, rel: Any, lsn: int) -> None:
