@@ -5,6 +5,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from mooncake_assets.config import Settings, load_settings
@@ -43,3 +44,15 @@ def mooncake(settings: Settings, *args: str, check: bool = False, timeout: float
     if check and r.returncode != 0:
         raise AssertionError(f"mooncake {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def wait_until(pred, timeout: float = 30.0, what: str = "condition", step: float = 0.2):
+    """Poll ``pred()`` every ``step`` seconds until it returns something truthy (returned), or raise
+    ``AssertionError`` naming ``what`` after ``timeout`` seconds (a hang guard, not a speed claim)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

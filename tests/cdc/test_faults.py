@@ -20,7 +20,7 @@ from mooncake_assets.engine.service.process import kill_service, start_service
 from mooncake_assets.engine.table.mirror import parse_lsn
 
 from .conftest import Mirror, mirror_fixture, new_state_dir
-from ..helpers import make_settings, mooncake, running_service
+from ..helpers import make_settings, mooncake, running_service, wait_until
 
 
 @pytest.fixture()
@@ -34,14 +34,6 @@ def _slot_confirmed(m) -> int:
                            params=(slot,))[0][0])
 
 
-def _wait(pred, timeout=30.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_walsender_terminated_resumes_without_duplicates(fresh_mirror):
@@ -98,17 +90,17 @@ def test_iceberg_commit_conflicts_retry_with_backoff(pg_cluster, monkeypatch):
             before = parse_lsn(m.status("cc")["flush_lsn"])
             set_faults(faults, commit_conflicts=12)              # > 2 persists' worth of internal attempts
             m.sql("INSERT INTO cc SELECT g, 'b' FROM generate_series(51, 150) g", "UPDATE cc SET v = 'c' WHERE id <= 10")
-            st = _wait(lambda: (x := m.status("cc"))["state"] == "retrying" and x, what="state retrying")
+            st = wait_until(lambda: (x := m.status("cc"))["state"] == "retrying" and x, what="state retrying")
             assert "mooncake.cc" in st["error"] and "race" in st["error"] and "temporary" in st["error"], st["error"]
             m.check("cc")                                         # reads are served meanwhile
             assert parse_lsn(m.status("cc")["flush_lsn"]) == before
             assert _slot_confirmed(m) <= before                   # nothing confirmed past what is durable
-            st = _wait(lambda: (x := m.status("cc"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) > before and x,
+            st = wait_until(lambda: (x := m.status("cc"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) > before and x,
                        timeout=60, what="a persist after the conflicts")
             import json
             assert json.loads(faults.read_text())["conflicts_injected"] == 12
             m.check("cc", iceberg=True)
-            _wait(lambda: _slot_confirmed(m) > before, what="the slot to move on")
+            wait_until(lambda: _slot_confirmed(m) > before, what="the slot to move on")
             kill_service(s)
             m.sql("UPDATE cc SET v = 'after kill' WHERE id > 140")
             start_service(s)
@@ -146,7 +138,7 @@ def test_postgres_restarts_under_the_mirror(tmp_path):
                 time.sleep(1.0)
                 pg._run(ctl[:1] + ["start", "-w", "-l", str(pg.data_dir / "server.log")] + ctl[1:])
                 m.sql("UPDATE r SET n = n + 1 WHERE id % 3 = 0", "DELETE FROM r_nk WHERE ctid = (SELECT min(ctid) FROM r_nk)")
-                _wait(lambda: m.client.status()["stream_error"] is None and m.client.status()["streaming"],
+                wait_until(lambda: m.client.status()["stream_error"] is None and m.client.status()["streaming"],
                       timeout=40, what="the stream to come back")
                 m.check("r", "r_nk")
             st = m.client.status()
@@ -247,7 +239,7 @@ def test_sigkill_during_create_table_then_create_again(fresh_mirror):
     errors = []
     th = threading.Thread(target=lambda: errors.append(_try(lambda: m.create("ck"))))
     th.start()
-    _wait(lambda: any(t["name"] == "ck" and t["state"] == "copying" for t in m.client.status()["tables"]),
+    wait_until(lambda: any(t["name"] == "ck" and t["state"] == "copying" for t in m.client.status()["tables"]),
           what="the copy to start")
     kill_service(m.settings)
     th.join()

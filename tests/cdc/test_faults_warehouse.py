@@ -29,17 +29,9 @@ from mooncake_assets.engine import storage
 from mooncake_assets.engine.table.mirror import parse_lsn
 
 from .conftest import Mirror, drop_database, new_database, new_state_dir
-from ..helpers import make_settings, mooncake, running_service
+from ..helpers import make_settings, mooncake, running_service, wait_until
 
 
-def _wait(pred, timeout=30.0, what="condition", step=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _entries(root: Path) -> list[str]:
@@ -148,13 +140,13 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
             th = threading.Thread(target=workload)
             th.start()
             try:
-                _wait(lambda: (x := m.status("wu"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) > 0,
+                wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) > 0,
                       what="a first persist")
                 # ---------------------------------------------------------------- warehouse unwritable
                 locked = _entries(warehouse)
                 r = _chattr("+i", locked)
                 assert r.returncode == 0, r.stderr
-                down = _wait(lambda: (x := m.status("wu"))["state"] == "retrying" and x, what="state retrying")
+                down = wait_until(lambda: (x := m.status("wu"))["state"] == "retrying" and x, what="state retrying")
                 assert "persist of wu" in down["error"] and str(warehouse) in down["error"], down["error"]
                 assert "Operation not permitted" in down["error"] and "temporary" in down["error"], down["error"]
                 # list-tables --json (the command line) reports the same
@@ -186,13 +178,13 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
                 th.join()
             assert done["error"] is None and done["txns"] > 100, done
             end = _wal_now(dsn)
-            _wait(lambda: (x := m.status("wu"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) >= end and x,
+            wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) >= end and x,
                   timeout=90, what="the persist to succeed once the warehouse is writable again")
             assert m.status("wu")["error"] is None and m.status("wu")["missing_keys"] == 0
             for reader in ("union", "pyiceberg"):
                 r = mooncake(s, "verify", "wu", "--reader", reader)
                 assert r.returncode == 0 and "verified: 1/1" in r.stdout, (reader, r.stdout, r.stderr)
-            _wait(lambda: _slot_confirmed(dsn, slot) >= end, what="the slot to be confirmed again")
+            wait_until(lambda: _slot_confirmed(dsn, slot) >= end, what="the slot to be confirmed again")
     finally:
         if locked:
             _chattr("-i", locked)

@@ -15,7 +15,7 @@ from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.table.mirror import parse_lsn
 from mooncake_assets.verify import verify
 from tests import test_skeleton as skeleton
-from tests.helpers import make_settings, running_service
+from tests.helpers import make_settings, running_service, wait_until
 
 
 def _s3_settings(state_dir, dsn, endpoint: str, bucket: str, **kw):
@@ -97,7 +97,7 @@ def test_postgres_sql_catalog_in_a_schema_of_the_source(pg_dsn, state_dir, moto_
                          "AND table_name = 'iceberg_tables'").fetchone()[0] == 0
     with running_service(s) as client:  # restored from the Postgres catalog + S3
         # the service answers pings before its tables are restored and the stream runs: wait for that
-        _wait(lambda: client.status()["streaming"], 30, "the restarted service to stream")
+        wait_until(lambda: client.status()["streaming"], 30, "the restarted service to stream")
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute("DELETE FROM t WHERE id < 50")
         _all_match(s, client)
@@ -126,14 +126,6 @@ def _slot_confirmed(dsn: str, slot: str) -> int:
     return parse_lsn(row[0]) if row and row[0] else 0
 
 
-def _wait(pred, timeout: float, what: str, step: float = 0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bucket, s3_proxy):
@@ -169,9 +161,9 @@ def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bu
         th = threading.Thread(target=workload)
         th.start()
         try:
-            _wait(lambda: table()["flush_lsn"] != "0/0" and table()["state"] == "ready", 20, "a first persist")
+            wait_until(lambda: table()["flush_lsn"] != "0/0" and table()["state"] == "ready", 20, "a first persist")
             s3_proxy.stop()  # --------------------------------------------------------- endpoint gone
-            down = _wait(lambda: table() if table()["state"] == "retrying" else None, 30, "the fault to show")
+            down = wait_until(lambda: table() if table()["state"] == "retrying" else None, 30, "the fault to show")
             assert "persist of acc" in down["error"] and "did not answer" in down["error"], down
             assert s3_proxy.endpoint in down["error"] and "temporary" in down["error"]
             with pytest.raises(ServiceError) as e:  # an explicit persist says the same, in one line
@@ -191,9 +183,9 @@ def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bu
         s3_proxy.start()  # ------------------------------------------------------------ endpoint back
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             end = parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-        _wait(lambda: table()["state"] == "ready" and parse_lsn(table()["flush_lsn"]) >= end, 90,
+        wait_until(lambda: table()["state"] == "ready" and parse_lsn(table()["flush_lsn"]) >= end, 90,
               "the persist to succeed after the endpoint came back")
         assert table()["error"] is None
         _all_match(s, client)
         _all_match(s, client, reader="pyiceberg")
-        _wait(lambda: _slot_confirmed(pg_dsn, slot) >= end, 20, "the slot to be confirmed again")
+        wait_until(lambda: _slot_confirmed(pg_dsn, slot) >= end, 20, "the slot to be confirmed again")
