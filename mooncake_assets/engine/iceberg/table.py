@@ -409,7 +409,8 @@ class IcebergMirrorTable:
         caller keeps field ids stable and gives new fields fresh ids; added as a new schema unless its
         fields equal the current one's) — the snapshot records it, and ``schema.name-mapping.default``
         is renewed. A list adds each version in order (files written under an intermediate version
-        keep its field ids, which the table then knows) and makes the last one current. ``properties``: table properties to set in the same commit.
+        keep its field ids, which the table then knows) and makes the last one current.
+        ``properties``: table properties to set in the same commit.
 
         ``add_files``: locations from ``upload_data_file`` (metrics from the Parquet footer).
         ``deletes``: data file location -> NEW deleted row positions (0-based); merged with the file's

@@ -26,6 +26,10 @@ built from per-file plans (:mod:`.plan`):
 
 - the in-memory rows: the Arrow table from Flight, ``UNION ALL BY NAME``.
 
+After a schema change (the ReadState carries ``fields``) files have several layouts: every
+``read_parquet`` gets a ``schema`` map (field id → today's name, type and default), and ``arrow``
+reads go the ``lazy`` way (PyArrow's column reads go by name).
+
 :meth:`query` picks the mode per statement from DuckDB's own parse tree (``json_serialize_sql``):
 a statement without ``WHERE``/``HAVING``/``QUALIFY``/join conditions/``LIMIT``/``SAMPLE`` reads whole
 tables, so it gets ``arrow`` with the referenced columns only; any other statement gets ``lazy``.

@@ -328,13 +328,21 @@ class ReplicatorService:
                             self.background.tick(t)
                     elif big:
                         t.flush()
-                except _PersistFault:
-                    pass  # recorded in self.faults, shown by status, retried after its backoff
-                except BadRowError as e:
-                    self._stop_table(t, e, e.lsn)
                 except Exception as e:
-                    log.exception("table %s: maintenance failed", t.name)
-                    t.error = f"maintenance: {type(e).__name__}: {e}"
+                    self._maintenance_failed(t, e)
+
+    def _maintenance_failed(self, t: MirrorTable, e: Exception) -> None:
+        """What a failed flush/persist of the service's own maintenance does (caller holds the lock): a
+        storage fault was recorded with its backoff (``_PersistFault``) and a stopped/dropped table says
+        so itself (``MooncakeError``); an undecodable buffered row stops the table at its LSN; anything
+        else stops the table with the error."""
+        if isinstance(e, (_PersistFault, MooncakeError)):
+            return
+        if isinstance(e, BadRowError):
+            self._stop_table(t, e, e.lsn)
+            return
+        log.error("table %s: maintenance failed", t.name, exc_info=e)
+        t.error = f"maintenance: {type(e).__name__}: {e}"
 
     def _persist(self, t: MirrorTable, uploaded: dict | None = None) -> dict:
         """``t.persist()``; a storage or catalog failure (unreachable endpoint, missing bucket, rejected
@@ -394,15 +402,9 @@ class ReplicatorService:
         def work():
             try:
                 self.persist_unlocked(t)
-            except (_PersistFault, MooncakeError):
-                pass  # recorded in self.faults (status shows it, retried after its backoff), or stopped/dropped
-            except BadRowError as e:
-                with self.lock:
-                    self._stop_table(t, e, e.lsn)
             except Exception as e:
-                log.exception("table %s: persist failed", t.name)
                 with self.lock:
-                    t.error = f"maintenance: {type(e).__name__}: {e}"
+                    self._maintenance_failed(t, e)
 
         th = threading.Thread(target=work, name=f"mooncake-persist-{t.name}", daemon=True)
         self._persisting[t.name] = th

@@ -179,25 +179,24 @@ class MirrorTable:
     def _sync_field_ids(schema: TableSchema, iceberg) -> int:
         """Take the Iceberg table's field ids for our columns (by name, list elements too); returns the
         next free field id."""
-        top = max([c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns] + [0])
-        if iceberg is None:
-            return top + 1
-        ice = iceberg.schema
-        for c in schema.columns:
-            try:
-                f = ice.find_field(c.name)
-            except ValueError:
-                continue
-            c.field_id = f.field_id
-            ids, t = [], f.field_type
-            while hasattr(t, "element_id"):
-                ids.append(t.element_id)
-                t = t.element_type
-            if ids:
-                c.element_ids = ids
-        top = max([top, iceberg.table.metadata.last_column_id or 0]
-                  + [c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns])
-        return top + 1
+        last = 0
+        if iceberg is not None:
+            ice = iceberg.schema
+            last = iceberg.table.metadata.last_column_id or 0
+            for c in schema.columns:
+                try:
+                    f = ice.find_field(c.name)
+                except ValueError:
+                    continue
+                c.field_id = f.field_id
+                ids, t = [], f.field_type
+                while hasattr(t, "element_id"):
+                    ids.append(t.element_id)
+                    t = t.element_type
+                if ids:
+                    c.element_ids = ids
+        return max([last] + [c.field_id for c in schema.columns]
+                   + [max(c.element_ids, default=0) for c in schema.columns]) + 1
 
     @staticmethod
     def _iceberg_has_columns(iceberg) -> bool:
@@ -217,7 +216,10 @@ class MirrorTable:
         else:
             self.key_names = list(self._col_names)
         self._key_idx = [self._col_names.index(k) for k in self.key_names]
-        self._whole_row_recheck = not schema.key_columns and len(self._key_idx) < len(self._col_names)
+        # a change carrying the whole old row (REPLICA IDENTITY FULL) picks among several candidate rows by
+        # comparing all columns: for keyed tables (a DEFERRABLE key may repeat inside a transaction) and
+        # for key-less ones hashed on fewer columns than they now have
+        self._match_full_row = bool(schema.key_columns) or len(self._key_idx) < len(self._col_names)
         self.defaults = initial_defaults(schema.columns)
         self._read_fields = None
 
@@ -442,8 +444,7 @@ class MirrorTable:
         elif kind == "delete":
             old = self._values(change.old, change.relation_oid)
             key = self._key(old)
-            full = change.old_kind == "O" and (self.schema.key_columns or self._whole_row_recheck)
-            found = self._find_full(key, old) if full else self._find(key)
+            found = self._find_full(key, old) if change.old_kind == "O" and self._match_full_row else self._find(key)
             if found is None:
                 self._report_missing("DELETE", key, commit_lsn)
             else:
@@ -452,8 +453,8 @@ class MirrorTable:
             new = self._values(change.new, change.relation_oid)
             old = self._values(change.old, change.relation_oid) if change.old is not None else None
             key = self._key(old) if old is not None else self._key(new)
-            found = (self._find_full(key, old) if old is not None and change.old_kind == "O"
-                     and (self.schema.key_columns or self._whole_row_recheck) else self._find(key))
+            found = (self._find_full(key, old) if old is not None and change.old_kind == "O" and self._match_full_row
+                     else self._find(key))
             if any(v is _UNCHANGED for v in new):
                 if old is not None and change.old_kind == "O":
                     src = old
@@ -533,7 +534,11 @@ class MirrorTable:
             not f.persisted or f.pending or f.truncated_lsn for f in self.files.values())
 
     def _pending_schemas(self):
-        return (self._schema_versions[:-1] + [self.iceberg_schema()]) if self.schema_pending else None
+        """The Iceberg schemas the next commit adds, oldest first (each evolve appended the then-current
+        one, so the last is today's), or None when Iceberg has the current schema."""
+        if not self.schema_pending:
+            return None
+        return list(self._schema_versions) or [self.iceberg_schema()]
 
     def upload_plan(self) -> tuple[list[tuple[str, str]], object]:
         """(name, local path) of the live data files not in Iceberg yet, and the schema versions a commit
