@@ -49,8 +49,11 @@ class Check:
         return f"{self.level:<7} {self.subject}: {self.message}" + (f" — fix: {self.fix}" if self.fix else "")
 
     def sentence(self) -> str:
-        """The problem and its fix as one clause (create-table's error)."""
-        return f"{self.message}; run: {self.fix}" if self.fix else self.message
+        """The problem and its fix as one clause (create-table's error): ``table public.t has …; run: …``."""
+        msg = self.message
+        if not msg.startswith(("table ", "publication ")):
+            msg = f"{self.subject} {msg}" if self.subject.startswith("table ") else f"{self.subject}: {msg}"
+        return f"{msg}; run: {self.fix}" if self.fix else msg
 
 
 def redact_dsn(dsn: str) -> str:
@@ -210,7 +213,7 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
     out: list[Check] = []
     q = pubs.quote_name(schema, table)
     if not usage:
-        out.append(Check("error", subj, f"role {user} has no USAGE on schema {schema}",
+        out.append(Check("error", subj, f"is in schema {schema}, on which role {user} has no USAGE",
                          f"GRANT USAGE ON SCHEMA {pubs.quote_name(schema)} TO {ru};"))
         return out
     select_ok = conn.execute(
@@ -220,7 +223,7 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
     if select_ok:
         out.append(Check("ok", subj, f"role {user} may SELECT it (the initial copy)"))
     else:
-        out.append(Check("error", subj, f"role {user} may not SELECT it (the initial copy reads it)",
+        out.append(Check("error", subj, f"is not readable by role {user} (no SELECT; the initial copy reads it)",
                          f"GRANT SELECT ON {q} TO {ru};"))
     if persistence == "u":
         out.append(Check("error", subj, "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
@@ -294,12 +297,13 @@ def _publication_checks(conn, subj, schema, table, relkind, owner, columns, publ
                  "with --publication mooncake")
     if pubs.describe(conn, own) is None and not conn.execute(
             "SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
-        out.append(Check("error", subj, f"the service creates its publication {own}, which needs CREATE on the database",
+        out.append(Check("error", subj, f"cannot be published by the service: creating its publication {own} needs "
+                         "CREATE on the database",
                          f"GRANT CREATE ON DATABASE {pubs.quote_name(conn.info.dbname)} TO {pubs.quote_name(user)}; "
                          + admin_fix))
     if not owner:
-        out.append(Check("error", subj, f"adding it to the service's publication {own} needs ownership of it, and role "
-                         f"{user} does not own it", admin_fix.removeprefix("or ")))
+        out.append(Check("error", subj, f"is not owned by role {user}, and adding it to the service's publication {own} "
+                         "needs ownership of it", admin_fix.removeprefix("or ")))
     if not out:
         out.append(Check("ok", subj, f"create-table adds it to the service's publication {own}"))
     return out

@@ -689,8 +689,7 @@ class ReplicatorService:
                                          own_publication=self.registry["publication"])
         errors = [c for c in checks if c.level == "error"]
         if errors:
-            raise MooncakeError(f"cannot mirror {src}: " + " | ".join(
-                (c.sentence() if c.subject.startswith("table") else f"{c.subject}: {c.sentence()}") for c in errors))
+            raise MooncakeError(f"cannot mirror {src}: " + " | ".join(c.sentence() for c in errors))
 
     def _copy(self, table: MirrorTable, schema, snapshot: str) -> int:
         """Initial copy at the exported snapshot into Parquet files (≤ 1M rows each) with IndexBlocks."""
