@@ -41,7 +41,9 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     con = Console()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     dsn = settings.source_dsn()
-    con.print(f"[bold]source[/bold] {dsn}")
+    from .engine.pg.preflight import redact_dsn
+
+    con.print(f"[bold]source[/bold] {redact_dsn(dsn)}")  # never its password
     if dagster:  # the Dagster assets drive maintenance; the service only caps its memory
         from .engine.service.process import stop_service
 

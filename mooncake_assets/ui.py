@@ -88,7 +88,9 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
 
     con = Console()
     dsn = settings.source_dsn()
-    con.print(f"[bold]source[/bold] {dsn}")
+    from .engine.pg.preflight import redact_dsn
+
+    con.print(f"[bold]source[/bold] {redact_dsn(dsn)}")  # never its password
     settings.maintenance = "dagster"
     stop_service(settings)  # a running service keeps its mode: start it again with maintenance by Dagster
     settings.save()
