@@ -278,3 +278,40 @@ def test_table_removed_from_publication_stops_with_table_publication_and_lsn(pg_
         st = next(t for t in client.status()["tables"] if t["name"] == "gone_t")
         assert st["state"] == "error" and f"publication {pub}" in st["error"]
     assert _sql(pg_dsn, f"SELECT tablename FROM pg_publication_tables WHERE pubname = '{pub}'") == [("keep_t",)]
+
+
+def test_publication_problems_each_with_its_fix(pg_dsn):
+    """The administrator's publication must publish every change of every row and column, and a
+    partitioned table under its root: each way it does not is an error with the statement to run."""
+    from mooncake_assets.engine.pg import preflight
+
+    _sql(pg_dsn, "CREATE TABLE pt (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)",
+         "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (100)",
+         "CREATE TABLE rf (id int PRIMARY KEY, v text)", "CREATE TABLE cl (id int PRIMARY KEY, v text, w text)",
+         "CREATE TABLE ins (id int PRIMARY KEY)", "CREATE TABLE gen (id int PRIMARY KEY, g int GENERATED ALWAYS AS (id * 2) STORED)",
+         "CREATE UNLOGGED TABLE unl (id int PRIMARY KEY)",
+         "CREATE PUBLICATION p_leaf FOR TABLE pt, rf WHERE (id > 3), cl (id, v), gen",
+         "CREATE PUBLICATION p_ins FOR TABLE ins WITH (publish = 'insert')")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        def errors(src, pub):
+            checks = preflight.table_checks(c, src, publication=pub, own_publication="unused")
+            return [ch for ch in checks if ch.level == "error"], checks
+
+        e, _ = errors("public.pt", "p_leaf")
+        assert len(e) == 1 and "partitioned" in e[0].message and \
+            e[0].fix == "ALTER PUBLICATION p_leaf SET (publish_via_partition_root = true);", e
+        e, _ = errors("public.rf", "p_leaf")
+        assert len(e) == 1 and "WHERE" in e[0].message and "DROP TABLE public.rf" in e[0].fix, e
+        e, _ = errors("public.cl", "p_leaf")
+        assert len(e) == 1 and "column(s) w" in e[0].message and "ADD TABLE public.cl;" in e[0].fix, e
+        e, _ = errors("public.ins", "p_ins")
+        assert len(e) == 1 and "update, delete, truncate" in e[0].message and \
+            "SET (publish = 'insert, update, delete, truncate')" in e[0].fix, e
+        e, _ = errors("public.unl", "p_leaf")
+        assert [ch.fix for ch in e] == ["ALTER TABLE public.unl SET LOGGED;", "ALTER PUBLICATION p_leaf ADD TABLE public.unl;"], e
+        e, checks = errors("public.gen", "p_leaf")
+        assert not e and any(ch.level == "warning" and "generated column(s) g" in ch.message for ch in checks), checks
+        e, _ = errors("public.rf", "no_such_pub")
+        assert len(e) == 1 and "does not exist" in e[0].message and e[0].fix.startswith("CREATE PUBLICATION no_such_pub"), e
+        e, _ = errors("public.nope", "p_leaf")
+        assert len(e) == 1 and "does not exist" in e[0].message, e
