@@ -46,7 +46,9 @@ class Check:
     fix: str | None = None
 
     def line(self) -> str:
-        return f"{self.level:<7} {self.subject}: {self.message}" + (f" — fix: {self.fix}" if self.fix else "")
+        """``error   table public.t is not in publication p — fix: ALTER PUBLICATION …``."""
+        head = self.message if self.message.startswith(self.subject + " ") else f"{self.subject}: {self.message}"
+        return f"{self.level:<7} {head}" + (f" — fix: {self.fix}" if self.fix else "")
 
     def sentence(self) -> str:
         """The problem and its fix as one clause (create-table's error): ``table public.t has …; run: …``."""

@@ -16,6 +16,10 @@ Either way a table can leave the publication while it is mirrored (``ALTER PUBLI
 TABLE``, ``DROP PUBLICATION``, the table moved to another schema): pgoutput then simply stops sending
 its changes. :func:`published_oids` is the poll the service runs to notice it.
 
+Membership is read from ``pg_publication``, ``pg_publication_rel`` and ``pg_publication_namespace``
+directly, not from the ``pg_publication_tables`` view, which opens (and locks) every table of the
+publication to list its columns.
+
 Every function takes an open psycopg connection (autocommit) and sends only catalog reads, except
 :func:`add_table`, :func:`remove_table` and :func:`drop` (own mode only).
 """
@@ -77,39 +81,59 @@ def describe(conn: psycopg.Connection, name: str) -> PublicationInfo | None:
 
 @dataclass
 class Membership:
-    """How a table is in a publication (``pg_publication_tables``): ``columns`` the published columns
-    (PG 15 column list; None on older servers), ``row_filter`` the ``WHERE`` text or None."""
+    """How a table is in a publication: ``columns`` the published columns of a PG 15+ column list
+    (None: every column), ``row_filter`` the ``WHERE`` text or None."""
 
     columns: list[str] | None
     row_filter: str | None
 
 
+def _member_expr(conn) -> str:
+    """SQL that is true when publication ``p`` publishes table ``c`` under ``c``'s own oid, from the
+    catalogs alone (``pg_publication_tables`` would open, and lock, every table of the publication):
+    ``FOR ALL TABLES``, a ``pg_publication_rel`` row, or (PG 15+) its schema in
+    ``pg_publication_namespace``; a partitioned table only with ``publish_via_partition_root``; never
+    an unlogged or temporary one."""
+    schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
+                   "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
+    return ("((p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
+            f"AND r.prrelid = c.oid){schema_part}) AND (c.relkind = 'r' OR p.pubviaroot) AND c.relpersistence = 'p')")
+
+
 def membership(conn: psycopg.Connection, name: str, schema: str, table: str) -> Membership | None:
-    """The row of ``schema.table`` in ``pg_publication_tables`` for publication ``name``, or None when
-    the publication does not publish it *under its own name* (a partitioned table in a publication
-    without ``publish_via_partition_root`` is listed by its partitions, so it is not a member here)."""
-    if conn.info.server_version >= 150000:
-        row = conn.execute("SELECT attnames, rowfilter FROM pg_publication_tables "
-                           "WHERE pubname = %s AND schemaname = %s AND tablename = %s", (name, schema, table)).fetchone()
-        return None if row is None else Membership(list(row[0]) if row[0] is not None else None, row[1])
-    row = conn.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-                       (name, schema, table)).fetchone()
-    return None if row is None else Membership(None, None)
+    """How publication ``name`` publishes ``schema.table`` under its own name, or None when it does
+    not (a partitioned table in a publication without ``publish_via_partition_root`` is published by
+    its partitions, so it is not a member here). Catalog reads only, no locks on the table."""
+    row = conn.execute(
+        f"SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, pg_publication p "
+        f"WHERE p.pubname = %s AND n.nspname = %s AND c.relname = %s AND {_member_expr(conn)}",
+        (name, schema, table)).fetchone()
+    if row is None:
+        return None
+    if conn.info.server_version < 150000:
+        return Membership(None, None)
+    listed = conn.execute(
+        "SELECT pg_get_expr(r.prqual, r.prrelid), (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a "
+        "WHERE a.attrelid = r.prrelid AND a.attnum = ANY(r.prattrs::int2[])), r.prattrs IS NULL "
+        "FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = %s AND r.prrelid = %s",
+        (name, row[0])).fetchone()
+    if listed is None:  # published by FOR ALL TABLES / its schema: every row and column
+        return Membership(None, None)
+    qual, cols, no_list = listed
+    return Membership(None if no_list else list(cols or []), qual)
 
 
 def published_oids(conn: psycopg.Connection, name: str, oids: list[int]) -> tuple[int, set[int] | None]:
     """The poll that notices a table leaving the publication: ``(lsn, present)`` where ``lsn`` is the
     source's ``pg_current_wal_lsn()`` read *before* the catalog lookup (so whatever the lookup shows
     was already true at ``lsn``), and ``present`` the subset of ``oids`` the publication ``name``
-    publishes under their own oid — or None when the publication does not exist. Catalog reads only
-    (no locks on the tables)."""
+    publishes under their own oid — or None when the publication does not exist. Catalog reads only:
+    no lock on any table (it must never hold up the user's DDL)."""
     lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone() is None:
         return int(lsn), None
-    rows = conn.execute(
-        "SELECT c.oid FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname "
-        "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
-        "WHERE pt.pubname = %s AND c.oid = ANY(%s)", (name, list(oids))).fetchall()
+    rows = conn.execute(f"SELECT c.oid FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
+                        f"AND {_member_expr(conn)}", (name, list(oids))).fetchall()
     return int(lsn), {r[0] for r in rows}
 
 
@@ -159,14 +183,17 @@ def table_problems(conn: psycopg.Connection, name: str, schema: str, table: str,
 
 
 def membership_of_partitions(conn: psycopg.Connection, name: str, schema: str, table: str) -> bool:
-    """True when publication ``name`` publishes some partition of the partitioned ``schema.table``."""
+    """True when publication ``name`` publishes some partition of the partitioned ``schema.table``
+    (under the partition's own name: ``publish_via_partition_root`` is off)."""
+    schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
+                   "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
     row = conn.execute(
         "WITH RECURSIVE tree(relid) AS (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "  WHERE n.nspname = %s AND c.relname = %s "
         "  UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid) "
-        "SELECT 1 FROM tree t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_publication_tables pt ON pt.schemaname = n.nspname AND pt.tablename = c.relname "
-        "WHERE pt.pubname = %s LIMIT 1", (schema, table, name)).fetchone()
+        "SELECT 1 FROM tree t JOIN pg_class c ON c.oid = t.relid, pg_publication p "
+        "WHERE p.pubname = %s AND (p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
+        f"AND r.prrelid = c.oid){schema_part}) LIMIT 1", (schema, table, name)).fetchone()
     return row is not None
 
 
