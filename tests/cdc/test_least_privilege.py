@@ -138,7 +138,8 @@ def test_replication_role_with_select_only_mirrors_through_admin_publication(pg_
     with running_service(settings) as client:
         _sql(admin, "UPDATE app.orders SET amount = amount + 1 WHERE id < 50", "DELETE FROM app.events WHERE kind = 'k3'",
              "INSERT INTO app.events VALUES ('k3', 'again')")
-        wait_until(lambda: all(t["state"] == "ready" for t in client.status()["tables"]), what="tables ready")
+        results, lsn = verify(settings, ["orders", "events"], "union", client)  # waits until they are applied
+        assert all(r.match for r in results), [r.line() for r in results]
         for n in ("orders", "events"):
             client.call("persist", table=n)
         _verify_all(settings, client, ["orders", "events"])
