@@ -30,9 +30,10 @@ class BadRowError(ValueError):
     """A buffered row whose text cannot be decoded to the table's Arrow types (found when the open
     buffer is sealed). ``lsn``: commit LSN of the transaction that wrote the row. Permanent."""
 
-    def __init__(self, message: str, lsn: int):
+    def __init__(self, message: str, lsn: int, columns: list | None = None):
         super().__init__(f"{message} (a row committed at LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X})")
         self.lsn = lsn
+        self.columns = list(columns or [])  # the columns whose values could not be decoded
 
 
 class Carried:
@@ -97,7 +98,7 @@ class MemSlice:
                 try:
                     self._decode([[None if isinstance(x, Carried) else x] for x in values])
                 except ValueError as e:
-                    raise BadRowError(str(e), lsn) from None
+                    raise BadRowError(str(e), lsn, getattr(e, "columns", None)) from None
                 except Exception:
                     pass
                 break
@@ -155,7 +156,7 @@ class MemSlice:
             rb = self._decode(cols)
         except ValueError as e:  # name the commit that brought the value (the open buffer stays as it was)
             bad = next((i for i in range(len(self._rows)) if not self._decodes([[c[i]] for c in cols])), 0)
-            raise BadRowError(str(e), self._ins[bad]) from None
+            raise BadRowError(str(e), self._ins[bad], getattr(e, "columns", None)) from None
         if patches:
             arrays = list(rb.columns)
             for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
