@@ -192,7 +192,8 @@ def create_table(dst: str = typer.Argument(..., help="Name of the mirror"),
                   f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})")
     if res.get("text_columns"):
         err.print(f"notice: {len(res['text_columns'])} column(s) mirrored as Postgres's exact text output: "
-                  + ", ".join(f"{n} ({t})" for n, t in res["text_columns"]) + " (see docs/types.md)")
+                  + ", ".join(f"{n} ({t})" for n, t in res["text_columns"]) + " (see docs/types.md)",
+                  soft_wrap=True, highlight=False, markup=False)
 
 
 def _create_with_progress(client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None,

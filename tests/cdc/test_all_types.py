@@ -61,8 +61,8 @@ def _insert(m, i: int, row: dict):
 def _expected(m) -> dict:
     """Postgres's own view of every row: text forms and structured values converted to JSON."""
     sel = ", ".join([f"{c}::text" for c in TEXT_COLS]
-                    + ["hstore_to_json(h)", "to_jsonb(ad)", "to_jsonb(nest)", "to_jsonb(a_ad)", "a_ir::text[]",
-                       "a_bx::text", "to_jsonb(ARRAY(SELECT hstore_to_json(x) FROM unnest(a_h) x))",
+                    + ["public.hstore_to_json(h)", "to_jsonb(ad)", "to_jsonb(nest)", "to_jsonb(a_ad)", "a_ir::text[]",
+                       "a_bx::text", "to_jsonb(ARRAY(SELECT public.hstore_to_json(x) FROM unnest(a_h) x))",
                        "a_h IS NULL", "a_pt::text[]"])
     with psycopg.connect(m.dsn, autocommit=True) as c:
         c.execute("SET search_path = pg_catalog")
@@ -117,7 +117,7 @@ def _norm_expected(e: dict) -> dict:
         if isinstance(v, list):
             return [fix(x) for x in v]
         if key == "b" and v is not None:
-            return Decimal(str(v))
+            return str(v)  # unconstrained numeric: its exact text
         if key == "at" and isinstance(v, str) and not v.endswith("infinity"):
             return dt.datetime.fromisoformat(v).astimezone(dt.timezone.utc).isoformat()
         return v
@@ -127,15 +127,6 @@ def _norm_expected(e: dict) -> dict:
 
 def _readers(m, name: str, lsn: str) -> dict:
     return {r: _mirror_rows(m.settings, name, r, lsn, m.client) for r in ("union", "pyiceberg", "duckdb-iceberg")}
-
-
-def _fix_nest_at(view: dict) -> dict:
-    # a timestamptz field inside a composite: 'infinity' is DuckDB's sentinel, which Python cannot hold;
-    # the readers are compared on it through DuckDB (below), here it is left out
-    for row in view.values():
-        if row.get("nest") and row["nest"].get("at") is None:
-            pass
-    return view
 
 
 def test_every_type_mirrors(mirror):
@@ -163,9 +154,13 @@ def test_every_type_mirrors(mirror):
     m.sql("DELETE FROM allt WHERE id IN (2, 21)")
     toasted = m.sql("SELECT pg_column_size(tsv) > 2000 FROM allt WHERE id = 4")[0][0]
     assert toasted
-    m.check("allt", iceberg=True)
+    m.check("allt")
+    m.call("persist", table="allt")
     results, lsn = verify(m.settings, ["allt"], "duckdb-iceberg", m.client)
     assert all(x.match for x in results), [x.line() for x in results]
+    # PyIceberg is compared value by value below: it reads a NULL list<struct> as [] (a known PyIceberg
+    # bug, apache/iceberg-python#3833; the files hold NULL, as DuckDB-iceberg shows), so verify's
+    # multiset comparison cannot be used for it here
 
     want = _norm_expected(_expected(m))
     for reader, t in _readers(m, "allt", lsn).items():
@@ -180,10 +175,15 @@ def test_every_type_mirrors(mirror):
         assert inf[12] is True and inf[11] is False and inf[1] is False, (reader, inf)
         t = t.set_column(t.schema.get_field_index("nest"), "nest", pa.array(
             [None if v is None else {**v, "at": None if v["at"] is None or inf.get(i) else v["at"]} for i, v in
-             zip(t.column("id").to_pylist(), con.execute("SELECT struct_pack(a := nest.a, b := nest.b, at := "
-                                                         "CASE WHEN isinf(nest.at) THEN NULL ELSE nest.at END) "
-                                                         "FROM x").arrow().column(0).to_pylist())]))
+             zip(t.column("id").to_pylist(), con.execute("SELECT CASE WHEN nest IS NOT NULL THEN struct_pack(a := nest.a, b := "
+                                                         "nest.b, at := CASE WHEN isinf(nest.at) THEN NULL ELSE "
+                                                         "nest.at END) END FROM x").fetch_arrow_table().column(0).to_pylist())]))
         got = _mirror_view(t)
+        if reader == "pyiceberg":
+            for i in got:
+                if want.get(i, {}).get("a_ad", 0) is None:
+                    assert got[i]["a_ad"] == [], (i, got[i]["a_ad"])  # apache/iceberg-python#3833
+                    got[i]["a_ad"] = None
         for i in want:
             if want[i]["nest"] and isinstance(want[i]["nest"].get("at"), str) and want[i]["nest"]["at"].endswith("infinity"):
                 want[i]["nest"]["at"] = None
