@@ -268,7 +268,13 @@ def _suspect_checks(schema: pa.Schema) -> list:
     out = []
     for i, f in enumerate(schema):
         t = f.type
-        if pa.types.is_decimal(t):
+        doc = (f.metadata or {}).get(b"doc", b"").decode()
+        if pa.types.is_binary(t) and ": ISO WKB, SRID " in doc:  # PostGIS: a value with another SRID
+            srid = int(doc.rsplit(" ", 1)[1])
+            want = srid.to_bytes(4, "little").hex()
+            out.append((i, lambda v, srid=srid, want=want: not v.startswith("01") or (
+                bool(int(v[8:10], 16) & 0x20) != bool(srid) or (srid and v[10:18].lower() != want))))
+        elif pa.types.is_decimal(t):
             out.append((i, lambda v: v == "NaN"))
         elif pa.types.is_time(t):
             out.append((i, lambda v: v.startswith("24")))
