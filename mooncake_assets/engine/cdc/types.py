@@ -6,7 +6,8 @@ column by column: one ``pa.array`` of strings per column, then vectorized ``pyar
 The sessions that produce the text (the walsender of :class:`~.stream.ReplicationConnection` and the
 copy transaction of :func:`~.copy.initial_copy`) pin the output settings the decoder relies on:
 ``DateStyle=ISO``, ``TimeZone=UTC``, ``IntervalStyle=postgres``, ``bytea_output=hex``,
-``extra_float_digits=3``, ``lc_monetary=C``.
+``extra_float_digits=3``, ``lc_monetary=C``, ``search_path=pg_catalog`` (reg* types print
+schema-qualified names).
 
 Type mapping (``arrow_type_for``; the user-facing table with examples is ``docs/types.md``):
 
@@ -41,10 +42,19 @@ date                                           date32
 time                                           time64('us')
 timestamp                                      timestamp('us')
 timestamptz                                    timestamp('us', tz='UTC')
+composite types                                struct of the attributes' mappings (recursive)
+hstore                                         map<string, string> (NULL values kept)
+PostGIS geometry / geography                   binary: ISO WKB (what ``ST_AsBinary`` returns);
+                                               the SRID in the field doc (``ColumnSpec.doc``)
+anything else with an output function (ranges, string: Postgres's exact text output
+multiranges, tsvector, geometric types, ltree, (``ColumnSpec.as_text``)
+reg*, pg_lsn, txid_snapshot, int2vector, …)
 =============================================  ===========================================
 
-Anything else (geometric types, tsvector, ranges, composite types, int2vector, …) raises
-:class:`UnsupportedTypeError`.
+Refused (:class:`UnsupportedTypeError`, every such column in one message with the create-table
+options that get past them): :data:`REFUSED_TYPES` (``regproc``/``regoper``, planner internals whose
+text cannot be read back) and pseudo-types. ``describe_table(column_types={"c": "text"})`` mirrors a
+column as its exact text whatever its type; ``exclude=[…]`` leaves columns out.
 
 Special values: ``date``/``timestamp[tz]`` ``infinity`` and ``-infinity`` become DuckDB's sentinels
 (``date``: ±(2**31-1) days; ``timestamp``: ±(2**63-1) µs), which DuckDB reads back (from Arrow and
