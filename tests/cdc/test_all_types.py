@@ -136,7 +136,9 @@ def test_every_type_mirrors(mirror):
     _insert(m, 2, ROW_B)
     _insert(m, 3, ROW_NULL)
     big = "(SELECT string_agg(md5(g::text), ' ') FROM generate_series(1, 800) g)"
-    m.sql(f"INSERT INTO allt (id, tsv, ir) VALUES (4, to_tsvector('simple', {big}), '[1,2)')")
+    bigh = ("hstore(ARRAY(SELECT md5(g::text) FROM generate_series(1, 300) g), "
+            "ARRAY(SELECT md5((-g)::text) FROM generate_series(1, 300) g))")
+    m.sql(f"INSERT INTO allt (id, tsv, ir, h) VALUES (4, to_tsvector('simple', {big}), '[1,2)', {bigh})")
     r = m.create("allt")
     assert r["rows"] == 4
     text_cols = {n for n, _ in r["text_columns"]}
@@ -145,14 +147,14 @@ def test_every_type_mirrors(mirror):
     _insert(m, 11, ROW_A)
     _insert(m, 12, ROW_B)
     _insert(m, 13, ROW_NULL)
-    m.sql(f"INSERT INTO allt (id, tsv) VALUES (14, to_tsvector('simple', {big} || ' extra'))")
+    m.sql(f"INSERT INTO allt (id, tsv, h) VALUES (14, to_tsvector('simple', {big} || ' extra'), {bigh})")
     m.sql("UPDATE allt SET ir = '[5,9)' WHERE id IN (4, 14)")        # tsv unchanged TOAST: buffer and copy file
     m.sql("""UPDATE allt SET h = h || '"new"=>NULL'::hstore, ad = ROW('other', NULL, '{}') WHERE id IN (1, 11)""")
     m.call("flush", table="allt")
     m.sql("UPDATE allt SET ir = 'empty' WHERE id IN (4, 14)")         # unchanged TOAST of rows now on disk
     _insert(m, 21, ROW_A)
     m.sql("DELETE FROM allt WHERE id IN (2, 21)")
-    toasted = m.sql("SELECT pg_column_size(tsv) > 2000 FROM allt WHERE id = 4")[0][0]
+    toasted = m.sql("SELECT pg_column_size(tsv) > 2000 AND pg_column_size(h) > 2000 FROM allt WHERE id = 4")[0][0]
     assert toasted
     m.check("allt")
     m.call("persist", table="allt")
@@ -248,10 +250,12 @@ def test_nan_in_decimal_column_at_create_table(mirror):
     r = m.create("nan13", column_types={"a": "text"}, exclude=["b"])
     assert ["a", "numeric(10,2)"] in r["text_columns"]
     m.sql("INSERT INTO nan13 VALUES (3, 'NaN', '{NaN}', 'NaN')")  # c is still a decimal: only that stops
-    rows = None
     m.sql("INSERT INTO nan13 VALUES (4, '1.10', NULL, 1)")
     st = m.status("nan13")
     assert st["state"] == "error" and "column c" in st["error"], st
+    # the remedy repeats the table's options and adds the new one
+    assert ("then mooncake create-table nan13 public.nan13 --column-type a=text --exclude-column b "
+            "--column-type c=text") in st["error"], st
 
 
 def test_nan_arriving_later_stops_only_that_table_and_the_remedy_works(mirror):
@@ -282,6 +286,16 @@ def test_nan_arriving_later_stops_only_that_table_and_the_remedy_works(mirror):
     assert got == {1: "2.50", 2: "NaN", 3: "NaN", 4: "1.25"}
     reg = json.loads((m.settings.state_dir / "tables.json").read_text())["tables"]["nanl"]
     assert reg["column_types"] == {"price": "text"}
+    # the option is recorded with the mirror: after a restart the column is still its exact text
+    from mooncake_assets.engine.service.process import start_service, stop_service
+
+    stop_service(m.settings)
+    start_service(m.settings)
+    m.client.close()
+    m.sql("INSERT INTO nanl VALUES (5, 'NaN', 'after restart')")
+    m.check("nanl", iceberg=True)
+    assert m.status("nanl")["state"] != "error"
+    assert {r["id"]: r["price"] for r in m.read("nanl", "id").to_pylist()}[5] == "NaN"
 
 
 def _postgis(m) -> bool:

@@ -161,7 +161,7 @@ class MemSlice:
             arrays = list(rb.columns)
             for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
                 base = arrays[ci]
-                carried = pa.array(scalars, type=base.type)
+                carried = _scalars_to_array(scalars, base.type)
                 pick = np.arange(len(base), dtype=np.int64)
                 pick[idx] = len(base) + np.arange(len(idx), dtype=np.int64)
                 arrays[ci] = pa.concat_arrays([base, carried]).take(pa.array(pick))
@@ -259,6 +259,15 @@ class MemSlice:
 
     def is_empty(self) -> bool:
         return self.num_rows == 0
+
+
+def _scalars_to_array(scalars: list, t: pa.DataType) -> pa.Array:
+    """Arrow scalars (of type ``t``) as one array, in Arrow (values Python cannot hold carry over).
+    ``pa.array`` refuses a NULL map scalar among others, so nested types go one scalar at a time."""
+    try:
+        return pa.array(scalars, type=t)
+    except (TypeError, pa.ArrowException):
+        return pa.concat_arrays([pa.array([sc], type=t) if sc.is_valid else pa.nulls(1, t) for sc in scalars])
 
 
 def _suspect_checks(schema: pa.Schema) -> list:
