@@ -1181,7 +1181,10 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
                 continue
             try:
                 name_sql = cur.execute("SELECT format_type(%s, %s)", (sig["oid"], sig["typmod"])).fetchone()[0]
-                spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
+                if column_types.get(sig["name"]) == "text":  # whatever the type: its text
+                    spec = ColumnSpec(sig["name"], sig["oid"], sig["typmod"], name_sql, pa.string(), as_text=True)
+                else:
+                    spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
             except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
                 raise UnsupportedTypeError(
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
