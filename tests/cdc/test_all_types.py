@@ -311,15 +311,20 @@ def test_postgis_geometry_as_wkb(mirror):
     if not _postgis(m):
         pytest.skip("PostGIS is not installed (Debian: postgresql-15-postgis-3, see the Makefile's system-deps)")
     m.sql("CREATE TABLE geo (id int PRIMARY KEY, g geometry(Geometry, 4326), p geometry(Point, 3857), "
-          "gg geography, z geometry(GeometryZ, 4326), u geometry, a_g geometry(Point, 4326)[])")
+          "gg geography, z geometry(GeometryZ, 4326), u geometry, a_g geometry(Point, 4326)[], "
+          "zm geometry(GeometryZM, 4326), mm geometry(GeometryM, 4326))")
     vals = [
         (1, "'SRID=4326;POINT(1 2)'", "'SRID=3857;POINT(100.5 -3)'", "'POINT(13.4 52.5)'",
-         "'SRID=4326;POINT Z (1 2 3)'", "'LINESTRING(0 0, 1 1)'", "ARRAY['SRID=4326;POINT(1 1)'::geometry, NULL]"),
+         "'SRID=4326;POINT Z (1 2 3)'", "'LINESTRING(0 0, 1 1)'", "ARRAY['SRID=4326;POINT(1 1)'::geometry, NULL]",
+         "'SRID=4326;POINT ZM (1 2 3 4)'", "'SRID=4326;LINESTRING M (0 0 1, 1 1 2)'"),
         (2, "'SRID=4326;POLYGON((0 0, 4 0, 4 4, 0 4, 0 0), (1 1, 2 1, 2 2, 1 1))'", "NULL",
          "'POLYGON((0 0, 1 0, 1 1, 0 0))'", "'SRID=4326;MULTILINESTRING Z ((0 0 1, 1 1 2), (2 2 3, 3 3 4))'",
-         "'GEOMETRYCOLLECTION(POINT(1 1), LINESTRING(0 0, 2 2))'", "'{}'"),
+         "'GEOMETRYCOLLECTION(POINT(1 1), LINESTRING(0 0, 2 2))'", "'{}'",
+         "'SRID=4326;MULTIPOLYGON ZM (((0 0 0 0, 1 0 0 1, 1 1 1 2, 0 0 0 0)))'",
+         "'SRID=4326;GEOMETRYCOLLECTION M (POINT M (1 1 5), LINESTRING M (0 0 1, 2 2 3))'"),
         (3, "'SRID=4326;MULTIPOLYGON(((0 0, 1 0, 1 1, 0 0)), ((5 5, 6 5, 6 6, 5 5)))'", "'SRID=3857;POINT EMPTY'",
-         "NULL", "'SRID=4326;POLYGON Z ((0 0 0, 1 0 0, 1 1 1, 0 0 0))'", "'POINT EMPTY'", "NULL"),
+         "NULL", "'SRID=4326;POLYGON Z ((0 0 0, 1 0 0, 1 1 1, 0 0 0))'", "'POINT EMPTY'", "NULL",
+         "NULL", "'SRID=4326;CIRCULARSTRING M (0 0 1, 1 1 2, 2 0 3)'"),
     ]
     ins = lambda rows: m.sql(*[f"INSERT INTO geo VALUES ({', '.join(map(str, r))})" for r in rows])  # noqa: E731
     ins(vals[:2])
@@ -332,12 +337,13 @@ def test_postgis_geometry_as_wkb(mirror):
     m.call("persist", table="geo")
     results, lsn = verify(m.settings, ["geo"], "duckdb-iceberg", m.client)
     assert all(x.match for x in results), [x.line() for x in results]
-    cols = ["g", "p", "gg", "z", "u"]
+    cols = ["g", "p", "gg", "z", "u", "zm", "mm"]
     want = {row[0]: list(row[1:]) for row in m.sql(
         "SELECT id, " + ", ".join(f"ST_AsBinary({c})" for c in cols)
         + ", ARRAY(SELECT ST_AsBinary(x) FROM unnest(a_g) x), a_g IS NULL FROM geo")}
-    want = {i: [bytes(v) if v is not None else None for v in w[:5]]
-            + [None if w[6] else [None if x is None else bytes(x) for x in w[5]]] for i, w in want.items()}
+    n = len(cols)
+    want = {i: [bytes(v) if v is not None else None for v in w[:n]]
+            + [None if w[n + 1] else [None if x is None else bytes(x) for x in w[n]]] for i, w in want.items()}
     for reader, t in _readers(m, "geo", lsn).items():
         assert t.schema.field("g").type in (pa.binary(), pa.large_binary()), (reader, t.schema)
         got = {r["id"]: [r[c] for c in cols] + [r["a_g"]] for r in t.to_pylist()}
