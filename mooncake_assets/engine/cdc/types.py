@@ -1253,6 +1253,8 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int) -> list[CatalogCol
     value the rows got); a volatile default leaves it unknown (None)."""
     out = []
     with conn.transaction(), conn.cursor() as cur:
+        # the value texts as the stream prints them (reg* names schema-qualified: OUTPUT_SETTINGS)
+        cur.execute("SET LOCAL search_path = pg_catalog")
         for r in cur.execute(_ATTRS_SQL, {"oid": table_oid}).fetchall():
             missing = r[7]
             if missing is None and r[8] is not None and not r[2]:
