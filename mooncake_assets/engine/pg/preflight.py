@@ -191,9 +191,11 @@ def _split_name(conn, src: str) -> tuple[str, str] | None:
     return None
 
 
-def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str) -> list[Check]:
+def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str,
+                 column_types: dict | None = None, exclude: list | None = None) -> list[Check]:
     """The checks of one source table ``src`` (``schema.table``). ``publication``: the administrator's
-    publication (None: the service's own, named ``own_publication``)."""
+    publication (None: the service's own, named ``own_publication``). ``column_types``/``exclude``:
+    create-table's column options (a column mirrored as text or left out is not refused)."""
     from ..cdc import describe_table
     from ..cdc.types import UnsupportedTypeError
 
@@ -231,10 +233,9 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
         out.append(Check("error", subj, "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
                          f"ALTER TABLE {q} SET LOGGED;"))
     try:
-        schema_ = describe_table(conn, q)
-    except (LookupError, UnsupportedTypeError) as e:
-        out.append(Check("error", subj, str(e).strip("'\""), "see docs/types.md; mirror a view-free table or change the "
-                         "column's type"))
+        schema_ = describe_table(conn, q, column_types=column_types, exclude=exclude)
+    except (LookupError, UnsupportedTypeError) as e:  # the message names the column and the options past it
+        out.append(Check("error", subj, str(e).strip("'\"")))
         return out
     except psycopg.errors.InsufficientPrivilege as e:
         out.append(Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {pubs.quote_name(schema)} TO {ru};"))
@@ -311,9 +312,11 @@ def _publication_checks(conn, subj, schema, table, relkind, owner, columns, publ
     return out
 
 
-def check_source(dsn: str, tables: list[str], *, publication: str | None, own_publication: str, slot: str) -> list[Check]:
+def check_source(dsn: str, tables: list[str], *, publication: str | None, own_publication: str, slot: str,
+                 table_options: dict | None = None) -> list[Check]:
     """Every check, in order: connection, server, replication connection, then each table. A DSN that
-    does not connect gives one error line (the DSN shown without its password)."""
+    does not connect gives one error line (the DSN shown without its password). ``table_options``:
+    source -> ``{"column_types": …, "exclude": …}`` (a mirror's create-table options)."""
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
@@ -337,5 +340,7 @@ def check_source(dsn: str, tables: list[str], *, publication: str | None, own_pu
                                  f"{kind}, owned by {info.owner}, publishes {', '.join(info.actions)}"
                                  + ("; publish_via_partition_root" if info.via_root else "")))
         for src in tables:
-            out += table_checks(conn, src, publication=publication, own_publication=own_publication)
+            opts = (table_options or {}).get(src, {})
+            out += table_checks(conn, src, publication=publication, own_publication=own_publication,
+                                column_types=opts.get("column_types"), exclude=opts.get("exclude"))
     return out
