@@ -200,3 +200,31 @@ def test_mirror_names_and_asset_keys():
 
     assert all(re.fullmatch(r"[A-Za-z0-9_]+", p) for p in parts)
     assert asset_key_part("Sales Data") == asset_key_part("Sales Data")  # deterministic
+
+
+def test_dagster_specs_and_asset_keys_for_quoted_names():
+    """Dagster: quoted sources parse as Postgres parses them, asset keys are valid and deterministic,
+    and the real names are shown in the description and metadata."""
+    import dagster as dg
+
+    from mooncake_assets.assets import build_table_assets, source_key
+    from resources import ReplicationResource, TableSpec, parse_tables
+
+    specs = parse_tables('q1_orders="Sales Data"."Q1 Orders", "User", Mixed=public.MixedCase, '
+                         'we="We, Ltd"."x=y"')
+    assert [(t.name, t.source) for t in specs] == [
+        ("q1_orders", '"Sales Data"."Q1 Orders"'), ("User", 'public."User"'), ("Mixed", "public.mixedcase"),
+        ("we", '"We, Ltd"."x=y"')]
+    with pytest.raises(ValueError, match="name the mirror"):
+        TableSpec.parse('"Sales Data"."Q1 Orders"')
+    key = source_key(specs[0])
+    assert key == source_key(TableSpec.parse('q1_orders = "Sales Data" . "Q1 Orders"'))
+    assert key.path[0] == "postgres" and key.path[1].startswith("Sales_Data_") and key.path[2].startswith("Q1_Orders_")
+    assert source_key(specs[1]).path == ["postgres", "public", "User"]
+    assets = build_table_assets(specs)
+    defs = dg.Definitions(assets=assets, resources={"replication": ReplicationResource(state_dir="/nonexistent")})
+    src = next(a for a in assets if isinstance(a, dg.AssetSpec) and a.key == key)
+    assert '"Sales Data"."Q1 Orders"' in src.description
+    assert src.metadata["mooncake/source_schema"] == "Sales Data" and src.metadata["mooncake/source_table"] == "Q1 Orders"
+    mirror = defs.resolve_assets_def(dg.AssetKey(["mirror", "q1_orders"]))
+    assert key in mirror.asset_deps[dg.AssetKey(["mirror", "q1_orders"])]
