@@ -18,6 +18,7 @@ import psycopg
 from rich.console import Console
 
 from .config import Settings
+from .engine.pg.conninfo import redact
 
 TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
 QUERY = "SELECT bid, sum(abalance) AS balance FROM pgbench_accounts GROUP BY bid ORDER BY bid LIMIT 3"
@@ -41,7 +42,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     con = Console()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     dsn = settings.source_dsn()
-    con.print(f"[bold]source[/bold] {dsn}")
+    con.print(f"[bold]source[/bold] {redact(dsn)}")  # never a password
     if dagster:  # the Dagster assets drive maintenance; the service only caps its memory
         from .engine.service.process import stop_service
 

@@ -34,7 +34,9 @@ from ..table.mirror import MirrorTable, lsn_str, parse_lsn
 from ..cdc.types import catalog_columns, column_signature, describe_mirrored, resolve_column
 from ..table.memslice import BadRowError
 from ..table.schema_change import SchemaChangeError, on_relation
+from ..pg.conninfo import connect_error, scrub
 from ..pg.names import InvalidName, check_mirror_name, resolve_table
+from ..private import write_private
 
 log = logging.getLogger("mooncake.service")
 
@@ -103,9 +105,7 @@ class ReplicatorService:
         return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}", "tables": {}}
 
     def _save_registry(self) -> None:
-        tmp = self.registry_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.registry, indent=1))
-        tmp.replace(self.registry_path)
+        write_private(self.registry_path, json.dumps(self.registry, indent=1))
 
     @property
     def slot(self) -> str:
@@ -461,7 +461,7 @@ class ReplicatorService:
         try:
             conn = psycopg.connect(with_options(self.dsn), autocommit=True)
         except psycopg.OperationalError as e:
-            raise MooncakeError(f"cannot connect to Postgres: {str(e).strip().splitlines()[0]}") from None
+            raise MooncakeError(f"cannot connect to Postgres: {connect_error(e)}") from None
         created_pub = added_pub = False
         ice = None
         cp = None
@@ -667,7 +667,7 @@ class ReplicatorService:
                 st = t.stats()
                 fault = self.faults.get(name)
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
-                st["error"] = t.error or (fault.describe() if fault else None)
+                st["error"] = scrub(t.error or (fault.describe() if fault else None))
                 st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
@@ -680,8 +680,8 @@ class ReplicatorService:
             return {"tables": tables, "applied_lsn": lsn_str(self.applied_lsn),
                     "source_lsn": lsn_str(src_lsn) if src_lsn is not None else None,
                     "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
-                    "publication": self.publication, "stream_error": self.stream_error,
-                    "stream_faults": list(self.stream_faults),
+                    "publication": self.publication, "stream_error": scrub(self.stream_error),
+                    "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream_faults],
                     "streaming": bool(self._thread and self._thread.is_alive())}
 
     def maintenance(self, op: str, name: str, **kw) -> dict:
