@@ -45,6 +45,7 @@ CREATE TABLE "Sales Data"."Q1 Orders" (
   "Total Amount" numeric(12,2),
   "from" date
 );
+CREATE TABLE dup ("id" int PRIMARY KEY, "a" int, "A" int);
 """
 
 
@@ -84,6 +85,9 @@ def test_orm_schema_mirrored_end_to_end(pg_dsn, state_dir):
         r = mooncake(s, "create-table", "q1_orders", ' "Sales Data" . "Q1 Orders" ')
         assert r.returncode == 0, r.stdout + r.stderr
         assert '"Sales Data"."Q1 Orders"' in r.stdout, r.stdout
+        r = mooncake(s, "create-table", "dup", "public.dup")  # "a" and "A": DuckDB cannot tell them apart
+        assert r.returncode != 0 and 'columns "a" and "A" differ only in case' in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         lt = json.loads(mooncake(s, "list-tables", "--json", check=True).stdout)["tables"]
         assert {t["name"]: t["source"] for t in lt} == {"users": 'public."User"', "q1_orders": '"Sales Data"."Q1 Orders"'}
 
@@ -228,3 +232,21 @@ def test_dagster_specs_and_asset_keys_for_quoted_names():
     assert src.metadata["mooncake/source_schema"] == "Sales Data" and src.metadata["mooncake/source_table"] == "Q1 Orders"
     mirror = defs.resolve_assets_def(dg.AssetKey(["mirror", "q1_orders"]))
     assert key in mirror.asset_deps[dg.AssetKey(["mirror", "q1_orders"])]
+
+
+def test_columns_differing_only_in_case_are_refused_by_schema_evolution():
+    """ADD COLUMN "ID" beside "id": DuckDB would read one for the other, so the table stops, saying so."""
+    from mooncake_assets.engine.pg.names import case_collision
+    from mooncake_assets.engine.table.schema_change import SchemaChangeError
+
+    from .engine.test_evolution import INT4, cat, plan, schema, spec
+
+    assert case_collision(["id", "ärger", "Ärger", "createdAt"]) is None  # DuckDB folds ASCII letters only
+    assert case_collision(["id", "createdAt", "CreatedAt"]) == ("createdAt", "CreatedAt")
+    s = schema(spec("id", INT4, 1, 1, True), spec("newCol", INT4, 2, 2))
+    ok = plan(s, [("id", INT4, -1), ("newCol", INT4, -1), ("Other Col", INT4, -1)],
+              [cat(1, "id"), cat(2, "newCol"), cat(3, "Other Col")])
+    assert ok.added == ["Other Col"]
+    with pytest.raises(SchemaChangeError, match='columns "newCol" and "NEWCOL" differ only in case'):
+        plan(s, [("id", INT4, -1), ("newCol", INT4, -1), ("NEWCOL", INT4, -1)],
+             [cat(1, "id"), cat(2, "newCol"), cat(3, "NEWCOL")])

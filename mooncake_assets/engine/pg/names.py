@@ -23,7 +23,9 @@ starting with a digit (:func:`check_mirror_name`). Two mirrors may not differ on
 and case-insensitive file systems would not tell them apart).
 
 **Column names** are never restricted: they are carried as they are (mixed case, reserved words,
-spaces, non-ASCII, 63 bytes) and quoted wherever SQL names them. :func:`asset_key_part` maps any
+spaces, non-ASCII, 63 bytes) and quoted wherever SQL names them. The one limit: two columns of a
+table may not differ only in ASCII case (``"id"`` and ``"ID"``; :func:`case_collision`), which DuckDB
+cannot tell apart. :func:`asset_key_part` maps any
 name to a Dagster asset key part (which allows only ``[A-Za-z0-9_]``).
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ import psycopg
 from psycopg import sql
 
 __all__ = ["TableName", "InvalidName", "split_qualified_name", "quote_part", "format_name", "resolve_table",
-           "check_mirror_name", "asset_key_part", "MIRROR_NAME_RULE"]
+           "check_mirror_name", "asset_key_part", "case_collision", "MIRROR_NAME_RULE"]
 
 NAMEDATALEN = 64  # Postgres identifiers keep at most NAMEDATALEN - 1 = 63 bytes
 _SPACE = " \t\n\r\f\v"
@@ -236,10 +238,25 @@ def check_mirror_name(name: str) -> str:
                      "source table's own name may be anything")
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def case_collision(names) -> tuple[str, str] | None:
+    """The first two of ``names`` that differ only in the case of ASCII letters (``"id"``, ``"ID"``), or
+    None. Postgres tells such columns apart; DuckDB, which runs union reads, matches identifiers
+    ignoring ASCII case and would read one for the other, so such a table is refused."""
+    seen: dict[str, str] = {}
+    for n in names:
+        other = seen.setdefault(n.translate(_ASCII_LOWER), n)
+        if other != n:
+            return other, n
+    return None
+
+
 def asset_key_part(name: str) -> str:
     """A Dagster asset key part (``[A-Za-z0-9_]+``) for any name: the name itself when it fits, else
     its runs of other characters replaced by ``_`` plus 8 hex digits of its SHA-1, so that different
-    names never map to the same part (``Sales Data`` → ``Sales_Data_8a0c6a2b``)."""
+    names never map to the same part (``Sales Data`` → ``Sales_Data_e7470ad3``)."""
     if re.fullmatch(r"[A-Za-z0-9_]+", name):
         return name
     base = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:40]

@@ -35,7 +35,7 @@ from ..cdc.types import catalog_columns, column_signature, describe_mirrored, re
 from ..table.memslice import BadRowError
 from ..table.schema_change import SchemaChangeError, on_relation
 from ..pg.conninfo import connect_error, scrub
-from ..pg.names import InvalidName, check_mirror_name, resolve_table
+from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
 
 log = logging.getLogger("mooncake.service")
@@ -474,6 +474,10 @@ class ReplicatorService:
                 raise MooncakeError(str(e)) from None
             except (LookupError, UnsupportedTypeError) as e:
                 raise MooncakeError(str(e).strip("'\"")) from None
+            clash = case_collision(c.name for c in schema.columns)
+            if clash:
+                raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
+                                    "union reads (DuckDB) cannot tell apart; rename one of them on the source")
             if schema.has_primary_key and schema.replica_identity == "n":  # nothing published yet
                 raise MooncakeError(f"table {src} has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry "
                                     "no key (and Postgres refuses them once the table is published); set REPLICA "
