@@ -170,8 +170,10 @@ def status():
 
 # ---------------------------------------------------------------------------------------- tables
 @app.command("create-table")
-def create_table(dst: str = typer.Argument(..., help="Name of the mirror"),
-                 src: str = typer.Argument(..., help="Source table, schema.table"),
+def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 ASCII letters, digits and _, not starting with a digit"),
+                 src: str = typer.Argument(..., help="Source table as SQL names it: schema.table or table (search_path); "
+                                                     "unquoted parts fold to lower case, quote the others: "
+                                                     "'\"Sales Data\".\"Q1 Orders\"', 'public.\"User\"'"),
                  delete_format: str = typer.Option("deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)")):
     """Mirror Postgres table SRC as DST: consistent initial copy, then change data capture."""
     res = _create_with_progress(_client(), dst, src, delete_format)

@@ -82,13 +82,14 @@ class Settings:
         write_private(self.settings_file, json.dumps(d, indent=1))
 
     def service_environment(self) -> dict[str, str]:
-        """Environment entries a service process started by this one needs beyond ``settings.json``:
-        the DSN (``MOONCAKE_PG_DSN``) and catalog URI (``MOONCAKE_CATALOG_URI``) when they hold a
-        password, which is never written to a file. Empty when there is no password to pass on."""
+        """Environment entries for a service process started by this one: the DSN
+        (``MOONCAKE_PG_DSN``) and catalog URI (``MOONCAKE_CATALOG_URI``) exactly as this process resolved
+        them — with their passwords, which are never written to a file (``settings.json`` has them
+        without), and beating any other value the inherited environment holds."""
         env = {}
-        if self.dsn and split_password(self.dsn)[1] is not None:
+        if self.dsn:
             env["MOONCAKE_PG_DSN"] = self.dsn
-        if self.catalog_uri and split_uri_password(self.catalog_uri)[1] is not None:
+        if self.catalog_uri:
             env["MOONCAKE_CATALOG_URI"] = self.catalog_uri
         return env
 
