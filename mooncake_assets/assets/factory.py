@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 from pydantic import Field
 
+from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.pg.names import asset_key_part
 from mooncake_assets.engine.service import ServiceError
 from resources.io_manager import MIRROR_TABLE
@@ -144,7 +145,7 @@ def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
         try:
             meta["dagster/column_schema"] = postgres_column_schema(replication.source_dsn(), spec.source)
         except Exception as e:  # schema metadata is informative; the mirror itself is fine
-            context.log.warning(f"could not read the column schema of {spec.source}: {e}")
+            context.log.warning(scrub(f"could not read the column schema of {spec.source}: {e}"))
         meta["duration_s"] = dg.MetadataValue.float(round(time.time() - t0, 3))
         return dg.MaterializeResult(metadata=meta)
 
