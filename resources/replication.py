@@ -135,7 +135,10 @@ class ReplicationResource(dg.ConfigurableResource):
     state_dir: str = Field(".mooncake", description="mooncake state directory (settings.json, service socket, tables).")
     tables: list[str] = Field(default_factory=lambda: list(DEFAULT_TABLES),
                               description="Mirrors to keep: 'name' (source public.name), 'schema.table' or 'name=schema.table'.")
-    dsn: str | None = Field(None, description="Source Postgres DSN; default: settings.json, MOONCAKE_PG_DSN, else the embedded Postgres.")
+    dsn: str | None = Field(None, description="Source Postgres DSN; default: settings.json, MOONCAKE_PG_DSN, else the embedded Postgres. "
+                                              "Give one with a password as dg.EnvVar('MOONCAKE_PG_DSN') (Dagster then shows the variable's "
+                                              "name, not its value), or keep the password in PGPASSWORD / ~/.pgpass; it is never written to "
+                                              "the state directory.")
     warehouse: str | None = Field(None, description="Warehouse URI (file:// or s3://); default: settings.json or file://<state>/warehouse.")
     catalog: str | None = Field(None, description="Iceberg catalog URI; default: settings.json or sqlite:///<state>/catalog.db.")
     socket: str | None = Field(None, description="The service's Unix socket; default: the one the service of state_dir uses.")
