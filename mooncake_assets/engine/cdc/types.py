@@ -231,8 +231,10 @@ class TableSchema:
 
     @property
     def qualified_name(self) -> str:
-        """``schema.name`` as written by Postgres (unquoted)."""
-        return f"{self.schema}.{self.name}"
+        """``schema.name`` in its SQL form, parts quoted where needed (``"Sales Data"."Q1 Orders"``)."""
+        from ..pg.names import format_name
+
+        return format_name(self.schema, self.name)
 
     def arrow_schema(self) -> pa.Schema:
         """The Arrow schema of the mirror: one field per column, nullable unless ``NOT NULL``.
