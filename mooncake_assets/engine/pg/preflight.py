@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import psycopg
 
 from . import publication as pubs
+from .conninfo import connect_error, redact, scrub
 
-__all__ = ["Check", "check_source", "server_checks", "table_checks", "replication_check", "redact_dsn"]
+__all__ = ["Check", "check_source", "server_checks", "table_checks", "replication_check"]
 
 
 @dataclass
@@ -56,21 +57,6 @@ class Check:
         if not msg.startswith(("table ", "publication ")):
             msg = f"{self.subject} {msg}" if self.subject.startswith("table ") else f"{self.subject}: {msg}"
         return f"{msg}; run: {self.fix}" if self.fix else msg
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password (for messages): ``postgresql://u@h:5432/db``."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        d = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparsable DSN>"
-    d.pop("password", None)
-    user = d.get("user", "")
-    host = d.get("host", "")
-    port = d.get("port", "")
-    return f"postgresql://{user + '@' if user else ''}{host}{':' + str(port) if port else ''}/{d.get('dbname', '')}"
 
 
 def _setting(conn, name: str) -> str | None:
@@ -145,7 +131,7 @@ def replication_check(dsn: str) -> Check:
     try:
         rc = ReplicationConnection(dsn, connect_timeout=10)
     except ReplicationError as e:
-        msg = str(e).split("FATAL:")[-1].strip()
+        msg = scrub(str(e).split("FATAL:")[-1].strip())
         user = _user_of(dsn)
         if "replication role" in msg or "permission denied to start WAL sender" in msg:
             return Check("error", f"role {user}", "cannot open a replication connection: it lacks the REPLICATION "
@@ -320,11 +306,10 @@ def check_source(dsn: str, tables: list[str], *, publication: str | None, own_pu
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        msg = str(e).strip().splitlines()[0]
-        return [Check("error", "connection", f"cannot connect to {redact_dsn(dsn)}: {msg}",
+        return [Check("error", "connection", f"cannot connect to {redact(dsn)}: {connect_error(e)}",
                       "check host, port, database, role and password (and pg_hba.conf)")]
     with conn:
-        out = [Check("ok", "connection", f"{redact_dsn(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
+        out = [Check("ok", "connection", f"{redact(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
         out += server_checks(conn, slot)
         out.append(replication_check(dsn))
         if publication is not None:
