@@ -193,16 +193,16 @@ def status():
                   f"{st['applied_lsn']}, confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
                   + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else "")
                   + (f"; {len(st['stream_faults'])} lost stream(s), last at {st['stream_faults'][-1]['at']}: "
-                     f"{st['stream_faults'][-1]['error']}" if st.get("stream_faults") else ""), highlight=False)
+                     f"{st['stream_faults'][-1]['error']}" if st.get("stream_faults") else ""), highlight=False, soft_wrap=True)
     if st.get("source_reachable"):
-        console.print(f"source: {st.get('source')} (reachable, LSN {st.get('source_lsn')})", highlight=False)
+        console.print(f"source: {st.get('source')} (reachable, LSN {st.get('source_lsn')})", highlight=False, soft_wrap=True)
     else:
-        console.print(f"source: {st.get('source')} NOT reachable: {st.get('source_error')}", highlight=False)
+        console.print(f"source: {st.get('source')} NOT reachable: {st.get('source_error')}", highlight=False, soft_wrap=True)
     for t in st["tables"]:
         v = t.get("verify") or {}
         console.print(f"  {t['name']}: {t.get('state')}; last verify: "
                       + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "none yet")
-                      + "".join(f"; warning: {w}" for w in t.get("warnings") or []), highlight=False)
+                      + "".join(f"; warning: {w}" for w in t.get("warnings") or []), highlight=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------- tables
@@ -291,7 +291,7 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
         if row.get("error"):
             console.print(f"[red]{escape(row['name'])}:[/red] {escape(str(row['error']))}", highlight=False)
         for w in row.get("warnings") or []:
-            console.print(f"[yellow]{escape(row['name'])}: warning:[/yellow] {escape(w)}", highlight=False)
+            console.print(f"[yellow]{escape(row['name'])}: warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
         if row.get("last_schema_change"):
             console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
 
