@@ -185,15 +185,35 @@ def test_maintenance_mode_of_a_started_service_is_not_saved(pg_dsn, state_dir):
         stop_service(s)
 
 
-def test_ui_starts_its_service_without_saving_dagster_mode():
-    """ui.py gives its mode to start_service (this process only) and never writes it to settings.json."""
-    import inspect
+UI_SCRIPT = """
+import sys
+from pathlib import Path
+from mooncake_assets import ui
+from mooncake_assets.config import load_settings
+# the Dagster webserver itself is not under test here: a process that exits at once stands in for it
+ui.dagster_dev_command = lambda host, port, workspace=None: ([sys.executable, "-c", "pass"], Path.cwd())
+sys.exit(ui.run_ui(load_settings(sys.argv[1], dsn=sys.argv[2]), rate=0, scale=1))
+"""
 
-    from mooncake_assets import ui
 
-    src = inspect.getsource(ui.run_ui)
-    assert 'start_service(settings, maintenance="dagster")' in src
-    assert "settings.maintenance =" not in src
+@pytest.mark.slow
+def test_ui_leaves_the_state_dir_in_its_own_maintenance_mode(pg_dsn, state_dir):
+    """`mooncake ui` runs its service with maintenance: dagster; after it exits, settings.json still says
+    auto and a plain `mooncake start` flushes and persists again (the old ui saved dagster)."""
+    import subprocess
+    import sys
+
+    s = make_settings(state_dir, pg_dsn)
+    r = subprocess.run([sys.executable, "-c", UI_SCRIPT, str(state_dir), pg_dsn], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mirrored public.pgbench_accounts" in r.stdout, r.stdout
+    assert json.loads(s.settings_file.read_text())["maintenance"] == "auto"
+    try:
+        r = mooncake(s, "start", check=True)
+        assert "maintenance: auto" in r.stdout, r.stdout
+    finally:
+        stop_service(s)
 
 
 def test_unpersisted_table_and_held_wal_are_warnings(pg_dsn, state_dir):
