@@ -67,7 +67,7 @@ def source_label(dsn: str) -> str:
         d = conninfo_to_dict(dsn)
     except psycopg.Error:
         return "(a DSN that does not parse)"
-    return make_conninfo(**{k: v for k, v in d.items() if "password" not in k})
+    return make_conninfo(**{k: d[k] for k in sorted(d) if "password" not in k})  # sorted: comparable
 
 
 class MooncakeError(Exception):

@@ -198,13 +198,15 @@ class Verifier:
                 if fields:
                     rs["fields"] = fields
                 rs["storage"] = svc.storage_hints
+            # the mirror first, while every file of its ReadState is surely there; the snapshot stays
+            # valid as long as ``rc`` is open and idle
+            mir_sum = mirror_checksums(rs, mem, columns, key)
             with psycopg.connect(with_options(svc.dsn)) as conn:
                 src_sum = source_checksums(conn, source, snap, columns, key)
             if src_sum is None:
                 return {**base, "result": "skipped",
                         "detail": "the source's columns differ from the mirror's (a schema change reaches the "
                                   "mirror with the table's next row change)"}
-            mir_sum = mirror_checksums(rs, mem, columns, key)
         except Exception as e:  # noqa: BLE001
             return {**base, "result": "error", "detail": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
         finally:
