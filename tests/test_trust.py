@@ -116,6 +116,11 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         assert "found the mirror differs" in " ".join(r.stdout.split()), r.stdout
         r = mooncake(s, "status")
         assert "vt: error; last verify: mismatch" in r.stdout, r.stdout
+        from sensors.replication import observation  # what Dagster records on mirror/vt
+
+        meta = observation("vt", t, {"source_lsn": None}, None).metadata
+        assert meta["state"].value == "error" and meta["verify_result"].value == "mismatch"
+        assert meta["verify_lsn"].value == t["verify"]["lsn"] and meta["verify_at"].value
     finally:
         stop_service(s)
 
