@@ -167,8 +167,10 @@ class ReplicatorService:
         self.tables[name] = t
         first = self.by_oid.get(schema.oid)
         if first is not None and first is not t:  # made before mirrors were one per source (see create_table)
-            t.error = t.error or (f"table {name}: {meta['source']} is mirrored as {first.name} too, and its changes "
-                                  f"go to {first.name} only, so {name} no longer follows it; drop-table {name}")
+            t.error = t.error or (f"table {name}: {meta['source']} is mirrored as {first.name} too (an older version "
+                                  f"allowed that); its changes now go to {first.name} only, so {name} no longer "
+                                  f"follows it, and either may have missed changes before: drop-table {name}, then "
+                                  f"`mooncake verify {first.name}`")
             log.error("%s", t.error)
         else:
             self.by_oid[schema.oid] = t
@@ -701,7 +703,10 @@ class ReplicatorService:
             if meta is None or name not in self.tables:
                 return
             prev = (meta.get("last_verify") or {}).get("result")
-            meta["last_verify"] = res
+            if prev == "mismatch" and res["result"] in ("skipped", "error"):  # only a match clears a mismatch
+                meta["last_verify"] = {**meta["last_verify"], "last_attempt": res}
+            else:
+                meta["last_verify"] = res
             self._save_registry()
         if res["result"] == "mismatch":
             log.error("%s", res["detail"])
