@@ -127,6 +127,8 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         assert "found the mirror differs" in " ".join(r.stdout.split()), r.stdout
         r = mooncake(s, "status")
         assert "vt: error; last verify: mismatch" in r.stdout, r.stdout
+        r = mooncake(s, "verify", "--checksum")  # the same check, on demand
+        assert r.returncode == 1 and "vt: mismatch at LSN" in r.stdout and "checksums: 0/1" in r.stdout, r.stdout
         from sensors.replication import observation  # what Dagster records on mirror/vt
 
         meta = observation("vt", t, {"source_lsn": None}, None).metadata
