@@ -60,11 +60,11 @@ def _add(acc: dict, rows) -> None:
 
 
 def source_checksums(conn: psycopg.Connection, source: str, snapshot: str, columns: list[str],
-                     key: list[str]) -> dict | None:
+                     key: list[str], options: dict | None = None) -> dict | None:
     """``{range: [rows, hash sum]}`` of the source table at ``snapshot`` (None when its columns are not
     ``columns``: a schema change that has not reached the mirror yet). ``conn``: an ordinary, idle
-    connection."""
-    schema = describe_table(conn, source)
+    connection; ``options``: the mirror's create-table column options (``column_types``, ``exclude``)."""
+    schema = describe_table(conn, source, **(options or {}))
     conn.rollback()
     if [c.name for c in schema.columns] != columns:
         return None
@@ -170,6 +170,8 @@ class Verifier:
             if t.error:
                 return {**base, "result": "skipped", "detail": "the mirror is stopped by an error"}
             source, columns, key = t.source, [f.name for f in t.arrow_schema], list(t.key_names)
+            meta = svc.registry["tables"].get(name) or {}
+            options = {"column_types": meta.get("column_types"), "exclude": meta.get("exclude")}
         from .service import with_options
 
         try:
@@ -202,7 +204,7 @@ class Verifier:
             # valid as long as ``rc`` is open and idle
             mir_sum = mirror_checksums(rs, mem, columns, key)
             with psycopg.connect(with_options(svc.dsn)) as conn:
-                src_sum = source_checksums(conn, source, snap, columns, key)
+                src_sum = source_checksums(conn, source, snap, columns, key, options)
             if src_sum is None:
                 return {**base, "result": "skipped",
                         "detail": "the source's columns differ from the mirror's (a schema change reaches the "
