@@ -63,17 +63,32 @@ def main_options(
                                  publication=publication)
 
 
-def _client(start: bool = True, settings: Settings | None = None):
+def _client(start: bool = True, settings: Settings | None = None, report: bool = False):
+    """A client of the service (started when it is not running; a running one must mirror from this
+    command's DSN, see ``check_source``). ``report``: return ``(client, started_here)``."""
     from .engine.service import ServiceClient
-    from .engine.service.process import start_service
+    from .engine.service.process import SourceMismatch, check_source, start_service
 
     s = settings or CTX.settings
+    started = False
     if start:
         try:
-            start_service(s)
+            _, started = start_service(s, report=True)
         except Exception as e:
             fail(str(e))
-    return ServiceClient(s.socket_path)
+    else:
+        c = ServiceClient(s.socket_path)
+        try:
+            if c.ping():
+                check_source(s, c.call("ping", timeout=5))
+        except SourceMismatch as e:
+            fail(str(e))
+        except Exception:  # noqa: BLE001 — not running: the caller says so
+            pass
+        finally:
+            c.close()
+    client = ServiceClient(s.socket_path)
+    return (client, started) if report else client
 
 
 def _call(client, action: str, **kw) -> dict:
@@ -133,15 +148,32 @@ def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by pol
 
 
 @app.command()
-def start():
+def start(maintenance: Optional[str] = typer.Option(
+        None, "--maintenance", help="auto: the service flushes and persists by policy; dagster: the Dagster assets "
+                                    "do (the service only caps its memory). For this service only; default: "
+                                    "settings.json's (auto)")):
     """Start the replicator service in the background (no-op when it is running)."""
+    from .engine.service import ServiceClient
     from .engine.service.process import start_service
 
+    if maintenance not in (None, "auto", "dagster"):
+        fail(f"--maintenance must be auto or dagster, not {maintenance!r}")
     try:
-        pid = start_service(CTX.settings)
+        pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
     except Exception as e:
         fail(str(e))
-    console.print(f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path})")
+    c = ServiceClient(CTX.settings.socket_path)
+    try:
+        mode = c.call("ping", timeout=5).get("maintenance")
+    except Exception:  # noqa: BLE001
+        mode = None
+    finally:
+        c.close()
+    if not started and maintenance and mode and mode != maintenance:
+        fail(f"the mooncake service is already running (pid {pid}) with maintenance: {mode}; `mooncake stop` "
+             f"first to run it with maintenance: {maintenance}")
+    console.print(f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
+                  highlight=False)
 
 
 @app.command()
@@ -164,12 +196,22 @@ def status():
     if not c.ping():
         console.print("mooncake service: not running")
         raise typer.Exit(3)
+    _client(start=False)  # refuses a --dsn that is not the running service's source
     st = c.status()
-    console.print(f"mooncake service: running; slot {st['slot']}, applied LSN {st['applied_lsn']}, "
-                  f"confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
+    console.print(f"mooncake service: running; maintenance: {st.get('maintenance')}; slot {st['slot']}, applied LSN "
+                  f"{st['applied_lsn']}, confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
                   + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else "")
                   + (f"; {len(st['stream_faults'])} lost stream(s), last at {st['stream_faults'][-1]['at']}: "
-                     f"{st['stream_faults'][-1]['error']}" if st.get("stream_faults") else ""))
+                     f"{st['stream_faults'][-1]['error']}" if st.get("stream_faults") else ""), highlight=False, soft_wrap=True)
+    if st.get("source_reachable"):
+        console.print(f"source: {st.get('source')} (reachable, LSN {st.get('source_lsn')})", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"source: {st.get('source')} NOT reachable: {st.get('source_error')}", highlight=False, soft_wrap=True)
+    for t in st["tables"]:
+        v = t.get("verify") or {}
+        console.print(f"  {t['name']}: {t.get('state')}; last verify: "
+                      + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "none yet")
+                      + "".join(f"; warning: {w}" for w in t.get("warnings") or []), highlight=False, soft_wrap=True)
 
 
 @app.command("check-source")
@@ -230,7 +272,16 @@ def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 A
             err.print(f"error: --column-type {opt!r}: expected COL=text")
             raise typer.Exit(2)
         types[col] = kind.strip().lower()
-    res = _create_with_progress(_client(), dst, src, delete_format, column_types=types, exclude=list(exclude_column))
+    client, started = _client(report=True)
+    try:
+        res = _create_with_progress(client, dst, src, delete_format, column_types=types, exclude=list(exclude_column))
+    except typer.Exit:
+        if started:  # a failed create leaves no service behind that it started
+            from .engine.service.process import stop_service
+
+            client.close()
+            stop_service(CTX.settings)
+        raise
     console.print(f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
                   f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})")
     if res.get("text_columns"):
@@ -287,21 +338,29 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
     """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors."""
     st = _call(_client(), "status")
     if as_json:
-        print(json.dumps({"tables": st["tables"]}, indent=1))
+        print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
         return
-    t = Table(title=f"mirrored tables (applied LSN {st['applied_lsn']})")
+    t = Table(title=f"mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})")
     cols = ["name", "source", "state", "applied_lsn", "flush_lsn", "buffer_rows", "data_files", "index_blocks",
             "pending_deletes", "deletion_vectors", "live_rows"]
     for c in cols:
         t.add_column(c.replace("_", " "))
+    t.add_column("verified")
     for row in st["tables"]:
-        t.add_row(*[str(row.get(c, "")) for c in cols])
+        v = row.get("verify") or {}
+        state = row.get("state", "")
+        if row.get("warnings") and state == "ready":
+            state = "ready (warning)"
+        t.add_row(*[state if c == "state" else str(row.get(c, "")) for c in cols],
+                  f"{v.get('result')} @ {v.get('lsn')} {v.get('at')}" if v else "not yet")
     console.print(t)
     from rich.markup import escape
 
     for row in st["tables"]:  # what the table view has no room for
         if row.get("error"):
             console.print(f"[red]{escape(row['name'])}:[/red] {escape(str(row['error']))}", highlight=False)
+        for w in row.get("warnings") or []:
+            console.print(f"[yellow]{escape(row['name'])}: warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
         if row.get("last_schema_change"):
             console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
 
@@ -405,8 +464,18 @@ def compact(dst: str, full: bool = typer.Option(False, "--full", help="Rewrite e
 
 @app.command()
 def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to check (default: all)"),
-           reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg")):
+           reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg"),
+           checksum: bool = typer.Option(False, "--checksum", help="Run the service's scheduled check now instead: "
+                                         "row counts and checksums per key range at one LSN (no rows compared; "
+                                         "its result shows in list-tables and status)")):
     """Compare each mirror with its source at one LSN; exit 0 only if all match."""
+    if checksum:
+        res = _call(_client(), "verify_now", tables=tables or None, timeout=3600)
+        for name, r in res.items():
+            print(f"{name}: {r['result']} at LSN {r.get('lsn')} — {r.get('detail')}", flush=True)
+        ok = sum(r["result"] == "match" for r in res.values())
+        print(f"checksums: {ok}/{len(res)} tables match", flush=True)
+        raise typer.Exit(0 if res and ok == len(res) else 1)
     code = run_verify(tables or None, reader)
     raise typer.Exit(code)
 

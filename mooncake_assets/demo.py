@@ -47,10 +47,9 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     if dagster:  # the Dagster assets drive maintenance; the service only caps its memory
         from .engine.service.process import stop_service
 
-        settings.maintenance = "dagster"
         stop_service(settings)  # a service already running keeps its mode: start it again in this one
     settings.save()
-    start_service(settings)
+    start_service(settings, maintenance="dagster" if dagster else None)  # the mode is not saved in settings.json
     client = ServiceClient(settings.socket_path)
     existing = {t["name"] for t in client.status()["tables"]}
     for t in TABLES:

@@ -1,7 +1,7 @@
 """``mooncake ui`` (``make ui``): the Dagster webserver and daemon on the demo's tables, alive.
 
 Starts the source Postgres (the embedded one unless a DSN is configured), creates pgbench's tables when
-they are missing (``pgbench -i``), starts the replicator service with ``maintenance: dagster``, mirrors
+they are missing (``pgbench -i``), starts the replicator service with ``maintenance: dagster`` (for this run only: settings.json keeps its mode), mirrors
 the four pgbench tables, runs a rate-limited pgbench workload in the background, and runs
 ``dagster dev -w workspace.yaml`` on ``host:port`` (127.0.0.1 by default) with ``DAGSTER_HOME`` at
 ``<state>/dagster``: the replication sensor and the maintenance schedules run, so a newcomer sees
@@ -90,10 +90,10 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
     con = Console()
     dsn = settings.source_dsn()
     con.print(f"[bold]source[/bold] {redact(dsn)}")  # never a password
-    settings.maintenance = "dagster"
     stop_service(settings)  # a running service keeps its mode: start it again with maintenance by Dagster
-    settings.save()
-    start_service(settings)
+    # the mode applies to the service started here only: settings.json keeps its own, so a later
+    # `mooncake start` (or query's auto-start) flushes and persists again
+    start_service(settings, maintenance="dagster")
     client = ServiceClient(settings.socket_path)
     with psycopg.connect(dsn, autocommit=True) as c:
         present = {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}

@@ -142,7 +142,7 @@ class ReplicationResource(dg.ConfigurableResource):
     warehouse: str | None = Field(None, description="Warehouse URI (file:// or s3://); default: settings.json or file://<state>/warehouse.")
     catalog: str | None = Field(None, description="Iceberg catalog URI; default: settings.json or sqlite:///<state>/catalog.db.")
     socket: str | None = Field(None, description="The service's Unix socket; default: the one the service of state_dir uses.")
-    maintenance: str | None = Field("dagster", description="Maintenance mode given to a service this resource starts: 'dagster' (assets drive flush/persist; "
+    maintenance: str | None = Field("dagster", description="Maintenance mode given to a service this resource starts (that process only; settings.json keeps its own): 'dagster' (assets drive flush/persist; "
                                                            "the service only caps its memory) or 'auto'; None keeps settings.json's.")
     thresholds: MaintenanceThresholds = Field(default_factory=MaintenanceThresholds, description="Sensor and lag-check thresholds.")
     start_timeout_s: float = Field(60.0, gt=0, description="How long ensure_running() waits for a started service to answer (seconds).")
@@ -157,9 +157,7 @@ class ReplicationResource(dg.ConfigurableResource):
         """The resolved :class:`Settings` (this resource's fields beat settings.json and the environment)."""
         if self._settings is None:
             s = load_settings(self.state_dir, dsn=self.dsn, warehouse=self.warehouse, catalog_uri=self.catalog)
-            if self.maintenance:
-                s.maintenance = self.maintenance
-            self._settings = s
+            self._settings = s  # ``maintenance`` goes to a service this resource starts, not to settings.json
         return self._settings
 
     def table_specs(self) -> list[TableSpec]:
@@ -203,7 +201,7 @@ class ReplicationResource(dg.ConfigurableResource):
             raise ServiceUnavailable(f"no mooncake service answers on {self.socket_path}, and one started for "
                                      f"{s.state_dir} would listen on {s.socket_path}")
         # start_service holds <state>/service.start.lock: sensors, runs and the CLI may race, one starts it
-        pid, started = start_service(s, timeout=self.start_timeout_s, report=True)
+        pid, started = start_service(s, timeout=self.start_timeout_s, report=True, maintenance=self.maintenance)
         self.client().close()
         return {"started": started, "pid": pid, "socket": str(self.socket_path)}
 

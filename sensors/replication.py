@@ -149,6 +149,15 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
             meta[k] = dg.MetadataValue.int(int(st[k]))
     if st.get("error"):
         meta["error"] = dg.MetadataValue.text(str(st["error"]))
+    if st.get("warnings"):  # no persist for too long, too much WAL held (the service's warn_* settings)
+        meta["warnings"] = dg.MetadataValue.text("; ".join(st["warnings"]))
+    ver = st.get("verify")  # the service's last scheduled verify (engine/service/verifier.py)
+    if ver:
+        meta["verify_result"] = dg.MetadataValue.text(str(ver.get("result")))
+        meta["verify_lsn"] = dg.MetadataValue.text(str(ver.get("lsn") or ""))
+        meta["verify_at"] = dg.MetadataValue.text(str(ver.get("at") or ""))
+        if ver.get("detail"):
+            meta["verify_detail"] = dg.MetadataValue.text(str(ver["detail"]))
     if service_note:
         meta["service"] = dg.MetadataValue.text(service_note)
     return dg.AssetObservation(asset_key=dg.AssetKey(["mirror", name]), metadata=meta)

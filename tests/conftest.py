@@ -16,17 +16,13 @@ import pytest
 from mooncake_assets.engine.pg import EmbeddedPostgres
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-
-
-def _shared_dir() -> Path:
-    return Path(os.environ.get("MOONCAKE_SHARED", SHARED))
+GOLDEN = Path(__file__).resolve().parent / "data" / "iceberg"
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """``../shared`` beside the clone (golden files under ``testdata/iceberg``)."""
-    return _shared_dir()
+def golden_dir() -> Path:
+    """The vendored Iceberg golden files (``tests/data/iceberg``; origin and license in its README)."""
+    return GOLDEN
 
 
 @pytest.fixture(scope="session")

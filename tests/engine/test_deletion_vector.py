@@ -26,8 +26,8 @@ POSITION_INDEXES = [
 
 
 @pytest.fixture(scope="module")
-def golden(shared_dir):
-    root = shared_dir / "testdata/iceberg"
+def golden(golden_dir):
+    root = golden_dir
     expected = json.loads((root / "expected.json").read_text())
     return root, expected
 

@@ -27,8 +27,8 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def golden(shared_dir):
-    root = shared_dir / "testdata/iceberg"
+def golden(golden_dir):
+    root = golden_dir
     return root, json.loads((root / "expected.json").read_text())
 
 

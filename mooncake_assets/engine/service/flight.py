@@ -54,12 +54,18 @@ class MooncakeFlightServer(flight.FlightServerBase):
         return [("ping", "liveness"), ("status", "list-tables document"), ("create_table", "mirror a table"),
                 ("drop_table", "stop mirroring"), ("flush", ""), ("persist", ""), ("merge_index", ""),
                 ("compact", ""), ("read_state", "ReadState + ticket"), ("wait_lsn", "read-your-writes barrier"),
+                ("verify_now", "the scheduled checksum verify, now"),
                 ("shutdown", "stop the service")]
 
     def _dispatch(self, kind: str, b: dict):
         s = self.service
         if kind == "ping":
-            return {"ok": True, "pid": os.getpid()}
+            from .service import source_label
+
+            return {"ok": True, "pid": os.getpid(), "maintenance": s.settings.maintenance,
+                    "source": source_label(s.dsn)}
+        if kind == "verify_now":  # the scheduled verify, now (see verifier.py); returns {table: result}
+            return s.verifier.run_once(b.get("tables") or None)
         if kind == "status":
             return s.status()
         if kind == "create_table":

@@ -36,27 +36,58 @@ def service_pid(settings: Settings) -> int | None:
     return pid
 
 
-def start_service(settings: Settings, timeout: float = 60.0, report: bool = False):
+class SourceMismatch(RuntimeError):
+    """The running service mirrors from another source than the command's ``--dsn`` (one line, no password)."""
+
+
+def check_source(settings: Settings, info: dict) -> None:
+    """Raise :class:`SourceMismatch` when ``settings`` name a DSN (``--dsn``, MOONCAKE_PG_DSN or
+    settings.json) other than the source of the running service whose ``ping`` answer is ``info``.
+    DSNs are compared as conninfo without passwords; no DSN (the embedded Postgres) is not checked."""
+    from .service import source_label
+
+    if not settings.dsn or not info.get("source"):
+        return
+    mine = source_label(settings.dsn)
+    if mine != info["source"]:
+        raise SourceMismatch(f"the running mooncake service (pid {info.get('pid')}) mirrors from {info['source']}, "
+                             f"not {mine}; stop it first (`mooncake stop`) to use another source")
+
+
+def start_service(settings: Settings, timeout: float = 60.0, report: bool = False, maintenance: str | None = None,
+                  check_dsn: bool = True):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
-    RuntimeError with the log tail on failure."""
+
+    ``maintenance``: ``auto`` or ``dagster`` for a service started here (``serve --maintenance``; not
+    written to settings.json, so it applies to this process only); a running one keeps its mode.
+    ``check_dsn``: raise :class:`SourceMismatch` when the running service's source is not the DSN of
+    ``settings``. RuntimeError with the log tail when it does not start."""
+    if maintenance not in (None, "auto", "dagster"):
+        raise ValueError(f"maintenance must be auto or dagster, not {maintenance!r}")
     ensure_private_dir(settings.state_dir)
     with open_private(settings.state_dir / "service.start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             client = ServiceClient(settings.socket_path)
             if client.ping():
+                try:
+                    info = client.call("ping", timeout=5)
+                except Exception:  # noqa: BLE001 — it answered a moment ago; nothing to compare with
+                    info = {}
                 client.close()
+                if check_dsn:
+                    check_source(settings, info)
                 pid = service_pid(settings) or -1
                 return (pid, False) if report else pid
-            pid = _spawn(settings, client, timeout)
+            pid = _spawn(settings, client, timeout, maintenance)
             return (pid, True) if report else pid
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn(settings: Settings, client: ServiceClient, timeout: float) -> int:
+def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenance: str | None = None) -> int:
     settings.save()
     log = open_private(settings.state_dir / "service.log", "ab")
     env = dict(os.environ)
@@ -64,7 +95,8 @@ def _spawn(settings: Settings, client: ServiceClient, timeout: float) -> int:
     # a password given to this process (--dsn, the resource's dsn) reaches the service through its
     # environment only (readable by its owner alone), never through a file or its command line
     env.update(settings.service_environment())
-    proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"],
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"]
+                            + (["--maintenance", maintenance] if maintenance else []),
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True, preexec_fn=_reset_signals, cwd=str(settings.state_dir))
     deadline = time.time() + timeout

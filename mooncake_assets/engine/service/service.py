@@ -109,6 +109,17 @@ def default_names(state_dir) -> dict:
     return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}"}
 
 
+def source_label(dsn: str) -> str:
+    """``dsn`` as ``key=value`` conninfo without any password (for messages and ``status``)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        d = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "(a DSN that does not parse)"
+    return make_conninfo(**{k: d[k] for k in sorted(d) if "password" not in k})  # sorted: comparable
+
+
 class MooncakeError(Exception):
     """A user-facing failure with a one-line message (bad table, bad DSN, unknown mirror...)."""
 
@@ -144,6 +155,11 @@ class ReplicatorService:
         self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
+        self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
+        self._source_error: str | None = None     # why the source was not reachable at the last look
+        from .verifier import Verifier  # the scheduled check of every mirror against its source
+
+        self.verifier = Verifier(self, settings.verify_interval_s)
 
     # ------------------------------------------------------------------ registry
     def _load_registry(self) -> dict:
@@ -198,6 +214,7 @@ class ReplicatorService:
                                    what=f"restoring table {name} from the warehouse")  # S3/catalog blips
         if self.registry["tables"] or self.copying:
             self._ensure_stream()
+        self.verifier.start()
 
     def _open_table(self, name: str, meta: dict) -> MirrorTable:
         ice = IcebergMirrorTable.load(self.catalog, self._ident(name))
@@ -216,7 +233,15 @@ class ReplicatorService:
         t.restore()
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
-        self.by_oid[schema.oid] = t
+        first = self.by_oid.get(schema.oid)
+        if first is not None and first is not t:  # made before mirrors were one per source (see create_table)
+            t.error = t.error or (f"table {name}: {meta['source']} is mirrored as {first.name} too (an older version "
+                                  f"allowed that); its changes now go to {first.name} only, so {name} no longer "
+                                  f"follows it, and either may have missed changes before: drop-table {name}, then "
+                                  f"`mooncake verify {first.name}`")
+            log.error("%s", t.error)
+        else:
+            self.by_oid[schema.oid] = t
         return t
 
     def _drop_iceberg(self, name: str) -> None:
@@ -227,6 +252,7 @@ class ReplicatorService:
 
     def stop(self) -> None:
         self._stop.set()
+        self.verifier.stop()
         self.background.stop()
         for th in list(self._persisting.values()):
             th.join(timeout=10)
@@ -460,7 +486,12 @@ class ReplicatorService:
     def _auto_maintenance(self) -> None:
         s = self.settings
         with self.lock:
+            now = time.time()
             for t in list(self.tables.values()):
+                if t.is_dirty():  # since when its changes wait for a persist (status warns past warn_persist_age_s)
+                    self._dirty_since.setdefault(t.name, now)
+                else:
+                    self._dirty_since.pop(t.name, None)
                 if t.error:
                     continue
                 try:
@@ -629,6 +660,7 @@ class ReplicatorService:
             if same:
                 raise MooncakeError(f"mirror name {dst!r} differs from the existing mirror {same[0]!r} only in case; "
                                     "mirror names must differ in more than case")
+            self._refuse_second_mirror(dst, src)
         t0 = time.time()
         try:
             conn = psycopg.connect(with_options(self.dsn), autocommit=True)
@@ -660,6 +692,8 @@ class ReplicatorService:
                 raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
                                     "union reads (DuckDB) cannot tell apart; rename one of them on the source")
             _refuse_nan_decimals(conn, schema)
+            with self.lock:  # the same table under another name (search_path, quoting, a concurrent create)
+                self._refuse_second_mirror(dst, src, schema.oid)
             if not schema.has_primary_key and not schema.key_columns and schema.replica_identity != "f":
                 # the pre-flight check passed, so the role owns the table(s): set FULL on the table and,
                 # for a partitioned one, on each partition (they log their own old rows)
@@ -778,6 +812,20 @@ class ReplicatorService:
         if errors:
             raise MooncakeError(f"cannot mirror {src}: " + " | ".join(c.sentence() for c in errors))
 
+    def _refuse_second_mirror(self, dst: str, src: str, oid: int | None = None) -> None:
+        """One mirror per source table: the stream routes a source's changes by its OID to one mirror, so
+        a second one would take them from the first (which would then stay ``ready`` and wrong).
+        Raises ``MooncakeError`` naming the existing mirror. Caller holds the lock."""
+        for name, meta in self.registry["tables"].items():
+            if meta.get("source") == src or (oid is not None and meta.get("oid") == oid):
+                raise MooncakeError(f"{src} is already mirrored as {name}; a source table has one mirror (query "
+                                    f"{name}, or drop-table {name} before mirroring it as {dst})")
+        for cp in self.copying.values():
+            t = cp["table"]
+            if t.source == src or (oid is not None and t.schema.oid == oid):
+                raise MooncakeError(f"{src} is being mirrored as {t.name} (copying now); a source table has one "
+                                    "mirror")
+
     def _copy(self, table: MirrorTable, schema, snapshot: str) -> int:
         """Initial copy at the exported snapshot into Parquet files (≤ 1M rows each) with IndexBlocks."""
         total = 0
@@ -813,12 +861,17 @@ class ReplicatorService:
         with self.lock:
             t = self.table(name)
             self.tables.pop(name)
-            self.by_oid.pop(t.schema.oid, None)
-            self.registry["tables"].pop(name, None)
+            if self.by_oid.get(t.schema.oid) is t:
+                self.by_oid.pop(t.schema.oid)
+            meta = self.registry["tables"].pop(name, None) or {}
             self._save_registry()
             last = not self.registry["tables"]
+            # a state dir made before mirrors were one per source may hold two of one source: the source
+            # leaves the publication only with its last mirror
+            shared = [n for n, m in self.registry["tables"].items()
+                      if m.get("source") == t.source or (meta.get("oid") is not None and m.get("oid") == meta.get("oid"))]
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            if self.own_publication:  # an administrator's publication is never altered
+            if self.own_publication and not shared:  # an administrator's publication is never altered
                 pubs.remove_table(c, self.publication, t.schema.schema, t.schema.name)
             if last:
                 self._stop.set()
@@ -844,19 +897,66 @@ class ReplicatorService:
         return {"dropped": name, "slot_dropped": last}
 
     def _source_lsn(self) -> int | None:
-        """``pg_current_wal_lsn()`` of the source over a kept connection (None when unreachable)."""
+        """``pg_current_wal_lsn()`` of the source over a kept connection (None when unreachable; the
+        reason is kept in ``_source_error``)."""
         try:
             if getattr(self, "_status_conn", None) is None or self._status_conn.closed:
                 self._status_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
             text = self._status_conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+            self._source_error = None
             return parse_lsn(text)
-        except psycopg.Error:
+        except psycopg.Error as e:
             self._status_conn = None
+            self._source_error = (str(e).strip().splitlines() or [type(e).__name__])[0]
             return None
 
+    def record_verify(self, name: str, res: dict) -> None:
+        """Keep the scheduled verify's result of ``name`` (status shows it; the registry keeps it across
+        restarts). A mismatch shows the table as ``error`` until a later check matches."""
+        with self.lock:
+            meta = self.registry["tables"].get(name)
+            if meta is None or name not in self.tables:
+                return
+            prev = (meta.get("last_verify") or {}).get("result")
+            if prev == "mismatch" and res["result"] in ("skipped", "error"):  # only a match clears a mismatch
+                meta["last_verify"] = {**meta["last_verify"], "last_attempt": res}
+            else:
+                meta["last_verify"] = res
+            self._save_registry()
+        if res["result"] == "mismatch":
+            log.error("%s", res["detail"])
+        elif res["result"] == "match" and prev == "mismatch":
+            log.warning("table %s matches its source again at LSN %s", name, res["lsn"])
+
+    def _warnings(self, t: MirrorTable, src_lsn: int | None, now: float) -> list[str]:
+        """What status warns about for one table: no persist for longer than ``warn_persist_age_s``,
+        more WAL held in the slot than ``warn_slot_wal_bytes`` (its unpersisted changes: from its flush
+        LSN to the source's current LSN)."""
+        s, out = self.settings, []
+        since = self._dirty_since.get(t.name)
+        if since is not None and s.warn_persist_age_s and not t.error:
+            age = now - max(since, t.last_persist)
+            if age > s.warn_persist_age_s:
+                why = ("maintenance is dagster: the Dagster assets persist it (is the sensor running?)"
+                       if s.maintenance == "dagster" else "see its maintenance and the service log")
+                out.append(f"no persist for {age:.0f}s (warn_persist_age_s {s.warn_persist_age_s:g}) with changes "
+                           f"waiting; {why}")
+        if src_lsn is not None and s.warn_slot_wal_bytes and (t.is_dirty() or t.error):
+            held = max(0, src_lsn - t.flush_lsn)
+            if held > s.warn_slot_wal_bytes:
+                out.append(f"holds {held:,} bytes of WAL in slot {self.slot} (warn_slot_wal_bytes "
+                           f"{s.warn_slot_wal_bytes:,}): its changes since LSN {lsn_str(t.flush_lsn)} are not persisted")
+        return out
+
     def status(self) -> dict:
-        """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields."""
+        """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields.
+
+        Per table also: ``verify`` (the last scheduled verify: ``result``, ``lsn``, ``at``, ``detail``…;
+        a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
+        level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
+        ``source_reachable`` and ``source_error``, ``verify_interval_s``."""
         src_lsn = self._source_lsn()
+        now = time.time()
         with self.lock:
             tables = []
             for name, meta in self.registry["tables"].items():
@@ -867,6 +967,11 @@ class ReplicatorService:
                 fault = self.faults.get(name)
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
                 st["error"] = scrub(t.error or (fault.describe() if fault else None))
+                ver = meta.get("last_verify")
+                st["verify"] = dict(ver) if ver else None
+                if ver and ver.get("result") == "mismatch" and not t.error:  # wrong, though it still applies
+                    st["state"], st["error"] = "error", scrub(ver.get("detail"))
+                st["warnings"] = self._warnings(t, src_lsn, now)
                 st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
@@ -881,7 +986,10 @@ class ReplicatorService:
                     "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
                     "publication": self.publication, "stream_error": scrub(self.stream_error),
                     "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream_faults],
-                    "streaming": bool(self._thread and self._thread.is_alive())}
+                    "streaming": bool(self._thread and self._thread.is_alive()),
+                    "maintenance": self.settings.maintenance, "source": source_label(self.dsn),
+                    "source_reachable": src_lsn is not None, "source_error": scrub(self._source_error),
+                    "verify_interval_s": self.settings.verify_interval_s}
 
     def maintenance(self, op: str, name: str, **kw) -> dict:
         if op in ("merge_index", "compact"):
