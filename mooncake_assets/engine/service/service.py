@@ -51,7 +51,8 @@ from ..private import write_private
 log = logging.getLogger("mooncake.service")
 
 NAMESPACE = "mooncake"
-PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published (s)
+PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published
+#                            (seconds; settings.json extra.publication_check_s overrides it, 0 turns it off)
 PG_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex -c IntervalStyle=postgres"
 
 
@@ -351,7 +352,8 @@ class ReplicatorService:
             if now - last_maint > 0.5:
                 self._auto_maintenance()
                 last_maint = now
-            if now - last_pub > PUBLICATION_CHECK_S:
+            pub_every = float(self.settings.extra.get("publication_check_s", PUBLICATION_CHECK_S))  # 0: off
+            if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
 
