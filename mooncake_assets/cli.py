@@ -299,7 +299,8 @@ def _create_with_progress(client, dst, src, delete_format="deletion-vectors", qu
     def run():
         try:
             box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600,
-                                     publication=CTX.settings.publication,
+                                     # the publication this command was given (demo/ui call in without a CLI context)
+                                     **({"publication": CTX.settings.publication} if hasattr(CTX, "settings") else {}),
                                      **({"column_types": column_types} if column_types else {}),
                                      **({"exclude": exclude} if exclude else {}))
         except ServiceError as e:
