@@ -27,6 +27,7 @@ from ...config import Settings
 from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
                    initial_copy, parse_message)
 from .. import storage
+from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
@@ -90,6 +91,7 @@ class ReplicatorService:
         self.stream_error: str | None = None
         self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.relations: dict[int, object] = {}
+        self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
 
@@ -230,6 +232,7 @@ class ReplicatorService:
         last_maint = 0.0
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
+            self.lag.record(self.repl.server_wal_end)
             if msgs:
                 with self.lock:
                     for wal_start, payload in msgs:
@@ -244,7 +247,9 @@ class ReplicatorService:
                         if not t.error:
                             t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
             now = time.time()
-            if self._want_reply.is_set() or now - last_status > 1.0:
+            # while changes flow, tell the source what is applied often (pg_stat_replication's write_lsn
+            # then agrees with list-tables' lag); when idle, once a second
+            if self._want_reply.is_set() or now - last_status > (0.05 if msgs else 1.0):
                 self._send_status(reply=self._want_reply.is_set())
                 self._want_reply.clear()
                 last_status = now
@@ -420,7 +425,7 @@ class ReplicatorService:
             if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
                 raise MooncakeError("replication is not running (no mirrored table?)")
             if time.time() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for LSN {lsn_str(lsn)}; "
+                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {lsn_str(lsn)}; "
                                    f"applied up to {lsn_str(self.applied_lsn)}"
                                    + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
             self._want_reply.set()
@@ -639,8 +644,17 @@ class ReplicatorService:
             return None
 
     def status(self) -> dict:
-        """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields."""
+        """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields.
+
+        Lag (``lag_bytes``: the source's ``pg_current_wal_lsn()`` minus the table's applied LSN;
+        ``lag_seconds``: time since the oldest unapplied commit, see :mod:`.lag`) is taken from one
+        moment and without the service lock: the applied LSNs are read right after the source's
+        position, not after waiting for the apply thread to finish its batch (which would read 0)."""
         src_lsn = self._source_lsn()
+        now = time.time()
+        applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
+        if src_lsn is not None:
+            self.lag.record(src_lsn, now)
         with self.lock:
             tables = []
             for name, meta in self.registry["tables"].items():
@@ -651,7 +665,9 @@ class ReplicatorService:
                 fault = self.faults.get(name)
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
                 st["error"] = t.error or (fault.describe() if fault else None)
-                st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
+                a = applied.get(name, t.applied_lsn)
+                st["lag_bytes"] = max(0, src_lsn - a) if src_lsn is not None else None
+                st["lag_seconds"] = round(self.lag.seconds(a, now), 3) if src_lsn is not None and src_lsn > a else 0.0
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
                     st["maintenance"]["error"] = self.background.errors[name]
