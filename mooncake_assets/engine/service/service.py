@@ -247,9 +247,9 @@ class ReplicatorService:
                         if not t.error:
                             t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
             now = time.time()
-            # while changes flow, tell the source what is applied often (pg_stat_replication's write_lsn
-            # then agrees with list-tables' lag); when idle, once a second
-            if self._want_reply.is_set() or now - last_status > (0.05 if msgs else 1.0):
+            # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
+            # then agrees with list-tables' lag: one small message per batch); when idle, once a second
+            if self._want_reply.is_set() or msgs or now - last_status > 1.0:
                 self._send_status(reply=self._want_reply.is_set())
                 self._want_reply.clear()
                 last_status = now
