@@ -90,10 +90,17 @@ def pg_start():
 
 @pg_app.command("stop")
 def pg_stop():
-    """Stop the embedded Postgres."""
+    """Stop the embedded Postgres (fast shutdown); says whether it was running."""
     from .engine.pg import EmbeddedPostgres
 
-    EmbeddedPostgres(CTX.settings.state_dir).stop()
+    pg = EmbeddedPostgres(CTX.settings.state_dir)
+    if not pg.is_running():
+        console.print("embedded Postgres was not running")
+        return
+    pg.stop()
+    if pg.is_running():
+        fail(f"embedded Postgres in {pg.data_dir} did not stop (see its log there)")
+    console.print(f"embedded Postgres stopped (data kept in {pg.data_dir}; `mooncake pg start` starts it again)")
 
 
 @pg_app.command("dsn")
@@ -207,7 +214,7 @@ def _create_with_progress(client, dst, src, delete_format="deletion-vectors", qu
 
 
 @app.command("drop-table")
-def drop_table(dst: str):
+def drop_table(dst: str = typer.Argument(..., help="Name of the mirror to drop (see `mooncake list-tables`)")):
     """Stop mirroring DST and delete its Iceberg table (the slot goes with the last table)."""
     res = _call(_client(), "drop_table", table=dst)
     console.print(f"dropped {dst}" + (" (and the replication slot)" if res.get("slot_dropped") else ""))
@@ -459,8 +466,14 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
 
 
 @app.command()
-def bench(quick: bool = typer.Option(False, "--quick"), json_file: Optional[Path] = typer.Option(None, "--json"),
-          plots: Optional[Path] = typer.Option(None, "--plots"),
+def bench(quick: bool = typer.Option(False, "--quick", help="Smaller sizes and fewer repetitions: a smoke run, "
+                                     "with less stable numbers"),
+          json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                                   help="Write every measurement as JSON to FILE "
+                                                        "(default: <state>/bench/bench.json)"),
+          plots: Optional[Path] = typer.Option(None, "--plots", metavar="DIR",
+                                               help="Write PNG plots of the measurements into DIR "
+                                                    "(default: bench-plots beside the JSON)"),
           suite: Optional[list[str]] = typer.Option(None, "--suite", help="index, maintenance, ingest, freshness, union_read, memory (default: all)")):
     """Benchmarks reported as ratios measured side by side in one run."""
     from .bench import run_bench

@@ -91,6 +91,7 @@ class ReplicatorService:
         self.stream_error: str | None = None
         self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.relations: dict[int, object] = {}
+        self._clean_start = False
         self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
@@ -121,6 +122,9 @@ class ReplicatorService:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Restore every ready table from Iceberg and start the replication thread."""
+        mark = self.settings.state_dir / "service.clean-stop"  # written by stop(): the last run ended cleanly
+        self._clean_start = mark.exists()
+        mark.unlink(missing_ok=True)
         with self.lock:
             for name, meta in list(self.registry["tables"].items()):
                 if meta.get("state") != "ready":
@@ -147,7 +151,7 @@ class ReplicatorService:
             schema = describe_mirrored(conn, meta["source"], cols, key)
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
-        t.restore()
+        t.restore(interrupted=not self._clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
         self.by_oid[schema.oid] = t
@@ -172,6 +176,10 @@ class ReplicatorService:
             except Exception:
                 pass
         self.source_catalog.close()
+        try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
+            (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ replication
     def _ensure_slot(self) -> None:
