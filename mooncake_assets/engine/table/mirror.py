@@ -166,6 +166,7 @@ class MirrorTable:
         self.applied_lsn = 0
         self.flushed_lsn = 0
         self.flush_lsn = 0
+        self.last_change_lsn = 0  # commit LSN of the last change applied to this table (0: none since the restore)
         self.missing_keys = 0
         self.error: str | None = None
         self.last_persist = time.time()
@@ -437,6 +438,7 @@ class MirrorTable:
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
         """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules)."""
+        self.last_change_lsn = max(self.last_change_lsn, commit_lsn)
         kind = change.kind
         if kind == "insert":
             vals = self._values(change.new, change.relation_oid)
@@ -738,6 +740,7 @@ class MirrorTable:
         return {
             "name": self.name, "source": self.source,
             "applied_lsn": lsn_str(self.applied_lsn), "flush_lsn": lsn_str(self.flush_lsn),
+            "last_change_lsn": lsn_str(self.last_change_lsn or self.flush_lsn),
             "buffer_rows": self.mem.live_rows, "buffer_bytes": self.mem.nbytes,
             "data_files": len(self.files), "data_bytes": data_bytes,
             "index_blocks": len(self.file_index.blocks),
