@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from ...config import Settings
 from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
                    initial_copy, parse_message)
+from ..cdc.generated import GeneratedColumns
 from .. import storage
 from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
@@ -80,6 +81,9 @@ class ReplicatorService:
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
         self.source_catalog = SourceCatalog(self.dsn)
+        # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
+        # the source for each applied batch (engine/cdc/generated.py)
+        self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -155,6 +159,7 @@ class ReplicatorService:
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
         self.by_oid[schema.oid] = t
+        self.generated.register(schema)
         return t
 
     def _drop_iceberg(self, name: str) -> None:
@@ -176,6 +181,7 @@ class ReplicatorService:
             except Exception:
                 pass
         self.source_catalog.close()
+        self.generated.close()
         try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
             (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         except OSError:
@@ -241,7 +247,14 @@ class ReplicatorService:
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
             self.lag.record(self.repl.server_wal_end)
-            if msgs:
+            if msgs and self.generated.tables:  # the batch's generated columns: one round trip, then apply
+                with self.lock:
+                    txns = [txn for wal_start, payload in msgs
+                            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+                    self.generated.fill([ch for txn in txns for ch in txn.changes])
+                    for txn in txns:
+                        self._apply_txn(txn, assembler)
+            elif msgs:
                 with self.lock:
                     for wal_start, payload in msgs:
                         msg = parse_message(payload, assembler.in_stream)
@@ -503,6 +516,7 @@ class ReplicatorService:
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
+                self.generated.register(schema)
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, src)}
             pub_exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone()
             member = pub_exists and conn.execute(
@@ -517,6 +531,9 @@ class ReplicatorService:
                 conn.execute(f"CREATE PUBLICATION {self.publication} FOR TABLE {_qi(src)} "
                              "WITH (publish_via_partition_root = true)")
                 created_pub = True
+            if conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
+                # Postgres 18 sends stored generated columns itself when the publication asks
+                conn.execute(f"ALTER PUBLICATION {self.publication} SET (publish_generated_columns = stored)")
             self._ensure_slot()
             # a temporary slot exports the snapshot of the copy; its consistent point splits copy and stream
             tmp = ReplicationConnection(with_options(self.dsn))
@@ -559,6 +576,8 @@ class ReplicatorService:
             with self.lock:
                 if cp is not None:
                     self.copying.pop(cp["table"].schema.oid, None)
+                    if cp["table"].schema.oid not in self.by_oid:
+                        self.generated.unregister(cp["table"].schema.oid)
                 self.tables.pop(dst, None)
                 self.progress.pop(dst, None)
                 self.registry["tables"].pop(dst, None)
@@ -612,6 +631,7 @@ class ReplicatorService:
             t = self.table(name)
             self.tables.pop(name)
             self.by_oid.pop(t.schema.oid, None)
+            self.generated.unregister(t.schema.oid)
             self.registry["tables"].pop(name, None)
             self._save_registry()
             last = not self.registry["tables"]
