@@ -57,6 +57,14 @@ def test_stored_generated_columns_through_changes_and_restart(mirror):
     m.client.close()
     assert m.read("gc", "id").to_pylist()[-1]["label"] == "R:2"
     _all_readers(m, "gc", "gn")
+    # a generated column that reads a column left out of the mirror (--exclude-column)
+    m.sql("CREATE TABLE gx (id int PRIMARY KEY, secret int, pub int GENERATED ALWAYS AS (secret * 2) STORED)",
+          "INSERT INTO gx (id, secret) VALUES (1, 10)")
+    m.create("gx", exclude=["secret"])
+    m.sql("INSERT INTO gx (id, secret) VALUES (2, 20)", "UPDATE gx SET secret = 11 WHERE id = 1")
+    assert m.read("gx", "id").to_pylist() == [{"id": 1, "pub": 22}, {"id": 2, "pub": 40}]
+    _all_readers(m, "gx")
+
     # a schema change of a table with generated columns
     m.sql("ALTER TABLE gc ADD COLUMN z int DEFAULT 5", "INSERT INTO gc (id, a, b) VALUES (300, 3, 'z')",
           "UPDATE gc SET a = 4 WHERE id = 300")

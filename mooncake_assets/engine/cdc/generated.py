@@ -79,14 +79,20 @@ class GeneratedColumns:
                     continue  # the server sent them itself (Postgres 18, publish_generated_columns)
                 by_table.setdefault(ch.relation_oid, []).append(ch)
         for oid, chs in by_table.items():
-            self._fill_table(self.tables[oid], chs)
+            groups: dict[int, list] = {}  # by the Relation sent (one, unless a DDL is inside the batch)
+            for ch in chs:
+                groups.setdefault(id(ch.relation), []).append(ch)
+            for group in groups.values():
+                self._fill_table(self.tables[oid], group)
 
     def _gen(self, oid: int):
         return [c for c in self.tables[oid].columns if c.generated]
 
     def _fill_table(self, schema: TableSchema, changes: list) -> None:
         gen = [c for c in schema.columns if c.generated]
-        base = [c for c in schema.columns if not c.generated]
+        # every column the source sent, mirrored or not (an expression may read an --exclude-column one)
+        base = [_Base(c.name, t) for c, t in zip(changes[0].relation.columns,
+                                                 self._type_names(schema, changes[0].relation))]
         refs = self._refs(schema)
         rows: list[list[str | None]] = []   # base values of every row image to compute
         slots: list[tuple] = []             # (change, "new"/"old", sent column names, row, unknown gens)
@@ -119,6 +125,18 @@ class GeneratedColumns:
                 ch.old = _widen(ch.old, [c.name for c in ch.relation.columns], schema,
                                 {g.name: ("n", None) for g in gen})
             ch.relation = self._relation(schema, ch.relation)
+
+    def _type_names(self, schema: TableSchema, rel: Relation) -> list[str]:
+        """``format_type`` of each column of a Relation (asked once per type and typmod)."""
+        cache = self.__dict__.setdefault("_types_cache", {})
+        todo = sorted({(c.type_oid, c.typmod) for c in rel.columns if (c.type_oid, c.typmod) not in cache})
+        if todo:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+            for o, t, name in self._conn.execute("SELECT o, t, format_type(o, t) FROM unnest(%s::oid[], %s::int[]) "
+                                                 "AS x(o, t)", ([o for o, _ in todo], [t for _, t in todo])).fetchall():
+                cache[(int(o), int(t))] = name
+        return [cache[(c.type_oid, c.typmod)] for c in rel.columns]
 
     def _refs(self, schema: TableSchema) -> dict[str, set[str]]:
         """Generated column → the columns its expression reads (``pg_depend``: the column's
@@ -191,6 +209,13 @@ class GeneratedColumns:
                 if attempt:
                     raise
         raise AssertionError("unreachable")
+
+
+class _Base:
+    __slots__ = ("name", "type_name")
+
+    def __init__(self, name: str, type_name: str):
+        self.name, self.type_name = name, type_name
 
 
 def _widen(tup: TupleData, sent: list[str], schema: TableSchema, extra: dict) -> TupleData:
