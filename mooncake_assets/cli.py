@@ -291,7 +291,7 @@ def _lag_text(row: dict) -> str:
 
 @app.command()
 def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the mirrors, by their DST names"),
-          fmt: str = typer.Option("table", "--format", help="table (psql's aligned format), csv (COPY's CSV with a "
+          fmt: str = typer.Option("table", "--format", help="table (psql's aligned format), csv (as psql --csv, with a "
                                   "header) or json (an array of objects); values as Postgres prints them"),
           lsn: Optional[str] = typer.Option(None, help="Read at this LSN (X/Y) instead of waiting for the source's current one"),
           max_wait: float = typer.Option(30.0, "--max-wait", metavar="SECONDS", min=0.0,
