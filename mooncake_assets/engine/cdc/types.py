@@ -189,6 +189,7 @@ class ColumnSpec:
     element_ids: list = field(default_factory=list)
     attnum: int = 0
     initial_default: str | None = None
+    generated: str | None = None  # a STORED generated column's expression (pg_get_expr of pg_attrdef.adbin)
     kind: str = ""
     fields: "list[ColumnSpec] | None" = None
     delim: str = ","
@@ -281,9 +282,10 @@ def assign_field_ids(columns: list, next_id: int = 1) -> int:
 class TableSchema:
     """A source table as mirrored.
 
-    ``columns``: the columns pgoutput sends, in attribute order (dropped and *generated* columns are
-    excluded: PG 15's pgoutput never sends generated columns, so the mirror leaves them out and
-    the initial copy selects the same list). ``key_columns``: the primary key columns when the table
+    ``columns``: the table's columns in attribute order, dropped ones excluded; STORED generated
+    columns included with their expression in ``ColumnSpec.generated`` (Postgres before 18 does not
+    publish them: :class:`~.generated.GeneratedColumns` computes them for each applied batch; the
+    initial copy selects them like any column). ``key_columns``: the primary key columns when the table
     has one; otherwise the columns of the replica identity index (replica identity ``'i'``);
     otherwise ``[]`` (the row as a whole is the key, which needs replica identity ``'f'``).
     ``replica_identity``: ``pg_class.relreplident`` (``'d'`` default, ``'f'`` full, ``'i'`` index,
@@ -354,9 +356,10 @@ def arrow_type_for(type_oid: int, typmod: int, type_name: str) -> pa.DataType:
 
 _DESCRIBE_SQL = """
 SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attndims,
-       a.attnum
+       a.attnum, CASE WHEN a.attgenerated = 's' THEN pg_get_expr(d.adbin, d.adrelid) END
 FROM pg_attribute a
-WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
 ORDER BY a.attnum
 """
 
@@ -475,7 +478,7 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                 raise LookupError(f"table {nsp}.{rel}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
                                   ": the only column type that can be asked for is text (Postgres's exact text output)")
             refused: list[tuple[str, str, str]] = []
-            for name, typid, typmod, tname, notnull, ndims, attnum in attrs:
+            for name, typid, typmod, tname, notnull, ndims, attnum, generated in attrs:
                 if name in excluded:
                     continue
                 if column_types.get(name) == "text":
@@ -490,6 +493,7 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                 spec.not_null = bool(notnull)
                 spec.decl_oid, spec.decl_typmod = typid, typmod
                 spec.attnum = int(attnum)
+                spec.generated = generated
                 columns.append(spec)
             if refused:
                 raise UnsupportedTypeError(

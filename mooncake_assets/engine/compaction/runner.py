@@ -553,8 +553,10 @@ def clean_local(table) -> dict:
     return {"local_files_deleted": n}
 
 
-def cleanup_after_restore(table, policy: MaintenancePolicy | None = None) -> dict:
-    """:func:`clean_local` plus warehouse orphans of any age (call at service start only)."""
+def cleanup_after_restore(table, policy: MaintenancePolicy | None = None, interrupted: bool = True) -> dict:
+    """:func:`clean_local` plus warehouse orphans of any age (call at service start only).
+    ``interrupted``: the last run did not stop cleanly (logged as a warning; else files left unused
+    by a clean run, e.g. replaced index blocks, are removed with an info line)."""
     out = clean_local(table)
     try:
         orphans = find_orphans(table.iceberg, 0.0)
@@ -563,6 +565,8 @@ def cleanup_after_restore(table, policy: MaintenancePolicy | None = None) -> dic
     except Exception as e:  # never block a restart on cleanup
         log.warning("table %s: orphan cleanup at start failed: %s", table.name, e)
         out["orphans_error"] = f"{type(e).__name__}: {e}"
-    if out.get("orphans_deleted") or out["local_files_deleted"]:
+    if (out.get("orphans_deleted") or out["local_files_deleted"]) and interrupted:
         log.warning("table %s: removed leftovers of an interrupted run: %s", table.name, out)
+    elif out.get("orphans_deleted") or out["local_files_deleted"]:
+        log.info("table %s: removed files no snapshot or index uses: %s", table.name, out)
     return out

@@ -28,7 +28,9 @@ import pyarrow.parquet as pq
 from ...config import Settings
 from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
                    initial_copy, parse_message)
+from ..cdc.generated import GeneratedColumns
 from .. import storage
+from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
@@ -123,6 +125,9 @@ class ReplicatorService:
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
         self.source_catalog = SourceCatalog(self.dsn)
+        # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
+        # the source for each applied batch (engine/cdc/generated.py)
+        self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -134,6 +139,8 @@ class ReplicatorService:
         self.stream_error: str | None = None
         self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.relations: dict[int, object] = {}
+        self._clean_start = False
+        self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
         self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
@@ -166,6 +173,9 @@ class ReplicatorService:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Restore every ready table from Iceberg and start the replication thread."""
+        mark = self.settings.state_dir / "service.clean-stop"  # written by stop(): the last run ended cleanly
+        self._clean_start = mark.exists()
+        mark.unlink(missing_ok=True)
         with self.lock:
             for name, meta in list(self.registry["tables"].items()):
                 if meta.get("state") != "ready":
@@ -194,7 +204,7 @@ class ReplicatorService:
                                        exclude=meta.get("exclude"))
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
-        t.restore()
+        t.restore(interrupted=not self._clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
         first = self.by_oid.get(schema.oid)
@@ -206,6 +216,7 @@ class ReplicatorService:
             log.error("%s", t.error)
         else:
             self.by_oid[schema.oid] = t
+        self.generated.register(schema)
         return t
 
     def _drop_iceberg(self, name: str) -> None:
@@ -228,6 +239,11 @@ class ReplicatorService:
             except Exception:
                 pass
         self.source_catalog.close()
+        self.generated.close()
+        try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
+            (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ replication
     def _ensure_slot(self) -> None:
@@ -288,7 +304,15 @@ class ReplicatorService:
         last_maint = 0.0
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
-            if msgs:
+            self.lag.record(self.repl.server_wal_end)
+            if msgs and self.generated.tables:  # the batch's generated columns: one round trip, then apply
+                with self.lock:
+                    txns = [txn for wal_start, payload in msgs
+                            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+                    self.generated.fill([ch for txn in txns for ch in txn.changes])
+                    for txn in txns:
+                        self._apply_txn(txn, assembler)
+            elif msgs:
                 with self.lock:
                     for wal_start, payload in msgs:
                         msg = parse_message(payload, assembler.in_stream)
@@ -302,7 +326,9 @@ class ReplicatorService:
                         if not t.error:
                             t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
             now = time.time()
-            if self._want_reply.is_set() or now - last_status > 1.0:
+            # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
+            # then agrees with list-tables' lag: one small message per batch); when idle, once a second
+            if self._want_reply.is_set() or msgs or now - last_status > 1.0:
                 self._send_status(reply=self._want_reply.is_set())
                 self._want_reply.clear()
                 last_status = now
@@ -493,7 +519,7 @@ class ReplicatorService:
             if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
                 raise MooncakeError("replication is not running (no mirrored table?)")
             if time.time() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for LSN {lsn_str(lsn)}; "
+                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {lsn_str(lsn)}; "
                                    f"applied up to {lsn_str(self.applied_lsn)}"
                                    + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
             self._want_reply.set()
@@ -592,6 +618,7 @@ class ReplicatorService:
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
+                self.generated.register(schema)
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
             pub_exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone()
             member = pub_exists and conn.execute(
@@ -607,6 +634,10 @@ class ReplicatorService:
                 conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
                              .format(sql.Identifier(self.publication), _src_ident(schema)))
                 created_pub = True
+            if conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
+                # Postgres 18 sends stored generated columns itself when the publication asks
+                conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
+                    sql.Identifier(self.publication)))
             self._ensure_slot()
             # a temporary slot exports the snapshot of the copy; its consistent point splits copy and stream
             tmp = ReplicationConnection(with_options(self.dsn))
@@ -660,6 +691,8 @@ class ReplicatorService:
             with self.lock:
                 if cp is not None:
                     self.copying.pop(cp["table"].schema.oid, None)
+                    if cp["table"].schema.oid not in self.by_oid:
+                        self.generated.unregister(cp["table"].schema.oid)
                 self.tables.pop(dst, None)
                 self.progress.pop(dst, None)
                 self.registry["tables"].pop(dst, None)
@@ -729,6 +762,7 @@ class ReplicatorService:
             self.tables.pop(name)
             if self.by_oid.get(t.schema.oid) is t:
                 self.by_oid.pop(t.schema.oid)
+            self.generated.unregister(t.schema.oid)
             meta = self.registry["tables"].pop(name, None) or {}
             self._save_registry()
             last = not self.registry["tables"]
@@ -818,12 +852,19 @@ class ReplicatorService:
     def status(self) -> dict:
         """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields.
 
+        Lag (``lag_bytes``: the source's ``pg_current_wal_lsn()`` minus the table's applied LSN;
+        ``lag_seconds``: time since the oldest unapplied commit, see :mod:`.lag`) is taken from one
+        moment and without the service lock: the applied LSNs are read right after the source's
+        position, not after waiting for the apply thread to finish its batch (which would read 0).
         Per table also: ``verify`` (the last scheduled verify: ``result``, ``lsn``, ``at``, ``detail``…;
         a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
         level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
         ``source_reachable`` and ``source_error``, ``verify_interval_s``."""
         src_lsn = self._source_lsn()
         now = time.time()
+        applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
+        if src_lsn is not None:
+            self.lag.record(src_lsn, now)
         with self.lock:
             tables = []
             for name, meta in self.registry["tables"].items():
@@ -839,7 +880,9 @@ class ReplicatorService:
                 if ver and ver.get("result") == "mismatch" and not t.error:  # wrong, though it still applies
                     st["state"], st["error"] = "error", scrub(ver.get("detail"))
                 st["warnings"] = self._warnings(t, src_lsn, now)
-                st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
+                a = applied.get(name, t.applied_lsn)
+                st["lag_bytes"] = max(0, src_lsn - a) if src_lsn is not None else None
+                st["lag_seconds"] = round(self.lag.seconds(a, now), 3) if src_lsn is not None and src_lsn > a else 0.0
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
                     st["maintenance"]["error"] = self.background.errors[name]
