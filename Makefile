@@ -8,20 +8,30 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical) and Chromium
-# for the Dagster UI test. Installed only when missing (CI runs as root on Debian).
+# Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical), Chromium
+# for the Dagster UI test, Node.js + npm for Azurite (the Azure Blob emulator of the abfs:// tests).
+# Installed only when missing (CI runs as root on Debian).
 system-deps:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
+	    || ! command -v npm >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium >/dev/null; \
-	  else echo "warning: install Debian's postgresql and chromium packages (need root)"; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium nodejs npm >/dev/null; \
+	  else echo "warning: install Debian's postgresql, chromium, nodejs and npm packages (need root)"; fi; \
 	fi
+
+# Azurite (npm) for the Azure tests, in the venv: tests find it at $(AZURITE).
+# 3.35 is the newest release whose engines accept Debian's Node 20.
+AZURITE_VERSION := 3.35.0
+AZURITE := $(VENV)/node/node_modules/.bin/azurite-blob
+$(AZURITE):
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@$(AZURITE_VERSION)
 
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) system-deps
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	$(MAKE) $(AZURITE)
 	touch $(STAMP)
 
 demo: install
