@@ -178,6 +178,8 @@ def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
         if name in ("ServiceRequestError", "ServiceRequestTimeoutError", "ServiceResponseError",
                     "ServiceResponseTimeoutError", "IncompleteReadError"):
             return StorageUnavailable
+        if "failed to authenticate" in str(exc):  # a bad key/SAS signature (Azurite answers AuthorizationFailure)
+            return CredentialsRejected
         code = getattr(exc, "error_code", None)
         if code:
             cls = _CODES.get(_snake(str(code)))
