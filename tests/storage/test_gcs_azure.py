@@ -134,7 +134,7 @@ def test_mirror_persist_compact_restart_and_three_readers(store, pg_dsn, state_d
             with psycopg.connect(pg_dsn, autocommit=True) as c:
                 c.execute("UPDATE acc SET bal = bal + 1 WHERE id %% 5 = %s", (i,))
                 c.execute("DELETE FROM acc WHERE id %% 97 = %s", (i,))
-                c.execute("INSERT INTO acc SELECT g, %s, 'x' FROM generate_series(%s, %s) g", (i, 3000 + i * 10, 3009 + i * 10))
+                c.execute("INSERT INTO acc SELECT g, %s, 'x' FROM generate_series(%s::int, %s::int) g", (i, 3000 + i * 10, 3009 + i * 10))
             _all_match(s, client)
             client.call("persist", table="acc")
         full = client.call("compact", table="acc", full=True)
