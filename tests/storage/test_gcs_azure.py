@@ -240,3 +240,42 @@ def test_create_table_with_a_missing_container_is_one_line(store, pg_dsn, state_
         assert len(msg.strip().splitlines()) == 1, msg
         assert client.status()["tables"] == []
     assert load_settings(state_dir).warehouse.startswith(("gs://", "abfs://"))
+
+
+def test_uris_settings_and_error_classes_of_gcs_and_azure(store_env):
+    """URI forms and validation; environment precedence; what gcsfs/adlfs raise is classified."""
+    from mooncake_assets.engine.storage import AccessDenied, classify, store_kind
+    from mooncake_assets.engine.storage.stores import parse_azure_uri, resolve_azure, resolve_gcs
+
+    assert [store_kind(u) for u in ("gs://b1b/x", "abfs://c1c/x", "az://c1c", "s3://b1b", "/tmp/x", "file:///x")] == \
+        ["gcs", "azure", "azure", "s3", "file", "file"]
+    with pytest.raises(WarehouseConfigError, match="expected file://, s3://, gs://, abfs://"):
+        store_kind("hdfs://x/y")
+    assert parse_azure_uri("abfss://cont@acct.dfs.core.windows.net/a/b/") == ("cont", "acct", "a/b")
+    with pytest.raises(WarehouseConfigError, match="not a valid Azure container name"):
+        parse_azure_uri("abfs://Bad_Container/x")
+    with pytest.raises(WarehouseConfigError, match="no storage account"):
+        resolve_azure("abfs://cont/x")
+    az = resolve_azure("abfss://cont@acct.dfs.core.windows.net/x", env={"AZURE_STORAGE_ACCOUNT_KEY": "k3y"})
+    assert az.account == "acct" and az.describe() == "https://acct.blob.core.windows.net" and "k3y" not in repr(az)
+    g = resolve_gcs(env={"STORAGE_EMULATOR_HOST": "127.0.0.1:4443"})
+    assert g.endpoint == "http://127.0.0.1:4443" and g.token == "anon"  # an emulator: anonymous
+    assert resolve_gcs(env={}).token == "google_default"  # Google: application-default credentials
+    with pytest.raises(WarehouseConfigError, match="plain HTTP"):
+        resolve_gcs(env={"MOONCAKE_GCS_ENDPOINT": "http://gcs.example:4443"})
+
+    import aiohttp
+    from azure.core.exceptions import HttpResponseError, ServiceRequestError
+    from gcsfs.retry import HttpError
+
+    assert isinstance(classify(HttpError({"code": 401, "message": "Invalid Credentials"})), CredentialsRejected)
+    assert isinstance(classify(HttpError({"code": 503, "message": "backend"})), StorageUnavailable)
+    assert isinstance(classify(OSError("Forbidden: b/o\nno access")), AccessDenied)
+    assert isinstance(classify(ServiceRequestError("Connection refused")), StorageUnavailable)
+    e = HttpResponseError("The specified container does not exist.")
+    e.error_code = "ContainerNotFound"
+    assert isinstance(classify(e), BucketNotFound)
+    key = aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 9, False, True, None, None, None)
+    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connect call failed"))
+    err = classify(refused, endpoint="http://127.0.0.1:9", what="persist of t")
+    assert isinstance(err, StorageUnavailable) and err.retryable and "persist of t at http://127.0.0.1:9" in str(err)

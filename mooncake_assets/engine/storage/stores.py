@@ -188,8 +188,9 @@ class GCSConfig:
             import gcsfs
 
             cls = gcsfs.GCSFileSystem
+        # no listing cache: the service adds and removes files under a reader (DuckDB globs through it)
         return cls(project=self.project, token=self.token, endpoint_url=self.endpoint, consistency="none",
-                   access="full_control")
+                   access="full_control", use_listings_cache=False)
 
     def hints(self) -> dict:
         return {"endpoint": self.endpoint, "project": self.project, "allow_http": self.allow_http,
@@ -278,15 +279,17 @@ class AzureConfig:
                    sas_token=props.get("adls.sas-token"), allow_http=None if ah is None else ah == "true")
 
     def filesystem(self):
-        """An ``adlfs.AzureBlobFileSystem`` (the connection string wins over account + key/SAS)."""
+        """An ``adlfs.AzureBlobFileSystem`` (the connection string wins over account + key/SAS), without a
+        listing cache."""
         from adlfs import AzureBlobFileSystem
 
         if self.connection_string:
             return AzureBlobFileSystem(connection_string=self.connection_string, connection_timeout=10,
-                                       read_timeout=30)
+                                       read_timeout=30, use_listings_cache=False)
         host = urlsplit(self.endpoint).netloc if self.endpoint else None
         return AzureBlobFileSystem(account_name=self.account, account_key=self.account_key, sas_token=self.sas_token,
-                                   account_host=host, anon=False, connection_timeout=10, read_timeout=30)
+                                   account_host=host, anon=False, connection_timeout=10, read_timeout=30,
+                                   use_listings_cache=False)
 
     def hints(self) -> dict:
         return {"account": self.account, "endpoint": self.endpoint, "allow_http": self.allow_http}
