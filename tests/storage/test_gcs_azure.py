@@ -279,3 +279,31 @@ def test_uris_settings_and_error_classes_of_gcs_and_azure(store_env):
     refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connect call failed"))
     err = classify(refused, endpoint="http://127.0.0.1:9", what="persist of t")
     assert isinstance(err, StorageUnavailable) and err.retryable and "persist of t at http://127.0.0.1:9" in str(err)
+
+
+def test_the_mooncake_command_with_a_gs_or_abfs_warehouse(store, pg_dsn, state_dir):
+    """The README's commands: `mooncake --warehouse gs://…|abfs://… start`, create-table, persist, verify
+    with each reader, stop; credentials only in the environment, never in settings.json."""
+    from tests.helpers import mooncake
+
+    kind, em = store
+    bucket = _make_bucket(kind)
+    uri = _uri(kind, bucket)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 200) g")
+    s = make_settings(state_dir, pg_dsn)
+    try:
+        mooncake(s, "--warehouse", uri, "start", check=True)
+        mooncake(s, "create-table", "t", "public.t", check=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("DELETE FROM t WHERE id % 3 = 0")
+        mooncake(s, "persist", "t", check=True)
+        for reader in ("union", "pyiceberg", "duckdb-iceberg"):
+            out = mooncake(s, "verify", "--reader", reader, check=True).stdout
+            assert "verified: 1/1 tables match" in out, (reader, out)
+    finally:
+        mooncake(s, "stop")
+    saved = s.settings_file.read_text()
+    assert uri in saved and "AccountKey" not in saved and "Eby8vdM02" not in saved
+    assert any(k.endswith(".metadata.json") for k in _keys(kind, bucket))
