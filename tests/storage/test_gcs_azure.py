@@ -95,11 +95,21 @@ def test_check_warehouse_and_classified_errors(store, store_env):
         with pytest.raises(WarehouseConfigError, match="GCS credentials file /nonexistent/service-account.json"):
             check_warehouse(_uri(kind, bucket))
         store_env.delenv("MOONCAKE_GCS_TOKEN")
+
+
+def test_dead_endpoint_is_a_temporary_error(store, store_env):
+    """Nothing listens on the endpoint: a temporary one-line error naming it, at once (a TCP connect
+    first, not after the client library's own retries: gcsfs ~30 s, the Azure SDK ~70 s)."""
+    kind, em = store
+    bucket = _make_bucket(kind)
     dead = free_port()
     _point_at(kind, store_env, dead)
     with pytest.raises(StorageUnavailable) as e:
         check_warehouse(_uri(kind, bucket))
-    assert f"127.0.0.1:{dead}" in str(e.value) and "\n" not in str(e.value) and e.value.retryable
+    assert f"127.0.0.1:{dead}" in str(e.value) and "did not answer" in str(e.value)
+    assert "\n" not in str(e.value) and e.value.retryable
+    # the connect probe answered (a plain refused socket), not the library after its retries
+    assert type(e.value.__cause__) is ConnectionRefusedError, repr(e.value.__cause__)
 
 
 def test_secrets_stay_out_of_settings_hints_and_reprs(store, state_dir, pg_dsn):
@@ -281,6 +291,7 @@ def test_uris_settings_and_error_classes_of_gcs_and_azure(store_env):
     assert isinstance(err, StorageUnavailable) and err.retryable and "persist of t at http://127.0.0.1:9" in str(err)
 
 
+@pytest.mark.slow
 def test_the_mooncake_command_with_a_gs_or_abfs_warehouse(store, pg_dsn, state_dir):
     """The README's commands: `mooncake --warehouse gs://…|abfs://… start`, create-table, persist, verify
     with each reader, stop; credentials only in the environment, never in settings.json."""

@@ -13,8 +13,6 @@ from mooncake_assets.engine.iceberg import connect_with_iceberg, make_catalog
 from mooncake_assets.engine.storage import configure_duckdb_store, resolve_store
 from tests.engine.test_iceberg import (  # noqa: F401  (collected here with the fixtures below)
     test_expire_snapshots_reports_and_deletes_unreferenced_files,
-    test_replace_files_in_one_commit,
-    test_time_travel_sees_older_rows,
 )
 from tests.storage.conftest import azurite_connection_string, new_name
 
@@ -24,6 +22,7 @@ def warehouse(request, store_env):
     if request.param == "gcs":
         em = request.getfixturevalue("gcs_emulator")
         store_env.setenv("STORAGE_EMULATOR_HOST", em.endpoint)
+        store_env.setenv("GOOGLE_CLOUD_PROJECT", "mooncake-test")
         bucket = new_name()
         uri = f"gs://{bucket}/{uuid.uuid4().hex[:8]}"
     else:

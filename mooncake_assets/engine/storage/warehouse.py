@@ -9,6 +9,7 @@ prefix (the permission a persist needs); for a local warehouse it creates the di
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,19 @@ def _raise_classified(e: BaseException, warehouse: str, cfg, what: str):
         err = StorageError(f"{what} at {cfg.describe()}: {str(e).strip().splitlines()[0] if str(e) else type(e).__name__}",
                            location=warehouse, endpoint=cfg.describe())
     raise err from e
+
+
+def _connect_probe(endpoint: str | None, timeout: float = 5.0) -> None:
+    """Open (and close) a TCP connection to a custom endpoint: a dead one fails here in at most
+    ``timeout`` seconds instead of after the client library's own retries (gcsfs ~30 s, Azure ~70 s)."""
+    if not endpoint:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    with socket.create_connection((parts.hostname, port), timeout=timeout):
+        pass
 
 
 def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> None:
@@ -57,6 +71,10 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
     what = f"warehouse {warehouse}"
     noun = "container" if kind == "azure" else "bucket"
     denied: BaseException | None = None
+    try:
+        _connect_probe(getattr(cfg, "endpoint", None))
+    except OSError as e:
+        _raise_classified(e, warehouse, cfg, what)
     try:
         fs = cfg.filesystem()
         fs.info(bucket)
