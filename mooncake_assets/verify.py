@@ -104,7 +104,8 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
 
     con = connect_with_iceberg()
     configure_duckdb_store(con, warehouse_store(settings))  # httpfs for s3://, gcsfs/adlfs for gs://, abfs://
-    return con.execute(f"SELECT * FROM iceberg_scan('{tbl.metadata_location}')").to_arrow_table()
+    loc = tbl.metadata_location.replace("'", "''")  # a path is a string literal to DuckDB
+    return con.execute(f"SELECT * FROM iceberg_scan('{loc}')").to_arrow_table()
 
 
 def verify(settings: Settings, names: list[str] | None = None, reader: str = "union", client=None,
