@@ -46,7 +46,7 @@ def fail(msg: str, code: int = 1):
 def main_options(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory (env MOONCAKE_STATE_DIR; default ./.mooncake)"),
     dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres). Saved without its password: later commands take it from PGPASSWORD, ~/.pgpass (PGPASSFILE), a service= entry or MOONCAKE_PG_DSN"),
-    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse)"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI: file://, s3://, gs://, abfs:// or az:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse; credentials: docs/storage.md)"),
     catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)"),
     s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),

@@ -461,9 +461,11 @@ def _list_files(ice, min_age_s: float) -> list[str]:
     loc = ice.location
     io = ice.io
     now = time.time()
+    if "://" in loc and not loc.startswith("file://") and hasattr(io, "get_fs"):
+        return _list_fsspec(io, loc, min_age_s, now)  # PyIceberg's FsspecFileIO (s3fs, gcsfs, adlfs)
     if loc.startswith("file://") or loc.startswith("/") or not hasattr(io, "fs_by_scheme"):
         if not (loc.startswith("file://") or loc.startswith("/")):
-            return []  # a FileIO that cannot list (not PyArrow's): nothing is listed, nothing deleted
+            return []  # a FileIO that cannot list: nothing is listed, nothing deleted
         scheme, fs, base = "file", pafs.LocalFileSystem(), _strip(loc)
     else:
         scheme, netloc, base = io.parse_location(loc)
@@ -477,6 +479,52 @@ def _list_files(ice, min_age_s: float) -> list[str]:
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             if now - mtime >= min_age_s:
                 out.append(info.path if scheme == "file" else f"{scheme}://{info.path}")
+    return out
+
+
+def _mtime(info: dict) -> float:
+    """Modification time (epoch seconds) of an fsspec ``info`` entry (s3fs ``LastModified``, gcsfs
+    ``updated``, adlfs ``last_modified``); 0.0 when the store gives none."""
+    import datetime as _dt
+
+    for k in ("LastModified", "last_modified", "updated", "mtime", "timeCreated", "creation_time"):
+        v = info.get(k)
+        if v is None:
+            continue
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, str):
+            try:
+                v = _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(v, _dt.datetime):
+            return (v if v.tzinfo else v.replace(tzinfo=_dt.timezone.utc)).timestamp()
+    return 0.0
+
+
+def _list_fsspec(io, loc: str, min_age_s: float, now: float) -> list[str]:
+    """``_list_files`` through the FileIO's fsspec filesystem. Listed keys come back as ``bucket/key``;
+    they are turned into URIs with the table location's own ``scheme://netloc`` (so an
+    ``abfss://container@account…`` location matches the URIs its metadata references)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(loc)
+    fs = io.get_fs(parts.scheme, None)
+    root = fs._strip_protocol(loc).rstrip("/")  # bucket/prefix
+    bucket = root.split("/", 1)[0]
+    out = []
+    for sub in ("data", "index", "metadata"):
+        try:
+            found = fs.find(f"{root}/{sub}", detail=True)
+        except FileNotFoundError:
+            continue
+        for path, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            if now - _mtime(info) >= min_age_s:
+                key = path.split("/", 1)[1] if path.startswith(bucket + "/") else path
+                out.append(f"{parts.scheme}://{parts.netloc}/{key}")
     return out
 
 

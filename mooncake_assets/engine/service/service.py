@@ -459,7 +459,8 @@ class ReplicatorService:
     def _persist_failed(self, t: MirrorTable, e: Exception) -> None:
         """Record a failed persist (caller holds the lock): storage/catalog faults get a backoff and raise
         ``_PersistFault``; anything else is re-raised."""
-        endpoint = (self.storage_hints or {}).get("endpoint")
+        cfg = storage.warehouse_store(self.settings)
+        endpoint = cfg.describe() if cfg is not None else None
         err = storage.classify(e, location=self.settings.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
         if err is None and not getattr(e, "retryable", False):
             raise e
@@ -549,7 +550,7 @@ class ReplicatorService:
         if delete_format not in ("deletion-vectors", "position-deletes"):
             raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
         try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
-            storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_s3(self.settings))
+            storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_store(self.settings))
         except storage.StorageError as e:
             raise MooncakeError(str(e)) from None
         try:
