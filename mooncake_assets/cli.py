@@ -48,6 +48,9 @@ def main_options(
     dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres). Saved without its password: later commands take it from PGPASSWORD, ~/.pgpass (PGPASSFILE), a service= entry or MOONCAKE_PG_DSN"),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI: file://, s3://, gs://, abfs:// or az:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse; credentials: docs/storage.md)"),
     catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)"),
+    publication: Optional[str] = typer.Option(None, "--publication", help="Use this publication, created by an administrator "
+                                              "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
+                                              "service's own; mooncake never alters it (env MOONCAKE_PUBLICATION)"),
     s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
@@ -56,7 +59,8 @@ def main_options(
     from .engine.pg.conninfo import install_log_scrubber
 
     install_log_scrubber()  # a password this process was given is blanked out of every log line
-    CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint)
+    CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint,
+                                 publication=publication)
 
 
 def _client(start: bool = True, settings: Settings | None = None, report: bool = False):
@@ -217,6 +221,38 @@ def status():
                       + "".join(f"; warning: {w}" for w in t.get("warnings") or []), highlight=False, soft_wrap=True)
 
 
+@app.command("check-source")
+def check_source(tables: Optional[list[str]] = typer.Argument(None, help="Source tables to check, schema.table "
+                                                                      "(default: the mirrored ones)")):
+    """Pre-flight check of the source Postgres (run it first): wal_level, free replication slots and WAL
+    senders, max_slot_wal_keep_size, the role's REPLICATION attribute, the server version, and per
+    table SELECT, replica identity and publication membership. One line each: ok, warning or error,
+    every problem with the SQL or setting that fixes it. Creates nothing. Exit 1 when any line is an error."""
+    from .engine.pg import preflight
+    from .verify import registry
+
+    s = CTX.settings
+    reg = registry(s)
+    srcs = list(tables or []) or sorted({m["source"] for m in reg["tables"].values()})
+    from .engine.service.service import default_names
+
+    names = default_names(s.state_dir) | {k: reg[k] for k in ("slot", "publication") if k in reg}
+    own, slot = names["publication"], names["slot"]
+    try:
+        dsn = s.source_dsn()
+    except Exception as e:  # noqa: BLE001 — e.g. the embedded Postgres cannot start
+        fail(str(e).splitlines()[0])
+    options = {m["source"]: m for m in reg["tables"].values()}  # a mirror's --column-type/--exclude-column
+    checks = preflight.check_source(dsn, srcs, publication=s.publication, own_publication=own, slot=slot,
+                                    table_options=options)
+    for c in checks:
+        print(c.line(), flush=True)
+    errors = sum(c.level == "error" for c in checks)
+    warnings = sum(c.level == "warning" for c in checks)
+    print(f"check-source: {errors} error(s), {warnings} warning(s)", flush=True)
+    raise typer.Exit(1 if errors else 0)
+
+
 # ---------------------------------------------------------------------------------------- tables
 @app.command("create-table")
 def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 ASCII letters, digits and _, not starting with a digit"),
@@ -270,6 +306,7 @@ def _create_with_progress(client, dst, src, delete_format="deletion-vectors", qu
     def run():
         try:
             box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600,
+                                     publication=CTX.settings.publication,
                                      **({"column_types": column_types} if column_types else {}),
                                      **({"exclude": exclude} if exclude else {}))
         except ServiceError as e:
@@ -516,7 +553,10 @@ def demo(seconds: int = typer.Option(30, help="How long pgbench runs"),
          clients: int = typer.Option(4, help="pgbench clients"),
          dagster: bool = typer.Option(False, "--dagster", help="Drive maintenance through the Dagster assets"),
          warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI for this demo (same as the global option)"),
-         s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for an s3:// warehouse")):
+         publication: Optional[str] = typer.Option(None, "--publication", help="Use this publication, created by an administrator "
+                                              "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
+                                              "service's own; mooncake never alters it (env MOONCAKE_PUBLICATION)"),
+    s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for an s3:// warehouse")):
     """End-to-end run on pgbench's tables: mirror, stream a workload, union-read, persist, verify."""
     from .demo import run_demo
 

@@ -3,6 +3,7 @@
 Defaults (DESIGN.md §8): state dir ``$MOONCAKE_STATE_DIR`` or ``./.mooncake``; DSN ``$MOONCAKE_PG_DSN``
 or the embedded local Postgres in ``<state>/pg``; warehouse ``$MOONCAKE_WAREHOUSE`` or
 ``file://<state>/warehouse``; catalog ``$MOONCAKE_CATALOG_URI`` or ``sqlite:///<state>/catalog.db``.
+``$MOONCAKE_PUBLICATION`` or ``--publication``: an administrator's publication (see :class:`Settings`).
 Settings given on the command line are saved in ``<state>/settings.json`` so that the background
 service and later commands use the same ones — without passwords: the DSN (and a catalog URI) is
 saved without its password, which later processes take from where libpq finds one (``PGPASSWORD``,
@@ -27,12 +28,16 @@ from .engine.private import ensure_private_dir, warn_if_open, write_private
 class Settings:
     """Resolved settings of one mooncake state directory.
 
-    ``dsn``: None means "the embedded local Postgres". ``maintenance``: ``auto`` (the service flushes
+    ``dsn``: None means "the embedded local Postgres". ``publication``: the name of a publication an
+    administrator created (``FOR TABLE …``, ``FOR TABLES IN SCHEMA …``, ``FOR ALL TABLES``) that the
+    service reads and never alters; None (the default) means the service keeps a publication of its
+    own and adds each mirrored table to it (which needs ownership of the table). ``maintenance``: ``auto`` (the service flushes
     and persists by policy) or ``dagster`` (assets drive it; the service only enforces its memory cap).
     """
 
     state_dir: Path
     dsn: str | None = None
+    publication: str | None = None
     warehouse: str | None = None
     catalog_uri: str | None = None
     maintenance: str = "auto"
@@ -99,7 +104,7 @@ class Settings:
 
 def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None = None,
                   warehouse: str | None = None, catalog_uri: str | None = None,
-                  s3_endpoint: str | None = None) -> Settings:
+                  s3_endpoint: str | None = None, publication: str | None = None) -> Settings:
     """Settings for a state dir: explicit arguments beat the environment, which beats the saved file."""
     sd = Path(state_dir or os.environ.get("MOONCAKE_STATE_DIR") or ".mooncake").resolve()
     s = Settings(state_dir=sd)
@@ -114,6 +119,7 @@ def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None
         if split_password(s.dsn)[1] is not None or split_uri_password(s.catalog_uri)[1] is not None:
             _drop_saved_passwords(s)  # written by an older version: keep it in memory only
     s.dsn = dsn or os.environ.get("MOONCAKE_PG_DSN") or s.dsn
+    s.publication = publication or os.environ.get("MOONCAKE_PUBLICATION") or s.publication
     s.warehouse = warehouse or os.environ.get("MOONCAKE_WAREHOUSE") or s.warehouse
     s.catalog_uri = catalog_uri or os.environ.get("MOONCAKE_CATALOG_URI") or s.catalog_uri
     from .engine.storage.config import apply_s3_settings  # S3 endpoint/region/allow_http: env names there

@@ -63,16 +63,38 @@ def reset_signals() -> None:  # pragma: no cover - runs in the child
         signal.signal(sig, signal.SIG_DFL)
 
 
+HBA = """\
+# written by mooncake (engine/pg/embedded.py): the superuser without a password, everyone else by SCRAM
+# TYPE  DATABASE     USER      ADDRESS        METHOD
+local   all          postgres                 trust
+local   replication  postgres                 trust
+host    all          postgres  127.0.0.1/32   trust
+host    replication  postgres  127.0.0.1/32   trust
+local   all          all                      scram-sha-256
+host    all          all       127.0.0.1/32   scram-sha-256
+host    all          all       ::1/128        scram-sha-256
+host    replication  all       127.0.0.1/32   scram-sha-256
+"""
+
+
 class EmbeddedPostgres:
     """A throwaway-or-kept local cluster tied to a mooncake state directory.
 
     ``state_dir``: the mooncake state directory; the cluster's bookkeeping is in ``<state>/pg``.
+    ``settings``: server settings that replace or add to the defaults of :meth:`start` (e.g.
+    ``{"wal_level": "replica", "max_replication_slots": 1}`` for a misconfigured test server); values
+    are written to ``postgresql.auto.conf`` as given (quote strings: ``"'64MB'"``).
+
+    Authentication (``pg_hba.conf``, :data:`HBA`): the ``postgres`` superuser connects without a
+    password (local socket and loopback TCP, as before); every other role must give its password
+    and is authenticated with ``scram-sha-256``.
     """
 
-    def __init__(self, state_dir: str | os.PathLike):
+    def __init__(self, state_dir: str | os.PathLike, settings: dict | None = None):
         self.state_dir = Path(state_dir).resolve()
         self.meta_dir = self.state_dir / "pg"
         self.as_root = os.geteuid() == 0
+        self.settings = dict(settings or {})
 
     # -- locations -------------------------------------------------------------------------
     @property
@@ -133,6 +155,7 @@ class EmbeddedPostgres:
             os.chmod(data, 0o700)
             self._run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                        "-E", "UTF8", "--locale=C", "--no-sync"])
+            self._run(["sh", "-c", f"cat > '{data}/pg_hba.conf'"], input=HBA)
         port = free_port()
         conf = {
             "port": port,
@@ -146,7 +169,9 @@ class EmbeddedPostgres:
             "full_page_writes": "off",
             "shared_buffers": "'256MB'",
             "logical_decoding_work_mem": "'64MB'",
+            "password_encryption": "'scram-sha-256'",
         }
+        conf.update(self.settings)
         auto = "\n".join(f"{k} = {v}" for k, v in conf.items()) + "\n"
         self._run(["sh", "-c", f"cat > '{data}/postgresql.auto.conf'"], input=auto)
         log = data / "server.log"

@@ -5,7 +5,14 @@ background thread reads pgoutput messages, assembles committed transactions (str
 included) and applies them in commit order; Arrow Flight actions (``flight.py``) call into this
 object for control and reads. Every method that touches table state holds ``self.lock``.
 
-Registry: ``<state>/tables.json`` — slot and publication names and, per table, its source, delete
+Publication (``engine/pg/publication.py``): the service's own (default; it adds and removes each
+mirrored table) or the one an administrator created (``Settings.publication``, never altered). The
+stream thread polls the publication's members every :data:`PUBLICATION_CHECK_S` seconds: a mirrored
+table that left it stops with an error naming table, publication and LSN (pgoutput just stops
+sending its changes, so the mirror would otherwise go stale while looking healthy).
+
+Registry: ``<state>/tables.json`` — slot and publication names (``admin_publication`` when the
+tables are mirrored through an administrator's publication) and, per table, its source, delete
 format and state (``copying`` / ``ready`` / ``error``).
 """
 from __future__ import annotations
@@ -37,6 +44,8 @@ from ..table.mirror import MirrorTable, lsn_str, parse_lsn
 from ..cdc.types import catalog_columns, column_signature, describe_mirrored, resolve_column
 from ..table.memslice import BadRowError
 from ..table.schema_change import SchemaChangeError, on_relation
+from ..pg import preflight
+from ..pg import publication as pubs
 from ..pg.conninfo import connect_error, scrub
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
@@ -44,6 +53,8 @@ from ..private import write_private
 log = logging.getLogger("mooncake.service")
 
 NAMESPACE = "mooncake"
+PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published
+#                            (seconds; settings.json extra.publication_check_s overrides it, 0 turns it off)
 PG_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex -c IntervalStyle=postgres"
 
 
@@ -94,6 +105,13 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
+def default_names(state_dir) -> dict:
+    """``{"slot", "publication"}``: the names a new state directory's registry gives its replication
+    slot and its own publication (``mooncake_<hash of the state dir>``)."""
+    h = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
+    return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}"}
+
+
 def source_label(dsn: str) -> str:
     """``dsn`` as ``key=value`` conninfo without any password (for messages and ``status``)."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -141,6 +159,8 @@ class ReplicatorService:
         self.relations: dict[int, object] = {}
         self._clean_start = False
         self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
+        self._pub_conn = None                        # the publication poll's connection (stream thread)
+        self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
         self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
@@ -153,8 +173,7 @@ class ReplicatorService:
     def _load_registry(self) -> dict:
         if self.registry_path.exists():
             return json.loads(self.registry_path.read_text())
-        h = hashlib.sha1(str(self.settings.state_dir).encode()).hexdigest()[:10]
-        return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}", "tables": {}}
+        return {**default_names(self.settings.state_dir), "tables": {}}
 
     def _save_registry(self) -> None:
         write_private(self.registry_path, json.dumps(self.registry, indent=1))
@@ -165,7 +184,24 @@ class ReplicatorService:
 
     @property
     def publication(self) -> str:
-        return self.registry["publication"]
+        """The publication the stream reads: the administrator's (``Settings.publication``) or the
+        service's own (``registry["publication"]``)."""
+        return self.settings.publication or self.registry["publication"]
+
+    @property
+    def own_publication(self) -> bool:
+        """True when the service keeps the publication itself (adds and removes tables)."""
+        return not self.settings.publication
+
+    def _check_publication_setting(self) -> None:
+        """Mirrors created through one publication cannot switch to another under the running slot
+        (the other one might not publish them): MooncakeError naming both."""
+        recorded = self.registry.get("admin_publication")
+        if self.registry["tables"] and recorded != self.settings.publication:
+            have = f"publication {recorded}" if recorded else f"the service's own publication {self.registry['publication']}"
+            want = f"publication {self.settings.publication}" if self.settings.publication else "the service's own publication"
+            raise MooncakeError(f"the mirrors of {self.settings.state_dir} are fed by {have}, not {want}: start mooncake "
+                                "with the publication they were created with (--publication), or drop them first")
 
     def _ident(self, name: str) -> str:
         return f"{NAMESPACE}.{name}"
@@ -176,6 +212,7 @@ class ReplicatorService:
         mark = self.settings.state_dir / "service.clean-stop"  # written by stop(): the last run ended cleanly
         self._clean_start = mark.exists()
         mark.unlink(missing_ok=True)
+        self._check_publication_setting()
         with self.lock:
             for name, meta in list(self.registry["tables"].items()):
                 if meta.get("state") != "ready":
@@ -244,6 +281,11 @@ class ReplicatorService:
             (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         except OSError:
             pass
+        if self._pub_conn is not None:
+            try:
+                self._pub_conn.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     # ------------------------------------------------------------------ replication
     def _ensure_slot(self) -> None:
@@ -302,6 +344,7 @@ class ReplicatorService:
         self.stream_error = None
         last_status = 0.0
         last_maint = 0.0
+        last_pub = 0.0
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
             self.lag.record(self.repl.server_wal_end)
@@ -335,6 +378,74 @@ class ReplicatorService:
             if now - last_maint > 0.5:
                 self._auto_maintenance()
                 last_maint = now
+            pub_every = float(self.settings.extra.get("publication_check_s", PUBLICATION_CHECK_S))  # 0: off
+            if pub_every > 0 and now - last_pub > pub_every:
+                self._check_published()
+                last_pub = time.time()
+
+    def _check_published(self) -> None:
+        """Stop every mirrored table that is no longer in the publication (an administrator dropped it
+        from the publication, dropped the publication, or the table itself): pgoutput sends nothing
+        about it, its changes just stop coming. Polled from the stream thread (catalog reads on a
+        connection of its own, without the service lock); a failed poll is retried next time."""
+        with self.lock:
+            watched = [t for t in self.tables.values() if not t.error]
+        if not watched:
+            return
+        try:
+            if self._pub_conn is None or self._pub_conn.closed or self._pub_conn.broken:
+                self._pub_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+                self._pub_conn.execute("SET lock_timeout = '500ms'; SET statement_timeout = '10s'")
+            lsn, present = pubs.published_oids(self._pub_conn, self.publication, [t.schema.oid for t in watched])
+            missing = [t for t in watched if present is None or t.schema.oid not in present]
+            gone = set()
+            if missing:
+                gone = {r[0] for r in self._pub_conn.execute(
+                    "SELECT o FROM unnest(%s::oid[]) o WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = o)",
+                    ([t.schema.oid for t in missing],)).fetchall()}
+        except psycopg.Error as e:
+            log.warning("could not check publication %s (%s); checking again later", self.publication,
+                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            self._pub_conn = None
+            return
+        with self.lock:
+            for t in watched:
+                if self.tables.get(t.name) is not t or t.error:
+                    continue  # dropped or stopped meanwhile
+                if not any(m is t for m in missing):
+                    self._pub_seen[t.name] = lsn
+                    continue
+                self._left_publication(t, lsn, "publication" if present is None else
+                                       "table" if t.schema.oid in gone else "member")
+
+    def _left_publication(self, t: MirrorTable, noticed: int, what: str) -> None:
+        """Stop ``t``, which left the publication (caller holds the lock). ``what``: ``member`` (taken
+        out of it), ``publication`` (the publication is gone), ``table`` (the source table is gone).
+        The stop LSN is the last one at which the table was seen published (its changes up to there
+        were sent) — never below the flush boundary the mirror can still be read at."""
+        seen = self._pub_seen.get(t.name, t.applied_lsn)
+        stop = max(t.flushed_lsn, min(t.applied_lsn, seen))
+        q = pubs.quote_name(t.schema.schema, t.schema.name)
+        cause = {"member": f"was removed from publication {self.publication}",
+                 "publication": f"is no longer published: publication {self.publication} does not exist",
+                 "table": "was dropped"}[what]
+        if what == "table":
+            remedy = "drop the mirror (drop-table)"
+        elif self.own_publication:
+            remedy = "re-create the mirror (drop-table, then create-table, which publishes it again)"
+        else:
+            remedy = (f"have an administrator publish it again ("
+                      + (pubs.add_table_sql(self.publication, t.schema.schema, t.schema.name) if what == "member" else
+                         f"CREATE PUBLICATION {pubs.quote_name(self.publication)} FOR TABLE {q};")
+                      + "), then re-create the mirror (drop-table, then create-table)")
+        t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {lsn_str(noticed)}, last seen published at "
+                   f"LSN {lsn_str(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {lsn_str(stop)}; "
+                   f"{remedy}")
+        t.applied_lsn = stop
+        log.error("%s", t.error)
+        if t.name in self.registry["tables"]:  # still stopped after a restart (nothing brings its changes back)
+            self.registry["tables"][t.name]["error"] = t.error
+            self._save_registry()
 
     def _apply_txn(self, txn, assembler) -> None:
         touched = set()
@@ -534,7 +645,7 @@ class ReplicatorService:
         return t
 
     def create_table(self, dst: str, src: str, delete_format: str = "deletion-vectors",
-                     column_types: dict | None = None, exclude: list | None = None) -> dict:
+                     column_types: dict | None = None, exclude: list | None = None, **kw) -> dict:
         """Mirror Postgres table ``src`` as ``dst``: publication, consistent initial copy, then CDC.
 
         ``column_types``: column -> ``"text"`` (mirror it as Postgres's exact text whatever its type);
@@ -542,13 +653,27 @@ class ReplicatorService:
         apply across restarts. The result's ``text_columns``: ``[name, type]`` of the columns mirrored
         as their exact text (no structured mapping, or asked for).
 
-        Errors (``MooncakeError``, nothing left half-created): missing table, a column that cannot be
-        mirrored exactly (every such column named, with the options that get past them), a
-        ``numeric(p,s)`` column holding ``NaN`` (idem), a name already in use, an unreachable Postgres."""
+        First the pre-flight checks of ``src`` (:func:`~..pg.preflight.table_checks`, and the slot and
+        WAL sender checks) run; any error among them is raised before anything is changed, with the
+        statement that fixes it. Then a table without a key gets ``REPLICA IDENTITY FULL`` (only when
+        the role owns it; else the check asked an administrator to set it), the table goes into the
+        service's own publication (never into an administrator's: it must be in it already), and
+        the copy runs. ``publication`` (keyword, from the CLI): the publication the caller expects;
+        a running service with another one refuses.
+
+        Errors (``MooncakeError``, one line, nothing left half-created): a failed check, missing table,
+        a column that cannot be mirrored exactly (every such column named, with the options that get
+        past them), a ``numeric(p,s)`` column holding ``NaN`` (idem), a name already in use, an
+        unreachable Postgres."""
         column_types = dict(column_types or {})
         exclude = list(exclude or [])
         if delete_format not in ("deletion-vectors", "position-deletes"):
             raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
+        if "publication" in kw and (kw["publication"] or None) != self.settings.publication:
+            raise MooncakeError(f"the running service reads {'publication ' + self.settings.publication if self.settings.publication else 'its own publication'}"
+                                f", not {'publication ' + kw['publication'] if kw['publication'] else 'its own'}: stop it "
+                                "(mooncake stop) and run the command again")
+        self._check_publication_setting()
         try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
             storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_store(self.settings))
         except storage.StorageError as e:
@@ -577,6 +702,15 @@ class ReplicatorService:
             try:  # parsed and found as Postgres does (parse_ident, to_regclass); kept in its quoted form
                 _, src_name = resolve_table(conn, src)
                 src = str(src_name)
+            except InvalidName as e:
+                raise MooncakeError(str(e)) from None
+            except LookupError as e:
+                raise MooncakeError(str(e).strip("'\"")) from None
+            except psycopg.errors.InsufficientPrivilege:  # e.g. no USAGE on its schema: the check says what to grant
+                self._preflight(conn, src, column_types, exclude)
+                raise
+            self._preflight(conn, src, column_types, exclude)  # nothing is changed before it passes
+            try:
                 schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             except InvalidName as e:
                 raise MooncakeError(str(e)) from None
@@ -587,20 +721,17 @@ class ReplicatorService:
                 raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
                                     "union reads (DuckDB) cannot tell apart; rename one of them on the source")
             _refuse_nan_decimals(conn, schema)
-            if schema.has_primary_key and schema.replica_identity == "n":  # nothing published yet
-                raise MooncakeError(f"table {src} has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry "
-                                    "no key (and Postgres refuses them once the table is published); set REPLICA "
-                                    "IDENTITY DEFAULT (its primary key) or FULL, then create the mirror")
             with self.lock:  # the same table under another name (search_path, quoting, a concurrent create)
                 self._refuse_second_mirror(dst, src, schema.oid)
-            if not schema.has_primary_key and schema.replica_identity not in ("f", "i"):
-                conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(_src_ident(schema)))
-                if schema.relkind == "p":  # not inherited: each existing partition logs its own old rows
-                    for nsp, rel in conn.execute(
-                            "SELECT n.nspname, c.relname FROM pg_partition_tree(%s::oid::regclass) t JOIN pg_class c "
-                            "ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.isleaf",
-                            (schema.oid,)).fetchall():
-                        conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(nsp, rel)))
+            if not schema.has_primary_key and not schema.key_columns and schema.replica_identity != "f":
+                # the pre-flight check passed, so the role owns the table(s): set FULL on the table and,
+                # for a partitioned one, on each partition (they log their own old rows)
+                for (nsp, rel) in conn.execute(
+                        "WITH RECURSIVE tree(relid) AS (SELECT %s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i "
+                        "JOIN tree t ON i.inhparent = t.relid) SELECT n.nspname, c.relname FROM tree t JOIN pg_class c "
+                        "ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relreplident <> 'f'",
+                        (schema.oid,)).fetchall():
+                    conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(nsp, rel)))
                 schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             ident = self._ident(dst)
             try:
@@ -621,21 +752,11 @@ class ReplicatorService:
                 self.copying[schema.oid] = cp
                 self.generated.register(schema)
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
-            pub_exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone()
-            member = pub_exists and conn.execute(
-                "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
-                "WHERE p.pubname = %s AND r.prrelid = %s", (self.publication, schema.oid)).fetchone()
-            if member:
-                pass  # left by a create that was killed: keep it
-            elif pub_exists:
-                conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                    sql.Identifier(self.publication), _src_ident(schema)))
-                added_pub = True
-            else:
-                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
-                             .format(sql.Identifier(self.publication), _src_ident(schema)))
-                created_pub = True
-            if conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
+            if self.own_publication:
+                done = pubs.add_table(conn, self.publication, schema.schema, schema.name)
+                created_pub, added_pub = done == "created", done == "added"
+            # (an administrator's publication is only read: the pre-flight check found the table in it)
+            if self.own_publication and conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
                 # Postgres 18 sends stored generated columns itself when the publication asks
                 conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
                     sql.Identifier(self.publication)))
@@ -681,6 +802,8 @@ class ReplicatorService:
                                                 "key": list(schema.key_columns),
                                                 **({"column_types": column_types} if column_types else {}),
                                                 **({"exclude": exclude} if exclude else {})}
+                self.registry["admin_publication"] = self.settings.publication
+                self._pub_seen[dst] = copy_lsn
                 self._save_registry()
                 self.progress.pop(dst, None)
             return {"table": dst, "source": src, "rows": rows, "copy_lsn": lsn_str(copy_lsn),
@@ -701,10 +824,9 @@ class ReplicatorService:
                 self._drop_iceberg(dst)
             try:
                 if created_pub:
-                    conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.publication)))
+                    pubs.drop(conn, self.publication)
                 elif added_pub:
-                    conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
-                        sql.Identifier(self.publication), _src_ident(schema)))
+                    pubs.remove_table(conn, self.publication, cp["table"].schema.schema, cp["table"].schema.name)
             except Exception:
                 pass
             import shutil
@@ -712,6 +834,19 @@ class ReplicatorService:
             raise
         finally:
             conn.close()
+
+    def _preflight(self, conn, src: str, column_types: dict | None = None, exclude: list | None = None) -> None:
+        """The pre-flight checks create-table runs before it changes anything (slots, WAL senders,
+        wal_level and the table's own checks, with its column options): MooncakeError with every error
+        and its fix, one line."""
+        checks = [c for c in preflight.server_checks(conn, self.slot)
+                  if c.subject in ("wal_level", "replication slots", "WAL senders")]
+        checks += preflight.table_checks(conn, src, publication=self.settings.publication,
+                                         own_publication=self.registry["publication"],
+                                         column_types=column_types, exclude=exclude)
+        errors = [c for c in checks if c.level == "error"]
+        if errors:
+            raise MooncakeError(f"cannot mirror {src}: " + " | ".join(c.sentence() for c in errors))
 
     def _refuse_second_mirror(self, dst: str, src: str, oid: int | None = None) -> None:
         """One mirror per source table: the stream routes a source's changes by its OID to one mirror, so
@@ -756,8 +891,9 @@ class ReplicatorService:
         return total
 
     def drop_table(self, name: str) -> dict:
-        """Stop mirroring ``name``: remove it from the publication, drop its Iceberg table and local state;
-        drop the slot and publication when it was the last table."""
+        """Stop mirroring ``name``: remove it from the service's own publication (an administrator's is
+        left as it is), drop its Iceberg table and local state; drop the slot (and the own
+        publication) when it was the last table."""
         with self.lock:
             t = self.table(name)
             self.tables.pop(name)
@@ -772,12 +908,8 @@ class ReplicatorService:
             shared = [n for n, m in self.registry["tables"].items()
                       if m.get("source") == t.source or (meta.get("oid") is not None and m.get("oid") == meta.get("oid"))]
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            if not shared:
-                try:
-                    c.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
-                        sql.Identifier(self.publication), _src_ident(t.schema)))
-                except psycopg.Error:
-                    pass
+            if self.own_publication and not shared:  # an administrator's publication is never altered
+                pubs.remove_table(c, self.publication, t.schema.schema, t.schema.name)
             if last:
                 self._stop.set()
                 if self._thread:
@@ -785,7 +917,10 @@ class ReplicatorService:
                 if self.repl:
                     self.repl.close()
                     self.repl = None
-                c.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.publication)))
+                if self.own_publication:
+                    pubs.drop(c, self.publication)
+                self.registry.pop("admin_publication", None)
+                self._save_registry()
                 for _ in range(50):
                     try:
                         c.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",

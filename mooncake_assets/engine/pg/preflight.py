@@ -1,0 +1,331 @@
+"""Pre-flight checks of a source Postgres (``mooncake check-source``; ``create-table`` runs the table
+part before it changes anything).
+
+Each :class:`Check` is ``ok``, ``warning`` or ``error``, and every problem carries the statement or
+setting that fixes it. What is checked, and why (PG docs: "Logical Replication" §31.10
+Configuration Settings, §31.9 Security, "Replication" server settings, ``CREATE ROLE``):
+
+- ``wal_level`` is ``logical`` (else no logical decoding at all);
+- free replication slots and WAL senders: the service needs its own slot plus a temporary one
+  (initial copy, ``verify``), and a WAL sender for each;
+- ``max_slot_wal_keep_size``: unlimited (``-1``) is a warning, a stuck slot can fill the disk;
+- the role can open a replication connection (``REPLICATION`` attribute, or a managed service's
+  role such as RDS's ``rds_replication``): tried for real with ``IDENTIFY_SYSTEM``, which creates
+  nothing;
+- the server version: 12+ needed; streaming of large transactions needs 14; generated columns
+  are published by pgoutput only from 18;
+- per table: it exists and its types are supported, ``USAGE`` on its schema and ``SELECT`` on it,
+  it is logged, its replica identity (a table without a primary key needs ``FULL``: set by
+  create-table when the role owns the table, else the statement for the administrator), and its
+  publication (the administrator's: membership, actions, partition root, row filter, column list;
+  the service's own: ownership of the table and ``CREATE`` on the database).
+
+Nothing here creates anything: catalog reads, ``current_setting`` and one replication connection
+that only runs ``IDENTIFY_SYSTEM``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from . import publication as pubs
+from .conninfo import connect_error, redact, scrub
+
+__all__ = ["Check", "check_source", "server_checks", "table_checks", "replication_check"]
+
+
+@dataclass
+class Check:
+    """One line of ``check-source``: ``level`` ``ok`` | ``warning`` | ``error``; ``subject`` what was
+    checked (``wal_level``, ``table public.t``…); ``message``; ``fix`` the SQL or setting that
+    fixes a problem (None for ok)."""
+
+    level: str
+    subject: str
+    message: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        """``error   table public.t is not in publication p — fix: ALTER PUBLICATION …``."""
+        head = self.message if self.message.startswith(self.subject + " ") else f"{self.subject}: {self.message}"
+        return f"{self.level:<7} {head}" + (f" — fix: {self.fix}" if self.fix else "")
+
+    def sentence(self) -> str:
+        """The problem and its fix as one clause (create-table's error): ``table public.t has …; run: …``."""
+        msg = self.message
+        if not msg.startswith(("table ", "publication ")):
+            msg = f"{self.subject} {msg}" if self.subject.startswith("table ") else f"{self.subject}: {msg}"
+        return f"{msg}; run: {self.fix}" if self.fix else msg
+
+
+def _setting(conn, name: str) -> str | None:
+    return conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()[0]
+
+
+def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
+    """wal_level, slots, WAL senders, max_slot_wal_keep_size, version. ``slot``: the service's slot
+    name (when it exists already, one slot and, while it streams, one WAL sender fewer are needed)."""
+    out = []
+    wal_level = _setting(conn, "wal_level")
+    if wal_level == "logical":
+        out.append(Check("ok", "wal_level", "logical"))
+    else:
+        out.append(Check("error", "wal_level", f"is {wal_level}; logical decoding needs logical",
+                         "ALTER SYSTEM SET wal_level = logical; then restart the server (RDS/Aurora: "
+                         "rds.logical_replication = 1 in the parameter group; Cloud SQL: cloudsql.logical_decoding = on; "
+                         "Azure: wal_level = logical in the server parameters)"))
+    row = conn.execute("SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    own_exists, own_active = row is not None, bool(row and row[0])
+    max_slots = int(_setting(conn, "max_replication_slots") or 0)
+    used = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
+    need = (0 if own_exists else 1) + 1  # the service's slot + a temporary one for a copy or verify
+    free = max_slots - used
+    if free >= need:
+        out.append(Check("ok", "replication slots", f"{free} of {max_slots} free (needs {need})"))
+    else:
+        idle = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL "
+                                           "AND slot_name <> %s ORDER BY 1 LIMIT 3", (slot,)).fetchall()]
+        out.append(Check("error", "replication slots", f"{free} of {max_slots} free, {need} needed (the service's "
+                         "slot and a temporary one for the initial copy)",
+                         f"ALTER SYSTEM SET max_replication_slots = {used + need}; then restart the server"
+                         + (f"; or drop an unused slot: SELECT pg_drop_replication_slot('{idle[0]}');" if idle else "")))
+    max_senders = int(_setting(conn, "max_wal_senders") or 0)
+    senders = conn.execute("SELECT count(*) FROM pg_stat_get_wal_senders()").fetchone()[0]
+    need_s = (0 if own_active else 1) + 1
+    if max_senders - senders >= need_s:
+        out.append(Check("ok", "WAL senders", f"{max_senders - senders} of {max_senders} free (needs {need_s})"))
+    else:
+        out.append(Check("error", "WAL senders", f"{max_senders - senders} of {max_senders} free, {need_s} needed",
+                         f"ALTER SYSTEM SET max_wal_senders = {senders + need_s}; then restart the server"))
+    keep = _setting(conn, "max_slot_wal_keep_size")
+    if keep in (None, "-1"):
+        out.append(Check("warning", "max_slot_wal_keep_size",
+                         "unlimited: a slot that stops advancing (service down, a stopped mirror) keeps WAL until "
+                         "the source's disk is full",
+                         "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();  (a size the "
+                         "disk can spare; PG 13+)" if keep is not None else "PostgreSQL 13 or later"))
+    else:
+        out.append(Check("ok", "max_slot_wal_keep_size", keep))
+    v = conn.info.server_version
+    text = _setting(conn, "server_version")
+    if v < 120000:
+        out.append(Check("error", "server version", f"PostgreSQL {text}: mooncake needs 12 or later",
+                         "upgrade the server"))
+    else:
+        feats = [("streams large transactions" if v >= 140000 else
+                  "does not stream large transactions (needs 14; they are sent at commit)"),
+                 ("publishes generated columns" if v >= 180000 else
+                  "does not publish generated columns (needs 18; they are left out of mirrors)")]
+        out.append(Check("ok" if v >= 140000 else "warning", "server version", f"PostgreSQL {text}: " + "; ".join(feats),
+                         None if v >= 140000 else "PostgreSQL 14 or later"))
+    return out
+
+
+def replication_check(dsn: str) -> Check:
+    """Open a replication connection (``replication=database``) and run ``IDENTIFY_SYSTEM``: the
+    role's ``REPLICATION`` attribute (or managed-service role) and ``pg_hba.conf`` tried for real."""
+    from ..cdc import ReplicationConnection, ReplicationError
+
+    try:
+        rc = ReplicationConnection(dsn, connect_timeout=10)
+    except ReplicationError as e:
+        msg = scrub(str(e).split("FATAL:")[-1].strip())
+        user = _user_of(dsn)
+        if "replication role" in msg or "permission denied to start WAL sender" in msg:
+            return Check("error", f"role {user}", "cannot open a replication connection: it lacks the REPLICATION "
+                         "attribute", f"ALTER ROLE {pubs.quote_name(user)} WITH REPLICATION;  (RDS/Aurora: GRANT "
+                         f"rds_replication TO {pubs.quote_name(user)};)")
+        return Check("error", f"role {user}", f"cannot open a replication connection: {msg.splitlines()[0]}",
+                     "let the role connect for replication (pg_hba.conf: a line for this database and role, e.g. "
+                     "host <db> <role> <address> scram-sha-256)")
+    try:
+        rc.identify_system()
+    finally:
+        rc.close()
+    return Check("ok", f"role {_user_of(dsn)}", "opens a replication connection (REPLICATION attribute or a role that "
+                 "grants it)")
+
+
+def _user_of(dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+    import getpass
+    import os
+
+    try:
+        return conninfo_to_dict(dsn).get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    except Exception:  # noqa: BLE001 — only for a message
+        return "?"
+
+
+def _split_name(conn, src: str) -> tuple[str, str] | None:
+    """``schema.table`` split the way Postgres parses a qualified name (``parse_ident``); a bare name
+    resolves through ``search_path``. None when it is not a name."""
+    try:
+        with conn.transaction():
+            parts = conn.execute("SELECT parse_ident(%s)", (src,)).fetchone()[0]
+    except psycopg.Error:
+        return None
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    if len(parts) == 1:
+        row = conn.execute("SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                           "WHERE c.relname = %s AND n.nspname = ANY(current_schemas(false)) "
+                           "ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1", (parts[0],)).fetchone()
+        return (row[0] if row else "public"), parts[0]
+    return None
+
+
+def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str,
+                 column_types: dict | None = None, exclude: list | None = None) -> list[Check]:
+    """The checks of one source table ``src`` (``schema.table``). ``publication``: the administrator's
+    publication (None: the service's own, named ``own_publication``). ``column_types``/``exclude``:
+    create-table's column options (a column mirrored as text or left out is not refused)."""
+    from ..cdc import describe_table
+    from ..cdc.types import UnsupportedTypeError
+
+    split = _split_name(conn, src)
+    if split is None:
+        return [Check("error", f"table {src}", "is not a table name", "name it as schema.table")]
+    schema, table = split
+    subj = f"table {pubs.quote_name(schema, table)}"
+    user = conn.execute("SELECT current_user").fetchone()[0]
+    ru = pubs.quote_name(user)
+    row = conn.execute(
+        "SELECT c.oid, c.relkind, c.relpersistence, has_schema_privilege(n.oid, 'USAGE'), "
+        "pg_has_role(c.relowner, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
+    if row is None or row[1] not in ("r", "p"):
+        return [Check("error", subj, "does not exist" + ("" if row is None else " as a table"),
+                      "name an existing table as schema.table")]
+    oid, relkind, persistence, usage, owner = row
+    out: list[Check] = []
+    q = pubs.quote_name(schema, table)
+    if not usage:
+        out.append(Check("error", subj, f"is in schema {schema}, on which role {user} has no USAGE",
+                         f"GRANT USAGE ON SCHEMA {pubs.quote_name(schema)} TO {ru};"))
+        return out
+    select_ok = conn.execute(
+        "SELECT has_table_privilege(%s, 'SELECT') OR coalesce(bool_and(has_column_privilege(%s, a.attnum, 'SELECT')), "
+        "false) FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
+        (oid, oid, oid)).fetchone()[0]
+    if select_ok:
+        out.append(Check("ok", subj, f"role {user} may SELECT it (the initial copy)"))
+    else:
+        out.append(Check("error", subj, f"is not readable by role {user} (no SELECT; the initial copy reads it)",
+                         f"GRANT SELECT ON {q} TO {ru};"))
+    if persistence == "u":
+        out.append(Check("error", subj, "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
+                         f"ALTER TABLE {q} SET LOGGED;"))
+    try:
+        schema_ = describe_table(conn, q, column_types=column_types, exclude=exclude)
+    except (LookupError, UnsupportedTypeError) as e:  # the message names the column and the options past it
+        out.append(Check("error", subj, str(e).strip("'\"")))
+        return out
+    except psycopg.errors.InsufficientPrivilege as e:
+        out.append(Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {pubs.quote_name(schema)} TO {ru};"))
+        return out
+    out.append(_identity_check(conn, subj, q, schema_, relkind, owner))
+    gen = [r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
+                                      "attisdropped AND attgenerated <> '' ORDER BY attnum", (oid,)).fetchall()]
+    if gen:
+        out.append(Check("warning", subj, f"generated column(s) {', '.join(gen)} are not mirrored (pgoutput "
+                         + ("sends them only with publish_generated_columns)" if conn.info.server_version >= 180000
+                            else "publishes generated columns only from PostgreSQL 18)"),
+                         "compute them in the query over the mirror, or make them plain columns"))
+    out.extend(_publication_checks(conn, subj, schema, table, relkind, owner, [c.name for c in schema_.columns],
+                                   publication, own_publication, user))
+    return out
+
+
+def _identity_check(conn, subj: str, q: str, schema_, relkind: str, owner: bool) -> Check:
+    ri = schema_.replica_identity
+    if schema_.has_primary_key or schema_.key_columns:
+        if ri == "n":
+            return Check("error", subj, "has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry no key",
+                         f"ALTER TABLE {q} REPLICA IDENTITY DEFAULT;")
+        what = {"d": "its primary key", "i": "its replica identity index", "f": "FULL"}.get(ri, ri)
+        return Check("ok", subj, f"replica identity is {what} (key: {', '.join(schema_.key_columns) or 'whole row'})")
+    todo = _identity_todo(conn, schema_, relkind)
+    if not todo:
+        return Check("ok", subj, "has no primary key; replica identity is FULL (the whole row is the key)")
+    stmts = " ".join(f"ALTER TABLE {t} REPLICA IDENTITY FULL;" for t in todo)
+    if owner:
+        return Check("ok", subj, f"has no primary key; create-table sets REPLICA IDENTITY FULL (the role owns it): {stmts}")
+    return Check("error", subj, "has no primary key and its replica identity is not FULL, so its UPDATEs and DELETEs "
+                 "would not carry the old row; the role does not own it, so an administrator must set it", stmts)
+
+
+def _identity_todo(conn, schema_, relkind: str) -> list[str]:
+    """The table — and for a partitioned one each of its partitions, which log their own old rows —
+    when its replica identity is not FULL, as quoted names."""
+    if relkind != "p":
+        return [] if schema_.replica_identity == "f" else [pubs.quote_name(schema_.schema, schema_.name)]
+    rows = conn.execute(
+        "WITH RECURSIVE tree(relid) AS (SELECT %s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i "
+        "JOIN tree t ON i.inhparent = t.relid) "
+        "SELECT n.nspname, c.relname FROM tree t JOIN pg_class c ON c.oid = t.relid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relreplident <> 'f' "
+        "ORDER BY c.oid <> %s, 1, 2", (schema_.oid, schema_.oid)).fetchall()
+    return [pubs.quote_name(a, b) for a, b in rows]
+
+
+def _publication_checks(conn, subj, schema, table, relkind, owner, columns, publication, own, user) -> list[Check]:
+    q = pubs.quote_name(schema, table)
+    if publication is not None:
+        problems = pubs.table_problems(conn, publication, schema, table, relkind, columns)
+        if not problems:
+            return [Check("ok", subj, f"is in publication {publication}")]
+        return [Check("error", subj, msg, fix) for msg, fix in problems]
+    # the service's own publication
+    if pubs.describe(conn, own) is not None and pubs.membership(conn, own, schema, table) is not None:
+        return [Check("ok", subj, f"is in the service's publication {own}")]
+    out = []
+    admin_fix = (f"or have an administrator create one: CREATE PUBLICATION mooncake FOR TABLE {q}; and start mooncake "
+                 "with --publication mooncake")
+    if pubs.describe(conn, own) is None and not conn.execute(
+            "SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+        out.append(Check("error", subj, f"cannot be published by the service: creating its publication {own} needs "
+                         "CREATE on the database",
+                         f"GRANT CREATE ON DATABASE {pubs.quote_name(conn.info.dbname)} TO {pubs.quote_name(user)}; "
+                         + admin_fix))
+    if not owner:
+        out.append(Check("error", subj, f"is not owned by role {user}, and adding it to the service's publication {own} "
+                         "needs ownership of it", admin_fix.removeprefix("or ")))
+    if not out:
+        out.append(Check("ok", subj, f"create-table adds it to the service's publication {own}"))
+    return out
+
+
+def check_source(dsn: str, tables: list[str], *, publication: str | None, own_publication: str, slot: str,
+                 table_options: dict | None = None) -> list[Check]:
+    """Every check, in order: connection, server, replication connection, then each table. A DSN that
+    does not connect gives one error line (the DSN shown without its password). ``table_options``:
+    source -> ``{"column_types": …, "exclude": …}`` (a mirror's create-table options)."""
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as e:
+        return [Check("error", "connection", f"cannot connect to {redact(dsn)}: {connect_error(e)}",
+                      "check host, port, database, role and password (and pg_hba.conf)")]
+    with conn:
+        out = [Check("ok", "connection", f"{redact(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
+        out += server_checks(conn, slot)
+        out.append(replication_check(dsn))
+        if publication is not None:
+            info = pubs.describe(conn, publication)
+            if info is None:
+                out.append(Check("error", f"publication {publication}", "does not exist",
+                                 f"CREATE PUBLICATION {pubs.quote_name(publication)} FOR TABLE <schema.table>, …;  "
+                                 "(or FOR TABLES IN SCHEMA <schema>, or FOR ALL TABLES)"))
+            else:
+                kind = ("FOR ALL TABLES" if info.all_tables else
+                        "FOR TABLES IN SCHEMA " + ", ".join(info.schemas) if info.schemas else "FOR TABLE …")
+                out.append(Check("ok", f"publication {publication}",
+                                 f"{kind}, owned by {info.owner}, publishes {', '.join(info.actions)}"
+                                 + ("; publish_via_partition_root" if info.via_root else "")))
+        for src in tables:
+            opts = (table_options or {}).get(src, {})
+            out += table_checks(conn, src, publication=publication, own_publication=own_publication,
+                                column_types=opts.get("column_types"), exclude=opts.get("exclude"))
+    return out

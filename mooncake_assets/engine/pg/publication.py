@@ -1,0 +1,231 @@
+"""Publications the replication stream reads: the service's own, or one an administrator created.
+
+Two modes (PG docs, "Logical Replication" §31.1 Publication, ``CREATE PUBLICATION``, ``ALTER
+PUBLICATION``, the ``pg_publication_tables`` view):
+
+- **own** (the default): the service keeps a publication of its own (``mooncake_<hash>``) and adds
+  each mirrored table to it (:func:`add_table`), removes it again (:func:`remove_table`) and drops the
+  publication with its last table (:func:`drop`). Adding a table needs ``CREATE`` on the database (to
+  create the publication) and **ownership of the table** (Postgres's rule for ``ADD TABLE``).
+- **administrator's** (``mooncake --publication NAME``): an administrator created the publication
+  (``FOR TABLE …``, ``FOR TABLES IN SCHEMA …`` or ``FOR ALL TABLES``); the service only reads it and
+  never alters it. :func:`table_problems` says what keeps a table from being mirrored through it, each
+  with the statement the administrator runs.
+
+Either way a table can leave the publication while it is mirrored (``ALTER PUBLICATION … DROP
+TABLE``, ``DROP PUBLICATION``, the table moved to another schema): pgoutput then simply stops sending
+its changes. :func:`published_oids` is the poll the service runs to notice it.
+
+Membership is read from ``pg_publication``, ``pg_publication_rel`` and ``pg_publication_namespace``
+directly, not from the ``pg_publication_tables`` view, which opens (and locks) every table of the
+publication to list its columns.
+
+Every function takes an open psycopg connection (autocommit) and sends only catalog reads, except
+:func:`add_table`, :func:`remove_table` and :func:`drop` (own mode only).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["PublicationInfo", "describe", "membership", "published_oids", "table_problems", "add_table",
+           "remove_table", "drop", "quote_name", "REQUIRED_ACTIONS"]
+
+REQUIRED_ACTIONS = ("insert", "update", "delete", "truncate")  # a mirror needs every kind of change
+_PLAIN = re.compile(r"^[a-z_][a-z0-9_$]*$")
+
+
+def quote_name(*parts: str) -> str:
+    """``public.orders`` or ``"My Schema"."T"``: each part quoted only when Postgres needs it (for the
+    statements shown to an administrator; statements sent use ``psycopg.sql.Identifier``)."""
+    return ".".join(p if _PLAIN.match(p) else '"' + p.replace('"', '""') + '"' for p in parts)
+
+
+@dataclass
+class PublicationInfo:
+    """One ``pg_publication`` row: ``all_tables`` (``FOR ALL TABLES``), ``via_root``
+    (``publish_via_partition_root``), ``actions`` (the published kinds of change), ``schemas`` (the
+    ``FOR TABLES IN SCHEMA`` schemas, PG 15+), ``owner`` (role name)."""
+
+    name: str
+    all_tables: bool
+    via_root: bool
+    actions: tuple[str, ...]
+    owner: str
+    schemas: list[str] = field(default_factory=list)
+
+    @property
+    def missing_actions(self) -> list[str]:
+        return [a for a in REQUIRED_ACTIONS if a not in self.actions]
+
+
+def describe(conn: psycopg.Connection, name: str) -> PublicationInfo | None:
+    """The publication ``name`` (exact, case-sensitive), or None when there is none."""
+    row = conn.execute(
+        "SELECT p.oid, p.puballtables, p.pubviaroot, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, "
+        "pg_get_userbyid(p.pubowner) FROM pg_publication p WHERE p.pubname = %s", (name,)).fetchone()
+    if row is None:
+        return None
+    oid, alltables, viaroot, ins, upd, dele, trunc, owner = row
+    actions = tuple(a for a, on in zip(REQUIRED_ACTIONS, (ins, upd, dele, trunc)) if on)
+    schemas = []
+    if conn.info.server_version >= 150000:
+        schemas = [r[0] for r in conn.execute(
+            "SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid "
+            "WHERE pn.pnpubid = %s ORDER BY 1", (oid,)).fetchall()]
+    return PublicationInfo(name, bool(alltables), bool(viaroot), actions, owner, schemas)
+
+
+@dataclass
+class Membership:
+    """How a table is in a publication: ``columns`` the published columns of a PG 15+ column list
+    (None: every column), ``row_filter`` the ``WHERE`` text or None."""
+
+    columns: list[str] | None
+    row_filter: str | None
+
+
+def _member_expr(conn) -> str:
+    """SQL that is true when publication ``p`` publishes table ``c`` under ``c``'s own oid, from the
+    catalogs alone (``pg_publication_tables`` would open, and lock, every table of the publication):
+    ``FOR ALL TABLES``, a ``pg_publication_rel`` row, or (PG 15+) its schema in
+    ``pg_publication_namespace``; a partitioned table only with ``publish_via_partition_root``; never
+    an unlogged or temporary one."""
+    schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
+                   "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
+    return ("((p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
+            f"AND r.prrelid = c.oid){schema_part}) AND (c.relkind = 'r' OR p.pubviaroot) AND c.relpersistence = 'p')")
+
+
+def membership(conn: psycopg.Connection, name: str, schema: str, table: str) -> Membership | None:
+    """How publication ``name`` publishes ``schema.table`` under its own name, or None when it does
+    not (a partitioned table in a publication without ``publish_via_partition_root`` is published by
+    its partitions, so it is not a member here). Catalog reads only, no locks on the table."""
+    row = conn.execute(
+        f"SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, pg_publication p "
+        f"WHERE p.pubname = %s AND n.nspname = %s AND c.relname = %s AND {_member_expr(conn)}",
+        (name, schema, table)).fetchone()
+    if row is None:
+        return None
+    if conn.info.server_version < 150000:
+        return Membership(None, None)
+    listed = conn.execute(
+        "SELECT pg_get_expr(r.prqual, r.prrelid), (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a "
+        "WHERE a.attrelid = r.prrelid AND a.attnum = ANY(r.prattrs::int2[])), r.prattrs IS NULL "
+        "FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = %s AND r.prrelid = %s",
+        (name, row[0])).fetchone()
+    if listed is None:  # published by FOR ALL TABLES / its schema: every row and column
+        return Membership(None, None)
+    qual, cols, no_list = listed
+    return Membership(None if no_list else list(cols or []), qual)
+
+
+def published_oids(conn: psycopg.Connection, name: str, oids: list[int]) -> tuple[int, set[int] | None]:
+    """The poll that notices a table leaving the publication: ``(lsn, present)`` where ``lsn`` is the
+    source's ``pg_current_wal_lsn()`` read *before* the catalog lookup (so whatever the lookup shows
+    was already true at ``lsn``), and ``present`` the subset of ``oids`` the publication ``name``
+    publishes under their own oid — or None when the publication does not exist. Catalog reads only:
+    no lock on any table (it must never hold up the user's DDL)."""
+    lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone() is None:
+        return int(lsn), None
+    rows = conn.execute(f"SELECT c.oid FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
+                        f"AND {_member_expr(conn)}", (name, list(oids))).fetchall()
+    return int(lsn), {r[0] for r in rows}
+
+
+def add_table_sql(name: str, schema: str, table: str) -> str:
+    """The statement that adds a table to publication ``name`` (shown to an administrator)."""
+    return f"ALTER PUBLICATION {quote_name(name)} ADD TABLE {quote_name(schema, table)};"
+
+
+def table_problems(conn: psycopg.Connection, name: str, schema: str, table: str, relkind: str,
+                   mirrored_columns: list[str]) -> list[tuple[str, str]]:
+    """Why the administrator's publication ``name`` cannot feed a mirror of ``schema.table``, as
+    ``[(problem, statement that fixes it), …]`` (empty: it can). ``relkind``: ``'r'`` or ``'p'``
+    (partitioned: its changes must come under the root, ``publish_via_partition_root = true``);
+    ``mirrored_columns``: the columns the mirror takes (a column list must include them all)."""
+    info = describe(conn, name)
+    q = quote_name(schema, table)
+    if info is None:
+        return [(f"publication {name} does not exist",
+                 f"CREATE PUBLICATION {quote_name(name)} FOR TABLE {q};  (or FOR TABLES IN SCHEMA "
+                 f"{quote_name(schema)})")]
+    out = []
+    if info.missing_actions:
+        out.append((f"publication {name} does not publish {', '.join(info.missing_actions)} (a mirror needs every "
+                    "kind of change)",
+                    f"ALTER PUBLICATION {quote_name(name)} SET (publish = '{', '.join(REQUIRED_ACTIONS)}');"))
+    if relkind == "p" and not info.via_root:
+        out.append((f"table {q} is partitioned and publication {name} publishes its partitions under their own "
+                     "names (publish_via_partition_root is off)",
+                     f"ALTER PUBLICATION {quote_name(name)} SET (publish_via_partition_root = true);"))
+        if membership_of_partitions(conn, name, schema, table):
+            return out
+    m = membership(conn, name, schema, table)
+    if m is None:
+        out.append((f"table {q} is not in publication {name}", add_table_sql(name, schema, table)))
+        return out
+    readd = (f"ALTER PUBLICATION {quote_name(name)} DROP TABLE {q}; "
+             f"ALTER PUBLICATION {quote_name(name)} ADD TABLE {q};")
+    if m.row_filter:
+        out.append((f"publication {name} publishes only the rows of {q} WHERE {m.row_filter} (a mirror needs "
+                    "every row)", readd))
+    if m.columns is not None:
+        left_out = [c for c in mirrored_columns if c not in m.columns]
+        if left_out:
+            out.append((f"publication {name} leaves column(s) {', '.join(left_out)} of {q} out (a column list; "
+                        "a mirror needs every column)", readd))
+    return out
+
+
+def membership_of_partitions(conn: psycopg.Connection, name: str, schema: str, table: str) -> bool:
+    """True when publication ``name`` publishes some partition of the partitioned ``schema.table``
+    (under the partition's own name: ``publish_via_partition_root`` is off)."""
+    schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
+                   "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
+    row = conn.execute(
+        "WITH RECURSIVE tree(relid) AS (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "  WHERE n.nspname = %s AND c.relname = %s "
+        "  UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid) "
+        "SELECT 1 FROM tree t JOIN pg_class c ON c.oid = t.relid, pg_publication p "
+        "WHERE p.pubname = %s AND (p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
+        f"AND r.prrelid = c.oid){schema_part}) LIMIT 1", (schema, table, name)).fetchone()
+    return row is not None
+
+
+# -- own mode: the service's publication ---------------------------------------------------------------
+def add_table(conn: psycopg.Connection, name: str, schema: str, table: str) -> str:
+    """Put ``schema.table`` into the service's own publication ``name``, creating it (``FOR TABLE …
+    WITH (publish_via_partition_root = true)``) when it does not exist. Returns ``"present"``
+    (already in it: left by a create that was killed), ``"added"`` or ``"created"`` — what
+    :func:`remove_table` / :func:`drop` undo. Raises ``psycopg.errors.InsufficientPrivilege`` when
+    the role does not own the table."""
+    ident = sql.Identifier(schema, table)
+    if describe(conn, name) is None:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
+                     .format(sql.Identifier(name), ident))
+        return "created"
+    if membership(conn, name, schema, table) is not None:
+        return "present"
+    conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(name), ident))
+    return "added"
+
+
+def remove_table(conn: psycopg.Connection, name: str, schema: str, table: str) -> None:
+    """Take ``schema.table`` out of the service's own publication ``name`` (nothing when it is not in
+    it, or the table or publication is gone)."""
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(sql.Identifier(name),
+                                                                              sql.Identifier(schema, table)))
+    except psycopg.Error:
+        pass
+
+
+def drop(conn: psycopg.Connection, name: str) -> None:
+    """``DROP PUBLICATION IF EXISTS`` the service's own publication ``name``."""
+    conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
