@@ -31,6 +31,8 @@ class Settings:
     flush_rows: int = 200_000          # buffered rows of one table that trigger a flush (rows)
     flush_bytes: int = 256 << 20       # buffered Arrow bytes of one table that trigger a flush (bytes)
     persist_interval_s: float = 10.0   # auto mode: persist a dirty table at most this often (seconds)
+    catalog_wait_s: float = 60.0       # schema change: how long to wait for the source to show the change's
+    #                                    transaction before the table stops (seconds; see SourceCatalog)
     s3_endpoint: str | None = None     # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3
     s3_region: str | None = None       # s3:// warehouses: region (default us-east-1)
     s3_allow_http: bool | None = None  # allow a plain-http endpoint (None: only loopback ones)
