@@ -747,7 +747,8 @@ class SourceCatalog:
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
-                    # never hold up the user's DDL: the lookups take no relation locks, and must not wait
+                    # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes
+                    # one on the table for a moment) and must not wait for one
                     self._conn.execute("SET lock_timeout = '500ms'")
                 return fn(self._conn, *args, **kw)
             except CatalogNotCurrent as e:
