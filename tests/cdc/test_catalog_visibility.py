@@ -18,6 +18,7 @@ import contextlib
 import threading
 
 import psycopg
+import pytest
 
 from mooncake_assets.engine.service.process import stop_service
 from mooncake_assets.verify import verify
@@ -133,6 +134,7 @@ def test_add_column_default_looked_up_before_its_commit_is_visible(pg_cluster, p
         _check(s, client, pg_dsn)
 
 
+@pytest.mark.slow
 def test_a_commit_that_stays_invisible_stops_the_table_and_a_restart_resumes(pg_cluster, pg_dsn, state_dir):
     """A lookup that cannot give a trustworthy answer stops the table with an error naming table, column
     and LSN — never "no default"; after a restart the change is replayed and looked up again."""
