@@ -8,12 +8,17 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical) and Chromium
+# Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical; contrib for
+# hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests) and Chromium
 # for the Dagster UI test. Installed only when missing (CI runs as root on Debian).
 system-deps:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
+	    || ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium >/dev/null; \
+	    major=$$(ls /usr/lib/postgresql/ | sort -n | tail -1); \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$$major-postgis-3 >/dev/null \
+	      || echo "warning: postgresql-$$major-postgis-3 could not be installed (PostGIS tests will skip)"; \
 	  else echo "warning: install Debian's postgresql and chromium packages (need root)"; fi; \
 	fi
 

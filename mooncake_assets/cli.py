@@ -167,21 +167,46 @@ def status():
 @app.command("create-table")
 def create_table(dst: str = typer.Argument(..., help="Name of the mirror"),
                  src: str = typer.Argument(..., help="Source table, schema.table"),
-                 delete_format: str = typer.Option("deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)")):
-    """Mirror Postgres table SRC as DST: consistent initial copy, then change data capture."""
-    res = _create_with_progress(_client(), dst, src, delete_format)
+                 delete_format: str = typer.Option("deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)"),
+                 column_type: list[str] = typer.Option(
+                     [], "--column-type", metavar="COL=text",
+                     help="Mirror column COL as Postgres's exact text output whatever its type (e.g. a numeric(10,2) "
+                          "holding 'NaN'); repeatable; recorded with the mirror"),
+                 exclude_column: list[str] = typer.Option(
+                     [], "--exclude-column", metavar="COL",
+                     help="Leave column COL out of the mirror (not a key column); repeatable; recorded with the mirror")):
+    """Mirror Postgres table SRC as DST: consistent initial copy, then change data capture.
+
+    Every column type is mirrored: structured where Iceberg has a faithful type (composite → struct,
+    hstore → map, PostGIS → WKB), else as Postgres's exact text (ranges, tsvector, geometric types, …;
+    one notice lists those columns). See docs/types.md."""
+    types: dict[str, str] = {}
+    for opt in column_type:
+        col, sep, kind = opt.rpartition("=")
+        if not sep or not col:
+            err.print(f"error: --column-type {opt!r}: expected COL=text")
+            raise typer.Exit(2)
+        types[col] = kind.strip().lower()
+    res = _create_with_progress(_client(), dst, src, delete_format, column_types=types, exclude=list(exclude_column))
     console.print(f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
                   f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})")
+    if res.get("text_columns"):
+        err.print(f"notice: {len(res['text_columns'])} column(s) mirrored as Postgres's exact text output: "
+                  + ", ".join(f"{n} ({t})" for n, t in res["text_columns"]) + " (see docs/types.md)",
+                  soft_wrap=True, highlight=False, markup=False)
 
 
-def _create_with_progress(client, dst, src, delete_format="deletion-vectors", quiet=False) -> dict:
+def _create_with_progress(client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None,
+                          exclude=None) -> dict:
     from .engine.service import ServiceClient, ServiceError
 
     box: dict = {}
 
     def run():
         try:
-            box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600)
+            box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600,
+                                     **({"column_types": column_types} if column_types else {}),
+                                     **({"exclude": exclude} if exclude else {}))
         except ServiceError as e:
             box["err"] = str(e)
 

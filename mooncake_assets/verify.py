@@ -141,7 +141,8 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
                 for name in names:
                     src_name = reg[name]["source"]
                     try:
-                        schema = describe_table(conn, src_name)
+                        schema = describe_table(conn, src_name, column_types=reg[name].get("column_types"),
+                                                exclude=reg[name].get("exclude"))
                         conn.rollback()
                         batches = list(initial_copy(conn, schema, snap))
                         src = pa.Table.from_batches(batches, schema=schema.arrow_schema()) if batches else schema.arrow_schema().empty_table()

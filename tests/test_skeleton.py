@@ -152,7 +152,7 @@ def test_restart_after_sigkill_converges(pg_dsn, state_dir):
 def test_bad_input_one_line_errors(pg_dsn, state_dir):
     """Missing table, unsupported type, wrong DSN: one-line errors, nothing half-created."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE docs (id int PRIMARY KEY, body tsvector)")
+        c.execute("CREATE TABLE docs (id int PRIMARY KEY, body regproc)")
     s = make_settings(state_dir, pg_dsn)
     try:
         r = mooncake(s, "create-table", "nope", "public.does_not_exist")
@@ -161,7 +161,7 @@ def test_bad_input_one_line_errors(pg_dsn, state_dir):
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         r = mooncake(s, "create-table", "docs", "public.docs")
         assert r.returncode != 0
-        assert "docs" in r.stderr and "body" in r.stderr and "tsvector" in r.stderr, r.stderr
+        assert "docs" in r.stderr and "body" in r.stderr and "regproc" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         lt = mooncake(s, "list-tables", "--json", check=True)
         assert '"tables": []' in lt.stdout

@@ -72,7 +72,7 @@ def postgres_column_schema(dsn: str, source: str) -> dg.TableSchema:
     from mooncake_assets.engine.cdc import describe_table
 
     with psycopg.connect(dsn, connect_timeout=10) as conn:
-        schema = describe_table(conn, source)
+        schema = describe_table(conn, source, skip_unsupported=True)  # a refused column: shown by the mirror
     cols = []
     for c in schema.columns:
         cols.append(dg.TableColumn(

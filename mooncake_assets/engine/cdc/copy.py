@@ -52,7 +52,9 @@ def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = No
     try:
         batch = decode_text_columns(table.columns, cols, column_major=True)
     except ValueError as e:
-        raise ValueError(f"table {table.qualified_name}: {e}") from None
+        err = ValueError(f"table {table.qualified_name}: {e}")
+        err.columns = list(getattr(e, "columns", None) or [])  # which columns (create-table suggests options)
+        raise err from None
     if text_idx is None:
         return batch
     return batch, [cols[i].to_pylist() for i in text_idx]

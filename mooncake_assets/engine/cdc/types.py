@@ -6,7 +6,8 @@ column by column: one ``pa.array`` of strings per column, then vectorized ``pyar
 The sessions that produce the text (the walsender of :class:`~.stream.ReplicationConnection` and the
 copy transaction of :func:`~.copy.initial_copy`) pin the output settings the decoder relies on:
 ``DateStyle=ISO``, ``TimeZone=UTC``, ``IntervalStyle=postgres``, ``bytea_output=hex``,
-``extra_float_digits=3``, ``lc_monetary=C``.
+``extra_float_digits=3``, ``lc_monetary=C``, ``search_path=pg_catalog`` (reg* types print
+schema-qualified names).
 
 Type mapping (``arrow_type_for``; the user-facing table with examples is ``docs/types.md``):
 
@@ -41,10 +42,19 @@ date                                           date32
 time                                           time64('us')
 timestamp                                      timestamp('us')
 timestamptz                                    timestamp('us', tz='UTC')
+composite types                                struct of the attributes' mappings (recursive)
+hstore                                         map<string, string> (NULL values kept)
+PostGIS geometry / geography                   binary: ISO WKB (what ``ST_AsBinary`` returns);
+                                               the SRID in the field doc (``ColumnSpec.doc``)
+anything else with an output function (ranges, string: Postgres's exact text output
+multiranges, tsvector, geometric types, ltree, (``ColumnSpec.as_text``)
+reg*, pg_lsn, txid_snapshot, int2vector, …)
 =============================================  ===========================================
 
-Anything else (geometric types, tsvector, ranges, composite types, int2vector, …) raises
-:class:`UnsupportedTypeError`.
+Refused (:class:`UnsupportedTypeError`, every such column in one message with the create-table
+options that get past them): :data:`REFUSED_TYPES` (``regproc``/``regoper``, planner internals whose
+text cannot be read back) and pseudo-types. ``describe_table(column_types={"c": "text"})`` mirrors a
+column as its exact text whatever its type; ``exclude=[…]`` leaves columns out.
 
 Special values: ``date``/``timestamp[tz]`` ``infinity`` and ``-infinity`` become DuckDB's sentinels
 (``date``: ±(2**31-1) days; ``timestamp``: ±(2**63-1) µs), which DuckDB reads back (from Arrow and
@@ -86,6 +96,9 @@ OUTPUT_SETTINGS: dict[str, str] = {
     "bytea_output": "hex",
     "extra_float_digits": "3",
     "lc_monetary": "C",
+    # reg* types (regclass, regtype, …) print a name schema-qualified unless the schema is on the
+    # search_path: with only pg_catalog on it, the text names the object the same way in every session
+    "search_path": "pg_catalog",
 }
 
 # -- type oids (pg_type.dat) --------------------------------------------------------------------
@@ -125,6 +138,15 @@ SUPPORTED_TYPES = (
 
 DATE_INFINITY = 2**31 - 1          # DuckDB's / Postgres's date 'infinity' (days)
 TIMESTAMP_INFINITY = 2**63 - 1     # DuckDB's timestamp 'infinity' (µs); '-infinity' is its negation
+
+
+class ColumnValueError(ValueError):
+    """Values of one or more columns cannot be decoded to their mapped type; ``columns``: their names
+    (the message names each column and a value)."""
+
+    def __init__(self, message: str, columns: Sequence[str]):
+        super().__init__(message)
+        self.columns = list(columns)
 
 
 class UnsupportedTypeError(ValueError):
@@ -167,36 +189,88 @@ class ColumnSpec:
     element_ids: list = field(default_factory=list)
     attnum: int = 0
     initial_default: str | None = None
+    kind: str = ""
+    fields: "list[ColumnSpec] | None" = None
+    delim: str = ","
+    as_text: bool = False
+    srid: int | None = None
+
+    # ``kind``: the decoder of a structured type: ``"composite"`` (``fields``: the spec of each
+    # attribute, decoded into an Arrow struct), ``"hstore"`` (map<string, string>), ``"wkb"`` (PostGIS
+    # geometry/geography: hex EWKB text -> ISO WKB; ``srid``: the SRID every value must have); ``""``
+    # otherwise. ``delim``: the array delimiter of an array column's element type (``pg_type.typdelim``:
+    # ``;`` for box, ``:`` for PostGIS). ``as_text``: mirrored as Postgres's exact text output because
+    # the type has no structured mapping (or ``--column-type COL=text`` asked for it).
 
     def arrow_field(self) -> pa.Field:
-        """The Arrow field files are written with: ``pg_type`` and, once assigned, ``PARQUET:field_id``
-        metadata (also on list elements, as Iceberg's Parquet mapping expects)."""
+        """The Arrow field files are written with: ``pg_type`` (and ``doc`` for a geometry: WKB, its
+        SRID) and, once assigned, ``PARQUET:field_id`` metadata (also on nested fields: list elements,
+        struct fields, map keys and values, as Iceberg's Parquet mapping expects)."""
         t = self.arrow_type
         if self.field_id and self.element_ids:
-            t = _list_with_ids(t, list(self.element_ids))
+            t = _type_with_ids(t, iter(list(self.element_ids)))
         meta = {"pg_type": self.type_name}
+        doc = self.doc()
+        if doc:
+            meta["doc"] = doc
         if self.field_id:
             meta["PARQUET:field_id"] = str(self.field_id)
         return pa.field(self.name, t, nullable=not self.not_null, metadata=meta)
 
+    def doc(self) -> str | None:
+        """The Iceberg field doc: for a PostGIS column, its encoding and SRID."""
+        spec = self
+        while spec.element is not None:
+            spec = spec.element
+        if spec.kind == "wkb":
+            return f"{self.type_name}: ISO WKB, SRID {spec.srid}"
+        return None
 
-def _list_with_ids(t: pa.DataType, ids: list) -> pa.DataType:
-    if not pa.types.is_list(t) or not ids:
-        return t
-    inner = _list_with_ids(t.value_type, ids[1:])
-    return pa.list_(pa.field("element", inner, nullable=True, metadata={"PARQUET:field_id": str(ids[0])}))
+
+def nested_field_count(t: pa.DataType) -> int:
+    """How many nested fields (each needs an Iceberg field id) an Arrow type has: a list's element, a
+    struct's fields, a map's key and value, recursively."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return 1 + nested_field_count(t.value_type)
+    if pa.types.is_map(t):
+        return 2 + nested_field_count(t.key_type) + nested_field_count(t.item_type)
+    if pa.types.is_struct(t):
+        return sum(1 + nested_field_count(t.field(i).type) for i in range(t.num_fields))
+    return 0
+
+
+def _type_with_ids(t: pa.DataType, ids) -> pa.DataType:
+    """``t`` with ``PARQUET:field_id`` on its nested fields, taken from ``ids`` in pre-order (list:
+    element, then inside it; struct: each field, then inside it; map: key, value, then inside them)."""
+    def fid(): return {"PARQUET:field_id": str(next(ids))}
+    if pa.types.is_list(t):
+        m = fid()
+        return pa.list_(pa.field("element", _type_with_ids(t.value_type, ids), nullable=True, metadata=m))
+    if pa.types.is_map(t):
+        km, vm = fid(), fid()
+        kt = _type_with_ids(t.key_type, ids)
+        vt = _type_with_ids(t.item_type, ids)
+        return pa.map_(pa.field("key", kt, nullable=False, metadata=km), pa.field("value", vt, nullable=True, metadata=vm))
+    if pa.types.is_struct(t):
+        out = []
+        for i in range(t.num_fields):
+            f = t.field(i)
+            m = fid()
+            out.append(pa.field(f.name, _type_with_ids(f.type, ids), nullable=True, metadata=m))
+        return pa.struct(out)
+    return t
 
 
 def assign_field_ids(columns: list, next_id: int = 1) -> int:
-    """Give every column without one a field id (and its list elements ids), in column order, from
-    ``next_id``; returns the next free id. Top-level ids first, then element ids, as Iceberg's
-    fresh-id assignment numbers them."""
+    """Give every column without one a field id (and its nested fields ids: list elements, struct
+    fields, map keys/values), in column order, from ``next_id``; returns the next free id. Top-level
+    ids first, then nested ids column by column (pre-order, see :func:`_type_with_ids`)."""
     for c in columns:
         if not c.field_id:
             c.field_id = next_id
             next_id += 1
     for c in columns:
-        missing = c.ndims - len(c.element_ids) if c.element is not None else 0
+        missing = nested_field_count(c.arrow_type) - len(c.element_ids)
         if missing > 0:
             c.element_ids = list(c.element_ids) + list(range(next_id, next_id + missing))
             next_id += missing
@@ -213,7 +287,9 @@ class TableSchema:
     has one; otherwise the columns of the replica identity index (replica identity ``'i'``);
     otherwise ``[]`` (the row as a whole is the key, which needs replica identity ``'f'``).
     ``replica_identity``: ``pg_class.relreplident`` (``'d'`` default, ``'f'`` full, ``'i'`` index,
-    ``'n'`` nothing). ``relkind``: ``'r'`` table or ``'p'`` partitioned table.
+    ``'n'`` nothing). ``relkind``: ``'r'`` table or ``'p'`` partitioned table. ``excluded``: source
+    columns left out of the mirror (``create-table --exclude-column``); ``column_types``: column name
+    -> ``"text"`` for columns mirrored as their exact text whatever their type (``--column-type``).
     """
 
     schema: str
@@ -225,6 +301,8 @@ class TableSchema:
     replica_identity: str
     relkind: str = "r"
     column_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    excluded: list = field(default_factory=list)
+    column_types: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.column_index = {c.name: i for i, c in enumerate(self.columns)}
@@ -281,9 +359,48 @@ ORDER BY a.attnum
 """
 
 _TYPE_SQL = """
-SELECT t.typtype, t.typbasetype, t.typtypmod, t.typelem, t.typcategory, t.typlen, t.typndims
+SELECT t.typtype, t.typbasetype, t.typtypmod, t.typelem, t.typcategory, t.typlen, t.typndims,
+       t.typname, t.typrelid, t.typdelim
 FROM pg_type t WHERE t.oid = %s
 """
+
+_COMPOSITE_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attndims
+FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
+"""
+
+#: Types whose text Postgres cannot read back as the same value: their input function refuses every
+#: value (planner/statistics internals) or their output is ambiguous (``regproc``/``regoper`` print a
+#: bare name, which names several functions/operators once one is overloaded). Refused at
+#: create-table unless ``--column-type COL=text`` (the text as Postgres prints it) or
+#: ``--exclude-column COL`` says what to do.
+REFUSED_TYPES: dict[int, str] = {
+    24: "regproc prints a bare function name, ambiguous once the function is overloaded (regprocedure is exact)",
+    2203: "regoper prints a bare operator name, ambiguous once it is overloaded (regoperator is exact)",
+    194: "pg_node_tree values cannot be read back (its input function refuses every value)",
+    3361: "pg_ndistinct values cannot be read back (its input function refuses every value)",
+    3402: "pg_dependencies values cannot be read back (its input function refuses every value)",
+    5017: "pg_mcv_list values cannot be read back (its input function refuses every value)",
+    4600: "pg_brin_bloom_summary values cannot be read back (its input function refuses every value)",
+    4601: "pg_brin_minmax_multi_summary values cannot be read back (its input function refuses every value)",
+}
+
+
+def column_option_hint(columns: Sequence[str]) -> str:
+    """The create-table options that get past ``columns``: ``--column-type c=text … or
+    --exclude-column c …``."""
+    return ("mirror them as their exact text with " + " ".join(f"--column-type {c}=text" for c in columns)
+            + ", or leave them out with " + " ".join(f"--exclude-column {c}" for c in columns)
+            + " (create-table options, recorded with the mirror)")
+
+
+def text_spec(c: ColumnSpec) -> ColumnSpec:
+    """``c`` mirrored as Postgres's exact text output (``--column-type COL=text``): a string column
+    keeping its name, declared type, key/identity attributes and field id."""
+    out = ColumnSpec(c.name, c.type_oid, c.typmod, c.type_name, pa.string(), not_null=c.not_null, is_key=c.is_key,
+                     decl_oid=c.decl_oid, decl_typmod=c.decl_typmod, field_id=c.field_id, attnum=c.attnum,
+                     initial_default=c.initial_default, as_text=True)
+    return out
 
 _KEY_SQL = """
 SELECT i.indisprimary, i.indisreplident, array(
@@ -295,7 +412,8 @@ WHERE i.indrelid = %(oid)s AND (i.indisprimary OR i.indisreplident)
 """
 
 
-def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupported: bool = False) -> TableSchema:
+def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupported: bool = False,
+                   column_types: dict | None = None, exclude: Sequence[str] | None = None) -> TableSchema:
     """Read a table's mirror schema from the catalogs (``pg_class``, ``pg_attribute``, ``pg_index``,
     ``format_type``).
 
@@ -305,7 +423,10 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
 
     Raises ``LookupError("table public.x does not exist")`` for a missing relation (or one that is not
     a table), :class:`UnsupportedTypeError` naming table, column and type for a column that cannot
-    be mirrored — or, with ``skip_unsupported``, leaves such columns out. ``current_columns`` of the
+    be mirrored — every such column in one message, with the options that get past them — or, with
+    ``skip_unsupported``, leaves such columns out. ``column_types``: column -> ``"text"`` (mirror the
+    column as its exact text, see :func:`text_spec`); ``exclude``: columns left out (not the key);
+    an unknown column name in either raises ``LookupError``. ``current_columns`` of the
     result: the names of every column the table has now (skipped ones included); ``catalog_lsn``: a
     WAL position after every commit these catalogs show (0 when unknown).
     """
@@ -338,19 +459,39 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                                       "ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END").fetchone()[0]
             types = _TypeResolver(cur)
             columns: list[ColumnSpec] = []
+            column_types = dict(column_types or {})
+            excluded = list(exclude or [])
+            names = {a[0] for a in attrs}
+            unknown = [c for c in list(column_types) + excluded if c not in names]
+            if unknown:
+                raise LookupError(f"table {nsp}.{rel} has no column {', '.join(unknown)} (named by --column-type/"
+                                  "--exclude-column)")
+            bad_kind = {c: k for c, k in column_types.items() if k != "text"}
+            if bad_kind:
+                raise LookupError(f"table {nsp}.{rel}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
+                                  ": the only column type that can be asked for is text (Postgres's exact text output)")
+            refused: list[tuple[str, str, str]] = []
             for name, typid, typmod, tname, notnull, ndims, attnum in attrs:
-                try:
-                    spec = types.spec(name, typid, typmod, tname, ndims)
-                except UnsupportedTypeError:
-                    if skip_unsupported:
+                if name in excluded:
+                    continue
+                if column_types.get(name) == "text":
+                    spec = ColumnSpec(name, typid, typmod, tname, pa.string(), as_text=True)
+                else:
+                    try:
+                        spec = types.spec(name, typid, typmod, tname, ndims)
+                    except UnsupportedTypeError as e:
+                        if not skip_unsupported:
+                            refused.append((name, tname, str(e)))
                         continue
-                    raise UnsupportedTypeError(
-                        f"table {nsp}.{rel} column {name} has type {tname}, which mooncake cannot mirror "
-                        f"(supported: {SUPPORTED_TYPES})") from None
                 spec.not_null = bool(notnull)
                 spec.decl_oid, spec.decl_typmod = typid, typmod
                 spec.attnum = int(attnum)
                 columns.append(spec)
+            if refused:
+                raise UnsupportedTypeError(
+                    f"table {nsp}.{rel}: {len(refused)} column(s) cannot be mirrored exactly: "
+                    + "; ".join(f"{n} ({t}: {why})" for n, t, why in refused)
+                    + f"; {column_option_hint([n for n, _, _ in refused])}")
             assign_field_ids(columns)
 
     pk = next((list(k[2]) for k in keys if k[0]), None)
@@ -361,10 +502,15 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
         key_columns = pk
     else:
         key_columns = []
+    in_key = [c for c in excluded if c in key_columns]
+    if in_key:
+        raise LookupError(f"table {nsp}.{rel}: column {', '.join(in_key)} is part of the key "
+                          f"({', '.join(key_columns)}), which cannot be left out (--exclude-column)")
     for c in columns:
         c.is_key = c.name in key_columns
     out = TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
-                      has_primary_key=pk is not None, replica_identity=replident, relkind=relkind)
+                      has_primary_key=pk is not None, replica_identity=replident, relkind=relkind,
+                      excluded=excluded, column_types=column_types)
     out.current_columns = {a[0] for a in attrs}
     out.catalog_lsn = int(catalog_lsn) if catalog_lsn is not None else 0
     return out
@@ -376,9 +522,12 @@ class UnsupportedTableError(UnsupportedTypeError):
 
 
 class _TypeResolver:
-    """Resolves a column's type to a :class:`ColumnSpec`: domains to their root base type, enums to
-    text, arrays to a list of their element's spec (``pg_type``: typtype, typbasetype, typtypmod,
-    typelem, typcategory, typlen, typndims)."""
+    """Resolves a column's type to a :class:`ColumnSpec` (``pg_type``: typtype, typbasetype,
+    typtypmod, typelem, typcategory, typlen, typndims, typname, typrelid, typdelim): domains to their
+    root base type, enums to text, arrays to a list of their element's spec, composite types to a
+    struct of their attributes, ``hstore`` to a map, PostGIS ``geometry``/``geography`` to WKB, every
+    other type to its exact text (``as_text``); :data:`REFUSED_TYPES` and pseudo-types raise
+    :class:`UnsupportedTypeError`."""
 
     def __init__(self, cur):
         self.cur = cur
@@ -386,38 +535,73 @@ class _TypeResolver:
 
     def info(self, oid: int) -> tuple:
         if oid not in self._info:
-            self._info[oid] = self.cur.execute(_TYPE_SQL, (oid,)).fetchone()
+            row = self.cur.execute(_TYPE_SQL, (oid,)).fetchone()
+            if row is None:
+                raise UnsupportedTypeError(f"type oid {oid} does not exist")
+            self._info[oid] = row
         return self._info[oid]
 
     def format_type(self, oid: int, typmod: int) -> str:
         return self.cur.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()[0]
 
-    def spec(self, name: str, oid: int, typmod: int, decl_name: str, attndims: int = 0) -> ColumnSpec:
+    def spec(self, name: str, oid: int, typmod: int, decl_name: str, attndims: int = 0, _depth: int = 0) -> ColumnSpec:
         """Spec for a column ``name`` of type ``oid``/``typmod`` (``decl_name``: its ``format_type``)."""
-        typtype, base, base_mod, elem, category, typlen, typndims = self.info(oid)
+        if _depth > 16:
+            raise UnsupportedTypeError(f"type {decl_name}: nesting too deep")
+        typtype, base, base_mod, elem, category, typlen, typndims, typname, typrelid, _ = self.info(oid)
         dec_name = decl_name
         depth = 0
         while typtype == "d":  # domains (nested ones too) decode as their root base type
             oid, typmod = base, base_mod
             attndims = attndims or typndims
-            typtype, base, base_mod, elem, category, typlen, typndims = self.info(oid)
+            typtype, base, base_mod, elem, category, typlen, typndims, typname, typrelid, _ = self.info(oid)
             dec_name = self.format_type(oid, typmod)
             depth += 1
             if depth > 32:
                 raise UnsupportedTypeError(f"type {decl_name}: domain nesting too deep")
+        if oid in REFUSED_TYPES:
+            raise UnsupportedTypeError(REFUSED_TYPES[oid])
+        if typtype == "p":
+            raise UnsupportedTypeError(f"{dec_name} is a pseudo-type, which has no values to mirror")
         if typtype == "e":
             return ColumnSpec(name, oid, typmod, decl_name, pa.string())
         if category == "A" and elem and typlen == -1 and oid not in (INT2VECTOR, OIDVECTOR):
             # the attribute's typmod applies to the elements (numeric(5,2)[] has numeric(5,2) elements)
-            el = self.spec(f"{name}[]", elem, typmod, self.format_type(elem, typmod))
+            el = self.spec(f"{name}[]", elem, typmod, self.format_type(elem, typmod), _depth=_depth + 1)
             if el.element is not None:
                 raise UnsupportedTypeError(f"type {decl_name}: arrays of arrays")
             nd = max(int(attndims or 0), 1)
             t: pa.DataType = el.arrow_type
             for _ in range(nd):
                 t = pa.list_(t)
-            return ColumnSpec(name, oid, typmod, decl_name, t, element=el, ndims=nd)
-        return ColumnSpec(name, oid, typmod, decl_name, arrow_type_for(oid, typmod, dec_name))
+            return ColumnSpec(name, oid, typmod, decl_name, t, element=el, ndims=nd, delim=self.info(elem)[9] or ",",
+                              as_text=el.as_text)
+        if typtype == "c" and typrelid:
+            fields = []
+            try:
+                for fname, ftyp, fmod, ftname, fnd in self.cur.execute(_COMPOSITE_SQL, (typrelid,)).fetchall():
+                    fields.append(self.spec(fname, ftyp, fmod, ftname, fnd, _depth=_depth + 1))
+            except UnsupportedTypeError:  # a field that cannot be mirrored: the composite as its exact text
+                return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+            if not fields:
+                return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+            names = [f.name for f in fields]
+            if len(set(names)) != len(names):
+                return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+            t = pa.struct([pa.field(f.name, f.arrow_type, nullable=True) for f in fields])
+            return ColumnSpec(name, oid, typmod, decl_name, t, kind="composite", fields=fields)
+        if typtype == "b" and typname == "hstore":
+            return ColumnSpec(name, oid, typmod, decl_name, pa.map_(pa.string(), pa.string()), kind="hstore")
+        if typtype == "b" and typname in ("geometry", "geography"):
+            m = re.search(r"\(\s*\w+\s*(?:,\s*(-?\d+)\s*)?\)\s*$", dec_name)
+            srid = int(m.group(1)) if m and m.group(1) else (4326 if typname == "geography" else 0)
+            return ColumnSpec(name, oid, typmod, decl_name, pa.binary(), kind="wkb", srid=srid)
+        try:
+            return ColumnSpec(name, oid, typmod, decl_name, arrow_type_for(oid, typmod, dec_name))
+        except UnsupportedTypeError:
+            # every other type (ranges, multiranges, geometric types, tsvector, ltree, reg*, pg_lsn, …):
+            # its output function's text, exactly as Postgres prints it (the session settings are pinned)
+            return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
 
 
 # -- decoding -----------------------------------------------------------------------------------------
@@ -451,7 +635,14 @@ def decode_text_columns(columns: Sequence[ColumnSpec], data: Sequence[Any], *,
         cols_data = list(data)
         if len(cols_data) != len(columns):
             raise ValueError(f"got {len(cols_data)} columns of values, expected {len(columns)}")
-    arrays = [decode_text_column(spec, vals) for spec, vals in zip(columns, cols_data)]
+    arrays, errors = [], []
+    for spec, vals in zip(columns, cols_data):  # every column that fails is named, not just the first
+        try:
+            arrays.append(decode_text_column(spec, vals))
+        except ValueError as e:
+            errors.append((spec.name, str(e)))
+    if errors:
+        raise ColumnValueError("; ".join(m for _, m in errors), [c for c, _ in errors])
     schema = pa.schema([pa.field(c.name, c.arrow_type, nullable=not c.not_null) for c in columns])
     if not arrays:
         return pa.RecordBatch.from_pylist([], schema=schema)
@@ -482,6 +673,12 @@ def decode_text_column(spec: ColumnSpec, values: Any) -> pa.Array:
     arr = _as_string_array(values, spec)
     t = spec.arrow_type
     try:
+        if spec.kind == "composite":
+            return _decode_composite(arr, spec)
+        if spec.kind == "hstore":
+            return _decode_hstore(arr, spec)
+        if spec.kind == "wkb":
+            return _decode_wkb(arr, spec)
         if pa.types.is_string(t):
             return arr
         if pa.types.is_boolean(t):
@@ -679,6 +876,14 @@ def _decode_time(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
 
 _ARRAY_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|([{},])|([^{},"]+)', re.S)
 _UNESCAPE = re.compile(r"\\(.)", re.S)
+_ARRAY_TOKENS: dict[str, re.Pattern] = {",": _ARRAY_TOKEN}
+
+
+def _array_token(delim: str) -> re.Pattern:
+    if delim not in _ARRAY_TOKENS:
+        d = re.escape(delim)
+        _ARRAY_TOKENS[delim] = re.compile(r'"((?:[^"\\]|\\.)*)"|([{}]|' + d + r')|([^{}' + d + r'"]+)', re.S)
+    return _ARRAY_TOKENS[delim]
 
 
 def _parse_array_text(text: str, spec: ColumnSpec):
@@ -688,8 +893,8 @@ def _parse_array_text(text: str, spec: ColumnSpec):
                          "lower bounds, which a list cannot keep")
     stack: list[list] = []
     root = None
-    expect_item = True
-    for m in _ARRAY_TOKEN.finditer(text):
+    delim = spec.delim or ","
+    for m in _array_token(delim).finditer(text):
         quoted, punct, bare = m.group(1), m.group(2), m.group(3)
         if punct == "{":
             node: list = []
@@ -704,7 +909,7 @@ def _parse_array_text(text: str, spec: ColumnSpec):
             if not stack:
                 break
             stack.pop()
-        elif punct == ",":
+        elif punct == delim:
             continue
         elif not stack:
             break
@@ -757,6 +962,172 @@ def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     return out
 
 
+# Composite types, hstore, PostGIS ---------------------------------------------------------------------
+#
+# ``record_out``: ``(f1,f2,…)``; a NULL field is empty; a field is double-quoted when it is empty or
+# holds ``"``, ``\``, ``(``, ``)``, ``,`` or white space, and inside quotes ``"`` and ``\`` are doubled.
+# ``hstore_out``: ``"k"=>"v", "k2"=>NULL``; keys and values are always quoted, ``"`` and ``\``
+# backslash-escaped. PostGIS ``geometry_out``/``geography_out``: hex EWKB (PostGIS's extended WKB:
+# type flags 0x80000000 Z, 0x40000000 M, 0x20000000 SRID follows).
+
+_RECORD_FIELD = re.compile(r'"((?:[^"\\]|\\.|"")*)"|([^,()"\\]*)', re.S)
+_RECORD_UNESCAPE = re.compile(r'\\(.)|""', re.S)
+
+
+def _parse_record_text(text: str, n: int, spec: ColumnSpec) -> list:
+    """One composite value's text -> its ``n`` field texts (None for NULL)."""
+    if len(text) < 2 or text[0] != "(" or text[-1] != ")":
+        raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse composite value {text[:60]!r}")
+    out: list = []
+    pos, end = 1, len(text) - 1
+    while True:
+        m = _RECORD_FIELD.match(text, pos)
+        quoted, bare = m.group(1), m.group(2)
+        if quoted is not None:
+            out.append(_RECORD_UNESCAPE.sub(lambda x: x.group(1) if x.group(1) is not None else '"', quoted))
+        else:
+            out.append(bare if bare else None)
+        pos = m.end()
+        if pos >= end:
+            break
+        if text[pos] != ",":
+            raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse composite value {text[:60]!r}")
+        pos += 1
+    if len(out) != n:
+        raise ValueError(f"column {spec.name} ({spec.type_name}): composite value {text[:60]!r} has {len(out)} "
+                         f"fields, the type has {n} (was the type altered? that is not followed)")
+    return out
+
+
+def _decode_composite(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    """Composite texts -> ``struct``; each field decoded column-wise by its own decoder."""
+    n = len(spec.fields)
+    cols: list[list] = [[] for _ in range(n)]
+    valid = []
+    for v in arr.to_pylist():
+        if v is None:
+            valid.append(False)
+            for c in cols:
+                c.append(None)
+            continue
+        valid.append(True)
+        for c, x in zip(cols, _parse_record_text(v, n, spec)):
+            c.append(x)
+    children = [decode_text_column(f, c) for f, c in zip(spec.fields, cols)]
+    mask = pa.array([not x for x in valid]) if not all(valid) else None
+    return pa.StructArray.from_arrays(children, fields=list(spec.arrow_type), mask=mask)
+
+
+_HSTORE_PAIR = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*=>\s*(?:"((?:[^"\\]|\\.)*)"|(NULL))\s*(,|$)', re.S)
+
+
+def _decode_hstore(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    """hstore texts -> ``map<string, string>`` (a NULL value stays NULL; keys in Postgres's order)."""
+    offsets, keys, vals, valid = [0], [], [], []
+    for v in arr.to_pylist():
+        if v is None:
+            valid.append(False)
+            offsets.append(offsets[-1])
+            continue
+        valid.append(True)
+        pos = 0
+        while pos < len(v):
+            m = _HSTORE_PAIR.match(v, pos)
+            if m is None or m.end() == pos:
+                if v[pos:].strip() == "":
+                    break
+                raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse hstore value {v[:60]!r}")
+            keys.append(_UNESCAPE.sub(r"\1", m.group(1)))
+            vals.append(None if m.group(3) else _UNESCAPE.sub(r"\1", m.group(2)))
+            pos = m.end()
+        offsets.append(len(keys))
+    mask = pa.array([not x for x in valid]) if not all(valid) else None
+    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
+                                   pa.array(vals, pa.string()), type=spec.arrow_type, mask=mask)
+
+
+_ISO_DIMS = {(False, False): 0, (True, False): 1000, (False, True): 2000, (True, True): 3000}
+
+
+def _ewkb_walk(b: bytes, pos: int, out: bytearray, spec: ColumnSpec) -> int:
+    """Copy one EWKB geometry at ``b[pos:]`` into ``out`` as ISO WKB; returns the end position."""
+    import struct
+
+    bo = b[pos]
+    f = "<" if bo == 1 else ">"
+    (t,) = struct.unpack_from(f + "I", b, pos + 1)
+    pos += 5
+    if t & 0x20000000:
+        pos += 4
+    z, m = bool(t & 0x80000000), bool(t & 0x40000000)
+    base = t & 0x0FFFFFFF
+    if base >= 1000:  # already ISO-coded
+        d, base = divmod(base, 1000)
+        z, m = z or d in (1, 3), m or d in (2, 3)
+    dims = 2 + z + m
+    out += bytes([bo]) + struct.pack(f + "I", base + _ISO_DIMS[(z, m)])
+    if base == 1:  # point
+        n = dims * 8
+    elif base in (2, 8):  # linestring, circularstring
+        (k,) = struct.unpack_from(f + "I", b, pos)
+        n = 4 + k * dims * 8
+    elif base in (3, 17):  # polygon, triangle: rings of points
+        (rings,) = struct.unpack_from(f + "I", b, pos)
+        p = pos + 4
+        for _ in range(rings):
+            (k,) = struct.unpack_from(f + "I", b, p)
+            p += 4 + k * dims * 8
+        n = p - pos
+    elif base in (4, 5, 6, 7, 9, 10, 11, 12, 15, 16):  # collections of geometries
+        (k,) = struct.unpack_from(f + "I", b, pos)
+        out += b[pos:pos + 4]
+        pos += 4
+        for _ in range(k):
+            pos = _ewkb_walk(b, pos, out, spec)
+        return pos
+    else:
+        raise ValueError(f"column {spec.name} ({spec.type_name}): EWKB geometry type {base} is not known")
+    out += b[pos:pos + n]
+    return pos + n
+
+
+def _decode_wkb(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
+    """PostGIS hex EWKB texts -> ISO WKB bytes (what ``ST_AsBinary`` returns). Every value must have
+    the column's SRID (``spec.srid``: the declared one, else 0 for geometry, 4326 for geography): a
+    WKB holds none, so another one would be lost — that raises ``ValueError`` naming the column."""
+    import struct
+
+    out = []
+    for v in arr.to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            b = bytes.fromhex(v)
+            f = "<" if b[0] == 1 else ">"
+            (t,) = struct.unpack_from(f + "I", b, 1)
+            srid = struct.unpack_from(f + "I", b, 5)[0] if t & 0x20000000 else 0
+        except (ValueError, IndexError, struct.error):
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {v[:40]!r} is not hex EWKB") from None
+        if srid != spec.srid:
+            raise ValueError(f"column {spec.name} ({spec.type_name}): a value has SRID {srid}, the column's "
+                             f"is {spec.srid} and WKB carries none (declare the column's SRID, e.g. "
+                             f"geometry(Geometry,{srid}), or mirror it as hex EWKB text with --column-type "
+                             f"{spec.name}=text)")
+        if not t & 0xC0000000 and (t & 0x0FFFFFFF) < 1000:  # 2D: only the top header differs
+            out.append(b[:1] + struct.pack(f + "I", t & 0x0FFFFFFF) + b[9 if t & 0x20000000 else 5:])
+            continue
+        buf = bytearray()
+        try:
+            end = _ewkb_walk(b, 0, buf, spec)
+        except (IndexError, struct.error):
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {v[:40]!r} is not valid EWKB") from None
+        if end != len(b):
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {v[:40]!r} is not valid EWKB")
+        out.append(bytes(buf))
+    return pa.array(out, pa.binary())
+
+
 # Mirrored signatures ---------------------------------------------------------------------------------
 
 def column_signature(schema: TableSchema) -> list[dict]:
@@ -782,16 +1153,22 @@ def _apply_signature(c: ColumnSpec, sig: dict) -> ColumnSpec:
 
 
 def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: list[dict] | None,
-                      key: list[str] | None = None) -> TableSchema:
+                      key: list[str] | None = None, *, column_types: dict | None = None,
+                      exclude: Sequence[str] | None = None) -> TableSchema:
     """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
     :func:`column_signature`), decoded with the source's current catalogs: columns that still exist
     with the same type are taken from :func:`describe_table`; the others (dropped, renamed or retyped
     since) are resolved from their saved type oid. ``key``: the mirror's key columns (default: the
-    source's current key). Without a signature: :func:`describe_table`. ``current_columns`` of the
+    source's current key). ``column_types``/``exclude``: the mirror's create-table column options
+    (see :func:`describe_table`). Without a signature: :func:`describe_table`. ``current_columns`` of the
     result: the source's columns now (names)."""
+    column_types = dict(column_types or {})
+    exclude = list(exclude or [])
     if not signature:
-        return describe_table(conn, qualified_name)
-    current = describe_table(conn, qualified_name, skip_unsupported=True)  # a later column may not map
+        return describe_table(conn, qualified_name, column_types=column_types, exclude=exclude)
+    # a later column may not map, and a column named by an option may be gone since
+    current = describe_table(conn, qualified_name, skip_unsupported=True)
+    current.columns = [text_spec(c) if column_types.get(c.name) == "text" else c for c in current.columns]
     current_names = current.current_columns
     by_name = {c.name: c for c in current.columns}
     cols: list[ColumnSpec] = []
@@ -804,19 +1181,24 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
                 continue
             try:
                 name_sql = cur.execute("SELECT format_type(%s, %s)", (sig["oid"], sig["typmod"])).fetchone()[0]
-                spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
+                if column_types.get(sig["name"]) == "text":  # whatever the type: its text
+                    spec = ColumnSpec(sig["name"], sig["oid"], sig["typmod"], name_sql, pa.string(), as_text=True)
+                else:
+                    spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
             except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
                 raise UnsupportedTypeError(
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
                     f"be resolved ({e})") from None
             spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
+            if column_types.get(sig["name"]) == "text":
+                spec = text_spec(spec)
             cols.append(_apply_signature(spec, sig))
     keys = list(current.key_columns if key is None else key)
     for c in cols:
         c.is_key = c.name in keys
     out = TableSchema(schema=current.schema, name=current.name, oid=current.oid, columns=cols, key_columns=keys,
                       has_primary_key=current.has_primary_key, replica_identity=current.replica_identity,
-                      relkind=current.relkind)
+                      relkind=current.relkind, excluded=exclude, column_types=column_types)
     out.current_columns = current_names
     out.catalog_lsn = current.catalog_lsn
     return out
@@ -912,6 +1294,8 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int, xid: int | None = 
         # READ COMMITTED: every later statement's snapshot is newer than the one that saw xid committed
         if xid is not None and not xid_visible(conn, xid):
             raise CatalogNotCurrent(xid)
+        # the value texts as the stream prints them (reg* names schema-qualified: OUTPUT_SETTINGS)
+        cur.execute("SET LOCAL search_path = pg_catalog")
         for r in cur.execute(_ATTRS_SQL, {"oid": table_oid}).fetchall():
             missing = r[7]
             if missing is None and r[8] is not None and not r[2]:

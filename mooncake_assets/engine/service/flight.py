@@ -1,6 +1,6 @@
 """Arrow Flight front of the replicator service, on a Unix socket (DESIGN.md §2).
 
-Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format}``,
+Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format, column_types, exclude}``,
 ``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
 (returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
 ``shutdown``. ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
@@ -60,7 +60,8 @@ class MooncakeFlightServer(flight.FlightServerBase):
         if kind == "status":
             return s.status()
         if kind == "create_table":
-            return s.create_table(b["dst"], b["src"], b.get("delete_format") or "deletion-vectors")
+            return s.create_table(b["dst"], b["src"], b.get("delete_format") or "deletion-vectors",
+                                  column_types=b.get("column_types"), exclude=b.get("exclude"))
         if kind == "drop_table":
             return s.drop_table(b["table"])
         if kind in ("flush", "persist", "merge_index", "compact"):

@@ -50,6 +50,34 @@ def with_options(dsn: str) -> str:
     return make_conninfo(**d)
 
 
+def _refuse_nan_decimals(conn, schema) -> None:
+    """Refuse a table whose ``numeric(p,s)`` columns (mapped to decimal128, which has no NaN) hold
+    ``NaN`` now: one scan of the table, only when it has such columns; the error names every such
+    column and the create-table options that get past them (``MooncakeError``)."""
+    from psycopg import sql
+
+    from ..cdc.types import column_option_hint
+
+    def is_decimal(c):
+        t = c.arrow_type
+        while pa.types.is_list(t):
+            t = t.value_type
+        return pa.types.is_decimal(t) and c.type_oid != 790 and (c.element is None or c.element.type_oid != 790)
+
+    cols = [c for c in schema.columns if is_decimal(c)]
+    if not cols:
+        return
+    tests = [sql.SQL("bool_or('NaN'::numeric = {})").format(sql.Identifier(c.name)) if c.element is None else
+             sql.SQL("bool_or('NaN'::numeric = ANY({}))").format(sql.Identifier(c.name)) for c in cols]
+    q = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(tests), sql.Identifier(schema.schema, schema.name))
+    row = conn.execute(q).fetchone()
+    bad = [c for c, hit in zip(cols, row) if hit]
+    if bad:
+        raise MooncakeError(
+            f"table {schema.qualified_name}: column(s) " + ", ".join(f"{c.name} ({c.type_name})" for c in bad)
+            + " hold 'NaN', which the Iceberg decimal they map to cannot hold; " + column_option_hint([c.name for c in bad]))
+
+
 def tune_gc() -> None:
     """Keep Python's cyclic GC off the apply loop's back: everything alive now (imported modules,
     restored tables) is frozen out of its scans and young objects are collected less often. The
@@ -143,7 +171,8 @@ class ReplicatorService:
             saved = json.loads(prop)
             cols, key, hash_ids = saved["columns"], saved["key"], saved.get("hash_field_ids")
         with psycopg.connect(with_options(self.dsn)) as conn:
-            schema = describe_mirrored(conn, meta["source"], cols, key)
+            schema = describe_mirrored(conn, meta["source"], cols, key, column_types=meta.get("column_types"),
+                                       exclude=meta.get("exclude"))
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
         t.restore()
@@ -290,6 +319,16 @@ class ReplicatorService:
         lsn = getattr(e, "lsn", lsn)
         t.error = (str(e) if isinstance(e, (SchemaChangeError, CatalogLookupError)) else
                    f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
+        cols = getattr(e, "columns", None)
+        if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
+            opts = dict(t.schema.column_types)
+            keep = " ".join(f"--column-type {c}=text" for c in opts if c not in cols)
+            excl = " ".join(f"--exclude-column {c}" for c in t.schema.excluded)
+            redo = f"mooncake create-table {t.name} {t.source}" + "".join(f" {x}" for x in (keep, excl) if x)
+            t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
+                        f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
+                        f"then {redo} " + " ".join(f"--column-type {c}=text" for c in cols)
+                        + " (or leave them out: " + " ".join(f"--exclude-column {c}" for c in cols) + ")")
         t.applied_lsn = min(t.applied_lsn, lsn)
         log.error("%s", t.error)
 
@@ -438,11 +477,20 @@ class ReplicatorService:
             raise MooncakeError(f"no mirrored table named {name!r} (see `mooncake list-tables`)")
         return t
 
-    def create_table(self, dst: str, src: str, delete_format: str = "deletion-vectors") -> dict:
+    def create_table(self, dst: str, src: str, delete_format: str = "deletion-vectors",
+                     column_types: dict | None = None, exclude: list | None = None) -> dict:
         """Mirror Postgres table ``src`` as ``dst``: publication, consistent initial copy, then CDC.
 
-        Errors (``MooncakeError``, nothing left half-created): missing table, unsupported column type,
-        a name already in use, an unreachable Postgres."""
+        ``column_types``: column -> ``"text"`` (mirror it as Postgres's exact text whatever its type);
+        ``exclude``: columns left out of the mirror. Both are recorded with the mirror (registry) and
+        apply across restarts. The result's ``text_columns``: ``[name, type]`` of the columns mirrored
+        as their exact text (no structured mapping, or asked for).
+
+        Errors (``MooncakeError``, nothing left half-created): missing table, a column that cannot be
+        mirrored exactly (every such column named, with the options that get past them), a
+        ``numeric(p,s)`` column holding ``NaN`` (idem), a name already in use, an unreachable Postgres."""
+        column_types = dict(column_types or {})
+        exclude = list(exclude or [])
         if delete_format not in ("deletion-vectors", "position-deletes"):
             raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
         try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
@@ -464,9 +512,10 @@ class ReplicatorService:
         cp = None
         try:
             try:
-                schema = describe_table(conn, src)
+                schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             except (LookupError, UnsupportedTypeError) as e:
                 raise MooncakeError(str(e).strip("'\"")) from None
+            _refuse_nan_decimals(conn, schema)
             if schema.has_primary_key and schema.replica_identity == "n":  # nothing published yet
                 raise MooncakeError(f"table {src} has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry "
                                     "no key (and Postgres refuses them once the table is published); set REPLICA "
@@ -477,7 +526,7 @@ class ReplicatorService:
                     for (leaf,) in conn.execute("SELECT relid::regclass::text FROM pg_partition_tree(%s::regclass) "
                                                 "WHERE isleaf", (_qi(src),)).fetchall():
                         conn.execute(f"ALTER TABLE {leaf} REPLICA IDENTITY FULL")
-                schema = describe_table(conn, src)
+                schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             ident = self._ident(dst)
             try:
                 self.catalog.create_namespace_if_not_exists(NAMESPACE)
@@ -518,7 +567,14 @@ class ReplicatorService:
                 with self.lock:
                     cp["copy_lsn"] = copy_lsn
                 self._ensure_stream()
-                rows = self._copy(table, schema, snap)
+                try:
+                    rows = self._copy(table, schema, snap)
+                except ValueError as e:  # a value its column's mapping cannot hold: name the way past it
+                    if not getattr(e, "columns", None):
+                        raise
+                    from ..cdc.types import column_option_hint
+
+                    raise MooncakeError(f"table {src}: initial copy: {e}; {column_option_hint(e.columns)}") from None
             finally:
                 tmp.close()
             with self.lock:
@@ -541,12 +597,16 @@ class ReplicatorService:
                 table.persist()
                 self.registry["tables"][dst] = {"source": src, "delete_format": delete_format, "state": "ready",
                                                 "oid": schema.oid, "columns": column_signature(schema),
-                                                "key": list(schema.key_columns)}
+                                                "key": list(schema.key_columns),
+                                                **({"column_types": column_types} if column_types else {}),
+                                                **({"exclude": exclude} if exclude else {})}
                 self._save_registry()
                 self.progress.pop(dst, None)
             return {"table": dst, "source": src, "rows": rows, "copy_lsn": lsn_str(copy_lsn),
                     "seconds": round(time.time() - t0, 3), "key": schema.key_columns,
-                    "replica_identity": schema.replica_identity}
+                    "replica_identity": schema.replica_identity,
+                    "text_columns": [[c.name, c.type_name] for c in schema.columns if c.as_text],
+                    "excluded": exclude}
         except BaseException:
             with self.lock:
                 if cp is not None:

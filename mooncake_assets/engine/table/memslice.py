@@ -30,9 +30,10 @@ class BadRowError(ValueError):
     """A buffered row whose text cannot be decoded to the table's Arrow types (found when the open
     buffer is sealed). ``lsn``: commit LSN of the transaction that wrote the row. Permanent."""
 
-    def __init__(self, message: str, lsn: int):
+    def __init__(self, message: str, lsn: int, columns: list | None = None):
         super().__init__(f"{message} (a row committed at LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X})")
         self.lsn = lsn
+        self.columns = list(columns or [])  # the columns whose values could not be decoded
 
 
 class Carried:
@@ -97,7 +98,7 @@ class MemSlice:
                 try:
                     self._decode([[None if isinstance(x, Carried) else x] for x in values])
                 except ValueError as e:
-                    raise BadRowError(str(e), lsn) from None
+                    raise BadRowError(str(e), lsn, getattr(e, "columns", None)) from None
                 except Exception:
                     pass
                 break
@@ -155,12 +156,12 @@ class MemSlice:
             rb = self._decode(cols)
         except ValueError as e:  # name the commit that brought the value (the open buffer stays as it was)
             bad = next((i for i in range(len(self._rows)) if not self._decodes([[c[i]] for c in cols])), 0)
-            raise BadRowError(str(e), self._ins[bad]) from None
+            raise BadRowError(str(e), self._ins[bad], getattr(e, "columns", None)) from None
         if patches:
             arrays = list(rb.columns)
             for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
                 base = arrays[ci]
-                carried = pa.array(scalars, type=base.type)
+                carried = _scalars_to_array(scalars, base.type)
                 pick = np.arange(len(base), dtype=np.int64)
                 pick[idx] = len(base) + np.arange(len(idx), dtype=np.int64)
                 arrays[ci] = pa.concat_arrays([base, carried]).take(pa.array(pick))
@@ -260,6 +261,15 @@ class MemSlice:
         return self.num_rows == 0
 
 
+def _scalars_to_array(scalars: list, t: pa.DataType) -> pa.Array:
+    """Arrow scalars (of type ``t``) as one array, in Arrow (values Python cannot hold carry over).
+    ``pa.array`` refuses a NULL map scalar among others, so nested types go one scalar at a time."""
+    try:
+        return pa.array(scalars, type=t)
+    except (TypeError, pa.ArrowException):
+        return pa.concat_arrays([pa.array([sc], type=t) if sc.is_valid else pa.nulls(1, t) for sc in scalars])
+
+
 def _suspect_checks(schema: pa.Schema) -> list:
     """(column index, cheap text test) for columns whose decoder can reject a value Postgres accepts:
     decimals (NaN), times (24:00:00), dates/timestamps (years past 9999 may exceed the range), arrays
@@ -267,7 +277,13 @@ def _suspect_checks(schema: pa.Schema) -> list:
     out = []
     for i, f in enumerate(schema):
         t = f.type
-        if pa.types.is_decimal(t):
+        doc = (f.metadata or {}).get(b"doc", b"").decode()
+        if pa.types.is_binary(t) and ": ISO WKB, SRID " in doc:  # PostGIS: a value with another SRID
+            srid = int(doc.rsplit(" ", 1)[1])
+            want = srid.to_bytes(4, "little").hex()
+            out.append((i, lambda v, srid=srid, want=want: not v.startswith("01") or (
+                bool(int(v[8:10], 16) & 0x20) != bool(srid) or (srid and v[10:18].lower() != want))))
+        elif pa.types.is_decimal(t):
             out.append((i, lambda v: v == "NaN"))
         elif pa.types.is_time(t):
             out.append((i, lambda v: v.startswith("24")))

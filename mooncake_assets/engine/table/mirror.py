@@ -189,10 +189,7 @@ class MirrorTable:
                 except ValueError:
                     continue
                 c.field_id = f.field_id
-                ids, t = [], f.field_type
-                while hasattr(t, "element_id"):
-                    ids.append(t.element_id)
-                    t = t.element_type
+                ids = _nested_ids(f.field_type)
                 if ids:
                     c.element_ids = ids
         return max([last] + [c.field_id for c in schema.columns]
@@ -236,7 +233,8 @@ class MirrorTable:
         hash_ids = self.hash_field_ids
         new = TableSchema(schema=self.schema.schema, name=self.schema.name, oid=self.schema.oid, columns=change.columns,
                           key_columns=change.key_columns, has_primary_key=self.schema.has_primary_key,
-                          replica_identity=self.schema.replica_identity, relkind=self.schema.relkind)
+                          replica_identity=self.schema.replica_identity, relkind=self.schema.relkind,
+                          excluded=list(self.schema.excluded), column_types=dict(self.schema.column_types))
         old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
         defaults = initial_defaults(new.columns)
         self.mem.evolve(new_arrow, self._decode, lambda rb: project(
@@ -743,6 +741,24 @@ class MirrorTable:
             "columns": len(self._col_names),
             "last_schema_change": self.last_schema_change,
         }
+
+
+def _nested_ids(t) -> list[int]:
+    """The field ids nested in an Iceberg type, in the pre-order :func:`~..cdc.types.assign_field_ids`
+    gives them (list: element, then inside it; struct: each field, then inside it; map: key, value,
+    then inside them)."""
+    from pyiceberg.types import ListType, MapType, StructType
+
+    if isinstance(t, ListType):
+        return [t.element_id] + _nested_ids(t.element_type)
+    if isinstance(t, MapType):
+        return [t.key_id, t.value_id] + _nested_ids(t.key_type) + _nested_ids(t.value_type)
+    if isinstance(t, StructType):
+        out = []
+        for f in t.fields:
+            out += [f.field_id] + _nested_ids(f.field_type)
+        return out
+    return []
 
 
 def initial_defaults(columns) -> dict:

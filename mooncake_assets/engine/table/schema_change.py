@@ -137,7 +137,8 @@ def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = Non
     if seen.get(rel_oid) is rel and rel_oid in table._relmap:
         return
     mine = [(c.name, c.decl_oid, c.decl_typmod) for c in table.schema.columns]
-    sig = [(c.name, c.type_oid, c.typmod) for c in rel.columns]
+    excluded = set(getattr(table.schema, "excluded", None) or ())  # create-table --exclude-column
+    sig = [(c.name, c.type_oid, c.typmod) for c in rel.columns if c.name not in excluded]
     if sig != mine:
         if catalog is None:
             raise SchemaChangeError(describe_change(table, rel, lsn))
