@@ -520,8 +520,7 @@ def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLik
     the run starts (see module docstring; the workload is the same with or without)."""
     t0 = time.time()
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"mooncake-chaos-{seed}-", dir="/var/tmp"))
-    root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o755)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the run's state directory: owner-only
     run = _Run(seed, steps, base_dsn, root, phase, log, schema_rate, jitter)
     failed = True
     try:

@@ -36,14 +36,16 @@ CTX = Ctx()
 def fail(msg: str, code: int = 1):
     from rich.markup import escape  # a message may hold brackets ("[errno 1]") that are not markup
 
-    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
+    from .engine.pg.conninfo import scrub, with_password_hint
+
+    err.print(f"[red]error:[/red] {escape(with_password_hint(scrub(msg)))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
 @app.callback()
 def main_options(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory (env MOONCAKE_STATE_DIR; default ./.mooncake)"),
-    dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres)"),
+    dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres). Saved without its password: later commands take it from PGPASSWORD, ~/.pgpass (PGPASSFILE), a service= entry or MOONCAKE_PG_DSN"),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse)"),
     catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)"),
     s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]"),
@@ -51,6 +53,9 @@ def main_options(
 ):
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .engine.pg.conninfo import install_log_scrubber
+
+    install_log_scrubber()  # a password this process was given is blanked out of every log line
     CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint)
 
 
@@ -165,8 +170,10 @@ def status():
 
 # ---------------------------------------------------------------------------------------- tables
 @app.command("create-table")
-def create_table(dst: str = typer.Argument(..., help="Name of the mirror"),
-                 src: str = typer.Argument(..., help="Source table, schema.table"),
+def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 ASCII letters, digits and _, not starting with a digit"),
+                 src: str = typer.Argument(..., help="Source table as SQL names it: schema.table or table (search_path); "
+                                                     "unquoted parts fold to lower case, quote the others: "
+                                                     "'\"Sales Data\".\"Q1 Orders\"', 'public.\"User\"'"),
                  delete_format: str = typer.Option("deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)"),
                  column_type: list[str] = typer.Option(
                      [], "--column-type", metavar="COL=text",

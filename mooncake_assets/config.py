@@ -4,7 +4,12 @@ Defaults (DESIGN.md §8): state dir ``$MOONCAKE_STATE_DIR`` or ``./.mooncake``; 
 or the embedded local Postgres in ``<state>/pg``; warehouse ``$MOONCAKE_WAREHOUSE`` or
 ``file://<state>/warehouse``; catalog ``$MOONCAKE_CATALOG_URI`` or ``sqlite:///<state>/catalog.db``.
 Settings given on the command line are saved in ``<state>/settings.json`` so that the background
-service and later commands use the same ones.
+service and later commands use the same ones — without passwords: the DSN (and a catalog URI) is
+saved without its password, which later processes take from where libpq finds one (``PGPASSWORD``,
+``~/.pgpass``/``PGPASSFILE``, a ``service=`` entry) or from ``MOONCAKE_PG_DSN``; a service started by
+a process that was given the password gets it through its environment only
+(:meth:`Settings.service_environment`). The state directory is created ``0700`` and its files
+``0600`` (``engine/private.py``).
 """
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .engine.pg.conninfo import PASSWORD_HINT, split_password, split_uri_password, strip_password
+from .engine.private import ensure_private_dir, warn_if_open, write_private
 
 
 @dataclass
@@ -68,9 +76,24 @@ class Settings:
         return EmbeddedPostgres(self.state_dir).start()
 
     def save(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        """Write ``settings.json`` (``0600``, in a ``0700`` state directory), without passwords."""
+        ensure_private_dir(self.state_dir)
         d = {k: v for k, v in asdict(self).items() if k != "state_dir"}
-        self.settings_file.write_text(json.dumps(d, indent=1))
+        d["dsn"] = strip_password(self.dsn)
+        d["catalog_uri"] = split_uri_password(self.catalog_uri)[0]
+        write_private(self.settings_file, json.dumps(d, indent=1))
+
+    def service_environment(self) -> dict[str, str]:
+        """Environment entries for a service process started by this one: the DSN
+        (``MOONCAKE_PG_DSN``) and catalog URI (``MOONCAKE_CATALOG_URI``) exactly as this process resolved
+        them — with their passwords, which are never written to a file (``settings.json`` has them
+        without), and beating any other value the inherited environment holds."""
+        env = {}
+        if self.dsn:
+            env["MOONCAKE_PG_DSN"] = self.dsn
+        if self.catalog_uri:
+            env["MOONCAKE_CATALOG_URI"] = self.catalog_uri
+        return env
 
 
 def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None = None,
@@ -80,15 +103,38 @@ def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None
     sd = Path(state_dir or os.environ.get("MOONCAKE_STATE_DIR") or ".mooncake").resolve()
     s = Settings(state_dir=sd)
     f = s.settings_file
+    if sd.exists():
+        warn_if_open(sd)
     if f.exists():
         saved = json.loads(f.read_text())
         for k, v in saved.items():
             if hasattr(s, k):
                 setattr(s, k, v)
+        if split_password(s.dsn)[1] is not None or split_uri_password(s.catalog_uri)[1] is not None:
+            _drop_saved_passwords(s)  # written by an older version: keep it in memory only
     s.dsn = dsn or os.environ.get("MOONCAKE_PG_DSN") or s.dsn
     s.warehouse = warehouse or os.environ.get("MOONCAKE_WAREHOUSE") or s.warehouse
     s.catalog_uri = catalog_uri or os.environ.get("MOONCAKE_CATALOG_URI") or s.catalog_uri
     from .engine.storage.config import apply_s3_settings  # S3 endpoint/region/allow_http: env names there
 
     apply_s3_settings(s, endpoint=s3_endpoint)
+    split_password(s.dsn)  # remember the passwords, to blank them out of output and logs
+    split_uri_password(s.catalog_uri)
     return s
+
+
+def _drop_saved_passwords(s: Settings) -> None:
+    """Rewrite a ``settings.json`` that holds a password (an older version wrote it) without it."""
+    import logging
+
+    try:
+        saved = json.loads(s.settings_file.read_text())
+        saved["dsn"] = strip_password(saved.get("dsn"))
+        saved["catalog_uri"] = split_uri_password(saved.get("catalog_uri"))[0]
+        write_private(s.settings_file, json.dumps(saved, indent=1))
+        logging.getLogger("mooncake.state").warning(
+            "removed a password from %s (passwords are not kept in the state directory; %s)",
+            s.settings_file, PASSWORD_HINT)
+    except OSError as e:
+        logging.getLogger("mooncake.state").warning("%s holds a password and could not be rewritten: %s",
+                                                    s.settings_file, e)

@@ -111,7 +111,9 @@ def build_definitions(config: DagsterConfig) -> dg.Definitions:
 def dagster_home(state_dir: str | os.PathLike) -> Path:
     """``<state>/dagster``: the DAGSTER_HOME of ``mooncake ui`` and ``mooncake demo --dagster`` (created,
     with a dagster.yaml that turns telemetry off, when missing)."""
-    home = Path(state_dir) / "dagster"
+    from .engine.private import ensure_private_dir
+
+    home = ensure_private_dir(state_dir) / "dagster"
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "dagster.yaml"
     if not cfg.exists():

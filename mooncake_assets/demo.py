@@ -18,6 +18,8 @@ import psycopg
 from rich.console import Console
 
 from .config import Settings
+from .engine.pg.conninfo import redact
+from .engine.private import ensure_private_dir
 
 TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
 QUERY = "SELECT bid, sum(abalance) AS balance FROM pgbench_accounts GROUP BY bid ORDER BY bid LIMIT 3"
@@ -39,9 +41,9 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     from .engine.service.process import start_service
 
     con = Console()
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(settings.state_dir)  # 0700 (engine/private.py)
     dsn = settings.source_dsn()
-    con.print(f"[bold]source[/bold] {dsn}")
+    con.print(f"[bold]source[/bold] {redact(dsn)}")  # never a password
     if dagster:  # the Dagster assets drive maintenance; the service only caps its memory
         from .engine.service.process import stop_service
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .config import Settings
+from .engine.pg.conninfo import redact
 from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +89,7 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
 
     con = Console()
     dsn = settings.source_dsn()
-    con.print(f"[bold]source[/bold] {dsn}")
+    con.print(f"[bold]source[/bold] {redact(dsn)}")  # never a password
     settings.maintenance = "dagster"
     stop_service(settings)  # a running service keeps its mode: start it again with maintenance by Dagster
     settings.save()

@@ -105,7 +105,8 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
     con = connect_with_iceberg()
     if (s3 := warehouse_s3(settings)) is not None:
         configure_duckdb_s3(con, s3)
-    return con.execute(f"SELECT * FROM iceberg_scan('{tbl.metadata_location}')").to_arrow_table()
+    loc = tbl.metadata_location.replace("'", "''")  # a path is a string literal to DuckDB
+    return con.execute(f"SELECT * FROM iceberg_scan('{loc}')").to_arrow_table()
 
 
 def verify(settings: Settings, names: list[str] | None = None, reader: str = "union", client=None,

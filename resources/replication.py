@@ -26,7 +26,8 @@ DEFAULT_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pg
 @dataclass(frozen=True)
 class TableSpec:
     """One mirror to keep: ``name`` (the mirror's name, the last part of its asset keys) and ``source``
-    (the Postgres table, ``schema.table``)."""
+    (the Postgres table in its SQL form, ``schema.table`` with parts quoted where needed, e.g.
+    ``"Sales Data"."Q1 Orders"``; see ``mooncake_assets/engine/pg/names.py``)."""
 
     name: str
     source: str
@@ -34,29 +35,67 @@ class TableSpec:
     @staticmethod
     def parse(text: str) -> "TableSpec":
         """``name`` (source ``public.name``), ``schema.table`` (name ``table``) or ``name=schema.table``.
+        The source is parsed as Postgres parses a qualified name: unquoted parts fold to lower case,
+        double-quoted parts are kept exactly (``q1_orders="Sales Data"."Q1 Orders"``).
 
-        Raises ``ValueError`` for an empty entry or a name that cannot be an asset key part."""
+        Raises ``ValueError`` (one line) for an empty entry, a source that does not parse, or a mirror
+        name that is not letters, digits and ``_`` (then the ``name=schema.table`` form is suggested)."""
+        from mooncake_assets.engine.pg.names import (InvalidName, check_mirror_name, format_name,
+                                                     split_qualified_name)
+
         text = text.strip()
-        if "=" in text:
+        eq, quote = text.find("="), text.find('"')
+        if eq >= 0 and (quote < 0 or eq < quote):  # a mirror name holds no quote, so a '=' before one splits
             name, source = (p.strip() for p in text.split("=", 1))
-        elif "." in text:
-            source, name = text, text.split(".", 1)[1]
         else:
-            name, source = text, f"public.{text}"
-        if "." not in source:
-            source = f"public.{source}"
-        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise ValueError(f"mirror name must be letters, digits and _ (not starting with a digit): got {text!r}")
-        return TableSpec(name, source)
+            name, source = None, text
+        parts = split_qualified_name(source)
+        if len(parts) > 2:
+            raise InvalidName(f"table {source!r}: give schema.table (got {len(parts)} dotted parts)")
+        if len(parts) == 1:
+            parts = ["public", parts[0]]
+        if name is None:
+            name = parts[1]
+            try:
+                check_mirror_name(name)
+            except InvalidName:
+                raise InvalidName(f"table {text!r}: its name {parts[1]!r} cannot be a mirror name; name the mirror: "
+                                  f"name={format_name(*parts)} (name: letters, digits and _)") from None
+        check_mirror_name(name)
+        return TableSpec(name, format_name(*parts))
+
+    @property
+    def source_parts(self) -> tuple[str, str]:
+        """``(schema, table)`` as the catalogs spell them."""
+        from mooncake_assets.engine.pg.names import split_qualified_name
+
+        schema, table = split_qualified_name(self.source)
+        return schema, table
 
     def __str__(self) -> str:
         return f"{self.name}={self.source}"
 
 
+def _split_entries(text: str) -> list[str]:
+    """Split a comma-separated list of table entries at commas outside double quotes."""
+    out, cur, quoted = [], [], False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
 def parse_tables(specs) -> list[TableSpec]:
-    """Table specs from a comma-separated string or a list of strings (see :meth:`TableSpec.parse`)."""
+    """Table specs from a comma-separated string (commas inside double quotes belong to a name) or a
+    list of strings (see :meth:`TableSpec.parse`)."""
     if isinstance(specs, str):
-        specs = specs.split(",")
+        specs = _split_entries(specs)
     out = [TableSpec.parse(s) for s in specs if s and s.strip()]
     names = [t.name for t in out]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -96,7 +135,10 @@ class ReplicationResource(dg.ConfigurableResource):
     state_dir: str = Field(".mooncake", description="mooncake state directory (settings.json, service socket, tables).")
     tables: list[str] = Field(default_factory=lambda: list(DEFAULT_TABLES),
                               description="Mirrors to keep: 'name' (source public.name), 'schema.table' or 'name=schema.table'.")
-    dsn: str | None = Field(None, description="Source Postgres DSN; default: settings.json, MOONCAKE_PG_DSN, else the embedded Postgres.")
+    dsn: str | None = Field(None, description="Source Postgres DSN; default: settings.json, MOONCAKE_PG_DSN, else the embedded Postgres. "
+                                              "Give one with a password as dg.EnvVar('MOONCAKE_PG_DSN') (Dagster then shows the variable's "
+                                              "name, not its value), or keep the password in PGPASSWORD / ~/.pgpass; it is never written to "
+                                              "the state directory.")
     warehouse: str | None = Field(None, description="Warehouse URI (file:// or s3://); default: settings.json or file://<state>/warehouse.")
     catalog: str | None = Field(None, description="Iceberg catalog URI; default: settings.json or sqlite:///<state>/catalog.db.")
     socket: str | None = Field(None, description="The service's Unix socket; default: the one the service of state_dir uses.")

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
+from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
 from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes
 
@@ -161,7 +162,7 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
     try:
         info = replication.ensure_running()
     except Exception as e:
-        context.log.error(f"the mooncake service is not answering and could not be started: {e}")
+        context.log.error(scrub(f"the mooncake service is not answering and could not be started: {e}"))
         return dg.SensorResult(skip_reason=f"mooncake service down and not startable: {str(e).splitlines()[0]}",
                                cursor=cur.dump())
     note = None
@@ -188,7 +189,7 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
     try:
         source = replication.source_position(status.get("slot"))
     except Exception as e:  # Postgres unreachable: still observe what the service knows
-        context.log.warning(f"could not read the source's position: {e}")
+        context.log.warning(scrub(f"could not read the source's position: {e}"))
         source = None
     by_name = {t["name"]: t for t in status["tables"]}
     specs = replication.table_specs()

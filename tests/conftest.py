@@ -72,8 +72,7 @@ def pg_dsn(pg_cluster):
 @pytest.fixture()
 def state_dir():
     """A fresh mooncake state directory under /var/tmp."""
-    d = Path(tempfile.mkdtemp(prefix="mooncake-test-state-", dir="/var/tmp"))
-    os.chmod(d, 0o755)
+    d = Path(tempfile.mkdtemp(prefix="mooncake-test-state-", dir="/var/tmp"))  # 0700, as mooncake makes one
     yield d
     if os.environ.get("MOONCAKE_KEEP_TEST_STATE") != "1":
         import shutil

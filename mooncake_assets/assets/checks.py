@@ -14,6 +14,7 @@
 
 import dagster as dg
 
+from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
 from resources.replication import ReplicationResource, TableSpec, lag_bytes
 
@@ -33,7 +34,7 @@ def build_mirror_matches_source(spec: TableSpec) -> dg.AssetChecksDefinition:
             results, lsn = verify(replication.settings(), [name], "union", replication.client())
         except (ServiceError, ValueError, RuntimeError, TimeoutError) as e:
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                       description=f"could not compare {name} with {spec.source}: {e}",
+                                       description=scrub(f"could not compare {name} with {spec.source}: {e}"),
                                        metadata={"error": dg.MetadataValue.text(str(e))})
         r = results[0]
         meta = {"lsn": dg.MetadataValue.text(lsn), "source_rows": dg.MetadataValue.int(r.source_rows),

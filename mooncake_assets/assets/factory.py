@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 from pydantic import Field
 
+from mooncake_assets.engine.pg.conninfo import scrub
+from mooncake_assets.engine.pg.names import asset_key_part
 from mooncake_assets.engine.service import ServiceError
 from resources.io_manager import MIRROR_TABLE
 from resources.replication import ReplicationResource, TableSpec
@@ -42,7 +44,10 @@ MIRROR = "mirror"
 
 
 def source_key(spec: TableSpec) -> dg.AssetKey:
-    return dg.AssetKey(["postgres", *spec.source.split(".", 1)])
+    """``postgres/<schema>/<table>``; a name part that is not ``[A-Za-z0-9_]+`` is mapped by
+    :func:`~mooncake_assets.engine.pg.names.asset_key_part` (``Sales Data`` → ``Sales_Data_<hash>``)
+    and the asset's description and metadata show the real names."""
+    return dg.AssetKey(["postgres", *(asset_key_part(p) for p in spec.source_parts)])
 
 
 def mirror_key(name: str) -> dg.AssetKey:
@@ -140,7 +145,7 @@ def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
         try:
             meta["dagster/column_schema"] = postgres_column_schema(replication.source_dsn(), spec.source)
         except Exception as e:  # schema metadata is informative; the mirror itself is fine
-            context.log.warning(f"could not read the column schema of {spec.source}: {e}")
+            context.log.warning(scrub(f"could not read the column schema of {spec.source}: {e}"))
         meta["duration_s"] = dg.MetadataValue.float(round(time.time() - t0, 3))
         return dg.MaterializeResult(metadata=meta)
 
@@ -239,9 +244,12 @@ def build_table_assets(specs: Sequence[TableSpec], catalog_uri: str | None = Non
     for spec in specs:
         if spec.source not in seen_sources:
             seen_sources.add(spec.source)
+            schema_name, table_name = spec.source_parts
             out.append(dg.AssetSpec(
                 key=source_key(spec), group_name="postgres", kinds={"postgres"},
                 description=f"Postgres table `{spec.source}`, the source of the mirror (logical replication, pgoutput).",
+                metadata={"mooncake/source": spec.source, "mooncake/source_schema": schema_name,
+                          "mooncake/source_table": table_name},
             ))
         schema = iceberg_column_schema(catalog_uri, spec.name) if catalog_uri else None
         out.append(build_mirror_asset(spec, column_schema=schema))

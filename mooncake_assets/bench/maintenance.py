@@ -82,7 +82,7 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
     tag = uuid.uuid4().hex[:8]
     src = f"mooncake_bench_maint_{tag}"
     scratch = Path(tempfile.mkdtemp(prefix="mooncake-bench-maint-", dir=os.environ.get("TMPDIR", "/var/tmp")))
-    os.chmod(scratch, 0o755)
+    # a state directory: mkdtemp makes it 0700, as mooncake wants one
     bs = dataclasses.replace(settings, state_dir=scratch, warehouse=None, catalog_uri=None, maintenance="dagster",
                              extra={**(settings.extra or {}), "maintenance": {"snapshot_retention_s": 0,
                                                                              "retain_snapshots": 1}})

@@ -91,8 +91,7 @@ def drop_database(pg_cluster, name: str) -> None:
 
 
 def new_state_dir() -> Path:
-    d = Path(tempfile.mkdtemp(prefix="mooncake-cdc-", dir="/var/tmp"))
-    os.chmod(d, 0o755)
+    d = Path(tempfile.mkdtemp(prefix="mooncake-cdc-", dir="/var/tmp"))  # 0700, as mooncake makes one
     return d
 
 

@@ -309,8 +309,10 @@ class TableSchema:
 
     @property
     def qualified_name(self) -> str:
-        """``schema.name`` as written by Postgres (unquoted)."""
-        return f"{self.schema}.{self.name}"
+        """``schema.name`` in its SQL form, parts quoted where needed (``"Sales Data"."Q1 Orders"``)."""
+        from ..pg.names import format_name
+
+        return format_name(self.schema, self.name)
 
     def arrow_schema(self) -> pa.Schema:
         """The Arrow schema of the mirror: one field per column, nullable unless ``NOT NULL``.
@@ -389,8 +391,10 @@ REFUSED_TYPES: dict[int, str] = {
 def column_option_hint(columns: Sequence[str]) -> str:
     """The create-table options that get past ``columns``: ``--column-type c=text … or
     --exclude-column c …``."""
-    return ("mirror them as their exact text with " + " ".join(f"--column-type {c}=text" for c in columns)
-            + ", or leave them out with " + " ".join(f"--exclude-column {c}" for c in columns)
+    import shlex  # column names may hold spaces or quotes: the options as a shell takes them
+
+    return ("mirror them as their exact text with " + " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in columns)
+            + ", or leave them out with " + " ".join(f"--exclude-column {shlex.quote(c)}" for c in columns)
             + " (create-table options, recorded with the mirror)")
 
 

@@ -118,6 +118,9 @@ class EmbeddedPostgres:
     def start(self) -> str:
         """Create the cluster if needed and start it (no-op when running). Returns its DSN."""
         bin_dir = find_pg_bin()
+        from ..private import ensure_private_dir
+
+        ensure_private_dir(self.state_dir)  # a state directory made here is owner-only too
         self.meta_dir.mkdir(parents=True, exist_ok=True)
         data = self.data_dir
         (self.meta_dir / "location").write_text(str(data))

@@ -3,7 +3,7 @@
 Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format, column_types, exclude}``,
 ``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
 (returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
-``shutdown``. ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
+``shutdown``. The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
 expire after 10 minutes). Errors reach the client as one-line Flight errors.
 """
 from __future__ import annotations
@@ -19,6 +19,8 @@ import uuid
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from ..pg.conninfo import install_log_scrubber, scrub
+from ..private import ensure_private_dir, write_private
 from ..table.mirror import parse_lsn
 from .service import MooncakeError, ReplicatorService
 
@@ -30,6 +32,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
         if os.path.exists(socket_path):
             os.unlink(socket_path)
         super().__init__(flight.Location.for_grpc_unix(socket_path))
+        os.chmod(socket_path, 0o600)  # owner only (the service's umask already made it so; be exact)
         self.service = service
         self.socket_path = socket_path
         self._tickets: dict[str, tuple[float, pa.Table]] = {}
@@ -41,10 +44,10 @@ class MooncakeFlightServer(flight.FlightServerBase):
         try:
             result = self._dispatch(action.type, body)
         except (MooncakeError, TimeoutError, ValueError, LookupError) as e:
-            raise flight.FlightServerError(str(e))
+            raise flight.FlightServerError(scrub(str(e)))
         except Exception as e:
             log.exception("action %s failed", action.type)
-            raise flight.FlightServerError(f"{type(e).__name__}: {e}")
+            raise flight.FlightServerError(scrub(f"{type(e).__name__}: {e}"))
         yield flight.Result(json.dumps(result, default=str).encode())
 
     def list_actions(self, context):
@@ -105,12 +108,14 @@ class MooncakeFlightServer(flight.FlightServerBase):
 
 def serve(settings, ready_cb=None) -> None:
     """Run the service in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    os.umask(0o077)  # everything the service creates (state, staging, catalog, socket) is owner-only
+    install_log_scrubber()
+    ensure_private_dir(settings.state_dir)
     pidfile = settings.state_dir / "service.pid"
     service = ReplicatorService(settings)
     service.start()  # restore tables and start streaming before the socket answers pings
     server = MooncakeFlightServer(service, str(settings.socket_path))
-    pidfile.write_text(str(os.getpid()))
+    write_private(pidfile, str(os.getpid()))
 
     def _term(signum, frame):
         threading.Thread(target=server._shutdown_soon, daemon=True).start()

@@ -1,7 +1,8 @@
 """The service as a background process (``mooncake start|stop|status``).
 
 ``start_service`` spawns ``python -m mooncake_assets.cli serve`` detached (own session, default signal
-handlers, output to ``<state>/service.log``) and waits until it answers a ping; ``stop_service`` asks it
+handlers, output to ``<state>/service.log``, mode ``0600``; a password the caller was given is passed in
+the child's environment, see :meth:`Settings.service_environment`) and waits until it answers a ping; ``stop_service`` asks it
 to shut down over Flight, then kills it by its own pid (``<state>/service.pid``) if it has not gone.
 """
 from __future__ import annotations
@@ -15,7 +16,9 @@ import time
 
 from ...config import Settings
 from .client import ServiceClient, ServiceUnavailable
+from ..pg.conninfo import scrub
 from ..pg.embedded import reset_signals as _reset_signals
+from ..private import ensure_private_dir, open_private
 
 
 def service_pid(settings: Settings) -> int | None:
@@ -38,8 +41,8 @@ def start_service(settings: Settings, timeout: float = 60.0, report: bool = Fals
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
     RuntimeError with the log tail on failure."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(settings.state_dir / "service.start.lock", "w") as lock:
+    ensure_private_dir(settings.state_dir)
+    with open_private(settings.state_dir / "service.start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             client = ServiceClient(settings.socket_path)
@@ -55,9 +58,12 @@ def start_service(settings: Settings, timeout: float = 60.0, report: bool = Fals
 
 def _spawn(settings: Settings, client: ServiceClient, timeout: float) -> int:
     settings.save()
-    log = open(settings.state_dir / "service.log", "ab")
+    log = open_private(settings.state_dir / "service.log", "ab")
     env = dict(os.environ)
     env["MOONCAKE_STATE_DIR"] = str(settings.state_dir)
+    # a password given to this process (--dsn, the resource's dsn) reaches the service through its
+    # environment only (readable by its owner alone), never through a file or its command line
+    env.update(settings.service_environment())
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True, preexec_fn=_reset_signals, cwd=str(settings.state_dir))
@@ -70,7 +76,7 @@ def _spawn(settings: Settings, client: ServiceClient, timeout: float) -> int:
             return proc.pid
         time.sleep(0.1)
     tail = (settings.state_dir / "service.log").read_text(errors="replace").splitlines()[-15:]
-    raise RuntimeError("the mooncake service did not start:\n" + "\n".join(tail))
+    raise RuntimeError(scrub("the mooncake service did not start:\n" + "\n".join(tail)))
 
 
 def stop_service(settings: Settings, timeout: float = 15.0) -> bool:

@@ -14,6 +14,7 @@ import gc
 import hashlib
 import json
 import logging
+import shlex
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import psycopg
 import pyarrow as pa
+from psycopg import sql
 import pyarrow.parquet as pq
 
 from ...config import Settings
@@ -34,6 +36,9 @@ from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, de
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
+from ..pg.conninfo import connect_error, scrub
+from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
+from ..private import write_private
 
 log = logging.getLogger("mooncake.service")
 
@@ -130,9 +135,7 @@ class ReplicatorService:
         return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}", "tables": {}}
 
     def _save_registry(self) -> None:
-        tmp = self.registry_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.registry, indent=1))
-        tmp.replace(self.registry_path)
+        write_private(self.registry_path, json.dumps(self.registry, indent=1))
 
     @property
     def slot(self) -> str:
@@ -322,13 +325,13 @@ class ReplicatorService:
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
             opts = dict(t.schema.column_types)
-            keep = " ".join(f"--column-type {c}=text" for c in opts if c not in cols)
-            excl = " ".join(f"--exclude-column {c}" for c in t.schema.excluded)
-            redo = f"mooncake create-table {t.name} {t.source}" + "".join(f" {x}" for x in (keep, excl) if x)
+            keep = " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in opts if c not in cols)
+            excl = " ".join(f"--exclude-column {shlex.quote(c)}" for c in t.schema.excluded)
+            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + "".join(f" {x}" for x in (keep, excl) if x)
             t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
                         f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
-                        f"then {redo} " + " ".join(f"--column-type {c}=text" for c in cols)
-                        + " (or leave them out: " + " ".join(f"--exclude-column {c}" for c in cols) + ")")
+                        f"then {redo} " + " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in cols)
+                        + " (or leave them out: " + " ".join(f"--exclude-column {shlex.quote(c)}" for c in cols) + ")")
         t.applied_lsn = min(t.applied_lsn, lsn)
         log.error("%s", t.error)
 
@@ -497,35 +500,51 @@ class ReplicatorService:
             storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_s3(self.settings))
         except storage.StorageError as e:
             raise MooncakeError(str(e)) from None
-        if "." not in src:
-            src = f"public.{src}"
+        try:
+            check_mirror_name(dst)
+        except InvalidName as e:
+            raise MooncakeError(str(e)) from None
         with self.lock:
             if dst in self.tables or dst in self.registry["tables"]:
                 raise MooncakeError(f"a mirrored table named {dst!r} already exists")
+            same = [n for n in list(self.tables) + list(self.registry["tables"]) if n.lower() == dst.lower()]
+            if same:
+                raise MooncakeError(f"mirror name {dst!r} differs from the existing mirror {same[0]!r} only in case; "
+                                    "mirror names must differ in more than case")
         t0 = time.time()
         try:
             conn = psycopg.connect(with_options(self.dsn), autocommit=True)
         except psycopg.OperationalError as e:
-            raise MooncakeError(f"cannot connect to Postgres: {str(e).strip().splitlines()[0]}") from None
+            raise MooncakeError(f"cannot connect to Postgres: {connect_error(e)}") from None
         created_pub = added_pub = False
         ice = None
         cp = None
         try:
-            try:
+            try:  # parsed and found as Postgres does (parse_ident, to_regclass); kept in its quoted form
+                _, src_name = resolve_table(conn, src)
+                src = str(src_name)
                 schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
+            except InvalidName as e:
+                raise MooncakeError(str(e)) from None
             except (LookupError, UnsupportedTypeError) as e:
                 raise MooncakeError(str(e).strip("'\"")) from None
+            clash = case_collision(c.name for c in schema.columns)
+            if clash:
+                raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
+                                    "union reads (DuckDB) cannot tell apart; rename one of them on the source")
             _refuse_nan_decimals(conn, schema)
             if schema.has_primary_key and schema.replica_identity == "n":  # nothing published yet
                 raise MooncakeError(f"table {src} has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry "
                                     "no key (and Postgres refuses them once the table is published); set REPLICA "
                                     "IDENTITY DEFAULT (its primary key) or FULL, then create the mirror")
             if not schema.has_primary_key and schema.replica_identity not in ("f", "i"):
-                conn.execute(f"ALTER TABLE {_qi(src)} REPLICA IDENTITY FULL")
+                conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(_src_ident(schema)))
                 if schema.relkind == "p":  # not inherited: each existing partition logs its own old rows
-                    for (leaf,) in conn.execute("SELECT relid::regclass::text FROM pg_partition_tree(%s::regclass) "
-                                                "WHERE isleaf", (_qi(src),)).fetchall():
-                        conn.execute(f"ALTER TABLE {leaf} REPLICA IDENTITY FULL")
+                    for nsp, rel in conn.execute(
+                            "SELECT n.nspname, c.relname FROM pg_partition_tree(%s::oid::regclass) t JOIN pg_class c "
+                            "ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.isleaf",
+                            (schema.oid,)).fetchall():
+                        conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(nsp, rel)))
                 schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             ident = self._ident(dst)
             try:
@@ -544,7 +563,7 @@ class ReplicatorService:
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
-                self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, src)}
+                self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
             pub_exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone()
             member = pub_exists and conn.execute(
                 "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
@@ -552,11 +571,12 @@ class ReplicatorService:
             if member:
                 pass  # left by a create that was killed: keep it
             elif pub_exists:
-                conn.execute(f"ALTER PUBLICATION {self.publication} ADD TABLE {_qi(src)}")
+                conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                    sql.Identifier(self.publication), _src_ident(schema)))
                 added_pub = True
             else:
-                conn.execute(f"CREATE PUBLICATION {self.publication} FOR TABLE {_qi(src)} "
-                             "WITH (publish_via_partition_root = true)")
+                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
+                             .format(sql.Identifier(self.publication), _src_ident(schema)))
                 created_pub = True
             self._ensure_slot()
             # a temporary slot exports the snapshot of the copy; its consistent point splits copy and stream
@@ -618,9 +638,10 @@ class ReplicatorService:
                 self._drop_iceberg(dst)
             try:
                 if created_pub:
-                    conn.execute(f"DROP PUBLICATION IF EXISTS {self.publication}")
+                    conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.publication)))
                 elif added_pub:
-                    conn.execute(f"ALTER PUBLICATION {self.publication} DROP TABLE {_qi(src)}")
+                    conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                        sql.Identifier(self.publication), _src_ident(schema)))
             except Exception:
                 pass
             import shutil
@@ -669,7 +690,8 @@ class ReplicatorService:
             last = not self.registry["tables"]
         with psycopg.connect(self.dsn, autocommit=True) as c:
             try:
-                c.execute(f"ALTER PUBLICATION {self.publication} DROP TABLE {_qi(t.source)}")
+                c.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                    sql.Identifier(self.publication), _src_ident(t.schema)))
             except psycopg.Error:
                 pass
             if last:
@@ -679,7 +701,7 @@ class ReplicatorService:
                 if self.repl:
                     self.repl.close()
                     self.repl = None
-                c.execute(f"DROP PUBLICATION IF EXISTS {self.publication}")
+                c.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.publication)))
                 for _ in range(50):
                     try:
                         c.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
@@ -715,7 +737,7 @@ class ReplicatorService:
                 st = t.stats()
                 fault = self.faults.get(name)
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
-                st["error"] = t.error or (fault.describe() if fault else None)
+                st["error"] = scrub(t.error or (fault.describe() if fault else None))
                 st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
@@ -728,8 +750,8 @@ class ReplicatorService:
             return {"tables": tables, "applied_lsn": lsn_str(self.applied_lsn),
                     "source_lsn": lsn_str(src_lsn) if src_lsn is not None else None,
                     "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
-                    "publication": self.publication, "stream_error": self.stream_error,
-                    "stream_faults": list(self.stream_faults),
+                    "publication": self.publication, "stream_error": scrub(self.stream_error),
+                    "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream_faults],
                     "streaming": bool(self._thread and self._thread.is_alive())}
 
     def maintenance(self, op: str, name: str, **kw) -> dict:
@@ -853,15 +875,14 @@ class _Truncate:
         self.relation_oid = oid
 
 
-def _qi(qualified: str) -> str:
-    """Quote a schema.table name for SQL."""
-    parts = qualified.split(".", 1)
-    return ".".join('"' + p.replace('"', '""') + '"' for p in parts)
+def _src_ident(schema) -> sql.Identifier:
+    """The source table of a :class:`TableSchema` as SQL (``"schema"."name"``, quoted by psycopg)."""
+    return sql.Identifier(schema.schema, schema.name)
 
 
-def _estimate_rows(conn, src: str) -> int | None:
+def _estimate_rows(conn, oid: int) -> int | None:
     try:
-        r = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", (_qi(src),)).fetchone()
+        r = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s", (oid,)).fetchone()
         return max(int(r[0]), 0) if r else None
     except psycopg.Error:
         return None

@@ -40,6 +40,7 @@ from typing import Callable
 import pyarrow as pa
 
 from ..cdc.types import CatalogColumn, ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+from ..pg.names import case_collision
 
 FIELD_ID = b"PARQUET:field_id"
 log = logging.getLogger("mooncake.table")
@@ -234,6 +235,10 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
         if spec is None:
             raise fail(f"key column {k} was dropped")
         keys.append(spec.name)
+    clash = case_collision(c.name for c in out)
+    if clash:
+        raise fail(f'columns "{clash[0]}" and "{clash[1]}" differ only in case, which union reads (DuckDB) cannot '
+                   'tell apart', undo=f'rename column "{clash[1]}" on the source')
     change.key_columns = keys
     change.next_field_id = assign_field_ids(out, next_field_id)
     for c in out:

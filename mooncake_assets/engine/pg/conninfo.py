@@ -1,0 +1,157 @@
+"""Passwords in connection strings: kept out of files, output and logs.
+
+mooncake never writes a password to its state directory. A DSN given with one (``postgresql://u:pw@h/db``
+or ``… password=pw``) is saved without it (:func:`split_password`); the process that was given it keeps
+it in memory and hands it to the service it starts through that process's environment only
+(``MOONCAKE_PG_DSN``, see ``engine/service/process.py``). Everywhere else the password comes from where
+libpq looks for one when the DSN has none (PG docs, "libpq: Connection Strings", "The Password File",
+"The Connection Service File"): ``PGPASSWORD``, the password file (``PGPASSFILE``, default
+``~/.pgpass``), or a ``service=`` entry of ``pg_service.conf`` (``PGSERVICEFILE``, ``~/.pg_service.conf``).
+
+Every password this process has seen is remembered (:func:`remember_secret`) so that :func:`scrub`
+can blank it out of any text before it is printed or logged (:class:`ScrubFilter` for logging).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import urllib.parse
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+__all__ = ["split_password", "strip_password", "redact", "remember_secret", "scrub", "ScrubFilter",
+           "split_uri_password", "install_log_scrubber", "connect_error", "with_password_hint", "PASSWORD_HINT"]
+
+MASK = "********"
+_URI_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:([^/\s]*)@")  # greedy: up to the last '@'
+_LOOSE_PASSWORD = re.compile(r"password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))|://[^:/@\s]*:([^@\s]+)@")
+_SECRETS: set[str] = set()
+
+PASSWORD_HINT = ("mooncake keeps no password in its state directory: give it to this process by PGPASSWORD, "
+                 "the password file (~/.pgpass or PGPASSFILE), a service entry (service=… in the DSN, "
+                 "pg_service.conf), MOONCAKE_PG_DSN, or --dsn with the password")
+
+
+def remember_secret(secret: str | None) -> None:
+    """Blank ``secret`` out of everything :func:`scrub` sees from now on (no-op for None or '')."""
+    if secret:
+        _SECRETS.add(secret)
+        q = urllib.parse.quote(secret, safe="")
+        if q != secret:  # as it appears inside a URI
+            _SECRETS.add(q)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every remembered secret replaced by ``********``."""
+    if not _SECRETS or not isinstance(text, str):
+        return text
+    for s in sorted(_SECRETS, key=len, reverse=True):
+        if s in text:
+            text = text.replace(s, MASK)
+    return text
+
+
+def split_password(dsn: str | None) -> tuple[str | None, str | None]:
+    """``(dsn without its password, the password or None)`` for a libpq key/value string or URI.
+
+    A DSN without a password comes back unchanged (the same text). One with a password comes back as
+    a key/value string (``make_conninfo``) without the ``password`` key; the password is remembered
+    for :func:`scrub`. A DSN that libpq cannot parse comes back unchanged (connecting reports it)."""
+    if not dsn:
+        return dsn, None
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001 — malformed: leave it for the connect to report (scrubbed)
+        for m in _LOOSE_PASSWORD.finditer(dsn):  # still blank out what looks like its password
+            remember_secret(next(g for g in m.groups() if g))
+        return dsn, None
+    m = _URI_USERINFO.match(dsn)
+    if m and m.group(1).count("@"):  # an '@' left unencoded in a URI's password: libpq splits it wrongly
+        remember_secret(m.group(1))
+        for piece in m.group(1).split("@"):
+            if len(piece) >= 4:
+                remember_secret(piece)
+    password = params.pop("password", None)
+    if password is None:
+        return dsn, None
+    remember_secret(str(password))
+    return make_conninfo(**params), str(password)
+
+
+def strip_password(dsn: str | None) -> str | None:
+    """The DSN without its password (see :func:`split_password`)."""
+    return split_password(dsn)[0]
+
+
+def redact(dsn: str | None) -> str | None:
+    """A DSN to show: without its password (``str(dsn)`` scrubbed when it does not parse)."""
+    out, _ = split_password(dsn)
+    return scrub(out) if out else out
+
+
+def split_uri_password(uri: str | None) -> tuple[str | None, str | None]:
+    """``(uri without the password of its user-info, password or None)`` for URL-style URIs such as a
+    catalog's ``postgresql+psycopg://user:pw@host/db`` or ``https://user:pw@host``; the password is
+    remembered for :func:`scrub`."""
+    if not uri or "@" not in uri or "://" not in uri:
+        return uri, None
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri, None
+    pw = urllib.parse.unquote(parts.password)
+    remember_secret(pw)
+    remember_secret(parts.password)
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}")), pw
+
+
+def connect_error(e: BaseException) -> str:
+    """One line for a failed connection: the driver's first line, scrubbed, plus where a password can
+    come from when the server asked for one (:data:`PASSWORD_HINT`)."""
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(e).__name__
+    # libpq puts the server's FATAL line after "connection to server at … failed:"
+    fatal = next((ln for ln in lines if "password" in ln.lower()), None)
+    if fatal and fatal != first:
+        first = f"{first} {fatal}"
+    return with_password_hint(scrub(first))
+
+
+_ASKED = ("no password supplied", "password authentication failed", "password is required", "password required")
+
+
+def with_password_hint(msg: str) -> str:
+    """``msg`` plus where a password can come from (:data:`PASSWORD_HINT`), when ``msg`` says the server
+    wanted one (``fe_sendauth: no password supplied``, ``password authentication failed``)."""
+    low = msg.lower()
+    if any(a in low for a in _ASKED) and PASSWORD_HINT not in msg:
+        return f"{msg} ({PASSWORD_HINT})"
+    return msg
+
+
+class ScrubFilter(logging.Filter):
+    """A logging filter that blanks remembered secrets out of each record's message (and arguments)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SECRETS:
+            try:
+                msg = record.getMessage()
+            except Exception:  # noqa: BLE001
+                return True
+            record.msg, record.args = scrub(msg), None
+            if record.exc_info and record.exc_info[1] is not None:
+                import traceback
+
+                record.exc_text = scrub("".join(traceback.format_exception(*record.exc_info)).rstrip())
+                record.exc_info = None
+        return True
+
+
+def install_log_scrubber() -> None:
+    """Add a :class:`ScrubFilter` to every handler of the root logger (idempotent)."""
+    root = logging.getLogger()
+    for h in root.handlers:
+        if not any(isinstance(f, ScrubFilter) for f in h.filters):
+            h.addFilter(ScrubFilter())
