@@ -588,7 +588,11 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
                                             help="Extra share of steps that are schema changes (ADD/DROP/RENAME "
                                                  "COLUMN, widening), on top of the workload's ~2 %"),
           cases: Optional[Path] = typer.Option(None, "--cases", help="Where failing seeds are written "
-                                               "[default: ./tests/cases when it exists, else <state>/chaos-cases]")):
+                                               "[default: ./tests/cases when it exists, else <state>/chaos-cases]"),
+          jitter: bool = typer.Option(False, "--jitter", help="Seeded delays inside the service where timing matters "
+                                      "(catalog lookups, the apply loop, persist against a schema switch, the stream "
+                                      "of a restarted service): races found on purpose, a failing seed replays by "
+                                      "its seed")):
     """Seeded chaos: mixed workloads, maintenance and SIGKILLs of the real service, checked by verify."""
     from .chaos import run_chaos
 
@@ -597,7 +601,7 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
     bad = 0
     for s in range(seed, seed + seeds):
         res = run_chaos(s, steps, dsn, cases_dir=cases, phase=phase, log=lambda m: err.print(m, highlight=False),
-                        schema_rate=schema_rate)
+                        schema_rate=schema_rate, jitter=jitter)
         print(res.line(), flush=True)
         for d in res.divergences[:5]:
             print(f"  divergence: {json.dumps(d)}", flush=True)

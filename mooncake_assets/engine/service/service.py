@@ -41,9 +41,10 @@ from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
-from ..cdc.types import catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..faults import fault
 from ..table.memslice import BadRowError
-from ..table.schema_change import SchemaChangeError, on_relation
+from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
 from ..pg.conninfo import connect_error, scrub
@@ -142,7 +143,7 @@ class ReplicatorService:
         self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
-        self.source_catalog = SourceCatalog(self.dsn)
+        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=getattr(settings, "catalog_wait_s", 60.0))
         # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
         # the source for each applied batch (engine/cdc/generated.py)
         self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
@@ -337,6 +338,7 @@ class ReplicatorService:
                 backoff = min(backoff * 2, 10.0)
 
     def _stream_once(self) -> None:
+        fault("stream:start")  # (jitter: a restarted service streams late, the source's catalogs move on meanwhile)
         tune_gc()
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.slot, [self.publication], 0, streaming=True)
@@ -348,6 +350,8 @@ class ReplicatorService:
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
             self.lag.record(self.repl.server_wal_end)
+            if msgs:
+                fault("stream:apply")  # (jitter: the apply loop behind the source)
             if msgs and self.generated.tables:  # the batch's generated columns: one round trip, then apply
                 with self.lock:
                     txns = [txn for wal_start, payload in msgs
@@ -455,7 +459,7 @@ class ReplicatorService:
                 cp = self.copying.get(oid)
                 if cp is not None:
                     if txn.commit_lsn >= cp["copy_lsn"]:
-                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid)))
+                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid), txn.xid))
                     continue
                 t = self.by_oid.get(oid)
                 if t is None or txn.commit_lsn < t.applied_lsn or t.error:
@@ -463,7 +467,8 @@ class ReplicatorService:
                     #           before a reconnect resent it), or stopped by an error
                 try:
                     if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
-                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.source_catalog)
+                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.source_catalog,
+                                    xid=txn.xid)
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self._stop_table(t, e, txn.commit_lsn)
@@ -479,7 +484,7 @@ class ReplicatorService:
         applied LSN stays below that commit and ``durable_lsn`` holds the slot at its flush LSN, so a
         restart replays everything from there."""
         lsn = getattr(e, "lsn", lsn)
-        t.error = (str(e) if isinstance(e, SchemaChangeError) else
+        t.error = (str(e) if isinstance(e, (SchemaChangeError, CatalogLookupError)) else
                    f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
@@ -599,6 +604,7 @@ class ReplicatorService:
         except Exception as e:
             with self.lock:
                 self._persist_failed(t, e)
+        fault("persist:unlocked")  # (jitter: a schema switch may land between the upload and the commit)
         with self.lock:
             if self.tables.get(t.name) is not t or t.error:
                 raise MooncakeError(f"table {t.name} was dropped or stopped while it was being persisted")
@@ -785,11 +791,11 @@ class ReplicatorService:
                 table.flushed_lsn = copy_lsn
                 table.flush_lsn = 0
                 # changes that arrived during the copy, in commit order
-                for commit_lsn, end_lsn, ch, rel in cp["queue"]:
+                for commit_lsn, end_lsn, ch, rel, xid in cp["queue"]:
                     if commit_lsn < copy_lsn:
                         continue  # in the copy's snapshot
                     if ch.kind != "truncate":
-                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog)
+                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog, xid=xid)
                     table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
                 self.tables[dst] = table
                 self.by_oid[schema.oid] = table
@@ -1087,28 +1093,53 @@ class ReplicatorService:
 class SourceCatalog:
     """The source's catalogs as schema evolution looks them up (``columns``, ``resolve``; see
     :func:`mooncake_assets.engine.table.schema_change.on_relation`), over one lazily opened connection
-    that is re-opened (a few tries, with backoff) when it broke."""
+    that is re-opened (a few tries, with backoff) when it broke.
 
-    def __init__(self, dsn: str):
+    A lookup never waits on a lock for long (``lock_timeout`` 500 ms: the user's DDL goes first) and
+    retries what can pass: a lost connection or a lock/statement timeout (``OperationalError``, 5
+    tries, 0.5–4 s apart) and catalogs that do not show the change's transaction yet
+    (:class:`~mooncake_assets.engine.cdc.types.CatalogNotCurrent`: polled for up to ``visible_wait_s``
+    seconds — a commit is sent by logical decoding a moment before it is visible, longer while a
+    synchronous standby is awaited). What is still failing after that is raised; the caller stops the
+    table with an error naming table, column and LSN (never "no catalog rows": that would read as "no
+    default"). Fault point ``catalog:lookup`` (:mod:`mooncake_assets.engine.faults`) before every try."""
+
+    def __init__(self, dsn: str, visible_wait_s: float = 60.0):
         self.dsn = dsn
+        self.visible_wait_s = visible_wait_s
         self._conn = None
 
-    def _call(self, fn, *args):
-        for attempt in range(5):
+    def _call(self, fn, *args, **kw):
+        attempt = 0
+        waiting_since = None
+        pause = 0.01
+        while True:
+            fault("catalog:lookup")
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
-                    # never hold up the user's DDL: the lookups take no relation locks, and must not wait
+                    # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes
+                    # one on the table for a moment) and must not wait for one
                     self._conn.execute("SET lock_timeout = '500ms'")
-                return fn(self._conn, *args)
+                return fn(self._conn, *args, **kw)
+            except CatalogNotCurrent as e:
+                now = time.monotonic()
+                waiting_since = waiting_since or now
+                if now - waiting_since >= self.visible_wait_s:
+                    raise CatalogNotCurrent(e.xid) from None
+                if pause >= 0.32:
+                    log.warning("schema change lookup: %s; waiting (%.0fs so far)", e, now - waiting_since)
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
             except psycopg.OperationalError:
                 self._conn = None
                 if attempt == 4:
                     raise
                 time.sleep(0.5 * 2 ** attempt)
+                attempt += 1
 
-    def columns(self, table_oid: int):
-        return self._call(catalog_columns, table_oid)
+    def columns(self, table_oid: int, xid: int | None = None):
+        return self._call(catalog_columns, table_oid, xid)
 
     def resolve(self, name: str, type_oid: int, typmod: int, ndims: int = 0):
         return self._call(resolve_column, name, type_oid, typmod, ndims)
