@@ -165,7 +165,7 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
 
 
 def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.AssetObservation,
-                th: MaintenanceThresholds) -> list:
+                th: MaintenanceThresholds, tcur: dict | None = None) -> list:
     """What makes a mirror's state visible at first sight in the Dagster UI, beside the observation:
 
     - an ``AssetMaterialization`` of ``mirror/<t>`` when the instance has none (the mirror was created
@@ -174,8 +174,11 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
       finds it);
     - an ``AssetCheckEvaluation`` of ``replication_lag`` from this tick's numbers (lag in bytes and
       seconds against the resource's ``lag_warn_*``/``lag_fail_*``; a stopped mirror fails), so the
-      check is never "Not evaluated" while the mirror is observed. ``mirror_matches_source`` is
-      evaluated by its own runs (a comparison with the source is not a sensor's work)."""
+      check is never "Not evaluated" while the mirror is observed;
+    - an ``AssetCheckEvaluation`` of ``mirror_matches_source`` from the service's last scheduled verify
+      (counts and checksums at one LSN, engine/service/verifier.py) when it is new (``tcur["verify_at"]``
+      remembers the one already reported; a full row comparison is the check's own run). The sensor
+      compares nothing itself."""
     key = dg.AssetKey(["mirror", name])
     meta = dict(obs.metadata)
     out = []
@@ -200,6 +203,18 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
         description=desc[:1000], metadata={"lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
                                            "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
                                            "applied_lsn": meta.get("applied_lsn", dg.MetadataValue.text(""))}))
+    ver = st.get("verify") or {}
+    if tcur is not None and ver.get("result") in ("match", "mismatch") and ver.get("at") != tcur.get("verify_at"):
+        tcur["verify_at"] = ver.get("at")
+        ok = ver["result"] == "match"
+        out.append(dg.AssetCheckEvaluation(
+            asset_key=key, check_name="mirror_matches_source", passed=ok,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=(f"scheduled verify at LSN {ver.get('lsn')} ({ver.get('at')}): "
+                         + ("counts and checksums match the source" if ok else str(ver.get("detail") or "mismatch")))[:1000],
+            metadata={"lsn": dg.MetadataValue.text(str(ver.get("lsn") or "")),
+                      "verified_at": dg.MetadataValue.text(str(ver.get("at") or "")),
+                      "kind": dg.MetadataValue.text("scheduled checksum verify (mooncake service)")}))
     return out
 
 
@@ -265,7 +280,7 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
             continue
         obs = observation(t, st, source, note)
         events.append(obs)
-        events.extend(first_sight(context.instance, t, st, obs, th))
+        events.extend(first_sight(context.instance, t, st, obs, th, tcur))
         if st.get("state") == "error":
             context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
             continue
