@@ -23,7 +23,7 @@ import pytest
 from mooncake_assets.engine.service.process import stop_service
 from mooncake_assets.verify import verify
 
-from ..helpers import make_settings, running_service, wait_until
+from ..helpers import make_settings, running_service, wait_until, run_sql
 
 SETUP = [
     "CREATE TABLE c_part (id int, region text, v text, n int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
@@ -35,13 +35,6 @@ CHANGE = ["ALTER TABLE c_part ADD COLUMN x5 text DEFAULT 'd'",
           "INSERT INTO c_part SELECT g, 'eu', 'v', 0 FROM generate_series(1001, 1005) g"]
 
 
-def _sql(dsn: str, *stmts: str):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        out = None
-        for s in stmts:
-            cur = c.execute(s)
-            out = cur.fetchall() if cur.description else None
-        return out
 
 
 def _commits_are_held(admin_dsn: str) -> bool:
@@ -91,7 +84,7 @@ def _change_in_background(dsn: str) -> threading.Thread:
 
 
 def _sees_x5(dsn: str) -> bool:
-    return bool(_sql(dsn, "SELECT 1 FROM pg_attribute WHERE attrelid = 'c_part'::regclass AND attname = 'x5'"))
+    return bool(run_sql(dsn, "SELECT 1 FROM pg_attribute WHERE attrelid = 'c_part'::regclass AND attname = 'x5'"))
 
 
 def _old_rows_read(settings, client, dsn):
@@ -110,7 +103,7 @@ def _check(settings, client, dsn):
 
 
 def test_add_column_default_looked_up_before_its_commit_is_visible(pg_cluster, pg_dsn, state_dir, monkeypatch):
-    _sql(pg_dsn, *SETUP)
+    run_sql(pg_dsn, *SETUP)
     flag = state_dir / "hold-lookup"
     flag.touch()
     monkeypatch.setenv("MOONCAKE_FAULT", f"catalog:lookup=wait:{flag}")
@@ -138,7 +131,7 @@ def test_add_column_default_looked_up_before_its_commit_is_visible(pg_cluster, p
 def test_a_commit_that_stays_invisible_stops_the_table_and_a_restart_resumes(pg_cluster, pg_dsn, state_dir):
     """A lookup that cannot give a trustworthy answer stops the table with an error naming table, column
     and LSN — never "no default"; after a restart the change is replayed and looked up again."""
-    _sql(pg_dsn, *SETUP)
+    run_sql(pg_dsn, *SETUP)
     s = make_settings(state_dir, pg_dsn, maintenance="dagster", catalog_wait_s=0.5)
     with running_service(s) as client:
         client.call("create_table", dst="c_part", src="public.c_part")
@@ -155,6 +148,6 @@ def test_a_commit_that_stays_invisible_stops_the_table_and_a_restart_resumes(pg_
     with running_service(s) as client:
         wait_until(lambda: next(t for t in client.status()["tables"] if t["name"] == "c_part").get("error") is None,
                    timeout=60, what="the table to resume")
-        _sql(pg_dsn, "INSERT INTO c_part VALUES (2000, 'us', 'w', 1)")
+        run_sql(pg_dsn, "INSERT INTO c_part VALUES (2000, 'us', 'w', 1)")
         assert _old_rows_read(s, client, pg_dsn) == (["d"], 66)
         _check(s, client, pg_dsn)
