@@ -9,24 +9,36 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical; contrib for
-# hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests) and Chromium
-# for the Dagster UI test. Installed only when missing (CI runs as root on Debian).
+# hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests), Chromium
+# for the Dagster UI test, sysbench (its OLTP workloads, tests/test_sysbench.py), Node.js + npm for
+# Azurite (the Azure Blob emulator of the abfs:// tests). Installed only when missing (CI runs as root
+# on Debian).
 system-deps:
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
-	    || ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1; then \
+	    || ! command -v sysbench >/dev/null 2>&1 \
+	    || ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1 \
+	    || ! command -v npm >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium sysbench nodejs npm >/dev/null; \
 	    major=$$(ls /usr/lib/postgresql/ | sort -n | tail -1); \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$$major-postgis-3 >/dev/null \
 	      || echo "warning: postgresql-$$major-postgis-3 could not be installed (PostGIS tests will skip)"; \
-	  else echo "warning: install Debian's postgresql and chromium packages (need root)"; fi; \
+	  else echo "warning: install Debian's postgresql, chromium, sysbench, nodejs and npm packages (need root)"; fi; \
 	fi
+
+# Azurite (npm) for the Azure tests, in the venv: tests find it at $(AZURITE).
+# 3.35 is the newest release whose engines accept Debian's Node 20.
+AZURITE_VERSION := 3.35.0
+AZURITE := $(VENV)/node/node_modules/.bin/azurite-blob
+$(AZURITE):
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@$(AZURITE_VERSION)
 
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) system-deps
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	$(MAKE) $(AZURITE)
 	touch $(STAMP)
 
 demo: install
@@ -39,8 +51,9 @@ test: install
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not ui"
 
+# make ui PORT=3001 HOST=0.0.0.0 UI_ARGS="--rate 50"
 ui: install
-	$(BIN)/mooncake ui
+	$(BIN)/mooncake ui $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST)) $(UI_ARGS)
 
 bench: install
 	$(BIN)/mooncake bench --json bench.json --plots bench-plots

@@ -28,7 +28,11 @@ phases it persists every table and checks PyIceberg too. A mismatch, a stopped t
 report is a *divergence*.
 
 The choices depend only on the seed and on the source's state (which the choices determine), so a
-seed replays the same workload; fault timing inside the service differs from run to run. A failing
+seed replays the same workload. With ``jitter`` the services the run starts get
+``MOONCAKE_JITTER=<seed>.<start>`` (:mod:`mooncake_assets.engine.faults`): seeded delays at the
+points where timing matters (source-catalog lookups, the apply loop, a persist's unlocked upload
+against a schema switch, the stream of a restarted service), so races are looked for on purpose and
+a failing seed replays with the same delays; the OS scheduler's timing still varies on top. A failing
 seed is written to ``cases_dir`` as ``chaos-<seed>-<steps>.json`` (seed, steps, the divergences and
 the operation log), which ``tests/cdc/test_chaos.py`` replays.
 
@@ -92,9 +96,11 @@ class ChaosResult:
     seconds: float = 0.0
     case_file: str | None = None
     mode: str = "dagster"
+    jitter: bool = False
 
     def line(self) -> str:
-        return (f"seed {self.seed}: {self.steps} steps ({self.mode} maintenance), {self.transactions} transactions, "
+        return (f"seed {self.seed}: {self.steps} steps ({self.mode} maintenance{', jitter' if self.jitter else ''}), "
+                f"{self.transactions} transactions, "
                 f"{self.schema_changes} schema changes, "
                 f"{self.phases} verify phases (+{self.iceberg_checks} PyIceberg), {self.maintenance} maintenance calls, "
                 f"{self.kills} service kills, {self.walsender_kills} walsender kills, "
@@ -103,11 +109,13 @@ class ChaosResult:
 
 
 class _Run:
-    def __init__(self, seed: int, steps: int, base_dsn: str, workdir: Path, phase: int, log, schema_rate: float = 0.0):
+    def __init__(self, seed: int, steps: int, base_dsn: str, workdir: Path, phase: int, log, schema_rate: float = 0.0,
+                 jitter: bool = False):
         from .config import load_settings
 
         self.rng = random.Random(seed)
-        self.res = ChaosResult(seed, steps)
+        self.res = ChaosResult(seed, steps, jitter=jitter)
+        self.starts = 0  # services started so far: each gets its own jitter sequence
         self.phase = phase
         self.log = log
         self.ops: list[str] = []
@@ -155,7 +163,18 @@ class _Run:
         from .engine.service import ServiceClient
         from .engine.service.process import start_service
 
-        start_service(self.settings)
+        before = os.environ.get("MOONCAKE_JITTER")
+        if self.res.jitter:  # the service inherits it (seed.start: a restart has a sequence of its own)
+            os.environ["MOONCAKE_JITTER"] = f"{self.res.seed}.{self.starts}"
+        try:
+            start_service(self.settings)
+        finally:
+            if self.res.jitter:
+                if before is None:
+                    os.environ.pop("MOONCAKE_JITTER", None)
+                else:
+                    os.environ["MOONCAKE_JITTER"] = before
+        self.starts += 1
         if self.client is not None:
             self.client.close()
         self.client = ServiceClient(self.settings.socket_path)
@@ -491,17 +510,18 @@ class _Run:
 
 def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLike | None = None,
               cases_dir: str | os.PathLike | None = None, phase: int = 25, log=print,
-              schema_rate: float = 0.0) -> ChaosResult:
+              schema_rate: float = 0.0, jitter: bool = False) -> ChaosResult:
     """One seeded chaos run (see module docstring). ``base_dsn``: a database of the source cluster
     (a fresh database is created beside it, and dropped after a clean run). ``workdir``: where the run's
     state directory goes (a temp dir under /var/tmp by default; kept, with the database, when the run
     diverged). ``cases_dir``: where a failing seed is written. ``phase``: steps between checks.
     ``schema_rate``: the share of steps that are schema changes on top of the workload's own ~2 %
-    (0..1; 0 keeps a seed's workload as it always was)."""
+    (0..1; 0 keeps a seed's workload as it always was). ``jitter``: seeded delays inside the services
+    the run starts (see module docstring; the workload is the same with or without)."""
     t0 = time.time()
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"mooncake-chaos-{seed}-", dir="/var/tmp"))
     root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the run's state directory: owner-only
-    run = _Run(seed, steps, base_dsn, root, phase, log, schema_rate)
+    run = _Run(seed, steps, base_dsn, root, phase, log, schema_rate, jitter)
     failed = True
     try:
         run.run()
@@ -516,6 +536,7 @@ def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLik
             p = Path(cases_dir) / f"chaos-{seed}-{steps}.json"
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps({"seed": seed, "steps": steps, "phase": phase, "schema_rate": schema_rate,
+                                     "jitter": jitter,
                                      "result": asdict(run.res),
                                      "state_dir": str(root), "database": run.db, "ops": run.ops[-400:]}, indent=1))
             run.res.case_file = str(p)

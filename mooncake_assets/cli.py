@@ -46,7 +46,7 @@ def fail(msg: str, code: int = 1):
 def main_options(
     state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory (env MOONCAKE_STATE_DIR; default ./.mooncake)"),
     dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres). Saved without its password: later commands take it from PGPASSWORD, ~/.pgpass (PGPASSFILE), a service= entry or MOONCAKE_PG_DSN"),
-    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI, file:// or s3:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse)"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI: file://, s3://, gs://, abfs:// or az:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse; credentials: docs/storage.md)"),
     catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)"),
     publication: Optional[str] = typer.Option(None, "--publication", help="Use this publication, created by an administrator "
                                               "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
@@ -114,10 +114,17 @@ def pg_start():
 
 @pg_app.command("stop")
 def pg_stop():
-    """Stop the embedded Postgres."""
+    """Stop the embedded Postgres (fast shutdown); says whether it was running."""
     from .engine.pg import EmbeddedPostgres
 
-    EmbeddedPostgres(CTX.settings.state_dir).stop()
+    pg = EmbeddedPostgres(CTX.settings.state_dir)
+    if not pg.is_running():
+        console.print("embedded Postgres was not running")
+        return
+    pg.stop()
+    if pg.is_running():
+        fail(f"embedded Postgres in {pg.data_dir} did not stop (see its log there)")
+    console.print(f"embedded Postgres stopped (data kept in {pg.data_dir}; `mooncake pg start` starts it again)")
 
 
 @pg_app.command("dsn")
@@ -181,8 +188,8 @@ def stop():
     """Stop the background replicator service."""
     from .engine.service.process import stop_service
 
-    if stop_service(CTX.settings):
-        console.print("mooncake service stopped")
+    if stop_service(CTX.settings, mark=True):
+        console.print("mooncake service stopped (`mooncake start` starts it again)")
     else:
         console.print("mooncake service was not running")
 
@@ -328,7 +335,7 @@ def _create_with_progress(client, dst, src, delete_format="deletion-vectors", qu
 
 
 @app.command("drop-table")
-def drop_table(dst: str):
+def drop_table(dst: str = typer.Argument(..., help="Name of the mirror to drop (see `mooncake list-tables`)")):
     """Stop mirroring DST and delete its Iceberg table (the slot goes with the last table)."""
     res = _call(_client(), "drop_table", table=dst)
     console.print(f"dropped {dst}" + (" (and the replication slot)" if res.get("slot_dropped") else ""))
@@ -342,12 +349,13 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
         print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
         return
     t = Table(title=f"mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})")
-    cols = ["name", "source", "state", "applied_lsn", "flush_lsn", "buffer_rows", "data_files", "index_blocks",
+    cols = ["name", "source", "state", "applied_lsn", "flush_lsn", "lag", "buffer_rows", "data_files", "index_blocks",
             "pending_deletes", "deletion_vectors", "live_rows"]
     for c in cols:
         t.add_column(c.replace("_", " "))
     t.add_column("verified")
     for row in st["tables"]:
+        row = dict(row, lag=_lag_text(row))
         v = row.get("verify") or {}
         state = row.get("state", "")
         if row.get("warnings") and state == "ready":
@@ -366,43 +374,85 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
             console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
 
 
-@app.command()
-def query(sql: str, fmt: str = typer.Option("table", "--format", help="table, csv or json"),
-          lsn: Optional[str] = typer.Option(None, help="Read at this LSN instead of the current one")):
-    """Union read: run SQL over the mirrors (visible by their DST names), read-your-writes."""
-    from .engine.read import UnionReader
-    from .engine.service import ServiceError
+QUERY_FORMATS = ("table", "csv", "json")
 
+
+def _lag_text(row: dict) -> str:
+    """``list-tables``' lag column: bytes of WAL not applied yet and the age of the oldest such commit."""
+    b = row.get("lag_bytes")
+    if b is None:
+        return "?" if row.get("state") != "copying" else ""
+    size = f"{b} B" if b < 1024 else (f"{b / 1024:.1f} kB" if b < 1024 ** 2 else f"{b / 1024 ** 2:.1f} MB")
+    return f"{size}, {row.get('lag_seconds') or 0:.1f} s"
+
+
+@app.command()
+def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the mirrors, by their DST names"),
+          fmt: str = typer.Option("table", "--format", help="table (psql's aligned format), csv (as psql --csv, with a "
+                                  "header) or json (an array of objects); values as Postgres prints them"),
+          lsn: Optional[str] = typer.Option(None, help="Read at this LSN (X/Y) instead of waiting for the source's current one"),
+          max_wait: float = typer.Option(30.0, "--max-wait", metavar="SECONDS", min=0.0,
+                                         help="How long the read-your-writes barrier waits for the service to apply "
+                                              "every commit made before the query (then: an error naming both LSNs)"),
+          no_wait: bool = typer.Option(False, "--no-wait", help="Read what the service has applied now, without the "
+                                       "barrier; the LSN read at is printed on stderr")):
+    """Union read: run SQL over the mirrors (visible by their DST names), read-your-writes.
+
+    Read-only: statements other than SELECT/EXPLAIN are refused. NULL prints empty (json: null),
+    booleans t/f, arrays as Postgres array text (json: arrays), infinity as infinity."""
+    from .engine.read import UnionReader
+    from .engine.read.render import FORMATS
+    from .engine.read.union import ReadOnlyError
+    from .engine.service import ServiceError
+    from .engine.table.mirror import parse_lsn
+
+    if fmt not in QUERY_FORMATS:
+        fail(f"--format must be one of {', '.join(QUERY_FORMATS)}, not {fmt!r}", code=2)
+    if lsn is not None:
+        try:
+            parse_lsn(lsn)
+        except (ValueError, TypeError):
+            fail(f"--lsn {lsn!r} is not an LSN: expected two hexadecimal numbers as X/Y, e.g. 0/16B3748", code=2)
+        if no_wait:
+            fail("--lsn and --no-wait exclude each other (a read at --lsn never waits for the source)", code=2)
+    _refuse_if_stopped()
     try:
-        reader = UnionReader(_client(), CTX.settings.source_dsn())
+        reader = UnionReader(_client(), None if no_wait else CTX.settings.source_dsn(), wait_timeout=max_wait)
         res = reader.query(sql, lsn=lsn)
-    except (ServiceError, TimeoutError) as e:
-        fail(str(e))
+    except ReadOnlyError as e:
+        fail(str(e), code=2)
+    except (TimeoutError, ServiceError) as e:
+        hint = " (raise --max-wait, or read what is applied with --no-wait)" if str(e).startswith("timed out") else ""
+        fail(str(e).splitlines()[0] + hint)
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    _print_arrow(res, fmt)
+    sys.stdout.write(FORMATS[fmt](res))
+    sys.stdout.flush()
     from rich.markup import escape
 
+    if no_wait:
+        lsns = {v: rs.get("lsn") for v, rs in reader.states.items()}
+        if len(set(lsns.values())) <= 1:
+            err.print(f"read at LSN {next(iter(lsns.values()), reader.client.status().get('applied_lsn'))} "
+                      "(--no-wait: later commits are not visible)", highlight=False)
+        else:
+            err.print("read at LSN " + ", ".join(f"{escape(v)} {x}" for v, x in lsns.items())
+                      + " (--no-wait: later commits are not visible)", highlight=False)
     for t in reader.client.status()["tables"]:  # read-your-writes does not hold for a stopped mirror
         if t["name"] in reader.states and t.get("state") == "error":
             err.print(f"[yellow]warning:[/yellow] {escape(t['name'])} is stopped and shows its rows as of LSN "
                       f"{t.get('applied_lsn')}, not the source's latest: {escape(str(t.get('error')))}", highlight=False)
 
 
-def _print_arrow(res, fmt: str):
-    if fmt == "json":
-        print(json.dumps(res.to_pylist(), default=str))
-    elif fmt == "csv":
-        import pyarrow.csv as pacsv
+def _refuse_if_stopped() -> None:
+    """After ``mooncake stop`` a read does not start the service behind the user's back: one line says
+    it is stopped and how to start it (``mooncake start`` clears the mark)."""
+    from .engine.service import ServiceClient
+    from .engine.service.process import stopped_mark
 
-        pacsv.write_csv(res, sys.stdout.buffer)
-    else:
-        t = Table()
-        for n in res.column_names:
-            t.add_column(n)
-        for row in res.to_pylist():
-            t.add_row(*["NULL" if v is None else str(v) for v in row.values()])
-        console.print(t)
+    mark = stopped_mark(CTX.settings)
+    if mark is not None and not ServiceClient(CTX.settings.socket_path).ping():
+        fail(f"the mooncake service is stopped (`mooncake stop` at {mark}); start it with `mooncake start`, then query")
 
 
 def _maint(op: str, dst: str, **kw):
@@ -539,7 +589,11 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
                                             help="Extra share of steps that are schema changes (ADD/DROP/RENAME "
                                                  "COLUMN, widening), on top of the workload's ~2 %"),
           cases: Optional[Path] = typer.Option(None, "--cases", help="Where failing seeds are written "
-                                               "[default: ./tests/cases when it exists, else <state>/chaos-cases]")):
+                                               "[default: ./tests/cases when it exists, else <state>/chaos-cases]"),
+          jitter: bool = typer.Option(False, "--jitter", help="Seeded delays inside the service where timing matters "
+                                      "(catalog lookups, the apply loop, persist against a schema switch, the stream "
+                                      "of a restarted service): races found on purpose, a failing seed replays by "
+                                      "its seed")):
     """Seeded chaos: mixed workloads, maintenance and SIGKILLs of the real service, checked by verify."""
     from .chaos import run_chaos
 
@@ -548,7 +602,7 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
     bad = 0
     for s in range(seed, seed + seeds):
         res = run_chaos(s, steps, dsn, cases_dir=cases, phase=phase, log=lambda m: err.print(m, highlight=False),
-                        schema_rate=schema_rate)
+                        schema_rate=schema_rate, jitter=jitter)
         print(res.line(), flush=True)
         for d in res.divergences[:5]:
             print(f"  divergence: {json.dumps(d)}", flush=True)
@@ -558,8 +612,14 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
 
 
 @app.command()
-def bench(quick: bool = typer.Option(False, "--quick"), json_file: Optional[Path] = typer.Option(None, "--json"),
-          plots: Optional[Path] = typer.Option(None, "--plots"),
+def bench(quick: bool = typer.Option(False, "--quick", help="Smaller sizes and fewer repetitions: a smoke run, "
+                                     "with less stable numbers"),
+          json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                                   help="Write every measurement as JSON to FILE "
+                                                        "(default: <state>/bench/bench.json)"),
+          plots: Optional[Path] = typer.Option(None, "--plots", metavar="DIR",
+                                               help="Write PNG plots of the measurements into DIR "
+                                                    "(default: bench-plots beside the JSON)"),
           suite: Optional[list[str]] = typer.Option(None, "--suite", help="index, maintenance, ingest, freshness, union_read, memory (default: all)")):
     """Benchmarks reported as ratios measured side by side in one run."""
     from .bench import run_bench

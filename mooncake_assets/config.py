@@ -47,6 +47,8 @@ class Settings:
     verify_interval_s: float = 600.0   # the service checks every mirror against its source this often (seconds; 0: never)
     warn_persist_age_s: float = 600.0  # status warns when a table's changes are unpersisted for longer (seconds; 0: never)
     warn_slot_wal_bytes: int = 1 << 30  # status warns when a table holds more WAL in the slot (bytes; 0: never)
+    catalog_wait_s: float = 60.0       # schema change: how long to wait for the source to show the change's
+    #                                    transaction before the table stops (seconds; see SourceCatalog)
     s3_endpoint: str | None = None     # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3
     s3_region: str | None = None       # s3:// warehouses: region (default us-east-1)
     s3_allow_http: bool | None = None  # allow a plain-http endpoint (None: only loopback ones)

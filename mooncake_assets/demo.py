@@ -3,7 +3,7 @@
 Starts the embedded Postgres (unless a DSN is configured), runs ``pgbench -i``, mirrors
 ``pgbench_accounts``, ``pgbench_branches``, ``pgbench_tellers`` and ``pgbench_history`` (no primary
 key: REPLICA IDENTITY FULL), runs ``pgbench`` for ``seconds`` while printing a union-read query next to
-the same query on Postgres and the replication lag, flushes and persists during the run, then stops
+the same query on Postgres at the same LSN (:func:`balances_at_one_lsn`) and the replication lag, flushes and persists during the run, then stops
 the workload, persists every table and verifies every table. The last line is
 ``verified: K/N tables match at LSN …``; the exit status is 0 only when all match.
 """
@@ -73,18 +73,18 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
         while bench.poll() is None:
             time.sleep(min(5.0, max(1.0, seconds / 6)))
             tick += 1
-            with psycopg.connect(dsn, autocommit=True) as c:
-                src = c.execute(QUERY).fetchall()
-                src_lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-            st = client.status()
+            st = client.status()  # the lag as it is now, before the comparison waits for the mirror
+            row = next((t for t in st["tables"] if t["name"] == "pgbench_accounts"), {})
             try:
-                mir = reader.query(QUERY, tables=["pgbench_accounts"], lsn=st["applied_lsn"]).to_pylist()
-            except ServiceError as e:
-                mir = [{"error": str(e)}]
-            lag = _lsn(src_lsn) - _lsn(st["applied_lsn"])
+                lsn, src, mir = balances_at_one_lsn(dsn, client, reader)
+            except (ServiceError, TimeoutError, psycopg.Error) as e:
+                lsn, src, mir = "?", [], [{"error": str(e).splitlines()[0]}]
             pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
             mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if 'bid' in r) or str(mir)
-            print(f"[{time.time() - t0:5.1f}s] lag {max(lag, 0):>10,} bytes | postgres {pg_txt} | mirror {mir_txt}", flush=True)
+            same = "same" if [(r[0], int(r[1])) for r in src] == [(r.get("bid"), int(r.get("balance") or 0)) for r in mir] \
+                else "DIFFERENT"
+            print(f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
+                  f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})", flush=True)
             op = "flush" if tick % 2 else "persist"
             maint(op)
             maint_log.append(op)
@@ -109,9 +109,21 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     return run_verify(TABLES, "union", settings)
 
 
-def _lsn(s: str) -> int:
-    hi, lo = s.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+def balances_at_one_lsn(dsn: str, client, reader) -> tuple[str, list[tuple], list[dict]]:
+    """``QUERY`` on Postgres and on the mirror at one LSN. Postgres: in one transaction, ``LOCK TABLE
+    pgbench_accounts IN SHARE MODE`` (waits for the writers in flight to commit, then holds new ones
+    for the few milliseconds of the read), the query, and ``pg_current_wal_lsn()`` = L: every change of
+    the table committed before L is in the result, none after it. The mirror is then read at exactly L
+    once the service has applied it. (``verify``'s exported snapshot of a temporary slot is exact for
+    every table at once, but under a steady load a slot waits for a running-transactions record, logged
+    every 15 s; the demo prints every few seconds.) Returns (L as text, Postgres's rows, the mirror's rows)."""
+    with psycopg.connect(dsn) as c:  # one transaction, committed on exit
+        c.execute("LOCK TABLE pgbench_accounts IN SHARE MODE")
+        src = c.execute(QUERY).fetchall()
+        lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+    client.wait_lsn(lsn, timeout=60)
+    mir = reader.query(QUERY, tables=["pgbench_accounts"], lsn=lsn).to_pylist()
+    return lsn, src, mir
 
 
 class _DagsterMaintenance:

@@ -94,7 +94,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
         r = UnionReader(client)
         return r.read_table(name, lsn=lsn)
     from .engine.iceberg import make_catalog
-    from .engine.storage import catalog_properties, configure_duckdb_s3, warehouse_s3
+    from .engine.storage import catalog_properties, configure_duckdb_store, warehouse_store
 
     catalog = make_catalog(settings.catalog, settings.warehouse_uri, **catalog_properties(settings))
     tbl = catalog.load_table(f"mooncake.{name}")
@@ -103,8 +103,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
     from .engine.iceberg.duckdb_ext import connect_with_iceberg
 
     con = connect_with_iceberg()
-    if (s3 := warehouse_s3(settings)) is not None:
-        configure_duckdb_s3(con, s3)
+    configure_duckdb_store(con, warehouse_store(settings))  # httpfs for s3://, gcsfs/adlfs for gs://, abfs://
     loc = tbl.metadata_location.replace("'", "''")  # a path is a string literal to DuckDB
     return con.execute(f"SELECT * FROM iceberg_scan('{loc}')").to_arrow_table()
 

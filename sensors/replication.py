@@ -25,8 +25,9 @@ Each tick (default every 10 s, running by default):
    table not mirrored yet      ``mirror/<t>`` (the initial copy; at most once an hour)
    ==========================  ==============================================================
 
-   Several triggers of one table make one run. Run keys are ``<kinds>/<table>/<applied LSN>``, so an
-   unchanged table is never asked twice for the same work; no request is made for a table while a run
+   Several triggers of one table make one run. Run keys are ``<kinds>/<table>/<last change LSN>`` (the
+   commit LSN of the table's last applied change; WAL of other tables or of no table, which moves the
+   applied LSN, does not change it), so an unchanged table is never asked twice for the same work; no request is made for a table while a run
    touching its maintenance (or its mirror) is queued or running, nor within ``min_request_interval_s``
    of the previous request of the same kind.
 
@@ -163,6 +164,60 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
     return dg.AssetObservation(asset_key=dg.AssetKey(["mirror", name]), metadata=meta)
 
 
+def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.AssetObservation,
+                th: MaintenanceThresholds, tcur: dict | None = None) -> list:
+    """What makes a mirror's state visible at first sight in the Dagster UI, beside the observation:
+
+    - an ``AssetMaterialization`` of ``mirror/<t>`` when the instance has none (the mirror was created
+      outside Dagster: ``mooncake create-table``, another instance): the asset then shows when it was
+      found mirrored and at which LSN instead of "Never materialized"; recorded once (the next tick
+      finds it);
+    - an ``AssetCheckEvaluation`` of ``replication_lag`` from this tick's numbers (lag in bytes and
+      seconds against the resource's ``lag_warn_*``/``lag_fail_*``; a stopped mirror fails), so the
+      check is never "Not evaluated" while the mirror is observed;
+    - an ``AssetCheckEvaluation`` of ``mirror_matches_source`` from the service's last scheduled verify
+      (counts and checksums at one LSN, engine/service/verifier.py) when it is new (``tcur["verify_at"]``
+      remembers the one already reported; a full row comparison is the check's own run). The sensor
+      compares nothing itself."""
+    key = dg.AssetKey(["mirror", name])
+    meta = dict(obs.metadata)
+    out = []
+    if instance.get_latest_materialization_event(key) is None:
+        meta_m = dict(meta, recorded_by=dg.MetadataValue.text(
+            f"{SENSOR_NAME}: {name} was found mirrored by the service (created outside Dagster)"))
+        out.append(dg.AssetMaterialization(asset_key=key, metadata=meta_m,
+                                           description=f"mirror of {st.get('source')} found at applied LSN "
+                                                       f"{st.get('applied_lsn')}"))
+    nbytes = meta["lag_bytes"].value if "lag_bytes" in meta else None
+    seconds = float(st.get("lag_seconds") or (meta["lag_seconds"].value if "lag_seconds" in meta else 0.0) or 0.0)
+    over = lambda v, limit: v is not None and limit > 0 and v > limit  # noqa: E731
+    stopped = st.get("state") == "error"
+    fail = stopped or over(nbytes, th.lag_fail_bytes) or over(seconds, th.lag_fail_s)
+    warn = nbytes is None or over(nbytes, th.lag_warn_bytes) or over(seconds, th.lag_warn_s)
+    lag_txt = (f"{nbytes:,} bytes" if nbytes is not None else "unknown bytes") + f", {seconds:.1f}s"
+    desc = (f"{name} is stopped: {st.get('error')}" if stopped else
+            f"{name} is {lag_txt} behind {st.get('source')} (applied LSN {st.get('applied_lsn')}; seen by {SENSOR_NAME})")
+    out.append(dg.AssetCheckEvaluation(
+        asset_key=key, check_name="replication_lag", passed=not (fail or warn),
+        severity=dg.AssetCheckSeverity.ERROR if fail else dg.AssetCheckSeverity.WARN,
+        description=desc[:1000], metadata={"lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
+                                           "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
+                                           "applied_lsn": meta.get("applied_lsn", dg.MetadataValue.text(""))}))
+    ver = st.get("verify") or {}
+    if tcur is not None and ver.get("result") in ("match", "mismatch") and ver.get("at") != tcur.get("verify_at"):
+        tcur["verify_at"] = ver.get("at")
+        ok = ver["result"] == "match"
+        out.append(dg.AssetCheckEvaluation(
+            asset_key=key, check_name="mirror_matches_source", passed=ok,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=(f"scheduled verify at LSN {ver.get('lsn')} ({ver.get('at')}): "
+                         + ("counts and checksums match the source" if ok else str(ver.get("detail") or "mismatch")))[:1000],
+            metadata={"lsn": dg.MetadataValue.text(str(ver.get("lsn") or "")),
+                      "verified_at": dg.MetadataValue.text(str(ver.get("at") or "")),
+                      "kind": dg.MetadataValue.text("scheduled checksum verify (mooncake service)")}))
+    return out
+
+
 def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResource) -> dg.SensorResult:
     """One tick of the sensor (see the module docstring)."""
     cur = SensorCursor.load(context.cursor)
@@ -223,7 +278,9 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
             continue
         if st.get("state") == "copying":
             continue
-        events.append(observation(t, st, source, note))
+        obs = observation(t, st, source, note)
+        events.append(obs)
+        events.extend(first_sight(context.instance, t, st, obs, th, tcur))
         if st.get("state") == "error":
             context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
             continue
@@ -253,7 +310,7 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
         if "index_merge" in kinds and th.index_merge_blocks is not None:  # our own limit: merge even below the policy's
             run_config = {"ops": {_op_name(["index_merge", t]): {"config": {"full": True}}}}
         requests.append(dg.RunRequest(
-            run_key=f"{'+'.join(kinds)}/{t}/{st.get('applied_lsn')}",
+            run_key=f"{'+'.join(kinds)}/{t}/{st.get('last_change_lsn') or st.get('applied_lsn')}",
             run_config=run_config,
             job_name=job_name(kinds[0] if len(kinds) == 1 else FULL_OPTIMIZE),
             asset_selection=[dg.AssetKey([k, t]) for k in kinds],

@@ -56,3 +56,15 @@ def wait_until(pred, timeout: float = 30.0, what: str = "condition", step: float
             return v
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_sql(dsn: str, *stmts: str):
+    """Run ``stmts`` on ``dsn`` in autocommit; returns the last statement's rows (None when it returns none)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        out = None
+        for s in stmts:
+            cur = c.execute(s)
+            out = cur.fetchall() if cur.description else None
+        return out

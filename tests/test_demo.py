@@ -25,6 +25,9 @@ def test_demo_verifies_and_leaves_persisted_state(state_dir):
         last = r.stdout.strip().splitlines()[-1]
         assert last.startswith("verified: 4/4 tables match at LSN "), r.stdout[-2000:]
         assert r.stdout.count("persist of 4 tables") + r.stdout.count("flush of 4 tables") >= 2
+        # issue 13 item 10: Postgres's and the mirror's balances are read at one LSN, so they are equal
+        ticks = [line for line in r.stdout.splitlines() if "| at LSN " in line]
+        assert ticks and all(line.endswith("(same)") for line in ticks), r.stdout[-3000:]
         stop_service(load_settings(state))
         assert _run(state, "pg", "start").returncode == 0  # a no-op: it is running
         v = _run(state, "verify", "--reader", "pyiceberg")

@@ -135,6 +135,19 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         meta = observation("vt", t, {"source_lsn": None}, None).metadata
         assert meta["state"].value == "error" and meta["verify_result"].value == "mismatch"
         assert meta["verify_lsn"].value == t["verify"]["lsn"] and meta["verify_at"].value
+        # ... and the asset check mirror_matches_source shows that result (once per scheduled verify)
+        import dagster as dg
+        from sensors.replication import MaintenanceThresholds, first_sight
+
+        tcur: dict = {}
+        with dg.DagsterInstance.ephemeral() as inst:
+            obs = observation("vt", t, {"source_lsn": None}, None)
+            evs = [e for e in first_sight(inst, "vt", t, obs, MaintenanceThresholds(), tcur)
+                   if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "mirror_matches_source"]
+            assert len(evs) == 1 and not evs[0].passed and t["verify"]["lsn"] in evs[0].description, evs
+            again = [e for e in first_sight(inst, "vt", t, obs, MaintenanceThresholds(), tcur)
+                     if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "mirror_matches_source"]
+            assert again == []  # the same verify is reported once
     finally:
         stop_service(s)
 

@@ -11,9 +11,27 @@ One mechanism, two ways to arm it, both read by the service process at each poin
   ``commit:before_swap``) lose the pointer race as if another writer had moved the table, counting
   down in the file (``conflicts_injected`` counts up).
 
+A third, ``MOONCAKE_JITTER`` (``<seed>[:<max seconds>[:<probability>]]``, defaults 0.2 s and 0.3),
+adds *seeded* delays at every point: the n-th time the process passes point P it sleeps, with the
+given probability, a time drawn from ``random.Random("<seed>/<P>/<n>")`` (uniform in 0..max) — so a
+run's delays are a function of the seed alone and a failing seed replays with the same ones (the
+OS scheduler adds its own on top). ``mooncake chaos --jitter`` sets it for every service it starts
+(``<seed>.<start>``: each restart has its own sequence). Jitter never kills: it only widens race
+windows (a catalog lookup late against the user's DDL, the apply loop behind the source, a persist's
+unlocked upload against a schema switch, a service coming up late after a kill).
+
 Points:
 
 =====================================  ========================================================
+``stream:start``                       a replication stream about to connect (at service start and
+                                       after a lost stream; the service answers meanwhile and the
+                                       source moves on; jitter here waits up to 10× the maximum)
+``stream:apply``                       the replication loop has read messages, before applying
+                                       them under the service lock
+``catalog:lookup``                     before every try of a source-catalog lookup for a schema
+                                       change (``SourceCatalog``)
+``persist:unlocked``                   a persist's files uploaded without the service lock, before
+                                       it takes the lock to commit (a schema switch may come first)
 ``compaction:after_files_written``     new data files written and uploaded to the warehouse
 ``compaction:after_index_rebuilt``     the new IndexBlock written (``build_from_compaction``)
 ``compaction:before_commit``           every file of the Iceberg commit written, pointer not swapped
@@ -33,15 +51,56 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import threading
 import time
 from pathlib import Path
 
-__all__ = ["fault", "faults", "set_faults"]
+__all__ = ["fault", "faults", "set_faults", "jitter", "jitter_delay"]
 
 log = logging.getLogger("mooncake.faults")
 _FILE_LOCK = threading.Lock()
+_JITTER_LOCK = threading.Lock()
+_jitter_hits: dict[str, int] = {}
+
+
+def _jitter_spec() -> tuple[str, float, float] | None:
+    raw = (os.environ.get("MOONCAKE_JITTER") or "").strip()
+    if not raw:
+        return None
+    seed, _, rest = raw.partition(":")
+    top, _, prob = rest.partition(":")
+    try:
+        return seed, float(top) if top else 0.2, float(prob) if prob else 0.3
+    except ValueError:  # a test variable: a typo must not crash a service
+        return None
+
+
+def jitter_delay(seed: str, point: str, n: int, max_s: float = 0.2, probability: float = 0.3) -> float:
+    """The delay (seconds, 0 for none) of the ``n``-th pass (from 0) of ``point`` under jitter ``seed``:
+    a pure function of its arguments (``random.Random`` seeded with a string hashes it with SHA-512, so
+    no process's hash seed enters)."""
+    r = random.Random(f"{seed}/{point}/{n}")
+    return r.uniform(0.0, max_s) if r.random() < probability else 0.0
+
+
+#: points where a longer stall is what widens the window (a restart the source runs ahead of)
+_JITTER_SCALE = {"stream:start": 10.0}
+
+
+def jitter(point: str) -> float:
+    """Sleep this pass's seeded delay at ``point`` when ``MOONCAKE_JITTER`` is set; returns it."""
+    spec = _jitter_spec()
+    if spec is None:
+        return 0.0
+    with _JITTER_LOCK:
+        n = _jitter_hits.get(point, 0)
+        _jitter_hits[point] = n + 1
+    d = jitter_delay(spec[0], point, n, spec[1] * _JITTER_SCALE.get(point, 1.0), spec[2])
+    if d > 0:
+        time.sleep(d)
+    return d
 
 
 def faults() -> dict[str, str]:
@@ -86,7 +145,9 @@ def _file_fault(point: str) -> None:
 
 def fault(point: str) -> None:
     """Act on ``point`` if ``MOONCAKE_FAULT`` names it (SIGKILL this process, or sleep) or the
-    ``MOONCAKE_FAULTS`` file arms it (raise ``SwapConflict`` at ``commit:before_swap``)."""
+    ``MOONCAKE_FAULTS`` file arms it (raise ``SwapConflict`` at ``commit:before_swap``); first, under
+    ``MOONCAKE_JITTER``, the point's seeded delay (:func:`jitter`)."""
+    jitter(point)
     _file_fault(point)
     action = faults().get(point)
     if action is None:

@@ -21,13 +21,14 @@ import uuid
 from pathlib import Path
 
 import psycopg
+
 import pytest
 
 from mooncake_assets.engine.pg import EmbeddedPostgres
 from mooncake_assets.engine.service.process import start_service, stop_service
 from mooncake_assets.verify import verify
 
-from ..helpers import make_settings, mooncake, running_service, wait_until
+from ..helpers import make_settings, mooncake, running_service, wait_until, run_sql
 
 PASSWORD = "s3cr3t-Pw!"
 
@@ -49,13 +50,6 @@ def lp_role(pg_cluster, pg_dsn):
         c.execute(f"DROP ROLE IF EXISTS {role}")
 
 
-def _sql(dsn: str, *stmts: str):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        out = None
-        for s in stmts:
-            cur = c.execute(s)
-            out = cur.fetchall() if cur.description else None
-        return out
 
 
 def _verify_all(settings, client, names):
@@ -75,16 +69,16 @@ def test_scram_password_is_required(pg_cluster, pg_dsn, lp_role):
         psycopg.connect(_role_dsn(pg_cluster, db, lp_role, "wrong"))
     with psycopg.connect(_role_dsn(pg_cluster, db, lp_role)) as c:
         assert c.execute("SELECT current_user").fetchone()[0] == lp_role
-    rules = _sql(pg_cluster.dsn(), "SELECT type, user_name, auth_method FROM pg_hba_file_rules WHERE error IS NULL")
+    rules = run_sql(pg_cluster.dsn(), "SELECT type, user_name, auth_method FROM pg_hba_file_rules WHERE error IS NULL")
     assert ("host", ["all"], "scram-sha-256") in rules, rules
-    assert _sql(pg_dsn, f"SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid WHERE rolname = '{lp_role}'") == [(True,)]
+    assert run_sql(pg_dsn, f"SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid WHERE rolname = '{lp_role}'") == [(True,)]
 
 
 @pytest.mark.slow
 def test_replication_role_with_select_only_mirrors_through_admin_publication(pg_cluster, pg_dsn, lp_role, state_dir):
     admin = pg_dsn  # the superuser: the administrator
     db = pg_dsn.rsplit("/", 1)[1]
-    _sql(admin, "CREATE SCHEMA app",
+    run_sql(admin, "CREATE SCHEMA app",
          "CREATE TABLE app.orders (id int PRIMARY KEY, status text, amount numeric(10,2))",
          "CREATE TABLE app.events (kind text, payload text)",  # no key at all
          "INSERT INTO app.orders SELECT g, 'new', g * 1.5 FROM generate_series(1, 200) g",
@@ -92,13 +86,13 @@ def test_replication_role_with_select_only_mirrors_through_admin_publication(pg_
          f"GRANT USAGE ON SCHEMA app TO {lp_role}", f"GRANT SELECT ON ALL TABLES IN SCHEMA app TO {lp_role}",
          "CREATE PUBLICATION app_pub FOR TABLES IN SCHEMA app")
     # exactly LOGIN REPLICATION (+ SELECT on the tables): no superuser, no ownership, no CREATE
-    assert _sql(admin, f"SELECT rolsuper, rolcreatedb, rolcreaterole, rolinherit, rolreplication, rolbypassrls, "
+    assert run_sql(admin, f"SELECT rolsuper, rolcreatedb, rolcreaterole, rolinherit, rolreplication, rolbypassrls, "
                        f"rolcanlogin FROM pg_roles WHERE rolname = '{lp_role}'") == [(False, False, False, True, True, False, True)]
-    assert _sql(admin, f"SELECT has_database_privilege('{lp_role}', '{db}', 'CREATE'), "
+    assert run_sql(admin, f"SELECT has_database_privilege('{lp_role}', '{db}', 'CREATE'), "
                        f"has_schema_privilege('{lp_role}', 'app', 'CREATE'), "
                        f"pg_has_role('{lp_role}', (SELECT relowner FROM pg_class WHERE oid = 'app.orders'::regclass), 'USAGE')") \
         == [(False, False, False)]
-    pub_before = _sql(admin, "SELECT p.*, (SELECT array_agg(pnnspid) FROM pg_publication_namespace WHERE pnpubid = p.oid), "
+    pub_before = run_sql(admin, "SELECT p.*, (SELECT array_agg(pnnspid) FROM pg_publication_namespace WHERE pnpubid = p.oid), "
                              "(SELECT count(*) FROM pg_publication_rel WHERE prpubid = p.oid) FROM pg_publication p")
     settings = make_settings(state_dir, _role_dsn(pg_cluster, db, lp_role), publication="app_pub",
                              maintenance="dagster")
@@ -120,14 +114,14 @@ def test_replication_role_with_select_only_mirrors_through_admin_publication(pg_
         assert "\n" not in msg and "app.events" in msg and "ALTER TABLE app.events REPLICA IDENTITY FULL;" in msg, msg
         assert PASSWORD not in msg
         assert client.status()["tables"] == []
-        assert _sql(admin, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        assert run_sql(admin, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
 
         r = mooncake(settings, "create-table", "orders", "app.orders", check=True)
         assert "200 rows" in r.stdout
-        _sql(admin, "ALTER TABLE app.events REPLICA IDENTITY FULL")  # the administrator's part
+        run_sql(admin, "ALTER TABLE app.events REPLICA IDENTITY FULL")  # the administrator's part
         r = mooncake(settings, "create-table", "events", "app.events", check=True)
         assert "150 rows" in r.stdout and "whole row" in r.stdout
-        _sql(admin, "UPDATE app.orders SET status = 'paid' WHERE id % 3 = 0", "DELETE FROM app.orders WHERE id > 180",
+        run_sql(admin, "UPDATE app.orders SET status = 'paid' WHERE id % 3 = 0", "DELETE FROM app.orders WHERE id > 180",
              "INSERT INTO app.orders VALUES (500, 'new', 1)", "UPDATE app.events SET payload = 'x' WHERE kind = 'k1'",
              "DELETE FROM app.events WHERE kind = 'k2'", "INSERT INTO app.events VALUES ('k1', 'x'), ('k9', NULL)")
         results, lsn = verify(settings, ["orders", "events"], "union", client)
@@ -136,7 +130,7 @@ def test_replication_role_with_select_only_mirrors_through_admin_publication(pg_
             client.call("persist", table=n)
     # restart: resume from the slot as the same role
     with running_service(settings) as client:
-        _sql(admin, "UPDATE app.orders SET amount = amount + 1 WHERE id < 50", "DELETE FROM app.events WHERE kind = 'k3'",
+        run_sql(admin, "UPDATE app.orders SET amount = amount + 1 WHERE id < 50", "DELETE FROM app.events WHERE kind = 'k3'",
              "INSERT INTO app.events VALUES ('k3', 'again')")
         results, lsn = verify(settings, ["orders", "events"], "union", client)  # waits until they are applied
         assert all(r.match for r in results), [r.line() for r in results]
@@ -150,9 +144,9 @@ def test_replication_role_with_select_only_mirrors_through_admin_publication(pg_
     with running_service(settings) as client:  # drop-table as the same role: the slot goes with the last table
         client.call("drop_table", table="events")
         assert client.call("drop_table", table="orders")["slot_dropped"]
-    assert _sql(admin, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
+    assert run_sql(admin, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
     # the administrator's publication is exactly as it was; mooncake created no publication of its own
-    assert _sql(admin, "SELECT p.*, (SELECT array_agg(pnnspid) FROM pg_publication_namespace WHERE pnpubid = p.oid), "
+    assert run_sql(admin, "SELECT p.*, (SELECT array_agg(pnnspid) FROM pg_publication_namespace WHERE pnpubid = p.oid), "
                        "(SELECT count(*) FROM pg_publication_rel WHERE prpubid = p.oid) FROM pg_publication p") == pub_before
 
 
@@ -172,11 +166,11 @@ def bad_cluster():
 @pytest.mark.slow
 def test_check_source_reports_each_problem_with_its_fix_and_creates_nothing(bad_cluster, state_dir):
     su = bad_cluster.dsn()
-    _sql(su, "CREATE ROLE norepl LOGIN PASSWORD 'pw-norepl'",
+    run_sql(su, "CREATE ROLE norepl LOGIN PASSWORD 'pw-norepl'",
          "CREATE TABLE t_in (id int PRIMARY KEY)", "CREATE TABLE t_out (id int PRIMARY KEY)",
          "GRANT SELECT ON t_in, t_out TO norepl", "CREATE PUBLICATION adm FOR TABLE t_in",
          "SELECT pg_create_physical_replication_slot('someone_else')")  # the only slot is taken
-    before = _sql(su, "SELECT (SELECT count(*) FROM pg_replication_slots), (SELECT array_agg(pubname) FROM pg_publication)")
+    before = run_sql(su, "SELECT (SELECT count(*) FROM pg_replication_slots), (SELECT array_agg(pubname) FROM pg_publication)")
     settings = make_settings(state_dir, _role_dsn(bad_cluster, "postgres", "norepl", "pw-norepl"), publication="adm")
     files_before = sorted(p.name for p in state_dir.iterdir())
     r = mooncake(settings, "check-source", "public.t_in", "public.t_out")
@@ -198,7 +192,7 @@ def test_check_source_reports_each_problem_with_its_fix_and_creates_nothing(bad_
     line("ok", "public.t_in", "publication adm")
     assert lines[-1].startswith("check-source: 4 error(s), 1 warning(s)"), lines[-1]
     # nothing created: no slot, no publication, no state
-    assert _sql(su, "SELECT (SELECT count(*) FROM pg_replication_slots), (SELECT array_agg(pubname) FROM pg_publication)") == before
+    assert run_sql(su, "SELECT (SELECT count(*) FROM pg_replication_slots), (SELECT array_agg(pubname) FROM pg_publication)") == before
     assert sorted(p.name for p in state_dir.iterdir()) == files_before
 
 
@@ -208,7 +202,7 @@ def test_create_table_outside_admin_publication_fails_with_the_sql_and_creates_n
     administrator's publication is one line with the ALTER PUBLICATION to run, nothing is created;
     without --publication, a role that does not own the table is told it needs ownership or a publication."""
     db = pg_dsn.rsplit("/", 1)[1]
-    _sql(pg_dsn, "CREATE TABLE lp_t (id int PRIMARY KEY, v text)", "CREATE TABLE other (id int PRIMARY KEY)",
+    run_sql(pg_dsn, "CREATE TABLE lp_t (id int PRIMARY KEY, v text)", "CREATE TABLE other (id int PRIMARY KEY)",
          f"GRANT SELECT ON lp_t TO {lp_role}", "CREATE PUBLICATION adm FOR TABLE other")
     settings = make_settings(state_dir, _role_dsn(pg_cluster, db, lp_role), publication="adm")
     with running_service(settings) as client:
@@ -217,9 +211,9 @@ def test_create_table_outside_admin_publication_fails_with_the_sql_and_creates_n
         assert r.returncode == 1 and "\n" not in msg, msg
         assert "not in publication adm" in msg and "ALTER PUBLICATION adm ADD TABLE public.lp_t;" in msg, msg
         assert client.status()["tables"] == []
-    assert _sql(pg_dsn, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
-    assert _sql(pg_dsn, "SELECT pubname FROM pg_publication") == [("adm",)]
-    assert _sql(pg_dsn, "SELECT count(*) FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid") == [(1,)]
+    assert run_sql(pg_dsn, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
+    assert run_sql(pg_dsn, "SELECT pubname FROM pg_publication") == [("adm",)]
+    assert run_sql(pg_dsn, "SELECT count(*) FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid") == [(1,)]
     from mooncake_assets.engine.iceberg import make_catalog
 
     cat = make_catalog(settings.catalog, settings.warehouse_uri)
@@ -235,7 +229,7 @@ def test_create_table_outside_admin_publication_fails_with_the_sql_and_creates_n
             assert r.returncode == 1 and "\n" not in msg, msg
             assert "needs ownership" in msg and "CREATE PUBLICATION mooncake FOR TABLE public.lp_t;" in msg \
                 and "--publication" in msg, msg
-        assert _sql(pg_dsn, "SELECT pubname FROM pg_publication") == [("adm",)]
+        assert run_sql(pg_dsn, "SELECT pubname FROM pg_publication") == [("adm",)]
     finally:
         shutil.rmtree(own.state_dir, ignore_errors=True)
 
@@ -246,21 +240,21 @@ def test_table_removed_from_publication_stops_with_table_publication_and_lsn(pg_
     """An administrator's publication, and the service's own one: a table taken out of it while it is
     mirrored stops (pgoutput just stops sending its changes, so it would go stale looking healthy)
     with an error naming table, publication and LSN; the other table goes on; a restart keeps it stopped."""
-    _sql(pg_dsn, "CREATE TABLE keep_t (id int PRIMARY KEY, v text)", "CREATE TABLE gone_t (id int PRIMARY KEY, v text)",
+    run_sql(pg_dsn, "CREATE TABLE keep_t (id int PRIMARY KEY, v text)", "CREATE TABLE gone_t (id int PRIMARY KEY, v text)",
          "INSERT INTO keep_t VALUES (1, 'a')", "INSERT INTO gone_t VALUES (1, 'a')")
     if mode == "admin":
-        _sql(pg_dsn, "CREATE PUBLICATION adm2 FOR TABLE keep_t, gone_t")
+        run_sql(pg_dsn, "CREATE PUBLICATION adm2 FOR TABLE keep_t, gone_t")
     settings = make_settings(state_dir, pg_dsn, publication="adm2" if mode == "admin" else None, maintenance="dagster")
     with running_service(settings) as client:
         client.call("create_table", dst="keep_t", src="public.keep_t")
         client.call("create_table", dst="gone_t", src="public.gone_t")
         pub = client.status()["publication"]
         assert (pub == "adm2") == (mode == "admin")
-        _sql(pg_dsn, "INSERT INTO gone_t VALUES (2, 'b')")
+        run_sql(pg_dsn, "INSERT INTO gone_t VALUES (2, 'b')")
         results, _ = verify(settings, ["keep_t", "gone_t"], "union", client)
         assert all(r.match for r in results)
-        _sql(pg_dsn, f"ALTER PUBLICATION {pub} DROP TABLE gone_t")
-        _sql(pg_dsn, "INSERT INTO gone_t VALUES (3, 'c')", "INSERT INTO keep_t VALUES (3, 'c')")
+        run_sql(pg_dsn, f"ALTER PUBLICATION {pub} DROP TABLE gone_t")
+        run_sql(pg_dsn, "INSERT INTO gone_t VALUES (3, 'c')", "INSERT INTO keep_t VALUES (3, 'c')")
         st = wait_until(lambda: next((t for t in client.status()["tables"] if t["name"] == "gone_t"
                                       and t["state"] == "error"), None), what="gone_t stopped")
         err = st["error"]
@@ -278,7 +272,7 @@ def test_table_removed_from_publication_stops_with_table_publication_and_lsn(pg_
     with running_service(settings) as client:
         st = next(t for t in client.status()["tables"] if t["name"] == "gone_t")
         assert st["state"] == "error" and f"publication {pub}" in st["error"]
-    assert _sql(pg_dsn, f"SELECT tablename FROM pg_publication_tables WHERE pubname = '{pub}'") == [("keep_t",)]
+    assert run_sql(pg_dsn, f"SELECT tablename FROM pg_publication_tables WHERE pubname = '{pub}'") == [("keep_t",)]
 
 
 def test_publication_problems_each_with_its_fix(pg_dsn):
@@ -286,7 +280,7 @@ def test_publication_problems_each_with_its_fix(pg_dsn):
     partitioned table under its root: each way it does not is an error with the statement to run."""
     from mooncake_assets.engine.pg import preflight
 
-    _sql(pg_dsn, "CREATE TABLE pt (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)",
+    run_sql(pg_dsn, "CREATE TABLE pt (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)",
          "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (100)",
          "CREATE TABLE rf (id int PRIMARY KEY, v text)", "CREATE TABLE cl (id int PRIMARY KEY, v text, w text)",
          "CREATE TABLE ins (id int PRIMARY KEY)", "CREATE TABLE gen (id int PRIMARY KEY, g int GENERATED ALWAYS AS (id * 2) STORED)",

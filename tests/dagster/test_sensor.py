@@ -49,7 +49,8 @@ def test_sensor_observes_and_requests_maintenance(mc):
     a = reqs["pgbench_accounts"]
     assert a.asset_selection == [dg.AssetKey(["flush", "pgbench_accounts"]), dg.AssetKey(["deletion_vectors", "pgbench_accounts"])]
     assert a.job_name == "full_optimize_job"  # two kinds of work for one table: one run
-    assert a.run_key == f"flush+deletion_vectors/pgbench_accounts/{acc['applied_lsn']}"
+    last_change = next(t for t in env.replication.status()["tables"] if t["name"] == "pgbench_accounts")["last_change_lsn"]
+    assert a.run_key == f"flush+deletion_vectors/pgbench_accounts/{last_change}"
     h = reqs["pgbench_history"]
     assert h.asset_selection == [dg.AssetKey(["flush", "pgbench_history"])] and h.job_name == "flush_job"
     assert "buffer 30 rows" in h.tags["mooncake/reason"]
@@ -154,3 +155,25 @@ def test_sensor_reports_a_schema_change_the_mirror_cannot_follow(mc):
     assert "pgbench_history" not in requests_by_table(data)
     rows = env.replication.union_reader().query("SELECT bid, region FROM pgbench_branches ORDER BY bid")
     assert rows.column("region").to_pylist() == ["north"] * rows.num_rows
+
+
+def test_sensor_makes_a_mirror_created_outside_dagster_visible(mc):
+    """Issue 13 item 10: a mirror created with the CLI is not "Never materialized" with checks "Not
+    evaluated" while observations arrive: the sensor records it once and evaluates replication_lag."""
+    env = mc.rebuild()
+    env.replication.ensure_running()
+    client = env.replication.client()
+    client.call("create_table", dst="pgbench_branches", src="public.pgbench_branches", timeout=600)
+    data, _ = tick(env)
+    mats = [e for e in data.asset_events if isinstance(e, dg.AssetMaterialization)]
+    assert [m.asset_key for m in mats] == [dg.AssetKey(["mirror", "pgbench_branches"])], data.asset_events
+    assert "found mirrored" in mats[0].metadata["recorded_by"].value
+    checks = [e for e in data.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
+    assert [(c.asset_key, c.check_name) for c in checks] == [(dg.AssetKey(["mirror", "pgbench_branches"]), "replication_lag")]
+    assert checks[0].passed, checks[0].description
+    # once Dagster has a materialization of the mirror, the sensor records none of its own
+    env.materialize("mirror/pgbench_branches")
+    data2, _ = tick(env, data.cursor)
+    assert not [e for e in data2.asset_events if isinstance(e, dg.AssetMaterialization)
+                and e.asset_key == dg.AssetKey(["mirror", "pgbench_branches"])]
+    assert any(isinstance(e, dg.AssetCheckEvaluation) for e in data2.asset_events)

@@ -131,3 +131,26 @@ def test_a_column_added_then_renamed_before_the_add_is_processed_keeps_its_defau
     catalog = [cat(1, "id"), cat(4, "x4", TEXT), cat(5, "doc", dropped=True)]
     ch = plan(s, [("id", INT4, -1), ("x4", TEXT, -1), ("doc", TSV, -1)], catalog)
     assert ch.ignored == ["doc"]
+
+
+def test_an_added_column_no_catalog_row_can_be_is_an_error_not_a_column_without_default():
+    """Issue 23: catalogs that show nothing the added column can be (read before its transaction was
+    visible, or changed since beyond recognition) give no trustworthy default: the table stops, naming
+    table, column and LSN, instead of older rows reading NULL."""
+    s = schema(spec("id", INT4, 1, 1, True), spec("a", INT4, 2, 2))
+    with pytest.raises(SchemaChangeError, match=r"table t .*LSN 0/10.*column x5 was added, but the catalogs show no "
+                                                r"column it can be now.*value older rows read in it is unknown"):
+        plan(s, [("id", INT4, -1), ("a", INT4, -1), ("x5", TEXT, -1)], [cat(1, "id"), cat(2, "a")])
+
+
+def test_an_added_column_renamed_and_widened_since_keeps_its_default():
+    """x3 int DEFAULT 7 was added at this LSN, then renamed to y4 and widened to bigint (a replay): the
+    only free catalog row of a type int can have been widened to is it, and its default is kept."""
+    s = schema(spec("id", INT4, 1, 1, True), spec("a", INT4, 2, 2))
+    ch = plan(s, [("id", INT4, -1), ("a", INT4, -1), ("x3", INT4, -1)],
+              [cat(1, "id"), cat(2, "a"), cat(3, "y4", INT8, missing="7")])
+    assert ch.added == ["x3"] and ch.columns[2].initial_default == "7" and ch.columns[2].attnum == 3
+    # two such rows: which one is unknown, so the table stops
+    with pytest.raises(SchemaChangeError, match="column x3 was added, but the catalogs show no column it can be"):
+        plan(s, [("id", INT4, -1), ("a", INT4, -1), ("x3", INT4, -1)],
+             [cat(1, "id"), cat(2, "a"), cat(3, "y4", INT8, missing="7"), cat(4, "y5", INT8)])

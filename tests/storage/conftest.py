@@ -227,3 +227,96 @@ def s3_proxy(moto_server):
     proxy.start()
     yield proxy
     proxy.stop()
+
+
+# ------------------------------------------------------------------ GCS and Azure emulators (issue 25)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AZURITE = os.path.join(ROOT, ".venv", "node", "node_modules", ".bin", "azurite-blob")
+# Azurite's well-known development account (public, documented by Microsoft; not a secret)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+_STORE_ENV = ("MOONCAKE_GCS_ENDPOINT", "STORAGE_EMULATOR_HOST", "MOONCAKE_GCS_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS",
+              "MOONCAKE_GCS_PROJECT", "GOOGLE_CLOUD_PROJECT", "AZURE_STORAGE_CONNECTION_STRING",
+              "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY",
+              "AZURE_STORAGE_SAS_TOKEN", "MOONCAKE_AZURE_ENDPOINT", "MOONCAKE_WAREHOUSE", "MOONCAKE_CATALOG_URI")
+
+
+def azurite_connection_string(port: int, key: str = AZURITE_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
+
+
+def _wait_port(proc: subprocess.Popen, port: int, what: str, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    stop_process(proc)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+@dataclass
+class Emulator:
+    """A store emulator process on 127.0.0.1:``port``."""
+
+    port: int
+    proc: subprocess.Popen
+    kind: str
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """``gcp-storage-emulator`` (PyPI) in memory on a free loopback port, for the session."""
+    port = free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_default_signals,
+                            cwd=str(tmp_path_factory.mktemp("gcs")))
+    _wait_port(proc, port, "gcp-storage-emulator")
+    em = Emulator(port, proc, "gcs")
+    yield em
+    em.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """Azurite's blob service (npm ``azurite``, installed by ``make install``) in memory on a free
+    loopback port, telemetry off, for the session."""
+    if not os.path.exists(AZURITE):
+        pytest.fail(f"{AZURITE} is missing: run `make install` (it installs Azurite from npm)")
+    port = free_port()
+    loc = tmp_path_factory.mktemp("azurite")
+    proc = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
+                             "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_default_signals, cwd=str(loc))
+    _wait_port(proc, port, "azurite")
+    em = Emulator(port, proc, "azure")
+    yield em
+    em.stop()
+
+
+@pytest.fixture()
+def store_env(monkeypatch):
+    """No stray GCS/Azure/S3 settings from the caller's environment."""
+    for k in _STORE_ENV + _S3_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # google-auth never probes a metadata server from the tests
+    return monkeypatch
+
+
+def new_name() -> str:
+    return f"mc-{uuid.uuid4().hex[:12]}"

@@ -47,6 +47,10 @@ def test_everything_is_in_the_bucket(catalog, tmp_path, moto_server, s3_bucket):
 
     t = make_table(catalog, "deletion-vectors")
     assert t.location.startswith(f"s3://{s3_bucket}/")
+    from pyiceberg.io.fsspec import FsspecFileIO
+    from s3fs import S3FileSystem
+
+    assert isinstance(t.io, FsspecFileIO) and isinstance(t.io.get_fs("s3"), S3FileSystem)  # through s3fs
     files = Files(t, tmp_path)
     a = files.add("a", [1, 2, 3])
     t.commit(add_files=[a], index_blob=b"idx")

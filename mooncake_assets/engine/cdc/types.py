@@ -189,6 +189,7 @@ class ColumnSpec:
     element_ids: list = field(default_factory=list)
     attnum: int = 0
     initial_default: str | None = None
+    generated: str | None = None  # a STORED generated column's expression (pg_get_expr of pg_attrdef.adbin)
     kind: str = ""
     fields: "list[ColumnSpec] | None" = None
     delim: str = ","
@@ -281,9 +282,10 @@ def assign_field_ids(columns: list, next_id: int = 1) -> int:
 class TableSchema:
     """A source table as mirrored.
 
-    ``columns``: the columns pgoutput sends, in attribute order (dropped and *generated* columns are
-    excluded: PG 15's pgoutput never sends generated columns, so the mirror leaves them out and
-    the initial copy selects the same list). ``key_columns``: the primary key columns when the table
+    ``columns``: the table's columns in attribute order, dropped ones excluded; STORED generated
+    columns included with their expression in ``ColumnSpec.generated`` (Postgres before 18 does not
+    publish them: :class:`~.generated.GeneratedColumns` computes them for each applied batch; the
+    initial copy selects them like any column). ``key_columns``: the primary key columns when the table
     has one; otherwise the columns of the replica identity index (replica identity ``'i'``);
     otherwise ``[]`` (the row as a whole is the key, which needs replica identity ``'f'``).
     ``replica_identity``: ``pg_class.relreplident`` (``'d'`` default, ``'f'`` full, ``'i'`` index,
@@ -354,9 +356,10 @@ def arrow_type_for(type_oid: int, typmod: int, type_name: str) -> pa.DataType:
 
 _DESCRIBE_SQL = """
 SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attndims,
-       a.attnum
+       a.attnum, CASE WHEN a.attgenerated = 's' THEN pg_get_expr(d.adbin, d.adrelid) END
 FROM pg_attribute a
-WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
 ORDER BY a.attnum
 """
 
@@ -475,7 +478,7 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                 raise LookupError(f"table {nsp}.{rel}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
                                   ": the only column type that can be asked for is text (Postgres's exact text output)")
             refused: list[tuple[str, str, str]] = []
-            for name, typid, typmod, tname, notnull, ndims, attnum in attrs:
+            for name, typid, typmod, tname, notnull, ndims, attnum, generated in attrs:
                 if name in excluded:
                     continue
                 if column_types.get(name) == "text":
@@ -490,6 +493,7 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                 spec.not_null = bool(notnull)
                 spec.decl_oid, spec.decl_typmod = typid, typmod
                 spec.attnum = int(attnum)
+                spec.generated = generated
                 columns.append(spec)
             if refused:
                 raise UnsupportedTypeError(
@@ -1248,15 +1252,56 @@ class CatalogColumn:
     missing: str | None
 
 
-def catalog_columns(conn: psycopg.Connection, table_oid: int) -> list[CatalogColumn]:
+class CatalogNotCurrent(Exception):
+    """The source's catalogs do not show transaction ``xid`` yet (temporary: retry). Postgres writes a
+    commit record, and logical decoding may send the transaction, *before* the committing backend
+    leaves the proc array (``ProcArrayEndTransaction`` comes after the WAL flush, the clog update and
+    a synchronous-replication wait): for that moment a new snapshot still sees the catalogs as they
+    were before the transaction — an ``ADD COLUMN`` made by it is not there yet."""
+
+    def __init__(self, xid: int):
+        super().__init__(f"the source's catalogs do not show transaction {xid} yet (committed in the WAL, "
+                         "not yet visible to new snapshots)")
+        self.xid = xid
+
+
+# the full (epoch-qualified) xid of a 32-bit xid that is older than the snapshot's xmax, and whether the
+# snapshot sees it committed (pg_visible_in_snapshot: Postgres 13+; docs: "Transaction ID and Snapshot
+# Information Functions")
+_VISIBLE_SQL = """
+WITH s AS (SELECT pg_current_snapshot() AS snap),
+     x AS (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s)
+SELECT pg_visible_in_snapshot(
+         (((xmax >> 32) - CASE WHEN %(xid)s::bigint > (xmax & 4294967295) THEN 1 ELSE 0 END) * 4294967296
+          + %(xid)s::bigint)::text::xid8, snap)
+FROM x
+"""
+
+
+def xid_visible(conn: psycopg.Connection, xid: int) -> bool:
+    """Does a new snapshot of the source see transaction ``xid`` (32-bit, as pgoutput's Begin and
+    Stream Start carry it) as committed? A transaction logical decoding sent is committed, so False
+    means "not visible *yet*" (see :class:`CatalogNotCurrent`)."""
+    return bool(conn.execute(_VISIBLE_SQL, {"xid": int(xid) & 0xFFFFFFFF}).fetchone()[0])
+
+
+def catalog_columns(conn: psycopg.Connection, table_oid: int, xid: int | None = None) -> list[CatalogColumn]:
     """Every non-generated attribute of the table (dropped ones too), in ``attnum`` order.
+
+    ``xid``: the transaction whose change is being followed (pgoutput's xid). The catalogs are read
+    only once a snapshot sees it committed — else :class:`CatalogNotCurrent` (retry): a lookup before
+    that would see the table without the column the transaction added, and give it no default.
 
     ``missing`` comes from ``attmissingval``; a table rewrite since the ``ADD COLUMN`` (``ALTER …
     TYPE``, ``VACUUM FULL``) stores the values in the rows and clears it, and then the column's default
     expression is evaluated instead when it is immutable (constants, casts, immutable functions: the
-    value the rows got); a volatile default leaves it unknown (None)."""
+    value the rows got); a volatile default leaves it unknown (None). Errors: ``psycopg.Error`` as
+    raised (``OperationalError``, e.g. a ``lock_timeout``, is temporary)."""
     out = []
     with conn.transaction(), conn.cursor() as cur:
+        # READ COMMITTED: every later statement's snapshot is newer than the one that saw xid committed
+        if xid is not None and not xid_visible(conn, xid):
+            raise CatalogNotCurrent(xid)
         # the value texts as the stream prints them (reg* names schema-qualified: OUTPUT_SETTINGS)
         cur.execute("SET LOCAL search_path = pg_catalog")
         for r in cur.execute(_ATTRS_SQL, {"oid": table_oid}).fetchall():
@@ -1285,8 +1330,10 @@ def _immutable_default(cur, expr: str, tree: str, typid: int, typmod: int) -> st
         with cur.connection.transaction():  # format's %s uses the type's output function: 't', not 'true'
             tname = cur.execute("SELECT format_type(%s, %s)", (typid, typmod)).fetchone()[0]
             return cur.execute(f"SELECT format('%s', ({expr})::{tname})").fetchone()[0]
+    except psycopg.OperationalError:
+        raise  # a lock timeout, a cancel, a lost connection: no answer yet, not "no default" (the caller retries)
     except psycopg.Error:
-        return None
+        return None  # the expression cannot be evaluated on its own (e.g. it fails for this type)
 
 
 def resolve_column(conn: psycopg.Connection, name: str, type_oid: int, typmod: int, ndims: int = 0) -> ColumnSpec:

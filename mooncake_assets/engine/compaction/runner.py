@@ -461,9 +461,11 @@ def _list_files(ice, min_age_s: float) -> list[str]:
     loc = ice.location
     io = ice.io
     now = time.time()
+    if "://" in loc and not loc.startswith("file://") and hasattr(io, "get_fs"):
+        return _list_fsspec(io, loc, min_age_s, now)  # PyIceberg's FsspecFileIO (s3fs, gcsfs, adlfs)
     if loc.startswith("file://") or loc.startswith("/") or not hasattr(io, "fs_by_scheme"):
         if not (loc.startswith("file://") or loc.startswith("/")):
-            return []  # a FileIO that cannot list (not PyArrow's): nothing is listed, nothing deleted
+            return []  # a FileIO that cannot list: nothing is listed, nothing deleted
         scheme, fs, base = "file", pafs.LocalFileSystem(), _strip(loc)
     else:
         scheme, netloc, base = io.parse_location(loc)
@@ -477,6 +479,52 @@ def _list_files(ice, min_age_s: float) -> list[str]:
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             if now - mtime >= min_age_s:
                 out.append(info.path if scheme == "file" else f"{scheme}://{info.path}")
+    return out
+
+
+def _mtime(info: dict) -> float:
+    """Modification time (epoch seconds) of an fsspec ``info`` entry (s3fs ``LastModified``, gcsfs
+    ``updated``, adlfs ``last_modified``); 0.0 when the store gives none."""
+    import datetime as _dt
+
+    for k in ("LastModified", "last_modified", "updated", "mtime", "timeCreated", "creation_time"):
+        v = info.get(k)
+        if v is None:
+            continue
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, str):
+            try:
+                v = _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(v, _dt.datetime):
+            return (v if v.tzinfo else v.replace(tzinfo=_dt.timezone.utc)).timestamp()
+    return 0.0
+
+
+def _list_fsspec(io, loc: str, min_age_s: float, now: float) -> list[str]:
+    """``_list_files`` through the FileIO's fsspec filesystem. Listed keys come back as ``bucket/key``;
+    they are turned into URIs with the table location's own ``scheme://netloc`` (so an
+    ``abfss://container@account…`` location matches the URIs its metadata references)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(loc)
+    fs = io.get_fs(parts.scheme, None)
+    root = fs._strip_protocol(loc).rstrip("/")  # bucket/prefix
+    bucket = root.split("/", 1)[0]
+    out = []
+    for sub in ("data", "index", "metadata"):
+        try:
+            found = fs.find(f"{root}/{sub}", detail=True)
+        except FileNotFoundError:
+            continue
+        for path, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            if now - _mtime(info) >= min_age_s:
+                key = path.split("/", 1)[1] if path.startswith(bucket + "/") else path
+                out.append(f"{parts.scheme}://{parts.netloc}/{key}")
     return out
 
 
@@ -553,8 +601,10 @@ def clean_local(table) -> dict:
     return {"local_files_deleted": n}
 
 
-def cleanup_after_restore(table, policy: MaintenancePolicy | None = None) -> dict:
-    """:func:`clean_local` plus warehouse orphans of any age (call at service start only)."""
+def cleanup_after_restore(table, policy: MaintenancePolicy | None = None, interrupted: bool = True) -> dict:
+    """:func:`clean_local` plus warehouse orphans of any age (call at service start only).
+    ``interrupted``: the last run did not stop cleanly (logged as a warning; else files left unused
+    by a clean run, e.g. replaced index blocks, are removed with an info line)."""
     out = clean_local(table)
     try:
         orphans = find_orphans(table.iceberg, 0.0)
@@ -563,6 +613,8 @@ def cleanup_after_restore(table, policy: MaintenancePolicy | None = None) -> dic
     except Exception as e:  # never block a restart on cleanup
         log.warning("table %s: orphan cleanup at start failed: %s", table.name, e)
         out["orphans_error"] = f"{type(e).__name__}: {e}"
-    if out.get("orphans_deleted") or out["local_files_deleted"]:
+    if (out.get("orphans_deleted") or out["local_files_deleted"]) and interrupted:
         log.warning("table %s: removed leftovers of an interrupted run: %s", table.name, out)
+    elif out.get("orphans_deleted") or out["local_files_deleted"]:
+        log.info("table %s: removed files no snapshot or index uses: %s", table.name, out)
     return out

@@ -63,18 +63,22 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
 
     ``uri``: ``sqlite:///relative.db`` / ``sqlite:////abs/path.db`` or ``postgresql://user@host/db``
     (driven through psycopg 3: ``postgresql+psycopg://``) -> ``SqlCatalog``; ``http(s)://…`` ->
-    ``RestCatalog``. ``warehouse``: ``file:///dir``, a plain directory path, or ``s3://bucket/prefix``.
-    ``props``: further catalog/FileIO properties (e.g. ``s3.endpoint``); for an ``s3://`` warehouse the
-    ``s3.*`` ones default to the environment's (``engine/storage/config.py``). Raises ``ValueError`` for
+    ``RestCatalog``. ``warehouse``: ``file:///dir``, a plain directory path, ``s3://bucket/prefix``,
+    ``gs://bucket/prefix`` or ``abfs://container/prefix`` (``az://``, ``abfss://…@account…``).
+    ``props``: further catalog/FileIO properties (``StoreConfig.fileio_properties()``); without a
+    ``py-io-impl`` the object store's ones come from the environment (``engine/storage/stores.py``): the
+    FileIO is PyIceberg's fsspec one (``storage.fileio.MooncakeFileIO``). Raises ``ValueError`` for
     any other URI scheme.
     """
     wh = normalize_warehouse(warehouse)
     if wh.startswith("file://"):
         Path(wh[len("file://"):]).mkdir(parents=True, exist_ok=True)
-    elif wh.startswith("s3://") and not any(k.startswith("s3.") for k in props):
-        from ..storage import resolve_s3  # endpoint, region (never left to a lookup at AWS), credentials
+    elif "py-io-impl" not in props:  # an object store: FileIO through fsspec, settings of this process
+        from ..storage.stores import resolve_store
 
-        props = {**resolve_s3().fileio_properties(), **props}
+        cfg = resolve_store(wh)  # s3/gs/abfs endpoint, region/project/account, credentials from the environment
+        if cfg is not None:
+            props = {**cfg.fileio_properties(), **props}
     if uri.startswith("sqlite:"):
         db = uri.split(":///", 1)[1] if ":///" in uri else ""
         if db and db != ":memory:":

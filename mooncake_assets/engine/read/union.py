@@ -87,6 +87,29 @@ def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
 
+class ReadOnlyError(ValueError):
+    """A statement that is not a read (``DELETE``, ``COPY … TO``, DDL…): mirrors are changed through
+    their source only."""
+
+
+READ_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def check_read_only(sql: str, con: duckdb.DuckDBPyConnection) -> None:
+    """Raise :class:`ReadOnlyError` unless every statement of ``sql`` is a SELECT or EXPLAIN (DuckDB's
+    own statement types, from ``extract_statements``; ``FROM t``, ``SHOW``, ``DESCRIBE`` and
+    ``SUMMARIZE`` are SELECTs). A statement DuckDB cannot parse passes, so its own error reports it."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error:
+        return
+    for st in statements:
+        kind = st.type.name
+        if kind not in READ_STATEMENTS:
+            raise ReadOnlyError(f"queries are read-only: {kind.replace('_', ' ')} is refused (mirrors change "
+                                "only through their source table in Postgres; run SELECT or EXPLAIN)")
+
+
 class StatementInfo:
     """What a SQL statement needs from the mirrored tables, read from DuckDB's parse tree.
 
@@ -253,7 +276,12 @@ class UnionReader:
 
     # ------------------------------------------------------------------ reads
     def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
-        """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references)."""
+        """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references).
+
+        ``sql``: SELECT/EXPLAIN statements only (else :class:`ReadOnlyError`, before anything is read).
+        ``lsn``: read at this LSN (``X/Y``) without the barrier; None: the barrier first (when the
+        reader has a DSN), then each table at what is applied."""
+        check_read_only(sql, self.con)
         if lsn is None:
             self.barrier()
         info = self._infos.get(sql)

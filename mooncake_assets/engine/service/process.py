@@ -36,6 +36,15 @@ def service_pid(settings: Settings) -> int | None:
     return pid
 
 
+def stopped_mark(settings: Settings) -> str | None:
+    """When the user stopped the service with ``mooncake stop`` (and nothing started it since): the
+    time of that stop (UTC, ISO 8601), else None. ``<state>/service.stopped`` holds it."""
+    try:
+        return (settings.state_dir / "service.stopped").read_text().strip() or "an unknown time"
+    except OSError:
+        return None
+
+
 class SourceMismatch(RuntimeError):
     """The running service mirrors from another source than the command's ``--dsn`` (one line, no password)."""
 
@@ -89,6 +98,7 @@ def start_service(settings: Settings, timeout: float = 60.0, report: bool = Fals
 
 def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenance: str | None = None) -> int:
     settings.save()
+    (settings.state_dir / "service.stopped").unlink(missing_ok=True)
     log = open_private(settings.state_dir / "service.log", "ab")
     env = dict(os.environ)
     env["MOONCAKE_STATE_DIR"] = str(settings.state_dir)
@@ -111,8 +121,12 @@ def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenanc
     raise RuntimeError(scrub("the mooncake service did not start:\n" + "\n".join(tail)))
 
 
-def stop_service(settings: Settings, timeout: float = 15.0) -> bool:
-    """Stop the background service; returns True if one was running."""
+def stop_service(settings: Settings, timeout: float = 15.0, mark: bool = False) -> bool:
+    """Stop the background service; returns True if one was running. ``mark``: record that the user
+    stopped it (:func:`stopped_mark`), so reads say so instead of starting it again."""
+    if mark:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        (settings.state_dir / "service.stopped").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     pid = service_pid(settings)
     client = ServiceClient(settings.socket_path)
     was = False

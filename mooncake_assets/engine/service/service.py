@@ -35,13 +35,16 @@ import pyarrow.parquet as pq
 from ...config import Settings
 from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
                    initial_copy, parse_message)
+from ..cdc.generated import GeneratedColumns
 from .. import storage
+from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
-from ..cdc.types import catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..faults import fault
 from ..table.memslice import BadRowError
-from ..table.schema_change import SchemaChangeError, on_relation
+from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
 from ..pg.conninfo import connect_error, scrub
@@ -140,7 +143,10 @@ class ReplicatorService:
         self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
-        self.source_catalog = SourceCatalog(self.dsn)
+        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=getattr(settings, "catalog_wait_s", 60.0))
+        # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
+        # the source for each applied batch (engine/cdc/generated.py)
+        self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -152,6 +158,8 @@ class ReplicatorService:
         self.stream_error: str | None = None
         self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.relations: dict[int, object] = {}
+        self._clean_start = False
+        self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
         self._pub_conn = None                        # the publication poll's connection (stream thread)
         self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
@@ -202,6 +210,9 @@ class ReplicatorService:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Restore every ready table from Iceberg and start the replication thread."""
+        mark = self.settings.state_dir / "service.clean-stop"  # written by stop(): the last run ended cleanly
+        self._clean_start = mark.exists()
+        mark.unlink(missing_ok=True)
         self._check_publication_setting()
         with self.lock:
             for name, meta in list(self.registry["tables"].items()):
@@ -231,7 +242,7 @@ class ReplicatorService:
                                        exclude=meta.get("exclude"))
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
-        t.restore()
+        t.restore(interrupted=not self._clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
         first = self.by_oid.get(schema.oid)
@@ -243,6 +254,7 @@ class ReplicatorService:
             log.error("%s", t.error)
         else:
             self.by_oid[schema.oid] = t
+        self.generated.register(schema)
         return t
 
     def _drop_iceberg(self, name: str) -> None:
@@ -265,6 +277,11 @@ class ReplicatorService:
             except Exception:
                 pass
         self.source_catalog.close()
+        self.generated.close()
+        try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
+            (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        except OSError:
+            pass
         if self._pub_conn is not None:
             try:
                 self._pub_conn.close()
@@ -321,6 +338,7 @@ class ReplicatorService:
                 backoff = min(backoff * 2, 10.0)
 
     def _stream_once(self) -> None:
+        fault("stream:start")  # (jitter: a restarted service streams late, the source's catalogs move on meanwhile)
         tune_gc()
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.slot, [self.publication], 0, streaming=True)
@@ -331,7 +349,17 @@ class ReplicatorService:
         last_pub = 0.0
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
+            self.lag.record(self.repl.server_wal_end)
             if msgs:
+                fault("stream:apply")  # (jitter: the apply loop behind the source)
+            if msgs and self.generated.tables:  # the batch's generated columns: one round trip, then apply
+                with self.lock:
+                    txns = [txn for wal_start, payload in msgs
+                            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+                    self.generated.fill([ch for txn in txns for ch in txn.changes])
+                    for txn in txns:
+                        self._apply_txn(txn, assembler)
+            elif msgs:
                 with self.lock:
                     for wal_start, payload in msgs:
                         msg = parse_message(payload, assembler.in_stream)
@@ -345,7 +373,9 @@ class ReplicatorService:
                         if not t.error:
                             t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
             now = time.time()
-            if self._want_reply.is_set() or now - last_status > 1.0:
+            # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
+            # then agrees with list-tables' lag: one small message per batch); when idle, once a second
+            if self._want_reply.is_set() or msgs or now - last_status > 1.0:
                 self._send_status(reply=self._want_reply.is_set())
                 self._want_reply.clear()
                 last_status = now
@@ -429,7 +459,7 @@ class ReplicatorService:
                 cp = self.copying.get(oid)
                 if cp is not None:
                     if txn.commit_lsn >= cp["copy_lsn"]:
-                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid)))
+                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid), txn.xid))
                     continue
                 t = self.by_oid.get(oid)
                 if t is None or txn.commit_lsn < t.applied_lsn or t.error:
@@ -437,7 +467,8 @@ class ReplicatorService:
                     #           before a reconnect resent it), or stopped by an error
                 try:
                     if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
-                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.source_catalog)
+                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.source_catalog,
+                                    xid=txn.xid)
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self._stop_table(t, e, txn.commit_lsn)
@@ -453,7 +484,7 @@ class ReplicatorService:
         applied LSN stays below that commit and ``durable_lsn`` holds the slot at its flush LSN, so a
         restart replays everything from there."""
         lsn = getattr(e, "lsn", lsn)
-        t.error = (str(e) if isinstance(e, SchemaChangeError) else
+        t.error = (str(e) if isinstance(e, (SchemaChangeError, CatalogLookupError)) else
                    f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
@@ -544,7 +575,8 @@ class ReplicatorService:
     def _persist_failed(self, t: MirrorTable, e: Exception) -> None:
         """Record a failed persist (caller holds the lock): storage/catalog faults get a backoff and raise
         ``_PersistFault``; anything else is re-raised."""
-        endpoint = (self.storage_hints or {}).get("endpoint")
+        cfg = storage.warehouse_store(self.settings)
+        endpoint = cfg.describe() if cfg is not None else None
         err = storage.classify(e, location=self.settings.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
         if err is None and not getattr(e, "retryable", False):
             raise e
@@ -572,6 +604,7 @@ class ReplicatorService:
         except Exception as e:
             with self.lock:
                 self._persist_failed(t, e)
+        fault("persist:unlocked")  # (jitter: a schema switch may land between the upload and the commit)
         with self.lock:
             if self.tables.get(t.name) is not t or t.error:
                 raise MooncakeError(f"table {t.name} was dropped or stopped while it was being persisted")
@@ -604,7 +637,7 @@ class ReplicatorService:
             if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
                 raise MooncakeError("replication is not running (no mirrored table?)")
             if time.time() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for LSN {lsn_str(lsn)}; "
+                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {lsn_str(lsn)}; "
                                    f"applied up to {lsn_str(self.applied_lsn)}"
                                    + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
             self._want_reply.set()
@@ -648,7 +681,7 @@ class ReplicatorService:
                                 "(mooncake stop) and run the command again")
         self._check_publication_setting()
         try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
-            storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_s3(self.settings))
+            storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_store(self.settings))
         except storage.StorageError as e:
             raise MooncakeError(str(e)) from None
         try:
@@ -723,11 +756,16 @@ class ReplicatorService:
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
+                self.generated.register(schema)
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
             if self.own_publication:
                 done = pubs.add_table(conn, self.publication, schema.schema, schema.name)
                 created_pub, added_pub = done == "created", done == "added"
             # (an administrator's publication is only read: the pre-flight check found the table in it)
+            if self.own_publication and conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
+                # Postgres 18 sends stored generated columns itself when the publication asks
+                conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
+                    sql.Identifier(self.publication)))
             self._ensure_slot()
             # a temporary slot exports the snapshot of the copy; its consistent point splits copy and stream
             tmp = ReplicationConnection(with_options(self.dsn))
@@ -753,11 +791,11 @@ class ReplicatorService:
                 table.flushed_lsn = copy_lsn
                 table.flush_lsn = 0
                 # changes that arrived during the copy, in commit order
-                for commit_lsn, end_lsn, ch, rel in cp["queue"]:
+                for commit_lsn, end_lsn, ch, rel, xid in cp["queue"]:
                     if commit_lsn < copy_lsn:
                         continue  # in the copy's snapshot
                     if ch.kind != "truncate":
-                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog)
+                        on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog, xid=xid)
                     table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
                 self.tables[dst] = table
                 self.by_oid[schema.oid] = table
@@ -783,6 +821,8 @@ class ReplicatorService:
             with self.lock:
                 if cp is not None:
                     self.copying.pop(cp["table"].schema.oid, None)
+                    if cp["table"].schema.oid not in self.by_oid:
+                        self.generated.unregister(cp["table"].schema.oid)
                 self.tables.pop(dst, None)
                 self.progress.pop(dst, None)
                 self.registry["tables"].pop(dst, None)
@@ -865,6 +905,7 @@ class ReplicatorService:
             self.tables.pop(name)
             if self.by_oid.get(t.schema.oid) is t:
                 self.by_oid.pop(t.schema.oid)
+            self.generated.unregister(t.schema.oid)
             meta = self.registry["tables"].pop(name, None) or {}
             self._save_registry()
             last = not self.registry["tables"]
@@ -953,12 +994,19 @@ class ReplicatorService:
     def status(self) -> dict:
         """The ``list-tables --json`` document (DESIGN.md §8) plus service-level fields.
 
+        Lag (``lag_bytes``: the source's ``pg_current_wal_lsn()`` minus the table's applied LSN;
+        ``lag_seconds``: time since the oldest unapplied commit, see :mod:`.lag`) is taken from one
+        moment and without the service lock: the applied LSNs are read right after the source's
+        position, not after waiting for the apply thread to finish its batch (which would read 0).
         Per table also: ``verify`` (the last scheduled verify: ``result``, ``lsn``, ``at``, ``detail``…;
         a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
         level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
         ``source_reachable`` and ``source_error``, ``verify_interval_s``."""
         src_lsn = self._source_lsn()
         now = time.time()
+        applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
+        if src_lsn is not None:
+            self.lag.record(src_lsn, now)
         with self.lock:
             tables = []
             for name, meta in self.registry["tables"].items():
@@ -974,7 +1022,9 @@ class ReplicatorService:
                 if ver and ver.get("result") == "mismatch" and not t.error:  # wrong, though it still applies
                     st["state"], st["error"] = "error", scrub(ver.get("detail"))
                 st["warnings"] = self._warnings(t, src_lsn, now)
-                st["lag_bytes"] = max(0, src_lsn - t.applied_lsn) if src_lsn is not None else None
+                a = applied.get(name, t.applied_lsn)
+                st["lag_bytes"] = max(0, src_lsn - a) if src_lsn is not None else None
+                st["lag_seconds"] = round(self.lag.seconds(a, now), 3) if src_lsn is not None and src_lsn > a else 0.0
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.background.errors:
                     st["maintenance"]["error"] = self.background.errors[name]
@@ -1043,28 +1093,53 @@ class ReplicatorService:
 class SourceCatalog:
     """The source's catalogs as schema evolution looks them up (``columns``, ``resolve``; see
     :func:`mooncake_assets.engine.table.schema_change.on_relation`), over one lazily opened connection
-    that is re-opened (a few tries, with backoff) when it broke."""
+    that is re-opened (a few tries, with backoff) when it broke.
 
-    def __init__(self, dsn: str):
+    A lookup never waits on a lock for long (``lock_timeout`` 500 ms: the user's DDL goes first) and
+    retries what can pass: a lost connection or a lock/statement timeout (``OperationalError``, 5
+    tries, 0.5–4 s apart) and catalogs that do not show the change's transaction yet
+    (:class:`~mooncake_assets.engine.cdc.types.CatalogNotCurrent`: polled for up to ``visible_wait_s``
+    seconds — a commit is sent by logical decoding a moment before it is visible, longer while a
+    synchronous standby is awaited). What is still failing after that is raised; the caller stops the
+    table with an error naming table, column and LSN (never "no catalog rows": that would read as "no
+    default"). Fault point ``catalog:lookup`` (:mod:`mooncake_assets.engine.faults`) before every try."""
+
+    def __init__(self, dsn: str, visible_wait_s: float = 60.0):
         self.dsn = dsn
+        self.visible_wait_s = visible_wait_s
         self._conn = None
 
-    def _call(self, fn, *args):
-        for attempt in range(5):
+    def _call(self, fn, *args, **kw):
+        attempt = 0
+        waiting_since = None
+        pause = 0.01
+        while True:
+            fault("catalog:lookup")
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
-                    # never hold up the user's DDL: the lookups take no relation locks, and must not wait
+                    # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes
+                    # one on the table for a moment) and must not wait for one
                     self._conn.execute("SET lock_timeout = '500ms'")
-                return fn(self._conn, *args)
+                return fn(self._conn, *args, **kw)
+            except CatalogNotCurrent as e:
+                now = time.monotonic()
+                waiting_since = waiting_since or now
+                if now - waiting_since >= self.visible_wait_s:
+                    raise CatalogNotCurrent(e.xid) from None
+                if pause >= 0.32:
+                    log.warning("schema change lookup: %s; waiting (%.0fs so far)", e, now - waiting_since)
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
             except psycopg.OperationalError:
                 self._conn = None
                 if attempt == 4:
                     raise
                 time.sleep(0.5 * 2 ** attempt)
+                attempt += 1
 
-    def columns(self, table_oid: int):
-        return self._call(catalog_columns, table_oid)
+    def columns(self, table_oid: int, xid: int | None = None):
+        return self._call(catalog_columns, table_oid, xid)
 
     def resolve(self, name: str, type_oid: int, typmod: int, ndims: int = 0):
         return self._call(resolve_column, name, type_oid, typmod, ndims)

@@ -1,9 +1,11 @@
 """PyArrow reads of warehouse files in a reader process (union reads that decode Parquet themselves).
 
-A union reader learns the warehouse's endpoint from the ReadState's ``storage`` hints
-(``duckdb_s3.ensure_duckdb_s3`` calls ``use_s3``); ``arrow_source(path)`` then gives what
-``pyarrow.parquet.ParquetFile`` takes: the path itself for local files, an open random-access S3 file
-for ``s3://`` ones (through one cached ``S3FileSystem`` per configuration, so connections are reused).
+A union reader learns the warehouse's store from the ReadState's ``storage`` hints
+(``duckdb_s3.ensure_duckdb_s3`` calls ``use_store``); ``arrow_source(path)`` then gives what
+``pyarrow.parquet.ParquetFile`` takes: the path itself for local files; for ``s3://`` an open
+random-access file of PyArrow's own S3 filesystem (C++, the fastest reader of Parquet ranges); for
+``gs://`` and ``abfs://``/``az://`` an open file of the store's fsspec filesystem (gcsfs, adlfs). One cached
+filesystem per configuration, so connections are reused.
 """
 from __future__ import annotations
 
@@ -13,14 +15,19 @@ import threading
 from .config import S3Config, is_s3, resolve_s3
 
 _lock = threading.Lock()
-_active: S3Config | None = None
+_active: dict[str, object] = {}
+
+
+def use_store(cfg) -> None:
+    """Make ``cfg`` (an ``S3Config``, ``GCSConfig`` or ``AzureConfig``) the configuration ``arrow_source``
+    uses for paths on its store in this process."""
+    with _lock:
+        _active[cfg.kind] = cfg
 
 
 def use_s3(cfg: S3Config) -> None:
-    """Make ``cfg`` the configuration ``arrow_source`` uses for ``s3://`` paths in this process."""
-    global _active
-    with _lock:
-        _active = cfg
+    """``use_store`` for an ``S3Config`` (kept for callers of the S3-only version)."""
+    use_store(cfg)
 
 
 @functools.lru_cache(maxsize=8)
@@ -28,13 +35,38 @@ def _filesystem(cfg: S3Config):
     return cfg.pyarrow_filesystem()
 
 
+@functools.lru_cache(maxsize=8)
+def _fsspec(cfg):
+    return cfg.filesystem()
+
+
 def s3_filesystem(cfg: S3Config | None = None):
-    """The cached ``S3FileSystem`` for ``cfg`` (default: the one set by ``use_s3``, else the environment's)."""
-    return _filesystem(cfg or _active or resolve_s3())
+    """The cached PyArrow ``S3FileSystem`` for ``cfg`` (default: the one set by ``use_store``, else the
+    environment's)."""
+    return _filesystem(cfg or _active.get("s3") or resolve_s3())
+
+
+def store_filesystem(kind: str, cfg=None):
+    """The cached fsspec filesystem of store ``kind`` (``"s3"``, ``"gcs"``, ``"azure"``) for ``cfg``
+    (default: the one set by ``use_store``, else the environment's)."""
+    if cfg is None:
+        cfg = _active.get(kind)
+    if cfg is None:
+        from .stores import resolve_azure, resolve_gcs
+
+        cfg = {"s3": resolve_s3, "gcs": resolve_gcs, "azure": resolve_azure}[kind]()
+    return _fsspec(cfg)
 
 
 def arrow_source(path: str):
-    """``path`` unchanged when local; for ``s3://bucket/key`` an open ``pyarrow`` random-access file."""
-    if not is_s3(path):
+    """``path`` unchanged when local; for an object-store URI an open random-access file."""
+    if "://" not in path or path.startswith("file://"):
         return path
-    return s3_filesystem().open_input_file(path.split("://", 1)[1])
+    if is_s3(path):
+        return s3_filesystem().open_input_file(path.split("://", 1)[1])
+    from .fileio import kind_of_scheme
+
+    kind = kind_of_scheme(path.split("://", 1)[0])
+    if kind is None:
+        return path
+    return store_filesystem(kind).open(path, "rb")

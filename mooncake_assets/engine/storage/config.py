@@ -24,7 +24,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .errors import WarehouseConfigError
@@ -103,6 +103,8 @@ class S3Config:
     ``region``: signing region (default ``us-east-1``; MinIO and moto accept any). ``access_key_id``,
     ``secret_access_key``, ``session_token``: credentials (None = the SDK's default chain).
     ``allow_http``: permit a plain-HTTP endpoint; None = allowed only for loopback endpoints.
+    ``profile``: a named profile of ``~/.aws/config`` (``AWS_PROFILE``; SSO and assumed roles included);
+    without keys or a profile, botocore's standard chain (web identity, container and instance roles).
     ``path_style``: path-style addressing (``endpoint/bucket/key``); None = path-style for a custom
     endpoint, virtual-hosted for AWS. ``connect_timeout_s``: seconds to open a connection (0 = the SDK
     default). ``request_timeout_s``: seconds to wait on a request's socket (0 = the SDK default).
@@ -111,12 +113,15 @@ class S3Config:
     endpoint: str | None = None
     region: str = DEFAULT_REGION
     access_key_id: str | None = None
-    secret_access_key: str | None = None
-    session_token: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     allow_http: bool | None = None
     path_style: bool | None = None
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 0.0
+    profile: str | None = None
+
+    kind = "s3"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -160,8 +165,15 @@ class S3Config:
 
     # ------------------------------------------------------------------ for the clients
     def fileio_properties(self) -> dict[str, str]:
-        """PyIceberg FileIO / catalog properties (``s3.*``) for PyArrow's S3 filesystem."""
-        props = {"s3.region": self.region}
+        """PyIceberg FileIO / catalog properties: ``py-io-impl`` (``fileio.MooncakeFileIO``, fsspec's
+        ``s3fs``) and the standard ``s3.*`` keys."""
+        from .stores import FILEIO_IMPL
+
+        props = {"py-io-impl": FILEIO_IMPL, "s3.region": self.region}
+        if self.profile:
+            props["s3.profile-name"] = self.profile
+        if self.allow_http is not None:
+            props["mooncake.allow-http"] = str(self.allow_http).lower()
         if self.endpoint:
             props["s3.endpoint"] = self.endpoint
         if self.access_key_id:
@@ -177,6 +189,37 @@ class S3Config:
         if self.request_timeout_s:
             props["s3.request-timeout"] = str(self.request_timeout_s)
         return props
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> S3Config:
+        """The config ``fileio_properties()`` describes."""
+        fva = props.get("s3.force-virtual-addressing")
+        ah = props.get("mooncake.allow-http")
+        return cls(endpoint=props.get("s3.endpoint"), region=props.get("s3.region") or DEFAULT_REGION,
+                   access_key_id=props.get("s3.access-key-id"), secret_access_key=props.get("s3.secret-access-key"),
+                   session_token=props.get("s3.session-token"), profile=props.get("s3.profile-name"),
+                   allow_http=None if ah is None else ah == "true",
+                   path_style=None if fva is None else fva == "false",
+                   connect_timeout_s=float(props.get("s3.connect-timeout") or 0) or 5.0,
+                   request_timeout_s=float(props.get("s3.request-timeout") or 0))
+
+    def filesystem(self):
+        """An ``s3fs.S3FileSystem`` for this config (keys, else the profile, else botocore's chain).
+        Listings are not cached: another process (the service) changes the prefix under a reader."""
+        from s3fs import S3FileSystem
+
+        client_kwargs = {"region_name": self.region}
+        if self.endpoint:
+            client_kwargs["endpoint_url"] = self.endpoint
+        config_kwargs = {"connect_timeout": self.connect_timeout_s or 60, "read_timeout": self.request_timeout_s or 60,
+                         "s3": {"addressing_style": "path" if self.use_path_style else "virtual"},
+                         "retries": {"max_attempts": 3, "mode": "standard"}}
+        kw = dict(client_kwargs=client_kwargs, config_kwargs=config_kwargs, use_listings_cache=False)
+        if self.access_key_id:
+            kw.update(key=self.access_key_id, secret=self.secret_access_key, token=self.session_token)
+        elif self.profile:
+            kw["profile"] = self.profile
+        return S3FileSystem(**kw)
 
     def pyarrow_filesystem(self):
         """A ``pyarrow.fs.S3FileSystem`` for this config (the same one PyIceberg's FileIO builds)."""
@@ -223,6 +266,7 @@ def resolve_s3(settings=None, *, hints: Mapping | None = None, env: Mapping[str,
         session_token=env.get("AWS_SESSION_TOKEN") or None,
         allow_http=allow_http,
         path_style=path_style,
+        profile=env.get("AWS_PROFILE") or None,
     ).validate()
 
 
@@ -246,14 +290,23 @@ def warehouse_s3(settings) -> S3Config | None:
     return resolve_s3(settings)
 
 
+def warehouse_store(settings):
+    """The store config (``S3Config``, ``stores.GCSConfig``, ``stores.AzureConfig``) of ``settings``'
+    warehouse, or None for a local one. Raises ``WarehouseConfigError`` for a bad URI or settings."""
+    from .stores import resolve_store
+
+    return resolve_store(settings.warehouse_uri, settings)
+
+
 def catalog_properties(settings) -> dict[str, str]:
-    """Extra ``make_catalog`` properties for ``settings``' warehouse (``s3.*``; empty for local ones)."""
-    cfg = warehouse_s3(settings)
+    """Extra ``make_catalog`` properties for ``settings``' warehouse (``py-io-impl`` and ``s3.*`` /
+    ``gcs.*`` / ``adls.*``; empty for local ones). They hold this process's credentials: never save them."""
+    cfg = warehouse_store(settings)
     return cfg.fileio_properties() if cfg else {}
 
 
 def storage_hints(settings) -> dict | None:
     """What a union reader needs to know to reach ``settings``' warehouse: None for local warehouses, else
-    ``{"warehouse", "endpoint", "region", "allow_http", "path_style"}`` (no credentials)."""
-    cfg = warehouse_s3(settings)
-    return {"warehouse": settings.warehouse_uri, **cfg.hints()} if cfg else None
+    ``{"warehouse", "kind", ...the config's hints()}`` (endpoint, region/project/account; no credentials)."""
+    cfg = warehouse_store(settings)
+    return {"warehouse": settings.warehouse_uri, "kind": cfg.kind, **cfg.hints()} if cfg else None

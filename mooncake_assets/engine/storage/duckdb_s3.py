@@ -1,9 +1,15 @@
-"""DuckDB over S3: the ``httpfs`` extension, loaded offline from the PyPI package
-``duckdb-extension-httpfs`` (same DuckDB version), and an S3 secret built from an ``S3Config``.
+"""DuckDB over the warehouse's object store.
 
-After ``configure_duckdb_s3(con, cfg)`` the connection reads ``s3://bucket/key`` paths directly
-(``read_parquet``, ``iceberg_scan``), with ranged GETs: only the footers, the needed columns and the row
-groups that survive the statistics are fetched.
+- **S3**: the ``httpfs`` extension, loaded offline from the PyPI package ``duckdb-extension-httpfs``
+  (same DuckDB version), and an S3 secret built from an ``S3Config``. After ``configure_duckdb_s3(con,
+  cfg)`` the connection reads ``s3://bucket/key`` paths directly (``read_parquet``, ``iceberg_scan``),
+  with ranged GETs: only the footers, the needed columns and the row groups that survive the statistics
+  are fetched. httpfs is chosen over registering ``s3fs`` with DuckDB because it reads the same objects
+  several times faster (docs/storage.md, "DuckDB: httpfs or fsspec").
+- **GCS, Azure**: the store's fsspec filesystem (gcsfs, adlfs) registered with the connection
+  (``register_filesystem``), so ``gs://`` and ``abfs://``/``az://`` paths are read through it — the same
+  endpoint and credentials as the service's FileIO, emulators included (httpfs reaches GCS only through
+  HMAC keys on Google's S3-compatible endpoint, which emulators do not serve).
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported lazily: loading settings must stay cheap
     import duckdb
 
-from .arrow_fs import use_s3
+from .arrow_fs import store_filesystem, use_store
 from .config import S3Config, resolve_s3
 
 SECRET_NAME = "mooncake_s3"
@@ -53,13 +59,34 @@ def configure_duckdb_s3(con: duckdb.DuckDBPyConnection, cfg: S3Config, *, name: 
     con.execute(f"CREATE OR REPLACE TEMPORARY SECRET {name} ({', '.join(opts)})")
 
 
-def ensure_duckdb_s3(con: duckdb.DuckDBPyConnection, hints: Mapping | None) -> S3Config | None:
+def register_fsspec(con: duckdb.DuckDBPyConnection, cfg) -> None:
+    """Register ``cfg``'s fsspec filesystem (``GCSConfig``/``AzureConfig``) with ``con``, once."""
+    fs = store_filesystem(cfg.kind, cfg)
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if any(p in con.list_filesystems() for p in protocols):
+        return
+    con.register_filesystem(fs)
+
+
+def configure_duckdb_store(con: duckdb.DuckDBPyConnection, cfg) -> None:
+    """Make ``con`` read the warehouse files of ``cfg``'s store (module docstring); None: nothing."""
+    if cfg is None:
+        return
+    if cfg.kind == "s3":
+        configure_duckdb_s3(con, cfg)
+    else:
+        register_fsspec(con, cfg)
+
+
+def ensure_duckdb_s3(con: duckdb.DuckDBPyConnection, hints: Mapping | None):
     """For a ReadState's ``storage`` hints (None for local warehouses): configure ``con`` with the
     endpoint the service uses and this process's credentials, and make it the process's configuration
     for PyArrow reads (``arrow_fs.arrow_source``); returns the config (None if nothing to do)."""
     if not hints:
         return None
-    cfg = resolve_s3(hints=hints)
-    configure_duckdb_s3(con, cfg)
-    use_s3(cfg)  # PyArrow reads of the same files (arrow_fs.arrow_source)
+    from .stores import resolve_store
+
+    cfg = resolve_store(hints["warehouse"], hints=hints) if hints.get("warehouse") else resolve_s3(hints=hints)
+    configure_duckdb_store(con, cfg)
+    use_store(cfg)  # PyArrow reads of the same files (arrow_fs.arrow_source)
     return cfg

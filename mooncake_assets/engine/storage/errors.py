@@ -5,8 +5,8 @@ Each error says whether retrying can help (``retryable``), as moonlink's errors 
 connection) may succeed when the same call is made again later; a permanent one (no such bucket,
 credentials rejected, access denied, a bad URI) fails again until someone changes the setup.
 
-``classify(exc)`` turns what PyArrow's S3 filesystem, DuckDB's httpfs, botocore and SQLAlchemy raise
-into these classes (or None when the exception is not a storage failure), reading the AWS error code
+``classify(exc)`` turns what PyArrow's S3 filesystem, DuckDB's httpfs, botocore/s3fs, gcsfs (aiohttp,
+google-auth), adlfs (azure-core) and SQLAlchemy raise into these classes (or None when the exception is not a storage failure), reading the AWS error code
 or HTTP status out of the message where the library gives no structured field.
 """
 from __future__ import annotations
@@ -102,6 +102,16 @@ _CODES: dict[str, type[StorageError]] = {
     "SERVICE_UNAVAILABLE": StorageUnavailable,
     "INTERNAL_FAILURE": StorageUnavailable,
     "INTERNAL_ERROR": StorageUnavailable,
+    # Azure Blob error codes (x-ms-error-code)
+    "CONTAINER_NOT_FOUND": BucketNotFound,
+    "CONTAINER_BEING_DELETED": BucketNotFound,
+    "AUTHENTICATION_FAILED": CredentialsRejected,
+    "INVALID_AUTHENTICATION_INFO": CredentialsRejected,
+    "NO_AUTHENTICATION_INFORMATION": CredentialsRejected,
+    "AUTHORIZATION_FAILURE": AccessDenied,
+    "AUTHORIZATION_PERMISSION_MISMATCH": AccessDenied,
+    "SERVER_BUSY": StorageUnavailable,
+    "OPERATION_TIMED_OUT": StorageUnavailable,
 }
 _AWS_CODE_RE = re.compile(r"AWS Error ([A-Z_]+)")
 _S3_CODE_RE = re.compile(r"\b(NoSuchBucket|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|AccessDenied|"
@@ -110,7 +120,8 @@ _HTTP_STATUS_RE = re.compile(r"(?:HTTP status |HTTP |status code:? ?)(\d{3})\b")
 _UNREACHABLE_RE = re.compile(
     r"curlCode: ?(6|7|28|35|52|56)\b|Could not connect|Couldn't connect|Connection refused|Failed to connect|"
     r"Connection reset|Could not resolve host|timed out|Timeout was reached|Empty reply from server|"
-    r"Could not establish connection|EndpointConnectionError",
+    r"Could not establish connection|EndpointConnectionError|Cannot connect to host|Connect call failed|"
+    r"Server disconnected|ServerDisconnectedError",
     re.IGNORECASE,
 )
 _CAMEL_RE = re.compile(r"(?<!^)(?=[A-Z])")
@@ -131,7 +142,18 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def _one(exc: BaseException) -> type[StorageError] | None:
+def _status_class(status: int) -> type[StorageError] | None:
+    """HTTP status of an object store's answer -> class (None: not a storage condition we know)."""
+    if status >= 500 or status in (408, 429):
+        return StorageUnavailable
+    if status == 401:
+        return CredentialsRejected
+    if status == 403:
+        return AccessDenied
+    return None
+
+
+def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
     if isinstance(exc, StorageError):
         return type(exc)
     mod = type(exc).__module__ or ""
@@ -152,6 +174,34 @@ def _one(exc: BaseException) -> type[StorageError] | None:
                 cls = BucketNotFound
             if cls is not None:
                 return cls
+    if mod.startswith("azure"):  # adlfs: azure-core / azure-storage-blob exceptions
+        if name in ("ServiceRequestError", "ServiceRequestTimeoutError", "ServiceResponseError",
+                    "ServiceResponseTimeoutError", "IncompleteReadError"):
+            return StorageUnavailable
+        if "failed to authenticate" in str(exc):  # a bad key/SAS signature (Azurite answers AuthorizationFailure)
+            return CredentialsRejected
+        code = getattr(exc, "error_code", None)
+        if code:
+            cls = _CODES.get(_snake(str(code)))
+            if cls is not None:
+                return cls
+        if name == "ClientAuthenticationError" or name.startswith("CredentialUnavailable"):
+            return CredentialsRejected
+        status = getattr(exc, "status_code", None)
+        if status:
+            return _status_class(int(status))
+    if mod.startswith("google.auth"):  # gcsfs' credentials
+        return StorageUnavailable if name == "TransportError" else CredentialsRejected
+    if mod.startswith("gcsfs") and name == "HttpError":
+        code = getattr(exc, "code", None)
+        if code == 401:
+            return CredentialsRejected
+        if code:
+            return _status_class(int(code))
+    if mod.startswith("aiohttp") and name in ("ClientConnectorError", "ClientConnectionError", "ClientOSError",
+                                              "ServerDisconnectedError", "ServerTimeoutError",
+                                              "ConnectionTimeoutError", "SocketTimeoutError"):
+        return StorageUnavailable
     if mod.startswith("pyiceberg") and name in ("ServerError", "ServiceUnavailableError"):
         return CatalogUnavailable
     if mod.startswith("requests") and name in ("ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout"):
@@ -166,6 +216,8 @@ def _one(exc: BaseException) -> type[StorageError] | None:
     is_io = isinstance(exc, OSError) or mod.startswith("duckdb") or mod.startswith("_duckdb")
     if not is_io:
         return None
+    if generic and (text.startswith("Forbidden: ") or (isinstance(exc, PermissionError) and exc.errno is None)):
+        return AccessDenied  # gcsfs' 403; s3fs/adlfs' translated 403 (a local EACCES has an errno)
     if _UNREACHABLE_RE.search(text):
         return StorageUnavailable
     m = _HTTP_STATUS_RE.search(text)
@@ -185,9 +237,11 @@ def _one(exc: BaseException) -> type[StorageError] | None:
 _HINTS = {
     StorageUnavailable: "the endpoint did not answer or failed temporarily; retrying may help",
     CatalogUnavailable: "the catalog could not be reached; retrying may help",
-    BucketNotFound: "the bucket does not exist: create it or fix the warehouse URI",
+    BucketNotFound: "the bucket (container) does not exist: create it or fix the warehouse URI",
     CredentialsRejected: "the credentials were rejected: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
-                         "(and AWS_SESSION_TOKEN)",
+                         "(and AWS_SESSION_TOKEN) or AWS_PROFILE for S3, GOOGLE_APPLICATION_CREDENTIALS / "
+                         "MOONCAKE_GCS_TOKEN for GCS, AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT_KEY / "
+                         "AZURE_STORAGE_SAS_TOKEN for Azure",
     AccessDenied: "access denied: the credentials lack permission on this bucket/prefix",
     WarehouseUnwritable: "the warehouse directory cannot be written (permissions, a read-only or full file "
                          "system); retrying may help once it is writable again",
@@ -202,10 +256,11 @@ def classify(exc: BaseException, *, location: str | None = None, endpoint: str |
     for e in _chain(exc):
         if isinstance(e, StorageError):
             return e
-    for e in _chain(exc):
-        cls = _one(e)
-        if cls is None:
-            continue
+    # a bare 403 ("Forbidden", s3fs' PermissionError) only when nothing in the chain says more (e.g. the
+    # botocore error behind it: InvalidAccessKeyId)
+    found = next(((e, c) for e in _chain(exc) if (c := _one(e, generic=False)) is not None), None) \
+        or next(((e, c) for e in _chain(exc) if (c := _one(e)) is not None), None)
+    for e, cls in [found] if found else []:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = f" at {endpoint}" if endpoint else ""
         if cls is WarehouseUnwritable and location and not endpoint:  # which directory (ENOSPC names no path)

@@ -33,6 +33,7 @@ Files keep the layout they were written with; every file carries ``PARQUET:field
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +43,7 @@ from ..cdc.types import CatalogColumn, ColumnSpec, TableSchema, UnsupportedTypeE
 from ..pg.names import case_collision
 
 FIELD_ID = b"PARQUET:field_id"
+log = logging.getLogger("mooncake.table")
 
 __all__ = ["SchemaChange", "plan_schema_change", "promotable", "project", "field_id_of"]
 
@@ -103,7 +105,8 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     Returns a :class:`SchemaChange`. Raises ``SchemaChangeError`` (from :mod:`.schema_change`), naming
     ``table``, the column(s) and ``lsn``, for a change Iceberg cannot express or the mirror cannot
     follow: a type change that is not a promotion, an unmappable type, a default on a format v2 table,
-    DROP COLUMN on a table without a key, or a column the catalogs no longer identify. An added column
+    DROP COLUMN on a table without a key, or a column the catalogs no longer identify (for an added
+    column: no catalog row can be told to be it, so its default for older rows is unknown). An added column
     whose type cannot be mirrored but which the source has dropped again since is left out
     (``ignored``): that is how undoing such an ADD COLUMN and restarting resumes the table."""
     from .schema_change import SchemaChangeError
@@ -181,8 +184,18 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
                     continue
                 raise fail(f"column {name} was added with a type that cannot be mirrored ({e})",
                            undo=f"drop column {name} on the source") from None
-            spec.attnum = cat.attnum if cat is not None else 0
-            spec.initial_default = cat.missing if cat is not None else None
+            if cat is None:  # no catalog row is this column: what older rows read is unknown, never "no default"
+                raise fail(f"column {name} was added, but the catalogs show no column it can be now (changed again "
+                           "since, in a way that cannot be told apart), so the value older rows read in it is "
+                           "unknown")
+            spec.attnum = cat.attnum
+            spec.initial_default = cat.missing
+            if cat.dropped:
+                # dropped again since (a replayed change): Postgres clears attmissingval on DROP, so the value
+                # is gone; the mirror drops the column too when it reaches the DROP, and reads between the
+                # two LSNs are refused from then on
+                log.warning("table %s: column %s added at LSN %s has been dropped on the source since; older rows "
+                            "read NULL in it until the DROP is replayed", table, name, _lsn(lsn))
             spec.not_null = False  # rows older than the column may read NULL
             if spec.initial_default is not None and format_version < 3:
                 raise fail(f"column {name} was added with a default; a format v2 table (delete format "
@@ -238,15 +251,27 @@ def _guess_added(catalog: list[CatalogColumn], out: list[ColumnSpec], by_attnum:
     """The catalog row of a column added at this LSN and renamed (or dropped) since: columns are added
     with growing attnums, so it is the first row after the previous column's attnum that no known
     column holds, whose name the Relation does not carry, and whose type matches (a dropped row's type
-    is gone). Its ``missing`` value is the column's default for older rows."""
+    is gone) — or, failing that, the only such row of a type the column's can have been widened to.
+    Its ``missing`` value is the column's default for older rows. None: no row can be told to be it."""
     used = set(by_attnum) | {c.attnum for c in out if c.attnum}
     after = max([c.attnum for c in out if c.attnum] + [0])
-    for c in sorted(catalog, key=lambda c: c.attnum):
-        if c.attnum <= after or c.attnum in used or c.name in rel_names:
-            continue
+    free = [c for c in sorted(catalog, key=lambda c: c.attnum)
+            if c.attnum > after and c.attnum not in used and c.name not in rel_names]
+    for c in free:
         if c.dropped or (c.type_oid, c.typmod) == (oid, typmod):
             return c
-    return None
+    # renamed and widened since (int→bigint, varchar(n)→text, numeric precision): the only free row of a
+    # type the column's can have been promoted to
+    wider = [c for c in free if _widened(oid, c.type_oid)]
+    return wider[0] if len(wider) == 1 else None
+
+
+#: type oid → type oids ALTER COLUMN … TYPE can have turned it into while the mirror followed it
+_WIDER = {21: {23, 20}, 23: {20}, 700: {701}, 1700: {1700}, 1043: {1043, 25}}
+
+
+def _widened(old_oid: int, new_oid: int) -> bool:
+    return new_oid in _WIDER.get(old_oid, ())
 
 
 def field_id_of(f: pa.Field) -> int | None:

@@ -166,6 +166,7 @@ class MirrorTable:
         self.applied_lsn = 0
         self.flushed_lsn = 0
         self.flush_lsn = 0
+        self.last_change_lsn = 0  # commit LSN of the last change applied to this table (0: none since the restore)
         self.missing_keys = 0
         self.error: str | None = None
         self.last_persist = time.time()
@@ -435,6 +436,7 @@ class MirrorTable:
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
         """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules)."""
+        self.last_change_lsn = max(self.last_change_lsn, commit_lsn)
         kind = change.kind
         if kind == "insert":
             vals = self._values(change.new, change.relation_oid)
@@ -561,7 +563,10 @@ class MirrorTable:
         files whose rows are all deleted removed, the FileIndex blob and ``mooncake.flush-lsn``.
 
         ``uploaded``: files :meth:`upload` already copied (name → location); the others are uploaded
-        here. Only after it returns may the slot be confirmed up to ``flush_lsn``. Returns counts.
+        here. Only after it returns may the slot be confirmed up to ``flush_lsn``. Returns counts:
+        ``rows`` (rows of the data files this commit adds, flushed now or by an earlier flush),
+        ``rows_flushed`` (of those, rows this call flushed from the buffer), ``files_added``,
+        ``files_removed``, ``deleted_rows`` (positions newly in deletion vectors), ``flush_lsn``, ``seconds``.
         """
         t0 = time.time()
         fl = self.flush()
@@ -626,7 +631,8 @@ class MirrorTable:
         self.flush_lsn = lsn
         self.last_persist = now
         self._gc_retired()
-        return {"rows": fl["rows"], "files_added": len(add), "files_removed": len(remove),
+        return {"rows": sum(f.num_rows for f in add), "rows_flushed": fl["rows"], "files_added": len(add),
+                "files_removed": len(remove),
                 "deleted_rows": new_dvs, "flush_lsn": lsn_str(lsn), "seconds": now - t0}
 
     def _gc_retired(self, grace_s: float = 120.0) -> None:
@@ -667,8 +673,9 @@ class MirrorTable:
             blocks.append(IndexBlock.open(str(p)))
         self.file_index = FileIndex(blocks)
 
-    def restore(self) -> None:
-        """Load the persisted state (data files, DVs, index, flush LSN) after a restart."""
+    def restore(self, interrupted: bool = True) -> None:
+        """Load the persisted state (data files, DVs, index, flush LSN) after a restart.
+        ``interrupted``: the previous run was not stopped cleanly (how its leftovers are logged)."""
         st = self.iceberg.state()
         self.files = {}
         for loc, df in st.data_files.items():
@@ -687,7 +694,7 @@ class MirrorTable:
         # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
         from ..compaction import cleanup_after_restore
 
-        self.last_cleanup = cleanup_after_restore(self)
+        self.last_cleanup = cleanup_after_restore(self, interrupted=interrupted)
 
     # ------------------------------------------------------------------ maintenance (engine/compaction)
     def merge_index(self, **kw) -> dict:
@@ -731,6 +738,7 @@ class MirrorTable:
         return {
             "name": self.name, "source": self.source,
             "applied_lsn": lsn_str(self.applied_lsn), "flush_lsn": lsn_str(self.flush_lsn),
+            "last_change_lsn": lsn_str(self.last_change_lsn or self.flush_lsn),
             "buffer_rows": self.mem.live_rows, "buffer_bytes": self.mem.nbytes,
             "data_files": len(self.files), "data_bytes": data_bytes,
             "index_blocks": len(self.file_index.blocks),

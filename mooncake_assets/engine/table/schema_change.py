@@ -20,12 +20,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SchemaChangeError", "on_relation", "describe_change", "type_text"]
+__all__ = ["SchemaChangeError", "CatalogLookupError", "on_relation", "describe_change", "type_text"]
 
 
 class SchemaChangeError(ValueError):
     """A source schema change the mirror cannot follow (permanent for this mirror: retrying the same
     WAL gives the same error). The message names table, column(s) and LSN."""
+
+
+class CatalogLookupError(RuntimeError):
+    """The source's catalogs gave no trustworthy answer for a schema change (temporary: they could not
+    be read, or never showed the transaction that made the change, within the retries). The table
+    stops rather than guess (e.g. give an added column no default); a restart of the service replays
+    the change from the table's flush LSN and looks again. The message names table, column(s) and LSN."""
 
 
 #: format_type names of the built-in types a Relation message may name (others: "type oid N").
@@ -60,6 +67,14 @@ def _lsn(lsn: int) -> str:
 
 def describe_change(table: Any, rel: Any, lsn: int) -> str:
     """One line naming the table, every column that changed and how, and the LSN."""
+    return (f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)}: "
+            + _change_parts(table, rel) + f" — this table stopped (the others go on) and holds the replication slot "
+            f"at its flush LSN {_lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, "
+            "then create-table: a fresh copy)")
+
+
+def _change_parts(table: Any, rel: Any) -> str:
+    """How the Relation's columns differ from the mirror's: "column x (text) was added; …"."""
     old = [(c.name, c.decl_oid, c.decl_typmod, c.type_name) for c in table.schema.columns]
     new = [(c.name, c.type_oid, c.typmod) for c in rel.columns]
     old_names = [o[0] for o in old]
@@ -86,10 +101,7 @@ def describe_change(table: Any, rel: Any, lsn: int) -> str:
             parts.append("the columns were reordered")
         else:
             parts.append("the columns changed")
-    return (f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)}: "
-            + "; ".join(parts) + f" — this table stopped (the others go on) and holds the replication slot at its flush LSN "
-            f"{_lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, then "
-            "create-table: a fresh copy)")
+    return "; ".join(parts)
 
 
 def _check_identity(table: Any, rel: Any, lsn: int) -> None:
@@ -114,12 +126,13 @@ def _check_identity_of(name: str, source: str, key_columns: list, rel: Any, lsn:
             f"({', '.join(key_columns)})")
 
 
-def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = None) -> None:
-    """Check the Relation in effect for a change of ``table`` (a MirrorTable) at commit ``lsn``; refresh
-    the tuple-to-column map when it is new. A changed column list evolves the table when ``catalog``
-    (``columns(table_oid) -> [CatalogColumn]``, ``resolve(name, oid, typmod, ndims) -> ColumnSpec``) is
-    given. Raises :class:`SchemaChangeError` for a change the mirror cannot follow (or any change without
-    ``catalog``)."""
+def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = None, xid: int | None = None) -> None:
+    """Check the Relation in effect for a change of ``table`` (a MirrorTable) at commit ``lsn`` of
+    transaction ``xid``; refresh the tuple-to-column map when it is new. A changed column list evolves
+    the table when ``catalog`` (``columns(table_oid, xid) -> [CatalogColumn]``, read once the source
+    shows ``xid`` committed; ``resolve(name, oid, typmod, ndims) -> ColumnSpec``) is given. Raises
+    :class:`SchemaChangeError` for a change the mirror cannot follow (or any change without
+    ``catalog``), :class:`CatalogLookupError` when the catalogs could not be read."""
     seen = table.__dict__.setdefault("_relations_seen", {})
     if seen.get(rel_oid) is rel and rel_oid in table._relmap:
         return
@@ -131,7 +144,17 @@ def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = Non
             raise SchemaChangeError(describe_change(table, rel, lsn))
         from .evolution import plan_schema_change
 
-        change = plan_schema_change(table.schema, sig, catalog.columns(table.schema.oid), catalog.resolve, lsn,
+        try:
+            columns = catalog.columns(table.schema.oid, xid=xid)
+        except Exception as e:  # noqa: BLE001 — never "no catalog rows", which would mean "no defaults"
+            what = _change_parts(table, rel)
+            raise CatalogLookupError(
+                f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)} ({what}): the "
+                f"source's catalogs gave no trustworthy answer ({type(e).__name__}: {str(e).splitlines()[0]}), so "
+                "what older rows read in the changed columns is unknown — this table stopped (the others go on) "
+                f"and holds the replication slot at its flush LSN {_lsn(table.flush_lsn)}, so nothing is lost; to "
+                "resume, restart the service (the change is replayed and looked up again)") from None
+        change = plan_schema_change(table.schema, sig, columns, catalog.resolve, lsn,
                                     table.next_field_id, table=table.name,
                                     format_version=getattr(table.iceberg, "format_version", 3))
         _check_identity_of(table.name, table.source, change.key_columns, rel, lsn)

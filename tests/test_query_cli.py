@@ -1,0 +1,94 @@
+"""Issue 13 item 6: ``mooncake query`` prints values as psql does and refuses bad input in one line.
+
+The oracle is psql itself: ``psql --csv`` over the source prints the same CSV as ``mooncake query
+--format csv`` over the mirror (±infinity, NULL, booleans, arrays, numeric scale, floats).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import psycopg
+
+from .helpers import make_settings, mooncake
+
+COLS = "id, ts, tsz, d, b, arr, tags, note, n, f, bin"
+SETUP = [
+    "CREATE TABLE q (id int PRIMARY KEY, ts timestamp, tsz timestamptz, d date, b boolean, arr int[], tags text[], "
+    "note text, n numeric(10,2), f float8, bin bytea)",
+    "INSERT INTO q VALUES "
+    "(1, 'infinity', 'infinity', 'infinity', true, '{1,2,NULL}', '{\"a b\",NULL,x,\"\"}', repeat('x', 120), 1.50, 0.1, '\\x00ff'),"
+    "(2, '-infinity', '-infinity', '-infinity', false, NULL, NULL, NULL, NULL, 'NaN', NULL),"
+    "(3, '2024-01-31 12:00:00.5', '2024-01-31 12:00:00.25+00', '2024-01-31', NULL, '{}', '{}', '', 0, '-Infinity', ''),"
+    "(4, '0044-03-15 10:00:00 BC', '12000-01-01 00:00:00+00', '0044-03-15 BC', true, '{-7}', '{\"q\\\"uote\",\"c,d\"}',"
+    " 'a,b \"c\"', -12.3, 1e300, '\\x')",
+]
+
+
+def _psql_csv(dsn: str, sql: str) -> str:
+    psql = shutil.which("psql") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))), None)
+    env = dict(os.environ, PGTZ="UTC", PGDATESTYLE="ISO")
+    return subprocess.run([str(psql), "--no-psqlrc", "--csv", "-d", dsn, "-c", sql], capture_output=True, text=True,
+                          env=env, check=True).stdout
+
+
+def _setup(pg_dsn, state_dir):
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for s in SETUP:
+            c.execute(s)
+    settings = make_settings(state_dir, pg_dsn)
+    mooncake(settings, "create-table", "q", "public.q", check=True)
+    return settings
+
+
+def test_query_renders_like_psql_and_refuses_bad_input(pg_dsn, state_dir):
+    s = _setup(pg_dsn, state_dir)
+    try:
+        sql = f"SELECT {COLS} FROM q ORDER BY id"
+        csv = mooncake(s, "query", sql, "--format", "csv", check=True)
+        assert csv.stdout == _psql_csv(pg_dsn, sql), csv.stdout
+
+        table = mooncake(s, "query", sql, check=True)  # piped: nothing cut to 80 columns
+        out = table.stdout
+        assert "x" * 120 in out and "None" not in out and "False" not in out and "True" not in out, out
+        assert "-infinity" in out and "{1,2,NULL}" in out and "(4 rows)" in out, out
+        assert not any(line.endswith("…") for line in out.splitlines()), out
+
+        rows = json.loads(mooncake(s, "query", sql, "--format", "json", check=True).stdout)
+        assert rows[0]["ts"] == "infinity" and rows[1]["tsz"] == "-infinity" and rows[0]["d"] == "infinity"
+        assert rows[0]["b"] is True and rows[1]["b"] is False and rows[2]["b"] is None
+        assert rows[0]["arr"] == [1, 2, None] and rows[0]["tags"] == ["a b", None, "x", ""] and rows[2]["arr"] == []
+        assert rows[1]["note"] is None and rows[0]["n"] == 1.5 and rows[1]["f"] == "NaN"
+        assert rows[2]["ts"] == "2024-01-31T12:00:00.5" and rows[2]["tsz"] == "2024-01-31T12:00:00.25+00:00"
+
+        bad = mooncake(s, "query", sql, "--format", "xml")
+        assert bad.returncode == 2 and "xml" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        bad = mooncake(s, "query", sql, "--lsn", "garbage")
+        assert bad.returncode == 2 and "'garbage' is not an LSN" in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        for stmt in ("DELETE FROM q", "INSERT INTO q VALUES (9)", "COPY q TO '/tmp/mooncake-q.csv'", "SELECT 1; DROP TABLE q"):
+            bad = mooncake(s, "query", stmt)
+            assert bad.returncode == 2 and "queries are read-only" in bad.stderr, (stmt, bad.stderr)
+            assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert mooncake(s, "query", "SELECT count(*) AS n FROM q", "--format", "csv", check=True).stdout == "n\n4\n"
+
+        # --no-wait reads what is applied and says at which LSN; --max-wait bounds the barrier
+        nw = mooncake(s, "query", "SELECT count(*) AS n FROM q", "--no-wait", "--format", "csv", check=True)
+        assert nw.stdout == "n\n4\n" and "read at LSN " in nw.stderr, nw.stderr
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("INSERT INTO q (id) VALUES (5)")
+        mw = mooncake(s, "query", "SELECT count(*) AS n FROM q", "--max-wait", "60", "--format", "csv", check=True)
+        assert mw.stdout == "n\n5\n", mw.stdout
+
+        # a stopped service is not started behind the user's back
+        assert "stopped" in mooncake(s, "stop", check=True).stdout
+        q = mooncake(s, "query", "SELECT count(*) FROM q")
+        assert q.returncode == 1 and "service is stopped" in q.stderr and "mooncake start" in q.stderr, q.stderr
+        assert "not running" in mooncake(s, "status").stdout
+        mooncake(s, "start", check=True)
+        assert mooncake(s, "query", "SELECT count(*) AS n FROM q", "--format", "csv", check=True).stdout == "n\n5\n"
+    finally:
+        mooncake(s, "stop")
