@@ -22,8 +22,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 pg_app = typer.Typer(no_args_is_help=True, help="The embedded local Postgres (wal_level=logical). Its data directory is under /var/tmp, where the "
                                                    "postgres user can reach it; <state>/pg/location records where.")
 app.add_typer(pg_app, name="pg")
-console = Console()
-err = Console(stderr=True)
+def _width(stream) -> int | None:
+    """Off a terminal (piped, redirected, captured) rich would cut everything to 80 columns; lines are as
+    wide as they need then (up to 400 columns). A terminal or ``COLUMNS`` keeps rich's own width."""
+    import os
+
+    return None if stream.isatty() or os.environ.get("COLUMNS") else 400
+
+
+console = Console(width=_width(sys.stdout))
+err = Console(stderr=True, width=_width(sys.stderr))
 
 
 class Ctx:
@@ -390,7 +398,7 @@ def _lag_text(row: dict) -> str:
 def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the mirrors, by their DST names"),
           fmt: str = typer.Option("table", "--format", help="table (psql's aligned format), csv (as psql --csv, with a "
                                   "header) or json (an array of objects); values as Postgres prints them"),
-          lsn: Optional[str] = typer.Option(None, help="Read at this LSN (X/Y) instead of waiting for the source's current one"),
+          lsn: Optional[str] = typer.Option(None, help="Read at this LSN (X/Y) instead of the source's current one, once the mirror has applied it (waits up to --max-wait)"),
           max_wait: float = typer.Option(30.0, "--max-wait", metavar="SECONDS", min=0.0,
                                          help="How long the read-your-writes barrier waits for the service to apply "
                                               "every commit made before the query (then: an error naming both LSNs)"),

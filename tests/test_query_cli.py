@@ -82,6 +82,10 @@ def test_query_renders_like_psql_and_refuses_bad_input(pg_dsn, state_dir):
             c.execute("INSERT INTO q (id) VALUES (5)")
         mw = mooncake(s, "query", "SELECT count(*) AS n FROM q", "--max-wait", "60", "--format", "csv", check=True)
         assert mw.stdout == "n\n5\n", mw.stdout
+        # --lsn past what the mirror has applied waits for it, then says so (no older rows passed off as that LSN)
+        far = mooncake(s, "query", "SELECT count(*) AS n FROM q", "--lsn", "FF/0", "--max-wait", "1")
+        assert far.returncode == 1 and "timed out" in far.stderr and "FF/0" in far.stderr, (far.stdout, far.stderr)
+        assert len(far.stderr.strip().splitlines()) == 1 and far.stdout == "", far.stderr
 
         # a stopped service is not started behind the user's back
         assert "stopped" in mooncake(s, "stop", check=True).stdout

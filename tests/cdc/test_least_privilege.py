@@ -284,7 +284,7 @@ def test_publication_problems_each_with_its_fix(pg_dsn):
          "CREATE TABLE pt_1 PARTITION OF pt FOR VALUES FROM (0) TO (100)",
          "CREATE TABLE rf (id int PRIMARY KEY, v text)", "CREATE TABLE cl (id int PRIMARY KEY, v text, w text)",
          "CREATE TABLE ins (id int PRIMARY KEY)", "CREATE TABLE gen (id int PRIMARY KEY, g int GENERATED ALWAYS AS (id * 2) STORED)",
-         "CREATE UNLOGGED TABLE unl (id int PRIMARY KEY)",
+         "CREATE UNLOGGED TABLE unl (id int PRIMARY KEY)", 'CREATE TABLE "User" (id int PRIMARY KEY)',
          "CREATE PUBLICATION p_leaf FOR TABLE pt, rf WHERE (id > 3), cl (id, v), gen",
          "CREATE PUBLICATION p_ins FOR TABLE ins WITH (publish = 'insert')")
     with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -305,8 +305,14 @@ def test_publication_problems_each_with_its_fix(pg_dsn):
         e, _ = errors("public.unl", "p_leaf")
         assert [ch.fix for ch in e] == ["ALTER TABLE public.unl SET LOGGED;", "ALTER PUBLICATION p_leaf ADD TABLE public.unl;"], e
         e, checks = errors("public.gen", "p_leaf")
-        assert not e and any(ch.level == "warning" and "generated column(s) g" in ch.message for ch in checks), checks
+        assert not e and any(ch.level == "ok" and "generated column(s) g are mirrored" in ch.message for ch in checks), checks
         e, _ = errors("public.rf", "no_such_pub")
         assert len(e) == 1 and "does not exist" in e[0].message and e[0].fix.startswith("CREATE PUBLICATION no_such_pub"), e
         e, _ = errors("public.nope", "p_leaf")
         assert len(e) == 1 and "does not exist" in e[0].message, e
+        # a name that does not resolve is explained as create-table explains it
+        e, _ = errors("public.User", "p_leaf")
+        assert len(e) == 1 and 'parsed as schema "public", table "user"' in e[0].message \
+            and 'public."User"' in e[0].message, e
+        e, _ = errors('"Sales Data"."Q1 Orders"', "p_leaf")
+        assert len(e) == 1 and 'schema "Sales Data", table "Q1 Orders"' in e[0].message, e

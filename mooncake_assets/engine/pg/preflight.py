@@ -117,7 +117,7 @@ def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
         feats = [("streams large transactions" if v >= 140000 else
                   "does not stream large transactions (needs 14; they are sent at commit)"),
                  ("publishes generated columns" if v >= 180000 else
-                  "does not publish generated columns (needs 18; they are left out of mirrors)")]
+                  "does not publish generated columns (needs 18; mooncake computes them on the source)")]
         out.append(Check("ok" if v >= 140000 else "warning", "server version", f"PostgreSQL {text}: " + "; ".join(feats),
                          None if v >= 140000 else "PostgreSQL 14 or later"))
     return out
@@ -177,6 +177,20 @@ def _split_name(conn, src: str) -> tuple[str, str] | None:
     return None
 
 
+def _unresolved(conn, src: str, fallback: str) -> str:
+    """Why ``src`` names no table, as create-table says it (how it was parsed, and the quoted form when
+    an unquoted name matches only ignoring case: names.resolve_table); ``fallback`` if it resolves."""
+    from .names import InvalidName, resolve_table
+
+    try:
+        resolve_table(conn, src)
+    except InvalidName as e:
+        return str(e)
+    except psycopg.Error:
+        pass
+    return fallback
+
+
 def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str,
                  column_types: dict | None = None, exclude: list | None = None) -> list[Check]:
     """The checks of one source table ``src`` (``schema.table``). ``publication``: the administrator's
@@ -187,7 +201,8 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
 
     split = _split_name(conn, src)
     if split is None:
-        return [Check("error", f"table {src}", "is not a table name", "name it as schema.table")]
+        return [Check("error", f"table {src}", _unresolved(conn, src, "is not a table name"),
+                      "name it as schema.table, quoting parts as SQL does: '\"Sales Data\".\"Q1 Orders\"'")]
     schema, table = split
     subj = f"table {pubs.quote_name(schema, table)}"
     user = conn.execute("SELECT current_user").fetchone()[0]
@@ -197,8 +212,9 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
         "pg_has_role(c.relowner, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
     if row is None or row[1] not in ("r", "p"):
-        return [Check("error", subj, "does not exist" + ("" if row is None else " as a table"),
-                      "name an existing table as schema.table")]
+        return [Check("error", subj, "does not exist as a table" if row is not None else
+                      _unresolved(conn, src, "does not exist"),
+                      "name an existing table as schema.table, quoting parts as SQL does")]
     oid, relkind, persistence, usage, owner = row
     out: list[Check] = []
     q = pubs.quote_name(schema, table)
@@ -229,11 +245,12 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
     out.append(_identity_check(conn, subj, q, schema_, relkind, owner))
     gen = [r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
                                       "attisdropped AND attgenerated <> '' ORDER BY attnum", (oid,)).fetchall()]
-    if gen:
-        out.append(Check("warning", subj, f"generated column(s) {', '.join(gen)} are not mirrored (pgoutput "
-                         + ("sends them only with publish_generated_columns)" if conn.info.server_version >= 180000
-                            else "publishes generated columns only from PostgreSQL 18)"),
-                         "compute them in the query over the mirror, or make them plain columns"))
+    if gen:  # mirrored either way (engine/cdc/generated.py): Postgres < 18 does not send them, so the
+        # service computes them on the source for each applied batch; 18 sends them (publish_generated_columns)
+        out.append(Check("ok", subj, f"generated column(s) {', '.join(gen)} are mirrored ("
+                         + ("sent by pgoutput with the publication's publish_generated_columns = stored)"
+                            if conn.info.server_version >= 180000 else
+                            "PostgreSQL before 18 does not send them: computed on the source for each applied batch)")))
     out.extend(_publication_checks(conn, subj, schema, table, relkind, owner, [c.name for c in schema_.columns],
                                    publication, own_publication, user))
     return out

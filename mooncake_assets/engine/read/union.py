@@ -275,15 +275,24 @@ class UnionReader:
         self.states[view] = rs
 
     # ------------------------------------------------------------------ reads
+    def _reach(self, lsn: str | None) -> None:
+        """Before a read: the barrier (``lsn`` None), or wait until the service has applied ``lsn`` (a read
+        at an LSN the mirror has not reached would silently return older data); ``TimeoutError`` naming
+        both LSNs after ``wait_timeout`` seconds."""
+        if lsn is None:
+            self.barrier()
+        else:
+            self.client.wait_lsn(lsn, timeout=self.wait_timeout)
+
     def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
         """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references).
 
         ``sql``: SELECT/EXPLAIN statements only (else :class:`ReadOnlyError`, before anything is read).
-        ``lsn``: read at this LSN (``X/Y``) without the barrier; None: the barrier first (when the
-        reader has a DSN), then each table at what is applied."""
+        ``lsn``: read at this LSN (``X/Y``), once the service has applied it (``TimeoutError`` after
+        ``wait_timeout`` s); None: the barrier first (when the reader has a DSN), then each table at
+        what is applied."""
         check_read_only(sql, self.con)
-        if lsn is None:
-            self.barrier()
+        self._reach(lsn)
         info = self._infos.get(sql)
         if info is None:
             info = self._infos[sql] = StatementInfo(sql, self.con)
@@ -305,8 +314,7 @@ class UnionReader:
 
     def read_table(self, table: str, lsn: str | None = None, columns: list[str] | None = None) -> pa.Table:
         """All visible rows of one mirrored table as Arrow (optionally projected)."""
-        if lsn is None:
-            self.barrier()
+        self._reach(lsn)
         view = f"__mc_read_{table}"
         self.register(table, lsn, view=view, columns=columns, mode="arrow" if self.mode == "auto" else self.mode)
         try:

@@ -45,11 +45,13 @@ def _q(name: str) -> str:
 
 
 def checksum_sql(relation: str, columns: list[str], key: list[str]) -> str:
-    """``SELECT range, count(*), sum(hash(row))`` over ``relation`` (a DuckDB table or view name)."""
+    """``SELECT range, count(*), sum(hash(row))`` over ``relation`` (a DuckDB table or view name).
+    Grouped by position: DuckDB binds a name in GROUP BY to a column of the table before an alias,
+    so a user column named like an alias must not change the grouping."""
     cols = ", ".join(_q(c) for c in columns)
     keys = ", ".join(_q(c) for c in (key or columns))
-    return (f"SELECT CAST(hash({keys}) % {RANGES} AS INTEGER) AS r, count(*) AS n, "
-            f"sum(hash({cols})::HUGEINT) AS h FROM {relation} GROUP BY r")
+    return (f"SELECT CAST(hash({keys}) % {RANGES} AS INTEGER), count(*), "
+            f"sum(hash({cols})::HUGEINT) FROM {relation} GROUP BY 1")
 
 
 def _add(acc: dict, rows) -> None:
