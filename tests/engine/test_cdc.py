@@ -390,7 +390,13 @@ def test_decode_streamed_tuples_matches_copy(pg_dsn, repl):
         w.execute(ALL_TYPES_ROWS)
         got = pump(rc, TransactionAssembler(), lambda t: len(t) == 1)
         copied = next(initial_copy(w, schema, None))
-    streamed = decode_text_columns(schema.columns, [c.new.data for c in got[0].changes])
+    # Postgres before 18 does not send STORED generated columns (the service computes them: test_generated_columns)
+    sent = [c for c in schema.columns if not c.generated]
+    if len(got[0].changes[0].new.data) == len(sent):
+        copied = copied.select([c.name for c in sent])
+    else:
+        sent = schema.columns
+    streamed = decode_text_columns(sent, [c.new.data for c in got[0].changes])
     assert streamed.schema.equals(copied.schema)
     for name in streamed.schema.names:
         a, b = streamed.column(name), copied.column(name)
