@@ -28,6 +28,8 @@ def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkey
         client.call("create_table", dst="pu", src="public.pu")
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute("INSERT INTO pu SELECT g, 'staged' FROM generate_series(101, 200) g")
+            applied = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        client.wait_lsn(applied, timeout=120)                   # the rows are in the buffer (a loaded machine lags)
         client.call("flush", table="pu")                       # a staged file for the persist to upload
         flag.touch()
         done = {}
@@ -41,7 +43,7 @@ def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkey
         th = threading.Thread(target=persist)
         th.start()
         reached = flag.with_name(flag.name + ".reached")
-        for _ in range(600):
+        for _ in range(2400):  # a hang guard (120 s), not a speed claim
             if reached.exists():
                 break
             time.sleep(0.05)
