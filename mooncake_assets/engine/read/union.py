@@ -167,7 +167,7 @@ class UnionReader:
     """Registers mirrored tables as DuckDB views over one ReadState each and runs SQL on them.
 
     ``client``: a :class:`ServiceClient` (or anything with ``read_state(table, lsn)``, ``fetch(ticket)``
-    and ``status()``); ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
+    and ``status()``, and ``wait_lsn(lsn, timeout)`` unless it has applied every LSN it is asked for); ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
     ``con``: an existing DuckDB connection to register into (else a new one); ``mode``: how deletes are
     applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``.
     """
@@ -281,7 +281,7 @@ class UnionReader:
         both LSNs after ``wait_timeout`` seconds."""
         if lsn is None:
             self.barrier()
-        else:
+        elif getattr(self.client, "wait_lsn", None) is not None:  # in-process clients have applied everything
             self.client.wait_lsn(lsn, timeout=self.wait_timeout)
 
     def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
