@@ -29,6 +29,9 @@ from urllib.parse import urlsplit
 
 from .errors import WarehouseConfigError
 
+# PyIceberg FileIO of every object store (fsspec: s3fs, gcsfs, adlfs); see fileio.py
+FILEIO_IMPL = "mooncake_assets.engine.storage.fileio.MooncakeFileIO"
+
 ENV_ENDPOINT = ("MOONCAKE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 ENV_REGION = ("MOONCAKE_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
 ENV_ALLOW_HTTP = ("MOONCAKE_S3_ALLOW_HTTP",)
@@ -167,8 +170,6 @@ class S3Config:
     def fileio_properties(self) -> dict[str, str]:
         """PyIceberg FileIO / catalog properties: ``py-io-impl`` (``fileio.MooncakeFileIO``, fsspec's
         ``s3fs``) and the standard ``s3.*`` keys."""
-        from .stores import FILEIO_IMPL
-
         props = {"py-io-impl": FILEIO_IMPL, "s3.region": self.region}
         if self.profile:
             props["s3.profile-name"] = self.profile

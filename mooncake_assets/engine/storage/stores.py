@@ -38,10 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .config import S3Config, _first_env, is_loopback, is_s3, parse_s3_uri, resolve_s3
+from .config import FILEIO_IMPL, S3Config, _first_env, is_loopback, is_s3, parse_s3_uri, resolve_s3
 from .errors import WarehouseConfigError
-
-FILEIO_IMPL = "mooncake_assets.engine.storage.fileio.MooncakeFileIO"
 
 GCS_SCHEMES = ("gs", "gcs")
 AZURE_SCHEMES = ("abfs", "abfss", "az", "wasb", "wasbs")
