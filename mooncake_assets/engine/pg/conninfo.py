@@ -155,3 +155,14 @@ def install_log_scrubber() -> None:
     for h in root.handlers:
         if not any(isinstance(f, ScrubFilter) for f in h.filters):
             h.addFilter(ScrubFilter())
+
+
+# session settings that pin every value's text form (the decoders rely on them; see table/keys.py)
+PG_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex -c IntervalStyle=postgres"
+
+
+def with_options(dsn: str) -> str:
+    """``dsn`` with the session settings that pin every value's text form (see table/keys.py)."""
+    d = conninfo_to_dict(dsn)
+    d["options"] = (d.get("options", "") + " " + PG_OPTIONS).strip()
+    return make_conninfo(**d)

@@ -47,7 +47,7 @@ from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.conninfo import connect_error, scrub
+from ..pg.conninfo import PG_OPTIONS, connect_error, scrub, with_options  # noqa: F401 (re-exported)
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
 
@@ -56,16 +56,6 @@ log = logging.getLogger("mooncake.service")
 NAMESPACE = "mooncake"
 PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published
 #                            (seconds; settings.json extra.publication_check_s overrides it, 0 turns it off)
-PG_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex -c IntervalStyle=postgres"
-
-
-def with_options(dsn: str) -> str:
-    """``dsn`` with the session settings that pin every value's text form (see table/keys.py)."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    d = conninfo_to_dict(dsn)
-    d["options"] = (d.get("options", "") + " " + PG_OPTIONS).strip()
-    return make_conninfo(**d)
 
 
 def _refuse_nan_decimals(conn, schema) -> None:

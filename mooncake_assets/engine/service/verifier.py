@@ -174,7 +174,7 @@ class Verifier:
             source, columns, key = t.source, [f.name for f in t.arrow_schema], list(t.key_names)
             meta = svc.registry["tables"].get(name) or {}
             options = {"column_types": meta.get("column_types"), "exclude": meta.get("exclude")}
-        from .service import with_options
+        from ..pg.conninfo import with_options
 
         try:
             rc = ReplicationConnection(with_options(svc.dsn))
