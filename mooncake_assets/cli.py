@@ -412,13 +412,13 @@ def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the 
     from .engine.read.render import FORMATS
     from .engine.read.union import ReadOnlyError
     from .engine.service import ServiceError
-    from .engine.table.mirror import parse_lsn
+    from .engine.lsn import Lsn
 
     if fmt not in QUERY_FORMATS:
         fail(f"--format must be one of {', '.join(QUERY_FORMATS)}, not {fmt!r}", code=2)
     if lsn is not None:
         try:
-            parse_lsn(lsn)
+            Lsn.parse(lsn)
         except (ValueError, TypeError):
             fail(f"--lsn {lsn!r} is not an LSN: expected two hexadecimal numbers as X/Y, e.g. 0/16B3748", code=2)
         if no_wait:

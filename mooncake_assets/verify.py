@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from .config import Settings
 from .engine.cdc import ReplicationConnection, describe_table, initial_copy
-from .engine.table.mirror import lsn_str
+from .engine.lsn import Lsn
 
 READERS = ("union", "pyiceberg", "duckdb-iceberg")
 
@@ -132,7 +132,7 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
         rc = ReplicationConnection(with_options(dsn))
         try:
             c_lsn, snap = rc.create_slot(f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True, temporary=True)
-            lsn = lsn_str(c_lsn)
+            lsn = str(Lsn(c_lsn))
             if reader == "union":
                 client.wait_lsn(lsn, timeout=60)
             results = []

@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr
 
 from mooncake_assets.config import Settings, load_settings
 from mooncake_assets.engine.service import ServiceClient, ServiceError, ServiceUnavailable
+from mooncake_assets.engine.lsn import Lsn
 
 DEFAULT_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 
@@ -319,8 +320,7 @@ def lsn_int(text: str | None) -> int | None:
     """``X/Y`` LSN text → int (None stays None)."""
     if not text:
         return None
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+    return int(Lsn.parse(text))
 
 
 def lag_bytes(source_lsn: str | None, lsn: str | None) -> int | None:

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from mooncake_assets.demo import _pg_bin
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 
 from .helpers import make_settings, mooncake, running_service
 
@@ -75,4 +75,4 @@ def test_lag_agrees_with_pg_stat_replication_under_load(pg_dsn, state_dir, tmp_p
         st = client.status()
         row = next(t for t in st["tables"] if t["name"] == "bulk")
         assert row["lag_bytes"] < 64 * 1024 and (row["lag_bytes"] > 0 or row["lag_seconds"] == 0), row
-        assert parse_lsn(row["applied_lsn"]) > 0
+        assert Lsn.parse(row["applied_lsn"]) > 0

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.compaction import find_orphans
 from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
 from mooncake_assets.engine.service import ServiceError
@@ -501,5 +502,4 @@ def client_call(s, op, kw, table="acc"):
 
 
 def _lsn_int(text: str) -> int:
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+    return int(Lsn.parse(text))

@@ -88,7 +88,8 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table, parse_message
     from ..engine.service import service as svc_module
     from ..engine.service.service import ReplicatorService, with_options
-    from ..engine.table.mirror import MirrorTable, lsn_str
+    from ..engine.lsn import Lsn
+    from ..engine.table.mirror import MirrorTable
 
     settings = Settings(state_dir=scratch, dsn=dsn, maintenance="dagster")
     svc = ReplicatorService(settings)
@@ -125,7 +126,7 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     finally:
         repl.close()
     info = {"transactions": txns, "rows_applied": t.mem.num_rows, "live_rows_applied": t.mem.live_rows,
-            "applied_lsn": lsn_str(svc.applied_lsn), "buffer_bytes": t.mem.nbytes, "missing_keys": t.missing_keys,
+            "applied_lsn": str(Lsn(svc.applied_lsn)), "buffer_bytes": t.mem.nbytes, "missing_keys": t.missing_keys,
             "table_error": t.error}
     if t.error:
         raise RuntimeError(f"the apply loop stopped table {table}: {t.error}")

@@ -15,7 +15,7 @@ import pytest
 
 from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.service.process import start_service, stop_service
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 
 from .conftest import mirror_fixture
 from ..helpers import mooncake
@@ -29,12 +29,12 @@ def fresh_mirror(pg_cluster):
 
 
 def _wal_now(m) -> int:
-    return parse_lsn(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    return Lsn.parse(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
 
 
 def _slot_confirmed(m) -> int:
     slot = m.client.status()["slot"]
-    return parse_lsn(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+    return Lsn.parse(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                            params=(slot,))[0][0])
 
 
@@ -87,11 +87,11 @@ def test_replica_identity_nothing_after_mirroring_stops_only_that_table(mirror):
         assert st["state"] == "error", st
         err = st["error"]
         assert f"table {t} (source public.{t})" in err and what in err, err
-        at = parse_lsn(re.search(f"at LSN {LSN_RE}", err).group(1))
+        at = Lsn.parse(re.search(f"at LSN {LSN_RE}", err).group(1))
         assert before <= at < after, (err, before, after)
         with pytest.raises(ServiceError, match=f"table {t} is stopped by an error"):
             m.call("persist", table=t)
-    assert _slot_confirmed(m) <= min(parse_lsn(m.status(t)["flush_lsn"]) for t in ("rik", "rif"))
+    assert _slot_confirmed(m) <= min(Lsn.parse(m.status(t)["flush_lsn"]) for t in ("rik", "rif"))
     lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
     assert {t["name"]: t["state"] for t in lt["tables"] if t["name"] in ("rik", "rif", "ri_ok")} == \
         {"rik": "error", "rif": "error", "ri_ok": "ready"}
@@ -126,7 +126,7 @@ def test_slot_dropped_while_the_service_was_down_stops_its_mirrors(fresh_mirror)
         err = st["error"]
         assert f"table sg: replication slot {slot} was gone" in err, err
         assert f"after its flush LSN {flush} up to LSN " in err and "are lost" in err and "re-create" in err, err
-        new_start = parse_lsn(re.search(f"up to LSN {LSN_RE}", err).group(1))
+        new_start = Lsn.parse(re.search(f"up to LSN {LSN_RE}", err).group(1))
         assert new_start >= dropped_at, (err, dropped_at)
     r = mooncake(m.settings, "persist", "sg")
     assert r.returncode != 0 and "table sg is stopped by an error" in r.stderr and slot in r.stderr, r.stderr

@@ -17,7 +17,7 @@ import pytest
 from mooncake_assets.engine.faults import set_faults
 from mooncake_assets.engine.pg import EmbeddedPostgres
 from mooncake_assets.engine.service.process import kill_service, start_service
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 
 from .conftest import Mirror, mirror_fixture, new_state_dir
 from ..helpers import make_settings, mooncake, running_service, wait_until
@@ -30,7 +30,7 @@ def fresh_mirror(pg_cluster):
 
 def _slot_confirmed(m) -> int:
     slot = m.client.status()["slot"]
-    return parse_lsn(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+    return Lsn.parse(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                            params=(slot,))[0][0])
 
 
@@ -45,7 +45,7 @@ def test_walsender_terminated_resumes_without_duplicates(fresh_mirror):
     m.create("w")
     m.create("w_nk")
     with psycopg.connect(m.dsn, autocommit=True) as c:
-        before = parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        before = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
     m.sql("INSERT INTO w SELECT g, 1 FROM generate_series(101, 200) g", "UPDATE w SET n = n + 1 WHERE id <= 50",
           "INSERT INTO w_nk SELECT g % 3, 'd' FROM generate_series(1, 30) g")
     m.check("w", "w_nk")                          # applied in memory, not persisted: the slot stays behind
@@ -63,7 +63,7 @@ def test_walsender_terminated_resumes_without_duplicates(fresh_mirror):
     assert "lost stream(s)" in out and "terminating connection" in out, out
     # the report names the slot and the LSN the stream resumes from (its confirmed LSN: the last persist)
     assert f"slot {st['slot']}," in out, out
-    resumed = parse_lsn(re.search(r"confirmed LSN ([0-9A-F]+/[0-9A-F]+)", out).group(1))
+    resumed = Lsn.parse(re.search(r"confirmed LSN ([0-9A-F]+/[0-9A-F]+)", out).group(1))
     assert resumed <= before, (out, before)
     assert m.status("w")["missing_keys"] == 0 and m.status("w_nk")["missing_keys"] == 0
     m.check("w", "w_nk", iceberg=True)
@@ -87,15 +87,15 @@ def test_iceberg_commit_conflicts_retry_with_backoff(pg_cluster, monkeypatch):
             m = Mirror(s, client, dsn)
             m.sql("CREATE TABLE cc (id int PRIMARY KEY, v text)", "INSERT INTO cc SELECT g, 'a' FROM generate_series(1, 50) g")
             m.create("cc")
-            before = parse_lsn(m.status("cc")["flush_lsn"])
+            before = Lsn.parse(m.status("cc")["flush_lsn"])
             set_faults(faults, commit_conflicts=12)              # > 2 persists' worth of internal attempts
             m.sql("INSERT INTO cc SELECT g, 'b' FROM generate_series(51, 150) g", "UPDATE cc SET v = 'c' WHERE id <= 10")
             st = wait_until(lambda: (x := m.status("cc"))["state"] == "retrying" and x, what="state retrying")
             assert "mooncake.cc" in st["error"] and "race" in st["error"] and "temporary" in st["error"], st["error"]
             m.check("cc")                                         # reads are served meanwhile
-            assert parse_lsn(m.status("cc")["flush_lsn"]) == before
+            assert Lsn.parse(m.status("cc")["flush_lsn"]) == before
             assert _slot_confirmed(m) <= before                   # nothing confirmed past what is durable
-            st = wait_until(lambda: (x := m.status("cc"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) > before and x,
+            st = wait_until(lambda: (x := m.status("cc"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) > before and x,
                        timeout=60, what="a persist after the conflicts")
             import json
             assert json.loads(faults.read_text())["conflicts_injected"] == 12

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from mooncake_assets.engine import storage
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 
 from .conftest import Mirror, drop_database, new_database, new_state_dir
 from ..helpers import make_settings, mooncake, running_service, wait_until
@@ -61,13 +61,13 @@ def _can_make_immutable(parent: Path) -> bool:
 
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        return parse_lsn(c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+        return Lsn.parse(c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                                    (slot,)).fetchone()[0])
 
 
 def _wal_now(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        return parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        return Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
 
 @pytest.mark.parametrize("err", [
@@ -140,7 +140,7 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
             th = threading.Thread(target=workload)
             th.start()
             try:
-                wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) > 0,
+                wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) > 0,
                       what="a first persist")
                 # ---------------------------------------------------------------- warehouse unwritable
                 locked = _entries(warehouse)
@@ -159,7 +159,7 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
                 msg = " ".join(r.stderr.split())
                 assert "table wu" in msg and "persist of wu" in msg and "Operation not permitted" in msg, r.stderr
                 assert "stay in the buffer" in msg and "Traceback" not in r.stderr, r.stderr
-                flush_down = parse_lsn(m.status("wu")["flush_lsn"])
+                flush_down = Lsn.parse(m.status("wu")["flush_lsn"])
                 # The slot may already stand past the flush LSN: while the table was clean (all persisted)
                 # the service rightly confirmed the WAL end of keepalives. From the outage on the table is
                 # dirty, so the slot must not move: nothing is confirmed past what it stood at then.
@@ -169,10 +169,10 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
                 for _ in range(8):
                     time.sleep(0.5)
                     assert _slot_confirmed(dsn, slot) <= held
-                    assert parse_lsn(m.status("wu")["flush_lsn"]) == flush_down
+                    assert Lsn.parse(m.status("wu")["flush_lsn"]) == flush_down
                 m.check("wu")
                 during = m.status("wu")
-                assert during["state"] == "retrying" and parse_lsn(during["applied_lsn"]) > flush_down, during
+                assert during["state"] == "retrying" and Lsn.parse(during["applied_lsn"]) > flush_down, during
                 assert int(re.search(r"failed (\d+)x", during["error"]).group(1)) >= 3, during["error"]  # retried
                 assert _slot_confirmed(dsn, slot) <= held
             finally:
@@ -182,7 +182,7 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
                 th.join()
             assert done["error"] is None and done["txns"] > 100, done
             end = _wal_now(dsn)
-            wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and parse_lsn(x["flush_lsn"]) >= end and x,
+            wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) >= end and x,
                   timeout=90, what="the persist to succeed once the warehouse is writable again")
             assert m.status("wu")["error"] is None and m.status("wu")["missing_keys"] == 0
             for reader in ("union", "pyiceberg"):

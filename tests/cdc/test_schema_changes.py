@@ -14,7 +14,7 @@ import json
 import pytest
 
 from mooncake_assets.engine.service.process import kill_service, start_service, stop_service
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.verify import verify
 
 from .conftest import mirror_fixture
@@ -22,12 +22,12 @@ from ..helpers import mooncake
 
 
 def _lsn_now(m) -> int:
-    return parse_lsn(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    return Lsn.parse(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
 
 
 def _slot_confirmed(m) -> int:
     slot = m.client.status()["slot"]
-    return parse_lsn(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+    return Lsn.parse(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                            params=(slot,))[0][0])
 
 
@@ -112,7 +112,7 @@ def test_schema_change_becomes_iceberg_schema_evolution(mirror, kind, ddl, dml, 
     assert old.column_names == before_cols
     props = json.loads(ice.metadata.properties["mooncake.columns"])
     assert [c["name"] for c in props["columns"]] == m.read(t).column_names
-    flush = parse_lsn(ice.current_snapshot().summary["mooncake.flush-lsn"])
+    flush = Lsn.parse(ice.current_snapshot().summary["mooncake.flush-lsn"])
     assert flush > at
 
 
@@ -206,7 +206,7 @@ def test_unfollowable_change_stops_only_its_table(mirror, kind, ddl, dml, expect
     assert st["state"] == "error", st
     err = st["error"]
     assert f"table {t}" in err and expect in err, err
-    at = parse_lsn(err.split("schema change at LSN ")[1].split(":")[0])
+    at = Lsn.parse(err.split("schema change at LSN ")[1].split(":")[0])
     assert before <= at < after, (hex(before), hex(at), hex(after))
     # held: the slot is never confirmed past the change that stopped the table, so Postgres resends it
     assert _slot_confirmed(m) <= at

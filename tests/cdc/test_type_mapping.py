@@ -12,6 +12,7 @@ from decimal import Decimal
 import duckdb
 import pytest
 
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.service import ServiceError
 
 TS_INF = 2**63 - 1
@@ -186,8 +187,7 @@ def test_numeric_nan_in_decimal_column_stops_only_that_table(mirror):
 
 
 def _lsn(s: str) -> int:
-    hi, lo = s.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+    return int(Lsn.parse(s))
 
 
 @pytest.mark.parametrize("column, type_sql", [

@@ -14,8 +14,9 @@ import pytest
 
 from mooncake_assets.engine.cdc import (
     ReplicationConnection, ReplicationError, StreamAbort, StreamCommit, StreamStart, TransactionAssembler,
-    decode_text_columns, describe_table, initial_copy, lsn_to_str, parse_message, str_to_lsn,
+    decode_text_columns, describe_table, initial_copy, parse_message,
 )
+from mooncake_assets.engine.lsn import Lsn
 
 SMALL_MEM = "options=-c%20logical_decoding_work_mem%3D64kB"
 
@@ -65,7 +66,7 @@ def oracle(conn: psycopg.Connection, slot: str, pubs: str) -> list:
     for lsn, data in conn.execute(
             "SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
             "'proto_version', '1', 'publication_names', %s)", (slot, pubs)).fetchall():
-        out += asm.feed(parse_message(data, False), str_to_lsn(str(lsn)))
+        out += asm.feed(parse_message(data, False), Lsn.parse(str(lsn)))
     return out
 
 
@@ -83,13 +84,13 @@ def marker_done(mark_oid: int):
 
 
 def test_lsn_text():
-    assert lsn_to_str(0) == "0/0"
-    assert lsn_to_str(0x1_0000_00AB) == "1/AB"
-    assert str_to_lsn("16/B374D848") == 0x16_B374D848
+    assert str(Lsn(0)) == "0/0"
+    assert str(Lsn(0x1_0000_00AB)) == "1/AB"
+    assert Lsn.parse("16/B374D848") == 0x16_B374D848
     for v in (0, 1, 0xFFFFFFFF, 1 << 32, (1 << 64) - 1):
-        assert str_to_lsn(lsn_to_str(v)) == v
+        assert Lsn.parse(str(Lsn(v))) == v
     with pytest.raises(ValueError, match="expected an LSN"):
-        str_to_lsn("12345")
+        Lsn.parse("12345")
 
 
 def test_identify_and_slots(pg_dsn, repl):
@@ -155,8 +156,8 @@ def test_stream_insert_update_delete_truncate(pg_dsn, repl):
             with w.transaction():
                 for s in stmts:
                     w.execute(s)
-                before = str_to_lsn(str(w.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]))
-            after = str_to_lsn(str(w.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]))
+                before = Lsn.parse(str(w.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]))
+            after = Lsn.parse(str(w.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]))
             bounds.append((before, after))
 
         txn("INSERT INTO acct VALUES (1, 'ann', 10.5), (2, 'bob', NULL)", "INSERT INTO hist VALUES ('a', 1), ('a', 1)")
@@ -347,7 +348,7 @@ def test_status_keepalive_and_lost_connection(pg_dsn, repl):
 
         def confirmed():
             v = w.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'main'").fetchone()[0]
-            return str_to_lsn(str(v))
+            return Lsn.parse(str(v))
 
         deadline = time.monotonic() + 5
         while confirmed() < got[0].end_lsn:
@@ -356,7 +357,7 @@ def test_status_keepalive_and_lost_connection(pg_dsn, repl):
         # idle mirror: confirm the keepalive's WAL end
         w.execute("CREATE TABLE other (x int)")
         w.execute("INSERT INTO other VALUES (1)")
-        target = str_to_lsn(str(w.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]))
+        target = Lsn.parse(str(w.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]))
         deadline = time.monotonic() + 10
         while rc.server_wal_end < target:
             assert time.monotonic() < deadline

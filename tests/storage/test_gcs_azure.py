@@ -24,7 +24,7 @@ from mooncake_assets.engine.storage import (
     check_warehouse,
     resolve_store,
 )
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.verify import verify
 from tests.helpers import make_settings, running_service, wait_until
 from tests.storage.conftest import TcpProxy, azurite_connection_string, free_port, new_name
@@ -168,7 +168,7 @@ def test_mirror_persist_compact_restart_and_three_readers(store, pg_dsn, state_d
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
         row = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-    return parse_lsn(row[0]) if row and row[0] else 0
+    return Lsn.parse(row[0]) if row and row[0] else 0
 
 
 @pytest.mark.slow
@@ -215,19 +215,19 @@ def test_emulator_goes_away_and_comes_back(store, store_env, pg_dsn, state_dir):
                 down = wait_until(lambda: table() if table()["state"] == "retrying" else None, 120, "the fault")
                 assert "persist of acc" in down["error"] and "temporary" in down["error"], down
                 assert f"127.0.0.1:{proxy.port}" in down["error"] and "\n" not in down["error"]
-                flush_down = parse_lsn(down["flush_lsn"])
+                flush_down = Lsn.parse(down["flush_lsn"])
                 time.sleep(1.0)
                 during = table()
-                assert during["state"] == "retrying" and parse_lsn(during["flush_lsn"]) == flush_down
-                assert parse_lsn(during["applied_lsn"]) > flush_down
+                assert during["state"] == "retrying" and Lsn.parse(during["flush_lsn"]) == flush_down
+                assert Lsn.parse(during["applied_lsn"]) > flush_down
                 assert _slot_confirmed(pg_dsn, slot) <= flush_down
             finally:
                 stop.set()
                 th.join()
             proxy.start()  # ------------------------------------------------------ endpoint back
             with psycopg.connect(pg_dsn, autocommit=True) as c:
-                end = parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-            wait_until(lambda: table()["state"] == "ready" and parse_lsn(table()["flush_lsn"]) >= end, 180,
+                end = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            wait_until(lambda: table()["state"] == "ready" and Lsn.parse(table()["flush_lsn"]) >= end, 180,
                        "the persist to succeed after the endpoint came back")
             assert table()["error"] is None
             _all_match(s, client)

@@ -12,7 +12,7 @@ import pytest
 
 from mooncake_assets.config import load_settings
 from mooncake_assets.engine.service import ServiceError
-from mooncake_assets.engine.table.mirror import parse_lsn
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.verify import verify
 from tests import test_skeleton as skeleton
 from tests.helpers import make_settings, running_service, wait_until
@@ -123,7 +123,7 @@ def test_create_table_with_a_missing_bucket_is_one_clear_line(pg_dsn, state_dir,
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
         row = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-    return parse_lsn(row[0]) if row and row[0] else 0
+    return Lsn.parse(row[0]) if row and row[0] else 0
 
 
 
@@ -169,11 +169,11 @@ def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bu
             with pytest.raises(ServiceError) as e:  # an explicit persist says the same, in one line
                 client.call("persist", table="acc")
             assert "did not answer" in str(e.value) and "stay in the buffer" in str(e.value)
-            flush_down = parse_lsn(down["flush_lsn"])
+            flush_down = Lsn.parse(down["flush_lsn"])
             time.sleep(2.0)  # the workload goes on while the endpoint is away
             during = table()
-            assert during["state"] == "retrying" and parse_lsn(during["flush_lsn"]) == flush_down
-            assert parse_lsn(during["applied_lsn"]) > flush_down  # changes are still applied...
+            assert during["state"] == "retrying" and Lsn.parse(during["flush_lsn"]) == flush_down
+            assert Lsn.parse(during["applied_lsn"]) > flush_down  # changes are still applied...
             assert during["buffer_rows"] + during["pending_deletes"] > 0 or during["data_files"] > down["data_files"]
             assert _slot_confirmed(pg_dsn, slot) <= flush_down  # ...and the slot keeps them
             assert table()["missing_keys"] == 0
@@ -182,8 +182,8 @@ def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bu
             th.join()
         s3_proxy.start()  # ------------------------------------------------------------ endpoint back
         with psycopg.connect(pg_dsn, autocommit=True) as c:
-            end = parse_lsn(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-        wait_until(lambda: table()["state"] == "ready" and parse_lsn(table()["flush_lsn"]) >= end, 90,
+            end = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        wait_until(lambda: table()["state"] == "ready" and Lsn.parse(table()["flush_lsn"]) >= end, 90,
               "the persist to succeed after the endpoint came back")
         assert table()["error"] is None
         _all_match(s, client)

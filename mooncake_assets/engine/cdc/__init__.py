@@ -5,7 +5,7 @@ from .pgoutput import (
     Begin, Commit, Delete, Insert, Message, Origin, PgOutputMessage, Relation, RelationColumn, StreamAbort,
     StreamCommit, StreamStart, StreamStop, Truncate, TupleData, Type, Update, parse_message,
 )
-from .stream import ReplicationConnection, ReplicationError, lsn_to_str, str_to_lsn
+from .stream import ReplicationConnection, ReplicationError
 from .txn import Change, ProtocolError, Transaction, TransactionAssembler
 from .types import (
     OUTPUT_SETTINGS, ColumnSpec, TableSchema, UnsupportedTypeError, arrow_type_for, decode_text_column,
@@ -15,7 +15,7 @@ from .types import (
 __all__ = [
     "Begin", "Commit", "Delete", "Insert", "Message", "Origin", "PgOutputMessage", "Relation", "RelationColumn",
     "StreamAbort", "StreamCommit", "StreamStart", "StreamStop", "Truncate", "TupleData", "Type", "Update",
-    "parse_message", "ReplicationConnection", "ReplicationError", "lsn_to_str", "str_to_lsn", "Change",
+    "parse_message", "ReplicationConnection", "ReplicationError", "Change",
     "ProtocolError", "Transaction", "TransactionAssembler", "OUTPUT_SETTINGS", "ColumnSpec", "TableSchema",
     "UnsupportedTypeError", "arrow_type_for", "decode_text_column", "decode_text_columns", "describe_table",
     "copy_statement", "initial_copy",

@@ -35,34 +35,16 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
+from ..lsn import Lsn
 from .types import OUTPUT_SETTINGS
 
-__all__ = ["ReplicationConnection", "ReplicationError", "lsn_to_str", "str_to_lsn"]
+__all__ = ["ReplicationConnection", "ReplicationError"]
 
 _XLOG_HDR = struct.Struct(">QQq")      # after 'w': wal start, wal end, send time
 _KEEPALIVE = struct.Struct(">QqB")     # after 'k': wal end, send time, reply requested
 _STATUS = struct.Struct(">cQQQqB")     # 'r', write, flush, apply, client time, reply
 _PG_EPOCH_UNIX_US = 946_684_800_000_000
 _SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
-
-
-def lsn_to_str(lsn: int) -> str:
-    """``0x16B3748`` → ``'0/16B3748'`` (Postgres's ``pg_lsn`` text: high and low 32 bits in hex)."""
-    if lsn < 0 or lsn >= 1 << 64:
-        raise ValueError(f"LSN {lsn} is outside 0..2**64-1")
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def str_to_lsn(text: str) -> int:
-    """``'0/16B3748'`` → ``0x16B3748``. Raises ``ValueError`` for text that is not ``X/Y`` hex."""
-    try:
-        hi, lo = text.strip().split("/")
-        h, l_ = int(hi, 16), int(lo, 16)
-    except (ValueError, AttributeError):
-        raise ValueError(f"expected an LSN like '0/16B3748', got {text!r}") from None
-    if not (0 <= h < 1 << 32 and 0 <= l_ < 1 << 32):
-        raise ValueError(f"expected an LSN like '0/16B3748', got {text!r}")
-    return (h << 32) | l_
 
 
 def _now_pg_us() -> int:
@@ -185,7 +167,7 @@ class ReplicationConnection:
         'dbname': str}``."""
         row = self._row(self._command("IDENTIFY_SYSTEM"))
         return {"systemid": row["systemid"], "timeline": int(row["timeline"]),
-                "xlogpos": str_to_lsn(row["xlogpos"]), "dbname": row["dbname"]}
+                "xlogpos": Lsn.parse(row["xlogpos"]), "dbname": row["dbname"]}
 
     def create_slot(self, name: str, export_snapshot: bool = True, temporary: bool = False) -> tuple[int, str | None]:
         """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL pgoutput EXPORT_SNAPSHOT|NOEXPORT_SNAPSHOT``.
@@ -201,7 +183,7 @@ class ReplicationConnection:
         snap = "EXPORT_SNAPSHOT" if export_snapshot else "NOEXPORT_SNAPSHOT"
         tmp = " TEMPORARY" if temporary else ""
         row = self._row(self._command(f"CREATE_REPLICATION_SLOT {name}{tmp} LOGICAL pgoutput {snap}"))
-        return str_to_lsn(row["consistent_point"]), row.get("snapshot_name") or None
+        return Lsn.parse(row["consistent_point"]), row.get("snapshot_name") or None
 
     def drop_slot(self, name: str, wait: bool = False) -> None:
         """``DROP_REPLICATION_SLOT name [WAIT]``. ``wait``: wait for a consumer that holds the slot to
@@ -233,7 +215,7 @@ class ReplicationConnection:
             opts.append("streaming 'on'")
         if messages:
             opts.append("messages 'true'")
-        sql = f"START_REPLICATION SLOT {slot} LOGICAL {lsn_to_str(start_lsn)} ({', '.join(opts)})"
+        sql = f"START_REPLICATION SLOT {slot} LOGICAL {Lsn(start_lsn)} ({', '.join(opts)})"
         self.pgconn.send_query(sql.encode())
         res = self.pgconn.get_result()
         if res is None or res.status != pq.ExecStatus.COPY_BOTH:

@@ -21,7 +21,7 @@ import pyarrow.flight as flight
 
 from ..pg.conninfo import install_log_scrubber, scrub
 from ..private import ensure_private_dir, write_private
-from ..table.mirror import parse_lsn
+from ..lsn import Lsn
 from .service import MooncakeError, ReplicatorService
 
 log = logging.getLogger("mooncake.flight")
@@ -78,11 +78,10 @@ class MooncakeFlightServer(flight.FlightServerBase):
             kw = {k: v for k, v in b.items() if k != "table"}
             return s.maintenance(kind, b["table"], **kw)
         if kind == "wait_lsn":
-            applied = s.wait_lsn(parse_lsn(b["lsn"]), float(b.get("timeout_s", 30)))
-            from ..table.mirror import lsn_str
-            return {"applied_lsn": lsn_str(applied)}
+            applied = s.wait_lsn(Lsn.parse(b["lsn"]), float(b.get("timeout_s", 30)))
+            return {"applied_lsn": str(Lsn(applied))}
         if kind == "read_state":
-            lsn = parse_lsn(b["lsn"]) if b.get("lsn") else None
+            lsn = Lsn.parse(b["lsn"]) if b.get("lsn") else None
             rs, mem = s.read_state(b["table"], lsn)
             ticket = uuid.uuid4().hex
             with self._tlock:

@@ -40,7 +40,8 @@ from .. import storage
 from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
-from ..table.mirror import MirrorTable, lsn_str, parse_lsn
+from ..lsn import Lsn
+from ..table.mirror import MirrorTable
 from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
 from ..faults import fault
 from ..table.memslice import BadRowError
@@ -292,8 +293,8 @@ class ReplicatorService:
                 for t in self.tables.values():
                     if not t.error:
                         t.error = (f"table {t.name}: replication slot {self.slot} was gone (dropped while the service "
-                                   f"was down?), so the changes after its flush LSN {lsn_str(t.flush_lsn)} up to LSN "
-                                   f"{lsn_str(start_lsn)}, where a new slot starts, are lost; re-create the mirror "
+                                   f"was down?), so the changes after its flush LSN {Lsn(t.flush_lsn)} up to LSN "
+                                   f"{Lsn(start_lsn)}, where a new slot starts, are lost; re-create the mirror "
                                    "(drop-table, then create-table)")
                         log.error("%s", t.error)
                         self.registry["tables"].get(t.name, {})["error"] = t.error  # still stopped after a restart
@@ -432,8 +433,8 @@ class ReplicatorService:
                       + (pubs.add_table_sql(self.publication, t.schema.schema, t.schema.name) if what == "member" else
                          f"CREATE PUBLICATION {pubs.quote_name(self.publication)} FOR TABLE {q};")
                       + "), then re-create the mirror (drop-table, then create-table)")
-        t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {lsn_str(noticed)}, last seen published at "
-                   f"LSN {lsn_str(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {lsn_str(stop)}; "
+        t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {Lsn(noticed)}, last seen published at "
+                   f"LSN {Lsn(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {Lsn(stop)}; "
                    f"{remedy}")
         t.applied_lsn = stop
         log.error("%s", t.error)
@@ -475,7 +476,7 @@ class ReplicatorService:
         restart replays everything from there."""
         lsn = getattr(e, "lsn", lsn)
         t.error = (str(e) if isinstance(e, (SchemaChangeError, CatalogLookupError)) else
-                   f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
+                   f"table {t.name}: change at LSN {Lsn(lsn)} failed: {type(e).__name__}: {e}")
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
             opts = dict(t.schema.column_types)
@@ -627,8 +628,8 @@ class ReplicatorService:
             if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
                 raise MooncakeError("replication is not running (no mirrored table?)")
             if time.time() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {lsn_str(lsn)}; "
-                                   f"applied up to {lsn_str(self.applied_lsn)}"
+                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {Lsn(lsn)}; "
+                                   f"applied up to {Lsn(self.applied_lsn)}"
                                    + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
             self._want_reply.set()
             time.sleep(0.01)
@@ -802,7 +803,7 @@ class ReplicatorService:
                 self._pub_seen[dst] = copy_lsn
                 self._save_registry()
                 self.progress.pop(dst, None)
-            return {"table": dst, "source": src, "rows": rows, "copy_lsn": lsn_str(copy_lsn),
+            return {"table": dst, "source": src, "rows": rows, "copy_lsn": str(Lsn(copy_lsn)),
                     "seconds": round(time.time() - t0, 3), "key": schema.key_columns,
                     "replica_identity": schema.replica_identity,
                     "text_columns": [[c.name, c.type_name] for c in schema.columns if c.as_text],
@@ -937,7 +938,7 @@ class ReplicatorService:
                 self._status_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
             text = self._status_conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
             self._source_error = None
-            return parse_lsn(text)
+            return Lsn.parse(text)
         except psycopg.Error as e:
             self._status_conn = None
             self._source_error = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -978,7 +979,7 @@ class ReplicatorService:
             held = max(0, src_lsn - t.flush_lsn)
             if held > s.warn_slot_wal_bytes:
                 out.append(f"holds {held:,} bytes of WAL in slot {self.slot} (warn_slot_wal_bytes "
-                           f"{s.warn_slot_wal_bytes:,}): its changes since LSN {lsn_str(t.flush_lsn)} are not persisted")
+                           f"{s.warn_slot_wal_bytes:,}): its changes since LSN {Lsn(t.flush_lsn)} are not persisted")
         return out
 
     def status(self) -> dict:
@@ -1023,9 +1024,9 @@ class ReplicatorService:
                 t = cp["table"]
                 tables.append({"name": t.name, "source": t.source, "state": "copying", "error": None,
                                "progress": self.progress.get(t.name)})
-            return {"tables": tables, "applied_lsn": lsn_str(self.applied_lsn),
-                    "source_lsn": lsn_str(src_lsn) if src_lsn is not None else None,
-                    "confirmed_lsn": lsn_str(self.confirmed_lsn), "slot": self.slot,
+            return {"tables": tables, "applied_lsn": str(Lsn(self.applied_lsn)),
+                    "source_lsn": str(Lsn(src_lsn)) if src_lsn is not None else None,
+                    "confirmed_lsn": str(Lsn(self.confirmed_lsn)), "slot": self.slot,
                     "publication": self.publication, "stream_error": scrub(self.stream_error),
                     "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream_faults],
                     "streaming": bool(self._thread and self._thread.is_alive()),

@@ -33,7 +33,7 @@ import psycopg
 import pyarrow as pa
 
 from ..cdc import ReplicationConnection, describe_table, initial_copy
-from ..table.mirror import lsn_str
+from ..lsn import Lsn
 
 log = logging.getLogger("mooncake.verify")
 
@@ -182,11 +182,11 @@ class Verifier:
             return {**base, "result": "error", "detail": f"cannot reach the source: {str(e).strip().splitlines()[0]}"}
         try:
             c_lsn, snap = rc.create_slot(f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True, temporary=True)
-            base["lsn"] = lsn_str(c_lsn)
+            base["lsn"] = str(Lsn(c_lsn))
             try:
                 svc.wait_lsn(c_lsn, timeout_s=60)
             except Exception as e:  # noqa: BLE001 — not caught up (a long backlog): try again next round
-                return {**base, "result": "skipped", "detail": f"the mirror had not reached LSN {lsn_str(c_lsn)}: {e}"}
+                return {**base, "result": "skipped", "detail": f"the mirror had not reached LSN {Lsn(c_lsn)}: {e}"}
             with svc.lock:
                 t = svc.tables.get(name)
                 if t is None or t.error:
@@ -196,7 +196,7 @@ class Verifier:
                 try:
                     rs, mem = t.read_state(c_lsn)
                 except Exception as e:  # noqa: BLE001 — e.g. flushed past C meanwhile: next round
-                    return {**base, "result": "skipped", "detail": f"cannot read at LSN {lsn_str(c_lsn)}: {e}"}
+                    return {**base, "result": "skipped", "detail": f"cannot read at LSN {Lsn(c_lsn)}: {e}"}
                 rs["schema"] = columns
                 fields = t.read_fields()
                 if fields:

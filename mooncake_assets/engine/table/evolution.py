@@ -40,16 +40,13 @@ from typing import Callable
 import pyarrow as pa
 
 from ..cdc.types import CatalogColumn, ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+from ..lsn import Lsn
 from ..pg.names import case_collision
 
 FIELD_ID = b"PARQUET:field_id"
 log = logging.getLogger("mooncake.table")
 
 __all__ = ["SchemaChange", "plan_schema_change", "promotable", "project", "field_id_of"]
-
-
-def _lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
 def promotable(old: pa.DataType, new: pa.DataType) -> bool:
@@ -86,7 +83,7 @@ class SchemaChange:
         parts = [f"added {a}" for a in self.added] + [f"dropped {d}" for d in self.dropped]
         parts += [f"renamed {a} to {b}" for a, b in self.renamed]
         parts += [f"{c}: {a} -> {b}" for c, a, b in self.retyped]
-        return f"schema change at LSN {_lsn(self.lsn)}: " + ("; ".join(parts) or "type details only")
+        return f"schema change at LSN {Lsn(self.lsn)}: " + ("; ".join(parts) or "type details only")
 
     def is_noop(self) -> bool:
         """Nothing the mirror has changes (e.g. only an ignored column, or a type change within the same
@@ -111,7 +108,7 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     (``ignored``): that is how undoing such an ADD COLUMN and restarting resumes the table."""
     from .schema_change import SchemaChangeError
 
-    where = f"table {table} (source {schema.qualified_name}): schema change at LSN {_lsn(lsn)}"
+    where = f"table {table} (source {schema.qualified_name}): schema change at LSN {Lsn(lsn)}"
 
     def fail(what: str, undo: str | None = None) -> SchemaChangeError:
         # undo: a fix on the source after which a restart resumes the table (replaying the change from
@@ -195,7 +192,7 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
                 # is gone; the mirror drops the column too when it reaches the DROP, and reads between the
                 # two LSNs are refused from then on
                 log.warning("table %s: column %s added at LSN %s has been dropped on the source since; older rows "
-                            "read NULL in it until the DROP is replayed", table, name, _lsn(lsn))
+                            "read NULL in it until the DROP is replayed", table, name, str(Lsn(lsn)))
             spec.not_null = False  # rows older than the column may read NULL
             if spec.initial_default is not None and format_version < 3:
                 raise fail(f"column {name} was added with a default; a format v2 table (delete format "

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..index import MemIndex
+from ..lsn import Lsn
 
 LIVE = 0
 
@@ -31,7 +32,7 @@ class BadRowError(ValueError):
     buffer is sealed). ``lsn``: commit LSN of the transaction that wrote the row. Permanent."""
 
     def __init__(self, message: str, lsn: int, columns: list | None = None):
-        super().__init__(f"{message} (a row committed at LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X})")
+        super().__init__(f"{message} (a row committed at LSN {Lsn(lsn)})")
         self.lsn = lsn
         self.columns = list(columns or [])  # the columns whose values could not be decoded
 

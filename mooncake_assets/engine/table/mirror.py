@@ -37,20 +37,12 @@ from .evolution import field_id_of, project
 from ..index import FileIndex, IndexBlock
 from .keys import KeyHasher
 from ..faults import fault
+from ..lsn import Lsn
 from .memslice import Carried, MemSlice
 
 log = logging.getLogger("mooncake.table")
 
 MAX_FILE_ROWS = 1_000_000
-
-
-def lsn_str(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def parse_lsn(s: str) -> int:
-    hi, lo = s.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
 
 
 def local_path_of(location: str) -> str:
@@ -431,7 +423,7 @@ class MirrorTable:
     def _report_missing(self, what: str, key_vals, lsn: int) -> None:
         self.missing_keys += 1
         log.error("table %s: %s of key %r at LSN %s found no live row (invariant violation; change skipped)",
-                  self.name, what, key_vals, lsn_str(lsn))
+                  self.name, what, key_vals, str(Lsn(lsn)))
 
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
@@ -602,7 +594,7 @@ class MirrorTable:
                 deletes=deletes,
                 remove_files=remove,
                 index_blob=self.index_blob(),
-                summary={"mooncake.flush-lsn": lsn_str(lsn), "mooncake.source": self.source},
+                summary={"mooncake.flush-lsn": str(Lsn(lsn)), "mooncake.source": self.source},
                 schema=new_schema,
                 properties={"mooncake.columns": self.columns_property()} if self.schema_pending else None,
             )
@@ -633,7 +625,7 @@ class MirrorTable:
         self._gc_retired()
         return {"rows": sum(f.num_rows for f in add), "rows_flushed": fl["rows"], "files_added": len(add),
                 "files_removed": len(remove),
-                "deleted_rows": new_dvs, "flush_lsn": lsn_str(lsn), "seconds": now - t0}
+                "deleted_rows": new_dvs, "flush_lsn": str(Lsn(lsn)), "seconds": now - t0}
 
     def _gc_retired(self, grace_s: float = 120.0) -> None:
         """Delete staged files that were persisted or dropped more than ``grace_s`` ago (readers may hold them)."""
@@ -683,7 +675,7 @@ class MirrorTable:
             self.files[name] = DiskFile(name=name, num_rows=df.record_count, size_bytes=df.file_size_in_bytes,
                                         location=loc, committed=BitMap64(df.deleted))
         lsn = st.summary.get("mooncake.flush-lsn") if st.summary else None
-        self.flush_lsn = parse_lsn(lsn) if lsn else 0
+        self.flush_lsn = Lsn.parse(lsn) if lsn else 0
         self.applied_lsn = self.flushed_lsn = self.flush_lsn
         if st.index_blob:
             self.restore_index(st.index_blob)
@@ -718,8 +710,8 @@ class MirrorTable:
         Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served exactly).
         """
         if lsn is not None and lsn < self.flushed_lsn:
-            raise ValueError(f"table {self.name}: cannot read at LSN {lsn_str(lsn)}, it was flushed up to "
-                             f"{lsn_str(self.flushed_lsn)}; read at a newer LSN")
+            raise ValueError(f"table {self.name}: cannot read at LSN {Lsn(lsn)}, it was flushed up to "
+                             f"{Lsn(self.flushed_lsn)}; read at a newer LSN")
         files = []
         for f in self.files.values():
             count, deleted = f.deleted_payload(lsn)
@@ -727,7 +719,7 @@ class MirrorTable:
                 continue
             files.append({"name": f.name, "path": f.read_path, "rows": f.num_rows, "deleted": deleted})
         mem = self.mem.visible(lsn)
-        rs = {"table": self.name, "lsn": lsn_str(lsn if lsn is not None else self.applied_lsn), "files": files}
+        rs = {"table": self.name, "lsn": str(Lsn(lsn if lsn is not None else self.applied_lsn)), "files": files}
         return rs, mem
 
     # ------------------------------------------------------------------ stats
@@ -737,8 +729,8 @@ class MirrorTable:
         file_rows = sum(f.num_rows for f in self.files.values())
         return {
             "name": self.name, "source": self.source,
-            "applied_lsn": lsn_str(self.applied_lsn), "flush_lsn": lsn_str(self.flush_lsn),
-            "last_change_lsn": lsn_str(self.last_change_lsn or self.flush_lsn),
+            "applied_lsn": str(Lsn(self.applied_lsn)), "flush_lsn": str(Lsn(self.flush_lsn)),
+            "last_change_lsn": str(Lsn(self.last_change_lsn or self.flush_lsn)),
             "buffer_rows": self.mem.live_rows, "buffer_bytes": self.mem.nbytes,
             "data_files": len(self.files), "data_bytes": data_bytes,
             "index_blocks": len(self.file_index.blocks),

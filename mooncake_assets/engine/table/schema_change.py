@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..lsn import Lsn
+
 __all__ = ["SchemaChangeError", "CatalogLookupError", "on_relation", "describe_change", "type_text"]
 
 
@@ -61,15 +63,11 @@ def type_text(oid: int, typmod: int) -> str:
     return name
 
 
-def _lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
 def describe_change(table: Any, rel: Any, lsn: int) -> str:
     """One line naming the table, every column that changed and how, and the LSN."""
-    return (f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)}: "
+    return (f"table {table.name} (source {table.source}): schema change at LSN {Lsn(lsn)}: "
             + _change_parts(table, rel) + f" — this table stopped (the others go on) and holds the replication slot "
-            f"at its flush LSN {_lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, "
+            f"at its flush LSN {Lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, "
             "then create-table: a fresh copy)")
 
 
@@ -115,13 +113,13 @@ def _check_identity_of(name: str, source: str, key_columns: list, rel: Any, lsn:
         return
     if not key_columns:  # keyed by the whole row: needs REPLICA IDENTITY FULL
         raise SchemaChangeError(
-            f"table {name} (source {source}): at LSN {_lsn(lsn)} its replica identity changed "
+            f"table {name} (source {source}): at LSN {Lsn(lsn)} its replica identity changed "
             f"from FULL to {'NOTHING' if ident == 'n' else 'DEFAULT' if ident == 'd' else 'USING INDEX'}; "
             "a table without a primary key is mirrored by whole rows and needs REPLICA IDENTITY FULL")
     flagged = [c.name for c in rel.columns if c.is_key]
     if ident == "n" or (flagged and sorted(flagged) != sorted(key_columns)):
         raise SchemaChangeError(
-            f"table {name} (source {source}): at LSN {_lsn(lsn)} its replica identity key "
+            f"table {name} (source {source}): at LSN {Lsn(lsn)} its replica identity key "
             f"became ({', '.join(flagged) or 'nothing'}) but the mirror locates rows by "
             f"({', '.join(key_columns)})")
 
@@ -149,10 +147,10 @@ def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = Non
         except Exception as e:  # noqa: BLE001 — never "no catalog rows", which would mean "no defaults"
             what = _change_parts(table, rel)
             raise CatalogLookupError(
-                f"table {table.name} (source {table.source}): schema change at LSN {_lsn(lsn)} ({what}): the "
+                f"table {table.name} (source {table.source}): schema change at LSN {Lsn(lsn)} ({what}): the "
                 f"source's catalogs gave no trustworthy answer ({type(e).__name__}: {str(e).splitlines()[0]}), so "
                 "what older rows read in the changed columns is unknown — this table stopped (the others go on) "
-                f"and holds the replication slot at its flush LSN {_lsn(table.flush_lsn)}, so nothing is lost; to "
+                f"and holds the replication slot at its flush LSN {Lsn(table.flush_lsn)}, so nothing is lost; to "
                 "resume, restart the service (the change is replayed and looked up again)") from None
         change = plan_schema_change(table.schema, sig, columns, catalog.resolve, lsn,
                                     table.next_field_id, table=table.name,
