@@ -439,7 +439,7 @@ def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the 
     from rich.markup import escape
 
     if no_wait:
-        lsns = {v: rs.get("lsn") for v, rs in reader.states.items()}
+        lsns = {v: str(rs.lsn) for v, rs in reader.states.items()}
         if len(set(lsns.values())) <= 1:
             err.print(f"read at LSN {next(iter(lsns.values()), reader.client.status().get('applied_lsn'))} "
                       "(--no-wait: later commits are not visible)", highlight=False)

@@ -79,7 +79,7 @@ class MooncakeDbIOManager(DbIOManager):
                     context.log.debug(f"read-your-writes: the service has applied the source up to {barrier}")
                 rs = reader.register(table, lsn=None, view=view, columns=read_columns)
                 if key:
-                    self._pins[key] = rs["lsn"]
+                    self._pins[key] = str(rs.lsn)
             else:
                 try:
                     rs = reader.register(table, lsn=pinned, view=view, columns=read_columns)
@@ -94,8 +94,8 @@ class MooncakeDbIOManager(DbIOManager):
         finally:
             con.close()
         try:
-            context.add_input_metadata({"mooncake/lsn": rs["lsn"], "mooncake/table": table,
-                                        "mooncake/files": len(rs["files"]), "mooncake/memory_rows": rs.get("mem_rows", 0)})
+            context.add_input_metadata({"mooncake/lsn": str(rs.lsn), "mooncake/table": table,
+                                        "mooncake/files": len(rs.files), "mooncake/memory_rows": rs.mem_rows or 0})
         except Exception:  # metadata is best effort (not every context records input metadata)
             pass
         return obj

@@ -20,6 +20,7 @@ from pydantic import Field, PrivateAttr
 from mooncake_assets.config import Settings, load_settings
 from mooncake_assets.engine.service import ServiceClient, ServiceError, ServiceUnavailable
 from mooncake_assets.engine.lsn import Lsn
+from mooncake_assets.engine.table.read_state import ReadState
 
 DEFAULT_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 
@@ -262,13 +263,14 @@ class ReplicationResource(dg.ConfigurableResource):
             return {}
         return policy_for(self.settings(), name).to_dict()
 
-    def read_state(self, name: str, lsn: str | None = None, fetch: bool = True) -> dict:
-        """The ReadState of ``name`` at ``lsn`` (None: everything applied): ``{"table", "lsn", "files":
-        [{"name", "path", "rows", "deleted"}], "schema", "ticket", "mem_rows"}``; with ``fetch`` the
-        in-memory rows are fetched (the ticket is spent) and returned as ``"mem"`` (a pyarrow Table)."""
-        rs = self.call("read_state", table=name, lsn=lsn)
+    def read_state(self, name: str, lsn: str | None = None, fetch: bool = True) -> ReadState:
+        """The :class:`~mooncake_assets.engine.table.read_state.ReadState` of ``name`` at ``lsn`` (``X/Y``;
+        None: everything applied): ``table``, ``lsn``, ``files`` (each ``name``, ``path``, ``rows``,
+        ``deleted`` bitmap), ``schema``, ``ticket``, ``mem_rows``; with ``fetch`` the in-memory rows are
+        fetched (the ticket is spent) into ``mem`` (a pyarrow Table)."""
+        rs = self.client().read_state(name, lsn)
         if fetch:
-            rs["mem"] = self.client().fetch(rs["ticket"])
+            rs = rs.with_(mem=self.client().fetch(rs.ticket))
         return rs
 
     def wait_lsn(self, lsn: str, timeout: float | None = None) -> dict:

@@ -5,12 +5,13 @@ Iceberg catalog's metadata files.
 """
 from __future__ import annotations
 
-import base64
 import json
 import sqlite3
 from pathlib import Path
 
 import dagster as dg
+
+from ..engine.table.read_state import ReadState
 
 MAX_FILE_ROWS = 40  # rows of the Markdown file table (the rest is summarized in one line)
 
@@ -41,27 +42,25 @@ def table_stats_metadata(st: dict) -> dict:
     return result_metadata({k: st[k] for k in keys if k in st})
 
 
-def files_markdown(read_state: dict) -> str:
+def files_markdown(read_state: ReadState) -> str:
     """A Markdown table of a ReadState's data files: name, where (Iceberg or staged), rows, deleted, live."""
-    from pyroaring import BitMap64
-
     lines = ["| file | where | rows | deleted | live |", "|---|---|---:|---:|---:|"]
-    files = read_state.get("files", [])
+    files = read_state.files
     total = [0, 0]
     for i, f in enumerate(files):
-        deleted = len(BitMap64.deserialize(base64.b64decode(f["deleted"]))) if f.get("deleted") else 0
-        total[0] += f["rows"]
+        deleted = f.deleted_count
+        total[0] += f.rows
         total[1] += deleted
         if i < MAX_FILE_ROWS:
-            where = "staged" if "/staging/" in f["path"] else "iceberg"
-            lines.append(f"| `{f['name']}` | {where} | {f['rows']:,} | {deleted:,} | {f['rows'] - deleted:,} |")
+            where = "staged" if "/staging/" in f.path else "iceberg"
+            lines.append(f"| `{f.name}` | {where} | {f.rows:,} | {deleted:,} | {f.rows - deleted:,} |")
     if len(files) > MAX_FILE_ROWS:
         lines.append(f"| … {len(files) - MAX_FILE_ROWS} more | | | | |")
     lines.append(f"| **{len(files)} files** | | **{total[0]:,}** | **{total[1]:,}** | **{total[0] - total[1]:,}** |")
-    mem = read_state.get("mem_rows")
+    mem = read_state.mem_rows
     if mem is not None:
         lines.append("")
-        lines.append(f"plus {mem:,} rows in memory at LSN {read_state.get('lsn')}")
+        lines.append(f"plus {mem:,} rows in memory at LSN {read_state.lsn}")
     return "\n".join(lines)
 
 

@@ -90,9 +90,7 @@ class _Service:
 
     def read_state(self, name: str, lsn=None):
         t = self.tables[name]
-        rs, mem = t.read_state(lsn)
-        rs["schema"] = [f.name for f in t.arrow_schema]
-        return rs, mem
+        return t.read_state(lsn)
 
     def status(self) -> dict:
         return {"tables": [{"name": n, "state": "ready"} for n in self.tables]}

@@ -12,6 +12,7 @@ from pyroaring import BitMap64
 
 from mooncake_assets.engine.read import UnionReader
 from mooncake_assets.engine.read.plan import deleted_positions, plan_file
+from mooncake_assets.engine.table.read_state import ReadState
 
 ROW_GROUP = 1000
 
@@ -24,7 +25,7 @@ class FakeClient:
 
     def read_state(self, table, lsn=None):
         rs, _ = self.tables[table]
-        return dict(rs, ticket=table)
+        return ReadState.from_wire(dict(rs, ticket=table))  # as ServiceClient decodes the wire form
 
     def fetch(self, ticket):
         return self.tables[ticket][1]

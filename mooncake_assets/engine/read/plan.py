@@ -1,8 +1,8 @@
 """How one data file with deletes is read (DESIGN.md §4): its deleted positions, its row groups, and
 which row ranges need the positions applied at all.
 
-A ReadState carries each file's deleted positions as a portable 64-bit Roaring bitmap (base64). The
-bitmap's layout (Roaring "portable" 64-bit format, as in Iceberg's ``deletion-vector-v1``): bucket
+A ReadState carries each file's deleted positions as a 64-bit Roaring bitmap (on the wire: base64 of its
+portable serialization). The bitmap's layout (Roaring "portable" 64-bit format, as in Iceberg's ``deletion-vector-v1``): bucket
 count (8 bytes, little-endian), then per bucket its high 32 bits (4 bytes, little-endian) and a
 portable 32-bit Roaring bitmap of the low 32 bits. Positions in a data file are < 2**32, so the
 bitmap has at most one bucket, key 0, and its 32-bit bitmap is decoded straight to a ``uint32`` array
@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow.parquet as pq
-from pyroaring import BitMap, BitMap64
+from pyroaring import BitMap, BitMap64, FrozenBitMap64
 
 from ..storage.arrow_fs import arrow_source
 
 MAX_SEGMENTS = 16  # more than this many row ranges in one file: read it as one range with positions applied
 
 
-def deleted_positions(dv: str | bytes | None) -> np.ndarray:
-    """:func:`decode_positions`, memoized by the bitmap's text (read-only result): a reader that reads
+def deleted_positions(dv: FrozenBitMap64 | str | bytes | None) -> np.ndarray:
+    """:func:`decode_positions`, memoized by the bitmap (or its text) (read-only result): a reader that reads
     an unchanged file again does not decode its deletion vector again (Trino and Spark keep such
     caches of delete files too). Bounded: :data:`CACHED_VECTORS` vectors."""
     if not dv:
@@ -41,17 +41,21 @@ CACHED_VECTORS = 256
 
 
 @functools.lru_cache(maxsize=CACHED_VECTORS)
-def _positions_cached(dv: str | bytes) -> np.ndarray:
+def _positions_cached(dv: FrozenBitMap64 | str | bytes) -> np.ndarray:
     a = decode_positions(dv)
     a.flags.writeable = False
     return a
 
 
-def decode_positions(dv: str | bytes | None) -> np.ndarray:
-    """Sorted deleted positions (``uint32``, or ``int64`` beyond 2**32) of a ReadState's ``deleted`` field (base64 text or raw bytes
-    of a portable 64-bit Roaring bitmap; None = nothing deleted). Raises ``ValueError`` on bad bytes."""
+def decode_positions(dv: FrozenBitMap64 | str | bytes | None) -> np.ndarray:
+    """Sorted deleted positions (``uint32``, or ``int64`` beyond 2**32) of a file's deletion vector: a
+    ReadState's ``deleted`` bitmap, or the base64 text or raw bytes of a portable 64-bit Roaring bitmap
+    (the wire form); None = nothing deleted. Raises ``ValueError`` on bad bytes."""
     if not dv:
         return np.zeros(0, dtype=np.uint32)
+    if isinstance(dv, (BitMap64, FrozenBitMap64)):  # in-process ReadStates carry the bitmap itself
+        a = np.frombuffer(dv.to_array(), dtype=np.uint64)
+        return a.astype(np.uint32) if int(a[-1]) < 1 << 32 else a.astype(np.int64)
     raw = base64.b64decode(dv) if isinstance(dv, str) else bytes(dv)
     if len(raw) < 8:
         raise ValueError(f"a 64-bit Roaring bitmap starts with an 8-byte bucket count; found {len(raw)} bytes")
@@ -120,14 +124,14 @@ class FilePlan:
 
 
 @functools.lru_cache(maxsize=128)
-def cached_plan(path: str, num_rows: int, dv: str) -> FilePlan:
-    """:func:`plan_file` of a file given its ReadState ``deleted`` text, memoized (plans are pure
+def cached_plan(path: str, num_rows: int, dv: FrozenBitMap64 | str) -> FilePlan:
+    """:func:`plan_file` of a file given its ReadState ``deleted`` bitmap (or its text), memoized (plans are pure
     functions of the immutable file and the vector's bytes)."""
     return plan_file(path, num_rows, deleted_positions(dv))
 
 
 @functools.lru_cache(maxsize=128)
-def cached_keep(path: str, num_rows: int, dv: str):
+def cached_keep(path: str, num_rows: int, dv: FrozenBitMap64 | str):
     """For reading a file with PyArrow: (row groups to read — None for all —, a keep mask over their
     rows as an Arrow ``BooleanArray``), memoized like :func:`cached_plan`. Row groups whose rows are all
     deleted are left out."""

@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 
 from ..service.client import ServiceClient
 from ..storage.arrow_fs import arrow_source
+from ..table.read_state import FileState, ReadField, ReadState
 from .plan import FilePlan, cached_keep, cached_plan, deleted_positions
 
 MODES = ("auto", "lazy", "arrow", "anti")
@@ -181,7 +182,7 @@ class UnionReader:
         self.con = con or duckdb.connect()
         self.wait_timeout = wait_timeout
         self.mode = mode
-        self.states: dict[str, dict] = {}
+        self.states: dict[str, ReadState] = {}
         self._objects: dict[str, list[str]] = {}   # view -> Arrow objects registered for it
         self._views: dict[str, str] = {}           # view -> the DDL it was created with
         self._infos: dict[str, StatementInfo] = {}
@@ -206,36 +207,36 @@ class UnionReader:
 
     # ------------------------------------------------------------------ registration
     def register(self, table: str, lsn: str | None = None, view: str | None = None,
-                 columns: list[str] | None = None, mode: str | None = None) -> dict:
+                 columns: list[str] | None = None, mode: str | None = None) -> ReadState:
         """Create view ``view`` (default: the table's name) over the table's ReadState at ``lsn``.
 
         ``columns``: project to these columns only. ``mode``: ``lazy`` (default unless the reader was
-        made with another fixed mode), ``arrow`` or ``anti``. Returns the ReadState (dict)."""
+        made with another fixed mode), ``arrow`` or ``anti``. Returns the :class:`ReadState`."""
         rs = self.client.read_state(table, lsn)
-        mem = self.client.fetch(rs["ticket"])
+        mem = self.client.fetch(rs.ticket)
         if mode is None:
             mode = "lazy" if self.mode == "auto" else self.mode
         self.register_state(rs, mem, view or table, columns=columns, mode=mode)
         return rs
 
-    def register_state(self, rs: dict, mem: pa.Table, view: str, columns: list[str] | None = None,
+    def register_state(self, rs: ReadState, mem: pa.Table, view: str, columns: list[str] | None = None,
                        mode: str = "lazy") -> None:
         """Create view ``view`` over a ReadState ``rs`` (its ``files`` and ``schema``) and its in-memory
         rows ``mem``, applying deletes the ``mode`` way (module docstring)."""
         if mode not in ("lazy", "arrow", "anti"):
             raise ValueError(f"mode must be lazy, arrow or anti, not {mode!r}")
-        if rs.get("storage"):  # s3:// warehouse: httpfs + S3 secret (service's endpoint, our credentials)
+        if rs.storage:  # s3:// warehouse: httpfs + S3 secret (service's endpoint, our credentials)
             from ..storage import ensure_duckdb_s3
 
-            ensure_duckdb_s3(self.con, rs["storage"])
+            ensure_duckdb_s3(self.con, rs.storage)
         objs: dict[str, object] = {}
-        cols = list(columns or rs["schema"])
+        cols = list(columns or rs.schema)
         sel = ", ".join(_ident(c) for c in cols)
         parts = []
-        clean = [f["path"] for f in rs["files"] if not f["deleted"]]
-        dirty = [f for f in rs["files"] if f["deleted"]]
+        clean = [f.path for f in rs.files if not f.deleted]
+        dirty = [f for f in rs.files if f.deleted]
         # after a schema change files have several layouts: DuckDB maps their columns by field id
-        opts = _schema_option(rs["fields"]) if rs.get("fields") else ""
+        opts = _schema_option(rs.fields) if rs.fields else ""
         if opts and mode == "arrow":
             mode = "lazy"
         if clean:
@@ -244,12 +245,12 @@ class UnionReader:
         if mode == "anti":
             for i, f in enumerate(dirty):
                 name = f"__mc_del_{view}_{i}"
-                pos = deleted_positions(f["deleted"])
+                pos = deleted_positions(f.deleted)
                 objs[name] = pa.table({"pos": pa.array(pos.astype(np.int64))})
-                parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true{opts}) d "
+                parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f.path)}, file_row_number = true{opts}) d "
                              f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
         elif mode == "lazy":
-            plans = [cached_plan(f["path"], f["rows"], f["deleted"]) for f in dirty]
+            plans = [cached_plan(f.path, f.rows, f.deleted) for f in dirty]
             parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs, opts))
         else:  # arrow
             if dirty:
@@ -303,12 +304,12 @@ class UnionReader:
             tables = [t for t in names if t.lower() in info.tables] if info.parsed else names
         for t in tables:
             rs = self.client.read_state(t, lsn)
-            mem = self.client.fetch(rs["ticket"])
+            mem = self.client.fetch(rs.ticket)
             mode, cols = self.mode, None
             if mode == "auto":
                 mode = "arrow" if info.whole else "lazy"
             if mode == "arrow" and info.columns is not None:
-                cols = [c for c in rs["schema"] if c.lower() in info.columns] or rs["schema"][:1]
+                cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
             self.register_state(rs, mem, t, columns=cols, mode=mode)
         return self.con.execute(sql).to_arrow_table()
 
@@ -329,14 +330,14 @@ class UnionReader:
                     pass
 
 
-def _schema_option(fields: list[dict]) -> str:
-    """``read_parquet``'s ``schema`` argument for a ReadState's ``fields`` (``{"id", "name", "type",
-    "default"}`` per current column): columns resolved by Parquet field id, renamed, cast to today's
+def _schema_option(fields: tuple[ReadField, ...]) -> str:
+    """``read_parquet``'s ``schema`` argument for a ReadState's ``fields`` (id, name, type, default per
+    current column): columns resolved by Parquet field id, renamed, cast to today's
     type, and a column a file lacks read as its default (text DuckDB casts) or NULL."""
     entries = []
     for f in fields:
-        default = "CAST(NULL AS VARCHAR)" if f.get("default") is None else _sql_str(f["default"])
-        entries.append(f"{int(f['id'])}: {{name: {_sql_str(f['name'])}, type: {_sql_str(f['type'])}, "
+        default = "CAST(NULL AS VARCHAR)" if f.default is None else _sql_str(f.default)
+        entries.append(f"{int(f.id)}: {{name: {_sql_str(f.name)}, type: {_sql_str(f.type)}, "
                        f"default_value: {default}}}")
     return ", schema = MAP {" + ", ".join(entries) + "}"
 
@@ -377,19 +378,19 @@ def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict
     return out
 
 
-def _read_masked(files: list[dict], cols: list[str]) -> pa.Table:
+def _read_masked(files: list[FileState], cols: list[str]) -> pa.Table:
     """Files with deletes read with PyArrow (columns ``cols``, row groups with live rows only, files in
     parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows."""
 
     def one(f):
-        live, keep = cached_keep(f["path"], f["rows"], f["deleted"])
-        pf = pq.ParquetFile(arrow_source(f["path"]))  # s3:// through PyArrow's S3 filesystem
+        live, keep = cached_keep(f.path, f.rows, f.deleted)
+        pf = pq.ParquetFile(arrow_source(f.path))  # s3:// through PyArrow's S3 filesystem
         if live is None:
             t = pf.read(columns=cols)
         else:
             t = pf.read_row_groups(list(live), columns=cols) if live else pf.schema_arrow.empty_table().select(cols)
         return t.append_column("__mc_keep", keep)
 
-    parallel = len(files) > 1 and sum(f["rows"] for f in files) >= PARALLEL_ROWS
+    parallel = len(files) > 1 and sum(f.rows for f in files) >= PARALLEL_ROWS
     tables = list(_pool().map(one, files)) if parallel else [one(f) for f in files]
     return pa.concat_tables(tables)

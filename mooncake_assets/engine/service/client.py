@@ -15,6 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from ..table.read_state import ReadState
+
 
 class ServiceError(RuntimeError):
     """The service refused or failed a call; the message is the service's own."""
@@ -72,8 +74,10 @@ class ServiceClient:
     def status(self) -> dict:
         return self.call("status")
 
-    def read_state(self, table: str, lsn: str | None = None) -> dict:
-        return self.call("read_state", table=table, lsn=lsn)
+    def read_state(self, table: str, lsn: str | None = None) -> ReadState:
+        """The table's :class:`ReadState` at ``lsn`` (``X/Y``; None: all applied), with the ``ticket``
+        :meth:`fetch` takes for its in-memory rows (once) and ``mem_rows``."""
+        return ReadState.from_wire(self.call("read_state", table=table, lsn=lsn))
 
     def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict:
         return self.call("wait_lsn", lsn=lsn, timeout=timeout + 10, timeout_s=timeout)

@@ -82,16 +82,15 @@ class MooncakeFlightServer(flight.FlightServerBase):
             return {"applied_lsn": str(Lsn(applied))}
         if kind == "read_state":
             lsn = Lsn.parse(b["lsn"]) if b.get("lsn") else None
-            rs, mem = s.read_state(b["table"], lsn)
+            rs = s.read_state(b["table"], lsn)
+            mem = rs.mem
             ticket = uuid.uuid4().hex
             with self._tlock:
                 now = time.time()
                 for k in [k for k, (t, _) in self._tickets.items() if now - t > 600]:
                     self._tickets.pop(k, None)
                 self._tickets[ticket] = (now, mem)
-            rs["ticket"] = ticket
-            rs["mem_rows"] = mem.num_rows
-            return rs
+            return rs.with_(ticket=ticket, mem_rows=mem.num_rows).to_wire()  # the ReadState's one wire form
         if kind == "shutdown":
             threading.Thread(target=self._shutdown_soon, daemon=True).start()
             return {"ok": True}

@@ -42,6 +42,7 @@ from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..lsn import Lsn
 from ..table.mirror import MirrorTable
+from ..table.read_state import ReadState
 from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
 from ..faults import fault
 from ..table.memslice import BadRowError
@@ -1065,20 +1066,17 @@ class ReplicatorService:
                 return t.compact(**kw)
         raise MooncakeError(f"unknown maintenance operation {op!r}")
 
-    def read_state(self, name: str, lsn: int | None = None) -> tuple[dict, pa.Table]:
+    def read_state(self, name: str, lsn: int | None = None) -> ReadState:
+        """The table's :class:`ReadState` at ``lsn`` (None: all applied), with the warehouse's storage
+        hints for readers. Raises :class:`MooncakeError` (the table stops) on an undecodable buffered row."""
         with self.lock:
             t = self.table(name)
             try:
-                rs, mem = t.read_state(lsn)
+                rs = t.read_state(lsn)
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
-            rs["schema"] = [f.name for f in t.arrow_schema]
-            fields = t.read_fields()
-            if fields:  # files of older schemas: readers resolve columns by field id
-                rs["fields"] = fields
-            rs["storage"] = self.storage_hints
-            return rs, mem
+            return rs.with_(storage=self.storage_hints or None)
 
 
 class SourceCatalog:

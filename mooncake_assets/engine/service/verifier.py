@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from ..cdc import ReplicationConnection, describe_table, initial_copy
 from ..lsn import Lsn
+from ..table.read_state import ReadState
 
 log = logging.getLogger("mooncake.verify")
 
@@ -80,7 +81,7 @@ def source_checksums(conn: psycopg.Connection, source: str, snapshot: str, colum
     return acc
 
 
-def mirror_checksums(rs: dict, mem: pa.Table, columns: list[str], key: list[str]) -> dict:
+def mirror_checksums(rs: ReadState, mem: pa.Table, columns: list[str], key: list[str]) -> dict:
     """``{range: [rows, hash sum]}`` of a mirror's ReadState ``rs`` and its in-memory rows ``mem``.
 
     The rows go through Arrow exactly as ``mooncake verify`` reads them (DuckDB's union view → Arrow),
@@ -194,14 +195,11 @@ class Verifier:
                 if [f.name for f in t.arrow_schema] != columns:
                     return {**base, "result": "skipped", "detail": "its columns changed meanwhile"}
                 try:
-                    rs, mem = t.read_state(c_lsn)
+                    rs = t.read_state(c_lsn)
                 except Exception as e:  # noqa: BLE001 — e.g. flushed past C meanwhile: next round
                     return {**base, "result": "skipped", "detail": f"cannot read at LSN {Lsn(c_lsn)}: {e}"}
-                rs["schema"] = columns
-                fields = t.read_fields()
-                if fields:
-                    rs["fields"] = fields
-                rs["storage"] = svc.storage_hints
+                rs = rs.with_(schema=tuple(columns), storage=svc.storage_hints or None)
+                mem = rs.mem
             # the mirror first, while every file of its ReadState is surely there; the snapshot stays
             # valid as long as ``rc`` is open and idle
             mir_sum = mirror_checksums(rs, mem, columns, key)

@@ -17,7 +17,6 @@ before L (``commit_lsn < L``), the same rule Postgres uses for an exported snaps
 """
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyroaring import BitMap64
+from pyroaring import BitMap64, FrozenBitMap64
 
 from ..cdc import TableSchema, decode_text_columns
 from .evolution import field_id_of, project
@@ -39,6 +38,7 @@ from .keys import KeyHasher
 from ..faults import fault
 from ..lsn import Lsn
 from .memslice import Carried, MemSlice
+from .read_state import FileState, ReadField, ReadState, frozen
 
 log = logging.getLogger("mooncake.table")
 
@@ -70,6 +70,7 @@ class DiskFile:
     # deleted_at(None), kept while the sizes of committed and pending are unchanged (both only grow,
     # and a persist moves positions from one to the other): union reads ask for it on every query
     _all_deleted: tuple | None = field(default=None, repr=False, compare=False)
+    _frozen: tuple | None = field(default=None, repr=False, compare=False)  # deleted_vector(None), same rule
 
     @property
     def persisted(self) -> bool:
@@ -101,17 +102,15 @@ class DiskFile:
             self._all_deleted = (key, BitMap64(bm))
         return bm
 
-    def deleted_payload(self, lsn: int | None) -> tuple[int, str | None]:
-        """(how many positions are deleted as of ``lsn``, their portable bitmap as base64 or None when
-        none) for a ReadState; for ``lsn=None`` the text is cached with :meth:`deleted_at`'s bitmap."""
-        dv = self.deleted_at(lsn)
-        if lsn is None and not self.truncated_lsn and self._all_deleted is not None:
-            key, bm, *text = self._all_deleted
-            if not text:
-                text = [base64.b64encode(bm.serialize()).decode() if len(bm) else None]
-                self._all_deleted = (key, bm, text[0])
-            return len(bm), text[0]
-        return len(dv), base64.b64encode(dv.serialize()).decode() if len(dv) else None
+    def deleted_vector(self, lsn: int | None) -> FrozenBitMap64 | None:
+        """The positions deleted as of ``lsn`` as a ReadState carries them (frozen; None when none);
+        for ``lsn=None`` cached while the deletes are unchanged (readers memoize plans by it)."""
+        if lsn is not None or self.truncated_lsn:
+            return frozen(self.deleted_at(lsn))
+        key = (len(self.committed), len(self.pending))
+        if self._frozen is None or self._frozen[0] != key:
+            self._frozen = (key, frozen(self.deleted_at(None)))
+        return self._frozen[1]
 
     def deleted_count(self) -> int:
         if self.truncated_lsn:
@@ -704,23 +703,25 @@ class MirrorTable:
         return compact(self, **kw)
 
     # ------------------------------------------------------------------ reads
-    def read_state(self, lsn: int | None = None) -> tuple[dict, pa.Table]:
-        """ReadState at ``lsn`` (None = all applied): (description of files + deletes, in-memory rows).
-
-        Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served exactly).
-        """
+    def read_state(self, lsn: int | None = None) -> ReadState:
+        """The :class:`ReadState` at ``lsn`` (None = all applied): live files with their deleted positions,
+        the column names, ``fields`` when files may have older layouts, and the visible in-memory rows
+        (``mem``). Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served
+        exactly), :class:`BadRowError` when a buffered row cannot be decoded."""
         if lsn is not None and lsn < self.flushed_lsn:
             raise ValueError(f"table {self.name}: cannot read at LSN {Lsn(lsn)}, it was flushed up to "
                              f"{Lsn(self.flushed_lsn)}; read at a newer LSN")
         files = []
         for f in self.files.values():
-            count, deleted = f.deleted_payload(lsn)
-            if count >= f.num_rows:
+            deleted = f.deleted_vector(lsn)
+            if deleted is not None and len(deleted) >= f.num_rows:
                 continue
-            files.append({"name": f.name, "path": f.read_path, "rows": f.num_rows, "deleted": deleted})
+            files.append(FileState(name=f.name, path=f.read_path, rows=f.num_rows, deleted=deleted))
         mem = self.mem.visible(lsn)
-        rs = {"table": self.name, "lsn": str(Lsn(lsn if lsn is not None else self.applied_lsn)), "files": files}
-        return rs, mem
+        fields = self.read_fields()
+        return ReadState(table=self.name, lsn=Lsn(lsn if lsn is not None else self.applied_lsn), files=tuple(files),
+                         schema=tuple(f.name for f in self.arrow_schema),
+                         fields=tuple(ReadField(**d) for d in fields) if fields else None, mem=mem)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
