@@ -1,0 +1,325 @@
+"""The apply path in-process, without Postgres: decoded changes in, MemSlice rows, deletes and index out.
+
+A :class:`MirrorTable` without an Iceberg table (``iceberg=None``) applies changes, flushes its
+buffer to staged Parquet files with an IndexBlock and serves ReadStates: everything but persist.
+Changes are built the way pgoutput decodes them (:class:`Change` with :class:`TupleData` row images:
+text values, ``'n'`` NULL, ``'u'`` unchanged TOAST). The table's read is the ReadState's files minus
+their deleted positions plus its in-memory rows, compared with what the changes should leave.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mooncake_assets.engine.cdc.pgoutput import TupleData
+from mooncake_assets.engine.cdc.txn import Change
+from mooncake_assets.engine.cdc.types import ColumnSpec, TableSchema, assign_field_ids
+from mooncake_assets.engine.read.plan import deleted_positions
+from mooncake_assets.engine.table.mirror import MirrorTable
+
+OID = 16384
+COLS = ["id", "v", "n"]
+U = object()  # an unchanged TOAST value in a row image
+
+
+def _schema(keyed: bool = True, identity: str = "d") -> TableSchema:
+    cols = [ColumnSpec("id", 20, -1, "bigint", pa.int64(), not_null=keyed, is_key=keyed),
+            ColumnSpec("v", 25, -1, "text", pa.string()),
+            ColumnSpec("n", 23, -1, "integer", pa.int32())]
+    assign_field_ids(cols)
+    return TableSchema(schema="public", name="t", oid=OID, columns=cols, key_columns=["id"] if keyed else [],
+                       has_primary_key=keyed, replica_identity=identity)
+
+
+def make_table(path, keyed: bool = True, identity: str = "d") -> MirrorTable:
+    t = MirrorTable("t", "public.t", _schema(keyed, identity), None, path)
+    t.column_map(OID, COLS)  # the Relation message: the source's columns in order
+    return t
+
+
+def tup(*vals) -> TupleData:
+    kinds, data = [], []
+    for v in vals:
+        if v is None:
+            kinds.append("n"), data.append(None)
+        elif v is U:
+            kinds.append("u"), data.append(None)
+        else:
+            kinds.append("t"), data.append(str(v).encode())
+    return TupleData("".join(kinds), data)
+
+
+def insert(i, v, n=None) -> Change:
+    return Change("insert", OID, new=tup(i, v, n))
+
+
+def update(new: tuple, old: tuple | None = None, old_kind: str | None = None) -> Change:
+    return Change("update", OID, new=tup(*new), old=tup(*old) if old is not None else None, old_kind=old_kind)
+
+
+def delete(old: tuple, old_kind: str = "K") -> Change:
+    return Change("delete", OID, old=tup(*old), old_kind=old_kind)
+
+
+def commit(t: MirrorTable, lsn: int, *changes: Change) -> None:
+    """Apply one transaction committed at ``lsn``; the table has then applied everything before lsn+1."""
+    for ch in changes:
+        t.apply(ch, lsn)
+    t.applied_lsn = max(t.applied_lsn, lsn + 1)
+
+
+def read(t: MirrorTable, lsn: int | None = None) -> list[tuple]:
+    """The table's rows at ``lsn`` (files minus deleted positions, plus in-memory rows), sorted."""
+    rs = t.read_state(lsn)
+    parts = []
+    for f in rs.files:
+        data = pq.read_table(f.path)
+        keep = np.ones(data.num_rows, bool)
+        keep[deleted_positions(f.deleted).astype(np.int64)] = False
+        parts.append(data.filter(pa.array(keep)))
+    parts.append(rs.mem)
+    rows = [tuple(r[c] for c in COLS) for p in parts for r in p.select(COLS).to_pylist()]
+    return sorted(rows, key=repr)
+
+
+def mem_rows(t: MirrorTable) -> list[tuple]:
+    return sorted((tuple(r[c] for c in COLS) for r in t.mem.visible(None).to_pylist()), key=repr)
+
+
+# ---------------------------------------------------------------------------------------- examples
+
+def test_insert_goes_to_the_buffer_and_its_index(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 5), insert(2, None, None))
+    assert mem_rows(t) == [(1, "a", 5), (2, None, None)]
+    assert t.mem.live_rows == 2 and t.files == {}
+    assert len(t.mem.find(t.hasher.hash_one(["1"]))) == 1
+    assert t.mem.find(t.hasher.hash_one(["3"])) == []
+    assert t.last_change_lsn == 10
+
+
+def test_update_and_delete_in_the_buffer(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 5), insert(2, "b", 6))
+    commit(t, 20, update((1, "a2", 7)), delete((2, None, None)))
+    assert read(t) == [(1, "a2", 7)]
+    assert t.mem.live_rows == 1 and t.missing_keys == 0
+    # reads at an LSN see exactly the transactions committed before it
+    assert read(t, 11) == [(1, "a", 5), (2, "b", 6)]
+    assert read(t, 20) == [(1, "a", 5), (2, "b", 6)]
+    assert read(t, 21) == [(1, "a2", 7)]
+    assert read(t, 10) == []
+
+
+def test_flush_writes_a_file_and_an_index_block_then_deletes_become_position_deletes(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1), insert(2, "b", 2), insert(3, "c", 3))
+    res = t.flush()
+    assert res["rows"] == 3 and res["files"] == 1
+    assert t.mem.is_empty() and len(t.files) == 1 and len(t.file_index.blocks) == 1
+    (name, f), = t.files.items()
+    assert f.num_rows == 3 and not f.persisted and f.local_path.startswith(str(tmp_path))
+    hits = t.file_index.lookup(t.hasher.hash_one(["2"]))
+    assert [n for n, _ in hits] == [name]
+    row = hits[0][1]
+    assert pq.read_table(f.local_path).column("id")[row].as_py() == 2
+    commit(t, 20, delete((2, None, None)), update((3, "c2", 30)))
+    assert f.pending == {row: 20, next(r for n, r in t.file_index.lookup(t.hasher.hash_one(["3"]))): 20}
+    assert read(t) == [(1, "a", 1), (3, "c2", 30)]
+    assert mem_rows(t) == [(3, "c2", 30)]
+    (fs,) = t.read_state().files
+    assert fs.deleted_count == 2 and fs.live_rows == 1
+    assert read(t, 20) == [(1, "a", 1), (2, "b", 2), (3, "c", 3)]
+    with pytest.raises(ValueError, match="cannot read at LSN 0/A"):
+        t.read_state(10)  # below the flush boundary: not servable exactly
+
+
+def test_key_change_update(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1))
+    t.flush()
+    commit(t, 20, update((9, "a", 1), old=(1, None, None), old_kind="K"))
+    assert read(t) == [(9, "a", 1)]
+    commit(t, 30, update((10, "a", 1), old=(9, None, None), old_kind="K"))
+    assert read(t) == [(10, "a", 1)] and t.missing_keys == 0
+
+
+def test_unchanged_toast_takes_the_old_value_from_the_buffer_and_from_a_file(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "long-1", 1), insert(2, "long-2", 2))
+    commit(t, 20, update((1, U, 10)))  # the row is in the buffer
+    assert read(t) == [(1, "long-1", 10), (2, "long-2", 2)]
+    t.flush()
+    commit(t, 30, update((2, U, 20)), update((1, U, 11)))  # the rows are in a staged file
+    assert read(t) == [(1, "long-1", 11), (2, "long-2", 20)]
+    commit(t, 40, update((2, U, U)))
+    assert read(t) == [(1, "long-1", 11), (2, "long-2", 20)]
+
+
+def test_unchanged_toast_with_replica_identity_full_takes_the_old_image(tmp_path):
+    t = make_table(tmp_path, identity="f")
+    commit(t, 10, insert(1, "x", 1))
+    commit(t, 20, update((1, U, 2), old=(1, "x", 1), old_kind="O"))
+    assert read(t) == [(1, "x", 2)]
+
+
+def test_missing_key_is_counted_and_skipped(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1))
+    commit(t, 20, delete((7, None, None)), update((8, "z", 0)))
+    assert t.missing_keys == 2
+    assert read(t) == [(1, "a", 1), (8, "z", 0)]  # an update without a row still writes its new row
+
+
+def test_truncate_deletes_buffer_and_files_as_of_its_lsn(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1))
+    t.flush()
+    commit(t, 20, insert(2, "b", 2))
+    commit(t, 30, Change("truncate", OID))
+    assert read(t) == []
+    assert read(t, 30) == [(1, "a", 1), (2, "b", 2)]
+    (f,) = t.files.values()
+    assert f.truncated_lsn == 30 and f.deleted_count() == 1
+    commit(t, 40, insert(1, "again", 1))
+    assert read(t) == [(1, "again", 1)]
+    assert t.read_state().files == ()  # a file with every row deleted is not read
+
+
+def test_keyless_table_with_replica_identity_full_deletes_one_of_equal_rows(tmp_path):
+    t = make_table(tmp_path, keyed=False, identity="f")
+    assert t.key_names == COLS  # the whole row is the key
+    commit(t, 10, insert(1, "a", 1), insert(1, "a", 1), insert(2, "b", None))
+    t.flush()
+    commit(t, 20, insert(1, "a", 1))
+    commit(t, 30, delete((1, "a", 1), old_kind="O"))
+    assert read(t) == [(1, "a", 1), (1, "a", 1), (2, "b", None)]
+    commit(t, 40, delete((1, "a", 1), old_kind="O"), delete((1, "a", 1), old_kind="O"))
+    assert read(t) == [(2, "b", None)]
+    commit(t, 50, update((2, "b2", 5), old=(2, "b", None), old_kind="O"))
+    assert read(t) == [(2, "b2", 5)] and t.missing_keys == 0
+
+
+def test_full_row_identity_picks_the_matching_row_among_equal_keys(tmp_path):
+    """A DEFERRABLE key may repeat inside a transaction: the whole old row picks the right one."""
+    t = make_table(tmp_path, identity="f")
+    commit(t, 10, insert(1, "a", 1))
+    t.flush()
+    commit(t, 20, insert(1, "b", 2), delete((1, "a", 1), old_kind="O"))
+    assert read(t) == [(1, "b", 2)]
+
+
+# ---------------------------------------------------------------------------------------- model test
+
+KEYS = st.integers(min_value=0, max_value=12)
+VALS = st.one_of(st.none(), st.text(alphabet="abcxyz", max_size=4))
+NUMS = st.one_of(st.none(), st.integers(min_value=-5, max_value=5))
+
+
+class ApplyModel(RuleBasedStateMachine):
+    """Drive apply (+ flush) with random transactions against a dict key → row; after every step the
+    table's read equals the dict, and a read at any servable earlier LSN equals the dict as it was then."""
+
+    @initialize(full=st.booleans())
+    def setup(self, full):
+        import tempfile
+
+        self.tmp = tempfile.TemporaryDirectory()
+        self.full = full  # replica identity full: deletes and updates carry the whole old row
+        self.t = make_table(self.tmp.name, identity="f" if full else "d")
+        self.model: dict[int, tuple] = {}
+        self.lsn = 0
+        self.history: list[tuple[int, dict]] = []  # (LSN, rows visible at it)
+
+    def teardown(self):
+        if hasattr(self, "tmp"):
+            self.tmp.cleanup()
+
+    def _old(self, k):
+        return self.model[k] if self.full else (k, None, None)
+
+    def _commit(self, *changes):
+        self.lsn += 10
+        commit(self.t, self.lsn, *changes)
+        self.history.append((self.lsn + 1, dict(self.model)))
+
+    @rule(k=KEYS, v=VALS, n=NUMS)
+    def insert(self, k, v, n):
+        if k in self.model:
+            return
+        self.model[k] = (k, v, n)
+        self._commit(insert(k, v, n))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), v=VALS, n=NUMS, toast=st.booleans())
+    def update(self, data, v, n, toast):
+        k = data.draw(st.sampled_from(sorted(self.model)))
+        old = self.model[k]
+        new_v = U if toast else v
+        self.model[k] = (k, old[1] if toast else v, n)
+        self._commit(update((k, new_v, n), old=old if self.full else None, old_kind="O" if self.full else None))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), nk=KEYS)
+    def update_key(self, data, nk):
+        k = data.draw(st.sampled_from(sorted(self.model)))
+        if nk in self.model:
+            return
+        old = self.model.pop(k)
+        self.model[nk] = (nk, old[1], old[2])
+        self._commit(update((nk, old[1], old[2]), old=self._old_of(old), old_kind="O" if self.full else "K"))
+
+    def _old_of(self, row):
+        return row if self.full else (row[0], None, None)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def delete(self, data):
+        k = data.draw(st.sampled_from(sorted(self.model)))
+        old = self.model.pop(k)
+        self._commit(delete(self._old_of(old), old_kind="O" if self.full else "K"))
+
+    @rule(ks=st.lists(KEYS, min_size=2, max_size=4, unique=True))
+    def transaction(self, ks):
+        """Several changes in one transaction: insert-or-update each key, then delete the first."""
+        changes = []
+        for k in ks:
+            if k in self.model:
+                old = self.model[k]
+                self.model[k] = (k, old[1], (old[2] or 0) + 1)
+                changes.append(update(self.model[k], old=self._old_of(old), old_kind="O" if self.full else None))
+            else:
+                self.model[k] = (k, "t", 0)
+                changes.append(insert(k, "t", 0))
+        changes.append(delete(self._old_of(self.model.pop(ks[0])), old_kind="O" if self.full else "K"))
+        self._commit(*changes)
+
+    @rule()
+    def truncate(self):
+        self.model.clear()
+        self._commit(Change("truncate", OID))
+
+    @rule()
+    def flush(self):
+        self.t.flush()
+
+    @invariant()
+    def reads_match_the_model(self):
+        if not hasattr(self, "t"):
+            return
+        expect = sorted(self.model.values(), key=repr)
+        assert read(self.t) == expect
+        assert self.t.missing_keys == 0
+        for lsn, rows in self.history[-3:]:
+            if lsn >= self.t.flushed_lsn:
+                assert read(self.t, lsn) == sorted(rows.values(), key=repr), lsn
+
+
+ApplyModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
+                                        suppress_health_check=[HealthCheck.too_slow])
+test_apply_model = ApplyModel.TestCase
