@@ -46,7 +46,19 @@ from ..pg.names import case_collision
 FIELD_ID = b"PARQUET:field_id"
 log = logging.getLogger("mooncake.table")
 
-__all__ = ["SchemaChange", "plan_schema_change", "promotable", "project", "field_id_of"]
+__all__ = ["SchemaChangeError", "CatalogLookupError", "SchemaChange", "plan_schema_change", "promotable", "project", "field_id_of"]
+
+
+class SchemaChangeError(ValueError):
+    """A source schema change the mirror cannot follow (permanent for this mirror: retrying the same
+    WAL gives the same error). The message names table, column(s) and LSN."""
+
+
+class CatalogLookupError(RuntimeError):
+    """The source's catalogs gave no trustworthy answer for a schema change (temporary: they could not
+    be read, or never showed the transaction that made the change, within the retries). The table
+    stops rather than guess (e.g. give an added column no default); a restart of the service replays
+    the change from the table's flush LSN and looks again. The message names table, column(s) and LSN."""
 
 
 def promotable(old: pa.DataType, new: pa.DataType) -> bool:
@@ -99,15 +111,13 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     ``resolve(name, oid, typmod, ndims)`` gives the spec of a new or retyped column (raises
     :class:`UnsupportedTypeError`); ``next_field_id``: the first free Iceberg field id.
 
-    Returns a :class:`SchemaChange`. Raises ``SchemaChangeError`` (from :mod:`.schema_change`), naming
+    Returns a :class:`SchemaChange`. Raises :class:`SchemaChangeError`, naming
     ``table``, the column(s) and ``lsn``, for a change Iceberg cannot express or the mirror cannot
     follow: a type change that is not a promotion, an unmappable type, a default on a format v2 table,
     DROP COLUMN on a table without a key, or a column the catalogs no longer identify (for an added
     column: no catalog row can be told to be it, so its default for older rows is unknown). An added column
     whose type cannot be mirrored but which the source has dropped again since is left out
     (``ignored``): that is how undoing such an ADD COLUMN and restarting resumes the table."""
-    from .schema_change import SchemaChangeError
-
     where = f"table {table} (source {schema.qualified_name}): schema change at LSN {Lsn(lsn)}"
 
     def fail(what: str, undo: str | None = None) -> SchemaChangeError:

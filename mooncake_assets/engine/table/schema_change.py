@@ -21,20 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..lsn import Lsn
+from .evolution import CatalogLookupError, SchemaChangeError, plan_schema_change
 
 __all__ = ["SchemaChangeError", "CatalogLookupError", "on_relation", "describe_change", "type_text"]
-
-
-class SchemaChangeError(ValueError):
-    """A source schema change the mirror cannot follow (permanent for this mirror: retrying the same
-    WAL gives the same error). The message names table, column(s) and LSN."""
-
-
-class CatalogLookupError(RuntimeError):
-    """The source's catalogs gave no trustworthy answer for a schema change (temporary: they could not
-    be read, or never showed the transaction that made the change, within the retries). The table
-    stops rather than guess (e.g. give an added column no default); a restart of the service replays
-    the change from the table's flush LSN and looks again. The message names table, column(s) and LSN."""
 
 
 #: format_type names of the built-in types a Relation message may name (others: "type oid N").
@@ -140,7 +129,6 @@ def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = Non
     if sig != mine:
         if catalog is None:
             raise SchemaChangeError(describe_change(table, rel, lsn))
-        from .evolution import plan_schema_change
 
         try:
             columns = catalog.columns(table.schema.oid, xid=xid)
