@@ -114,7 +114,8 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
     """Build the table for one delete share (module docstring). ``base_files``: the copy's files
     (path, rows), shared by every share."""
     from ..engine.table.memslice import Batch
-    from ..engine.table.mirror import DiskFile, MirrorTable
+    from ..engine.table.disk_files import DiskFile
+    from ..engine.table.mirror import MirrorTable
 
     rng = np.random.default_rng(seed)
     d = work / f"d{round(share * 100)}"

@@ -12,7 +12,7 @@ from pyiceberg.io.pyarrow import pyarrow_to_schema
 from mooncake_assets.engine.cdc.types import (
     ColumnSpec, ColumnValueError, assign_field_ids, decode_text_columns, nested_field_count,
 )
-from mooncake_assets.engine.table.mirror import _nested_ids
+from mooncake_assets.engine.table.schema_state import _nested_ids
 
 
 def _composite():

@@ -52,6 +52,7 @@ from ..faults import fault
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
 from .rewriter import RewriteInput, rewrite_files
+from ..table.maintenance import CompactionResult
 
 __all__ = ["compact", "merge_index", "expire_and_clean", "clean_local", "file_stats", "maintenance_lock"]
 
@@ -132,14 +133,6 @@ def _new_block_path(table) -> Path:
     return table.dir / "index" / f"{uuid.uuid4().hex}.idx"
 
 
-def _unlink_blocks(blocks) -> None:
-    for b in blocks:
-        try:
-            b.unlink()
-        except OSError as e:  # pragma: no cover - the file is orphaned, cleaned at next start
-            log.warning("could not delete index block %s: %s", b.path, e)
-
-
 # ------------------------------------------------------------------------------------ index merge
 
 def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, full: bool = False) -> dict:
@@ -169,24 +162,18 @@ def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, fu
                 pick = policy.index_merge.pick(table.file_index)
                 reason = (f"{blocks_before} blocks > index_max_blocks {policy.index_max_blocks}: merging {len(pick)}"
                           if pick else f"{blocks_before} blocks ≤ index_max_blocks {policy.index_max_blocks}")
-            live = set(table.files)
+            inp = table.index_merge_input(pick)
         if not pick:
             return _record(table, "merge_index", {
                 "merged": False, "blocks_in": 0, "blocks_out": 0, "blocks_before": blocks_before,
                 "blocks_after": blocks_before, "entries_in": 0, "entries_out": 0, "dead_entries_dropped": 0,
                 "seconds": round(time.time() - t0, 4), "lock_seconds": round(lk.held, 4), "reason": reason})
-        entries_in = sum(b.num_entries for b in pick)
-        dead = _dead_file_maps(pick, live)
-        path = _new_block_path(table)
-        if dead:
-            new = FileIndex.build_from_compaction(pick, PositionMap((), dead), path, unmapped="keep")
-        else:
-            new = FileIndex.build_from_merge(pick, path)
+        entries_in = sum(b.num_entries for b in inp.blocks)
+        new = _merged_block(inp, _new_block_path(table))
         fault("merge_index:after_index_rebuilt")
         try:
             with lk():
-                table.file_index.replace_blocks(pick, new)
-                _unlink_blocks(pick)
+                table.apply_index_merge(inp.blocks, new)
                 blocks_after = len(table.file_index.blocks)
         except BaseException:
             new.unlink()
@@ -196,6 +183,15 @@ def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, fu
         "blocks_after": blocks_after, "entries_in": entries_in, "entries_out": new.num_entries,
         "dead_entries_dropped": entries_in - new.num_entries, "seconds": round(time.time() - t0, 4),
         "lock_seconds": round(lk.held, 4), "reason": reason})
+
+
+def _merged_block(inp, path: Path):
+    """The IndexBlock merging ``inp.blocks`` (no lock): a k-way merge by hash, or a rebuild dropping the
+    entries of files that left the table when some block has them."""
+    dead = _dead_file_maps(inp.blocks, inp.live)
+    if dead:
+        return FileIndex.build_from_compaction(list(inp.blocks), PositionMap((), dead), path, unmapped="keep")
+    return FileIndex.build_from_merge(list(inp.blocks), path)
 
 
 # ------------------------------------------------------------------------------------ compaction
@@ -259,15 +255,11 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
                           "seconds": round(time.time() - t0, 4), "lock_seconds": round(lk.held, 4),
                           "persist_seconds": round(persist_s, 4)}
                 return _record(table, "compact", report)
-            snap = {n: (table.files[n], BitMap64(table.files[n].committed)) for n in plan.files}
-            inputs = [RewriteInput(n, f.read_path, f.num_rows, committed, f.size_bytes)
-                      for n, (f, committed) in snap.items()]
-            old_blocks = table.file_index.blocks_for_files(plan.files)
-            live = set(table.files)
-            # the layout the Iceberg table has now: a schema change during the rewrite must not put field
-            # ids into the outputs that the table does not know yet (they stay readable by id either way)
-            layout = (table.arrow_schema, dict(getattr(table, "defaults", None) or {}))
-        report = _work_and_swap(table, lk, policy, plan, snap, inputs, old_blocks, live, layout)
+            # the files, their committed DVs, their IndexBlocks, and the layout the Iceberg table has now: a
+            # schema change during the rewrite must not put field ids into the outputs that the table does
+            # not know yet (they stay readable by id either way)
+            inp = table.compaction_input(plan.files)
+        report = _work_and_swap(table, lk, policy, plan, inp)
         report["persist_seconds"] = round(persist_s, 4)
     if expire:
         try:
@@ -280,156 +272,107 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
     return _record(table, "compact", report)
 
 
-def _work_and_swap(table, lk: _Timed, policy, plan, snap, inputs, old_blocks, live, layout) -> dict:
+def _work(table, policy, inp) -> tuple:
+    """The heavy part, without the lock: rewrite the live rows of ``inp.files``, upload the new files,
+    rebuild the IndexBlock of ``inp.blocks`` in one pass. Returns (RewriteResult, CompactionResult,
+    upload seconds, index seconds); on failure deletes what it wrote and re-raises."""
     ice = table.iceberg
-    out_dir = table.dir / "compaction"
+    inputs = [RewriteInput(f.name, f.path, f.rows, BitMap64(f.committed), f.size_bytes) for f in inp.files]
     uploaded: list[str] = []
     new_block = None
-    rw = None
-    committed = False
+    rw = rewrite_files(inputs, table.dir / "compaction", inp.schema, policy.target_file_bytes,
+                       open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p, defaults=inp.defaults)
     try:
-        # -- rewrite and upload (no lock)
-        rw = rewrite_files(inputs, out_dir, layout[0], policy.target_file_bytes,
-                           open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
-                           defaults=layout[1])
         t_up = time.perf_counter()
         for o in rw.outputs:
             uploaded.append(ice.upload_data_file(o.path))
         upload_s = time.perf_counter() - t_up
         fault("compaction:after_files_written")
-        # -- index rebuild in one pass over the old entries (no lock)
         t_ix = time.perf_counter()
         pm = rw.position_map
-        dead = _dead_file_maps(old_blocks, live)
+        dead = _dead_file_maps(inp.blocks, inp.live)
         if dead:
             pm = PositionMap(pm.files, {**dead, **pm.sources})
-        if old_blocks:
-            new_block = FileIndex.build_from_compaction(old_blocks, pm, _new_block_path(table), unmapped="keep")
+        if inp.blocks:
+            new_block = FileIndex.build_from_compaction(list(inp.blocks), pm, _new_block_path(table), unmapped="keep")
         index_s = time.perf_counter() - t_ix
         fault("compaction:after_index_rebuilt")
-        # -- swap (lock)
-        with lk():
+    except BaseException:
+        _discard(ice, uploaded, new_block, rw)
+        raise
+    res = CompactionResult(outputs=tuple((o.name, o.rows, o.size_bytes, loc) for o, loc in zip(rw.outputs, uploaded)),
+                           position_map=rw.position_map, new_block=new_block)
+    return rw, res, upload_s, index_s
+
+
+def _discard(ice, uploaded, new_block, rw) -> None:
+    for loc in uploaded:
+        with contextlib.suppress(Exception):
+            ice.io.delete(loc)
+    if new_block is not None:
+        new_block.unlink()
+    _drop_local(rw)
+
+
+def _drop_local(rw) -> None:
+    if rw is not None:
+        for o in rw.outputs:
+            with contextlib.suppress(OSError):
+                os.unlink(o.path)
+
+
+def _commit_swap(table, prep, res) -> int:
+    """ONE Iceberg commit (operation ``replace``) of a prepared swap; returns the snapshot id."""
+    ice = table.iceberg
+    previous_hook = ice.before_swap
+
+    def hook(location):
+        if previous_hook is not None:
+            previous_hook(location)
+        fault("compaction:before_commit")
+
+    ice.before_swap = hook
+    try:
+        return ice.commit(add_files=[o[3] for o in res.outputs], deletes=prep.adds, remove_files=list(prep.remove),
+                          index_blob=prep.index_blob, operation="replace")
+    finally:
+        ice.before_swap = previous_hook
+
+
+def _work_and_swap(table, lk: _Timed, policy, plan, inp) -> dict:
+    rw, res, upload_s, index_s = _work(table, policy, inp)
+    committed = False
+    try:
+        with lk():  # -- swap (lock): the table prepares, the commit lands, the table applies
             t_swap = time.perf_counter()
-            new_files, adds, remove, remapped, dropped, vanished = _remap(table, snap, rw, uploaded)
-            fi = table.file_index
-            staged = FileIndex(fi.blocks)
-            if old_blocks:
-                staged.replace_blocks(old_blocks, new_block)
-            table.file_index = staged
-            try:
-                blob = table.index_blob()
-            finally:
-                table.file_index = fi
+            prep = table.prepare_compaction(inp, res)
             t_c = time.perf_counter()
-            previous_hook = ice.before_swap
-
-            def hook(location):
-                if previous_hook is not None:
-                    previous_hook(location)
-                fault("compaction:before_commit")
-
-            ice.before_swap = hook
-            try:
-                snapshot_id = ice.commit(add_files=uploaded, deletes=adds, remove_files=remove, index_blob=blob,
-                                         operation="replace")
-            finally:
-                ice.before_swap = previous_hook
+            snapshot_id = _commit_swap(table, prep, res)
             committed = True
             commit_s = time.perf_counter() - t_c
             fault("compaction:after_commit")
-            for name in snap:
-                cur = table.files.get(name)
-                if cur is snap[name][0]:
-                    table.files.pop(name)
-            for f in new_files:
-                table.files[f.name] = f
-            if old_blocks:
-                fi.replace_blocks(old_blocks, new_block)
-                _unlink_blocks(old_blocks)
-            table._row_cache.clear()
+            table.apply_compaction(inp, res, prep)
             swap_s = time.perf_counter() - t_swap
     except BaseException as e:
         if not committed and not isinstance(e, CommitStateUnknown):
-            for loc in uploaded:
-                with contextlib.suppress(Exception):
-                    ice.io.delete(loc)
-            if new_block is not None:
-                new_block.unlink()
+            _discard(table.iceberg, [o[3] for o in res.outputs], res.new_block, None)
         raise
     finally:
-        if rw is not None:
-            for o in rw.outputs:
-                with contextlib.suppress(OSError):
-                    os.unlink(o.path)
+        _drop_local(rw)
+    new_block = res.new_block
     return {
-        "compacted": True, "full": plan.full, "files_in": len(inputs), "files_out": len(rw.outputs),
+        "compacted": True, "full": plan.full, "files_in": len(inp.files), "files_out": len(rw.outputs),
         "rows_in": rw.rows_in, "rows_out": rw.rows_out, "bytes_in": rw.bytes_in, "bytes_out": rw.bytes_out,
-        "deleted_rows_dropped": rw.rows_dropped, "deletes_remapped": remapped, "deletes_dropped": dropped,
-        "files_removed_meanwhile": vanished,
-        "blocks_in": len(old_blocks), "blocks_out": 1 if new_block is not None else 0,
-        "index_entries_in": sum(b.num_entries for b in old_blocks) if new_block is not None else 0,
+        "deleted_rows_dropped": rw.rows_dropped, "deletes_remapped": prep.remapped, "deletes_dropped": prep.dropped,
+        "files_removed_meanwhile": prep.vanished,
+        "blocks_in": len(inp.blocks), "blocks_out": 1 if new_block is not None else 0,
+        "index_entries_in": sum(b.num_entries for b in inp.blocks) if new_block is not None else 0,
         "index_entries_out": new_block.num_entries if new_block is not None else 0,
         "rewrite_seconds": round(rw.seconds, 4), "upload_seconds": round(upload_s, 4),
         "index_seconds": round(index_s, 4), "commit_seconds": round(commit_s, 4),
         "swap_seconds": round(swap_s, 4), "snapshot_id": snapshot_id,
         "reasons": {n: plan.reasons.get(n, []) for n in plan.files}, "checks": plan.checks,
     }
-
-
-def _remap(table, snap, rw, locations):
-    """Under the lock: the new DiskFiles with the deletes that arrived during the run moved onto them.
-
-    Returns (new DiskFiles, {new location: committed positions for the commit}, old locations to
-    remove, deletes re-mapped, deletes dropped, old files a persist removed meanwhile)."""
-    from ..table.mirror import DiskFile  # the table module imports nothing from here
-
-    pm = rw.position_map
-    nout = len(rw.outputs)
-    committed = [BitMap64() for _ in range(nout)]
-    pending: list[dict] = [{} for _ in range(nout)]
-    truncated = 0
-    remove: list[str] = []
-    remapped = dropped = vanished = 0
-    for name, (f_snap, committed_snap) in snap.items():
-        cur = table.files.get(name)
-        if cur is not f_snap:
-            # removed by a persist meanwhile (every row deleted, committed): all its rewritten rows go
-            vanished += 1
-            gone = BitMap64(range(f_snap.num_rows)) - committed_snap
-            newly, pend = gone, {}
-        else:
-            remove.append(cur.location)
-            newly = cur.committed - committed_snap
-            pend = cur.pending
-            if cur.truncated_lsn:
-                truncated = max(truncated, cur.truncated_lsn)
-        if len(newly):
-            rows = np.fromiter(newly, dtype=np.int64, count=len(newly))
-            fi, fr = pm.map_rows(name, rows)
-            ok = fi >= 0
-            dropped += int((~ok).sum())
-            remapped += int(ok.sum())
-            for k in np.unique(fi[ok]):
-                committed[int(k)].update(fr[ok & (fi == k)].astype(np.uint64).tolist())
-        if pend:
-            rows = np.fromiter(pend.keys(), dtype=np.int64, count=len(pend))
-            lsns = list(pend.values())
-            fi, fr = pm.map_rows(name, rows)
-            for k, r, l in zip(fi.tolist(), fr.tolist(), lsns):
-                if k < 0:
-                    dropped += 1
-                    continue
-                pending[k][r] = l
-                remapped += 1
-    new_files = []
-    adds = {}
-    for i, (o, loc) in enumerate(zip(rw.outputs, locations)):
-        f = DiskFile(name=o.name, num_rows=o.rows, size_bytes=o.size_bytes, location=loc,
-                     committed=committed[i], pending=pending[i], truncated_lsn=truncated)
-        new_files.append(f)
-        if len(committed[i]):
-            adds[loc] = committed[i]
-    return new_files, adds, remove, remapped, dropped, vanished
 
 
 # ------------------------------------------------------------------------------------ cleanup

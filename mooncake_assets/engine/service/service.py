@@ -39,7 +39,7 @@ from ..cdc.generated import GeneratedColumns
 from .. import storage
 from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
-from ..compaction import BackgroundMaintenance, policy_for
+from ..compaction import BackgroundMaintenance, cleanup_after_restore, compact, merge_index, policy_for
 from ..lsn import Lsn
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
@@ -234,7 +234,9 @@ class ReplicatorService:
                                        exclude=meta.get("exclude"))
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
-        t.restore(interrupted=not self._clean_start)
+        t.restore()
+        # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
+        t.last_cleanup = cleanup_after_restore(t, interrupted=not self._clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
         first = self.by_oid.get(schema.oid)
@@ -1061,9 +1063,9 @@ class ReplicatorService:
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
             if op == "merge_index":
-                return t.merge_index(**kw)
+                return merge_index(t, **kw)
             if op == "compact":
-                return t.compact(**kw)
+                return compact(t, **kw)
         raise MooncakeError(f"unknown maintenance operation {op!r}")
 
     def read_state(self, name: str, lsn: int | None = None) -> ReadState:

@@ -1,0 +1,250 @@
+"""The data files of one mirrored table with their deletion state, and the FileIndex over them.
+
+A table's rows that left the MemSlice live in Parquet data files: *flushed* (staged on local disk
+under ``staging/``) or *persisted* (in the Iceberg table's warehouse). Each :class:`DiskFile` carries
+the positions deleted in the persisted snapshot (its deletion vector, Iceberg v3 "Deletion Vectors")
+and the deletes applied since (position → commit LSN), so a read at an LSN sees exactly the deletes
+committed before it. The :class:`DiskFileSet` holds them with the FileIndex (IndexBlocks: key hash →
+(file, row)) and writes, persists-in-memory, serializes and restores both.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap64, FrozenBitMap64
+
+from ..index import FileIndex, IndexBlock
+from .read_state import FileState, frozen
+
+__all__ = ["DiskFile", "DiskFileSet", "MAX_FILE_ROWS", "local_path_of"]
+
+MAX_FILE_ROWS = 1_000_000  # rows per data file a flush writes
+
+
+def local_path_of(location: str) -> str:
+    """A path DuckDB/PyArrow can open for a warehouse location (``file://`` stripped)."""
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+@dataclass
+class DiskFile:
+    """A Parquet data file of the table.
+
+    ``committed``: positions deleted in the persisted snapshot (its DV); ``pending``: position →
+    commit LSN of deletes not yet persisted; ``truncated_lsn``: commit LSN of a TRUNCATE that removed
+    every row (0 = none).
+    """
+
+    name: str
+    num_rows: int
+    size_bytes: int
+    local_path: str | None = None
+    location: str | None = None
+    committed: BitMap64 = field(default_factory=BitMap64)
+    pending: dict = field(default_factory=dict)
+    truncated_lsn: int = 0
+    # deleted_at(None), kept while the sizes of committed and pending are unchanged (both only grow,
+    # and a persist moves positions from one to the other): union reads ask for it on every query
+    _all_deleted: tuple | None = field(default=None, repr=False, compare=False)
+    _frozen: tuple | None = field(default=None, repr=False, compare=False)  # deleted_vector(None), same rule
+
+    @property
+    def persisted(self) -> bool:
+        return self.location is not None
+
+    @property
+    def read_path(self) -> str:
+        return local_path_of(self.location) if self.location else self.local_path
+
+    def is_deleted(self, row: int) -> bool:
+        return self.truncated_lsn != 0 or row in self.committed or row in self.pending
+
+    def deleted_at(self, lsn: int | None) -> BitMap64:
+        """Deleted positions as of ``lsn`` (None = everything applied)."""
+        if self.truncated_lsn and (lsn is None or self.truncated_lsn < lsn):
+            return BitMap64(range(self.num_rows))
+        if lsn is None:
+            key = (len(self.committed), len(self.pending))
+            if self._all_deleted is not None and self._all_deleted[0] == key:
+                return BitMap64(self._all_deleted[1])
+            self._all_deleted = None
+        bm = BitMap64(self.committed)
+        if self.pending:
+            if lsn is None:
+                bm.update(self.pending.keys())
+            else:
+                bm.update(p for p, l in self.pending.items() if l < lsn)
+        if lsn is None:
+            self._all_deleted = (key, BitMap64(bm))
+        return bm
+
+    def deleted_vector(self, lsn: int | None) -> FrozenBitMap64 | None:
+        """The positions deleted as of ``lsn`` as a ReadState carries them (frozen; None when none);
+        for ``lsn=None`` cached while the deletes are unchanged (readers memoize plans by it)."""
+        if lsn is not None or self.truncated_lsn:
+            return frozen(self.deleted_at(lsn))
+        key = (len(self.committed), len(self.pending))
+        if self._frozen is None or self._frozen[0] != key:
+            self._frozen = (key, frozen(self.deleted_at(None)))
+        return self._frozen[1]
+
+    def deleted_count(self) -> int:
+        if self.truncated_lsn:
+            return self.num_rows
+        return len(self.committed) + len(self.pending)
+
+
+
+class DiskFileSet:
+    """The table's :class:`DiskFile` s by name (``files``) and its FileIndex (``index``), under
+    ``table_dir`` (``staging/`` for flushed files, ``index/`` for IndexBlock files).
+
+    Staged files that became persisted or were dropped are *retired*: deleted ``grace_s`` later
+    (a reader may still hold a ReadState naming them)."""
+
+    def __init__(self, table_dir: Path):
+        self.dir = Path(table_dir)
+        (self.dir / "staging").mkdir(parents=True, exist_ok=True)
+        (self.dir / "index").mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, DiskFile] = {}
+        self.index = FileIndex()
+        self.retired: list[tuple[float, str]] = []
+
+    # ------------------------------------------------------------------ adding files
+    def new_block_path(self) -> str:
+        return str(self.dir / "index" / f"{uuid.uuid4().hex}.idx")
+
+    def write(self, table: pa.Table, hashes: np.ndarray) -> tuple[int, int]:
+        """Write ``table``'s rows (in order; ``hashes``: their key hashes) as staged Parquet files of at
+        most :data:`MAX_FILE_ROWS` rows, plus ONE IndexBlock for them. Returns (files, bytes)."""
+        names, file_ids, rows = [], [], []
+        nbytes = 0
+        for fi, start in enumerate(range(0, table.num_rows, MAX_FILE_ROWS)):
+            part = table.slice(start, MAX_FILE_ROWS)
+            name = f"{uuid.uuid4().hex}.parquet"
+            path = self.dir / "staging" / name
+            pq.write_table(part, path, compression="zstd", row_group_size=128 * 1024)
+            size = path.stat().st_size
+            nbytes += size
+            self.files[name] = DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path))
+            names.append(name)
+            file_ids.append(np.full(part.num_rows, fi, dtype=np.uint32))
+            rows.append(np.arange(part.num_rows, dtype=np.uint32))
+        block = IndexBlock.build(self.new_block_path(), hashes, np.concatenate(file_ids), np.concatenate(rows), names)
+        self.index.add_block(block)
+        return len(names), nbytes
+
+    def add_copied(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:
+        """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
+        name = path.name
+        self.files[name] = DiskFile(name=name, num_rows=num_rows, size_bytes=path.stat().st_size, local_path=str(path))
+        block = IndexBlock.build(self.new_block_path(), hashes, np.zeros(num_rows, dtype=np.uint32),
+                                 np.arange(num_rows, dtype=np.uint32), [name])
+        self.index.add_block(block)
+
+    # ------------------------------------------------------------------ deletes
+    def live_hits(self, h: int):
+        """(file name, row) of the index entries for key hash ``h`` whose row is not deleted, newest first."""
+        for fname, row in self.index.lookup(h):
+            f = self.files.get(fname)
+            if f is not None and not f.is_deleted(row):
+                yield fname, row
+
+    def delete(self, fname: str, row: int, lsn: int) -> None:
+        self.files[fname].pending[row] = lsn
+
+    def truncate(self, lsn: int) -> None:
+        """Every row of every file deleted by a TRUNCATE committed at ``lsn``."""
+        for f in self.files.values():
+            if not f.truncated_lsn:
+                f.truncated_lsn = lsn
+
+    @staticmethod
+    def fully_deleted(f: DiskFile) -> bool:
+        return bool(f.truncated_lsn) or f.deleted_count() >= f.num_rows
+
+    def file_states(self, lsn: int | None) -> tuple[FileState, ...]:
+        """The ReadState's files at ``lsn``: those with a live row, each with its deleted positions."""
+        out = []
+        for f in self.files.values():
+            deleted = f.deleted_vector(lsn)
+            if deleted is not None and len(deleted) >= f.num_rows:
+                continue
+            out.append(FileState(name=f.name, path=f.read_path, rows=f.num_rows, deleted=deleted))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ persist bookkeeping
+    def is_dirty(self) -> bool:
+        """Something in the files is not durable in Iceberg (a staged file, a pending delete, a TRUNCATE)."""
+        return any(not f.persisted or f.pending or f.truncated_lsn for f in self.files.values())
+
+    def retire(self, path: str, now: float) -> None:
+        self.retired.append((now, path))
+
+    def gc_retired(self, grace_s: float = 120.0) -> None:
+        """Delete staged files that were persisted or dropped more than ``grace_s`` ago (readers may hold them)."""
+        keep = []
+        for t, p in self.retired:
+            if time.time() - t > grace_s:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            else:
+                keep.append((t, p))
+        self.retired = keep
+
+    # ------------------------------------------------------------------ index persistence
+    def index_blob(self, index: FileIndex | None = None) -> bytes:
+        """The FileIndex (``index``, default ours) as bytes: 4-byte LE header length, JSON header
+        {"blocks": [{"name","size"}]}, then each IndexBlock file's bytes, newest first."""
+        blobs, meta = [], []
+        for b in (index or self.index).blocks:
+            data = Path(b.path).read_bytes()
+            blobs.append(data)
+            meta.append({"name": Path(b.path).name, "size": len(data)})
+        head = json.dumps({"blocks": meta}).encode()
+        return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+
+    def restore_index(self, blob: bytes) -> None:
+        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
+        n = int.from_bytes(blob[:4], "little")
+        head = json.loads(blob[4:4 + n])
+        off = 4 + n
+        blocks = []
+        for m in head["blocks"]:
+            p = self.dir / "index" / m["name"]
+            p.write_bytes(blob[off:off + m["size"]])
+            off += m["size"]
+            blocks.append(IndexBlock.open(str(p)))
+        self.index = FileIndex(blocks)
+
+    def load(self, data_files: dict) -> None:
+        """The persisted files after a restart: ``data_files``: location → an object with
+        ``record_count``, ``file_size_in_bytes`` and ``deleted`` (committed positions); staged files
+        not among them are deleted."""
+        self.files = {}
+        for loc, df in data_files.items():
+            name = loc.rsplit("/", 1)[-1]
+            self.files[name] = DiskFile(name=name, num_rows=df.record_count, size_bytes=df.file_size_in_bytes,
+                                        location=loc, committed=BitMap64(df.deleted))
+        for p in (self.dir / "staging").glob("*.parquet"):
+            if p.name not in self.files:
+                p.unlink()
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict:
+        deleted = sum(f.deleted_count() for f in self.files.values())
+        return {"data_files": len(self.files), "data_bytes": sum(f.size_bytes for f in self.files.values()),
+                "index_blocks": len(self.index.blocks),
+                "pending_deletes": sum(len(f.pending) for f in self.files.values()),
+                "deletion_vectors": sum(1 for f in self.files.values() if len(f.committed)),
+                "deleted_rows": deleted, "file_rows": sum(f.num_rows for f in self.files.values())}

@@ -1,0 +1,178 @@
+"""Compaction and index merge as the table sees them: an immutable input out, a result in.
+
+Data compaction and IndexBlock merge run mostly without the service lock (``engine/compaction``).
+They never touch a table's state: under the lock the table hands out a frozen snapshot
+(:class:`CompactionInput`: the picked files with a copy of their committed deletion vectors, the
+IndexBlocks covering them, the live file names, the Iceberg layout; :class:`IndexMergeInput`), the
+work turns it into a result (:class:`CompactionResult`: new files, the old → new
+:class:`~..index.PositionMap`, the rebuilt IndexBlock), and under the lock again the table
+*prepares* the swap (:func:`prepare_compaction`: the deletes that arrived during the work re-mapped
+onto the new files, the index blob of the swapped index — nothing changed yet, so the Iceberg commit
+can fail harmlessly) and, once the commit landed, *applies* it (:func:`apply_compaction`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pyroaring import BitMap64, FrozenBitMap64
+
+from ..index import FileIndex, PositionMap
+from .disk_files import DiskFile, DiskFileSet
+
+log = logging.getLogger("mooncake.compaction")
+
+__all__ = ["FileSnapshot", "CompactionInput", "CompactionResult", "PreparedSwap", "IndexMergeInput",
+           "compaction_input", "index_merge_input", "prepare_compaction", "apply_compaction", "apply_index_merge"]
+
+
+@dataclass(frozen=True)
+class FileSnapshot:
+    """A picked data file as it was when the snapshot was taken: ``committed``: its persisted deleted
+    positions then (the rewrite drops those rows)."""
+
+    name: str
+    path: str
+    rows: int
+    size_bytes: int
+    location: str | None
+    committed: FrozenBitMap64
+
+
+@dataclass(frozen=True)
+class CompactionInput:
+    """What a compaction works on (taken under the lock; immutable). ``blocks``: the IndexBlocks that
+    cover the picked files; ``live``: every data file name of the table then; ``schema`` and
+    ``defaults``: the layout the Iceberg table has (Arrow schema, field id → initial-default)."""
+
+    files: tuple[FileSnapshot, ...]
+    blocks: tuple
+    live: frozenset
+    schema: Any
+    defaults: dict
+
+
+@dataclass(frozen=True)
+class IndexMergeInput:
+    """What an index merge works on: the picked IndexBlocks and the table's live file names."""
+
+    blocks: tuple
+    live: frozenset
+    blocks_before: int
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction produced: ``outputs``: (name, rows, size_bytes, warehouse location) of the new
+    files in order; ``position_map``: old (file, row) → new (file, row), -1 for a dropped row;
+    ``new_block``: the IndexBlock replacing ``CompactionInput.blocks`` (None when there were none)."""
+
+    outputs: tuple[tuple[str, int, int, str], ...]
+    position_map: PositionMap
+    new_block: Any = None
+
+
+@dataclass(frozen=True)
+class PreparedSwap:
+    """A compaction ready to commit: the new :class:`DiskFile` s (deletes that arrived meanwhile moved
+    onto them), ``adds``: new location → committed positions for the commit, ``remove``: old
+    locations, ``index_blob``: the swapped index as bytes, and counts (``remapped``, ``dropped``:
+    deletes whose row has no new position, ``vanished``: inputs a persist removed meanwhile)."""
+
+    new_files: tuple[DiskFile, ...]
+    adds: dict
+    remove: tuple[str, ...]
+    index_blob: bytes
+    remapped: int
+    dropped: int
+    vanished: int
+
+
+def compaction_input(disk: DiskFileSet, names: list[str], schema, defaults: dict) -> CompactionInput:
+    """Snapshot the picked files ``names`` of ``disk`` (call under the lock)."""
+    files = tuple(FileSnapshot(n, f.read_path, f.num_rows, f.size_bytes, f.location, FrozenBitMap64(f.committed))
+                  for n in names for f in [disk.files[n]])
+    return CompactionInput(files=files, blocks=tuple(disk.index.blocks_for_files(names)),
+                           live=frozenset(disk.files), schema=schema, defaults=dict(defaults or {}))
+
+
+def index_merge_input(disk: DiskFileSet, blocks) -> IndexMergeInput:
+    return IndexMergeInput(blocks=tuple(blocks), live=frozenset(disk.files), blocks_before=len(disk.index.blocks))
+
+
+def _still_there(disk: DiskFileSet, s: FileSnapshot) -> DiskFile | None:
+    """The file as it is now, or None when a persist removed it meanwhile (every row deleted)."""
+    cur = disk.files.get(s.name)
+    return cur if cur is not None and cur.location == s.location else None
+
+
+def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionResult) -> PreparedSwap:
+    """Under the lock, before the commit (changes nothing): the new DiskFiles with the deletes that
+    arrived during the run moved onto them, and the index blob of the swapped index."""
+    pm = res.position_map
+    nout = len(res.outputs)
+    committed = [BitMap64() for _ in range(nout)]
+    pending: list[dict] = [{} for _ in range(nout)]
+    truncated = 0
+    remove: list[str] = []
+    remapped = dropped = vanished = 0
+    for s in inp.files:
+        cur = _still_there(disk, s)
+        if cur is None:  # removed by a persist meanwhile (every row deleted, committed): all its rewritten rows go
+            vanished += 1
+            newly, pend = BitMap64(range(s.rows)) - BitMap64(s.committed), {}
+        else:
+            remove.append(cur.location)
+            newly, pend = cur.committed - BitMap64(s.committed), cur.pending
+            truncated = max(truncated, cur.truncated_lsn)
+        if len(newly):
+            rows = np.fromiter(newly, dtype=np.int64, count=len(newly))
+            fi, fr = pm.map_rows(s.name, rows)
+            ok = fi >= 0
+            dropped += int((~ok).sum())
+            remapped += int(ok.sum())
+            for k in np.unique(fi[ok]):
+                committed[int(k)].update(fr[ok & (fi == k)].astype(np.uint64).tolist())
+        if pend:
+            fi, fr = pm.map_rows(s.name, np.fromiter(pend.keys(), dtype=np.int64, count=len(pend)))
+            for k, r, lsn in zip(fi.tolist(), fr.tolist(), list(pend.values())):
+                if k < 0:
+                    dropped += 1
+                    continue
+                pending[k][r] = lsn
+                remapped += 1
+    new_files, adds = [], {}
+    for i, (name, rows, size, loc) in enumerate(res.outputs):
+        new_files.append(DiskFile(name=name, num_rows=rows, size_bytes=size, location=loc,
+                                  committed=committed[i], pending=pending[i], truncated_lsn=truncated))
+        if len(committed[i]):
+            adds[loc] = committed[i]
+    staged = FileIndex(disk.index.blocks)
+    if inp.blocks:
+        staged.replace_blocks(list(inp.blocks), res.new_block)
+    return PreparedSwap(new_files=tuple(new_files), adds=adds, remove=tuple(remove), index_blob=disk.index_blob(staged),
+                        remapped=remapped, dropped=dropped, vanished=vanished)
+
+
+def apply_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionResult, prep: PreparedSwap) -> None:
+    """Under the lock, after the commit landed: the old files out, the new ones in, the IndexBlocks
+    swapped (the old block files deleted)."""
+    for s in inp.files:
+        if _still_there(disk, s) is not None:
+            disk.files.pop(s.name)
+    for f in prep.new_files:
+        disk.files[f.name] = f
+    if inp.blocks:
+        apply_index_merge(disk, inp.blocks, res.new_block)
+
+
+def apply_index_merge(disk: DiskFileSet, old_blocks, new_block) -> None:
+    """Under the lock: ``new_block`` replaces ``old_blocks`` in the FileIndex; their files are deleted."""
+    disk.index.replace_blocks(list(old_blocks), new_block)
+    for b in old_blocks:
+        try:
+            b.unlink()
+        except OSError as e:  # pragma: no cover - the file is orphaned, cleaned at next start
+            log.warning("could not delete index block %s: %s", b.path, e)

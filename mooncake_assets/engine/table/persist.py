@@ -1,0 +1,108 @@
+"""Persist: what one Iceberg commit of a mirrored table carries, and its bookkeeping afterwards.
+
+A persist makes everything applied up to an LSN durable in ONE Iceberg commit (an ``overwrite`` or
+``append`` snapshot, Iceberg spec "Snapshots"): the staged data files it adds, per data file the
+deletes applied since the last commit (merged into that file's one deletion vector, Iceberg v3
+"Deletion Vectors"), the files whose every row is deleted removed, the FileIndex as a blob, and the
+snapshot summary property ``mooncake.flush-lsn`` (the slot may be confirmed up to it once the commit
+landed). :func:`build_payload` gathers that into a :class:`PersistPayload` without changing the
+table; the table's Iceberg side commits it; only then does :func:`apply_persist` move the files'
+state (locations set, pending deletes committed, dropped files
+retired), so a failed upload or commit leaves everything as it was and the next persist retries it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pyroaring import BitMap64
+
+from ..lsn import Lsn
+from .disk_files import DiskFileSet
+
+__all__ = ["PersistPayload", "build_payload", "apply_persist"]
+
+
+@dataclass(frozen=True)
+class PersistPayload:
+    """One persist's commit (module docstring).
+
+    ``lsn``: the flush LSN it makes durable; ``add``: (file name, warehouse location) of the data
+    files it adds; ``deletes``: data file location → positions newly deleted in it; ``remove``:
+    locations of persisted files whose rows are all deleted; ``gone``: names of the table's files
+    whose rows are all deleted (persisted or only staged: they leave the table); ``schemas``: the
+    Iceberg schemas the commit adds (oldest first; None: unchanged); ``properties``: table
+    properties to set (None: none); ``summary``: snapshot summary properties; ``index_blob``: the
+    FileIndex as :meth:`DiskFileSet.index_blob` bytes.
+    """
+
+    lsn: Lsn
+    add: tuple[tuple[str, str], ...] = ()
+    deletes: dict[str, BitMap64] = field(default_factory=dict)
+    remove: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+    schemas: Any = None
+    properties: dict | None = None
+    summary: dict = field(default_factory=dict)
+    index_blob: bytes = b""
+
+    @property
+    def new_deletes(self) -> int:
+        """Positions newly in deletion vectors."""
+        return sum(len(b) for b in self.deletes.values())
+
+
+def build_payload(disk: DiskFileSet, lsn: int, source: str, uploaded: dict[str, str],
+                  upload: Callable[[str], str], schemas: Any = None, properties: dict | None = None) -> PersistPayload:
+    """The :class:`PersistPayload` of ``disk`` at ``lsn`` (changes nothing of ``disk``).
+
+    ``uploaded``: staged files already copied to the warehouse (name → location); ``upload(local
+    path) -> location`` copies the others (overwriting: an earlier failed persist may have copied
+    them, names are unique). Raises what ``upload`` raises."""
+    add, deletes, remove = [], {}, []
+    for f in list(disk.files.values()):
+        if disk.fully_deleted(f):
+            if f.persisted:
+                remove.append(f.location)
+            continue
+        loc = f.location
+        if not f.persisted:
+            loc = uploaded.get(f.name) or upload(f.local_path)
+            add.append((f.name, loc))
+        if f.pending:
+            deletes[loc] = BitMap64(f.pending.keys())
+    gone = tuple(f.name for f in disk.files.values() if disk.fully_deleted(f))
+    return PersistPayload(lsn=Lsn(lsn), add=tuple(add), deletes=deletes, remove=tuple(remove), gone=gone,
+                          schemas=schemas, properties=properties,
+                          summary={"mooncake.flush-lsn": str(Lsn(lsn)), "mooncake.source": source},
+                          index_blob=disk.index_blob())
+
+
+def apply_persist(disk: DiskFileSet, payload: PersistPayload, now: float | None = None) -> int:
+    """After ``payload`` was committed (or had nothing to commit): added files get their locations and
+    their staged copies retire, pending deletes become committed, files whose rows are all deleted
+    leave the set. Returns the LSN reads must now be at or above (committed deletes lose their LSN):
+    the table's ``flushed_lsn`` is raised to it."""
+    now = time.time() if now is None else now
+    files = disk.files
+    for name, loc in payload.add:
+        files[name].location = loc
+    gone = [files.pop(name) for name in payload.gone]
+    for name, _ in payload.add:
+        f = files[name]
+        if f.local_path:
+            disk.retire(f.local_path, now)
+            f.local_path = None
+    floor = 0
+    for f in files.values():
+        if f.pending:
+            floor = max(floor, max(f.pending.values()) + 1)
+            f.committed.update(f.pending.keys())
+            f.pending = {}
+    for f in gone:
+        floor = max(floor, f.truncated_lsn + 1, max(f.pending.values(), default=0) + 1)
+        if f.local_path:
+            disk.retire(f.local_path, now)
+    disk.gc_retired()
+    return floor
