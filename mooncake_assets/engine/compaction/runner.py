@@ -5,18 +5,20 @@ The service lock (``lock``: the one the apply loop holds per batch of transactio
 two short moments; the heavy work runs without it:
 
 1. **snapshot** (lock): persist first if the table has unpersisted changes (``persist_first``), pick
-   files by policy (persisted files only), copy each picked file's committed deletion vector, note the
-   IndexBlocks that cover them and the table's live file names;
+   files by policy (persisted files only); the table hands out a frozen
+   :class:`~mooncake_assets.engine.table.maintenance.CompactionInput` (each picked file with a copy of
+   its committed deletion vector, the IndexBlocks that cover them, the table's live file names);
 2. **work** (no lock): rewrite the live rows (:func:`.rewriter.rewrite_files`, keeping the old→new
    :class:`~mooncake_assets.engine.index.PositionMap`), upload the new files to the warehouse, rebuild
    the index of those blocks in one linear pass (``FileIndex.build_from_compaction``: entries of
    rewritten rows move, entries of dropped rows and of files no longer in the table go, others stay);
-3. **swap** (lock): re-map the deletes that arrived meanwhile — positions of the old files deleted by
+3. **swap** (lock): the work's :class:`~mooncake_assets.engine.table.maintenance.CompactionResult`
+   goes back to the table, which re-maps the deletes that arrived meanwhile — positions of the old files deleted by
    transactions applied during step 2 (pending, keeping their commit LSNs) or committed by a persist
    during step 2 (they go into the new files' deletion vectors); a delete whose row has no new
    position is dropped and counted — then ONE Iceberg commit (operation ``replace``: new files and
    their DVs added, old files removed, the new index blob, ``mooncake.flush-lsn`` unchanged), then the
-   in-memory swap of files and blocks. A reader's ReadState is taken under the same lock, so it sees
+   table applies the swap of files and blocks (nothing here changes a table's state itself). A reader's ReadState is taken under the same lock, so it sees
    the old files or the new ones, never a mix.
 
 Visibility: the rewrite drops only rows whose delete was already persisted, and a persist advances

@@ -86,7 +86,7 @@ class ChangeApplyRole:
     def _recheck(self, vals: list, key_vals: list) -> bool:
         """Does a candidate row (text or Carried values) really hold this key (text values)?
 
-        Hashed keys are re-checked on every hit (DESIGN.md §3): a text value is compared as text, a
+        Hashed keys are re-checked on every hit (module docstring): a text value is compared as text, a
         typed value (sealed batch or data file) with the key decoded by the table's own decoder;
         NULL equals NULL and NaN equals NaN, as for a row identity."""
         typed = None
@@ -160,7 +160,8 @@ class ChangeApplyRole:
 
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
-        """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules)."""
+        """Apply one decoded change of a committed transaction at ``commit_lsn`` (the apply rules in the
+        module docstring)."""
         self.last_change_lsn = max(self.last_change_lsn, commit_lsn)
         kind = change.kind
         if kind == "insert":
