@@ -323,3 +323,31 @@ class ApplyModel(RuleBasedStateMachine):
 ApplyModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
                                         suppress_health_check=[HealthCheck.too_slow])
 test_apply_model = ApplyModel.TestCase
+
+
+# ---------------------------------------------------------------------------------------- persist payload
+
+def test_persist_payload_is_built_without_changing_the_table_then_applied(tmp_path):
+    from mooncake_assets.engine.table.persist import apply_persist, build_payload
+
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1), insert(2, "b", 2))
+    t.flush()
+    commit(t, 20, insert(3, "c", 3))
+    t.flush()
+    first, second = list(t.files)
+    commit(t, 30, delete((1, None, None)), delete((3, None, None)))  # file 2's only row: the file is gone
+    copied = []
+    p = build_payload(t.disk, t.applied_lsn, "public.t", {}, lambda path: copied.append(path) or f"file://{path}")
+    assert [n for n, _ in p.add] == [first] and p.gone == (second,) and p.remove == ()
+    assert p.lsn == 31 and p.summary == {"mooncake.flush-lsn": "0/1F", "mooncake.source": "public.t"}
+    (loc, dv), = p.deletes.items()
+    assert loc == f"file://{t.files[first].local_path}" and list(dv) == [0] and p.new_deletes == 1
+    assert copied == [t.files[first].local_path]
+    assert len(t.files) == 2 and all(not f.persisted for f in t.files.values())  # nothing changed yet
+    assert t.files[first].pending == {0: 30}
+    floor = apply_persist(t.disk, p)
+    assert list(t.files) == [first] and t.files[first].location == loc and t.files[first].local_path is None
+    assert t.files[first].pending == {} and list(t.files[first].committed) == [0]
+    assert floor == 31  # committed deletes lose their LSN: reads below it are no longer exact
+    assert not t.disk.is_dirty()
