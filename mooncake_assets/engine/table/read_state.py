@@ -15,6 +15,7 @@ blob carries in Puffin); only the Flight server and :class:`~..service.client.Se
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,13 +122,29 @@ class ReadState:
             storage=d.get("storage") or None, ticket=d.get("ticket"), mem_rows=d.get("mem_rows"))
 
 
+# Both directions are memoized (bounded): an unchanged file's vector is the same FrozenBitMap64 on every
+# read (DiskFile caches it) and the same text on the client, so repeated reads neither re-encode nor
+# re-decode it.
+WIRE_CACHE = 256
+
+
 def _b64(bm: FrozenBitMap64 | None) -> str | None:
-    return base64.b64encode(bm.serialize()).decode() if bm else None
+    return _encode(bm) if bm else None
+
+
+@functools.lru_cache(maxsize=WIRE_CACHE)
+def _encode(bm: FrozenBitMap64) -> str:
+    return base64.b64encode(bm.serialize()).decode()
 
 
 def _from_b64(text: str | None) -> FrozenBitMap64 | None:
     if not text:
         return None
+    return _decode(text)
+
+
+@functools.lru_cache(maxsize=WIRE_CACHE)
+def _decode(text: str) -> FrozenBitMap64 | None:
     try:
         bm = FrozenBitMap64.deserialize(base64.b64decode(text))
     except Exception as e:  # noqa: BLE001 — pyroaring raises several types for bad bytes
