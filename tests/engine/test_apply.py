@@ -351,3 +351,51 @@ def test_persist_payload_is_built_without_changing_the_table_then_applied(tmp_pa
     assert t.files[first].pending == {} and list(t.files[first].committed) == [0]
     assert floor == 31  # committed deletes lose their LSN: reads below it are no longer exact
     assert not t.disk.is_dirty()
+
+
+# ---------------------------------------------------------------------------------------- compaction swap
+
+def test_compaction_takes_a_frozen_input_and_the_table_applies_its_result(tmp_path):
+    """The table hands out a snapshot, the work rewrites it without touching the table, deletes keep
+    arriving meanwhile, and the table re-maps them when it applies the result: the read is unchanged."""
+    from pyroaring import BitMap64
+
+    from mooncake_assets.engine.compaction.rewriter import RewriteInput, rewrite_files
+    from mooncake_assets.engine.index import FileIndex
+    from mooncake_assets.engine.table.maintenance import CompactionResult
+
+    t = make_table(tmp_path)
+    commit(t, 10, *[insert(i, f"v{i}", i) for i in range(0, 6)])
+    t.flush()
+    commit(t, 20, *[insert(i, f"v{i}", i) for i in range(6, 12)])
+    t.flush()
+    commit(t, 30, delete((1, None, None)), delete((7, None, None)))
+    for f in t.files.values():  # as a persist would leave them: in the warehouse, deletes committed
+        f.location = "file://" + f.local_path
+        f.committed.update(f.pending.keys())
+        f.pending = {}
+    names = list(t.files)
+    before = read(t)
+    inp = t.compaction_input(names)
+    assert {s.name for s in inp.files} == set(names) and len(inp.blocks) == 2 and inp.live == frozenset(names)
+    # the work (no lock): rewrite the live rows, rebuild the index of the input's blocks
+    rw = rewrite_files([RewriteInput(s.name, s.path, s.rows, BitMap64(s.committed), s.size_bytes) for s in inp.files],
+                       tmp_path / "out", inp.schema, 1 << 30, defaults=inp.defaults)
+    block = FileIndex.build_from_compaction(list(inp.blocks), rw.position_map, t.dir / "index" / "new.idx")
+    res = CompactionResult(outputs=tuple((o.name, o.rows, o.size_bytes, "file://" + o.path) for o in rw.outputs),
+                           position_map=rw.position_map, new_block=block)
+    assert sorted(t.files) == sorted(names) and len(t.file_index.blocks) == 2  # the table is untouched
+    commit(t, 40, delete((2, None, None)), update((8, "new", 80)))  # deletes that arrive during the work
+    expect = read(t)
+    prep = t.prepare_compaction(inp, res)
+    assert prep.remapped == 2 and prep.dropped == 0 and prep.vanished == 0 and len(prep.remove) == 2
+    assert sorted(t.files) == sorted(names)  # prepared, not applied: a failed commit changes nothing
+    t.apply_compaction(inp, res, prep)
+    assert list(t.files) == [o.name for o in rw.outputs] and list(t.file_index.blocks) == [block]
+    assert read(t) == expect and read(t) != before
+    (f,) = t.files.values()
+    assert f.num_rows == 10 and len(f.committed) == 0 and sorted(f.pending.values()) == [40, 40]
+    # the key lookup goes through the new index: the rows are found at their new positions
+    commit(t, 50, delete((3, None, None)), update((9, "z", 0)))
+    assert t.missing_keys == 0
+    assert read(t) == sorted([r for r in expect if r[0] not in (3, 9)] + [(9, "z", 0)], key=repr)
