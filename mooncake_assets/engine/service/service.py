@@ -1042,7 +1042,8 @@ class ReplicatorService:
             # the heavy part runs without the service lock: only snapshot and swap take it (engine/compaction)
             with self.lock:
                 t = self.table(name)
-            return getattr(t, op)(lock=self.lock, policy=policy_for(self.settings, name), **kw)
+            run = merge_index if op == "merge_index" else compact
+            return run(t, lock=self.lock, policy=policy_for(self.settings, name), **kw)
         if op == "persist":
             with self.lock:
                 t = self.table(name)
