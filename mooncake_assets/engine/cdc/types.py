@@ -814,6 +814,23 @@ def _days_from_civil(y: int, m: int, d: int) -> int:
     return era * 146097 + doe - 719468
 
 
+def civil_from_days(days: int) -> tuple[int, int, int]:
+    """Proleptic Gregorian ``(year, month, day)`` of ``days`` since 1970-01-01, astronomical years (year
+    0 is 1 BC); the inverse of :func:`_days_from_civil`, any year, integer arithmetic only. Both are
+    H. Hinnant's ``days_from_civil``/``civil_from_days`` ("chrono-Compatible Low-Level Date
+    Algorithms") with floor division for Python."""
+    z = days + 719_468
+    era = z // 146_097  # floor division (the C original truncates and adjusts)
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    y = yoe + era * 400 + (1 if m <= 2 else 0)
+    return y, m, d
+
+
 def _parse_rare(value: str, spec: ColumnSpec, unit: str) -> int:
     """One date ('D', days) or timestamp ('us') in Postgres ISO output → int since the Unix epoch."""
     inf = DATE_INFINITY if unit == "D" else TIMESTAMP_INFINITY
