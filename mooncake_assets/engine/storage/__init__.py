@@ -30,7 +30,7 @@ from .config import (
     warehouse_s3,
     warehouse_store,
 )
-from .duckdb_s3 import configure_duckdb_s3, configure_duckdb_store, ensure_duckdb_s3, load_httpfs
+from .duckdb_s3 import configure_duckdb_s3, configure_duckdb_store, ensure_duckdb_store, load_httpfs, sql_str
 from .stores import AzureConfig, GCSConfig, is_object_store, resolve_store, store_kind
 from .errors import (
     AccessDenied,
@@ -71,13 +71,14 @@ __all__ = [
     "configure_duckdb_s3",
     "configure_duckdb_store",
     "describe_warehouse",
-    "ensure_duckdb_s3",
+    "ensure_duckdb_store",
     "is_retryable",
     "is_object_store",
     "is_s3",
     "load_httpfs",
     "parse_s3_uri",
     "resolve_s3",
+    "sql_str",
     "resolve_store",
     "retry_call",
     "s3_filesystem",

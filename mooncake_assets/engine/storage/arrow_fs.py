@@ -1,7 +1,7 @@
 """PyArrow reads of warehouse files in a reader process (union reads that decode Parquet themselves).
 
 A union reader learns the warehouse's store from the ReadState's ``storage`` hints
-(``duckdb_s3.ensure_duckdb_s3`` calls ``use_store``); ``arrow_source(path)`` then gives what
+(``duckdb_s3.ensure_duckdb_store`` calls ``use_store``); ``arrow_source(path)`` then gives what
 ``pyarrow.parquet.ParquetFile`` takes: the path itself for local files; for ``s3://`` an open
 random-access file of PyArrow's own S3 filesystem (C++, the fastest reader of Parquet ranges); for
 ``gs://`` and ``abfs://``/``az://`` an open file of the store's fsspec filesystem (gcsfs, adlfs). One cached
