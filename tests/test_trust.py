@@ -188,6 +188,9 @@ def test_checksum_verify_matches_every_type_and_no_key(pg_dsn, state_dir):
         assert res["all_types"]["result"] == "mismatch", res
         assert "values differ in 1 of 16 key ranges (same row counts)" in res["all_types"]["detail"]
         assert {t["name"]: t["state"] for t in client.status()["tables"]} == {"all_types": "error", "nokey": "error"}
+        # a name that is not a mirror is refused in one line (it used to be dropped: "checksums: 0/0")
+        r = mooncake(s, "verify", "--checksum", "all_types", "typo")
+        assert r.returncode == 1 and r.stderr.strip() == "error: no mirrored table named typo (see `mooncake list-tables`)", r
 
 
 # ------------------------------------------------------------------------------------------ item 3
