@@ -16,7 +16,7 @@ import time
 
 from ...config import Settings
 from .client import ServiceClient, ServiceUnavailable
-from ..pg.conninfo import scrub
+from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
 from ..private import ensure_private_dir, open_private
 
@@ -53,8 +53,6 @@ def check_source(settings: Settings, info: dict) -> None:
     """Raise :class:`SourceMismatch` when ``settings`` name a DSN (``--dsn``, MOONCAKE_PG_DSN or
     settings.json) other than the source of the running service whose ``ping`` answer is ``info``.
     DSNs are compared as conninfo without passwords; no DSN (the embedded Postgres) is not checked."""
-    from .service import source_label
-
     if not settings.dsn or not info.get("source"):
         return
     mine = source_label(settings.dsn)

@@ -47,7 +47,7 @@ from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.conninfo import PG_OPTIONS, connect_error, scrub, with_options  # noqa: F401 (re-exported)
+from ..pg.conninfo import PG_OPTIONS, connect_error, scrub, source_label, with_options  # noqa: F401 (re-exported)
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
 
@@ -101,17 +101,6 @@ def default_names(state_dir) -> dict:
     slot and its own publication (``mooncake_<hash of the state dir>``)."""
     h = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
     return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}"}
-
-
-def source_label(dsn: str) -> str:
-    """``dsn`` as ``key=value`` conninfo without any password (for messages and ``status``)."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        d = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return "(a DSN that does not parse)"
-    return make_conninfo(**{k: d[k] for k in sorted(d) if "password" not in k})  # sorted: comparable
 
 
 class MooncakeError(Exception):
