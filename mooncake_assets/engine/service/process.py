@@ -61,16 +61,15 @@ def check_source(settings: Settings, info: dict) -> None:
                              f"not {mine}; stop it first (`mooncake stop`) to use another source")
 
 
-def start_service(settings: Settings, timeout: float = 60.0, report: bool = False, maintenance: str | None = None,
-                  check_dsn: bool = True):
+def start_service(settings: Settings, timeout: float = 60.0, report: bool = False, maintenance: str | None = None):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
 
     ``maintenance``: ``auto`` or ``dagster`` for a service started here (``serve --maintenance``; not
     written to settings.json, so it applies to this process only); a running one keeps its mode.
-    ``check_dsn``: raise :class:`SourceMismatch` when the running service's source is not the DSN of
-    ``settings``. RuntimeError with the log tail when it does not start."""
+    :class:`SourceMismatch` when the running service's source is not the DSN of ``settings``;
+    RuntimeError with the log tail when it does not start."""
     if maintenance not in (None, "auto", "dagster"):
         raise ValueError(f"maintenance must be auto or dagster, not {maintenance!r}")
     ensure_private_dir(settings.state_dir)
@@ -84,8 +83,7 @@ def start_service(settings: Settings, timeout: float = 60.0, report: bool = Fals
                 except Exception:  # noqa: BLE001 — it answered a moment ago; nothing to compare with
                     info = {}
                 client.close()
-                if check_dsn:
-                    check_source(settings, info)
+                check_source(settings, info)
                 pid = service_pid(settings) or -1
                 return (pid, False) if report else pid
             pid = _spawn(settings, client, timeout, maintenance)

@@ -41,15 +41,17 @@ from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
-from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..cdc.types import (CatalogNotCurrent, catalog_columns, column_option_hint, column_options, column_signature,
+                         describe_mirrored, resolve_column)
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.conninfo import PG_OPTIONS, connect_error, scrub, source_label, with_options  # noqa: F401 (re-exported)
+from ..pg.conninfo import connect_error, scrub, source_label, with_options
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
+from .verifier import Verifier
 
 log = logging.getLogger("mooncake.service")
 
@@ -62,9 +64,6 @@ def _refuse_nan_decimals(conn, schema) -> None:
     """Refuse a table whose ``numeric(p,s)`` columns (mapped to decimal128, which has no NaN) hold
     ``NaN`` now: one scan of the table, only when it has such columns; the error names every such
     column and the create-table options that get past them (``MooncakeError``)."""
-    from psycopg import sql
-
-    from ..cdc.types import column_option_hint
 
     def is_decimal(c):
         t = c.arrow_type
@@ -122,7 +121,7 @@ class ReplicatorService:
         self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
-        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=getattr(settings, "catalog_wait_s", 60.0))
+        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=settings.catalog_wait_s)
         # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
         # the source for each applied batch (engine/cdc/generated.py)
         self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
@@ -145,9 +144,7 @@ class ReplicatorService:
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
         self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
         self._source_error: str | None = None     # why the source was not reachable at the last look
-        from .verifier import Verifier  # the scheduled check of every mirror against its source
-
-        self.verifier = Verifier(self, settings.verify_interval_s)
+        self.verifier = Verifier(self, settings.verify_interval_s)  # the scheduled check of every mirror
 
     # ------------------------------------------------------------------ registry
     def _load_registry(self) -> dict:
@@ -467,14 +464,11 @@ class ReplicatorService:
                    f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
-            opts = dict(t.schema.column_types)
-            keep = " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in opts if c not in cols)
-            excl = " ".join(f"--exclude-column {shlex.quote(c)}" for c in t.schema.excluded)
-            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + "".join(f" {x}" for x in (keep, excl) if x)
+            now = column_options([c for c in t.schema.column_types if c not in cols], t.schema.excluded)
+            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + (f" {now}" if now else "")
             t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
                         f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
-                        f"then {redo} " + " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in cols)
-                        + " (or leave them out: " + " ".join(f"--exclude-column {shlex.quote(c)}" for c in cols) + ")")
+                        f"then {redo} {column_options(cols)} (or leave them out: {column_options(exclude=cols)})")
         t.applied_lsn = min(t.applied_lsn, lsn)
         log.error("%s", t.error)
 
@@ -1141,11 +1135,6 @@ class _Truncate:
 
     def __init__(self, oid):
         self.relation_oid = oid
-
-
-def _src_ident(schema) -> sql.Identifier:
-    """The source table of a :class:`TableSchema` as SQL (``"schema"."name"``, quoted by psycopg)."""
-    return sql.Identifier(schema.schema, schema.name)
 
 
 def _estimate_rows(conn, oid: int) -> int | None:
