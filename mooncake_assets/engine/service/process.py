@@ -18,7 +18,8 @@ from ...config import Settings
 from .client import ServiceClient, ServiceUnavailable
 from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
-from ..private import ensure_private_dir, open_private
+from ..private import ensure_private_dir, open_private, write_private
+from ..timefmt import utc_now
 
 
 def service_pid(settings: Settings) -> int | None:
@@ -121,8 +122,7 @@ def stop_service(settings: Settings, timeout: float = 15.0, mark: bool = False) 
     """Stop the background service; returns True if one was running. ``mark``: record that the user
     stopped it (:func:`stopped_mark`), so reads say so instead of starting it again."""
     if mark:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        (settings.state_dir / "service.stopped").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        write_private(ensure_private_dir(settings.state_dir) / "service.stopped", utc_now())
     pid = service_pid(settings)
     client = ServiceClient(settings.socket_path)
     was = False

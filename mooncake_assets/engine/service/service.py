@@ -51,6 +51,7 @@ from ..pg import publication as pubs
 from ..pg.conninfo import connect_error, scrub, source_label, with_options
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
+from ..timefmt import utc_now
 from .verifier import Verifier
 
 log = logging.getLogger("mooncake.service")
@@ -255,7 +256,7 @@ class ReplicatorService:
         self.source_catalog.close()
         self.generated.close()
         try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
-            (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            (self.settings.state_dir / "service.clean-stop").write_text(utc_now())
         except OSError:
             pass
         if self._pub_conn is not None:
@@ -301,7 +302,7 @@ class ReplicatorService:
                 backoff = 0.5
             except Exception as e:  # reconnect with backoff; never confirm past what is durable
                 self.stream_error = f"{type(e).__name__}: {e}"
-                self.stream_faults = (self.stream_faults + [{"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                self.stream_faults = (self.stream_faults + [{"at": utc_now(),
                                                              "error": self.stream_error.splitlines()[0]}])[-10:]
                 log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
                 try:
