@@ -143,7 +143,6 @@ class ReplicatorService:
         self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
-        self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
         self._source_error: str | None = None     # why the source was not reachable at the last look
         self.verifier = Verifier(self, settings.verify_interval_s)  # the scheduled check of every mirror
 
@@ -495,10 +494,8 @@ class ReplicatorService:
         with self.lock:
             now = time.time()
             for t in list(self.tables.values()):
-                if t.is_dirty():  # since when its changes wait for a persist (status warns past warn_persist_age_s)
-                    self._dirty_since.setdefault(t.name, now)
-                else:
-                    self._dirty_since.pop(t.name, None)
+                if t.dirty_since is None and t.is_dirty():  # its changes wait for a persist from now on
+                    t.dirty_since = now                     # (persist clears it; status warns past warn_persist_age_s)
                 if t.error:
                     continue
                 try:
@@ -950,9 +947,8 @@ class ReplicatorService:
         more WAL held in the slot than ``warn_slot_wal_bytes`` (its unpersisted changes: from its flush
         LSN to the source's current LSN)."""
         s, out = self.settings, []
-        since = self._dirty_since.get(t.name)
-        if since is not None and s.warn_persist_age_s and not t.error:
-            age = now - max(since, t.last_persist)
+        if t.dirty_since is not None and s.warn_persist_age_s and not t.error:
+            age = now - t.dirty_since
             if age > s.warn_persist_age_s:
                 why = ("maintenance is dagster: the Dagster assets persist it (is the sensor running?)"
                        if s.maintenance == "dagster" else "see its maintenance and the service log")
