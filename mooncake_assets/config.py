@@ -47,6 +47,8 @@ class Settings:
     verify_interval_s: float = 600.0   # the service checks every mirror against its source this often (seconds; 0: never)
     warn_persist_age_s: float = 600.0  # status warns when a table's changes are unpersisted for longer (seconds; 0: never)
     warn_slot_wal_bytes: int = 1 << 30  # status warns when a table holds more WAL in the slot (bytes; 0: never)
+    publication_check_s: float = 2.0   # the stream thread checks this often that every mirrored table is still
+    #                                    in the publication (seconds; 0: never; see ReplicatorService._check_published)
     catalog_wait_s: float = 60.0       # schema change: how long to wait for the source to show the change's
     #                                    transaction before the table stops (seconds; see SourceCatalog)
     s3_endpoint: str | None = None     # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3

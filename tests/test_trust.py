@@ -105,7 +105,7 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         c.execute("INSERT INTO vt SELECT g, 'v' || g, g / 3.0, now(), gen_random_uuid(), '{\"a\": 1}' "
                   "FROM generate_series(1, 500) g")
     # the publication poll (issue 24) would name the cause first; off here, the scheduled verify must find it
-    s = make_settings(state_dir, pg_dsn, verify_interval_s=0.5, extra={"publication_check_s": 0})
+    s = make_settings(state_dir, pg_dsn, verify_interval_s=0.5, publication_check_s=0)
     try:
         mooncake(s, "create-table", "vt", "public.vt", check=True)
         with psycopg.connect(pg_dsn, autocommit=True) as c:

@@ -7,7 +7,7 @@ object for control and reads. Every method that touches table state holds ``self
 
 Publication (``engine/pg/publication.py``): the service's own (default; it adds and removes each
 mirrored table) or the one an administrator created (``Settings.publication``, never altered). The
-stream thread polls the publication's members every :data:`PUBLICATION_CHECK_S` seconds: a mirrored
+stream thread polls the publication's members every ``Settings.publication_check_s`` seconds: a mirrored
 table that left it stops with an error naming table, publication and LSN (pgoutput just stops
 sending its changes, so the mirror would otherwise go stale while looking healthy).
 
@@ -57,8 +57,6 @@ from .verifier import Verifier
 log = logging.getLogger("mooncake.service")
 
 NAMESPACE = "mooncake"
-PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published
-#                            (seconds; settings.json extra.publication_check_s overrides it, 0 turns it off)
 
 
 def _refuse_nan_decimals(conn, schema) -> None:
@@ -323,6 +321,7 @@ class ReplicatorService:
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
+        pub_every = float(self.settings.publication_check_s)  # 0: off
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
             self.lag.record(self.repl.server_wal_end)
@@ -358,7 +357,6 @@ class ReplicatorService:
             if now - last_maint > 0.5:
                 self._auto_maintenance()
                 last_maint = now
-            pub_every = float(self.settings.extra.get("publication_check_s", PUBLICATION_CHECK_S))  # 0: off
             if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
