@@ -75,6 +75,10 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# the GUCs a session must have so that its text output is what the decoder expects (defined with the
+# other sessions' settings at the Postgres edge; re-exported here for the decoder's users)
+from ..pg.conninfo import OUTPUT_SETTINGS
+
 __all__ = [
     "ColumnSpec",
     "TableSchema",
@@ -88,18 +92,6 @@ __all__ = [
     "OUTPUT_SETTINGS",
 ]
 
-#: GUCs a session must have so that its text output is what the decoder expects.
-OUTPUT_SETTINGS: dict[str, str] = {
-    "DateStyle": "ISO",
-    "TimeZone": "UTC",
-    "IntervalStyle": "postgres",
-    "bytea_output": "hex",
-    "extra_float_digits": "3",
-    "lc_monetary": "C",
-    # reg* types (regclass, regtype, …) print a name schema-qualified unless the schema is on the
-    # search_path: with only pg_catalog on it, the text names the object the same way in every session
-    "search_path": "pg_catalog",
-}
 
 # -- type oids (pg_type.dat) --------------------------------------------------------------------
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
