@@ -518,7 +518,9 @@ class ReplicatorService:
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self._stop_table(t, e, txn.commit_lsn)
-                touched.add(t.name)
+                touched.add(t)
+        for t in touched:
+            t.last_change_lsn = max(t.last_change_lsn, txn.commit_lsn)
         self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
         for t in self.tables.values():
             if not t.error:  # a stopped table stays at the commit that failed
