@@ -75,6 +75,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..pg.partitions import TREE_CTE
 # the GUCs a session must have so that its text output is what the decoder expects (defined with the
 # other sessions' settings at the Postgres edge; re-exported here for the decoder's users)
 from ..pg.conninfo import OUTPUT_SETTINGS
@@ -1295,9 +1296,7 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
 
 # Catalog lookups for schema evolution -----------------------------------------------------------------
 
-_ATTRS_SQL = """
-WITH RECURSIVE tree(relid) AS (
-  SELECT %(oid)s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid)
+_ATTRS_SQL = "WITH RECURSIVE " + TREE_CTE.format(root="%(oid)s") + """
 SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
        CASE WHEN NOT a.attisdropped THEN COALESCE(
          CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,

@@ -25,11 +25,6 @@ def use_store(cfg) -> None:
         _active[cfg.kind] = cfg
 
 
-def use_s3(cfg: S3Config) -> None:
-    """``use_store`` for an ``S3Config`` (kept for callers of the S3-only version)."""
-    use_store(cfg)
-
-
 @functools.lru_cache(maxsize=8)
 def _filesystem(cfg: S3Config):
     return cfg.pyarrow_filesystem()
@@ -64,7 +59,7 @@ def arrow_source(path: str):
         return path
     if is_s3(path):
         return s3_filesystem().open_input_file(path.split("://", 1)[1])
-    from .fileio import kind_of_scheme
+    from .stores import kind_of_scheme
 
     kind = kind_of_scheme(path.split("://", 1)[0])
     if kind is None:
