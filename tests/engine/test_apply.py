@@ -67,9 +67,11 @@ def delete(old: tuple, old_kind: str = "K") -> Change:
 
 
 def commit(t: MirrorTable, lsn: int, *changes: Change) -> None:
-    """Apply one transaction committed at ``lsn``; the table has then applied everything before lsn+1."""
+    """Apply one transaction committed at ``lsn`` as the service's apply loop does; the table has then
+    applied everything before lsn+1."""
     for ch in changes:
         t.apply(ch, lsn)
+    t.last_change_lsn = max(t.last_change_lsn, lsn)
     t.applied_lsn = max(t.applied_lsn, lsn + 1)
 
 

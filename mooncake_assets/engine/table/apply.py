@@ -161,8 +161,7 @@ class ChangeApplyRole:
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
         """Apply one decoded change of a committed transaction at ``commit_lsn`` (the apply rules in the
-        module docstring)."""
-        self.last_change_lsn = max(self.last_change_lsn, commit_lsn)
+        module docstring). The caller keeps ``last_change_lsn`` (once per transaction, not per change)."""
         kind = change.kind
         if kind == "insert":
             vals = self._values(change.new, change.relation_oid)

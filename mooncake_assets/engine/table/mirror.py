@@ -85,6 +85,9 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         self.missing_keys = 0
         self.error: str | None = None
         self.last_persist = time.time()
+        # since when (time.time()) changes have waited for a persist, as the service first saw the table
+        # dirty after one (None: everything seen is persisted); status warns past warn_persist_age_s
+        self.dirty_since: float | None = None
         self._relmap: dict[int, list[int]] = {}
         self._identity: dict[int, list[int]] = {}
         self._row_cache: dict[str, pa.Table] = {}
@@ -186,6 +189,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         self.flushed_lsn = max(self.flushed_lsn, apply_persist(self.disk, payload))
         self.flush_lsn = payload.lsn
         self.last_persist = time.time()
+        self.dirty_since = None
         return {"rows": rows_added, "rows_flushed": fl["rows"], "files_added": len(payload.add),
                 "files_removed": len(payload.remove), "deleted_rows": payload.new_deletes,
                 "flush_lsn": str(payload.lsn), "seconds": self.last_persist - t0}
