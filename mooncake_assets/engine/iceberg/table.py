@@ -84,7 +84,6 @@ __all__ = [
     "DataFileState",
     "IcebergMirrorTable",
     "PersistedState",
-    "commit_metadata",
 ]
 
 logger = logging.getLogger(__name__)
@@ -328,40 +327,48 @@ class IcebergMirrorTable:
                 )
         last_conflict: Exception | None = None
         for attempt in range(1, self.commit_attempts + 1):
-            self.refresh()
-            done = find_commit(self._table.metadata, request.commit_id)
-            if done is not None:
-                return done
-            new_files = {location: self._prepared[location] for location in request.add_files}
-            producer = SnapshotProducer(self._table, self._reader, request, new_files, attempt=attempt,
-                                        manifest_merge_threshold=self.manifest_merge_threshold)
             try:
-                produced = producer.produce()
-                new_metadata, new_location = commit_metadata(
-                    self.catalog, self._table, produced.requirements, produced.updates, before_swap=self.before_swap
-                )
-            except CommitStateUnknown:
-                if (done := self._landed(request.commit_id)) is not None:
-                    return done
-                raise  # not visible now; the attempt's files are kept (the swap may still be in flight)
+                return self._commit_attempt(request, attempt)
             except SwapConflict as e:
                 last_conflict = e
-                # Defence in depth: only delete the attempt's files once the table shows it did not land.
-                if (done := self._landed(request.commit_id)) is not None:
-                    return done
-                producer.discard()
                 logger.info("%s: commit attempt %d lost a race (%s); retrying", self.identifier, attempt, e)
                 _backoff(attempt)
-                continue
-            self._table = compat.table_at(self._table, new_metadata, new_location, self.catalog)
-            for location in request.add_files:
-                self._prepared.pop(location, None)
-            return produced.snapshot_id
         raise CommitConflict(
             f"{self.identifier}: commit lost the race {self.commit_attempts} times in a row ({last_conflict}); "
             "nothing was committed, calling commit again may succeed",
             retryable=True,
         )
+
+    def _commit_attempt(self, request: CommitRequest, attempt: int) -> int:
+        """One try of ``request``: reload, produce the snapshot on the table as it is now, swap the pointer.
+        Returns the snapshot id (also when an earlier try turns out to have landed). Raises
+        ``SwapConflict`` after deleting this try's files when another writer moved the pointer first."""
+        self.refresh()
+        done = find_commit(self._table.metadata, request.commit_id)
+        if done is not None:
+            return done
+        new_files = {location: self._prepared[location] for location in request.add_files}
+        producer = SnapshotProducer(self._table, self._reader, request, new_files, attempt=attempt,
+                                    manifest_merge_threshold=self.manifest_merge_threshold)
+        try:
+            produced = producer.produce()
+            new_metadata, new_location = commit_metadata(
+                self.catalog, self._table, produced.requirements, produced.updates, before_swap=self.before_swap
+            )
+        except CommitStateUnknown:
+            if (done := self._landed(request.commit_id)) is not None:
+                return done
+            raise  # not visible now; the attempt's files are kept (the swap may still be in flight)
+        except SwapConflict:
+            # Defence in depth: only delete the attempt's files once the table shows it did not land.
+            if (done := self._landed(request.commit_id)) is not None:
+                return done
+            producer.discard()
+            raise
+        self._table = compat.table_at(self._table, new_metadata, new_location, self.catalog)
+        for location in request.add_files:
+            self._prepared.pop(location, None)
+        return produced.snapshot_id
 
     def _landed(self, commit_id: str) -> int | None:
         """Reload; the snapshot id of the commit ``commit_id`` if the table now has it."""
