@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, FileFormat, ManifestContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -495,7 +496,7 @@ def find_commit(md: TableMetadata, commit_id: str) -> int | None:
     return None
 
 
-def delete_quietly(io, locations: Iterable[str]) -> None:
+def delete_quietly(io: FileIO, locations: Iterable[str]) -> None:
     """Delete ``locations``, best effort: a missing file is fine, another failure is logged."""
     for location in locations:
         try:
