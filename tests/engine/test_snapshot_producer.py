@@ -55,7 +55,6 @@ def test_merge_deletes_keeps_one_dv_per_data_file(table, tmp_path):
     a, b = upload(table, tmp_path, "a", [1, 2, 3, 4]), upload(table, tmp_path, "b", [5, 6])
     table.commit(add_files=[a, b], deletes={a: [0], b: [1]})
     p = producer(table, request(deletes={a: [0, 2], b: [1]}))
-    p.sequence_number = p.md.next_sequence_number()
     plan = p.merge_deletes()
     assert plan.new_sets == {a: BitMap64([0, 2])}  # b's set did not grow: its DV stays
     (old,) = plan.dropped.values()

@@ -153,8 +153,8 @@ class SnapshotProducer:
         self.provider = load_location_provider(self.md.location, self.md.properties)
         self.base: Snapshot | None = self.md.current_snapshot()
         self.current = reader.files(self.io, self.md, self.base)
-        self.snapshot_id = 0
-        self.sequence_number = 0
+        self.sequence_number = self.md.next_sequence_number()  # spec "Sequence Numbers": base's + 1
+        self.snapshot_id = self.md.new_snapshot_id()
         self._manifests_written = 0
 
     @property
@@ -165,9 +165,7 @@ class SnapshotProducer:
         """Run every phase; returns what the pointer swap needs. Raises ``CommitConflict(retryable=False)``
         or ``ValueError`` from ``validate``; files written before an error stay in ``written``."""
         self.validate()
-        self.sequence_number = self.md.next_sequence_number()
         schema_changes, schema_id = schema_updates(self.md, self.request.schema, self.request.properties)
-        self.snapshot_id = self.md.new_snapshot_id()
         plan = self.merge_deletes()
         delete_files = self.write_delete_files(plan.new_sets)
         mooncake = self.mooncake_properties()
