@@ -19,7 +19,7 @@ parts of PyIceberg that are not its public API; each such part is used here and 
                                                (``parquet_statistics``)
 =============================================  =====================================================
 
-(``storage/fileio.py`` overrides ``FsspecFileIO._get_fs``/``_get_fs_from_uri``/``_scheme_to_fs``; it sits
+(``storage/fileio.py`` overrides ``FsspecFileIO._get_fs``/``_get_fs_from_uri``; it sits
 below this package, so it keeps them, and the test below pins them too.)
 
 Version gate: importing this module checks the installed versions against ``PYICEBERG_RANGE`` and
