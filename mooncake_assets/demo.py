@@ -133,16 +133,15 @@ class _DagsterMaintenance:
     def __init__(self, settings: Settings):
         import dagster as dg
 
-        from resources import parse_tables
-
-        from .definitions import DagsterConfig, build_definitions, dagster_home
+        from .dagster.definitions import DagsterConfig, build_definitions, dagster_home
+        from .dagster.resources import parse_tables
 
         self.instance = dg.DagsterInstance.from_config(str(dagster_home(settings.state_dir)))
         self.defs = build_definitions(DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES),
                                                     automation=False))
 
     def run(self, keys: list[str], label: str):
-        from .definitions import materialize_keys
+        from .dagster.definitions import materialize_keys
 
         res = materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=False,
                                tags={"mooncake/trigger": "demo"}, log_level="ERROR")

@@ -82,7 +82,7 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
     import psycopg
 
     from .cli import _create_with_progress
-    from .definitions import dagster_home
+    from .dagster.definitions import dagster_home
     from .demo import TABLES, _pg_bin
     from .engine.service import ServiceClient
     from .engine.service.process import start_service, stop_service

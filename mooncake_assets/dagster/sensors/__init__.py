@@ -1,4 +1,4 @@
-"""Sensors of mooncake-assets (DESIGN.md §7): ``replication_sensor``."""
+"""Sensors of mooncake-assets: ``replication_sensor``."""
 from .replication import (DEFAULT_INTERVAL_S, SENSOR_NAME, SensorCursor, build_replication_sensor, busy_tables, evaluate,
                           observation, plan_maintenance)
 

@@ -1,4 +1,4 @@
-"""The Dagster resources of mooncake-assets (DESIGN.md §7): the service client and the DuckDB I/O manager."""
+"""The Dagster resources of mooncake-assets: the service client and the DuckDB I/O manager."""
 from .io_manager import MIRROR_TABLE, MooncakeDbIOManager, MooncakeDuckDBIOManager
 from .replication import (DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource, TableSpec, lag_bytes, lsn_int,
                           parse_tables)

@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
+from mooncake_assets.dagster.jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
-from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes
+from mooncake_assets.dagster.resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes
 
 SENSOR_NAME = "replication_sensor"
 DEFAULT_INTERVAL_S = 10

@@ -16,7 +16,7 @@ import dagster as dg
 
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
-from resources.replication import ReplicationResource, TableSpec, lag_bytes
+from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec, lag_bytes
 
 from .factory import mirror_key
 

@@ -1,4 +1,8 @@
-"""Dagster definitions: ``dagster dev -w workspace.yaml`` loads this module (DESIGN.md §7).
+"""The Dagster definitions of mooncake-assets: :func:`load_config` and :func:`build_definitions`.
+
+``workspace.yaml`` (``dagster dev -w workspace.yaml``) loads ``mooncake_assets.definitions``, whose
+``defs`` is ``build_definitions(load_config())``; ``mooncake demo --dagster`` and the tests build their
+own from a :class:`DagsterConfig`.
 
 Loading contacts nothing (no service, no Postgres): the configuration comes from the environment and
 the state directory's ``settings.json`` (key ``extra.dagster``), the environment winning:
@@ -9,12 +13,12 @@ environment                        settings.json ``extra.dagster``              
 ``MOONCAKE_STATE_DIR``             —                                            ``./.mooncake``
 ``MOONCAKE_TABLES`` (comma-sep.)   ``tables`` (list)                            the four pgbench tables
 ``MOONCAKE_SENSOR_INTERVAL_S``     ``sensor_interval_s``                        10 (seconds)
-``MOONCAKE_SCHEDULE_<KIND>``       ``schedules.<kind>``                         see ``jobs/maintenance.py``
+``MOONCAKE_SCHEDULE_<KIND>``       ``schedules.<kind>``                         ``jobs.maintenance.DEFAULT_CRON``
                                                                                 (cron; ``off`` disables one)
 ``MOONCAKE_DAGSTER_AUTOMATION``    ``automation``                               ``on``: sensor and schedules run by
                                                                                 default (``off``: stopped)
 ``MOONCAKE_DUCKDB``                ``database``                                 ``<state>/dagster.duckdb``
-—                                  ``thresholds`` (MaintenanceThresholds        see ``resources/replication.py``
+—                                  ``thresholds`` (MaintenanceThresholds        see ``MaintenanceThresholds``
                                    fields)
 =================================  ===========================================  =====================================
 
@@ -30,13 +34,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from jobs.maintenance import DEFAULT_CRON, build_maintenance_jobs, build_mirror_job, build_schedules
-from resources.io_manager import MooncakeDuckDBIOManager
-from resources.replication import DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource, TableSpec, parse_tables
-from sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
+from mooncake_assets.config import load_settings
+from mooncake_assets.dagster.jobs.maintenance import DEFAULT_CRON, build_maintenance_jobs, build_mirror_job, build_schedules
+from mooncake_assets.dagster.resources.io_manager import MooncakeDuckDBIOManager
+from mooncake_assets.dagster.resources.replication import DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource, TableSpec, parse_tables
+from mooncake_assets.dagster.sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
 
 from .assets import analytics_assets, build_mirror_checks, build_table_assets
-from .config import load_settings
 
 
 @dataclass
@@ -111,7 +115,7 @@ def build_definitions(config: DagsterConfig) -> dg.Definitions:
 def dagster_home(state_dir: str | os.PathLike) -> Path:
     """``<state>/dagster``: the DAGSTER_HOME of ``mooncake ui`` and ``mooncake demo --dagster`` (created,
     with a dagster.yaml that turns telemetry off, when missing)."""
-    from .engine.private import ensure_private_dir
+    from mooncake_assets.engine.private import ensure_private_dir
 
     home = ensure_private_dir(state_dir) / "dagster"
     home.mkdir(parents=True, exist_ok=True)
@@ -138,5 +142,3 @@ def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | 
     return dg.materialize([*defs.assets, *defs.asset_checks], selection=selection, resources=defs.resources,
                           instance=instance, raise_on_error=raise_on_error, tags=tags, run_config=run_config)
 
-
-defs = build_definitions(load_config())
