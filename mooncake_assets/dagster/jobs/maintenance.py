@@ -13,7 +13,6 @@ full optimize daily at 03:00. A scheduled tick is skipped while a run of the sam
 from collections.abc import Mapping
 
 import dagster as dg
-from dagster._core.storage.dagster_run import DagsterRunStatus
 
 KINDS = ("flush", "deletion_vectors", "index_merge", "compaction")
 FULL_OPTIMIZE = "full_optimize"
@@ -27,8 +26,8 @@ DEFAULT_CRON: dict[str, str] = {
     FULL_OPTIMIZE: "0 3 * * *",
 }
 
-ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-                   DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                   dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 MAINTENANCE_TAG = "mooncake/maintenance"
 

@@ -18,21 +18,32 @@
   a time-window partition selects ``start <= expr < end``).
 
 The LSN each mirror input was read at is logged as input metadata (``mooncake/lsn``).
+
+Built on dagster-duckdb's extension points only: the I/O manager is dagster-duckdb's ``DbIOManager``
+with the type handlers of ``type_handlers.py`` and :class:`MirrorDbClient`, whose connection for a
+mirror input holds the union read (the names Dagster does not export come from
+``mooncake_assets.dagster.compat``). Example, as ``mooncake_assets.dagster.definitions`` binds it::
+
+    replication = ReplicationResource(state_dir=".mooncake", tables=["pgbench_accounts"])
+    io_manager = MooncakeDuckDBIOManager(database=".mooncake/dagster.duckdb", replication=replication)
+
+    @dg.asset(ins={"accounts": dg.AssetIn(key=["mirror", "pgbench_accounts"],
+                                          metadata={"columns": ["bid", "abalance"]})})
+    def balances(accounts: pa.Table) -> pa.Table:  # a union read of the mirror, two columns
+        ...
 """
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import dagster as dg
 import duckdb
 import pyarrow as pa
-from dagster._core.definitions.partitions.definition import TimeWindowPartitionsDefinition
-from dagster._core.definitions.partitions.definition import MultiPartitionsDefinition
-from dagster._core.storage.db_io_manager import DbIOManager, DbTypeHandler, TablePartitionDimension, TableSlice
 from dagster_duckdb import DuckDBIOManager
-from dagster_duckdb.io_manager import DuckDbClient
 from pydantic import Field
 
+from mooncake_assets.dagster.compat import (DbClient, DbIOManager, DbTypeHandler, DuckDbClient, TablePartitionDimension,
+                                            TableSlice)
 from mooncake_assets.engine.service import ServiceError
 
 from .replication import ReplicationResource
@@ -41,64 +52,106 @@ from .type_handlers import default_type_handlers
 MIRROR_TABLE = "mooncake/table"  # definition metadata that marks a mirror asset (value: the mirror's name)
 
 
-class MooncakeDbIOManager(DbIOManager):
-    """The I/O manager object (see the module docstring); built by :class:`MooncakeDuckDBIOManager`."""
+class MirrorDbClient(DbClient):
+    """dagster-duckdb's database client, whose connection for an input from a mirror asset is a union read.
 
-    def __init__(self, *, replication: ReplicationResource, read_your_writes: bool = True, **kw):
-        super().__init__(**kw)
+    Outputs and other inputs go to the asset database through dagster-duckdb's ``DuckDbClient``. For an
+    input from a mirror asset (definition metadata ``mooncake/table``), :meth:`connect` yields a private
+    in-memory DuckDB connection in which the slice's ``<schema>.<table>`` is a view over the union read
+    of the mirror (the input's own ``partition_expr`` filter applied), so the type handler runs its usual
+    SELECT on it. The LSN of a step's first mirror input is kept (``(run id, step key)`` → LSN), and the
+    step's other mirror inputs are read at it."""
+
+    def __init__(self, replication: ReplicationResource, read_your_writes: bool = True):
         self._replication = replication
         self._read_your_writes = read_your_writes
         self._pins: dict[tuple[str, str], str] = {}  # (run id, step key) -> LSN of the step's mirror reads
 
-    def load_input(self, context: dg.InputContext) -> object:
-        upstream = context.upstream_output
-        table = (upstream.definition_metadata or {}).get(MIRROR_TABLE) if upstream is not None else None
-        if not table:
-            return super().load_input(context)
-        obj_type = context.dagster_type.typing_type
-        load_type = self._default_load_type if obj_type is Any and self._default_load_type is not None else obj_type
-        self._check_supported_type(load_type)
-        handler = self._resolve_handler(load_type)
-        table_slice = self._get_table_slice(context, upstream)
-        if not table_slice.partition_dimensions:
-            table_slice = table_slice._replace(partition_dimensions=_input_partition_dimensions(context))
-        return self._load_mirror(context, str(table), table_slice, handler)
+    @staticmethod
+    def delete_table_slice(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
+        DuckDbClient.delete_table_slice(context, table_slice, connection)
 
-    def _load_mirror(self, context: dg.InputContext, table: str, table_slice: TableSlice,
-                     handler: DbTypeHandler) -> object:
+    @staticmethod
+    def ensure_schema_exists(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
+        DuckDbClient.ensure_schema_exists(context, table_slice, connection)
+
+    @staticmethod
+    def get_select_statement(table_slice: TableSlice) -> str:
+        return DuckDbClient.get_select_statement(table_slice)
+
+    @contextmanager
+    def connect(self, context: dg.InputContext | dg.OutputContext,
+                table_slice: TableSlice) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The asset database's connection, or for a mirror input a connection holding its union read."""
+        table = _mirror_of(context)
+        if table is None:
+            with DuckDbClient.connect(context, table_slice) as con:
+                yield con
+            return
         con = duckdb.connect()
         try:
-            reader = self._replication.union_reader(con=con, read_your_writes=self._read_your_writes)
-            view = f"mirror_{table}"
-            read_columns = _read_columns(table_slice)
-            key = _step_key(context)
-            pinned = self._pins.get(key) if key else None
-            if pinned is None:
-                barrier = reader.barrier()
-                if barrier:
-                    context.log.debug(f"read-your-writes: the service has applied the source up to {barrier}")
-                rs = reader.register(table, lsn=None, view=view, columns=read_columns)
-                if key:
-                    self._pins[key] = rs["lsn"]
-            else:
-                try:
-                    rs = reader.register(table, lsn=pinned, view=view, columns=read_columns)
-                except ServiceError as e:
-                    if "cannot read at LSN" not in str(e):
-                        raise
-                    context.log.warning(f"mirror {table}: cannot be read at this step's LSN {pinned} ({e}); "
-                                        "reading it at its current LSN instead")
-                    rs = reader.register(table, lsn=None, view=view, columns=read_columns)
-            local = table_slice._replace(table=view, schema="temp", database=None)
-            obj = handler.load_input(context, local, con)  # a relation is materialized into its own connection
+            rs = self._register_mirror(context, con, table, table_slice)
+            yield con  # the handler materializes what it loads: nothing refers to ``con`` afterwards
         finally:
             con.close()
+        _add_read_metadata(context, table, rs)
+
+    def _register_mirror(self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str,
+                         table_slice: TableSlice) -> dict:
+        """Create the union view of ``table`` and, over it, the slice's view; returns the ReadState read."""
+        input_dims = [] if table_slice.partition_dimensions else _input_partition_dimensions(context)
+        union_view = f"mirror_{table}"
+        columns = _read_columns(table_slice.columns, [*(table_slice.partition_dimensions or []), *input_dims])
+        rs = self._read_state(context, con, table, union_view, columns)
+        over_union = DuckDbClient.get_select_statement(
+            TableSlice(table=union_view, schema="temp", partition_dimensions=input_dims))  # a TEMP view
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(table_slice.schema)}")
+        con.execute(f"CREATE VIEW {_ident(table_slice.schema)}.{_ident(table_slice.table)} AS {over_union}")
+        return rs
+
+    def _read_state(self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, view: str,
+                    columns: list[str] | None) -> dict:
+        """Register the union view ``view`` of ``table``: at the step's LSN when it has one, else after the
+        read-your-writes barrier at the service's current LSN (which becomes the step's)."""
+        reader = self._replication.union_reader(con=con, read_your_writes=self._read_your_writes)
+        key = _step_key(context)
+        pinned = self._pins.get(key) if key else None
+        if pinned is None:
+            barrier = reader.barrier()
+            if barrier:
+                context.log.debug(f"read-your-writes: the service has applied the source up to {barrier}")
+            rs = reader.register(table, lsn=None, view=view, columns=columns)
+            if key:
+                self._pins[key] = rs["lsn"]
+            return rs
         try:
-            context.add_input_metadata({"mooncake/lsn": rs["lsn"], "mooncake/table": table,
-                                        "mooncake/files": len(rs["files"]), "mooncake/memory_rows": rs.get("mem_rows", 0)})
-        except Exception:  # metadata is best effort (not every context records input metadata)
-            pass
-        return obj
+            return reader.register(table, lsn=pinned, view=view, columns=columns)
+        except ServiceError as e:
+            if "cannot read at LSN" not in str(e):
+                raise
+            context.log.warning(f"mirror {table}: cannot be read at this step's LSN {pinned} ({e}); "
+                                "reading it at its current LSN instead")
+            return reader.register(table, lsn=None, view=view, columns=columns)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _mirror_of(context: dg.InputContext | dg.OutputContext) -> str | None:
+    """The mirror an input reads (its upstream asset's ``mooncake/table`` metadata), else None."""
+    if not isinstance(context, dg.InputContext) or context.upstream_output is None:
+        return None
+    table = (context.upstream_output.definition_metadata or {}).get(MIRROR_TABLE)
+    return str(table) if table else None
+
+
+def _add_read_metadata(context: dg.InputContext, table: str, rs: dict) -> None:
+    try:
+        context.add_input_metadata({"mooncake/lsn": rs["lsn"], "mooncake/table": table,
+                                    "mooncake/files": len(rs["files"]), "mooncake/memory_rows": rs.get("mem_rows", 0)})
+    except Exception:  # metadata is best effort (not every context records input metadata)
+        pass
 
 
 def _step_key(context: dg.InputContext) -> tuple[str, str] | None:
@@ -109,13 +162,13 @@ def _step_key(context: dg.InputContext) -> tuple[str, str] | None:
         return None
 
 
-def _read_columns(table_slice: TableSlice) -> list[str] | None:
-    """Columns the union view needs: the projection plus the partition columns it filters on (None:
-    all, e.g. when a partition expression is not a plain column name)."""
-    if not table_slice.columns:
+def _read_columns(columns: Sequence[str] | None, dims: Sequence[TablePartitionDimension]) -> list[str] | None:
+    """Columns the union view needs: the projection ``columns`` plus the partition columns ``dims`` filter
+    on (None: all, e.g. when a partition expression is not a plain column name)."""
+    if not columns:
         return None
-    cols = list(table_slice.columns)
-    for dim in table_slice.partition_dimensions or []:
+    cols = list(columns)
+    for dim in dims:
         if not dim.partition_expr.isidentifier():
             return None
         if dim.partition_expr not in cols:
@@ -130,10 +183,10 @@ def _input_partition_dimensions(context: dg.InputContext) -> list[TablePartition
         return []
     step = context.step_context
     pdef = step.run_partitions_def
-    if isinstance(pdef, MultiPartitionsDefinition) or not isinstance(expr, str):
+    if isinstance(pdef, dg.MultiPartitionsDefinition) or not isinstance(expr, str):
         raise ValueError(f"input {context.name}: a 'partition_expr' on the input of a mirror supports a single "
                          "partition dimension (a column or SQL expression as text)")
-    if isinstance(pdef, TimeWindowPartitionsDefinition):
+    if isinstance(pdef, dg.TimeWindowPartitionsDefinition):
         return [TablePartitionDimension(partition_expr=expr, partitions=step.partition_time_window)]
     keys = pdef.get_partition_keys_in_range(step.partition_key_range) if pdef is not None else [context.partition_key]
     return [TablePartitionDimension(partition_expr=expr, partitions=list(keys))]
@@ -157,11 +210,9 @@ class MooncakeDuckDBIOManager(DuckDBIOManager):
     def default_load_type() -> type | None:
         return pa.Table
 
-    def create_io_manager(self, context) -> MooncakeDbIOManager:
-        return MooncakeDbIOManager(
-            replication=self.replication,
-            read_your_writes=self.read_your_writes,
-            db_client=DuckDbClient(),
+    def create_io_manager(self, context) -> DbIOManager:
+        return DbIOManager(
+            db_client=MirrorDbClient(self.replication, read_your_writes=self.read_your_writes),
             database=self.database,
             schema=self.schema_,
             type_handlers=self.type_handlers(),
