@@ -35,7 +35,7 @@ def _pg_bin(name: str) -> str:
 
 
 def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int = 4, dagster: bool = False) -> int:
-    from .cli import _create_with_progress, run_verify
+    from .commands import create_with_progress, run_verify
     from .engine.read import UnionReader
     from .engine.service import ServiceClient, ServiceError
     from .engine.service.process import start_service
@@ -58,7 +58,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     con.print(f"pgbench -i -s {scale} …")
     subprocess.run([_pg_bin("pgbench"), "-i", "-q", "-s", str(scale), dsn], check=True, capture_output=True)
     for t in TABLES:
-        res = _create_with_progress(client, t, f"public.{t}")
+        res = create_with_progress(client, t, f"public.{t}")
         print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)", flush=True)
 
     maint = _DagsterMaintenance(settings) if dagster else (lambda op: [client.call(op, table=t) for t in TABLES])
