@@ -35,9 +35,11 @@ from pathlib import Path
 import dagster as dg
 
 from mooncake_assets.config import load_settings
-from mooncake_assets.dagster.jobs.maintenance import DEFAULT_CRON, build_maintenance_jobs, build_mirror_job, build_schedules
+from mooncake_assets.dagster.jobs.maintenance import (DEFAULT_CRON, build_maintenance_jobs, build_mirror_job,
+                                                      build_schedules)
 from mooncake_assets.dagster.resources.io_manager import MooncakeDuckDBIOManager
-from mooncake_assets.dagster.resources.replication import DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource, TableSpec, parse_tables
+from mooncake_assets.dagster.resources.replication import (DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource,
+                                                          TableSpec, parse_tables)
 from mooncake_assets.dagster.sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
 
 from .assets import analytics_assets, build_mirror_checks, build_table_assets
