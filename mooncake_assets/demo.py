@@ -131,12 +131,10 @@ class _DagsterMaintenance:
     the Dagster instance of ``<state>/dagster`` so the runs show up in ``mooncake ui``)."""
 
     def __init__(self, settings: Settings):
-        import dagster as dg
-
-        from .dagster.definitions import DagsterConfig, build_definitions, dagster_home
+        from .dagster.definitions import DagsterConfig, build_definitions, dagster_instance
         from .dagster.resources import parse_tables
 
-        self.instance = dg.DagsterInstance.from_config(str(dagster_home(settings.state_dir)))
+        self.instance = dagster_instance(settings.state_dir)
         self.defs = build_definitions(DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES),
                                                     automation=False))
 

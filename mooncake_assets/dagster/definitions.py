@@ -127,6 +127,12 @@ def dagster_home(state_dir: str | os.PathLike) -> Path:
     return home
 
 
+def dagster_instance(state_dir: str | os.PathLike) -> dg.DagsterInstance:
+    """The Dagster instance of :func:`dagster_home`: where ``mooncake demo --dagster`` records its runs, so
+    they show in ``mooncake ui``."""
+    return dg.DagsterInstance.from_config(str(dagster_home(state_dir)))
+
+
 def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | None = None,
                      raise_on_error: bool = True, tags: Mapping[str, str] | None = None,
                      run_config: Mapping | None = None, log_level: str | None = None,
