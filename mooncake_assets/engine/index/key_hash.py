@@ -30,15 +30,17 @@ texts ``v_1 … v_k`` in key order::
     V(v)    = R(v) + L * K_LEN;          V(NULL) = NULL_HASH
     h_0 = ROW_SEED;   h_i = (h_(i-1) XOR V(v_i)) * K_FOLD;   key_hash = splitmix64(h_k)
 
-with the constants :data:`K_LEN`, :data:`K_FOLD` (odd), :data:`NULL_HASH` and :data:`ROW_SEED` below. Different keys can
-share a hash, so the table re-checks the row on every hit (``R`` is linear: texts of more than 23 bytes
-that differ in a few bytes by related amounts can share it; that costs a re-check, never a wrong row).
+with the constants :data:`K_LEN`, :data:`K_FOLD` (odd), :data:`NULL_HASH` and :data:`ROW_SEED`
+below. Different keys can share a hash, so the table re-checks the row on every hit (``R`` is linear:
+texts of more than 23 bytes that differ in a few bytes by related amounts can share it; that costs a
+re-check, never a wrong row).
 
 Why this form: in Python, ``int.from_bytes(b, "little") % P`` is two C calls whatever the length, so
-the per-change scalar path costs one multiplication per key column and one ``splitmix64``; over Arrow's offsets and data
-buffers, ``R`` is a sum of 8-byte words ``w_j`` times ``2⁶⁴ʲ ≡ 2^(3j mod 61) (mod P)`` — a 61-bit
-rotation — so numpy hashes a whole column at once (:func:`text_key_hashes`); in C it is a loop of
-``r = (r·2⁶⁴ + w_j) mod P`` over the words, last to first.
+the per-change scalar path costs one multiplication per key column and one ``splitmix64``; over
+Arrow's offsets and data buffers, ``R`` is a sum of the 8-byte words ``w_j`` (zero-padded) times
+``2⁶⁴ʲ ≡ 2^(3j mod 61) (mod P)`` — a 61-bit rotation — so numpy hashes a whole column at once
+(:func:`text_key_hashes`); in C it is a loop of ``r = (r·2⁶⁴ + w_j) mod P`` over the words, last to
+first.
 
 The hash depends on nothing but the text: not on the process, the machine, a seed or the Arrow type
 the value decodes to, so IndexBlocks written by one process are read by another after a restart.
