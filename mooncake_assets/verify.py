@@ -94,7 +94,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
         r = UnionReader(client)
         return r.read_table(name, lsn=lsn)
     from .engine.iceberg import make_catalog
-    from .engine.storage import catalog_properties, configure_duckdb_store, warehouse_store
+    from .engine.storage import catalog_properties, configure_duckdb_store, sql_str, warehouse_store
 
     catalog = make_catalog(settings.catalog, settings.warehouse_uri, **catalog_properties(settings))
     tbl = catalog.load_table(f"mooncake.{name}")
@@ -104,8 +104,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
 
     con = connect_with_iceberg()
     configure_duckdb_store(con, warehouse_store(settings))  # httpfs for s3://, gcsfs/adlfs for gs://, abfs://
-    loc = tbl.metadata_location.replace("'", "''")  # a path is a string literal to DuckDB
-    return con.execute(f"SELECT * FROM iceberg_scan('{loc}')").to_arrow_table()
+    return con.execute(f"SELECT * FROM iceberg_scan({sql_str(tbl.metadata_location)})").to_arrow_table()
 
 
 def verify(settings: Settings, names: list[str] | None = None, reader: str = "union", client=None,
@@ -119,7 +118,7 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
     if unknown:
         raise ValueError(f"no mirrored table named {', '.join(unknown)}")
     dsn = settings.source_dsn()
-    from .engine.service.service import with_options
+    from .engine.pg.conninfo import with_options
 
     last_err = None
     stopped: dict[str, str] = {}  # mirrors stopped by an error (a mismatch is then explained by it)

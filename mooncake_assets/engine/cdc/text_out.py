@@ -16,13 +16,16 @@ timestamp[tz=UTC]           ``2024-01-31 12:00:00.5`` (``+00`` with a time zone)
 time32/64                   ``12:00:00.5``
 binary                      ``\\x0aff``
 list                        array text ``{1,NULL,"a b"}`` (elements quoted when they must be)
+struct (composite)          record text ``(1,,"a b")``
+map (hstore)                hstore text ``"k"=>"v", "n"=>NULL``
 string                      as is
 ==========================  ======================================================================
 
 Sources: the Postgres manual, "Date/Time Output" (ISO style), "Floating-Point Types"
-(``extra_float_digits``), "Array Value Input" (quoting). Used by the query renderer
-(:mod:`mooncake_assets.engine.read.render`) and by the rebuild of an index from data files
-(:mod:`mooncake_assets.engine.table.key_text`).
+(``extra_float_digits``), "Array Value Input" and "Composite Type Input and Output Syntax" (quoting;
+the server's ``array_out``/``record_out``), the hstore module's "External Representation". Used by
+the query renderer (:mod:`mooncake_assets.engine.read.render`) and by the rebuild of an index from
+data files (:mod:`mooncake_assets.engine.table.key_text`).
 """
 from __future__ import annotations
 
@@ -32,9 +35,10 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
-from .types import DATE_INFINITY, TIMESTAMP_INFINITY
+from .types import DATE_INFINITY, TIMESTAMP_INFINITY, civil_from_days
 
-__all__ = ["TextColumn", "float_text", "date_text", "time_text", "timestamp_text", "array_elem", "scale_to_us"]
+__all__ = ["TextColumn", "float_text", "date_text", "time_text", "timestamp_text", "array_elem",
+           "record_field", "hstore_str", "scale_to_us"]
 
 def float_text(x: float, single: bool = False) -> str:
     """Postgres's text of a ``real`` (``single``) or ``double precision`` value with
@@ -66,24 +70,9 @@ def float_text(x: float, single: bool = False) -> str:
 _US_PER_DAY = 86_400_000_000
 
 
-def _civil(days: int) -> tuple[int, int, int]:
-    """Proleptic Gregorian (year, month, day) of a day count from 1970-01-01 (astronomical years:
-    year 0 is 1 BC). The days-to-civil conversion of the proleptic calendar, in integer arithmetic."""
-    z = days + 719_468
-    era = z // 146_097  # floor division (Python floors; the C original truncates and adjusts)
-    doe = z - era * 146_097
-    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + 3 if mp < 10 else mp - 9
-    y = yoe + era * 400 + (1 if m <= 2 else 0)
-    return y, m, d
-
-
 def date_text(days: int) -> tuple[str, str]:
     """(``YYYY-MM-DD``, era suffix ``""`` or ``" BC"``) as Postgres's ISO DateStyle prints it."""
-    y, m, d = _civil(days)
+    y, m, d = civil_from_days(days)
     if y <= 0:
         return f"{1 - y:04d}-{m:02d}-{d:02d}", " BC"
     return f"{y:04d}-{m:02d}-{d:02d}", ""
@@ -117,7 +106,7 @@ def timestamp_text(us: int, tz: bool, iso_t: bool = False) -> str:
 
 
 def array_elem(text: str | None) -> str:
-    """One element of Postgres array text: NULL bare, quoted when it needs to be."""
+    """One element of Postgres array text (``array_out``): NULL bare, quoted when it needs to be."""
     if text is None:
         return "NULL"
     if text == "" or text.upper() == "NULL" or any(c in text for c in '{},"\\ \t\n\r\v\f'):
@@ -125,31 +114,63 @@ def array_elem(text: str | None) -> str:
     return text
 
 
+def record_field(text: str | None) -> str:
+    """One field of Postgres record text (``record_out``): NULL empty; quoted when empty or holding
+    ``"``, ``\\``, ``(``, ``)``, ``,`` or white space, with ``"`` and ``\\`` doubled inside quotes."""
+    if text is None:
+        return ""
+    if text == "" or any(c in text for c in '"\\(),') or any(c.isspace() for c in text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '""') + '"'
+    return text
+
+
+def hstore_str(text: str) -> str:
+    """A key or value of hstore text (``hstore_out``): always quoted, ``"`` and ``\\`` backslash-escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 class TextColumn:
-    """Prints one Arrow column's values: :meth:`storage` gives the values to print (ints for dates, times
-    and timestamps), :meth:`text` the text of one of them. Subclasses override :meth:`float_text`."""
+    """Prints one Arrow column's values from their storage values (:meth:`storage`): ints for
+    dates, times and timestamps, a list of element storage values for a list, a tuple of field storage
+    values for a struct, a list of ``(key, item)`` storage values for a map, Arrow's Python value
+    otherwise. Children (elements, fields, map entries) are of the same class; subclasses override
+    :meth:`float_text`."""
 
     def __init__(self, typ: pa.DataType):
         self.type = typ
-        if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
-            self.child = type(self)(typ.value_type)
-        else:
-            self.child = None
+        kind = type(self)
+        self.child = kind(typ.value_type) if _is_list(typ) else None
+        self.fields = ([(typ.field(i).name, kind(typ.field(i).type)) for i in range(typ.num_fields)]
+                       if pa.types.is_struct(typ) else None)
+        self.entry = (kind(typ.key_type), kind(typ.item_type)) if pa.types.is_map(typ) else None
 
     # -- storage values: ints for dates/times/timestamps, so no datetime overflow ------------------
     def storage(self, arr: pa.Array) -> list:
+        """The storage values of one Arrow array (a chunk), None for NULL."""
         t = self.type
         if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t):
             width = pa.int32() if (pa.types.is_date32(t) or pa.types.is_time32(t)) else pa.int64()
-            return arr.view(width).to_pylist() if isinstance(arr, pa.Array) else arr.cast(width).to_pylist()
-        if self.child is not None:
-            out = []
-            for i in range(len(arr)):
-                if not arr[i].is_valid:
-                    out.append(None)
-                else:
-                    out.append(self.child.storage(arr[i].values))
-            return out
+            return arr.view(width).to_pylist()
+        if self.child is not None or self.entry is not None:
+            if pa.types.is_fixed_size_list(t):
+                k = t.list_size
+                offsets = [(arr.offset + i) * k for i in range(len(arr) + 1)]
+            else:
+                offsets = arr.offsets.to_pylist()
+            valid = arr.is_valid().to_pylist()
+            if self.child is not None:
+                flat = self.child.storage(arr.values)
+            else:  # map: the storage values of its keys and items, paired
+                flat = list(zip(self.entry[0].storage(arr.keys), self.entry[1].storage(arr.items)))
+            return [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
+        if self.fields is not None:
+            valid = arr.is_valid().to_pylist()
+            cols = [c.storage(arr.field(i)) for i, (_, c) in enumerate(self.fields)]
+            return [tuple(col[i] for col in cols) if valid[i] else None for i in range(len(arr))]
         return arr.to_pylist()
 
     def text(self, v) -> str | None:
@@ -181,8 +202,16 @@ class TextColumn:
         if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
             return "\\x" + bytes(v).hex()
         if self.child is not None:
-            return "{" + ",".join(array_elem(self.child.text(x)) if self.child.child is None
-                                  else ("NULL" if x is None else self.child.text(x)) for x in v) + "}"
+            c = self.child
+            nested = c.child is not None  # an inner dimension: its braces are not quoted
+            return "{" + ",".join(("NULL" if x is None else c.text(x)) if nested else array_elem(c.text(x))
+                                  for x in v) + "}"
+        if self.fields is not None:
+            return "(" + ",".join(record_field(c.text(x)) for (_, c), x in zip(self.fields, v)) + ")"
+        if self.entry is not None:
+            kc, vc = self.entry
+            return ", ".join(f"{hstore_str(kc.text(k))}=>{'NULL' if x is None else hstore_str(vc.text(x))}"
+                             for k, x in v)
         if isinstance(v, (dict, list)):
             return json.dumps(v, default=str)
         return str(v)

@@ -18,13 +18,17 @@ timestamp (tz=UTC)        ``2024-01-31 12:00:00.5+00``           ``"2024-01-31T1
 time                      ``12:00:00.5``                         the same text as a string
 binary                    ``\\x0aff`` (bytea_output=hex)          the same text as a string
 list                      Postgres array text ``{1,NULL,"a b"}``  a JSON array
+struct (composite)        Postgres record text ``(1,,"a b")``     a JSON object of the fields
+map (hstore)              hstore text ``"k"=>"v", "n"=>NULL``     a JSON object ``{"k": "v"}``
 string                    as is                                  a JSON string
 ========================  =====================================  ==================================
 
 The timestamp sentinels are the ones the decoder stores for Postgres's ``infinity``/``-infinity``
 (:data:`~mooncake_assets.engine.cdc.types.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
 follow Postgres's ``to_json`` (ISO 8601 with ``T``). Sources: the Postgres manual, "Date/Time Output"
-(ISO style), "Array Value Input" (quoting), and psql's aligned output format.
+(ISO style), "Array Value Input" and "Composite Type Input and Output Syntax" (quoting; the server's
+``array_out``/``record_out``), the hstore module's "External Representation", and psql's aligned
+output format.
 """
 from __future__ import annotations
 
@@ -39,7 +43,6 @@ from ..cdc.text_out import scale_to_us as _scale_to_us
 from ..cdc.text_out import timestamp_text as _timestamp_text
 from ..cdc.types import TIMESTAMP_INFINITY
 
-
 def _float_text(x: float, single: bool) -> str:
     if x != x:
         return "NaN"
@@ -49,8 +52,8 @@ def _float_text(x: float, single: bool) -> str:
 
 
 class _Column(TextColumn):
-    """Renders one Arrow column's values (``python`` values are Arrow scalars' storage values); floats
-    as Python's shortest round-trip text (``1.0``), the rest as Postgres prints it."""
+    """Renders one Arrow column's values (:class:`~..cdc.text_out.TextColumn`): floats as Python's
+    shortest round-trip text (``1.0``), everything else as Postgres prints it; and as JSON."""
 
     def __init__(self, typ: pa.DataType):
         super().__init__(typ)
@@ -79,6 +82,11 @@ class _Column(TextColumn):
             return json.dumps(_timestamp_text(us, t.tz is not None, iso_t=True))
         if self.child is not None:
             return "[" + ",".join(self.child.json(x) for x in v) + "]"
+        if self.fields is not None:
+            return "{" + ", ".join(f"{json.dumps(n)}: {c.json(x)}" for (n, c), x in zip(self.fields, v)) + "}"
+        if self.entry is not None:
+            kc, vc = self.entry
+            return "{" + ", ".join(f"{json.dumps(kc.text(k))}: {vc.json(x)}" for k, x in v) + "}"
         return json.dumps(self.text(v))
 
 
@@ -93,18 +101,22 @@ def _columns(table: pa.Table) -> list[tuple[str, _Column, list]]:
     return out
 
 
+def _text_rows(cols: list[tuple[str, _Column, list]], n: int) -> list[list[str | None]]:
+    return [[c.text(vals[i]) for _, c, vals in cols] for i in range(n)]
+
+
 def text_rows(table: pa.Table) -> tuple[list[str], list[list[str | None]]]:
     """(column names, rows of Postgres text values, None for NULL)."""
     cols = _columns(table)
-    rows = [[c.text(vals[i]) for _, c, vals in cols] for i in range(table.num_rows)]
-    return [n for n, _, _ in cols], rows
+    return [n for n, _, _ in cols], _text_rows(cols, table.num_rows)
 
 
 def to_table(table: pa.Table) -> str:
     """psql's aligned format: centred headers, numbers right-aligned, NULL empty, ``(N rows)``;
     never cut to a terminal's width."""
-    names, rows = text_rows(table)
-    numeric = [_Column(t).numeric for t in table.schema.types]
+    cols = _columns(table)
+    names, rows = [n for n, _, _ in cols], _text_rows(cols, table.num_rows)
+    numeric = [c.numeric for _, c, _ in cols]
     cells = [["" if v is None else v for v in r] for r in rows]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     lines = [" " + " | ".join(n.center(w) for n, w in zip(names, widths)).rstrip(),
@@ -143,4 +155,6 @@ def to_json(table: pa.Table) -> str:
     return "[" + ", ".join(rows) + "]\n"
 
 
+#: ``--format`` name -> renderer: an Arrow table (a query's result) -> the whole output text, ending in
+#: a newline (module docstring: the value forms of each).
 FORMATS = {"table": to_table, "csv": to_csv, "json": to_json}

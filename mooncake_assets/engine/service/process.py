@@ -16,9 +16,10 @@ import time
 
 from ...config import Settings
 from .client import ServiceClient, ServiceUnavailable
-from ..pg.conninfo import scrub
+from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
-from ..private import ensure_private_dir, open_private
+from ..private import ensure_private_dir, open_private, write_private
+from ..timefmt import utc_now
 
 
 def service_pid(settings: Settings) -> int | None:
@@ -53,8 +54,6 @@ def check_source(settings: Settings, info: dict) -> None:
     """Raise :class:`SourceMismatch` when ``settings`` name a DSN (``--dsn``, MOONCAKE_PG_DSN or
     settings.json) other than the source of the running service whose ``ping`` answer is ``info``.
     DSNs are compared as conninfo without passwords; no DSN (the embedded Postgres) is not checked."""
-    from .service import source_label
-
     if not settings.dsn or not info.get("source"):
         return
     mine = source_label(settings.dsn)
@@ -64,15 +63,17 @@ def check_source(settings: Settings, info: dict) -> None:
 
 
 def start_service(settings: Settings, timeout: float = 60.0, report: bool = False, maintenance: str | None = None,
-                  check_dsn: bool = True):
+                  extra_env: dict[str, str] | None = None):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
 
     ``maintenance``: ``auto`` or ``dagster`` for a service started here (``serve --maintenance``; not
     written to settings.json, so it applies to this process only); a running one keeps its mode.
-    ``check_dsn``: raise :class:`SourceMismatch` when the running service's source is not the DSN of
-    ``settings``. RuntimeError with the log tail when it does not start."""
+    ``extra_env``: environment variables set for a service started here only (on top of this
+    process's environment; a running one keeps its own). :class:`SourceMismatch` when the running
+    service's source is not the DSN of ``settings``; RuntimeError with the log tail when it does not
+    start."""
     if maintenance not in (None, "auto", "dagster"):
         raise ValueError(f"maintenance must be auto or dagster, not {maintenance!r}")
     ensure_private_dir(settings.state_dir)
@@ -86,17 +87,17 @@ def start_service(settings: Settings, timeout: float = 60.0, report: bool = Fals
                 except Exception:  # noqa: BLE001 — it answered a moment ago; nothing to compare with
                     info = {}
                 client.close()
-                if check_dsn:
-                    check_source(settings, info)
+                check_source(settings, info)
                 pid = service_pid(settings) or -1
                 return (pid, False) if report else pid
-            pid = _spawn(settings, client, timeout, maintenance)
+            pid = _spawn(settings, client, timeout, maintenance, extra_env)
             return (pid, True) if report else pid
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenance: str | None = None) -> int:
+def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenance: str | None = None,
+           extra_env: dict[str, str] | None = None) -> int:
     settings.save()
     (settings.state_dir / "service.stopped").unlink(missing_ok=True)
     log = open_private(settings.state_dir / "service.log", "ab")
@@ -105,6 +106,7 @@ def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenanc
     # a password given to this process (--dsn, the resource's dsn) reaches the service through its
     # environment only (readable by its owner alone), never through a file or its command line
     env.update(settings.service_environment())
+    env.update(extra_env or {})
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"]
                             + (["--maintenance", maintenance] if maintenance else []),
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -125,8 +127,7 @@ def stop_service(settings: Settings, timeout: float = 15.0, mark: bool = False) 
     """Stop the background service; returns True if one was running. ``mark``: record that the user
     stopped it (:func:`stopped_mark`), so reads say so instead of starting it again."""
     if mark:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        (settings.state_dir / "service.stopped").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        write_private(ensure_private_dir(settings.state_dir) / "service.stopped", utc_now())
     pid = service_pid(settings)
     client = ServiceClient(settings.socket_path)
     was = False

@@ -7,7 +7,7 @@ object for control and reads. Every method that touches table state holds ``self
 
 Publication (``engine/pg/publication.py``): the service's own (default; it adds and removes each
 mirrored table) or the one an administrator created (``Settings.publication``, never altered). The
-stream thread polls the publication's members every :data:`PUBLICATION_CHECK_S` seconds: a mirrored
+stream thread polls the publication's members every ``Settings.publication_check_s`` seconds: a mirrored
 table that left it stops with an error naming table, publication and LSN (pgoutput just stops
 sending its changes, so the mirror would otherwise go stale while looking healthy).
 
@@ -33,7 +33,7 @@ from psycopg import sql
 import pyarrow.parquet as pq
 
 from ...config import Settings
-from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
+from ..cdc import (ReplicationConnection, TableSchema, TransactionAssembler, describe_table,
                    initial_copy, parse_message)
 from ..cdc.generated import GeneratedColumns
 from .. import storage
@@ -41,30 +41,29 @@ from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance, policy_for
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
-from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..cdc.types import (CatalogNotCurrent, catalog_columns, column_option_hint, column_options, column_signature,
+                         describe_mirrored, resolve_column)
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.conninfo import PG_OPTIONS, connect_error, scrub, with_options  # noqa: F401 (re-exported)
-from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
+from ..pg.conninfo import OUTPUT_SETTINGS, connect_error, scrub, source_label, with_options
+from ..pg.session import LazyConnection
+from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name, format_name, resolve_table
 from ..private import write_private
+from ..timefmt import utc_now
+from .verifier import Verifier
 
 log = logging.getLogger("mooncake.service")
 
 NAMESPACE = "mooncake"
-PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published
-#                            (seconds; settings.json extra.publication_check_s overrides it, 0 turns it off)
 
 
 def _refuse_nan_decimals(conn, schema) -> None:
     """Refuse a table whose ``numeric(p,s)`` columns (mapped to decimal128, which has no NaN) hold
     ``NaN`` now: one scan of the table, only when it has such columns; the error names every such
     column and the create-table options that get past them (``MooncakeError``)."""
-    from psycopg import sql
-
-    from ..cdc.types import column_option_hint
 
     def is_decimal(c):
         t = c.arrow_type
@@ -103,17 +102,6 @@ def default_names(state_dir) -> dict:
     return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}"}
 
 
-def source_label(dsn: str) -> str:
-    """``dsn`` as ``key=value`` conninfo without any password (for messages and ``status``)."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        d = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return "(a DSN that does not parse)"
-    return make_conninfo(**{k: d[k] for k in sorted(d) if "password" not in k})  # sorted: comparable
-
-
 class MooncakeError(Exception):
     """A user-facing failure with a one-line message (bad table, bad DSN, unknown mirror...)."""
 
@@ -133,10 +121,11 @@ class ReplicatorService:
         self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
-        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=getattr(settings, "catalog_wait_s", 60.0))
+        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=settings.catalog_wait_s)
         # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
-        # the source for each applied batch (engine/cdc/generated.py)
-        self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
+        # the source for each applied batch (engine/cdc/generated.py), in a session printing values as
+        # the walsender does
+        self.generated = GeneratedColumns(self._generated_session)
         self.registry_path = settings.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -154,11 +143,8 @@ class ReplicatorService:
         self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
-        self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
         self._source_error: str | None = None     # why the source was not reachable at the last look
-        from .verifier import Verifier  # the scheduled check of every mirror against its source
-
-        self.verifier = Verifier(self, settings.verify_interval_s)
+        self.verifier = Verifier(self, settings.verify_interval_s)  # the scheduled check of every mirror
 
     # ------------------------------------------------------------------ registry
     def _load_registry(self) -> dict:
@@ -244,7 +230,6 @@ class ReplicatorService:
             log.error("%s", t.error)
         else:
             self.by_oid[schema.oid] = t
-        self.generated.register(schema)
         return t
 
     def _drop_iceberg(self, name: str) -> None:
@@ -269,7 +254,7 @@ class ReplicatorService:
         self.source_catalog.close()
         self.generated.close()
         try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
-            (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            (self.settings.state_dir / "service.clean-stop").write_text(utc_now())
         except OSError:
             pass
         if self._pub_conn is not None:
@@ -315,7 +300,7 @@ class ReplicatorService:
                 backoff = 0.5
             except Exception as e:  # reconnect with backoff; never confirm past what is durable
                 self.stream_error = f"{type(e).__name__}: {e}"
-                self.stream_faults = (self.stream_faults + [{"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                self.stream_faults = (self.stream_faults + [{"at": utc_now(),
                                                              "error": self.stream_error.splitlines()[0]}])[-10:]
                 log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
                 try:
@@ -337,24 +322,14 @@ class ReplicatorService:
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
+        pub_every = float(self.settings.publication_check_s)  # 0: off
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
             self.lag.record(self.repl.server_wal_end)
             if msgs:
                 fault("stream:apply")  # (jitter: the apply loop behind the source)
-            if msgs and self.generated.tables:  # the batch's generated columns: one round trip, then apply
-                with self.lock:
-                    txns = [txn for wal_start, payload in msgs
-                            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
-                    self.generated.fill([ch for txn in txns for ch in txn.changes])
-                    for txn in txns:
-                        self._apply_txn(txn, assembler)
-            elif msgs:
-                with self.lock:
-                    for wal_start, payload in msgs:
-                        msg = parse_message(payload, assembler.in_stream)
-                        for txn in assembler.feed(msg, wal_start):
-                            self._apply_txn(txn, assembler)
+            if msgs:
+                self._apply_batch(msgs, assembler)
             idle = assembler.idle
             if idle and self.repl.server_wal_end > self.applied_lsn:
                 with self.lock:
@@ -372,7 +347,6 @@ class ReplicatorService:
             if now - last_maint > 0.5:
                 self._auto_maintenance()
                 last_maint = now
-            pub_every = float(self.settings.extra.get("publication_check_s", PUBLICATION_CHECK_S))  # 0: off
             if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
@@ -419,7 +393,7 @@ class ReplicatorService:
         were sent) — never below the flush boundary the mirror can still be read at."""
         seen = self._pub_seen.get(t.name, t.applied_lsn)
         stop = max(t.flushed_lsn, min(t.applied_lsn, seen))
-        q = pubs.quote_name(t.schema.schema, t.schema.name)
+        q = t.schema.qualified_name
         cause = {"member": f"was removed from publication {self.publication}",
                  "publication": f"is no longer published: publication {self.publication} does not exist",
                  "table": "was dropped"}[what]
@@ -430,7 +404,7 @@ class ReplicatorService:
         else:
             remedy = (f"have an administrator publish it again ("
                       + (pubs.add_table_sql(self.publication, t.schema.schema, t.schema.name) if what == "member" else
-                         f"CREATE PUBLICATION {pubs.quote_name(self.publication)} FOR TABLE {q};")
+                         f"CREATE PUBLICATION {format_name(self.publication)} FOR TABLE {q};")
                       + "), then re-create the mirror (drop-table, then create-table)")
         t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {lsn_str(noticed)}, last seen published at "
                    f"LSN {lsn_str(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {lsn_str(stop)}; "
@@ -440,6 +414,72 @@ class ReplicatorService:
         if t.name in self.registry["tables"]:  # still stopped after a restart (nothing brings its changes back)
             self.registry["tables"][t.name]["error"] = t.error
             self._save_registry()
+
+    def _generated_session(self) -> psycopg.Connection:
+        """The generated-columns session (engine/cdc/generated.py): the walsender's output settings
+        (``OUTPUT_SETTINGS``: its values parse and print as the stream's), autocommit, and a short
+        ``lock_timeout`` (its catalog reads never hold up the user's DDL: a timeout is an
+        ``OperationalError``, and the batch is read again)."""
+        conn = psycopg.connect(with_options(self.dsn, OUTPUT_SETTINGS), autocommit=True)
+        conn.execute("SET lock_timeout = '2s'")
+        return conn
+
+    def _apply_batch(self, msgs: list, assembler) -> int:
+        """Apply one batch read from the stream (``msgs``: ``(wal_start, payload)`` pairs); returns the
+        number of transactions it completed. Parsing and assembling, and the batch's generated columns
+        (one source round trip per table that has them, :class:`~..cdc.generated.GeneratedColumns`),
+        happen outside ``self.lock`` (only this thread changes the assembler); the mirrors' schemas are
+        read under it, and the transactions applied under it (:meth:`_apply_txn`). A table whose
+        generated columns cannot be computed stops (the others go on); errors: ``ProtocolError``,
+        ``psycopg.OperationalError`` (the source cannot be asked: the caller reconnects and the slot
+        resends the batch)."""
+        txns = [txn for wal_start, payload in msgs
+                for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+        if not txns:
+            return 0
+        with self.lock:
+            todo, schemas, first = self._generated_work(txns)
+        # a table created after this read gets no change of this batch: they were sent before its copy's
+        # consistent point (its temporary slot is made after it is registered)
+        failed = self.generated.fill(todo, schemas) if todo else {}
+        with self.lock:
+            for oid, e in failed.items():
+                cp = self.copying.get(oid)
+                t = cp["table"] if cp is not None else self.by_oid.get(oid)
+                if t is not None and not t.error:
+                    self._stop_table(t, e, first[oid])
+            for txn in txns:
+                self._apply_txn(txn, assembler)
+        return len(txns)
+
+    def _generated_work(self, txns: list) -> tuple[list, dict, dict]:
+        """The changes of ``txns`` whose generated columns are to be computed (caller holds the lock):
+        those of mirrored tables (being copied or not) whose live schema has generated columns, unless
+        :meth:`_apply_txn` will skip them (applied already, table stopped, before the copy's consistent
+        point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
+        todo, schemas, first = [], {}, {}
+        gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
+        for txn in txns:
+            lsn = txn.commit_lsn
+            for ch in txn.changes:
+                if ch.kind == "truncate":
+                    continue
+                oid = ch.relation_oid
+                hit = gen_schema.get(oid, _NOT_SEEN)
+                if hit is _NOT_SEEN:
+                    cp = self.copying.get(oid)
+                    t = cp["table"] if cp is not None else self.by_oid.get(oid)
+                    hit = gen_schema[oid] = ((t, cp) if t is not None and any(c.generated for c in t.schema.columns)
+                                             else None)
+                if hit is None:
+                    continue
+                t, cp = hit
+                if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
+                    continue
+                todo.append(ch)
+                schemas[oid] = t.schema
+                first.setdefault(oid, lsn)
+        return todo, schemas, first
 
     def _apply_txn(self, txn, assembler) -> None:
         touched = set()
@@ -462,7 +502,9 @@ class ReplicatorService:
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self._stop_table(t, e, txn.commit_lsn)
-                touched.add(t.name)
+                touched.add(t)
+        for t in touched:
+            t.last_change_lsn = max(t.last_change_lsn, txn.commit_lsn)
         self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
         for t in self.tables.values():
             if not t.error:  # a stopped table stays at the commit that failed
@@ -478,14 +520,11 @@ class ReplicatorService:
                    f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
-            opts = dict(t.schema.column_types)
-            keep = " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in opts if c not in cols)
-            excl = " ".join(f"--exclude-column {shlex.quote(c)}" for c in t.schema.excluded)
-            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + "".join(f" {x}" for x in (keep, excl) if x)
+            now = column_options([c for c in t.schema.column_types if c not in cols], t.schema.excluded)
+            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + (f" {now}" if now else "")
             t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
                         f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
-                        f"then {redo} " + " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in cols)
-                        + " (or leave them out: " + " ".join(f"--exclude-column {shlex.quote(c)}" for c in cols) + ")")
+                        f"then {redo} {column_options(cols)} (or leave them out: {column_options(exclude=cols)})")
         t.applied_lsn = min(t.applied_lsn, lsn)
         log.error("%s", t.error)
 
@@ -511,10 +550,8 @@ class ReplicatorService:
         with self.lock:
             now = time.time()
             for t in list(self.tables.values()):
-                if t.is_dirty():  # since when its changes wait for a persist (status warns past warn_persist_age_s)
-                    self._dirty_since.setdefault(t.name, now)
-                else:
-                    self._dirty_since.pop(t.name, None)
+                if t.dirty_since is None and t.is_dirty():  # its changes wait for a persist from now on
+                    t.dirty_since = now                     # (persist clears it; status warns past warn_persist_age_s)
                 if t.error:
                     continue
                 try:
@@ -696,22 +733,12 @@ class ReplicatorService:
         cp = None
         try:
             try:  # parsed and found as Postgres does (parse_ident, to_regclass); kept in its quoted form
-                _, src_name = resolve_table(conn, src)
-                src = str(src_name)
+                src_oid, src_name = resolve_table(conn, src)
             except InvalidName as e:
                 raise MooncakeError(str(e)) from None
-            except LookupError as e:
-                raise MooncakeError(str(e).strip("'\"")) from None
-            except psycopg.errors.InsufficientPrivilege:  # e.g. no USAGE on its schema: the check says what to grant
-                self._preflight(conn, src, column_types, exclude)
-                raise
-            self._preflight(conn, src, column_types, exclude)  # nothing is changed before it passes
-            try:
-                schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
-            except InvalidName as e:
-                raise MooncakeError(str(e)) from None
-            except (LookupError, UnsupportedTypeError) as e:
-                raise MooncakeError(str(e).strip("'\"")) from None
+            src = str(src_name)
+            # nothing is changed before it passes; the schema it read (with the column options) is mirrored
+            schema = self._preflight(conn, src_name, src_oid, column_types, exclude)
             clash = case_collision(c.name for c in schema.columns)
             if clash:
                 raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
@@ -719,15 +746,12 @@ class ReplicatorService:
             _refuse_nan_decimals(conn, schema)
             with self.lock:  # the same table under another name (search_path, quoting, a concurrent create)
                 self._refuse_second_mirror(dst, src, schema.oid)
-            if not schema.has_primary_key and not schema.key_columns and schema.replica_identity != "f":
+            todo = [] if schema.has_primary_key or schema.key_columns else preflight.identity_todo(conn, schema)
+            if todo:
                 # the pre-flight check passed, so the role owns the table(s): set FULL on the table and,
                 # for a partitioned one, on each partition (they log their own old rows)
-                for (nsp, rel) in conn.execute(
-                        "WITH RECURSIVE tree(relid) AS (SELECT %s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i "
-                        "JOIN tree t ON i.inhparent = t.relid) SELECT n.nspname, c.relname FROM tree t JOIN pg_class c "
-                        "ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relreplident <> 'f'",
-                        (schema.oid,)).fetchall():
-                    conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(nsp, rel)))
+                for t in todo:
+                    conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(t.ident()))
                 schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             ident = self._ident(dst)
             try:
@@ -746,10 +770,9 @@ class ReplicatorService:
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
-                self.generated.register(schema)
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
             if self.own_publication:
-                done = pubs.add_table(conn, self.publication, schema.schema, schema.name)
+                done = pubs.add_table(conn, self.publication, schema.schema, schema.name, schema.oid)
                 created_pub, added_pub = done == "created", done == "added"
             # (an administrator's publication is only read: the pre-flight check found the table in it)
             if self.own_publication and conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
@@ -780,6 +803,8 @@ class ReplicatorService:
                 table.applied_lsn = max(copy_lsn, self.applied_lsn)
                 table.flushed_lsn = copy_lsn
                 table.flush_lsn = 0
+                if table.error:  # stopped while copying (its generated columns could not be computed)
+                    raise MooncakeError(table.error)
                 # changes that arrived during the copy, in commit order
                 for commit_lsn, end_lsn, ch, rel, xid in cp["queue"]:
                     if commit_lsn < copy_lsn:
@@ -787,6 +812,7 @@ class ReplicatorService:
                     if ch.kind != "truncate":
                         on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog, xid=xid)
                     table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
+                    table.last_change_lsn = max(table.last_change_lsn, commit_lsn)
                 self.tables[dst] = table
                 self.by_oid[schema.oid] = table
                 table.applied_lsn = max(table.applied_lsn, self.applied_lsn)
@@ -811,8 +837,6 @@ class ReplicatorService:
             with self.lock:
                 if cp is not None:
                     self.copying.pop(cp["table"].schema.oid, None)
-                    if cp["table"].schema.oid not in self.by_oid:
-                        self.generated.unregister(cp["table"].schema.oid)
                 self.tables.pop(dst, None)
                 self.progress.pop(dst, None)
                 self.registry["tables"].pop(dst, None)
@@ -831,18 +855,22 @@ class ReplicatorService:
         finally:
             conn.close()
 
-    def _preflight(self, conn, src: str, column_types: dict | None = None, exclude: list | None = None) -> None:
+    def _preflight(self, conn, src: TableName, oid: int, column_types: dict | None = None,
+                   exclude: list | None = None) -> TableSchema:
         """The pre-flight checks create-table runs before it changes anything (slots, WAL senders,
-        wal_level and the table's own checks, with its column options): MooncakeError with every error
-        and its fix, one line."""
+        wal_level and the table's own checks, with its column options) on the table ``src`` (``oid``,
+        as ``resolve_table`` found it). Returns the table's schema as the checks read it (with the
+        column options); raises MooncakeError with every error and its fix, one line."""
         checks = [c for c in preflight.server_checks(conn, self.slot)
                   if c.subject in ("wal_level", "replication slots", "WAL senders")]
-        checks += preflight.table_checks(conn, src, publication=self.settings.publication,
-                                         own_publication=self.registry["publication"],
-                                         column_types=column_types, exclude=exclude)
-        errors = [c for c in checks if c.level == "error"]
+        table, schema = preflight.table_checks(conn, src, oid, publication=self.settings.publication,
+                                               own_publication=self.registry["publication"],
+                                               column_types=column_types, exclude=exclude)
+        errors = [c for c in checks + table if c.level == "error"]
         if errors:
             raise MooncakeError(f"cannot mirror {src}: " + " | ".join(c.sentence() for c in errors))
+        assert schema is not None  # table_checks reads it unless one of its checks failed
+        return schema
 
     def _refuse_second_mirror(self, dst: str, src: str, oid: int | None = None) -> None:
         """One mirror per source table: the stream routes a source's changes by its OID to one mirror, so
@@ -895,7 +923,6 @@ class ReplicatorService:
             self.tables.pop(name)
             if self.by_oid.get(t.schema.oid) is t:
                 self.by_oid.pop(t.schema.oid)
-            self.generated.unregister(t.schema.oid)
             meta = self.registry["tables"].pop(name, None) or {}
             self._save_registry()
             last = not self.registry["tables"]
@@ -966,9 +993,8 @@ class ReplicatorService:
         more WAL held in the slot than ``warn_slot_wal_bytes`` (its unpersisted changes: from its flush
         LSN to the source's current LSN)."""
         s, out = self.settings, []
-        since = self._dirty_since.get(t.name)
-        if since is not None and s.warn_persist_age_s and not t.error:
-            age = now - max(since, t.last_persist)
+        if t.dirty_since is not None and s.warn_persist_age_s and not t.error:
+            age = now - t.dirty_since
             if age > s.warn_persist_age_s:
                 why = ("maintenance is dagster: the Dagster assets persist it (is the sensor running?)"
                        if s.maintenance == "dagster" else "see its maintenance and the service log")
@@ -1097,7 +1123,14 @@ class SourceCatalog:
     def __init__(self, dsn: str, visible_wait_s: float = 60.0):
         self.dsn = dsn
         self.visible_wait_s = visible_wait_s
-        self._conn = None
+        self._conn = LazyConnection(self._connect)
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(with_options(self.dsn), autocommit=True)
+        # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes one on the
+        # table for a moment) and must not wait for one
+        conn.execute("SET lock_timeout = '500ms'")
+        return conn
 
     def _call(self, fn, *args, **kw):
         attempt = 0
@@ -1106,12 +1139,7 @@ class SourceCatalog:
         while True:
             fault("catalog:lookup")
             try:
-                if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
-                    # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes
-                    # one on the table for a moment) and must not wait for one
-                    self._conn.execute("SET lock_timeout = '500ms'")
-                return fn(self._conn, *args, **kw)
+                return fn(self._conn.get(), *args, **kw)
             except CatalogNotCurrent as e:
                 now = time.monotonic()
                 waiting_since = waiting_since or now
@@ -1122,7 +1150,7 @@ class SourceCatalog:
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
             except psycopg.OperationalError:
-                self._conn = None
+                self._conn.close()
                 if attempt == 4:
                     raise
                 time.sleep(0.5 * 2 ** attempt)
@@ -1135,16 +1163,14 @@ class SourceCatalog:
         return self._call(resolve_column, name, type_oid, typmod, ndims)
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._conn = None
+        self._conn.close()
 
 
 class _PersistFault(MooncakeError):
     """A persist failed on storage or the catalog; the table keeps its data and is retried (see _persist)."""
+
+
+_NOT_SEEN = object()
 
 
 class _Truncate:
@@ -1152,11 +1178,6 @@ class _Truncate:
 
     def __init__(self, oid):
         self.relation_oid = oid
-
-
-def _src_ident(schema) -> sql.Identifier:
-    """The source table of a :class:`TableSchema` as SQL (``"schema"."name"``, quoted by psycopg)."""
-    return sql.Identifier(schema.schema, schema.name)
 
 
 def _estimate_rows(conn, oid: int) -> int | None:

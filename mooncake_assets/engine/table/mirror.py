@@ -156,7 +156,7 @@ class MirrorTable:
         self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
-        self.mem = MemSlice(self.arrow_schema, self._decode)
+        self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
         self.files: dict[str, DiskFile] = {}
         self.file_index = FileIndex()
         self.applied_lsn = 0
@@ -166,6 +166,9 @@ class MirrorTable:
         self.missing_keys = 0
         self.error: str | None = None
         self.last_persist = time.time()
+        # since when (time.time()) changes have waited for a persist, as the service first saw the table
+        # dirty after one (None: everything seen is persisted); status warns past warn_persist_age_s
+        self.dirty_since: float | None = None
         self._retired: list[tuple[float, str]] = []
         self._relmap: dict[int, list[int]] = {}
         self._identity: dict[int, list[int]] = {}
@@ -235,7 +238,7 @@ class MirrorTable:
         old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
         defaults = initial_defaults(new.columns)
         self.mem.evolve(new_arrow, self._decode, lambda rb: project(
-            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults))
+            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults), specs=new.columns)
         self._set_schema(new, hash_ids if not new.key_columns else None)
         self._relmap.clear()
         self._identity.clear()
@@ -431,8 +434,8 @@ class MirrorTable:
 
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
-        """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules)."""
-        self.last_change_lsn = max(self.last_change_lsn, commit_lsn)
+        """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules). The caller
+        keeps ``last_change_lsn`` (once per transaction, not per change)."""
         kind = change.kind
         if kind == "insert":
             vals = self._values(change.new, change.relation_oid)
@@ -624,6 +627,7 @@ class MirrorTable:
                 self._retired.append((now, f.local_path))
         self.flush_lsn = lsn
         self.last_persist = now
+        self.dirty_since = None
         self._gc_retired()
         return {"rows": sum(f.num_rows for f in add), "rows_flushed": fl["rows"], "files_added": len(add),
                 "files_removed": len(remove),
