@@ -52,7 +52,9 @@ def test_key_text_columns_literal():
         ["{1.5,NULL}", "{}", None],
     ]
     with pytest.raises(ValueError, match="cannot be printed"):
-        key_text_columns(pa.table({"r": pa.array([{"x": 1}])}), ["r"], [0])
+        key_text_columns(pa.table({"r": pa.array([[("k", "v")]], pa.map_(pa.string(), pa.string()))}), ["r"], [0])
+    with pytest.raises(ValueError, match="cannot be printed"):
+        key_text_columns(pa.table({"g": pa.array([b"\x01"])}), ["g"], [99999])  # binary that is not bytea
 
 
 def test_key_text_round_trips_postgres_text(pg_dsn):
@@ -87,3 +89,22 @@ def test_key_text_round_trips_postgres_text(pg_dsn):
     printed = key_text_columns(pa.Table.from_batches([batch]), names, [col.type_oid for col in schema.columns])
     for name, pg, ours in zip(names, columns, printed):
         assert ours.to_pylist() == pg, name
+
+
+def test_composite_key_text_round_trips_postgres_text(pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for k, v in OUTPUT_SETTINGS.items():
+            c.execute(f"SET {k} = '{v}'")
+        c.execute("CREATE TYPE public.pt AS (x int, s text, f float8, d date)")
+        c.execute("CREATE TABLE public.ct (p public.pt, pa public.pt[])")
+        c.execute("INSERT INTO public.ct VALUES (ROW(1, 'a b', 1.5, '2024-01-01'), "
+                  "ARRAY[ROW(2, '', 1e15, NULL)::public.pt]), "
+                  "(ROW(NULL, 'q\"x\\y', -0, 'infinity'), NULL), (NULL, '{}')")
+        schema = describe_table(c, "public.ct")
+        for d in c.execute("SELECT * FROM public.ct LIMIT 0").description:
+            c.adapters.register_loader(d.type_code, TextLoader)
+        texts = c.execute("SELECT * FROM public.ct").fetchall()
+    columns = [[r[i] for r in texts] for i in range(2)]
+    batch = decode_text_columns(schema.columns, columns, column_major=True)
+    printed = key_text_columns(pa.Table.from_batches([batch]), ["p", "pa"], [col.type_oid for col in schema.columns])
+    assert [c.to_pylist() for c in printed] == columns

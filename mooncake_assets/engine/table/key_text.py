@@ -23,10 +23,10 @@ date32, time64, timestamp[tz]                ISO (``2024-01-31``, ``12:00:00.5``
                                              ``2024-01-31 12:00:00.5+00``, ``… BC``, ``infinity``)
 binary (bytea)                               ``\\x0aff``
 list of the above (arrays)                   Postgres array text ``{1,NULL,"a b"}``
+struct of the above (composite types)        record text ``(1,,"a b")``
 ===========================================  =================================================
 
-Keys of other types (composite types, hstore, PostGIS geometry, arrays of those) cannot be printed
-here: :func:`key_text_columns` raises ``ValueError`` naming the column. Sources: the Postgres manual,
+Keys of other types (hstore, PostGIS geometry, arrays of those) cannot be printed here: :func:`key_text_columns` raises ``ValueError`` naming the column. Sources: the Postgres manual,
 "Date/Time Output", "Floating-Point Types" (``extra_float_digits``), "Array Value Input",
 "Monetary Types".
 
@@ -70,7 +70,7 @@ class _KeyColumn(TextColumn):
         self.name, self.oid = name, type_oid
         if self.child is not None:
             self.child.name = name
-        elif (pa.types.is_struct(typ) or pa.types.is_map(typ) or pa.types.is_dictionary(typ)
+        elif (pa.types.is_map(typ) or pa.types.is_dictionary(typ)
               or (pa.types.is_binary(typ) and type_oid not in (0, _BYTEA_OID))):
             raise ValueError(f"key column {name!r} ({typ}) cannot be printed as Postgres text")
 
