@@ -34,8 +34,8 @@ from pyroaring import BitMap64
 
 from ..cdc import TableSchema, decode_text_columns
 from .evolution import field_id_of, project
-from ..index import FileIndex, IndexBlock
-from .keys import KeyHasher
+from ..index import KEY_HASH_VERSION, FileIndex, IndexBlock, KeyHash
+from ..index.key_hash import blob_needs_rebuild
 from ..faults import fault
 from .memslice import Carried, MemSlice
 
@@ -127,10 +127,6 @@ class DiskFile:
         return len(self.committed) + len(self.pending)
 
 
-class MissingKey(Exception):
-    pass
-
-
 class MirrorTable:
     """The mirror of one Postgres table (see module docstring).
 
@@ -159,7 +155,7 @@ class MirrorTable:
         self._set_schema(schema, getattr(schema, "hash_field_ids", None))
         self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
-        self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
+        self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
         self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
         self.files: dict[str, DiskFile] = {}
         self.file_index = FileIndex()
@@ -594,8 +590,6 @@ class MirrorTable:
             if f.pending:
                 deletes[uploaded.get(f.name, f.location)] = BitMap64(f.pending.keys())
         gone = [f for f in self.files.values() if f.truncated_lsn or f.deleted_count() >= f.num_rows]
-        if gone:
-            self.file_index.drop_files({f.name for f in gone}) if hasattr(self.file_index, "drop_files") else None
         new_dvs = sum(len(b) for b in deletes.values())
         changed = bool(add or deletes or remove or fl["rows"]) or self.flush_lsn == 0 or self.schema_pending
         if changed:
@@ -654,20 +648,27 @@ class MirrorTable:
 
     # ------------------------------------------------------------------ index persistence
     def index_blob(self) -> bytes:
-        """The FileIndex as bytes: 4-byte LE header length, JSON header {"blocks": [{"name","size"}]},
-        then each IndexBlock file's bytes, newest first."""
+        """The FileIndex as bytes: 4-byte LE header length, JSON header {"blocks": [{"name","size"}],
+        "key_hash": KEY_HASH_VERSION}, then each IndexBlock file's bytes, newest first."""
         blobs, meta = [], []
         for b in self.file_index.blocks:
             data = Path(b.path).read_bytes()
             blobs.append(data)
             meta.append({"name": Path(b.path).name, "size": len(data)})
-        head = json.dumps({"blocks": meta}).encode()
+        head = json.dumps({"blocks": meta, "key_hash": KEY_HASH_VERSION}).encode()
         return len(head).to_bytes(4, "little") + head + b"".join(blobs)
 
     def restore_index(self, blob: bytes) -> None:
-        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
+        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read). Blocks hashed
+        under an older key hash (header without ``"key_hash"``) are rebuilt from the data files instead
+        when the table's key is not exact (:func:`~..index.key_hash.blob_needs_rebuild`)."""
         n = int.from_bytes(blob[:4], "little")
         head = json.loads(blob[4:4 + n])
+        if blob_needs_rebuild(head.get("key_hash"), self.hasher.exact):
+            from .key_text import rebuild_file_index
+
+            self.file_index = rebuild_file_index(self)
+            return
         off = 4 + n
         blocks = []
         for m in head["blocks"]:
