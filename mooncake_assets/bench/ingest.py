@@ -91,7 +91,7 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     from ..engine.table.mirror import MirrorTable, lsn_str
 
     settings = Settings(state_dir=scratch, dsn=dsn, maintenance="dagster")
-    svc = ReplicatorService(settings)
+    svc = ReplicatorService(settings.service_config())
     with psycopg.connect(with_options(dsn)) as c:
         schema = describe_table(c, f"public.{table}")
     t = MirrorTable(table, f"public.{table}", schema, None, scratch / "tables" / table)
@@ -219,7 +219,7 @@ def _initial_copy(db: BenchDatabase, sizes: Sizes, scratch_root: Path, log) -> d
     ref = [psql_copy()]
     server = server_copy()
     scratch = scratch_root / "copy"
-    svc = ReplicatorService(Settings(state_dir=scratch, dsn=db.dsn, maintenance="dagster"))
+    svc = ReplicatorService(Settings(state_dir=scratch, dsn=db.dsn, maintenance="dagster").service_config())
     try:
         t = time.perf_counter()
         res = svc.create_table("copy", f"public.{table}")

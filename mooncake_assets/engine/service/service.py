@@ -6,8 +6,8 @@ included) and applies them in commit order; Arrow Flight actions (``flight.py``)
 object for control and reads. Every method that touches table state holds ``self.lock``.
 
 Publication (``engine/pg/publication.py``): the service's own (default; it adds and removes each
-mirrored table) or the one an administrator created (``Settings.publication``, never altered). The
-stream thread polls the publication's members every :data:`PUBLICATION_CHECK_S` seconds: a mirrored
+mirrored table) or the one an administrator created (``ServiceConfig.publication``, never altered). The
+stream thread polls the publication's members every ``ServiceConfig.publication_check_s`` seconds: a mirrored
 table that left it stops with an error naming table, publication and LSN (pgoutput just stops
 sending its changes, so the mirror would otherwise go stale while looking healthy).
 
@@ -32,14 +32,14 @@ import pyarrow as pa
 from psycopg import sql
 import pyarrow.parquet as pq
 
-from ...config import Settings
+from .config import ServiceConfig
 from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
                    initial_copy, parse_message)
 from ..cdc.generated import GeneratedColumns
 from .. import storage
 from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
-from ..compaction import BackgroundMaintenance, policy_for
+from ..compaction import BackgroundMaintenance
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
 from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
 from ..faults import fault
@@ -54,8 +54,6 @@ from ..private import write_private
 log = logging.getLogger("mooncake.service")
 
 NAMESPACE = "mooncake"
-PUBLICATION_CHECK_S = 2.0  # how often the stream thread checks that every mirrored table is still published
-#                            (seconds; settings.json extra.publication_check_s overrides it, 0 turns it off)
 
 
 def _refuse_nan_decimals(conn, schema) -> None:
@@ -121,23 +119,23 @@ class MooncakeError(Exception):
 class ReplicatorService:
     """Owns the mirrored tables of one state directory. ``start()`` restores them and begins streaming."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.dsn = settings.source_dsn()
+    def __init__(self, config: ServiceConfig):
+        self.config = config
+        self.dsn = config.dsn
         self.lock = threading.RLock()
         self.tables: dict[str, MirrorTable] = {}
         self.by_oid: dict[int, MirrorTable] = {}
         self.copying: dict[int, dict] = {}        # oid -> {"table", "copy_lsn", "queue": [...]}
         self.progress: dict[str, dict] = {}
-        self.catalog = make_catalog(settings.catalog, settings.warehouse_uri, **storage.catalog_properties(settings))
-        self.storage_hints = storage.storage_hints(settings)  # s3 endpoint etc. for union readers (no secrets)
+        self.catalog = make_catalog(config.catalog_uri, config.warehouse_uri, **storage.catalog_properties(config))
+        self.storage_hints = storage.storage_hints(config)  # s3 endpoint etc. for union readers (no secrets)
         self.faults: dict[str, storage.Backoff] = {}  # table -> failed persists, retried with backoff
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
-        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=getattr(settings, "catalog_wait_s", 60.0))
+        self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=config.catalog_wait_s)
         # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
         # the source for each applied batch (engine/cdc/generated.py)
         self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
-        self.registry_path = settings.state_dir / "tables.json"
+        self.registry_path = config.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
         self.confirmed_lsn = 0
@@ -153,18 +151,18 @@ class ReplicatorService:
         self._pub_conn = None                        # the publication poll's connection (stream thread)
         self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
-        self.background = BackgroundMaintenance(self.lock, lambda name: policy_for(self.settings, name))
+        self.background = BackgroundMaintenance(self.lock, self.config.policy)
         self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
         self._source_error: str | None = None     # why the source was not reachable at the last look
         from .verifier import Verifier  # the scheduled check of every mirror against its source
 
-        self.verifier = Verifier(self, settings.verify_interval_s)
+        self.verifier = Verifier(self, config.verify_interval_s)
 
     # ------------------------------------------------------------------ registry
     def _load_registry(self) -> dict:
         if self.registry_path.exists():
             return json.loads(self.registry_path.read_text())
-        return {**default_names(self.settings.state_dir), "tables": {}}
+        return {**default_names(self.config.state_dir), "tables": {}}
 
     def _save_registry(self) -> None:
         write_private(self.registry_path, json.dumps(self.registry, indent=1))
@@ -175,23 +173,23 @@ class ReplicatorService:
 
     @property
     def publication(self) -> str:
-        """The publication the stream reads: the administrator's (``Settings.publication``) or the
+        """The publication the stream reads: the administrator's (``ServiceConfig.publication``) or the
         service's own (``registry["publication"]``)."""
-        return self.settings.publication or self.registry["publication"]
+        return self.config.publication or self.registry["publication"]
 
     @property
     def own_publication(self) -> bool:
         """True when the service keeps the publication itself (adds and removes tables)."""
-        return not self.settings.publication
+        return not self.config.publication
 
     def _check_publication_setting(self) -> None:
         """Mirrors created through one publication cannot switch to another under the running slot
         (the other one might not publish them): MooncakeError naming both."""
         recorded = self.registry.get("admin_publication")
-        if self.registry["tables"] and recorded != self.settings.publication:
+        if self.registry["tables"] and recorded != self.config.publication:
             have = f"publication {recorded}" if recorded else f"the service's own publication {self.registry['publication']}"
-            want = f"publication {self.settings.publication}" if self.settings.publication else "the service's own publication"
-            raise MooncakeError(f"the mirrors of {self.settings.state_dir} are fed by {have}, not {want}: start mooncake "
+            want = f"publication {self.config.publication}" if self.config.publication else "the service's own publication"
+            raise MooncakeError(f"the mirrors of {self.config.state_dir} are fed by {have}, not {want}: start mooncake "
                                 "with the publication they were created with (--publication), or drop them first")
 
     def _ident(self, name: str) -> str:
@@ -200,7 +198,7 @@ class ReplicatorService:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Restore every ready table from Iceberg and start the replication thread."""
-        mark = self.settings.state_dir / "service.clean-stop"  # written by stop(): the last run ended cleanly
+        mark = self.config.state_dir / "service.clean-stop"  # written by stop(): the last run ended cleanly
         self._clean_start = mark.exists()
         mark.unlink(missing_ok=True)
         self._check_publication_setting()
@@ -231,7 +229,7 @@ class ReplicatorService:
             schema = describe_mirrored(conn, meta["source"], cols, key, column_types=meta.get("column_types"),
                                        exclude=meta.get("exclude"))
         schema.hash_field_ids = hash_ids
-        t = MirrorTable(name, meta["source"], schema, ice, self.settings.state_dir / "tables" / name)
+        t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
         t.restore(interrupted=not self._clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see _ensure_slot)
         self.tables[name] = t
@@ -269,7 +267,7 @@ class ReplicatorService:
         self.source_catalog.close()
         self.generated.close()
         try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
-            (self.settings.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            (self.config.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         except OSError:
             pass
         if self._pub_conn is not None:
@@ -372,7 +370,7 @@ class ReplicatorService:
             if now - last_maint > 0.5:
                 self._auto_maintenance()
                 last_maint = now
-            pub_every = float(self.settings.extra.get("publication_check_s", PUBLICATION_CHECK_S))  # 0: off
+            pub_every = float(self.config.publication_check_s)  # 0: off
             if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
@@ -507,7 +505,7 @@ class ReplicatorService:
         self.repl.send_status(self.applied_lsn, self.confirmed_lsn, self.confirmed_lsn, reply=reply)
 
     def _auto_maintenance(self) -> None:
-        s = self.settings
+        s = self.config
         with self.lock:
             now = time.time()
             for t in list(self.tables.values()):
@@ -565,9 +563,9 @@ class ReplicatorService:
     def _persist_failed(self, t: MirrorTable, e: Exception) -> None:
         """Record a failed persist (caller holds the lock): storage/catalog faults get a backoff and raise
         ``_PersistFault``; anything else is re-raised."""
-        cfg = storage.warehouse_store(self.settings)
+        cfg = storage.warehouse_store(self.config)
         endpoint = cfg.describe() if cfg is not None else None
-        err = storage.classify(e, location=self.settings.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
+        err = storage.classify(e, location=self.config.warehouse_uri, endpoint=endpoint, what=f"persist of {t.name}")
         if err is None and not getattr(e, "retryable", False):
             raise e
         fault = self.faults.setdefault(t.name, storage.Backoff())
@@ -665,13 +663,13 @@ class ReplicatorService:
         exclude = list(exclude or [])
         if delete_format not in ("deletion-vectors", "position-deletes"):
             raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
-        if "publication" in kw and (kw["publication"] or None) != self.settings.publication:
-            raise MooncakeError(f"the running service reads {'publication ' + self.settings.publication if self.settings.publication else 'its own publication'}"
+        if "publication" in kw and (kw["publication"] or None) != self.config.publication:
+            raise MooncakeError(f"the running service reads {'publication ' + self.config.publication if self.config.publication else 'its own publication'}"
                                 f", not {'publication ' + kw['publication'] if kw['publication'] else 'its own'}: stop it "
                                 "(mooncake stop) and run the command again")
         self._check_publication_setting()
         try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
-            storage.check_warehouse(self.settings.warehouse_uri, storage.warehouse_store(self.settings))
+            storage.check_warehouse(self.config.warehouse_uri, storage.warehouse_store(self.config))
         except storage.StorageError as e:
             raise MooncakeError(str(e)) from None
         try:
@@ -738,11 +736,11 @@ class ReplicatorService:
                 log.warning("table %s: dropping the Iceberg table an interrupted create-table left", dst)
                 self._drop_iceberg(dst)
             import shutil
-            shutil.rmtree(self.settings.state_dir / "tables" / dst, ignore_errors=True)
+            shutil.rmtree(self.config.state_dir / "tables" / dst, ignore_errors=True)
             ice = IcebergMirrorTable.create(self.catalog, ident, schema.arrow_schema(),
                                             delete_format=delete_format,
                                             properties={"mooncake.source": src})
-            table = MirrorTable(dst, src, schema, ice, self.settings.state_dir / "tables" / dst)
+            table = MirrorTable(dst, src, schema, ice, self.config.state_dir / "tables" / dst)
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
@@ -798,7 +796,7 @@ class ReplicatorService:
                                                 "key": list(schema.key_columns),
                                                 **({"column_types": column_types} if column_types else {}),
                                                 **({"exclude": exclude} if exclude else {})}
-                self.registry["admin_publication"] = self.settings.publication
+                self.registry["admin_publication"] = self.config.publication
                 self._pub_seen[dst] = copy_lsn
                 self._save_registry()
                 self.progress.pop(dst, None)
@@ -826,7 +824,7 @@ class ReplicatorService:
             except Exception:
                 pass
             import shutil
-            shutil.rmtree(self.settings.state_dir / "tables" / dst, ignore_errors=True)
+            shutil.rmtree(self.config.state_dir / "tables" / dst, ignore_errors=True)
             raise
         finally:
             conn.close()
@@ -837,7 +835,7 @@ class ReplicatorService:
         and its fix, one line."""
         checks = [c for c in preflight.server_checks(conn, self.slot)
                   if c.subject in ("wal_level", "replication slots", "WAL senders")]
-        checks += preflight.table_checks(conn, src, publication=self.settings.publication,
+        checks += preflight.table_checks(conn, src, publication=self.config.publication,
                                          own_publication=self.registry["publication"],
                                          column_types=column_types, exclude=exclude)
         errors = [c for c in checks if c.level == "error"]
@@ -965,7 +963,7 @@ class ReplicatorService:
         """What status warns about for one table: no persist for longer than ``warn_persist_age_s``,
         more WAL held in the slot than ``warn_slot_wal_bytes`` (its unpersisted changes: from its flush
         LSN to the source's current LSN)."""
-        s, out = self.settings, []
+        s, out = self.config, []
         since = self._dirty_since.get(t.name)
         if since is not None and s.warn_persist_age_s and not t.error:
             age = now - max(since, t.last_persist)
@@ -1029,16 +1027,16 @@ class ReplicatorService:
                     "publication": self.publication, "stream_error": scrub(self.stream_error),
                     "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream_faults],
                     "streaming": bool(self._thread and self._thread.is_alive()),
-                    "maintenance": self.settings.maintenance, "source": source_label(self.dsn),
+                    "maintenance": self.config.maintenance, "source": source_label(self.dsn),
                     "source_reachable": src_lsn is not None, "source_error": scrub(self._source_error),
-                    "verify_interval_s": self.settings.verify_interval_s}
+                    "verify_interval_s": self.config.verify_interval_s}
 
     def maintenance(self, op: str, name: str, **kw) -> dict:
         if op in ("merge_index", "compact"):
             # the heavy part runs without the service lock: only snapshot and swap take it (engine/compaction)
             with self.lock:
                 t = self.table(name)
-            return getattr(t, op)(lock=self.lock, policy=policy_for(self.settings, name), **kw)
+            return getattr(t, op)(lock=self.lock, policy=self.config.policy(name), **kw)
         if op == "persist":
             with self.lock:
                 t = self.table(name)
