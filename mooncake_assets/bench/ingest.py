@@ -11,8 +11,8 @@ transaction (streamed to both consumers while it runs) — in a scratch database
 3. ``recvlogical``: ``pg_recvlogical --start -o proto_version=2 -o publication_names=P -o streaming=on
    --no-loop -f /dev/null --endpos=end`` on the first slot, timed from launch until it exits;
 4. ``ours``: on the second slot, the service's own loop — ``ReplicationConnection`` →
-   ``parse_message`` → ``TransactionAssembler`` → ``ReplicatorService._apply_txn`` (the real method
-   of a scratch service object holding the MirrorTable) → ``MirrorTable.apply`` (decode, MemSlice,
+   ``ReplicatorService._apply_batch`` (the real method of a scratch service object holding the
+   MirrorTable: ``parse_message`` → ``TransactionAssembler`` → ``_apply_txn``) → ``MirrorTable.apply`` (decode, MemSlice,
    MemIndex) — timed from connecting until every row is applied and the last open batch is decoded.
    No flush runs meanwhile (maintenance is not ingest).
 
@@ -85,7 +85,7 @@ def _recvlogical(dsn: str, slot: str, pub: str, end_lsn: str, timeout: float) ->
 def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, timeout: float) -> tuple[float, dict]:
     """The service's apply loop on ``slot`` until ``rows`` rows of ``table`` are applied; (seconds, info)."""
     from ..config import Settings
-    from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table, parse_message
+    from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table
     from ..engine.service import service as svc_module
     from ..engine.service.service import ReplicatorService, with_options
     from ..engine.table.mirror import MirrorTable, lsn_str
@@ -110,12 +110,7 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
         while True:
             msgs = repl.read(timeout=0.05)
             if msgs:
-                with svc.lock:
-                    for wal_start, payload in msgs:
-                        msg = parse_message(payload, asm.in_stream)
-                        for txn in asm.feed(msg, wal_start):
-                            svc._apply_txn(txn, asm)
-                            txns += 1
+                txns += svc._apply_batch(msgs, asm)  # the service's own apply step (what _stream_once runs)
             if asm.idle and t.mem.num_rows >= rows:
                 break
             if time.time() > deadline:

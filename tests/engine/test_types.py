@@ -397,3 +397,21 @@ def test_output_settings_are_what_decoder_expects():
 def test_uuid_text_is_canonical():
     u = uuid.uuid4()
     assert decode_text_column(_spec(pa.string()), [str(u)]).to_pylist() == [str(u)]
+
+
+def test_text_spec_keeps_the_generation_expression_and_drops_the_structure():
+    """``--column-type g=text`` of a generated column: the expression (and identity) survive
+    ``text_spec`` (describe_mirrored runs it on every restart); nothing of an array's structure does."""
+    from mooncake_assets.engine.cdc.types import ColumnSpec, text_spec
+
+    el = ColumnSpec("g[]", 23, -1, "integer", pa.int32())
+    c = ColumnSpec("g", 1007, -1, "integer[]", pa.list_(pa.int32()), not_null=True, is_key=False, element=el,
+                   ndims=1, decl_oid=1007, field_id=7, element_ids=[8], attnum=3, initial_default="{1}",
+                   generated="ARRAY[(a * 2)]")
+    t = text_spec(c)
+    assert t.generated == "ARRAY[(a * 2)]" and t.as_text and t.arrow_type == pa.string()
+    assert (t.name, t.type_oid, t.decl_oid, t.field_id, t.attnum, t.not_null, t.initial_default) == \
+        ("g", 1007, 1007, 7, 3, True, "{1}")
+    assert t.element is None and t.ndims == 0 and t.element_ids == [] and t.kind == "" and t.fields is None
+    assert c.arrow_type == pa.list_(pa.int32()) and c.element is el  # the original is unchanged
+    assert t.arrow_field().type == pa.string()

@@ -35,7 +35,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from .types import OUTPUT_SETTINGS
+from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 
 __all__ = ["ReplicationConnection", "ReplicationError", "lsn_to_str", "str_to_lsn"]
 
@@ -135,9 +135,7 @@ class ReplicationConnection:
     """
 
     def __init__(self, dsn: str, *, status_interval: float = 10.0, connect_timeout: int = 10):
-        params = conninfo_to_dict(dsn)
-        forced = " ".join(f"-c {k}={v}" for k, v in OUTPUT_SETTINGS.items())
-        params["options"] = (str(params.get("options", "")) + " " + forced).strip()
+        params = conninfo_to_dict(with_options(dsn, OUTPUT_SETTINGS))  # a setting the DSN has already: not repeated
         params.setdefault("application_name", "mooncake")
         params.setdefault("connect_timeout", connect_timeout)
         params["replication"] = "database"

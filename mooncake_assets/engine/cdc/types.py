@@ -67,13 +67,17 @@ column: ``numeric`` NaN in a ``decimal128`` column, ``time '24:00:00'``, timesta
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+
+# the GUCs a session must have so that its text output is what the decoder expects (defined with the
+# other sessions' settings at the Postgres edge; re-exported here for the decoder's users)
+from ..pg.conninfo import OUTPUT_SETTINGS
 
 __all__ = [
     "ColumnSpec",
@@ -88,18 +92,6 @@ __all__ = [
     "OUTPUT_SETTINGS",
 ]
 
-#: GUCs a session must have so that its text output is what the decoder expects.
-OUTPUT_SETTINGS: dict[str, str] = {
-    "DateStyle": "ISO",
-    "TimeZone": "UTC",
-    "IntervalStyle": "postgres",
-    "bytea_output": "hex",
-    "extra_float_digits": "3",
-    "lc_monetary": "C",
-    # reg* types (regclass, regtype, …) print a name schema-qualified unless the schema is on the
-    # search_path: with only pg_catalog on it, the text names the object the same way in every session
-    "search_path": "pg_catalog",
-}
 
 # -- type oids (pg_type.dat) --------------------------------------------------------------------
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
@@ -403,11 +395,18 @@ def column_option_hint(columns: Sequence[str]) -> str:
 
 def text_spec(c: ColumnSpec) -> ColumnSpec:
     """``c`` mirrored as Postgres's exact text output (``--column-type COL=text``): a string column
-    keeping its name, declared type, key/identity attributes and field id."""
-    out = ColumnSpec(c.name, c.type_oid, c.typmod, c.type_name, pa.string(), not_null=c.not_null, is_key=c.is_key,
-                     decl_oid=c.decl_oid, decl_typmod=c.decl_typmod, field_id=c.field_id, attnum=c.attnum,
-                     initial_default=c.initial_default, as_text=True)
-    return out
+    keeping everything that is not about the value's structure — name, type, declared type, key and
+    NOT NULL attributes, field id, attnum, initial default, generation expression (``generated``) —
+    and nothing that is (no list element or dimensions, composite fields, decoder kind, SRID, nested
+    field ids: a string has none). A new spec; ``c`` is not changed."""
+    return replace(c, arrow_type=pa.string(), as_text=True, element=None, ndims=0, kind="", fields=None,
+                   element_ids=[], delim=",", srid=None)
+
+
+def _text_column(name: str, oid: int, typmod: int, type_name: str) -> ColumnSpec:
+    """A column of type ``oid``/``typmod`` (``type_name``: its ``format_type`` text) mirrored as its
+    exact text (no structured mapping, or ``--column-type COL=text``)."""
+    return ColumnSpec(name, oid, typmod, type_name, pa.string(), as_text=True)
 
 _KEY_SQL = """
 SELECT i.indisprimary, i.indisreplident, array(
@@ -482,7 +481,7 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
                 if name in excluded:
                     continue
                 if column_types.get(name) == "text":
-                    spec = ColumnSpec(name, typid, typmod, tname, pa.string(), as_text=True)
+                    spec = _text_column(name, typid, typmod, tname)
                 else:
                     try:
                         spec = types.spec(name, typid, typmod, tname, ndims)
@@ -590,12 +589,12 @@ class _TypeResolver:
                 for fname, ftyp, fmod, ftname, fnd in self.cur.execute(_COMPOSITE_SQL, (typrelid,)).fetchall():
                     fields.append(self.spec(fname, ftyp, fmod, ftname, fnd, _depth=_depth + 1))
             except UnsupportedTypeError:  # a field that cannot be mirrored: the composite as its exact text
-                return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+                return _text_column(name, oid, typmod, decl_name)
             if not fields:
-                return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+                return _text_column(name, oid, typmod, decl_name)
             names = [f.name for f in fields]
             if len(set(names)) != len(names):
-                return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+                return _text_column(name, oid, typmod, decl_name)
             t = pa.struct([pa.field(f.name, f.arrow_type, nullable=True) for f in fields])
             return ColumnSpec(name, oid, typmod, decl_name, t, kind="composite", fields=fields)
         if typtype == "b" and typname == "hstore":
@@ -609,7 +608,7 @@ class _TypeResolver:
         except UnsupportedTypeError:
             # every other type (ranges, multiranges, geometric types, tsvector, ltree, reg*, pg_lsn, …):
             # its output function's text, exactly as Postgres prints it (the session settings are pinned)
-            return ColumnSpec(name, oid, typmod, decl_name, pa.string(), as_text=True)
+            return _text_column(name, oid, typmod, decl_name)
 
 
 # -- decoding -----------------------------------------------------------------------------------------
@@ -1190,7 +1189,7 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
             try:
                 name_sql = cur.execute("SELECT format_type(%s, %s)", (sig["oid"], sig["typmod"])).fetchone()[0]
                 if column_types.get(sig["name"]) == "text":  # whatever the type: its text
-                    spec = ColumnSpec(sig["name"], sig["oid"], sig["typmod"], name_sql, pa.string(), as_text=True)
+                    spec = _text_column(sig["name"], sig["oid"], sig["typmod"], name_sql)
                 else:
                     spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
             except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
@@ -1198,8 +1197,6 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
                     f"be resolved ({e})") from None
             spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
-            if column_types.get(sig["name"]) == "text":
-                spec = text_spec(spec)
             cols.append(_apply_signature(spec, sig))
     keys = list(current.key_columns if key is None else key)
     for c in cols:

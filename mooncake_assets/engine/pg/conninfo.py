@@ -20,7 +20,8 @@ import urllib.parse
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 __all__ = ["split_password", "strip_password", "redact", "remember_secret", "scrub", "ScrubFilter",
-           "split_uri_password", "install_log_scrubber", "connect_error", "with_password_hint", "PASSWORD_HINT"]
+           "split_uri_password", "install_log_scrubber", "connect_error", "with_password_hint", "PASSWORD_HINT",
+           "SESSION_SETTINGS", "OUTPUT_SETTINGS", "PG_OPTIONS", "options_string", "with_options"]
 
 MASK = "********"
 _URI_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:([^/\s]*)@")  # greedy: up to the last '@'
@@ -157,12 +158,54 @@ def install_log_scrubber() -> None:
             h.addFilter(ScrubFilter())
 
 
+#: GUCs every session mooncake opens to the source has: they pin every value's text form, which the
+#: decoders rely on (see table/keys.py) — ISO dates, UTC, Postgres-style intervals, hex bytea, exact
+#: floats, C money format (``'-$1,234.56'``). The one source of these settings: the walsender and the
+#: initial copy take :data:`OUTPUT_SETTINGS`, every other session :data:`PG_OPTIONS`.
+SESSION_SETTINGS: dict[str, str] = {
+    "DateStyle": "ISO",
+    "TimeZone": "UTC",
+    "IntervalStyle": "postgres",
+    "bytea_output": "hex",
+    "extra_float_digits": "3",
+    "lc_monetary": "C",
+}
+
+#: :data:`SESSION_SETTINGS` plus ``search_path=pg_catalog``, for the sessions whose value texts must be
+#: the stream's (the walsender, the initial copy, the generated-columns session): reg* types
+#: (regclass, regtype, …) print a name schema-qualified unless its schema is on the search_path, so
+#: with only pg_catalog on it they name an object the same way in each. Not for sessions that resolve
+#: a user's table name (create-table, pre-flight): those keep the role's search_path.
+OUTPUT_SETTINGS: dict[str, str] = {**SESSION_SETTINGS, "search_path": "pg_catalog"}
+
+
+def options_string(settings: dict[str, str]) -> str:
+    """``settings`` as libpq ``options`` (``-c key=value …``; the values hold no spaces)."""
+    return " ".join(f"-c {k}={v}" for k, v in settings.items())
+
+
 # session settings that pin every value's text form (the decoders rely on them; see table/keys.py)
-PG_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c extra_float_digits=3 -c bytea_output=hex -c IntervalStyle=postgres"
+PG_OPTIONS = options_string(SESSION_SETTINGS)
 
 
-def with_options(dsn: str) -> str:
-    """``dsn`` with the session settings that pin every value's text form (see table/keys.py)."""
+def with_options(dsn: str, settings: dict[str, str] | None = None) -> str:
+    """``dsn`` with the session settings that pin every value's text form (``settings``, default
+    :data:`SESSION_SETTINGS`; :data:`OUTPUT_SETTINGS` for the stream's text output) appended to its
+    ``options`` (they win over the same keys set before); a ``-c key=value`` the DSN already ends with
+    is not repeated. Returns a key/value conninfo string; errors: ``psycopg.ProgrammingError`` for a
+    DSN that does not parse. Source: PG docs, "libpq: Parameter Key Words" (``options``)."""
     d = conninfo_to_dict(dsn)
-    d["options"] = (d.get("options", "") + " " + PG_OPTIONS).strip()
+    have = str(d.get("options", "")).split()
+    todo = [f"-c {k}={v}" for k, v in (SESSION_SETTINGS if settings is None else settings).items()]
+    # already applied last (e.g. with_options twice): leave it; anything else is appended so it wins
+    tail = " ".join(have)
+    add = [o for o in todo if not _ends_with_setting(tail, o)]
+    d["options"] = (" ".join(have) + " " + " ".join(add)).strip()
     return make_conninfo(**d)
+
+
+def _ends_with_setting(options: str, setting: str) -> bool:
+    """Is ``setting`` (``-c k=v``) in ``options`` with no later ``-c k=…`` overriding it?"""
+    key = setting.split("=", 1)[0] + "="
+    at = options.rfind(setting)
+    return at >= 0 and options.rfind(key) == at

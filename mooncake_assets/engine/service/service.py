@@ -47,7 +47,8 @@ from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.conninfo import PG_OPTIONS, connect_error, scrub, with_options  # noqa: F401 (re-exported)
+from ..pg.conninfo import OUTPUT_SETTINGS, PG_OPTIONS, connect_error, scrub, with_options  # noqa: F401 (re-exported)
+from ..pg.session import LazyConnection
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
 
@@ -133,8 +134,9 @@ class ReplicatorService:
         self._persisting: dict[str, threading.Thread] = {}  # table -> its running auto persist
         self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=config.catalog_wait_s)
         # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
-        # the source for each applied batch (engine/cdc/generated.py)
-        self.generated = GeneratedColumns(lambda: psycopg.connect(with_options(self.dsn), autocommit=True))
+        # the source for each applied batch (engine/cdc/generated.py), in a session printing values as
+        # the walsender does
+        self.generated = GeneratedColumns(self._generated_session)
         self.registry_path = config.state_dir / "tables.json"
         self.registry = self._load_registry()
         self.applied_lsn = 0
@@ -242,7 +244,6 @@ class ReplicatorService:
             log.error("%s", t.error)
         else:
             self.by_oid[schema.oid] = t
-        self.generated.register(schema)
         return t
 
     def _drop_iceberg(self, name: str) -> None:
@@ -340,19 +341,8 @@ class ReplicatorService:
             self.lag.record(self.repl.server_wal_end)
             if msgs:
                 fault("stream:apply")  # (jitter: the apply loop behind the source)
-            if msgs and self.generated.tables:  # the batch's generated columns: one round trip, then apply
-                with self.lock:
-                    txns = [txn for wal_start, payload in msgs
-                            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
-                    self.generated.fill([ch for txn in txns for ch in txn.changes])
-                    for txn in txns:
-                        self._apply_txn(txn, assembler)
-            elif msgs:
-                with self.lock:
-                    for wal_start, payload in msgs:
-                        msg = parse_message(payload, assembler.in_stream)
-                        for txn in assembler.feed(msg, wal_start):
-                            self._apply_txn(txn, assembler)
+            if msgs:
+                self._apply_batch(msgs, assembler)
             idle = assembler.idle
             if idle and self.repl.server_wal_end > self.applied_lsn:
                 with self.lock:
@@ -439,6 +429,72 @@ class ReplicatorService:
             self.registry["tables"][t.name]["error"] = t.error
             self._save_registry()
 
+    def _generated_session(self) -> psycopg.Connection:
+        """The generated-columns session (engine/cdc/generated.py): the walsender's output settings
+        (``OUTPUT_SETTINGS``: its values parse and print as the stream's), autocommit, and a short
+        ``lock_timeout`` (its catalog reads never hold up the user's DDL: a timeout is an
+        ``OperationalError``, and the batch is read again)."""
+        conn = psycopg.connect(with_options(self.dsn, OUTPUT_SETTINGS), autocommit=True)
+        conn.execute("SET lock_timeout = '2s'")
+        return conn
+
+    def _apply_batch(self, msgs: list, assembler) -> int:
+        """Apply one batch read from the stream (``msgs``: ``(wal_start, payload)`` pairs); returns the
+        number of transactions it completed. Parsing and assembling, and the batch's generated columns
+        (one source round trip per table that has them, :class:`~..cdc.generated.GeneratedColumns`),
+        happen outside ``self.lock`` (only this thread changes the assembler); the mirrors' schemas are
+        read under it, and the transactions applied under it (:meth:`_apply_txn`). A table whose
+        generated columns cannot be computed stops (the others go on); errors: ``ProtocolError``,
+        ``psycopg.OperationalError`` (the source cannot be asked: the caller reconnects and the slot
+        resends the batch)."""
+        txns = [txn for wal_start, payload in msgs
+                for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+        if not txns:
+            return 0
+        with self.lock:
+            todo, schemas, first = self._generated_work(txns)
+        # a table created after this read gets no change of this batch: they were sent before its copy's
+        # consistent point (its temporary slot is made after it is registered)
+        failed = self.generated.fill(todo, schemas) if todo else {}
+        with self.lock:
+            for oid, e in failed.items():
+                cp = self.copying.get(oid)
+                t = cp["table"] if cp is not None else self.by_oid.get(oid)
+                if t is not None and not t.error:
+                    self._stop_table(t, e, first[oid])
+            for txn in txns:
+                self._apply_txn(txn, assembler)
+        return len(txns)
+
+    def _generated_work(self, txns: list) -> tuple[list, dict, dict]:
+        """The changes of ``txns`` whose generated columns are to be computed (caller holds the lock):
+        those of mirrored tables (being copied or not) whose live schema has generated columns, unless
+        :meth:`_apply_txn` will skip them (applied already, table stopped, before the copy's consistent
+        point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
+        todo, schemas, first = [], {}, {}
+        gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
+        for txn in txns:
+            lsn = txn.commit_lsn
+            for ch in txn.changes:
+                if ch.kind == "truncate":
+                    continue
+                oid = ch.relation_oid
+                hit = gen_schema.get(oid, _NOT_SEEN)
+                if hit is _NOT_SEEN:
+                    cp = self.copying.get(oid)
+                    t = cp["table"] if cp is not None else self.by_oid.get(oid)
+                    hit = gen_schema[oid] = ((t, cp) if t is not None and any(c.generated for c in t.schema.columns)
+                                             else None)
+                if hit is None:
+                    continue
+                t, cp = hit
+                if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
+                    continue
+                todo.append(ch)
+                schemas[oid] = t.schema
+                first.setdefault(oid, lsn)
+        return todo, schemas, first
+
     def _apply_txn(self, txn, assembler) -> None:
         touched = set()
         for ch in txn.changes:
@@ -460,7 +516,9 @@ class ReplicatorService:
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self._stop_table(t, e, txn.commit_lsn)
-                touched.add(t.name)
+                touched.add(t)
+        for t in touched:
+            t.last_change_lsn = max(t.last_change_lsn, txn.commit_lsn)
         self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
         for t in self.tables.values():
             if not t.error:  # a stopped table stays at the commit that failed
@@ -744,7 +802,6 @@ class ReplicatorService:
             with self.lock:
                 cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
                 self.copying[schema.oid] = cp
-                self.generated.register(schema)
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
             if self.own_publication:
                 done = pubs.add_table(conn, self.publication, schema.schema, schema.name)
@@ -778,6 +835,8 @@ class ReplicatorService:
                 table.applied_lsn = max(copy_lsn, self.applied_lsn)
                 table.flushed_lsn = copy_lsn
                 table.flush_lsn = 0
+                if table.error:  # stopped while copying (its generated columns could not be computed)
+                    raise MooncakeError(table.error)
                 # changes that arrived during the copy, in commit order
                 for commit_lsn, end_lsn, ch, rel, xid in cp["queue"]:
                     if commit_lsn < copy_lsn:
@@ -785,6 +844,7 @@ class ReplicatorService:
                     if ch.kind != "truncate":
                         on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.source_catalog, xid=xid)
                     table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
+                    table.last_change_lsn = max(table.last_change_lsn, commit_lsn)
                 self.tables[dst] = table
                 self.by_oid[schema.oid] = table
                 table.applied_lsn = max(table.applied_lsn, self.applied_lsn)
@@ -809,8 +869,6 @@ class ReplicatorService:
             with self.lock:
                 if cp is not None:
                     self.copying.pop(cp["table"].schema.oid, None)
-                    if cp["table"].schema.oid not in self.by_oid:
-                        self.generated.unregister(cp["table"].schema.oid)
                 self.tables.pop(dst, None)
                 self.progress.pop(dst, None)
                 self.registry["tables"].pop(dst, None)
@@ -893,7 +951,6 @@ class ReplicatorService:
             self.tables.pop(name)
             if self.by_oid.get(t.schema.oid) is t:
                 self.by_oid.pop(t.schema.oid)
-            self.generated.unregister(t.schema.oid)
             meta = self.registry["tables"].pop(name, None) or {}
             self._save_registry()
             last = not self.registry["tables"]
@@ -1095,7 +1152,14 @@ class SourceCatalog:
     def __init__(self, dsn: str, visible_wait_s: float = 60.0):
         self.dsn = dsn
         self.visible_wait_s = visible_wait_s
-        self._conn = None
+        self._conn = LazyConnection(self._connect)
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(with_options(self.dsn), autocommit=True)
+        # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes one on the
+        # table for a moment) and must not wait for one
+        conn.execute("SET lock_timeout = '500ms'")
+        return conn
 
     def _call(self, fn, *args, **kw):
         attempt = 0
@@ -1104,12 +1168,7 @@ class SourceCatalog:
         while True:
             fault("catalog:lookup")
             try:
-                if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = psycopg.connect(with_options(self.dsn), autocommit=True)
-                    # never hold up the user's DDL: the lookups hold no relation locks (pg_get_expr takes
-                    # one on the table for a moment) and must not wait for one
-                    self._conn.execute("SET lock_timeout = '500ms'")
-                return fn(self._conn, *args, **kw)
+                return fn(self._conn.get(), *args, **kw)
             except CatalogNotCurrent as e:
                 now = time.monotonic()
                 waiting_since = waiting_since or now
@@ -1120,7 +1179,7 @@ class SourceCatalog:
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
             except psycopg.OperationalError:
-                self._conn = None
+                self._conn.close()
                 if attempt == 4:
                     raise
                 time.sleep(0.5 * 2 ** attempt)
@@ -1133,16 +1192,14 @@ class SourceCatalog:
         return self._call(resolve_column, name, type_oid, typmod, ndims)
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._conn = None
+        self._conn.close()
 
 
 class _PersistFault(MooncakeError):
     """A persist failed on storage or the catalog; the table keeps its data and is retried (see _persist)."""
+
+
+_NOT_SEEN = object()
 
 
 class _Truncate:

@@ -435,8 +435,8 @@ class MirrorTable:
 
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
-        """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules)."""
-        self.last_change_lsn = max(self.last_change_lsn, commit_lsn)
+        """Apply one decoded change of a committed transaction (DESIGN.md §3 apply rules). The caller
+        keeps ``last_change_lsn`` (once per transaction, not per change)."""
         kind = change.kind
         if kind == "insert":
             vals = self._values(change.new, change.relation_oid)
