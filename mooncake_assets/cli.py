@@ -382,9 +382,6 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
             console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
 
 
-QUERY_FORMATS = ("table", "csv", "json")
-
-
 def _lag_text(row: dict) -> str:
     """``list-tables``' lag column: bytes of WAL not applied yet and the age of the oldest such commit."""
     b = row.get("lag_bytes")
@@ -414,8 +411,8 @@ def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the 
     from .engine.service import ServiceError
     from .engine.table.mirror import parse_lsn
 
-    if fmt not in QUERY_FORMATS:
-        fail(f"--format must be one of {', '.join(QUERY_FORMATS)}, not {fmt!r}", code=2)
+    if fmt not in FORMATS:
+        fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", code=2)
     if lsn is not None:
         try:
             parse_lsn(lsn)

@@ -47,6 +47,8 @@ class Settings:
     verify_interval_s: float = 600.0   # the service checks every mirror against its source this often (seconds; 0: never)
     warn_persist_age_s: float = 600.0  # status warns when a table's changes are unpersisted for longer (seconds; 0: never)
     warn_slot_wal_bytes: int = 1 << 30  # status warns when a table holds more WAL in the slot (bytes; 0: never)
+    publication_check_s: float = 2.0   # the stream thread checks this often that every mirrored table is still
+    #                                    in the publication (seconds; 0: never; see ReplicatorService._check_published)
     catalog_wait_s: float = 60.0       # schema change: how long to wait for the source to show the change's
     #                                    transaction before the table stops (seconds; see SourceCatalog)
     s3_endpoint: str | None = None     # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3
@@ -87,7 +89,7 @@ class Settings:
         """The replicator service's configuration (``engine/service/config.py``) for these settings:
         the source DSN resolved (:meth:`source_dsn`, which starts the embedded Postgres when there is
         no DSN), the catalog and warehouse URIs with their defaults, the maintenance policies of
-        ``extra`` (``maintenance``, ``maintenance_tables``) and ``extra.publication_check_s``."""
+        ``extra`` (``maintenance``, ``maintenance_tables``)."""
         from .engine.service.config import ServiceConfig
 
         extra = self.extra or {}
@@ -99,16 +101,14 @@ class Settings:
             persist_interval_s=self.persist_interval_s, verify_interval_s=self.verify_interval_s,
             warn_persist_age_s=self.warn_persist_age_s, warn_slot_wal_bytes=self.warn_slot_wal_bytes,
             catalog_wait_s=self.catalog_wait_s,
-            publication_check_s=float(extra.get("publication_check_s", 2.0)),
+            publication_check_s=float(self.publication_check_s),
             maintenance_policy=dict(extra.get("maintenance") or {}),
             maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()})
 
     def save(self) -> None:
         """Write ``settings.json`` (``0600``, in a ``0700`` state directory), without passwords."""
         ensure_private_dir(self.state_dir)
-        d = {k: v for k, v in asdict(self).items() if k != "state_dir"}
-        d["dsn"] = strip_password(self.dsn)
-        d["catalog_uri"] = split_uri_password(self.catalog_uri)[0]
+        d = _without_passwords({k: v for k, v in asdict(self).items() if k != "state_dir"})
         write_private(self.settings_file, json.dumps(d, indent=1))
 
     def service_environment(self) -> dict[str, str]:
@@ -139,7 +139,7 @@ def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None
             if hasattr(s, k):
                 setattr(s, k, v)
         if split_password(s.dsn)[1] is not None or split_uri_password(s.catalog_uri)[1] is not None:
-            _drop_saved_passwords(s)  # written by an older version: keep it in memory only
+            _drop_saved_passwords(s, saved)  # written by an older version: keep it in memory only
     s.dsn = dsn or os.environ.get("MOONCAKE_PG_DSN") or s.dsn
     s.publication = publication or os.environ.get("MOONCAKE_PUBLICATION") or s.publication
     s.warehouse = warehouse or os.environ.get("MOONCAKE_WAREHOUSE") or s.warehouse
@@ -152,15 +152,21 @@ def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None
     return s
 
 
-def _drop_saved_passwords(s: Settings) -> None:
-    """Rewrite a ``settings.json`` that holds a password (an older version wrote it) without it."""
+def _without_passwords(d: dict) -> dict:
+    """``d`` (the content of ``settings.json``) with the password taken out of its ``dsn`` and
+    ``catalog_uri`` (changed in place and returned; a missing one becomes None)."""
+    d["dsn"] = strip_password(d.get("dsn"))
+    d["catalog_uri"] = split_uri_password(d.get("catalog_uri"))[0]
+    return d
+
+
+def _drop_saved_passwords(s: Settings, saved: dict) -> None:
+    """Rewrite ``s``'s ``settings.json``, whose content ``saved`` holds a password (an older version
+    wrote it), without it (every other key kept as it is)."""
     import logging
 
     try:
-        saved = json.loads(s.settings_file.read_text())
-        saved["dsn"] = strip_password(saved.get("dsn"))
-        saved["catalog_uri"] = split_uri_password(saved.get("catalog_uri"))[0]
-        write_private(s.settings_file, json.dumps(saved, indent=1))
+        write_private(s.settings_file, json.dumps(_without_passwords(dict(saved)), indent=1))
         logging.getLogger("mooncake.state").warning(
             "removed a password from %s (passwords are not kept in the state directory; %s)",
             s.settings_file, PASSWORD_HINT)

@@ -65,7 +65,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     con.print(f"pgbench: {clients} clients for {seconds}s")
     bench = subprocess.Popen([_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), dsn],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    reader = UnionReader(client, dsn)
+    reader = UnionReader(client, dsn, wait_timeout=60)  # a read at an LSN waits for the service to apply it
     t0 = time.time()
     tick = 0
     maint_log = []
@@ -76,7 +76,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
             st = client.status()  # the lag as it is now, before the comparison waits for the mirror
             row = next((t for t in st["tables"] if t["name"] == "pgbench_accounts"), {})
             try:
-                lsn, src, mir = balances_at_one_lsn(dsn, client, reader)
+                lsn, src, mir = balances_at_one_lsn(dsn, reader)
             except (ServiceError, TimeoutError, psycopg.Error) as e:
                 lsn, src, mir = "?", [], [{"error": str(e).splitlines()[0]}]
             pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
@@ -109,19 +109,18 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     return run_verify(TABLES, "union", settings)
 
 
-def balances_at_one_lsn(dsn: str, client, reader) -> tuple[str, list[tuple], list[dict]]:
+def balances_at_one_lsn(dsn: str, reader) -> tuple[str, list[tuple], list[dict]]:
     """``QUERY`` on Postgres and on the mirror at one LSN. Postgres: in one transaction, ``LOCK TABLE
     pgbench_accounts IN SHARE MODE`` (waits for the writers in flight to commit, then holds new ones
     for the few milliseconds of the read), the query, and ``pg_current_wal_lsn()`` = L: every change of
     the table committed before L is in the result, none after it. The mirror is then read at exactly L
-    once the service has applied it. (``verify``'s exported snapshot of a temporary slot is exact for
+    once the service has applied it (``reader``: a UnionReader, which waits up to its ``wait_timeout``). (``verify``'s exported snapshot of a temporary slot is exact for
     every table at once, but under a steady load a slot waits for a running-transactions record, logged
     every 15 s; the demo prints every few seconds.) Returns (L as text, Postgres's rows, the mirror's rows)."""
     with psycopg.connect(dsn) as c:  # one transaction, committed on exit
         c.execute("LOCK TABLE pgbench_accounts IN SHARE MODE")
         src = c.execute(QUERY).fetchall()
         lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-    client.wait_lsn(lsn, timeout=60)
     mir = reader.query(QUERY, tables=["pgbench_accounts"], lsn=lsn).to_pylist()
     return lsn, src, mir
 

@@ -119,7 +119,7 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
     if unknown:
         raise ValueError(f"no mirrored table named {', '.join(unknown)}")
     dsn = settings.source_dsn()
-    from .engine.service.service import with_options
+    from .engine.pg.conninfo import with_options
 
     last_err = None
     stopped: dict[str, str] = {}  # mirrors stopped by an error (a mismatch is then explained by it)

@@ -105,7 +105,7 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         c.execute("INSERT INTO vt SELECT g, 'v' || g, g / 3.0, now(), gen_random_uuid(), '{\"a\": 1}' "
                   "FROM generate_series(1, 500) g")
     # the publication poll (issue 24) would name the cause first; off here, the scheduled verify must find it
-    s = make_settings(state_dir, pg_dsn, verify_interval_s=0.5, extra={"publication_check_s": 0})
+    s = make_settings(state_dir, pg_dsn, verify_interval_s=0.5, publication_check_s=0)
     try:
         mooncake(s, "create-table", "vt", "public.vt", check=True)
         with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -188,6 +188,9 @@ def test_checksum_verify_matches_every_type_and_no_key(pg_dsn, state_dir):
         assert res["all_types"]["result"] == "mismatch", res
         assert "values differ in 1 of 16 key ranges (same row counts)" in res["all_types"]["detail"]
         assert {t["name"]: t["state"] for t in client.status()["tables"]} == {"all_types": "error", "nokey": "error"}
+        # a name that is not a mirror is refused in one line (it used to be dropped: "checksums: 0/0")
+        r = mooncake(s, "verify", "--checksum", "all_types", "typo")
+        assert r.returncode == 1 and r.stderr.strip() == "error: no mirrored table named typo (see `mooncake list-tables`)", r
 
 
 # ------------------------------------------------------------------------------------------ item 3

@@ -87,7 +87,8 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     from ..config import Settings
     from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table
     from ..engine.service import service as svc_module
-    from ..engine.service.service import ReplicatorService, with_options
+    from ..engine.pg.conninfo import with_options
+    from ..engine.service.service import ReplicatorService
     from ..engine.table.mirror import MirrorTable, lsn_str
 
     settings = Settings(state_dir=scratch, dsn=dsn, maintenance="dagster")

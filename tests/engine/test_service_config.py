@@ -9,10 +9,10 @@ from mooncake_assets.engine.service.config import ServiceConfig
 
 
 def test_settings_build_the_service_config(tmp_path):
-    extra = {"publication_check_s": 0, "maintenance": {"delete_ratio_percent": 40},
+    extra = {"maintenance": {"delete_ratio_percent": 40},
              "maintenance_tables": {"orders": {"file_count_trigger": 3}}}
     s = Settings(state_dir=tmp_path, dsn="host=/tmp dbname=x", publication="pub", maintenance="dagster",
-                 flush_rows=7, catalog_wait_s=0.5, s3_region="eu-west-1", extra=extra)
+                 flush_rows=7, catalog_wait_s=0.5, publication_check_s=0, s3_region="eu-west-1", extra=extra)
     c = s.service_config()
     assert isinstance(c, ServiceConfig)
     assert (c.state_dir, c.dsn, c.socket_path, c.publication) == (tmp_path, s.dsn, s.socket_path, "pub")

@@ -383,13 +383,21 @@ REFUSED_TYPES: dict[int, str] = {
 }
 
 
+def column_options(types: Sequence[str] = (), exclude: Sequence[str] = ()) -> str:
+    """The create-table options ``--column-type c=text`` for each of ``types`` then ``--exclude-column c``
+    for each of ``exclude``, space-separated ('' for none), each shell-quoted: column names may hold
+    spaces or quotes, and the options are printed for the user to paste into a shell."""
+    import shlex
+
+    return " ".join([f"--column-type {shlex.quote(c + '=text')}" for c in types]
+                    + [f"--exclude-column {shlex.quote(c)}" for c in exclude])
+
+
 def column_option_hint(columns: Sequence[str]) -> str:
     """The create-table options that get past ``columns``: ``--column-type c=text … or
-    --exclude-column c …``."""
-    import shlex  # column names may hold spaces or quotes: the options as a shell takes them
-
-    return ("mirror them as their exact text with " + " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in columns)
-            + ", or leave them out with " + " ".join(f"--exclude-column {shlex.quote(c)}" for c in columns)
+    --exclude-column c …`` (see :func:`column_options`)."""
+    return ("mirror them as their exact text with " + column_options(columns)
+            + ", or leave them out with " + column_options(exclude=columns)
             + " (create-table options, recorded with the mirror)")
 
 

@@ -209,3 +209,18 @@ def _ends_with_setting(options: str, setting: str) -> bool:
     key = setting.split("=", 1)[0] + "="
     at = options.rfind(setting)
     return at >= 0 and options.rfind(key) == at
+
+
+def source_label(dsn: str) -> str:
+    """``dsn`` as ``key=value`` conninfo without its secrets (``password``, ``sslpassword``), keys
+    sorted, for messages, ``status`` and the ``ping`` answer: two DSNs that give libpq the same
+    parameters get the same label, so labels are compared to tell whether two commands name one source
+    (libpq's parameters: https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS).
+    A DSN libpq cannot parse comes back as its own text, scrubbed (:func:`split_password` blanks what
+    looks like its password): it equals only a DSN written the same way."""
+    out, _ = split_password(dsn)
+    try:
+        params = conninfo_to_dict(out)
+    except Exception:  # noqa: BLE001 — malformed: connecting reports it
+        return scrub(out)
+    return make_conninfo(**{k: params[k] for k in sorted(params) if "password" not in k})

@@ -19,7 +19,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ..pg.conninfo import install_log_scrubber, scrub
+from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
 from ..table.mirror import parse_lsn
 from .config import ServiceConfig
@@ -61,8 +61,6 @@ class MooncakeFlightServer(flight.FlightServerBase):
     def _dispatch(self, kind: str, b: dict):
         s = self.service
         if kind == "ping":
-            from .service import source_label
-
             return {"ok": True, "pid": os.getpid(), "maintenance": s.config.maintenance,
                     "source": source_label(s.dsn)}
         if kind == "verify_now":  # the scheduled verify, now (see verifier.py); returns {table: result}

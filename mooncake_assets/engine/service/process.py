@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Protocol
 
 from .client import ServiceClient, ServiceUnavailable
-from ..pg.conninfo import scrub
+from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
-from ..private import ensure_private_dir, open_private
+from ..private import ensure_private_dir, open_private, write_private
+from ..timefmt import utc_now
 
 
 class ProcessSettings(Protocol):
@@ -72,8 +73,6 @@ def check_source(settings: ProcessSettings, info: dict) -> None:
     """Raise :class:`SourceMismatch` when ``settings`` name a DSN (``--dsn``, MOONCAKE_PG_DSN or
     settings.json) other than the source of the running service whose ``ping`` answer is ``info``.
     DSNs are compared as conninfo without passwords; no DSN (the embedded Postgres) is not checked."""
-    from .service import source_label
-
     if not settings.dsn or not info.get("source"):
         return
     mine = source_label(settings.dsn)
@@ -82,16 +81,16 @@ def check_source(settings: ProcessSettings, info: dict) -> None:
                              f"not {mine}; stop it first (`mooncake stop`) to use another source")
 
 
-def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool = False, maintenance: str | None = None,
-                  check_dsn: bool = True):
+def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool = False,
+                  maintenance: str | None = None):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
 
     ``maintenance``: ``auto`` or ``dagster`` for a service started here (``serve --maintenance``; not
     written to settings.json, so it applies to this process only); a running one keeps its mode.
-    ``check_dsn``: raise :class:`SourceMismatch` when the running service's source is not the DSN of
-    ``settings``. RuntimeError with the log tail when it does not start."""
+    :class:`SourceMismatch` when the running service's source is not the DSN of ``settings``;
+    RuntimeError with the log tail when it does not start."""
     if maintenance not in (None, "auto", "dagster"):
         raise ValueError(f"maintenance must be auto or dagster, not {maintenance!r}")
     ensure_private_dir(settings.state_dir)
@@ -105,8 +104,7 @@ def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool
                 except Exception:  # noqa: BLE001 — it answered a moment ago; nothing to compare with
                     info = {}
                 client.close()
-                if check_dsn:
-                    check_source(settings, info)
+                check_source(settings, info)
                 pid = service_pid(settings) or -1
                 return (pid, False) if report else pid
             pid = _spawn(settings, client, timeout, maintenance)
@@ -144,8 +142,7 @@ def stop_service(settings: ProcessSettings, timeout: float = 15.0, mark: bool = 
     """Stop the background service; returns True if one was running. ``mark``: record that the user
     stopped it (:func:`stopped_mark`), so reads say so instead of starting it again."""
     if mark:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        (settings.state_dir / "service.stopped").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        write_private(ensure_private_dir(settings.state_dir) / "service.stopped", utc_now())
     pid = service_pid(settings)
     client = ServiceClient(settings.socket_path)
     was = False

@@ -41,16 +41,19 @@ from .lag import LagTracker
 from ..iceberg import IcebergMirrorTable, make_catalog
 from ..compaction import BackgroundMaintenance
 from ..table.mirror import MirrorTable, lsn_str, parse_lsn
-from ..cdc.types import CatalogNotCurrent, catalog_columns, column_signature, describe_mirrored, resolve_column
+from ..cdc.types import (CatalogNotCurrent, catalog_columns, column_option_hint, column_options, column_signature,
+                         describe_mirrored, resolve_column)
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.conninfo import OUTPUT_SETTINGS, PG_OPTIONS, connect_error, scrub, with_options  # noqa: F401 (re-exported)
+from ..pg.conninfo import OUTPUT_SETTINGS, connect_error, scrub, source_label, with_options
 from ..pg.session import LazyConnection
 from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
 from ..private import write_private
+from ..timefmt import utc_now
+from .verifier import Verifier
 
 log = logging.getLogger("mooncake.service")
 
@@ -61,9 +64,6 @@ def _refuse_nan_decimals(conn, schema) -> None:
     """Refuse a table whose ``numeric(p,s)`` columns (mapped to decimal128, which has no NaN) hold
     ``NaN`` now: one scan of the table, only when it has such columns; the error names every such
     column and the create-table options that get past them (``MooncakeError``)."""
-    from psycopg import sql
-
-    from ..cdc.types import column_option_hint
 
     def is_decimal(c):
         t = c.arrow_type
@@ -100,17 +100,6 @@ def default_names(state_dir) -> dict:
     slot and its own publication (``mooncake_<hash of the state dir>``)."""
     h = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
     return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}"}
-
-
-def source_label(dsn: str) -> str:
-    """``dsn`` as ``key=value`` conninfo without any password (for messages and ``status``)."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        d = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return "(a DSN that does not parse)"
-    return make_conninfo(**{k: d[k] for k in sorted(d) if "password" not in k})  # sorted: comparable
 
 
 class MooncakeError(Exception):
@@ -154,11 +143,8 @@ class ReplicatorService:
         self._pub_seen: dict[str, int] = {}          # table -> LSN at which it was last seen published
         # maintenance: auto — index merge, compaction, snapshot expiry in worker threads (engine/compaction)
         self.background = BackgroundMaintenance(self.lock, self.config.policy)
-        self._dirty_since: dict[str, float] = {}  # table -> when its unpersisted changes began (status warns)
         self._source_error: str | None = None     # why the source was not reachable at the last look
-        from .verifier import Verifier  # the scheduled check of every mirror against its source
-
-        self.verifier = Verifier(self, config.verify_interval_s)
+        self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
 
     # ------------------------------------------------------------------ registry
     def _load_registry(self) -> dict:
@@ -268,7 +254,7 @@ class ReplicatorService:
         self.source_catalog.close()
         self.generated.close()
         try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
-            (self.config.state_dir / "service.clean-stop").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            (self.config.state_dir / "service.clean-stop").write_text(utc_now())
         except OSError:
             pass
         if self._pub_conn is not None:
@@ -314,7 +300,7 @@ class ReplicatorService:
                 backoff = 0.5
             except Exception as e:  # reconnect with backoff; never confirm past what is durable
                 self.stream_error = f"{type(e).__name__}: {e}"
-                self.stream_faults = (self.stream_faults + [{"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                self.stream_faults = (self.stream_faults + [{"at": utc_now(),
                                                              "error": self.stream_error.splitlines()[0]}])[-10:]
                 log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
                 try:
@@ -336,6 +322,7 @@ class ReplicatorService:
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
+        pub_every = float(self.config.publication_check_s)  # 0: off
         while not self._stop.is_set():
             msgs = self.repl.read(timeout=0.05)
             self.lag.record(self.repl.server_wal_end)
@@ -360,7 +347,6 @@ class ReplicatorService:
             if now - last_maint > 0.5:
                 self._auto_maintenance()
                 last_maint = now
-            pub_every = float(self.config.publication_check_s)  # 0: off
             if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
@@ -534,14 +520,11 @@ class ReplicatorService:
                    f"table {t.name}: change at LSN {lsn_str(lsn)} failed: {type(e).__name__}: {e}")
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
-            opts = dict(t.schema.column_types)
-            keep = " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in opts if c not in cols)
-            excl = " ".join(f"--exclude-column {shlex.quote(c)}" for c in t.schema.excluded)
-            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + "".join(f" {x}" for x in (keep, excl) if x)
+            now = column_options([c for c in t.schema.column_types if c not in cols], t.schema.excluded)
+            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + (f" {now}" if now else "")
             t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
                         f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
-                        f"then {redo} " + " ".join(f"--column-type {shlex.quote(c + '=text')}" for c in cols)
-                        + " (or leave them out: " + " ".join(f"--exclude-column {shlex.quote(c)}" for c in cols) + ")")
+                        f"then {redo} {column_options(cols)} (or leave them out: {column_options(exclude=cols)})")
         t.applied_lsn = min(t.applied_lsn, lsn)
         log.error("%s", t.error)
 
@@ -567,10 +550,8 @@ class ReplicatorService:
         with self.lock:
             now = time.time()
             for t in list(self.tables.values()):
-                if t.is_dirty():  # since when its changes wait for a persist (status warns past warn_persist_age_s)
-                    self._dirty_since.setdefault(t.name, now)
-                else:
-                    self._dirty_since.pop(t.name, None)
+                if t.dirty_since is None and t.is_dirty():  # its changes wait for a persist from now on
+                    t.dirty_since = now                     # (persist clears it; status warns past warn_persist_age_s)
                 if t.error:
                     continue
                 try:
@@ -1021,9 +1002,8 @@ class ReplicatorService:
         more WAL held in the slot than ``warn_slot_wal_bytes`` (its unpersisted changes: from its flush
         LSN to the source's current LSN)."""
         s, out = self.config, []
-        since = self._dirty_since.get(t.name)
-        if since is not None and s.warn_persist_age_s and not t.error:
-            age = now - max(since, t.last_persist)
+        if t.dirty_since is not None and s.warn_persist_age_s and not t.error:
+            age = now - t.dirty_since
             if age > s.warn_persist_age_s:
                 why = ("maintenance is dagster: the Dagster assets persist it (is the sensor running?)"
                        if s.maintenance == "dagster" else "see its maintenance and the service log")
@@ -1207,11 +1187,6 @@ class _Truncate:
 
     def __init__(self, oid):
         self.relation_oid = oid
-
-
-def _src_ident(schema) -> sql.Identifier:
-    """The source table of a :class:`TableSchema` as SQL (``"schema"."name"``, quoted by psycopg)."""
-    return sql.Identifier(schema.schema, schema.name)
 
 
 def _estimate_rows(conn, oid: int) -> int | None:

@@ -12,8 +12,12 @@ one LSN, the way ``mooncake verify`` does (``mooncake_assets/verify.py``):
 - instead of comparing rows, each side is reduced to a **checksum per key range**: the rows are split
   into :data:`RANGES` ranges by the hash of their key (the whole row for a table without one), and
   per range the row count and the sum (exact, no wrap-around) of DuckDB's 64-bit ``hash()`` of every
-  row are kept. Sums do not depend on row order, so memory stays at one COPY batch, and the mirror
-  side is one aggregate query over its files.
+  row are kept. Sums do not depend on row order, so memory stays at one batch: the source's COPY
+  batches and the mirror's rows (its union view, read as Arrow batches of 100,000 rows) go through the
+  same per-batch aggregate.
+
+One round checks every table at one LSN: one temporary slot, one wait for the mirrors to reach it,
+one source connection reading at its snapshot.
 
 The result — ``match``, ``mismatch`` (with the ranges and row counts that differ), ``skipped`` (why)
 or ``error`` — with its LSN and time is kept per table (``status``, ``list-tables``, the Dagster
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 
 import duckdb
@@ -33,23 +36,29 @@ import psycopg
 import pyarrow as pa
 
 from ..cdc import ReplicationConnection, describe_table, initial_copy
+from ..pg.conninfo import with_options
+from ..read.union import UnionReader, _ident
 from ..table.mirror import lsn_str
+from ..timefmt import utc_now
 
 log = logging.getLogger("mooncake.verify")
 
 RANGES = 16  # key ranges of the checksum (by the key's hash)
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def checksum_sql(relation: str, columns: list[str], key: list[str]) -> str:
-    """``SELECT range, count(*), sum(hash(row))`` over ``relation`` (a DuckDB table or view name).
+    """``SELECT range, count(*), sum(hash(row))`` over ``relation`` (a DuckDB table or view name): one
+    result row per key range present, columns ``INTEGER`` (the range, ``0 .. RANGES-1``), ``BIGINT``
+    (rows) and ``HUGEINT`` (the exact sum of the rows' 64-bit ``UBIGINT`` hashes; NULL for no rows).
     Grouped by position: DuckDB binds a name in GROUP BY to a column of the table before an alias,
     so a user column named like an alias must not change the grouping."""
-    cols = ", ".join(_q(c) for c in columns)
-    keys = ", ".join(_q(c) for c in (key or columns))
+    cols = ", ".join(_ident(c) for c in columns)
+    keys = ", ".join(_ident(c) for c in (key or columns))
     return (f"SELECT CAST(hash({keys}) % {RANGES} AS INTEGER), count(*), "
             f"sum(hash({cols})::HUGEINT) FROM {relation} GROUP BY 1")
 
@@ -61,6 +70,19 @@ def _add(acc: dict, rows) -> None:
         c[1] += int(h or 0)
 
 
+def _sum_batches(batches, columns: list[str], key: list[str]) -> dict:
+    """``{range: [rows, hash sum]}`` of an iterable of Arrow record batches (columns ``columns``), each
+    batch reduced by :func:`checksum_sql` in DuckDB on its own: memory stays at one batch."""
+    con = duckdb.connect()
+    acc: dict = {}
+    sql = checksum_sql("b", columns, key)
+    for batch in batches:
+        con.register("b", pa.Table.from_batches([batch]))
+        _add(acc, con.execute(sql).fetchall())
+        con.unregister("b")
+    return acc
+
+
 def source_checksums(conn: psycopg.Connection, source: str, snapshot: str, columns: list[str],
                      key: list[str], options: dict | None = None) -> dict | None:
     """``{range: [rows, hash sum]}`` of the source table at ``snapshot`` (None when its columns are not
@@ -70,14 +92,7 @@ def source_checksums(conn: psycopg.Connection, source: str, snapshot: str, colum
     conn.rollback()
     if [c.name for c in schema.columns] != columns:
         return None
-    con = duckdb.connect()
-    acc: dict = {}
-    sql = checksum_sql("b", columns, key)
-    for batch in initial_copy(conn, schema, snapshot):
-        con.register("b", pa.Table.from_batches([batch]))
-        _add(acc, con.execute(sql).fetchall())
-        con.unregister("b")
-    return acc
+    return _sum_batches(initial_copy(conn, schema, snapshot), columns, key)
 
 
 def mirror_checksums(rs: dict, mem: pa.Table, columns: list[str], key: list[str]) -> dict:
@@ -85,19 +100,10 @@ def mirror_checksums(rs: dict, mem: pa.Table, columns: list[str], key: list[str]
 
     The rows go through Arrow exactly as ``mooncake verify`` reads them (DuckDB's union view → Arrow),
     then the same aggregate as the source's runs on them, batch by batch."""
-    from ..read.union import UnionReader
-
     reader = UnionReader(client=None)
     reader.register_state(rs, mem, "__mc_verify", columns=columns, mode="lazy")
-    con = duckdb.connect()
-    acc: dict = {}
-    sql = checksum_sql("b", columns, key)
-    batches = reader.con.execute(f"SELECT * FROM {_q('__mc_verify')}").fetch_record_batch(100_000)
-    for batch in batches:
-        con.register("b", pa.Table.from_batches([batch]))
-        _add(acc, con.execute(sql).fetchall())
-        con.unregister("b")
-    return acc
+    return _sum_batches(reader.con.execute(f"SELECT * FROM {_ident('__mc_verify')}").fetch_record_batch(100_000),
+                        columns, key)
 
 
 def describe_difference(src: dict, mir: dict) -> tuple[list[int], int, int]:
@@ -121,11 +127,14 @@ class Verifier:
         self._round = threading.Lock()
 
     def start(self) -> None:
+        """Start the worker thread that runs :meth:`run_once` every ``interval_s`` seconds (none when
+        ``interval_s`` is 0; a second call does nothing)."""
         if self.interval_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="mooncake-verify", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the worker thread: a round in progress stops before its next table; waits up to 10 s."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -143,78 +152,109 @@ class Verifier:
                 log.exception("scheduled verify failed")
 
     def run_once(self, names: list[str] | None = None) -> dict:
-        """Check ``names`` (default: every ready mirror) now; returns ``{table: result}`` (see
-        :meth:`check`). One round at a time."""
+        """Check ``names`` (default: every mirror) now; returns ``{table: result}`` (see :meth:`check`)
+        and records each result (:meth:`ReplicatorService.record_verify`). One round at a time.
+
+        Every table of a round is checked at one LSN: one temporary slot (creating it waits for the
+        source's next running-transactions record), one wait for the mirrors to reach its consistent
+        point, one source connection reading at its snapshot. A source that cannot be reached, or
+        mirrors that do not reach the LSN within 60 s, give every table the same ``error`` /
+        ``skipped`` result. ``LookupError`` (one line) naming the names that are not mirrored tables."""
         with self._round:
             svc = self.service
             with svc.lock:
-                names = [n for n in (names or list(svc.tables)) if n in svc.tables]
-            out = {}
-            for name in names:
-                if self._stop.is_set():
-                    break
-                res = self.check(name)
-                svc.record_verify(name, res)
-                out[name] = res
+                unknown = [n for n in names or [] if n not in svc.tables]
+                if unknown:
+                    raise LookupError(f"no mirrored table named {', '.join(unknown)} (see `mooncake list-tables`)")
+                names = list(names or svc.tables)
+            out: dict = {}
+            if not names:
+                return out
+            base = {"at": utc_now(), "lsn": None, "ranges": RANGES}
+
+            def every(res: dict) -> dict:  # one result for every table (dropped/stopped ones say so)
+                for name in names:
+                    out[name] = self._unchecked(name, base) or {**base, **res}
+                    svc.record_verify(name, out[name])
+                return out
+
+            if all(self._unchecked(name, base) for name in names):  # nothing to check: no slot
+                return every({})
+
+            try:
+                rc = ReplicationConnection(with_options(svc.dsn))
+            except Exception as e:  # noqa: BLE001
+                return every({"result": "error", "detail": f"cannot reach the source: {_first_line(e)}"})
+            try:
+                try:
+                    c_lsn, snap = rc.create_slot(f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True,
+                                                 temporary=True)
+                except Exception as e:  # noqa: BLE001
+                    return every({"result": "error", "detail": f"{type(e).__name__}: {_first_line(e)}"})
+                base["lsn"] = lsn_str(c_lsn)
+                try:
+                    svc.wait_lsn(c_lsn, timeout_s=60)
+                except Exception as e:  # noqa: BLE001 — not caught up (a long backlog): try again next round
+                    return every({"result": "skipped", "detail": f"the mirror had not reached LSN {lsn_str(c_lsn)}: {e}"})
+                try:
+                    conn = psycopg.connect(with_options(svc.dsn))
+                except Exception as e:  # noqa: BLE001
+                    return every({"result": "error", "detail": f"cannot reach the source: {_first_line(e)}"})
+                with conn:  # the snapshot stays valid as long as ``rc`` is open and idle
+                    for name in names:
+                        if self._stop.is_set():
+                            break
+                        out[name] = self.check(name, c_lsn, snap, conn, at=base["at"])
+                        svc.record_verify(name, out[name])
+            finally:
+                rc.close()
             return out
 
-    def check(self, name: str) -> dict:
-        """One table's check: ``{"result": "match"|"mismatch"|"skipped"|"error", "lsn", "at",
-        "source_rows", "mirror_rows", "ranges", "detail"}`` (``detail``: one line saying what differs,
-        or why the check was skipped or failed)."""
+    def _unchecked(self, name: str, base: dict) -> dict | None:
+        """The ``skipped`` result of a table that is gone or stopped by an error, else None."""
         svc = self.service
-        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        base = {"at": at, "lsn": None, "ranges": RANGES}
         with svc.lock:
             t = svc.tables.get(name)
             if t is None:
                 return {**base, "result": "skipped", "detail": "dropped"}
             if t.error:
                 return {**base, "result": "skipped", "detail": "the mirror is stopped by an error"}
-            source, columns, key = t.source, [f.name for f in t.arrow_schema], list(t.key_names)
-            meta = svc.registry["tables"].get(name) or {}
-            options = {"column_types": meta.get("column_types"), "exclude": meta.get("exclude")}
-        from ..pg.conninfo import with_options
+        return None
 
+    def check(self, name: str, lsn: int, snapshot: str, conn: psycopg.Connection, at: str | None = None) -> dict:
+        """One table's check at ``lsn`` (the consistent point of the round's slot, which the service has
+        applied up to) against the source at ``snapshot`` (that slot's exported snapshot), read over
+        ``conn`` (an idle connection to the source; left idle). Returns ``{"result": "match"|"mismatch"|
+        "skipped"|"error", "lsn", "at", "source_rows", "mirror_rows", "ranges", "detail"}`` (``detail``:
+        one line saying what differs, or why the check was skipped or failed; ``at``: ISO-8601 UTC,
+        default now)."""
+        svc = self.service
+        base = {"at": at or utc_now(), "lsn": lsn_str(lsn), "ranges": RANGES}
         try:
-            rc = ReplicationConnection(with_options(svc.dsn))
-        except Exception as e:  # noqa: BLE001
-            return {**base, "result": "error", "detail": f"cannot reach the source: {str(e).strip().splitlines()[0]}"}
-        try:
-            c_lsn, snap = rc.create_slot(f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True, temporary=True)
-            base["lsn"] = lsn_str(c_lsn)
-            try:
-                svc.wait_lsn(c_lsn, timeout_s=60)
-            except Exception as e:  # noqa: BLE001 — not caught up (a long backlog): try again next round
-                return {**base, "result": "skipped", "detail": f"the mirror had not reached LSN {lsn_str(c_lsn)}: {e}"}
             with svc.lock:
-                t = svc.tables.get(name)
-                if t is None or t.error:
-                    return {**base, "result": "skipped", "detail": "dropped or stopped meanwhile"}
-                if [f.name for f in t.arrow_schema] != columns:
-                    return {**base, "result": "skipped", "detail": "its columns changed meanwhile"}
+                skip = self._unchecked(name, base)
+                if skip:
+                    return skip
+                t = svc.tables[name]
+                source, columns, key = t.source, [f.name for f in t.arrow_schema], list(t.key_names)
+                meta = svc.registry["tables"].get(name) or {}
+                options = {"column_types": meta.get("column_types"), "exclude": meta.get("exclude")}
                 try:
-                    rs, mem = t.read_state(c_lsn)
-                except Exception as e:  # noqa: BLE001 — e.g. flushed past C meanwhile: next round
-                    return {**base, "result": "skipped", "detail": f"cannot read at LSN {lsn_str(c_lsn)}: {e}"}
-                rs["schema"] = columns
-                fields = t.read_fields()
-                if fields:
-                    rs["fields"] = fields
-                rs["storage"] = svc.storage_hints
-            # the mirror first, while every file of its ReadState is surely there; the snapshot stays
-            # valid as long as ``rc`` is open and idle
+                    rs, mem = svc.read_state(name, lsn)
+                except Exception as e:  # noqa: BLE001 — e.g. flushed past the LSN meanwhile: next round
+                    return {**base, "result": "skipped", "detail": f"cannot read at LSN {base['lsn']}: {e}"}
+            # the mirror first, while every file of its ReadState is surely there
             mir_sum = mirror_checksums(rs, mem, columns, key)
-            with psycopg.connect(with_options(svc.dsn)) as conn:
-                src_sum = source_checksums(conn, source, snap, columns, key, options)
+            try:
+                src_sum = source_checksums(conn, source, snapshot, columns, key, options)
+            finally:
+                conn.rollback()  # idle again for the next table (a failed read leaves it in a failed transaction)
             if src_sum is None:
                 return {**base, "result": "skipped",
                         "detail": "the source's columns differ from the mirror's (a schema change reaches the "
                                   "mirror with the table's next row change)"}
         except Exception as e:  # noqa: BLE001
-            return {**base, "result": "error", "detail": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
-        finally:
-            rc.close()
+            return {**base, "result": "error", "detail": f"{type(e).__name__}: {_first_line(e)}"}
         ranges, n_src, n_mir = describe_difference(src_sum, mir_sum)
         res = {**base, "source_rows": n_src, "mirror_rows": n_mir}
         if not ranges:

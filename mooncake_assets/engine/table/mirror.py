@@ -170,6 +170,9 @@ class MirrorTable:
         self.missing_keys = 0
         self.error: str | None = None
         self.last_persist = time.time()
+        # since when (time.time()) changes have waited for a persist, as the service first saw the table
+        # dirty after one (None: everything seen is persisted); status warns past warn_persist_age_s
+        self.dirty_since: float | None = None
         self._retired: list[tuple[float, str]] = []
         self._relmap: dict[int, list[int]] = {}
         self._identity: dict[int, list[int]] = {}
@@ -630,6 +633,7 @@ class MirrorTable:
                 self._retired.append((now, f.local_path))
         self.flush_lsn = lsn
         self.last_persist = now
+        self.dirty_since = None
         self._gc_retired()
         return {"rows": sum(f.num_rows for f in add), "rows_flushed": fl["rows"], "files_added": len(add),
                 "files_removed": len(remove),
