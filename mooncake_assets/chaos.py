@@ -54,6 +54,8 @@ from pathlib import Path
 
 import psycopg
 
+from .engine.private import ensure_private_dir
+
 __all__ = ["ChaosResult", "run_chaos"]
 
 TABLES = ["c_items", "c_full", "c_nokey", "c_comp", "c_part"]
@@ -163,17 +165,9 @@ class _Run:
         from .engine.service import ServiceClient
         from .engine.service.process import start_service
 
-        before = os.environ.get("MOONCAKE_JITTER")
-        if self.res.jitter:  # the service inherits it (seed.start: a restart has a sequence of its own)
-            os.environ["MOONCAKE_JITTER"] = f"{self.res.seed}.{self.starts}"
-        try:
-            start_service(self.settings)
-        finally:
-            if self.res.jitter:
-                if before is None:
-                    os.environ.pop("MOONCAKE_JITTER", None)
-                else:
-                    os.environ["MOONCAKE_JITTER"] = before
+        # the service gets the jitter seed in its environment (seed.start: a restart has a sequence of its own)
+        start_service(self.settings,
+                      extra_env={"MOONCAKE_JITTER": f"{self.res.seed}.{self.starts}"} if self.res.jitter else None)
         self.starts += 1
         if self.client is not None:
             self.client.close()
@@ -520,7 +514,7 @@ def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLik
     the run starts (see module docstring; the workload is the same with or without)."""
     t0 = time.time()
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"mooncake-chaos-{seed}-", dir="/var/tmp"))
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the run's state directory: owner-only
+    ensure_private_dir(root)  # the run's state directory: owner-only
     run = _Run(seed, steps, base_dsn, root, phase, log, schema_rate, jitter)
     failed = True
     try:
@@ -534,7 +528,7 @@ def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLik
         run.res.seconds = time.time() - t0
         if run.res.divergences and cases_dir:
             p = Path(cases_dir) / f"chaos-{seed}-{steps}.json"
-            p.parent.mkdir(parents=True, exist_ok=True)
+            ensure_private_dir(p.parent)
             p.write_text(json.dumps({"seed": seed, "steps": steps, "phase": phase, "schema_rate": schema_rate,
                                      "jitter": jitter,
                                      "result": asdict(run.res),

@@ -289,7 +289,7 @@ def test_publication_problems_each_with_its_fix(pg_dsn):
          "CREATE PUBLICATION p_ins FOR TABLE ins WITH (publish = 'insert')")
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         def errors(src, pub):
-            checks = preflight.table_checks(c, src, publication=pub, own_publication="unused")
+            checks = preflight.check_table(c, src, publication=pub, own_publication="unused")
             return [ch for ch in checks if ch.level == "error"], checks
 
         e, _ = errors("public.pt", "p_leaf")
@@ -316,3 +316,18 @@ def test_publication_problems_each_with_its_fix(pg_dsn):
             and 'public."User"' in e[0].message, e
         e, _ = errors('"Sales Data"."Q1 Orders"', "p_leaf")
         assert len(e) == 1 and 'schema "Sales Data", table "Q1 Orders"' in e[0].message, e
+
+
+def test_schema_without_usage_names_the_grant(pg_dsn):
+    """A table in a schema the role may not use is found all the same (the catalogs are readable), and
+    the check says which GRANT is missing, instead of a permission error from looking it up."""
+    from mooncake_assets.engine.pg import preflight
+    from mooncake_assets.engine.pg.names import resolve_table
+
+    run_sql(pg_dsn, "CREATE SCHEMA hidden", "CREATE TABLE hidden.t (id int PRIMARY KEY)", "CREATE ROLE nousage NOLOGIN")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("SET ROLE nousage")
+        oid, name = resolve_table(c, "hidden.t")
+        assert str(name) == "hidden.t" and oid == run_sql(pg_dsn, "SELECT 'hidden.t'::regclass::oid")[0][0]
+        checks = preflight.check_table(c, "hidden.t", publication=None, own_publication="unused")
+        assert [ch.fix for ch in checks if ch.level == "error"] == ["GRANT USAGE ON SCHEMA hidden TO nousage;"], checks

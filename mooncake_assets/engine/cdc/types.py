@@ -78,6 +78,7 @@ import pyarrow.compute as pc
 # the GUCs a session must have so that its text output is what the decoder expects (defined with the
 # other sessions' settings at the Postgres edge; re-exported here for the decoder's users)
 from ..pg.conninfo import OUTPUT_SETTINGS
+from ..pg.partitions import TREE_CTE
 
 __all__ = [
     "ColumnSpec",
@@ -1219,9 +1220,7 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
 
 # Catalog lookups for schema evolution -----------------------------------------------------------------
 
-_ATTRS_SQL = """
-WITH RECURSIVE tree(relid) AS (
-  SELECT %(oid)s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid)
+_ATTRS_SQL = "WITH RECURSIVE " + TREE_CTE.format(root="%(oid)s") + """
 SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
        CASE WHEN NOT a.attisdropped THEN COALESCE(
          CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,

@@ -454,22 +454,20 @@ def _referenced(ice) -> set[str]:
 
 def _list_files(ice, min_age_s: float) -> list[str]:
     """Files under the table's ``data/``, ``index/`` and ``metadata/`` older than ``min_age_s``: local
-    paths for a local warehouse, ``scheme://bucket/key`` otherwise (listed through the table's own
-    FileIO filesystem, so an S3 endpoint and credentials are the ones the table uses)."""
+    paths for a local warehouse (pyarrow's local filesystem), ``scheme://bucket/key`` otherwise (listed
+    through the table's own fsspec FileIO, so an S3 endpoint and credentials are the ones the table
+    uses); empty for a FileIO that cannot list."""
     import pyarrow.fs as pafs
 
     loc = ice.location
     io = ice.io
     now = time.time()
-    if "://" in loc and not loc.startswith("file://") and hasattr(io, "get_fs"):
-        return _list_fsspec(io, loc, min_age_s, now)  # PyIceberg's FsspecFileIO (s3fs, gcsfs, adlfs)
-    if loc.startswith("file://") or loc.startswith("/") or not hasattr(io, "fs_by_scheme"):
-        if not (loc.startswith("file://") or loc.startswith("/")):
-            return []  # a FileIO that cannot list: nothing is listed, nothing deleted
-        scheme, fs, base = "file", pafs.LocalFileSystem(), _strip(loc)
-    else:
-        scheme, netloc, base = io.parse_location(loc)
-        fs = io.fs_by_scheme(scheme, netloc)
+    local = loc.startswith("file://") or loc.startswith("/")
+    if not local:  # an object store: its FileIO is PyIceberg's FsspecFileIO (storage.fileio; s3fs, gcsfs, adlfs)
+        if hasattr(io, "get_fs"):
+            return _list_fsspec(io, loc, min_age_s, now)
+        return []  # a FileIO that cannot list: nothing is listed, nothing deleted
+    fs, base = pafs.LocalFileSystem(), _strip(loc)
     out = []
     for sub in ("data", "index", "metadata"):
         for info in fs.get_file_info(pafs.FileSelector(f"{base.rstrip('/')}/{sub}", recursive=True,
@@ -478,7 +476,7 @@ def _list_files(ice, min_age_s: float) -> list[str]:
                 continue
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             if now - mtime >= min_age_s:
-                out.append(info.path if scheme == "file" else f"{scheme}://{info.path}")
+                out.append(info.path)
     return out
 
 

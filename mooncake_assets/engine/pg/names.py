@@ -64,10 +64,6 @@ class TableName:
         """``"schema"."name"`` for psycopg's ``sql.SQL(...).format()``."""
         return sql.Identifier(self.schema, self.name)
 
-    def describe(self) -> str:
-        """``schema "Sales Data", table "Q1 Orders"`` (how the name was understood)."""
-        return f'schema "{self.schema}", table "{self.name}"'
-
     def __str__(self) -> str:
         return format_name(self.schema, self.name)
 
@@ -158,7 +154,8 @@ def resolve_table(conn: psycopg.Connection, text: str) -> tuple[int, TableName]:
 
     ``text``: ``schema.table``, ``table`` (the connection's ``search_path``) or ``db.schema.table``
     (the current database only), parsed by ``parse_ident`` as described in the module docstring.
-    Any relation kind is returned (the caller checks it is a table). Runs in a transaction block of
+    Any relation kind is returned (the caller checks it is a table), also one in a schema the role has
+    no ``USAGE`` on (found in the catalogs; the caller's checks say what to grant). Runs in a transaction block of
     its own (or a savepoint), leaving the connection as it found it.
 
     Raises :class:`InvalidName` with one line: the text does not parse (Postgres's reason), names
@@ -184,9 +181,19 @@ def resolve_table(conn: psycopg.Connection, text: str) -> tuple[int, TableName]:
                                  f"to database \"{db}\" (cross-database references are not possible)")
             parts = parts[1:]
         quoted = sql.Identifier(*parts).as_string(conn)
-        row = cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c "
-                          "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
-                          (quoted,)).fetchone()
+        try:
+            with conn.transaction():
+                row = cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c "
+                                  "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
+                                  (quoted,)).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            if len(parts) != 2:  # pragma: no cover — search_path leaves out schemas without USAGE
+                raise
+            # no USAGE on the named schema (to_regclass checks it): the catalogs, which any role may
+            # read, still tell which table it is, and the caller's checks name the missing GRANT
+            row = cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c "
+                              "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                              tuple(_truncated(p) for p in parts)).fetchone()
         if row is not None:
             return int(row[0]), TableName(row[1], row[2])
         where = _parts_text(parts)
@@ -194,6 +201,11 @@ def resolve_table(conn: psycopg.Connection, text: str) -> tuple[int, TableName]:
         raise InvalidName(f"table {text} does not exist (parsed as {where}"
                          + (", looked up by search_path " + _search_path(cur) if len(parts) == 1 else "")
                          + ")" + hint)
+
+
+def _truncated(part: str) -> str:
+    """``part`` cut to the 63 bytes Postgres keeps of an identifier (never inside a UTF-8 character)."""
+    return part.encode("utf-8")[:NAMEDATALEN - 1].decode("utf-8", errors="ignore")
 
 
 def _search_path(cur) -> str:

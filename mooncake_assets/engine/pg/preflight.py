@@ -26,13 +26,20 @@ that only runs ``IDENTIFY_SYSTEM``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from . import publication as pubs
-from .conninfo import connect_error, redact, scrub
+from .conninfo import connect_error, redact
+from .names import InvalidName, TableName, format_name, resolve_table
+from .partitions import partition_tree
 
-__all__ = ["Check", "check_source", "server_checks", "table_checks", "replication_check"]
+if TYPE_CHECKING:
+    from ..cdc.types import TableSchema
+
+__all__ = ["Check", "check_source", "server_checks", "check_table", "table_checks", "identity_todo",
+           "replication_check"]
 
 
 @dataclass
@@ -131,13 +138,14 @@ def replication_check(dsn: str) -> Check:
     try:
         rc = ReplicationConnection(dsn, connect_timeout=10)
     except ReplicationError as e:
-        msg = scrub(str(e).split("FATAL:")[-1].strip())
+        cause = e.__cause__ or e
+        msg = connect_error(cause)  # the driver's error: one scrubbed line with the server's reason
         user = _user_of(dsn)
-        if "replication role" in msg or "permission denied to start WAL sender" in msg:
+        if "replication role" in str(cause) or "permission denied to start WAL sender" in str(cause):
             return Check("error", f"role {user}", "cannot open a replication connection: it lacks the REPLICATION "
-                         "attribute", f"ALTER ROLE {pubs.quote_name(user)} WITH REPLICATION;  (RDS/Aurora: GRANT "
-                         f"rds_replication TO {pubs.quote_name(user)};)")
-        return Check("error", f"role {user}", f"cannot open a replication connection: {msg.splitlines()[0]}",
+                         "attribute", f"ALTER ROLE {format_name(user)} WITH REPLICATION;  (RDS/Aurora: GRANT "
+                         f"rds_replication TO {format_name(user)};)")
+        return Check("error", f"role {user}", f"cannot open a replication connection: {msg}",
                      "let the role connect for replication (pg_hba.conf: a line for this database and role, e.g. "
                      "host <db> <role> <address> scram-sha-256)")
     try:
@@ -159,69 +167,51 @@ def _user_of(dsn: str) -> str:
         return "?"
 
 
-def _split_name(conn, src: str) -> tuple[str, str] | None:
-    """``schema.table`` split the way Postgres parses a qualified name (``parse_ident``); a bare name
-    resolves through ``search_path``. None when it is not a name."""
+def check_table(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str,
+                column_types: dict | None = None, exclude: list | None = None,
+                publication_info: pubs.PublicationInfo | None = None) -> list[Check]:
+    """The checks of the source table named ``src`` (``schema.table``, ``table`` or
+    ``db.schema.table``, parsed and found as Postgres does: :func:`~.names.resolve_table`): one error
+    line saying how the name was parsed when it names no table, else :func:`table_checks`."""
     try:
-        with conn.transaction():
-            parts = conn.execute("SELECT parse_ident(%s)", (src,)).fetchone()[0]
-    except psycopg.Error:
-        return None
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    if len(parts) == 1:
-        row = conn.execute("SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                           "WHERE c.relname = %s AND n.nspname = ANY(current_schemas(false)) "
-                           "ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1", (parts[0],)).fetchone()
-        return (row[0] if row else "public"), parts[0]
-    return None
-
-
-def _unresolved(conn, src: str, fallback: str) -> str:
-    """Why ``src`` names no table, as create-table says it (how it was parsed, and the quoted form when
-    an unquoted name matches only ignoring case: names.resolve_table); ``fallback`` if it resolves."""
-    from .names import InvalidName, resolve_table
-
-    try:
-        resolve_table(conn, src)
+        oid, name = resolve_table(conn, src)
     except InvalidName as e:
-        return str(e)
-    except psycopg.Error:
-        pass
-    return fallback
+        return [Check("error", f"table {src}", str(e),
+                      "name an existing table as schema.table, quoting parts as SQL does: '\"Sales Data\".\"Q1 Orders\"'")]
+    return table_checks(conn, name, oid, publication=publication, own_publication=own_publication,
+                        column_types=column_types, exclude=exclude, publication_info=publication_info)[0]
 
 
-def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str,
-                 column_types: dict | None = None, exclude: list | None = None) -> list[Check]:
-    """The checks of one source table ``src`` (``schema.table``). ``publication``: the administrator's
-    publication (None: the service's own, named ``own_publication``). ``column_types``/``exclude``:
-    create-table's column options (a column mirrored as text or left out is not refused)."""
+def table_checks(conn: psycopg.Connection, name: TableName, oid: int, *, publication: str | None,
+                 own_publication: str, column_types: dict | None = None, exclude: list | None = None,
+                 publication_info: pubs.PublicationInfo | None = None) -> tuple[list[Check], TableSchema | None]:
+    """The checks of one source table: ``name`` and ``oid`` as :func:`~.names.resolve_table` found
+    it. ``publication``: the administrator's publication (None: the service's own, named
+    ``own_publication``); ``publication_info``: that publication as :func:`~.publication.describe`
+    read it (``check_source`` reads it once for all tables; read here when None).
+    ``column_types``/``exclude``: create-table's column options (a column mirrored as text or left out
+    is not refused).
+
+    Returns ``(checks, schema)``: ``schema`` the table as ``describe_table`` read it with those
+    options (create-table mirrors that), None when a check stopped before it could be read."""
     from ..cdc import describe_table
     from ..cdc.types import UnsupportedTypeError
 
-    split = _split_name(conn, src)
-    if split is None:
-        return [Check("error", f"table {src}", _unresolved(conn, src, "is not a table name"),
-                      "name it as schema.table, quoting parts as SQL does: '\"Sales Data\".\"Q1 Orders\"'")]
-    schema, table = split
-    subj = f"table {pubs.quote_name(schema, table)}"
+    subj = f"table {name}"
+    q = str(name)
     user = conn.execute("SELECT current_user").fetchone()[0]
-    ru = pubs.quote_name(user)
-    row = conn.execute(
-        "SELECT c.oid, c.relkind, c.relpersistence, has_schema_privilege(n.oid, 'USAGE'), "
-        "pg_has_role(c.relowner, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
-    if row is None or row[1] not in ("r", "p"):
-        return [Check("error", subj, "does not exist as a table" if row is not None else
-                      _unresolved(conn, src, "does not exist"),
-                      "name an existing table as schema.table, quoting parts as SQL does")]
-    oid, relkind, persistence, usage, owner = row
+    ru = format_name(user)
+    row = conn.execute("SELECT c.relkind, c.relpersistence, has_schema_privilege(c.relnamespace, 'USAGE'), "
+                       "pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = %s", (oid,)).fetchone()
+    if row is None or row[0] not in ("r", "p"):
+        return [Check("error", subj, "does not exist as a table" if row is not None else "does not exist",
+                      "name an existing table as schema.table, quoting parts as SQL does")], None
+    relkind, persistence, usage, owner = row
     out: list[Check] = []
-    q = pubs.quote_name(schema, table)
     if not usage:
-        out.append(Check("error", subj, f"is in schema {schema}, on which role {user} has no USAGE",
-                         f"GRANT USAGE ON SCHEMA {pubs.quote_name(schema)} TO {ru};"))
-        return out
+        out.append(Check("error", subj, f"is in schema {name.schema}, on which role {user} has no USAGE",
+                         f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};"))
+        return out, None
     select_ok = conn.execute(
         "SELECT has_table_privilege(%s, 'SELECT') OR coalesce(bool_and(has_column_privilege(%s, a.attnum, 'SELECT')), "
         "false) FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
@@ -238,25 +228,24 @@ def table_checks(conn: psycopg.Connection, src: str, *, publication: str | None,
         schema_ = describe_table(conn, q, column_types=column_types, exclude=exclude)
     except (LookupError, UnsupportedTypeError) as e:  # the message names the column and the options past it
         out.append(Check("error", subj, str(e).strip("'\"")))
-        return out
+        return out, None
     except psycopg.errors.InsufficientPrivilege as e:
-        out.append(Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {pubs.quote_name(schema)} TO {ru};"))
-        return out
-    out.append(_identity_check(conn, subj, q, schema_, relkind, owner))
-    gen = [r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
-                                      "attisdropped AND attgenerated <> '' ORDER BY attnum", (oid,)).fetchall()]
+        out.append(Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};"))
+        return out, None
+    out.append(_identity_check(conn, subj, q, schema_, owner))
+    gen = [c.name for c in schema_.columns if c.generated]  # STORED ones (describe_table leaves virtual ones out)
     if gen:  # mirrored either way (engine/cdc/generated.py): Postgres < 18 does not send them, so the
         # service computes them on the source for each applied batch; 18 sends them (publish_generated_columns)
         out.append(Check("ok", subj, f"generated column(s) {', '.join(gen)} are mirrored ("
                          + ("sent by pgoutput with the publication's publish_generated_columns = stored)"
                             if conn.info.server_version >= 180000 else
                             "PostgreSQL before 18 does not send them: computed on the source for each applied batch)")))
-    out.extend(_publication_checks(conn, subj, schema, table, relkind, owner, [c.name for c in schema_.columns],
-                                   publication, own_publication, user))
-    return out
+    out.extend(_publication_checks(conn, subj, name, oid, relkind, owner, [c.name for c in schema_.columns],
+                                   publication, publication_info, own_publication, user))
+    return out, schema_
 
 
-def _identity_check(conn, subj: str, q: str, schema_, relkind: str, owner: bool) -> Check:
+def _identity_check(conn, subj: str, q: str, schema_, owner: bool) -> Check:
     ri = schema_.replica_identity
     if schema_.has_primary_key or schema_.key_columns:
         if ri == "n":
@@ -264,7 +253,7 @@ def _identity_check(conn, subj: str, q: str, schema_, relkind: str, owner: bool)
                          f"ALTER TABLE {q} REPLICA IDENTITY DEFAULT;")
         what = {"d": "its primary key", "i": "its replica identity index", "f": "FULL"}.get(ri, ri)
         return Check("ok", subj, f"replica identity is {what} (key: {', '.join(schema_.key_columns) or 'whole row'})")
-    todo = _identity_todo(conn, schema_, relkind)
+    todo = identity_todo(conn, schema_)
     if not todo:
         return Check("ok", subj, "has no primary key; replica identity is FULL (the whole row is the key)")
     stmts = " ".join(f"ALTER TABLE {t} REPLICA IDENTITY FULL;" for t in todo)
@@ -274,38 +263,43 @@ def _identity_check(conn, subj: str, q: str, schema_, relkind: str, owner: bool)
                  "would not carry the old row; the role does not own it, so an administrator must set it", stmts)
 
 
-def _identity_todo(conn, schema_, relkind: str) -> list[str]:
-    """The table — and for a partitioned one each of its partitions, which log their own old rows —
-    when its replica identity is not FULL, as quoted names."""
-    if relkind != "p":
-        return [] if schema_.replica_identity == "f" else [pubs.quote_name(schema_.schema, schema_.name)]
+def identity_todo(conn: psycopg.Connection, schema: TableSchema) -> list[TableName]:
+    """The tables whose replica identity must become ``FULL`` for a keyless mirror of ``schema``
+    (``pg_class.relreplident`` not ``'f'``): the table itself and, for a partitioned one, each of its
+    partitions, which log their own old rows (found through ``pg_inherits``:
+    :func:`~.partitions.partition_tree`, no locks); the table first, then by schema and name. Empty
+    when all are ``FULL``. (PG docs, ``ALTER TABLE … REPLICA IDENTITY``.)"""
+    if schema.relkind != "p":
+        return [] if schema.replica_identity == "f" else [TableName(schema.schema, schema.name)]
     rows = conn.execute(
-        "WITH RECURSIVE tree(relid) AS (SELECT %s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i "
-        "JOIN tree t ON i.inhparent = t.relid) "
-        "SELECT n.nspname, c.relname FROM tree t JOIN pg_class c ON c.oid = t.relid "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relreplident <> 'f' "
-        "ORDER BY c.oid <> %s, 1, 2", (schema_.oid, schema_.oid)).fetchall()
-    return [pubs.quote_name(a, b) for a, b in rows]
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = ANY(%s) AND c.relreplident <> 'f' ORDER BY c.oid <> %s, 1, 2",
+        (partition_tree(conn, schema.oid), schema.oid)).fetchall()
+    return [TableName(a, b) for a, b in rows]
 
 
-def _publication_checks(conn, subj, schema, table, relkind, owner, columns, publication, own, user) -> list[Check]:
-    q = pubs.quote_name(schema, table)
+def _publication_checks(conn, subj, name: TableName, oid, relkind, owner, columns, publication, info, own,
+                        user) -> list[Check]:
+    q = str(name)
     if publication is not None:
-        problems = pubs.table_problems(conn, publication, schema, table, relkind, columns)
+        if info is None:
+            info = pubs.describe(conn, publication)
+        problems = pubs.table_problems(conn, publication, info, oid, name, relkind, columns)
         if not problems:
             return [Check("ok", subj, f"is in publication {publication}")]
         return [Check("error", subj, msg, fix) for msg, fix in problems]
     # the service's own publication
-    if pubs.describe(conn, own) is not None and pubs.membership(conn, own, schema, table) is not None:
+    own_exists = pubs.describe(conn, own) is not None
+    if own_exists and pubs.membership(conn, own, oid) is not None:
         return [Check("ok", subj, f"is in the service's publication {own}")]
     out = []
     admin_fix = (f"or have an administrator create one: CREATE PUBLICATION mooncake FOR TABLE {q}; and start mooncake "
                  "with --publication mooncake")
-    if pubs.describe(conn, own) is None and not conn.execute(
+    if not own_exists and not conn.execute(
             "SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
         out.append(Check("error", subj, f"cannot be published by the service: creating its publication {own} needs "
                          "CREATE on the database",
-                         f"GRANT CREATE ON DATABASE {pubs.quote_name(conn.info.dbname)} TO {pubs.quote_name(user)}; "
+                         f"GRANT CREATE ON DATABASE {format_name(conn.info.dbname)} TO {format_name(user)}; "
                          + admin_fix))
     if not owner:
         out.append(Check("error", subj, f"is not owned by role {user}, and adding it to the service's publication {own} "
@@ -329,11 +323,12 @@ def check_source(dsn: str, tables: list[str], *, publication: str | None, own_pu
         out = [Check("ok", "connection", f"{redact(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
         out += server_checks(conn, slot)
         out.append(replication_check(dsn))
+        info = None
         if publication is not None:
             info = pubs.describe(conn, publication)
             if info is None:
                 out.append(Check("error", f"publication {publication}", "does not exist",
-                                 f"CREATE PUBLICATION {pubs.quote_name(publication)} FOR TABLE <schema.table>, …;  "
+                                 f"CREATE PUBLICATION {format_name(publication)} FOR TABLE <schema.table>, …;  "
                                  "(or FOR TABLES IN SCHEMA <schema>, or FOR ALL TABLES)"))
             else:
                 kind = ("FOR ALL TABLES" if info.all_tables else
@@ -343,6 +338,6 @@ def check_source(dsn: str, tables: list[str], *, publication: str | None, own_pu
                                  + ("; publish_via_partition_root" if info.via_root else "")))
         for src in tables:
             opts = (table_options or {}).get(src, {})
-            out += table_checks(conn, src, publication=publication, own_publication=own_publication,
-                                column_types=opts.get("column_types"), exclude=opts.get("exclude"))
+            out += check_table(conn, src, publication=publication, own_publication=own_publication,
+                               column_types=opts.get("column_types"), exclude=opts.get("exclude"), publication_info=info)
     return out

@@ -25,23 +25,19 @@ Every function takes an open psycopg connection (autocommit) and sends only cata
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
 
-__all__ = ["PublicationInfo", "describe", "membership", "published_oids", "table_problems", "add_table",
-           "remove_table", "drop", "quote_name", "REQUIRED_ACTIONS"]
+from .names import TableName, format_name
+from .partitions import partition_tree
+
+__all__ = ["PublicationInfo", "Membership", "describe", "membership", "membership_of_partitions",
+           "published_oids", "table_problems", "add_table", "add_table_sql", "remove_table", "drop",
+           "REQUIRED_ACTIONS"]
 
 REQUIRED_ACTIONS = ("insert", "update", "delete", "truncate")  # a mirror needs every kind of change
-_PLAIN = re.compile(r"^[a-z_][a-z0-9_$]*$")
-
-
-def quote_name(*parts: str) -> str:
-    """``public.orders`` or ``"My Schema"."T"``: each part quoted only when Postgres needs it (for the
-    statements shown to an administrator; statements sent use ``psycopg.sql.Identifier``)."""
-    return ".".join(p if _PLAIN.match(p) else '"' + p.replace('"', '""') + '"' for p in parts)
 
 
 @dataclass
@@ -59,6 +55,9 @@ class PublicationInfo:
 
     @property
     def missing_actions(self) -> list[str]:
+        """The kinds of change of :data:`REQUIRED_ACTIONS` this publication does not publish (its
+        ``publish`` parameter; ``pg_publication.pubinsert`` … ``pubtruncate``), in that order; empty
+        when it publishes all four."""
         return [a for a in REQUIRED_ACTIONS if a not in self.actions]
 
 
@@ -88,26 +87,32 @@ class Membership:
     row_filter: str | None
 
 
-def _member_expr(conn) -> str:
-    """SQL that is true when publication ``p`` publishes table ``c`` under ``c``'s own oid, from the
-    catalogs alone (``pg_publication_tables`` would open, and lock, every table of the publication):
-    ``FOR ALL TABLES``, a ``pg_publication_rel`` row, or (PG 15+) its schema in
-    ``pg_publication_namespace``; a partitioned table only with ``publish_via_partition_root``; never
-    an unlogged or temporary one."""
+def _listed_expr(conn) -> str:
+    """SQL that is true when publication ``p`` lists relation ``c``: ``FOR ALL TABLES``, a
+    ``pg_publication_rel`` row, or (PG 15+, ``FOR TABLES IN SCHEMA``) its schema in
+    ``pg_publication_namespace``. Catalogs alone (``pg_publication_tables`` would open, and lock,
+    every table of the publication)."""
     schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
                    "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
-    return ("((p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
-            f"AND r.prrelid = c.oid){schema_part}) AND (c.relkind = 'r' OR p.pubviaroot) AND c.relpersistence = 'p')")
+    return ("(p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
+            f"AND r.prrelid = c.oid){schema_part})")
 
 
-def membership(conn: psycopg.Connection, name: str, schema: str, table: str) -> Membership | None:
-    """How publication ``name`` publishes ``schema.table`` under its own name, or None when it does
-    not (a partitioned table in a publication without ``publish_via_partition_root`` is published by
-    its partitions, so it is not a member here). Catalog reads only, no locks on the table."""
+def _member_expr(conn) -> str:
+    """SQL that is true when publication ``p`` publishes table ``c`` under ``c``'s own oid: it lists it
+    (:func:`_listed_expr`); a partitioned table only with ``publish_via_partition_root``; never an
+    unlogged or temporary one."""
+    return f"({_listed_expr(conn)} AND (c.relkind = 'r' OR p.pubviaroot) AND c.relpersistence = 'p')"
+
+
+def membership(conn: psycopg.Connection, name: str, oid: int) -> Membership | None:
+    """How publication ``name`` publishes the table ``oid`` (``pg_class.oid``) under its own name, or
+    None when it does not (a partitioned table in a publication without ``publish_via_partition_root``
+    is published by its partitions, so it is not a member here; a table that no longer exists is
+    not a member either). Catalog reads only, no locks on the table."""
     row = conn.execute(
-        f"SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, pg_publication p "
-        f"WHERE p.pubname = %s AND n.nspname = %s AND c.relname = %s AND {_member_expr(conn)}",
-        (name, schema, table)).fetchone()
+        f"SELECT c.oid FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = %s AND {_member_expr(conn)}",
+        (name, oid)).fetchone()
     if row is None:
         return None
     if conn.info.server_version < 150000:
@@ -139,38 +144,39 @@ def published_oids(conn: psycopg.Connection, name: str, oids: list[int]) -> tupl
 
 def add_table_sql(name: str, schema: str, table: str) -> str:
     """The statement that adds a table to publication ``name`` (shown to an administrator)."""
-    return f"ALTER PUBLICATION {quote_name(name)} ADD TABLE {quote_name(schema, table)};"
+    return f"ALTER PUBLICATION {format_name(name)} ADD TABLE {format_name(schema, table)};"
 
 
-def table_problems(conn: psycopg.Connection, name: str, schema: str, table: str, relkind: str,
-                   mirrored_columns: list[str]) -> list[tuple[str, str]]:
-    """Why the administrator's publication ``name`` cannot feed a mirror of ``schema.table``, as
-    ``[(problem, statement that fixes it), …]`` (empty: it can). ``relkind``: ``'r'`` or ``'p'``
-    (partitioned: its changes must come under the root, ``publish_via_partition_root = true``);
-    ``mirrored_columns``: the columns the mirror takes (a column list must include them all)."""
-    info = describe(conn, name)
-    q = quote_name(schema, table)
+def table_problems(conn: psycopg.Connection, name: str, info: PublicationInfo | None, oid: int, table: TableName,
+                   relkind: str, mirrored_columns: list[str]) -> list[tuple[str, str]]:
+    """Why the administrator's publication ``name`` cannot feed a mirror of ``table`` (``pg_class``
+    oid ``oid``), as ``[(problem, statement that fixes it), …]`` (empty: it can). ``info``: the
+    publication as :func:`describe` read it (None: it does not exist). ``relkind``: ``'r'`` or
+    ``'p'`` (partitioned: its changes must come under the root, ``publish_via_partition_root =
+    true``); ``mirrored_columns``: the columns the mirror takes (a column list must include them all)."""
+    schema = table.schema
+    q = str(table)
     if info is None:
         return [(f"publication {name} does not exist",
-                 f"CREATE PUBLICATION {quote_name(name)} FOR TABLE {q};  (or FOR TABLES IN SCHEMA "
-                 f"{quote_name(schema)})")]
+                 f"CREATE PUBLICATION {format_name(name)} FOR TABLE {q};  (or FOR TABLES IN SCHEMA "
+                 f"{format_name(schema)})")]
     out = []
     if info.missing_actions:
         out.append((f"publication {name} does not publish {', '.join(info.missing_actions)} (a mirror needs every "
                     "kind of change)",
-                    f"ALTER PUBLICATION {quote_name(name)} SET (publish = '{', '.join(REQUIRED_ACTIONS)}');"))
+                    f"ALTER PUBLICATION {format_name(name)} SET (publish = '{', '.join(REQUIRED_ACTIONS)}');"))
     if relkind == "p" and not info.via_root:
         out.append((f"table {q} is partitioned and publication {name} publishes its partitions under their own "
                      "names (publish_via_partition_root is off)",
-                     f"ALTER PUBLICATION {quote_name(name)} SET (publish_via_partition_root = true);"))
-        if membership_of_partitions(conn, name, schema, table):
+                     f"ALTER PUBLICATION {format_name(name)} SET (publish_via_partition_root = true);"))
+        if membership_of_partitions(conn, name, oid):
             return out
-    m = membership(conn, name, schema, table)
+    m = membership(conn, name, oid)
     if m is None:
-        out.append((f"table {q} is not in publication {name}", add_table_sql(name, schema, table)))
+        out.append((f"table {q} is not in publication {name}", add_table_sql(name, schema, table.name)))
         return out
-    readd = (f"ALTER PUBLICATION {quote_name(name)} DROP TABLE {q}; "
-             f"ALTER PUBLICATION {quote_name(name)} ADD TABLE {q};")
+    readd = (f"ALTER PUBLICATION {format_name(name)} DROP TABLE {q}; "
+             f"ALTER PUBLICATION {format_name(name)} ADD TABLE {q};")
     if m.row_filter:
         out.append((f"publication {name} publishes only the rows of {q} WHERE {m.row_filter} (a mirror needs "
                     "every row)", readd))
@@ -182,25 +188,19 @@ def table_problems(conn: psycopg.Connection, name: str, schema: str, table: str,
     return out
 
 
-def membership_of_partitions(conn: psycopg.Connection, name: str, schema: str, table: str) -> bool:
-    """True when publication ``name`` publishes some partition of the partitioned ``schema.table``
-    (under the partition's own name: ``publish_via_partition_root`` is off)."""
-    schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
-                   "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
-    row = conn.execute(
-        "WITH RECURSIVE tree(relid) AS (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "  WHERE n.nspname = %s AND c.relname = %s "
-        "  UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid) "
-        "SELECT 1 FROM tree t JOIN pg_class c ON c.oid = t.relid, pg_publication p "
-        "WHERE p.pubname = %s AND (p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
-        f"AND r.prrelid = c.oid){schema_part}) LIMIT 1", (schema, table, name)).fetchone()
+def membership_of_partitions(conn: psycopg.Connection, name: str, oid: int) -> bool:
+    """True when publication ``name`` lists the partitioned table ``oid`` or one of its partitions
+    (walked through ``pg_inherits``: :func:`~.partitions.partition_tree`, no locks), so that, with
+    ``publish_via_partition_root`` off, their changes are published under the partitions' own names."""
+    row = conn.execute(f"SELECT 1 FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
+                       f"AND {_listed_expr(conn)} LIMIT 1", (name, partition_tree(conn, oid))).fetchone()
     return row is not None
 
 
 # -- own mode: the service's publication ---------------------------------------------------------------
-def add_table(conn: psycopg.Connection, name: str, schema: str, table: str) -> str:
-    """Put ``schema.table`` into the service's own publication ``name``, creating it (``FOR TABLE …
-    WITH (publish_via_partition_root = true)``) when it does not exist. Returns ``"present"``
+def add_table(conn: psycopg.Connection, name: str, schema: str, table: str, oid: int) -> str:
+    """Put ``schema.table`` (``pg_class`` oid ``oid``) into the service's own publication ``name``,
+    creating it (``FOR TABLE … WITH (publish_via_partition_root = true)``) when it does not exist. Returns ``"present"``
     (already in it: left by a create that was killed), ``"added"`` or ``"created"`` — what
     :func:`remove_table` / :func:`drop` undo. Raises ``psycopg.errors.InsufficientPrivilege`` when
     the role does not own the table."""
@@ -209,7 +209,7 @@ def add_table(conn: psycopg.Connection, name: str, schema: str, table: str) -> s
         conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
                      .format(sql.Identifier(name), ident))
         return "created"
-    if membership(conn, name, schema, table) is not None:
+    if membership(conn, name, oid) is not None:
         return "present"
     conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(name), ident))
     return "added"

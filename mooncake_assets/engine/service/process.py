@@ -82,15 +82,17 @@ def check_source(settings: ProcessSettings, info: dict) -> None:
 
 
 def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool = False,
-                  maintenance: str | None = None):
+                  maintenance: str | None = None, extra_env: dict[str, str] | None = None):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
 
     ``maintenance``: ``auto`` or ``dagster`` for a service started here (``serve --maintenance``; not
     written to settings.json, so it applies to this process only); a running one keeps its mode.
-    :class:`SourceMismatch` when the running service's source is not the DSN of ``settings``;
-    RuntimeError with the log tail when it does not start."""
+    ``extra_env``: environment variables set for a service started here only (on top of this
+    process's environment; a running one keeps its own). :class:`SourceMismatch` when the running
+    service's source is not the DSN of ``settings``; RuntimeError with the log tail when it does not
+    start."""
     if maintenance not in (None, "auto", "dagster"):
         raise ValueError(f"maintenance must be auto or dagster, not {maintenance!r}")
     ensure_private_dir(settings.state_dir)
@@ -107,13 +109,14 @@ def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool
                 check_source(settings, info)
                 pid = service_pid(settings) or -1
                 return (pid, False) if report else pid
-            pid = _spawn(settings, client, timeout, maintenance)
+            pid = _spawn(settings, client, timeout, maintenance, extra_env)
             return (pid, True) if report else pid
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn(settings: ProcessSettings, client: ServiceClient, timeout: float, maintenance: str | None = None) -> int:
+def _spawn(settings: ProcessSettings, client: ServiceClient, timeout: float, maintenance: str | None = None,
+           extra_env: dict[str, str] | None = None) -> int:
     settings.save()
     (settings.state_dir / "service.stopped").unlink(missing_ok=True)
     log = open_private(settings.state_dir / "service.log", "ab")
@@ -122,6 +125,7 @@ def _spawn(settings: ProcessSettings, client: ServiceClient, timeout: float, mai
     # a password given to this process (--dsn, the resource's dsn) reaches the service through its
     # environment only (readable by its owner alone), never through a file or its command line
     env.update(settings.service_environment())
+    env.update(extra_env or {})
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"]
                             + (["--maintenance", maintenance] if maintenance else []),
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -33,7 +33,7 @@ from psycopg import sql
 import pyarrow.parquet as pq
 
 from .config import ServiceConfig
-from ..cdc import (ReplicationConnection, TransactionAssembler, UnsupportedTypeError, describe_table,
+from ..cdc import (ReplicationConnection, TableSchema, TransactionAssembler, describe_table,
                    initial_copy, parse_message)
 from ..cdc.generated import GeneratedColumns
 from .. import storage
@@ -50,7 +50,7 @@ from ..pg import preflight
 from ..pg import publication as pubs
 from ..pg.conninfo import OUTPUT_SETTINGS, connect_error, scrub, source_label, with_options
 from ..pg.session import LazyConnection
-from ..pg.names import InvalidName, case_collision, check_mirror_name, resolve_table
+from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name, format_name, resolve_table
 from ..private import write_private
 from ..timefmt import utc_now
 from .verifier import Verifier
@@ -393,7 +393,7 @@ class ReplicatorService:
         were sent) — never below the flush boundary the mirror can still be read at."""
         seen = self._pub_seen.get(t.name, t.applied_lsn)
         stop = max(t.flushed_lsn, min(t.applied_lsn, seen))
-        q = pubs.quote_name(t.schema.schema, t.schema.name)
+        q = t.schema.qualified_name
         cause = {"member": f"was removed from publication {self.publication}",
                  "publication": f"is no longer published: publication {self.publication} does not exist",
                  "table": "was dropped"}[what]
@@ -404,7 +404,7 @@ class ReplicatorService:
         else:
             remedy = (f"have an administrator publish it again ("
                       + (pubs.add_table_sql(self.publication, t.schema.schema, t.schema.name) if what == "member" else
-                         f"CREATE PUBLICATION {pubs.quote_name(self.publication)} FOR TABLE {q};")
+                         f"CREATE PUBLICATION {format_name(self.publication)} FOR TABLE {q};")
                       + "), then re-create the mirror (drop-table, then create-table)")
         t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {lsn_str(noticed)}, last seen published at "
                    f"LSN {lsn_str(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {lsn_str(stop)}; "
@@ -733,22 +733,12 @@ class ReplicatorService:
         cp = None
         try:
             try:  # parsed and found as Postgres does (parse_ident, to_regclass); kept in its quoted form
-                _, src_name = resolve_table(conn, src)
-                src = str(src_name)
+                src_oid, src_name = resolve_table(conn, src)
             except InvalidName as e:
                 raise MooncakeError(str(e)) from None
-            except LookupError as e:
-                raise MooncakeError(str(e).strip("'\"")) from None
-            except psycopg.errors.InsufficientPrivilege:  # e.g. no USAGE on its schema: the check says what to grant
-                self._preflight(conn, src, column_types, exclude)
-                raise
-            self._preflight(conn, src, column_types, exclude)  # nothing is changed before it passes
-            try:
-                schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
-            except InvalidName as e:
-                raise MooncakeError(str(e)) from None
-            except (LookupError, UnsupportedTypeError) as e:
-                raise MooncakeError(str(e).strip("'\"")) from None
+            src = str(src_name)
+            # nothing is changed before it passes; the schema it read (with the column options) is mirrored
+            schema = self._preflight(conn, src_name, src_oid, column_types, exclude)
             clash = case_collision(c.name for c in schema.columns)
             if clash:
                 raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
@@ -756,15 +746,12 @@ class ReplicatorService:
             _refuse_nan_decimals(conn, schema)
             with self.lock:  # the same table under another name (search_path, quoting, a concurrent create)
                 self._refuse_second_mirror(dst, src, schema.oid)
-            if not schema.has_primary_key and not schema.key_columns and schema.replica_identity != "f":
+            todo = [] if schema.has_primary_key or schema.key_columns else preflight.identity_todo(conn, schema)
+            if todo:
                 # the pre-flight check passed, so the role owns the table(s): set FULL on the table and,
                 # for a partitioned one, on each partition (they log their own old rows)
-                for (nsp, rel) in conn.execute(
-                        "WITH RECURSIVE tree(relid) AS (SELECT %s::oid UNION ALL SELECT i.inhrelid FROM pg_inherits i "
-                        "JOIN tree t ON i.inhparent = t.relid) SELECT n.nspname, c.relname FROM tree t JOIN pg_class c "
-                        "ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relreplident <> 'f'",
-                        (schema.oid,)).fetchall():
-                    conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(sql.Identifier(nsp, rel)))
+                for t in todo:
+                    conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(t.ident()))
                 schema = describe_table(conn, src, column_types=column_types, exclude=exclude)
             ident = self._ident(dst)
             try:
@@ -785,7 +772,7 @@ class ReplicatorService:
                 self.copying[schema.oid] = cp
                 self.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": _estimate_rows(conn, schema.oid)}
             if self.own_publication:
-                done = pubs.add_table(conn, self.publication, schema.schema, schema.name)
+                done = pubs.add_table(conn, self.publication, schema.schema, schema.name, schema.oid)
                 created_pub, added_pub = done == "created", done == "added"
             # (an administrator's publication is only read: the pre-flight check found the table in it)
             if self.own_publication and conn.info.server_version >= 180000 and any(c.generated for c in schema.columns):
@@ -868,18 +855,22 @@ class ReplicatorService:
         finally:
             conn.close()
 
-    def _preflight(self, conn, src: str, column_types: dict | None = None, exclude: list | None = None) -> None:
+    def _preflight(self, conn, src: TableName, oid: int, column_types: dict | None = None,
+                   exclude: list | None = None) -> TableSchema:
         """The pre-flight checks create-table runs before it changes anything (slots, WAL senders,
-        wal_level and the table's own checks, with its column options): MooncakeError with every error
-        and its fix, one line."""
+        wal_level and the table's own checks, with its column options) on the table ``src`` (``oid``,
+        as ``resolve_table`` found it). Returns the table's schema as the checks read it (with the
+        column options); raises MooncakeError with every error and its fix, one line."""
         checks = [c for c in preflight.server_checks(conn, self.slot)
                   if c.subject in ("wal_level", "replication slots", "WAL senders")]
-        checks += preflight.table_checks(conn, src, publication=self.config.publication,
-                                         own_publication=self.registry["publication"],
-                                         column_types=column_types, exclude=exclude)
-        errors = [c for c in checks if c.level == "error"]
+        table, schema = preflight.table_checks(conn, src, oid, publication=self.config.publication,
+                                               own_publication=self.registry["publication"],
+                                               column_types=column_types, exclude=exclude)
+        errors = [c for c in checks + table if c.level == "error"]
         if errors:
             raise MooncakeError(f"cannot mirror {src}: " + " | ".join(c.sentence() for c in errors))
+        assert schema is not None  # table_checks reads it unless one of its checks failed
+        return schema
 
     def _refuse_second_mirror(self, dst: str, src: str, oid: int | None = None) -> None:
         """One mirror per source table: the stream routes a source's changes by its OID to one mirror, so
