@@ -22,7 +22,7 @@ string                    as is                                  a JSON string
 ========================  =====================================  ==================================
 
 The timestamp sentinels are the ones the decoder stores for Postgres's ``infinity``/``-infinity``
-(:data:`~mooncake_assets.engine.cdc.types.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
+(:data:`~mooncake_assets.engine.cdc.schema.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
 follow Postgres's ``to_json`` (ISO 8601 with ``T``). Sources: the Postgres manual, "Date/Time Output"
 (ISO style), "Array Value Input" (quoting), and psql's aligned output format.
 """
@@ -34,7 +34,7 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
-from ..cdc.types import DATE_INFINITY, TIMESTAMP_INFINITY
+from ..cdc.schema import DATE_INFINITY, TIMESTAMP_INFINITY
 
 _US_PER_DAY = 86_400_000_000
 
