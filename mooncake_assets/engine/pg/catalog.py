@@ -91,77 +91,18 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
     """
     with conn.transaction():
         with conn.cursor() as cur:
-            try:
-                row = cur.execute(
-                    "SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident "
-                    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                    "WHERE c.oid = to_regclass(%s)", (qualified_name,)).fetchone()
-            except psycopg.errors.Error as e:  # e.g. invalid name syntax
-                raise LookupError(f"table {qualified_name} does not exist ({e})") from None
-            if row is None:
-                raise LookupError(f"table {qualified_name} does not exist")
-            oid, nsp, rel, relkind, replident = row
-            if relkind not in ("r", "p"):
-                kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table",
-                        "S": "a sequence", "i": "an index", "c": "a composite type"}.get(relkind, "not a table")
-                raise LookupError(f"table {qualified_name} does not exist ({nsp}.{rel} is {kind})")
-            parent = cur.execute(
-                "SELECT pg_partition_root(c.oid)::regclass::text FROM pg_class c "
-                "WHERE c.oid = %s AND c.relispartition", (oid,)).fetchone()
-            if parent is not None:
-                raise UnsupportedTableError(
-                    f"table {nsp}.{rel} is a partition of {parent[0]}: changes of a partition are published "
-                    f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead")
+            oid, nsp, rel, relkind, replident = _find_table(cur, qualified_name)
             attrs = cur.execute(_DESCRIBE_SQL, {"oid": oid}).fetchall()
             keys = cur.execute(_KEY_SQL, {"oid": oid}).fetchall()
             catalog_lsn = cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN NULL "
                                       "ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END").fetchone()[0]
-            types = _TypeResolver(cur)
-            columns: list[ColumnSpec] = []
             column_types = dict(column_types or {})
             excluded = list(exclude or [])
-            names = {a[0] for a in attrs}
-            unknown = [c for c in list(column_types) + excluded if c not in names]
-            if unknown:
-                raise LookupError(f"table {nsp}.{rel} has no column {', '.join(unknown)} (named by --column-type/"
-                                  "--exclude-column)")
-            bad_kind = {c: k for c, k in column_types.items() if k != "text"}
-            if bad_kind:
-                raise LookupError(f"table {nsp}.{rel}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
-                                  ": the only column type that can be asked for is text (Postgres's exact text output)")
-            refused: list[tuple[str, str, str]] = []
-            for name, typid, typmod, tname, notnull, ndims, attnum, generated in attrs:
-                if name in excluded:
-                    continue
-                if column_types.get(name) == "text":
-                    spec = _text_column(name, typid, typmod, tname)
-                else:
-                    try:
-                        spec = types.spec(name, typid, typmod, tname, ndims)
-                    except UnsupportedTypeError as e:
-                        if not skip_unsupported:
-                            refused.append((name, tname, str(e)))
-                        continue
-                spec.not_null = bool(notnull)
-                spec.decl_oid, spec.decl_typmod = typid, typmod
-                spec.attnum = int(attnum)
-                spec.generated = generated
-                columns.append(spec)
-            if refused:
-                raise UnsupportedTypeError(
-                    f"table {nsp}.{rel}: {len(refused)} column(s) cannot be mirrored exactly: "
-                    + "; ".join(f"{n} ({t}: {why})" for n, t, why in refused)
-                    + f"; {column_option_hint([n for n, _, _ in refused])}")
+            _check_column_options(f"{nsp}.{rel}", {a[0] for a in attrs}, column_types, excluded)
+            columns = _column_specs(_TypeResolver(cur), f"{nsp}.{rel}", attrs, column_types, excluded,
+                                    skip_unsupported)
             assign_field_ids(columns)
-
-    pk = next((list(k[2]) for k in keys if k[0]), None)
-    ident = next((list(k[2]) for k in keys if k[1]), None)
-    if replident == "i" and ident is not None:
-        key_columns = ident  # the replica identity is what UPDATE/DELETE old tuples carry
-    elif pk is not None:
-        key_columns = pk
-    else:
-        key_columns = []
+    key_columns, has_pk = _key_columns(keys, replident)
     in_key = [c for c in excluded if c in key_columns]
     if in_key:
         raise LookupError(f"table {nsp}.{rel}: column {', '.join(in_key)} is part of the key "
@@ -169,11 +110,96 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
     for c in columns:
         c.is_key = c.name in key_columns
     out = TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
-                      has_primary_key=pk is not None, replica_identity=replident, relkind=relkind,
+                      has_primary_key=has_pk, replica_identity=replident, relkind=relkind,
                       excluded=excluded, column_types=column_types)
     out.current_columns = {a[0] for a in attrs}
     out.catalog_lsn = int(catalog_lsn) if catalog_lsn is not None else 0
     return out
+
+
+def _find_table(cur, qualified_name: str) -> tuple:
+    """``(oid, schema, name, relkind, relreplident)`` of the table ``qualified_name`` names
+    (``to_regclass``). ``LookupError`` when there is none or it is not a table (view, sequence…);
+    :class:`UnsupportedTableError` for a partition (its root is what is published)."""
+    try:
+        row = cur.execute(
+            "SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(%s)", (qualified_name,)).fetchone()
+    except psycopg.errors.Error as e:  # e.g. invalid name syntax
+        raise LookupError(f"table {qualified_name} does not exist ({e})") from None
+    if row is None:
+        raise LookupError(f"table {qualified_name} does not exist")
+    oid, nsp, rel, relkind, replident = row
+    if relkind not in ("r", "p"):
+        kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table",
+                "S": "a sequence", "i": "an index", "c": "a composite type"}.get(relkind, "not a table")
+        raise LookupError(f"table {qualified_name} does not exist ({nsp}.{rel} is {kind})")
+    parent = cur.execute(
+        "SELECT pg_partition_root(c.oid)::regclass::text FROM pg_class c "
+        "WHERE c.oid = %s AND c.relispartition", (oid,)).fetchone()
+    if parent is not None:
+        raise UnsupportedTableError(
+            f"table {nsp}.{rel} is a partition of {parent[0]}: changes of a partition are published "
+            f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead")
+    return row
+
+
+def _check_column_options(table: str, names: set, column_types: dict, excluded: list) -> None:
+    """``LookupError`` when ``--column-type``/``--exclude-column`` name a column ``table`` does not
+    have, or ask for a column type other than ``text``."""
+    unknown = [c for c in list(column_types) + excluded if c not in names]
+    if unknown:
+        raise LookupError(f"table {table} has no column {', '.join(unknown)} (named by --column-type/"
+                          "--exclude-column)")
+    bad_kind = {c: k for c, k in column_types.items() if k != "text"}
+    if bad_kind:
+        raise LookupError(f"table {table}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
+                          ": the only column type that can be asked for is text (Postgres's exact text output)")
+
+
+def _column_specs(types: "_TypeResolver", table: str, attrs: list, column_types: dict, excluded: list,
+                  skip_unsupported: bool) -> list[ColumnSpec]:
+    """The :class:`ColumnSpec` of each column of ``attrs`` (rows of ``_DESCRIBE_SQL``) that is not
+    excluded, without field ids. A column that cannot be mirrored is left out with
+    ``skip_unsupported``; otherwise every such column is named in one :class:`UnsupportedTypeError`."""
+    columns: list[ColumnSpec] = []
+    refused: list[tuple[str, str, str]] = []
+    for name, typid, typmod, tname, notnull, ndims, attnum, generated in attrs:
+        if name in excluded:
+            continue
+        if column_types.get(name) == "text":
+            spec = _text_column(name, typid, typmod, tname)
+        else:
+            try:
+                spec = types.spec(name, typid, typmod, tname, ndims)
+            except UnsupportedTypeError as e:
+                if not skip_unsupported:
+                    refused.append((name, tname, str(e)))
+                continue
+        spec.not_null = bool(notnull)
+        spec.decl_oid, spec.decl_typmod = typid, typmod
+        spec.attnum = int(attnum)
+        spec.generated = generated
+        columns.append(spec)
+    if refused:
+        raise UnsupportedTypeError(
+            f"table {table}: {len(refused)} column(s) cannot be mirrored exactly: "
+            + "; ".join(f"{n} ({t}: {why})" for n, t, why in refused)
+            + f"; {column_option_hint([n for n, _, _ in refused])}")
+    return columns
+
+
+def _key_columns(keys: list, replident: str) -> tuple[list[str], bool]:
+    """``(key columns, has a primary key)`` from the rows of ``_KEY_SQL``: the replica identity index
+    when the table uses one (what UPDATE/DELETE old tuples carry), else the primary key, else none."""
+    pk = next((list(k[2]) for k in keys if k[0]), None)
+    ident = next((list(k[2]) for k in keys if k[1]), None)
+    if replident == "i" and ident is not None:
+        return ident, pk is not None
+    if pk is not None:
+        return pk, True
+    return [], False
 
 
 class _TypeResolver:
