@@ -94,7 +94,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
         r = UnionReader(client)
         return r.read_table(name, lsn=lsn)
     from .engine.iceberg import make_catalog
-    from .engine.storage import catalog_properties, configure_duckdb_store, warehouse_store
+    from .engine.storage import catalog_properties, configure_duckdb_store, sql_str, warehouse_store
 
     catalog = make_catalog(settings.catalog, settings.warehouse_uri, **catalog_properties(settings))
     tbl = catalog.load_table(f"mooncake.{name}")
@@ -104,8 +104,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
 
     con = connect_with_iceberg()
     configure_duckdb_store(con, warehouse_store(settings))  # httpfs for s3://, gcsfs/adlfs for gs://, abfs://
-    loc = tbl.metadata_location.replace("'", "''")  # a path is a string literal to DuckDB
-    return con.execute(f"SELECT * FROM iceberg_scan('{loc}')").to_arrow_table()
+    return con.execute(f"SELECT * FROM iceberg_scan({sql_str(tbl.metadata_location)})").to_arrow_table()
 
 
 def verify(settings: Settings, names: list[str] | None = None, reader: str = "union", client=None,

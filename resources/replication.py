@@ -331,5 +331,29 @@ def lag_bytes(source_lsn: str | None, lsn: str | None) -> int | None:
     return max(a - b, 0)
 
 
+LAG_VERDICTS = ("pass", "warn", "fail")
+
+
+def lag_verdict(nbytes: int | None, seconds: float | None, th: MaintenanceThresholds) -> str:
+    """The ``replication_lag`` verdict, one of :data:`LAG_VERDICTS`, for a mirror ``nbytes`` bytes of WAL
+    (:func:`lag_bytes`; None: unknown) and ``seconds`` (None: not measured) behind its source, against
+    ``th.lag_warn_bytes``/``lag_fail_bytes``/``lag_warn_s``/``lag_fail_s`` (a limit of 0 is off; a value
+    equal to a limit is within it).
+
+    ``"fail"`` above a fail limit; ``"warn"`` above a warn limit, **or when the byte lag is unknown**
+    (the source's or the mirror's LSN could not be read: nothing shows the mirror is behind, nor that it
+    is not — so it does not pass, but it is no failure either); ``"pass"`` otherwise. Used by the
+    ``replication_lag`` asset check and by the sensor's evaluation of it, which add their own failures
+    (a stopped mirror; a service that is not answering and has no slot to resume from)."""
+    def over(v, limit) -> bool:
+        return v is not None and limit > 0 and v > limit
+
+    if over(nbytes, th.lag_fail_bytes) or over(seconds, th.lag_fail_s):
+        return "fail"
+    if nbytes is None or over(nbytes, th.lag_warn_bytes) or over(seconds, th.lag_warn_s):
+        return "warn"
+    return "pass"
+
+
 __all__ = ["ReplicationResource", "MaintenanceThresholds", "TableSpec", "parse_tables", "DEFAULT_TABLES",
-           "ServiceError", "ServiceUnavailable", "lsn_int", "lag_bytes"]
+           "ServiceError", "ServiceUnavailable", "lsn_int", "lag_bytes", "lag_verdict", "LAG_VERDICTS"]

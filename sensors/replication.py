@@ -34,7 +34,9 @@ Each tick (default every 10 s, running by default):
 A tick whose service cannot be started (or does not answer) is skipped with the reason; the next tick
 tries again.
 
-Cursor (JSON): ``{"pid", "restarts", "ticks", "tables": {t: {"dirty_since", "last_request": {kind: ts}}}}``.
+Cursor (JSON): ``{"pid", "restarts", "ticks", "tables": {t: {"dirty_since", "last_request": {kind: ts},
+"materialized", "verify_at"}}}`` (``materialized``: the instance has a materialization of ``mirror/<t>``;
+``verify_at``: the scheduled verify already reported, see :func:`first_sight`).
 """
 
 import json
@@ -47,7 +49,7 @@ import dagster as dg
 from jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
-from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes
+from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes, lag_verdict
 
 SENSOR_NAME = "replication_sensor"
 DEFAULT_INTERVAL_S = 10
@@ -131,6 +133,14 @@ def _latest_ts(instance: dg.DagsterInstance, key: dg.AssetKey) -> float | None:
     return ev.timestamp if ev is not None else None
 
 
+def _lag(st: Mapping, source: Mapping | None) -> tuple[int | None, float | None]:
+    """(bytes of WAL the mirror is behind, None: unknown; Postgres's measured apply lag in seconds, None:
+    no source position) from the table's status entry and the source's position."""
+    nbytes = lag_bytes(source.get("source_lsn") if source else None, st.get("applied_lsn"))
+    seconds = round(float(source.get("apply_lag_s") or 0.0), 3) if source is not None else None
+    return nbytes, seconds
+
+
 def observation(name: str, st: Mapping, source: Mapping | None, service_note: str | None) -> dg.AssetObservation:
     src_lsn = source.get("source_lsn") if source else None
     meta = {
@@ -139,11 +149,11 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
         "flush_lsn": dg.MetadataValue.text(st.get("flush_lsn", "")),
         "state": dg.MetadataValue.text(st.get("state", "")),
     }
-    lb = lag_bytes(src_lsn, st.get("applied_lsn"))
+    lb, lag_s = _lag(st, source)
     if lb is not None:
         meta["lag_bytes"] = dg.MetadataValue.int(lb)
-    if source is not None:
-        meta["lag_seconds"] = dg.MetadataValue.float(round(float(source.get("apply_lag_s") or 0.0), 3))
+    if lag_s is not None:
+        meta["lag_seconds"] = dg.MetadataValue.float(lag_s)
     for k in ("buffer_rows", "buffer_bytes", "data_files", "data_bytes", "index_blocks", "pending_deletes",
               "deletion_vectors", "deleted_rows", "live_rows"):
         if k in st:
@@ -170,11 +180,12 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
 
     - an ``AssetMaterialization`` of ``mirror/<t>`` when the instance has none (the mirror was created
       outside Dagster: ``mooncake create-table``, another instance): the asset then shows when it was
-      found mirrored and at which LSN instead of "Never materialized"; recorded once (the next tick
-      finds it);
-    - an ``AssetCheckEvaluation`` of ``replication_lag`` from this tick's numbers (lag in bytes and
-      seconds against the resource's ``lag_warn_*``/``lag_fail_*``; a stopped mirror fails), so the
-      check is never "Not evaluated" while the mirror is observed;
+      found mirrored and at which LSN instead of "Never materialized"; recorded once: ``tcur["materialized"]``
+      remembers that the instance has one (found, or recorded here), so later ticks do not ask again
+      (a wiped asset is recorded again once the sensor's cursor is reset);
+    - an ``AssetCheckEvaluation`` of ``replication_lag`` from this tick's numbers (the observation's lag in
+      bytes and seconds, :func:`resources.replication.lag_verdict`; a stopped mirror fails), so the check
+      is never "Not evaluated" while the mirror is observed;
     - an ``AssetCheckEvaluation`` of ``mirror_matches_source`` from the service's last scheduled verify
       (counts and checksums at one LSN, engine/service/verifier.py) when it is new (``tcur["verify_at"]``
       remembers the one already reported; a full row comparison is the check's own run). The sensor
@@ -182,18 +193,21 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
     key = dg.AssetKey(["mirror", name])
     meta = dict(obs.metadata)
     out = []
-    if instance.get_latest_materialization_event(key) is None:
-        meta_m = dict(meta, recorded_by=dg.MetadataValue.text(
-            f"{SENSOR_NAME}: {name} was found mirrored by the service (created outside Dagster)"))
-        out.append(dg.AssetMaterialization(asset_key=key, metadata=meta_m,
-                                           description=f"mirror of {st.get('source')} found at applied LSN "
-                                                       f"{st.get('applied_lsn')}"))
+    if not (tcur or {}).get("materialized"):
+        if instance.get_latest_materialization_event(key) is None:
+            meta_m = dict(meta, recorded_by=dg.MetadataValue.text(
+                f"{SENSOR_NAME}: {name} was found mirrored by the service (created outside Dagster)"))
+            out.append(dg.AssetMaterialization(asset_key=key, metadata=meta_m,
+                                               description=f"mirror of {st.get('source')} found at applied LSN "
+                                                           f"{st.get('applied_lsn')}"))
+        if tcur is not None:
+            tcur["materialized"] = True
     nbytes = meta["lag_bytes"].value if "lag_bytes" in meta else None
     seconds = float(st.get("lag_seconds") or (meta["lag_seconds"].value if "lag_seconds" in meta else 0.0) or 0.0)
-    over = lambda v, limit: v is not None and limit > 0 and v > limit  # noqa: E731
     stopped = st.get("state") == "error"
-    fail = stopped or over(nbytes, th.lag_fail_bytes) or over(seconds, th.lag_fail_s)
-    warn = nbytes is None or over(nbytes, th.lag_warn_bytes) or over(seconds, th.lag_warn_s)
+    verdict = lag_verdict(nbytes, seconds, th)
+    fail = stopped or verdict == "fail"
+    warn = verdict == "warn"
     lag_txt = (f"{nbytes:,} bytes" if nbytes is not None else "unknown bytes") + f", {seconds:.1f}s"
     desc = (f"{name} is stopped: {st.get('error')}" if stopped else
             f"{name} is {lag_txt} behind {st.get('source')} (applied LSN {st.get('applied_lsn')}; seen by {SENSOR_NAME})")
@@ -202,7 +216,7 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
         severity=dg.AssetCheckSeverity.ERROR if fail else dg.AssetCheckSeverity.WARN,
         description=desc[:1000], metadata={"lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
                                            "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
-                                           "applied_lsn": meta.get("applied_lsn", dg.MetadataValue.text(""))}))
+                                           "applied_lsn": dg.MetadataValue.text(st.get("applied_lsn", ""))}))
     ver = st.get("verify") or {}
     if tcur is not None and ver.get("result") in ("match", "mismatch") and ver.get("at") != tcur.get("verify_at"):
         tcur["verify_at"] = ver.get("at")

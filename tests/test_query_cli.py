@@ -96,3 +96,41 @@ def test_query_renders_like_psql_and_refuses_bad_input(pg_dsn, state_dir):
         assert mooncake(s, "query", "SELECT count(*) AS n FROM q", "--format", "csv", check=True).stdout == "n\n5\n"
     finally:
         mooncake(s, "stop")
+
+
+STRUCT_SETUP = [
+    "CREATE EXTENSION IF NOT EXISTS hstore",
+    "CREATE TYPE qc_inner AS (x int, y text)",
+    "CREATE TYPE qc_rec AS (at timestamp, d date, label text, inner_v qc_inner, tags text[], n numeric(6,2))",
+    "CREATE TABLE qc (id int PRIMARY KEY, r qc_rec, h hstore, ra qc_inner[])",
+    r"""INSERT INTO qc VALUES
+      (1, ROW('infinity', '-infinity', 'a b', ROW(1, 'x,y'), '{p,"q r",NULL}', 1.5),
+          '"k"=>"v", "n"=>NULL, "q\""=>"\\", "sp ace"=>""', ARRAY[ROW(1, 'a'), NULL, ROW(NULL, 'b c')]::qc_inner[]),
+      (2, ROW(NULL, '0044-03-15 BC', '', NULL, '{}', NULL), '', '{}'),
+      (3, NULL, NULL, NULL),
+      (4, ROW('2024-01-31 12:00:00.5', 'infinity', 'say "hi" (\)', ROW(NULL, NULL), NULL, -2), '"a"=>"1"', NULL)""",
+]
+
+
+def test_query_renders_composite_and_hstore_like_psql(pg_dsn, state_dir):
+    """A composite (struct) holding ``infinity`` timestamps, quotes, nested composites and arrays, and an
+    hstore (map) with a NULL value print as psql prints them (record and hstore text), and as JSON
+    objects."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for st in STRUCT_SETUP:
+            c.execute(st)
+    s = make_settings(state_dir, pg_dsn)
+    mooncake(s, "create-table", "qc", "public.qc", check=True)
+    try:
+        sql = "SELECT id, r, h, ra FROM qc ORDER BY id"
+        csv = mooncake(s, "query", sql, "--format", "csv", check=True)
+        assert csv.stdout == _psql_csv(pg_dsn, sql), csv.stdout
+        table = mooncake(s, "query", sql, check=True).stdout
+        assert '(infinity,-infinity,"a b","(1,""x,y"")","{p,""q r"",NULL}",1.50)' in table, table
+        assert '"k"=>"v", "n"=>NULL' in table and "(4 rows)" in table, table
+        rows = json.loads(mooncake(s, "query", sql, "--format", "json", check=True).stdout)
+        assert rows[0]["r"]["at"] == "infinity" and rows[0]["r"]["inner_v"] == {"x": 1, "y": "x,y"}, rows[0]
+        assert rows[0]["h"]["n"] is None and rows[0]["h"]["k"] == "v" and rows[2]["r"] is None, rows
+        assert rows[0]["ra"][1] is None and rows[0]["ra"][2] == {"x": None, "y": "b c"}, rows[0]
+    finally:
+        mooncake(s, "stop")

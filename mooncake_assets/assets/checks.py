@@ -7,16 +7,17 @@
 - ``replication_lag``: how far the mirror is behind its source: bytes of WAL between
   ``pg_current_wal_lsn()`` and the mirror's applied LSN, and Postgres's own measure of the service's
   apply lag (seconds, ``pg_stat_replication.write_lag``). Warns above the resource's ``lag_warn_*``
-  thresholds, fails above ``lag_fail_*``. When the service does not answer, the lag is measured from
-  the slot's confirmed (durable) LSN and the check does not pass (WARN, or ERROR above the fail
-  thresholds): nobody is applying changes.
+  thresholds, fails above ``lag_fail_*`` (``resources.replication.lag_verdict``, which the sensor's
+  evaluation of this check shares), and fails when the byte lag is unknown (no source or mirror LSN).
+  When the service does not answer, the lag is measured from the slot's confirmed (durable) LSN and the
+  check does not pass (WARN, or ERROR above the fail thresholds): nobody is applying changes.
 """
 
 import dagster as dg
 
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
-from resources.replication import ReplicationResource, TableSpec, lag_bytes
+from resources.replication import ReplicationResource, TableSpec, lag_bytes, lag_verdict
 
 from .factory import mirror_key
 
@@ -74,9 +75,10 @@ def build_replication_lag(spec: TableSpec) -> dg.AssetChecksDefinition:
             lsn, basis = pos["confirmed_lsn"], "durable (the service is not answering)"
             seconds = None
         nbytes = lag_bytes(pos["source_lsn"], lsn)
-        over = lambda v, limit: v is not None and limit > 0 and v > limit  # noqa: E731
-        fail = over(nbytes, th.lag_fail_bytes) or over(seconds, th.lag_fail_s) or nbytes is None
-        warn = over(nbytes, th.lag_warn_bytes) or over(seconds, th.lag_warn_s) or table is None
+        verdict = lag_verdict(nbytes, seconds, th)
+        # an unknown byte lag fails here (the sensor's evaluation only warns): no LSN to measure from
+        fail = verdict == "fail" or nbytes is None
+        warn = verdict == "warn" or table is None
         meta = {"source_lsn": dg.MetadataValue.text(pos["source_lsn"]),
                 "mirror_lsn": dg.MetadataValue.text(lsn or "unknown"),
                 "basis": dg.MetadataValue.text(basis),

@@ -97,6 +97,10 @@ class _Service:
     def status(self) -> dict:
         return {"tables": [{"name": n, "state": "ready"} for n in self.tables]}
 
+    def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
+        """The Flight ``wait_lsn`` action: the tables are built in-process, every LSN is applied."""
+        return lsn
+
     def stop(self) -> None:
         pass
 

@@ -32,6 +32,9 @@ class FakeClient:
     def status(self):
         return {"tables": [{"name": n, "state": "ready"} for n in self.tables]}
 
+    def wait_lsn(self, lsn, timeout=30.0):  # everything built in the test is applied
+        return {"applied_lsn": lsn}
+
 
 def _rows(ids: np.ndarray, tag: int) -> pa.Table:
     return pa.table({"id": pa.array(ids, pa.int64()), "grp": pa.array(ids % 7, pa.int32()),

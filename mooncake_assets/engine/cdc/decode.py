@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from .schema import DATE_INFINITY, MONEY, TIMESTAMP_INFINITY, ColumnSpec, ColumnValueError
 
-__all__ = ["decode_text_columns", "decode_text_column"]
+__all__ = ["decode_text_columns", "decode_text_column", "civil_from_days", "ewkb_srid_suspect"]
 
 
 # -- decoding -----------------------------------------------------------------------------------------
@@ -174,12 +174,47 @@ for _i, _c in enumerate(b"ABCDEF"):
     _HEX_LUT[_c] = 10 + _i
 
 
+def _unhex(arr: pa.Array, skip: int) -> tuple[pa.Array, int | None]:
+    """Hex texts (a string array; each value's first ``skip`` characters are not hex, e.g. bytea's
+    ``\\x``) -> the bytes they spell, vectorized over the array's offsets/data buffers with numpy.
+
+    Returns ``(binary array, None)``, NULLs kept; or ``(None, i)`` where ``i`` is the index of the
+    first value that is shorter than ``skip``, has an odd number of hex digits or a non-hex digit.
+    Both cases of hex digits are accepted."""
+    n = len(arr)
+    if n == 0:
+        return pa.array([], pa.binary()), None
+    validity, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and data_buf.size else np.zeros(0, np.uint8)
+    valid = (np.ones(n, dtype=bool) if arr.null_count == 0
+             else arr.is_valid().to_numpy(zero_copy_only=False))
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    hex_len = np.where(valid, lengths - skip, 0)
+    bad = (hex_len < 0) | ((hex_len & 1) == 1)
+    if bad.any():
+        return None, int(np.flatnonzero(bad)[0])
+    total = int(hex_len.sum())
+    out_starts = np.concatenate(([0], np.cumsum(hex_len)[:-1]))
+    src = np.repeat(starts + skip - out_starts, hex_len) + np.arange(total, dtype=np.int64)
+    nib = _HEX_LUT[data[src]]
+    if total and nib.max() == 255:
+        pos = int(np.flatnonzero(nib == 255)[0])
+        return None, int(np.searchsorted(out_starts, pos, side="right") - 1)
+    out = (nib[0::2] << 4) | nib[1::2]
+    new_offsets = np.concatenate(([0], np.cumsum(hex_len // 2))).astype(np.int32)
+    if validity is not None and arr.offset:
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(new_offsets.tobytes()),
+                                                  pa.py_buffer(out.tobytes())], null_count=arr.null_count), None
+
+
 def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
-    """``'\\x0a1b…'`` → bytes, vectorized over the array's offsets/data buffers with numpy."""
+    """``'\\x0a1b…'`` (``bytea_output = hex``) → bytes, vectorized (:func:`_unhex`)."""
     n = len(arr)
     if n == 0:
         return pa.array([], pa.binary())
-    validity, off_buf, data_buf = arr.buffers()
+    _, off_buf, data_buf = arr.buffers()
     offsets = np.frombuffer(off_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and data_buf.size else np.zeros(0, np.uint8)
     valid = (np.ones(n, dtype=bool) if arr.null_count == 0
@@ -193,21 +228,10 @@ def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
         i = int(np.flatnonzero(valid)[np.flatnonzero(bad)[0]])
         raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} is not in hex "
                          "format ('\\x…'); the session needs bytea_output=hex")
-    hex_len = np.where(valid, lengths - 2, 0)
-    total = int(hex_len.sum())
-    out_starts = np.concatenate(([0], np.cumsum(hex_len)[:-1]))
-    src = np.repeat(starts + 2 - out_starts, hex_len) + np.arange(total, dtype=np.int64)
-    nib = _HEX_LUT[data[src]]
-    if total and nib.max() == 255:
-        pos = int(np.flatnonzero(nib == 255)[0])
-        i = int(np.searchsorted(out_starts, pos, side="right") - 1)
+    out, i = _unhex(arr, 2)
+    if out is None:
         raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} has a non-hex digit")
-    out = (nib[0::2] << 4) | nib[1::2]
-    new_offsets = np.concatenate(([0], np.cumsum(hex_len // 2))).astype(np.int32)
-    if validity is not None and arr.offset:
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
-    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(new_offsets.tobytes()),
-                                                  pa.py_buffer(out.tobytes())], null_count=arr.null_count)
+    return out
 
 
 # Fallback parsing of dates/timestamps (proleptic Gregorian, any year, BC, infinity) -------------
@@ -225,6 +249,23 @@ def _days_from_civil(y: int, m: int, d: int) -> int:
     doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
     doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
     return era * 146097 + doe - 719468
+
+
+def civil_from_days(days: int) -> tuple[int, int, int]:
+    """Proleptic Gregorian ``(year, month, day)`` of ``days`` since 1970-01-01, astronomical years (year
+    0 is 1 BC); the inverse of :func:`_days_from_civil`, any year, integer arithmetic only. Both are
+    H. Hinnant's ``days_from_civil``/``civil_from_days`` ("chrono-Compatible Low-Level Date
+    Algorithms") with floor division for Python."""
+    z = days + 719_468
+    era = z // 146_097  # floor division (the C original truncates and adjusts)
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    y = yoe + era * 400 + (1 if m <= 2 else 0)
+    return y, m, d
 
 
 def _parse_rare(value: str, spec: ColumnSpec, unit: str) -> int:
@@ -471,7 +512,17 @@ _ISO_DIMS = {(False, False): 0, (True, False): 1000, (False, True): 2000, (True,
 
 
 def _ewkb_walk(b: bytes, pos: int, out: bytearray, spec: ColumnSpec) -> int:
-    """Copy one EWKB geometry at ``b[pos:]`` into ``out`` as ISO WKB; returns the end position."""
+    """Copy one EWKB geometry at ``b[pos:]`` into ``out`` as ISO WKB; returns the end position.
+
+    The layout is WKB's (OGC 06-103r4, Simple Feature Access part 1, §8.2 "Well-known Binary
+    Representation for Geometry"; ISO/IEC 13249-3 for the Z/M codes): a byte order (1 little, 0 big
+    endian), a uint32 geometry type, then the coordinates (points: ``dims`` doubles; linestrings: a
+    count then points; polygons: rings of points; multi*/collections: a count then whole geometries).
+    PostGIS's EWKB (liblwgeom's ``lwin_wkb.c``/``lwout_wkb.c``) puts flags in the type's top bits:
+    ``0x80000000`` has Z, ``0x40000000`` has M, ``0x20000000`` an SRID (uint32) follows the type. ISO
+    WKB codes the same as ``base + 1000`` (Z), ``+ 2000`` (M), ``+ 3000`` (ZM) and carries no SRID; the
+    nested geometries of a collection are rewritten the same way. Raises ``ValueError`` for a geometry
+    type it does not know, ``IndexError``/``struct.error`` for a truncated value."""
     import struct
 
     bo = b[pos]
@@ -512,24 +563,49 @@ def _ewkb_walk(b: bytes, pos: int, out: bytearray, spec: ColumnSpec) -> int:
     return pos + n
 
 
+def ewkb_srid_suspect(srid: int):
+    """A cheap test of one hex EWKB text (PostGIS ``geometry_out``) for a column whose values must have
+    SRID ``srid`` (``ColumnSpec.srid``): a callable ``str -> bool``, False only when the text's header
+    is little-endian and carries exactly that SRID (``srid`` 0: no SRID flag), the way
+    :func:`_decode_wkb` decides. True means "decode it to know" (the buffered row is then decoded at once,
+    and a wrong SRID raises there): it never rejects a value itself."""
+    want = srid.to_bytes(4, "little").hex()
+
+    def suspect(v: str) -> bool:
+        if len(v) < 10 or not v.startswith("01"):
+            return True
+        try:
+            has_srid = bool(int(v[8:10], 16) & 0x20)  # the type's top byte (little-endian: its last)
+        except ValueError:
+            return True
+        return has_srid != bool(srid) or (bool(srid) and v[10:18].lower() != want)
+
+    return suspect
+
+
 def _decode_wkb(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
-    """PostGIS hex EWKB texts -> ISO WKB bytes (what ``ST_AsBinary`` returns). Every value must have
-    the column's SRID (``spec.srid``: the declared one, else 0 for geometry, 4326 for geography): a
-    WKB holds none, so another one would be lost — that raises ``ValueError`` naming the column."""
+    """PostGIS hex EWKB texts (``geometry_out``/``geography_out``) -> ISO WKB bytes (what
+    ``ST_AsBinary`` returns; OGC 06-103r4 §8.2 and ISO/IEC 13249-3, see :func:`_ewkb_walk` for the
+    EWKB flags). The hex is decoded for the whole array at once (:func:`_unhex`), the headers one value
+    at a time. Every value must have the column's SRID (``spec.srid``: the declared one, else 0 for
+    geometry, 4326 for geography): a WKB holds none, so another one would be lost — that raises
+    ``ValueError`` naming the column, as does a value that is not hex EWKB."""
     import struct
 
+    raw, bad = _unhex(arr, 0)
+    if raw is None:
+        raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[bad].as_py()[:40]!r} is not hex EWKB")
     out = []
-    for v in arr.to_pylist():
-        if v is None:
+    for i, b in enumerate(raw.to_pylist()):
+        if b is None:
             out.append(None)
             continue
         try:
-            b = bytes.fromhex(v)
             f = "<" if b[0] == 1 else ">"
             (t,) = struct.unpack_from(f + "I", b, 1)
             srid = struct.unpack_from(f + "I", b, 5)[0] if t & 0x20000000 else 0
-        except (ValueError, IndexError, struct.error):
-            raise ValueError(f"column {spec.name} ({spec.type_name}): value {v[:40]!r} is not hex EWKB") from None
+        except (IndexError, struct.error):
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not hex EWKB") from None
         if srid != spec.srid:
             raise ValueError(f"column {spec.name} ({spec.type_name}): a value has SRID {srid}, the column's "
                              f"is {spec.srid} and WKB carries none (declare the column's SRID, e.g. "
@@ -542,8 +618,8 @@ def _decode_wkb(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
         try:
             end = _ewkb_walk(b, 0, buf, spec)
         except (IndexError, struct.error):
-            raise ValueError(f"column {spec.name} ({spec.type_name}): value {v[:40]!r} is not valid EWKB") from None
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not valid EWKB") from None
         if end != len(b):
-            raise ValueError(f"column {spec.name} ({spec.type_name}): value {v[:40]!r} is not valid EWKB")
+            raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not valid EWKB")
         out.append(bytes(buf))
     return pa.array(out, pa.binary())

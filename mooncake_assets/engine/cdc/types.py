@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..pg.catalog import (CatalogColumn, CatalogNotCurrent, catalog_columns, describe_mirrored,  # noqa: F401
                           describe_table, resolve_column, xid_visible)
 from ..pg.conninfo import OUTPUT_SETTINGS  # noqa: F401
-from .decode import decode_text_column, decode_text_columns  # noqa: F401
+from .decode import _decode_wkb, _unhex, civil_from_days, decode_text_column, decode_text_columns, ewkb_srid_suspect  # noqa: F401
 from .schema import (BIT, BOOL, BPCHAR, BYTEA, CHAR, CIDR, DATE, DATE_INFINITY, FLOAT4, FLOAT8,  # noqa: F401
                      INET, INT2, INT2VECTOR, INT4, INT8, INTERVAL, JSON, JSONB, MACADDR, MACADDR8, MONEY, NAME,
                      NUMERIC, OID, OIDVECTOR, REFUSED_TYPES, SUPPORTED_TYPES, TEXT, TIME, TIMESTAMP,

@@ -204,13 +204,6 @@ def with_options(dsn: str, settings: dict[str, str] | None = None) -> str:
     return make_conninfo(**d)
 
 
-def _ends_with_setting(options: str, setting: str) -> bool:
-    """Is ``setting`` (``-c k=v``) in ``options`` with no later ``-c k=…`` overriding it?"""
-    key = setting.split("=", 1)[0] + "="
-    at = options.rfind(setting)
-    return at >= 0 and options.rfind(key) == at
-
-
 def source_label(dsn: str) -> str:
     """``dsn`` as ``key=value`` conninfo without its secrets (``password``, ``sslpassword``), keys
     sorted, for messages, ``status`` and the ``ping`` answer: two DSNs that give libpq the same
@@ -224,3 +217,10 @@ def source_label(dsn: str) -> str:
     except Exception:  # noqa: BLE001 — malformed: connecting reports it
         return scrub(out)
     return make_conninfo(**{k: params[k] for k in sorted(params) if "password" not in k})
+
+
+def _ends_with_setting(options: str, setting: str) -> bool:
+    """Is ``setting`` (``-c k=v``) in ``options`` with no later ``-c k=…`` overriding it?"""
+    key = setting.split("=", 1)[0] + "="
+    at = options.rfind(setting)
+    return at >= 0 and options.rfind(key) == at

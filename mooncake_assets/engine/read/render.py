@@ -18,13 +18,17 @@ timestamp (tz=UTC)        ``2024-01-31 12:00:00.5+00``           ``"2024-01-31T1
 time                      ``12:00:00.5``                         the same text as a string
 binary                    ``\\x0aff`` (bytea_output=hex)          the same text as a string
 list                      Postgres array text ``{1,NULL,"a b"}``  a JSON array
+struct (composite)        Postgres record text ``(1,,"a b")``     a JSON object of the fields
+map (hstore)              hstore text ``"k"=>"v", "n"=>NULL``     a JSON object ``{"k": "v"}``
 string                    as is                                  a JSON string
 ========================  =====================================  ==================================
 
 The timestamp sentinels are the ones the decoder stores for Postgres's ``infinity``/``-infinity``
 (:data:`~mooncake_assets.engine.cdc.schema.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
 follow Postgres's ``to_json`` (ISO 8601 with ``T``). Sources: the Postgres manual, "Date/Time Output"
-(ISO style), "Array Value Input" (quoting), and psql's aligned output format.
+(ISO style), "Array Value Input" and "Composite Type Input and Output Syntax" (quoting; the server's
+``array_out``/``record_out``), the hstore module's "External Representation", and psql's aligned
+output format.
 """
 from __future__ import annotations
 
@@ -34,29 +38,15 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
+from ..cdc.decode import civil_from_days
 from ..cdc.schema import DATE_INFINITY, TIMESTAMP_INFINITY
 
 _US_PER_DAY = 86_400_000_000
 
 
-def _civil(days: int) -> tuple[int, int, int]:
-    """Proleptic Gregorian (year, month, day) of a day count from 1970-01-01 (astronomical years:
-    year 0 is 1 BC). The days-to-civil conversion of the proleptic calendar, in integer arithmetic."""
-    z = days + 719_468
-    era = z // 146_097  # floor division (Python floors; the C original truncates and adjusts)
-    doe = z - era * 146_097
-    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    d = doy - (153 * mp + 2) // 5 + 1
-    m = mp + 3 if mp < 10 else mp - 9
-    y = yoe + era * 400 + (1 if m <= 2 else 0)
-    return y, m, d
-
-
 def _date_text(days: int) -> tuple[str, str]:
     """(``YYYY-MM-DD``, era suffix ``""`` or ``" BC"``) as Postgres's ISO DateStyle prints it."""
-    y, m, d = _civil(days)
+    y, m, d = civil_from_days(days)
     if y <= 0:
         return f"{1 - y:04d}-{m:02d}-{d:02d}", " BC"
     return f"{y:04d}-{m:02d}-{d:02d}", ""
@@ -98,7 +88,7 @@ def _float_text(x: float, single: bool) -> str:
 
 
 def _array_elem(text: str | None) -> str:
-    """One element of Postgres array text: NULL bare, quoted when it needs to be."""
+    """One element of Postgres array text (``array_out``): NULL bare, quoted when it needs to be."""
     if text is None:
         return "NULL"
     if text == "" or text.upper() == "NULL" or any(c in text for c in '{},"\\ \t\n\r\v\f'):
@@ -106,31 +96,62 @@ def _array_elem(text: str | None) -> str:
     return text
 
 
+def _record_field(text: str | None) -> str:
+    """One field of Postgres record text (``record_out``): NULL empty; quoted when empty or holding
+    ``"``, ``\\``, ``(``, ``)``, ``,`` or white space, with ``"`` and ``\\`` doubled inside quotes."""
+    if text is None:
+        return ""
+    if text == "" or any(c in text for c in '"\\(),') or any(c.isspace() for c in text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '""') + '"'
+    return text
+
+
+def _hstore_str(text: str) -> str:
+    """A key or value of hstore text (``hstore_out``): always quoted, ``"`` and ``\\`` backslash-escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 class _Column:
-    """Renders one Arrow column's values (``python`` values are Arrow scalars' storage values)."""
+    """Renders one Arrow column's values from their storage values (:meth:`storage`): ints for
+    dates, times and timestamps, a list of element storage values for a list, a tuple of field storage
+    values for a struct, a list of ``(key, item)`` storage values for a map, Arrow's Python value
+    otherwise."""
 
     def __init__(self, typ: pa.DataType):
         self.type = typ
         self.numeric = (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ))
-        if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
-            self.child = _Column(typ.value_type)
-        else:
-            self.child = None
+        self.child = _Column(typ.value_type) if _is_list(typ) else None
+        self.fields = ([(typ.field(i).name, _Column(typ.field(i).type)) for i in range(typ.num_fields)]
+                       if pa.types.is_struct(typ) else None)
+        self.entry = (_Column(typ.key_type), _Column(typ.item_type)) if pa.types.is_map(typ) else None
 
     # -- storage values: ints for dates/times/timestamps, so no datetime overflow ------------------
     def storage(self, arr: pa.Array) -> list:
+        """The storage values of one Arrow array (a chunk), None for NULL."""
         t = self.type
         if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t):
             width = pa.int32() if (pa.types.is_date32(t) or pa.types.is_time32(t)) else pa.int64()
-            return arr.view(width).to_pylist() if isinstance(arr, pa.Array) else arr.cast(width).to_pylist()
-        if self.child is not None:
-            out = []
-            for i in range(len(arr)):
-                if not arr[i].is_valid:
-                    out.append(None)
-                else:
-                    out.append(self.child.storage(arr[i].values))
-            return out
+            return arr.view(width).to_pylist()
+        if self.child is not None or self.entry is not None:
+            if pa.types.is_fixed_size_list(t):
+                k = t.list_size
+                offsets = [(arr.offset + i) * k for i in range(len(arr) + 1)]
+            else:
+                offsets = arr.offsets.to_pylist()
+            valid = arr.is_valid().to_pylist()
+            if self.child is not None:
+                flat = self.child.storage(arr.values)
+            else:  # map: the storage values of its keys and items, paired
+                flat = list(zip(self.entry[0].storage(arr.keys), self.entry[1].storage(arr.items)))
+            return [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
+        if self.fields is not None:
+            valid = arr.is_valid().to_pylist()
+            cols = [c.storage(arr.field(i)) for i, (_, c) in enumerate(self.fields)]
+            return [tuple(col[i] for col in cols) if valid[i] else None for i in range(len(arr))]
         return arr.to_pylist()
 
     def text(self, v) -> str | None:
@@ -162,8 +183,16 @@ class _Column:
         if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
             return "\\x" + bytes(v).hex()
         if self.child is not None:
-            return "{" + ",".join(_array_elem(self.child.text(x)) if self.child.child is None
-                                  else ("NULL" if x is None else self.child.text(x)) for x in v) + "}"
+            c = self.child
+            nested = c.child is not None  # an inner dimension: its braces are not quoted
+            return "{" + ",".join(("NULL" if x is None else c.text(x)) if nested else _array_elem(c.text(x))
+                                  for x in v) + "}"
+        if self.fields is not None:
+            return "(" + ",".join(_record_field(c.text(x)) for (_, c), x in zip(self.fields, v)) + ")"
+        if self.entry is not None:
+            kc, vc = self.entry
+            return ", ".join(f"{_hstore_str(kc.text(k))}=>{'NULL' if x is None else _hstore_str(vc.text(x))}"
+                             for k, x in v)
         if isinstance(v, (dict, list)):
             return json.dumps(v, default=str)
         return str(v)
@@ -188,6 +217,11 @@ class _Column:
             return json.dumps(_timestamp_text(us, t.tz is not None, iso_t=True))
         if self.child is not None:
             return "[" + ",".join(self.child.json(x) for x in v) + "]"
+        if self.fields is not None:
+            return "{" + ", ".join(f"{json.dumps(n)}: {c.json(x)}" for (n, c), x in zip(self.fields, v)) + "}"
+        if self.entry is not None:
+            kc, vc = self.entry
+            return "{" + ", ".join(f"{json.dumps(kc.text(k))}: {vc.json(x)}" for k, x in v) + "}"
         return json.dumps(self.text(v))
 
 
@@ -202,18 +236,22 @@ def _columns(table: pa.Table) -> list[tuple[str, _Column, list]]:
     return out
 
 
+def _text_rows(cols: list[tuple[str, _Column, list]], n: int) -> list[list[str | None]]:
+    return [[c.text(vals[i]) for _, c, vals in cols] for i in range(n)]
+
+
 def text_rows(table: pa.Table) -> tuple[list[str], list[list[str | None]]]:
     """(column names, rows of Postgres text values, None for NULL)."""
     cols = _columns(table)
-    rows = [[c.text(vals[i]) for _, c, vals in cols] for i in range(table.num_rows)]
-    return [n for n, _, _ in cols], rows
+    return [n for n, _, _ in cols], _text_rows(cols, table.num_rows)
 
 
 def to_table(table: pa.Table) -> str:
     """psql's aligned format: centred headers, numbers right-aligned, NULL empty, ``(N rows)``;
     never cut to a terminal's width."""
-    names, rows = text_rows(table)
-    numeric = [_Column(t).numeric for t in table.schema.types]
+    cols = _columns(table)
+    names, rows = [n for n, _, _ in cols], _text_rows(cols, table.num_rows)
+    numeric = [c.numeric for _, c, _ in cols]
     cells = [["" if v is None else v for v in r] for r in rows]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     lines = [" " + " | ".join(n.center(w) for n, w in zip(names, widths)).rstrip(),
@@ -252,4 +290,6 @@ def to_json(table: pa.Table) -> str:
     return "[" + ", ".join(rows) + "]\n"
 
 
+#: ``--format`` name -> renderer: an Arrow table (a query's result) -> the whole output text, ending in
+#: a newline (module docstring: the value forms of each).
 FORMATS = {"table": to_table, "csv": to_csv, "json": to_json}

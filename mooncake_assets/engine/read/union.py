@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 
 from ..service.client import ServiceClient
 from ..storage.arrow_fs import arrow_source
+from ..storage.duckdb_s3 import ensure_duckdb_store, sql_str
 from .plan import FilePlan, cached_keep, cached_plan, deleted_positions
 
 MODES = ("auto", "lazy", "arrow", "anti")
@@ -79,10 +80,6 @@ def current_wal_lsn(dsn: str) -> str:
         return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
 def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
 
@@ -92,22 +89,36 @@ class ReadOnlyError(ValueError):
     their source only."""
 
 
+#: The statement types (DuckDB's ``StatementType`` names, as ``extract_statements`` reports them) that
+#: :meth:`UnionReader.query` runs; any other is refused with :class:`ReadOnlyError`.
 READ_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
-def check_read_only(sql: str, con: duckdb.DuckDBPyConnection) -> None:
-    """Raise :class:`ReadOnlyError` unless every statement of ``sql`` is a SELECT or EXPLAIN (DuckDB's
-    own statement types, from ``extract_statements``; ``FROM t``, ``SHOW``, ``DESCRIBE`` and
-    ``SUMMARIZE`` are SELECTs). A statement DuckDB cannot parse passes, so its own error reports it."""
+def refused_statement(sql: str, con: duckdb.DuckDBPyConnection) -> str | None:
+    """The first statement type of ``sql`` that is not a SELECT or EXPLAIN (DuckDB's own statement types,
+    from ``extract_statements``; ``FROM t``, ``SHOW``, ``DESCRIBE`` and ``SUMMARIZE`` are SELECTs), as
+    words (``"DELETE"``, ``"COPY"``); None when every one is a read, or when DuckDB cannot parse ``sql``
+    (its own error then reports it when the query runs)."""
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error:
-        return
+        return None
     for st in statements:
         kind = st.type.name
         if kind not in READ_STATEMENTS:
-            raise ReadOnlyError(f"queries are read-only: {kind.replace('_', ' ')} is refused (mirrors change "
-                                "only through their source table in Postgres; run SELECT or EXPLAIN)")
+            return kind.replace("_", " ")
+    return None
+
+
+def check_read_only(sql: str, con: duckdb.DuckDBPyConnection) -> None:
+    """Raise :class:`ReadOnlyError` unless every statement of ``sql`` is a read (:func:`refused_statement`)."""
+    _raise_refused(refused_statement(sql, con))
+
+
+def _raise_refused(kind: str | None) -> None:
+    if kind is not None:
+        raise ReadOnlyError(f"queries are read-only: {kind} is refused (mirrors change "
+                            "only through their source table in Postgres; run SELECT or EXPLAIN)")
 
 
 class StatementInfo:
@@ -118,9 +129,11 @@ class StatementInfo:
     ``*``/``COLUMNS(...)`` needs them all; ``whole``: True when nothing restricts the rows read
     (no WHERE/HAVING/QUALIFY/join condition/LIMIT/SAMPLE). ``parsed``: False when DuckDB could not
     serialize the statement (not a SELECT): then nothing is known and everything is assumed needed.
+    ``refused``: the first statement type that is not a read (:func:`refused_statement`), else None.
     """
 
     def __init__(self, sql: str, con: duckdb.DuckDBPyConnection):
+        self.refused = refused_statement(sql, con)
         self.tables: set[str] = set()
         self.columns: set[str] | None = set()
         self.whole = True
@@ -166,8 +179,9 @@ class StatementInfo:
 class UnionReader:
     """Registers mirrored tables as DuckDB views over one ReadState each and runs SQL on them.
 
-    ``client``: a :class:`ServiceClient` (or anything with ``read_state(table, lsn)``, ``fetch(ticket)``
-    and ``status()``, and ``wait_lsn(lsn, timeout)`` unless it has applied every LSN it is asked for); ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
+    ``client``: a :class:`ServiceClient` (or anything with ``read_state(table, lsn)``, ``fetch(ticket)``,
+    ``status()`` and ``wait_lsn(lsn, timeout)``; None when only :meth:`register_state` is used);
+    ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
     ``con``: an existing DuckDB connection to register into (else a new one); ``mode``: how deletes are
     applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``.
     """
@@ -185,6 +199,7 @@ class UnionReader:
         self._objects: dict[str, list[str]] = {}   # view -> Arrow objects registered for it
         self._views: dict[str, str] = {}           # view -> the DDL it was created with
         self._infos: dict[str, StatementInfo] = {}
+        self._storage: dict | None = None          # the ReadState ``storage`` hints applied to ``con``
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
@@ -224,10 +239,10 @@ class UnionReader:
         rows ``mem``, applying deletes the ``mode`` way (module docstring)."""
         if mode not in ("lazy", "arrow", "anti"):
             raise ValueError(f"mode must be lazy, arrow or anti, not {mode!r}")
-        if rs.get("storage"):  # s3:// warehouse: httpfs + S3 secret (service's endpoint, our credentials)
-            from ..storage import ensure_duckdb_s3
-
-            ensure_duckdb_s3(self.con, rs["storage"])
+        storage = rs.get("storage")
+        if storage and storage != self._storage:  # object store: the service's endpoint, our credentials
+            ensure_duckdb_store(self.con, storage)
+            self._storage = storage  # applied to this connection: the next read of the same store skips it
         objs: dict[str, object] = {}
         cols = list(columns or rs["schema"])
         sel = ", ".join(_ident(c) for c in cols)
@@ -239,14 +254,14 @@ class UnionReader:
         if opts and mode == "arrow":
             mode = "lazy"
         if clean:
-            parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(_sql_str(p) for p in clean)}]{opts})")
+            parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(sql_str(p) for p in clean)}]{opts})")
         # Arrow objects keep one name per view and role, so an unchanged plan reuses the view as it is
         if mode == "anti":
             for i, f in enumerate(dirty):
                 name = f"__mc_del_{view}_{i}"
                 pos = deleted_positions(f["deleted"])
                 objs[name] = pa.table({"pos": pa.array(pos.astype(np.int64))})
-                parts.append(f"SELECT {sel} FROM read_parquet({_sql_str(f['path'])}, file_row_number = true{opts}) d "
+                parts.append(f"SELECT {sel} FROM read_parquet({sql_str(f['path'])}, file_row_number = true{opts}) d "
                              f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
         elif mode == "lazy":
             plans = [cached_plan(f["path"], f["rows"], f["deleted"]) for f in dirty]
@@ -281,7 +296,7 @@ class UnionReader:
         both LSNs after ``wait_timeout`` seconds."""
         if lsn is None:
             self.barrier()
-        elif getattr(self.client, "wait_lsn", None) is not None:  # in-process clients have applied everything
+        else:
             self.client.wait_lsn(lsn, timeout=self.wait_timeout)
 
     def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
@@ -291,13 +306,13 @@ class UnionReader:
         ``lsn``: read at this LSN (``X/Y``), once the service has applied it (``TimeoutError`` after
         ``wait_timeout`` s); None: the barrier first (when the reader has a DSN), then each table at
         what is applied."""
-        check_read_only(sql, self.con)
-        self._reach(lsn)
         info = self._infos.get(sql)
-        if info is None:
+        if info is None:  # parsed once per statement text: its read-only verdict and what it reads
             info = self._infos[sql] = StatementInfo(sql, self.con)
             if len(self._infos) > 256:
                 self._infos.pop(next(iter(self._infos)))
+        _raise_refused(info.refused)
+        self._reach(lsn)
         if tables is None:
             names = [t["name"] for t in self.client.status()["tables"] if t.get("state") != "copying"]
             tables = [t for t in names if t.lower() in info.tables] if info.parsed else names
@@ -335,8 +350,8 @@ def _schema_option(fields: list[dict]) -> str:
     type, and a column a file lacks read as its default (text DuckDB casts) or NULL."""
     entries = []
     for f in fields:
-        default = "CAST(NULL AS VARCHAR)" if f.get("default") is None else _sql_str(f["default"])
-        entries.append(f"{int(f['id'])}: {{name: {_sql_str(f['name'])}, type: {_sql_str(f['type'])}, "
+        default = "CAST(NULL AS VARCHAR)" if f.get("default") is None else sql_str(f["default"])
+        entries.append(f"{int(f['id'])}: {{name: {sql_str(f['name'])}, type: {sql_str(f['type'])}, "
                        f"default_value: {default}}}")
     return ", schema = MAP {" + ", ".join(entries) + "}"
 
@@ -359,14 +374,14 @@ def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict
     dv = _ident(dv_name)
     out = []
     if shared:
-        files = ", ".join(_sql_str(plans[i].path) for i in shared)
+        files = ", ".join(sql_str(plans[i].path) for i in shared)
         out.append(f"SELECT {sel} FROM read_parquet([{files}], file_row_number = true{opts}) d "
                    f"JOIN (SELECT c, b::BIT AS b FROM {dv} WHERE c >= 0) m ON d.file_index = m.c "
                    f"WHERE get_bit(m.b, d.file_row_number::INTEGER) = 0")
     for i, p in enumerate(plans):
         if i in pos_in_shared:
             continue
-        src = f"read_parquet({_sql_str(p.path)}, file_row_number = true{opts}) d"
+        src = f"read_parquet({sql_str(p.path)}, file_row_number = true{opts}) d"
         for seg in p.segments:
             rng = "" if seg.whole else f"d.file_row_number BETWEEN {seg.start} AND {seg.stop - 1}"
             if seg.has_deletes:

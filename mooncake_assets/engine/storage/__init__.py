@@ -18,7 +18,7 @@ The rest of the engine does not know which store a warehouse is on: it gets a Fi
 Freshly flushed files are staged on local disk (``<state>/tables/<t>/staging``) and reach the
 warehouse only when a persist uploads them right before its Iceberg commit, as in pg_mooncake.
 """
-from .arrow_fs import arrow_source, s3_filesystem, store_filesystem, use_s3, use_store
+from .arrow_fs import arrow_source, s3_filesystem, store_filesystem, use_store
 from .config import (
     S3Config,
     apply_s3_settings,
@@ -27,10 +27,9 @@ from .config import (
     parse_s3_uri,
     resolve_s3,
     storage_hints,
-    warehouse_s3,
     warehouse_store,
 )
-from .duckdb_s3 import configure_duckdb_s3, configure_duckdb_store, ensure_duckdb_s3, load_httpfs
+from .duckdb_s3 import configure_duckdb_s3, configure_duckdb_store, ensure_duckdb_store, load_httpfs, sql_str
 from .stores import AzureConfig, GCSConfig, is_object_store, resolve_store, store_kind
 from .errors import (
     AccessDenied,
@@ -71,21 +70,20 @@ __all__ = [
     "configure_duckdb_s3",
     "configure_duckdb_store",
     "describe_warehouse",
-    "ensure_duckdb_s3",
+    "ensure_duckdb_store",
     "is_retryable",
     "is_object_store",
     "is_s3",
     "load_httpfs",
     "parse_s3_uri",
     "resolve_s3",
+    "sql_str",
     "resolve_store",
     "retry_call",
     "s3_filesystem",
     "storage_hints",
     "store_filesystem",
     "store_kind",
-    "use_s3",
     "use_store",
-    "warehouse_s3",
     "warehouse_store",
 ]

@@ -1,7 +1,7 @@
 """PyArrow reads of warehouse files in a reader process (union reads that decode Parquet themselves).
 
 A union reader learns the warehouse's store from the ReadState's ``storage`` hints
-(``duckdb_s3.ensure_duckdb_s3`` calls ``use_store``); ``arrow_source(path)`` then gives what
+(``duckdb_s3.ensure_duckdb_store`` calls ``use_store``); ``arrow_source(path)`` then gives what
 ``pyarrow.parquet.ParquetFile`` takes: the path itself for local files; for ``s3://`` an open
 random-access file of PyArrow's own S3 filesystem (C++, the fastest reader of Parquet ranges); for
 ``gs://`` and ``abfs://``/``az://`` an open file of the store's fsspec filesystem (gcsfs, adlfs). One cached
@@ -23,11 +23,6 @@ def use_store(cfg) -> None:
     uses for paths on its store in this process."""
     with _lock:
         _active[cfg.kind] = cfg
-
-
-def use_s3(cfg: S3Config) -> None:
-    """``use_store`` for an ``S3Config`` (kept for callers of the S3-only version)."""
-    use_store(cfg)
 
 
 @functools.lru_cache(maxsize=8)
@@ -64,7 +59,7 @@ def arrow_source(path: str):
         return path
     if is_s3(path):
         return s3_filesystem().open_input_file(path.split("://", 1)[1])
-    from .fileio import kind_of_scheme
+    from .stores import kind_of_scheme
 
     kind = kind_of_scheme(path.split("://", 1)[0])
     if kind is None:

@@ -98,6 +98,30 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+ALLOW_HTTP_PROP = "mooncake.allow-http"  # FileIO property: allow_http of a store config ("true"/"false")
+
+
+def allow_http_property(props: Mapping[str, str]) -> bool | None:
+    """``allow_http`` as a store config's ``fileio_properties()`` wrote it (:data:`ALLOW_HTTP_PROP`);
+    None when absent (loopback endpoints only)."""
+    ah = props.get(ALLOW_HTTP_PROP)
+    return None if ah is None else ah == "true"
+
+
+def check_endpoint(endpoint: str | None, what: str, allow_http: bool | None, http_fix: str) -> None:
+    """Refuse an object store's ``endpoint`` (None: the cloud's own, always fine) that is no
+    ``http(s)://host[:port]`` URL, or plain HTTP when not allowed (``allow_http``; None: loopback
+    hosts only). ``what``: the store in the message (``S3``, ``GCS``, ``Azure``); ``http_fix``: how to
+    allow HTTP, after ``is plain HTTP;``. Raises ``WarehouseConfigError``."""
+    if endpoint is None:
+        return
+    parts = urlsplit(endpoint)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise WarehouseConfigError(f"{what} endpoint {endpoint!r}: expected a URL like http://host:port or https://host")
+    if parts.scheme.lower() == "http" and not (allow_http if allow_http is not None else is_loopback(parts.hostname)):
+        raise WarehouseConfigError(f"{what} endpoint {endpoint} is plain HTTP; {http_fix}")
+
+
 @dataclass(frozen=True)
 class S3Config:
     """How to reach an S3-compatible object store.
@@ -149,17 +173,8 @@ class S3Config:
     def validate(self) -> S3Config:
         """Raise ``WarehouseConfigError`` for an endpoint that is no http(s) URL, or plain HTTP that is not
         allowed; returns self."""
-        if self.endpoint is not None:
-            parts = urlsplit(self.endpoint)
-            if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-                raise WarehouseConfigError(
-                    f"S3 endpoint {self.endpoint!r}: expected a URL like http://host:port or https://host"
-                )
-            if parts.scheme.lower() == "http" and not self.http_allowed:
-                raise WarehouseConfigError(
-                    f"S3 endpoint {self.endpoint} is plain HTTP; set MOONCAKE_S3_ALLOW_HTTP=1 (or settings "
-                    "s3_allow_http) to allow it, or use https"
-                )
+        check_endpoint(self.endpoint, "S3", self.allow_http,
+                       "set MOONCAKE_S3_ALLOW_HTTP=1 (or settings s3_allow_http) to allow it, or use https")
         return self
 
     def describe(self) -> str:
@@ -174,7 +189,7 @@ class S3Config:
         if self.profile:
             props["s3.profile-name"] = self.profile
         if self.allow_http is not None:
-            props["mooncake.allow-http"] = str(self.allow_http).lower()
+            props[ALLOW_HTTP_PROP] = str(self.allow_http).lower()
         if self.endpoint:
             props["s3.endpoint"] = self.endpoint
         if self.access_key_id:
@@ -195,11 +210,10 @@ class S3Config:
     def from_properties(cls, props: Mapping[str, str]) -> S3Config:
         """The config ``fileio_properties()`` describes."""
         fva = props.get("s3.force-virtual-addressing")
-        ah = props.get("mooncake.allow-http")
         return cls(endpoint=props.get("s3.endpoint"), region=props.get("s3.region") or DEFAULT_REGION,
                    access_key_id=props.get("s3.access-key-id"), secret_access_key=props.get("s3.secret-access-key"),
                    session_token=props.get("s3.session-token"), profile=props.get("s3.profile-name"),
-                   allow_http=None if ah is None else ah == "true",
+                   allow_http=allow_http_property(props),
                    path_style=None if fva is None else fva == "false",
                    connect_timeout_s=float(props.get("s3.connect-timeout") or 0) or 5.0,
                    request_timeout_s=float(props.get("s3.request-timeout") or 0))
@@ -281,14 +295,6 @@ def apply_s3_settings(settings, *, endpoint: str | None = None, region: str | No
     flag = allow_http if allow_http is not None else _first_env(ENV_ALLOW_HTTP, env)
     if flag is not None:
         settings.s3_allow_http = parse_bool(flag, "MOONCAKE_S3_ALLOW_HTTP")
-
-
-def warehouse_s3(settings) -> S3Config | None:
-    """The S3Config for ``settings``' warehouse, or None when the warehouse is not on S3."""
-    if not is_s3(settings.warehouse_uri):
-        return None
-    parse_s3_uri(settings.warehouse_uri)
-    return resolve_s3(settings)
 
 
 def warehouse_store(settings):

@@ -25,7 +25,10 @@ from .config import S3Config, resolve_s3
 SECRET_NAME = "mooncake_s3"
 
 
-def _sql_str(s: str) -> str:
+def sql_str(s: str) -> str:
+    """``s`` as a DuckDB (standard SQL) string literal: single-quoted, each ``'`` doubled. For paths,
+    secrets' options and the like spliced into statements DuckDB takes no parameters in (``LOAD``,
+    ``CREATE SECRET``, ``read_parquet`` lists)."""
     return "'" + s.replace("'", "''") + "'"
 
 
@@ -38,24 +41,24 @@ def load_httpfs(con: duckdb.DuckDBPyConnection) -> None:
         return
     from ..iceberg.duckdb_ext import extension_file
 
-    con.execute(f"LOAD {_sql_str(str(extension_file('httpfs')))}")
+    con.execute(f"LOAD {sql_str(str(extension_file('httpfs')))}")
 
 
 def configure_duckdb_s3(con: duckdb.DuckDBPyConnection, cfg: S3Config, *, name: str = SECRET_NAME) -> None:
     """Load httpfs and (re)create the S3 secret ``name`` on ``con`` for ``cfg`` (endpoint, region, URL
     style, SSL, credentials). Idempotent; cheap enough to call before every registration."""
     load_httpfs(con)
-    opts = ["TYPE s3", f"REGION {_sql_str(cfg.region)}"]
+    opts = ["TYPE s3", f"REGION {sql_str(cfg.region)}"]
     if cfg.access_key_id:
-        opts.append(f"KEY_ID {_sql_str(cfg.access_key_id)}")
+        opts.append(f"KEY_ID {sql_str(cfg.access_key_id)}")
     if cfg.secret_access_key:
-        opts.append(f"SECRET {_sql_str(cfg.secret_access_key)}")
+        opts.append(f"SECRET {sql_str(cfg.secret_access_key)}")
     if cfg.session_token:
-        opts.append(f"SESSION_TOKEN {_sql_str(cfg.session_token)}")
+        opts.append(f"SESSION_TOKEN {sql_str(cfg.session_token)}")
     if cfg.endpoint:
-        opts.append(f"ENDPOINT {_sql_str(cfg.host_port)}")
+        opts.append(f"ENDPOINT {sql_str(cfg.host_port)}")
         opts.append(f"USE_SSL {'true' if cfg.scheme == 'https' else 'false'}")
-    opts.append(f"URL_STYLE {_sql_str('path' if cfg.use_path_style else 'vhost')}")
+    opts.append(f"URL_STYLE {sql_str('path' if cfg.use_path_style else 'vhost')}")
     con.execute(f"CREATE OR REPLACE TEMPORARY SECRET {name} ({', '.join(opts)})")
 
 
@@ -78,10 +81,13 @@ def configure_duckdb_store(con: duckdb.DuckDBPyConnection, cfg) -> None:
         register_fsspec(con, cfg)
 
 
-def ensure_duckdb_s3(con: duckdb.DuckDBPyConnection, hints: Mapping | None):
-    """For a ReadState's ``storage`` hints (None for local warehouses): configure ``con`` with the
-    endpoint the service uses and this process's credentials, and make it the process's configuration
-    for PyArrow reads (``arrow_fs.arrow_source``); returns the config (None if nothing to do)."""
+def ensure_duckdb_store(con: duckdb.DuckDBPyConnection, hints: Mapping | None):
+    """For a ReadState's ``storage`` hints (None for local warehouses): configure ``con`` for the
+    warehouse's store (S3: httpfs and a secret; GCS, Azure: the fsspec filesystem) with the endpoint the
+    service uses and this process's credentials, and make it the process's configuration for PyArrow
+    reads (``arrow_fs.arrow_source``); returns the config (None if nothing to do). Each call resolves
+    the store and recreates the secret: callers that read often remember the hints they applied
+    (``UnionReader`` does)."""
     if not hints:
         return None
     from .stores import resolve_store

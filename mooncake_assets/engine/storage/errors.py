@@ -194,9 +194,7 @@ def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
         return StorageUnavailable if name == "TransportError" else CredentialsRejected
     if mod.startswith("gcsfs") and name == "HttpError":
         code = getattr(exc, "code", None)
-        if code == 401:
-            return CredentialsRejected
-        if code:
+        if code:  # 401 -> CredentialsRejected there too
             return _status_class(int(code))
     if mod.startswith("aiohttp") and name in ("ClientConnectorError", "ClientConnectionError", "ClientOSError",
                                               "ServerDisconnectedError", "ServerTimeoutError",

@@ -12,28 +12,13 @@ from __future__ import annotations
 
 from pyiceberg.io.fsspec import FsspecFileIO
 
-from .stores import AZURE_SCHEMES, GCS_SCHEMES, config_from_properties
-
-
-def kind_of_scheme(scheme: str) -> str | None:
-    """``"s3"``/``"gcs"``/``"azure"`` for a URI scheme, None otherwise (local files)."""
-    s = scheme.lower()
-    if s in ("s3", "s3a", "s3n"):
-        return "s3"
-    if s in GCS_SCHEMES:
-        return "gcs"
-    if s in AZURE_SCHEMES:
-        return "azure"
-    return None
+from .stores import config_from_properties, kind_of_scheme  # noqa: F401 (kind_of_scheme: was here)
 
 
 class MooncakeFileIO(FsspecFileIO):
-    """``FsspecFileIO`` whose object-store filesystems come from ``config_from_properties(kind, props)``."""
-
-    def __init__(self, properties):
-        super().__init__(properties)
-        for s in AZURE_SCHEMES:  # az:// and wasb(s):// as well as abfs(s)://
-            self._scheme_to_fs.setdefault(s, None)
+    """``FsspecFileIO`` whose object-store filesystems come from ``config_from_properties(kind, props)``
+    (every scheme :func:`~.stores.kind_of_scheme` knows, ``az://`` and ``wasb(s)://`` included: they
+    never reach PyIceberg's own scheme table)."""
 
     def _get_fs(self, scheme: str, hostname: str | None = None):
         kind = kind_of_scheme(scheme)

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .config import FILEIO_IMPL, S3Config, _first_env, is_loopback, is_s3, parse_s3_uri, resolve_s3
+from .config import ALLOW_HTTP_PROP, FILEIO_IMPL, S3Config, _first_env, allow_http_property, check_endpoint, is_loopback, is_s3, parse_s3_uri, resolve_s3
 from .errors import WarehouseConfigError
 
 GCS_SCHEMES = ("gs", "gcs")
@@ -58,18 +58,28 @@ def scheme(uri: str | None) -> str:
     return uri.split("://", 1)[0].lower() if uri and "://" in uri else ""
 
 
+def kind_of_scheme(scheme: str) -> str | None:
+    """``"s3"`` (``s3``, ``s3a``, ``s3n``), ``"gcs"`` (:data:`GCS_SCHEMES`) or ``"azure"``
+    (:data:`AZURE_SCHEMES`) for a URI scheme, any case; None otherwise (local files, unknown schemes)."""
+    s = scheme.lower()
+    if is_s3(f"{s}://"):
+        return "s3"
+    if s in GCS_SCHEMES:
+        return "gcs"
+    if s in AZURE_SCHEMES:
+        return "azure"
+    return None
+
+
 def store_kind(uri: str | None) -> str:
     """``"s3"``, ``"gcs"``, ``"azure"`` or ``"file"`` (``file://`` and plain paths) for a warehouse URI;
     raises ``WarehouseConfigError`` for any other scheme."""
     s = scheme(uri)
     if s in ("", "file"):
         return "file"
-    if is_s3(uri):
-        return "s3"
-    if s in GCS_SCHEMES:
-        return "gcs"
-    if s in AZURE_SCHEMES:
-        return "azure"
+    kind = kind_of_scheme(s)
+    if kind is not None:
+        return kind
     raise WarehouseConfigError(f"warehouse {uri!r}: expected file://, s3://, gs://, abfs:// or az:// "
                                "(or a directory path)")
 
@@ -119,14 +129,8 @@ def bucket_and_prefix(uri: str) -> tuple[str, str]:
 
 
 def _check_endpoint(endpoint: str | None, what: str, allow_http: bool | None) -> None:
-    if endpoint is None:
-        return
-    parts = urlsplit(endpoint)
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise WarehouseConfigError(f"{what} endpoint {endpoint!r}: expected a URL like http://host:port or https://host")
-    if parts.scheme.lower() == "http" and not (allow_http if allow_http is not None else is_loopback(parts.hostname)):
-        raise WarehouseConfigError(f"{what} endpoint {endpoint} is plain HTTP; only loopback endpoints may use "
-                                   "http (or set MOONCAKE_ALLOW_HTTP=1)")
+    check_endpoint(endpoint, what, allow_http,
+                   "only loopback endpoints may use http (or set MOONCAKE_ALLOW_HTTP=1)")
 
 
 # --------------------------------------------------------------------------------------------- GCS
@@ -156,24 +160,28 @@ class GCSConfig:
         return self
 
     def describe(self) -> str:
+        """Where requests go, for error messages: the endpoint, or ``Google Cloud Storage``."""
         return self.endpoint or "Google Cloud Storage"
 
     def fileio_properties(self) -> dict[str, str]:
+        """PyIceberg FileIO properties: ``py-io-impl`` (``fileio.MooncakeFileIO``), ``gcs.oauth2.token``,
+        ``gcs.service.host`` (a custom endpoint), ``gcs.project-id`` and ``mooncake.allow-http``;
+        :meth:`from_properties` reads them back. The token is a mode or a file path, never a key."""
         props = {"py-io-impl": FILEIO_IMPL, "gcs.oauth2.token": self.token}
         if self.endpoint:
             props["gcs.service.host"] = self.endpoint
         if self.project:
             props["gcs.project-id"] = self.project
         if self.allow_http is not None:
-            props["mooncake.allow-http"] = str(self.allow_http).lower()
+            props[ALLOW_HTTP_PROP] = str(self.allow_http).lower()
         return props
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> GCSConfig:
-        ah = props.get("mooncake.allow-http")
+        """The config :meth:`fileio_properties` wrote (token ``google_default`` when absent); not validated."""
         return cls(endpoint=props.get("gcs.service.host"), project=props.get("gcs.project-id"),
                    token=props.get("gcs.oauth2.token") or "google_default",
-                   allow_http=None if ah is None else ah == "true")
+                   allow_http=allow_http_property(props))
 
     def filesystem(self):
         """A ``gcsfs`` filesystem. For a custom endpoint (an emulator) the core ``GCSFileSystem``: the
@@ -191,6 +199,8 @@ class GCSConfig:
                    access="full_control", use_listings_cache=False)
 
     def hints(self) -> dict:
+        """What a union reader needs to reach the store, no credentials: ``{"endpoint", "project",
+        "allow_http", "anon"}`` (``resolve_gcs(hints=...)`` takes it)."""
         return {"endpoint": self.endpoint, "project": self.project, "allow_http": self.allow_http,
                 "anon": self.token == "anon"}
 
@@ -256,9 +266,14 @@ class AzureConfig:
         return self
 
     def describe(self) -> str:
+        """Where requests go, for error messages: the endpoint, or the account's blob URL (never a secret)."""
         return self.endpoint or f"https://{self.account}.blob.core.windows.net"
 
     def fileio_properties(self) -> dict[str, str]:
+        """PyIceberg FileIO properties: ``py-io-impl`` (``fileio.MooncakeFileIO``), ``adls.account-name``,
+        ``adls.connection-string`` / ``adls.account-key`` / ``adls.sas-token`` (this process's secrets:
+        never saved), ``mooncake.azure-endpoint`` and ``mooncake.allow-http``, each only when set;
+        :meth:`from_properties` reads them back."""
         props = {"py-io-impl": FILEIO_IMPL}
         for k, v in (("adls.account-name", self.account), ("adls.connection-string", self.connection_string),
                      ("adls.account-key", self.account_key), ("adls.sas-token", self.sas_token),
@@ -266,15 +281,15 @@ class AzureConfig:
             if v:
                 props[k] = v
         if self.allow_http is not None:
-            props["mooncake.allow-http"] = str(self.allow_http).lower()
+            props[ALLOW_HTTP_PROP] = str(self.allow_http).lower()
         return props
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> AzureConfig:
-        ah = props.get("mooncake.allow-http")
+        """The config :meth:`fileio_properties` wrote; not validated."""
         return cls(account=props.get("adls.account-name"), endpoint=props.get("mooncake.azure-endpoint"),
                    connection_string=props.get("adls.connection-string"), account_key=props.get("adls.account-key"),
-                   sas_token=props.get("adls.sas-token"), allow_http=None if ah is None else ah == "true")
+                   sas_token=props.get("adls.sas-token"), allow_http=allow_http_property(props))
 
     def filesystem(self):
         """An ``adlfs.AzureBlobFileSystem`` (the connection string wins over account + key/SAS), without a
@@ -290,6 +305,8 @@ class AzureConfig:
                                    use_listings_cache=False)
 
     def hints(self) -> dict:
+        """What a union reader needs to reach the store, no secrets: ``{"account", "endpoint",
+        "allow_http"}`` (``resolve_azure(hints=...)`` takes it)."""
         return {"account": self.account, "endpoint": self.endpoint, "allow_http": self.allow_http}
 
 

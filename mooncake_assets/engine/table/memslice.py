@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..cdc.decode import ewkb_srid_suspect
 from ..index import MemIndex
 
 LIVE = 0
@@ -68,10 +69,12 @@ class MemSlice:
     """Committed, unflushed rows of one table plus their MemIndex.
 
     ``decode``: callable(list of column value lists) -> pa.RecordBatch (the table's text decoder);
-    values that are :class:`Carried` are patched in after the vectorized decode.
+    values that are :class:`Carried` are patched in after the vectorized decode. ``specs``: the
+    table's ColumnSpecs, one per ``schema`` field (what :func:`_suspect_checks` needs beyond Arrow
+    types: a PostGIS column's SRID).
     """
 
-    def __init__(self, schema: pa.Schema, decode, batch_rows: int = 16384):
+    def __init__(self, schema: pa.Schema, decode, batch_rows: int = 16384, specs: list | None = None):
         self.schema = schema
         self._decode = decode
         self.batch_rows = batch_rows
@@ -83,7 +86,7 @@ class MemSlice:
         self._open_del: dict[int, int] = {}
         self.deleted_rows = 0
         self._bytes = 0
-        self._suspects = _suspect_checks(schema)
+        self._suspects = _suspect_checks(schema, specs)
 
     # -- writes -------------------------------------------------------------------------------
     def append(self, values: list, h: int, lsn: int) -> tuple[int, int]:
@@ -175,7 +178,7 @@ class MemSlice:
         self._bytes += rb.nbytes
         self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
 
-    def evolve(self, schema: pa.Schema, decode, convert) -> None:
+    def evolve(self, schema: pa.Schema, decode, convert, specs: list | None = None) -> None:
         """Switch to a new table schema (a source schema change): the open buffer is sealed with the old
         decoder, every sealed batch is converted with ``convert(RecordBatch) -> RecordBatch`` (see
         :func:`.evolution.project`), then rows decode with ``decode`` into ``schema``. LSN stamps,
@@ -186,7 +189,7 @@ class MemSlice:
         self._bytes = sum(b.rb.nbytes for b in self.batches)
         self.schema = schema
         self._decode = decode
-        self._suspects = _suspect_checks(schema)
+        self._suspects = _suspect_checks(schema, specs)
 
     def _decodes(self, cols: list[list]) -> bool:
         try:
@@ -270,19 +273,19 @@ def _scalars_to_array(scalars: list, t: pa.DataType) -> pa.Array:
         return pa.concat_arrays([pa.array([sc], type=t) if sc.is_valid else pa.nulls(1, t) for sc in scalars])
 
 
-def _suspect_checks(schema: pa.Schema) -> list:
+def _suspect_checks(schema: pa.Schema, specs: list | None = None) -> list:
     """(column index, cheap text test) for columns whose decoder can reject a value Postgres accepts:
-    decimals (NaN), times (24:00:00), dates/timestamps (years past 9999 may exceed the range), arrays
-    (explicit lower bounds, other dimensions, such elements). A hit only costs a one-row decode."""
+    PostGIS columns (a value with another SRID than the column's, ``ColumnSpec.kind == "wkb"`` and
+    ``srid``: :func:`~..cdc.decode.ewkb_srid_suspect`; only with ``specs``, the table's ColumnSpecs in
+    ``schema``'s order), decimals (NaN), times (24:00:00), dates/timestamps (years past 9999 may exceed
+    the range), arrays (explicit lower bounds, other dimensions, such elements). A hit only costs a
+    one-row decode."""
     out = []
     for i, f in enumerate(schema):
         t = f.type
-        doc = (f.metadata or {}).get(b"doc", b"").decode()
-        if pa.types.is_binary(t) and ": ISO WKB, SRID " in doc:  # PostGIS: a value with another SRID
-            srid = int(doc.rsplit(" ", 1)[1])
-            want = srid.to_bytes(4, "little").hex()
-            out.append((i, lambda v, srid=srid, want=want: not v.startswith("01") or (
-                bool(int(v[8:10], 16) & 0x20) != bool(srid) or (srid and v[10:18].lower() != want))))
+        spec = specs[i] if specs is not None else None
+        if spec is not None and spec.kind == "wkb":  # PostGIS: a value with another SRID
+            out.append((i, ewkb_srid_suspect(spec.srid or 0)))
         elif pa.types.is_decimal(t):
             out.append((i, lambda v: v == "NaN"))
         elif pa.types.is_time(t):

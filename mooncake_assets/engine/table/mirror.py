@@ -160,7 +160,7 @@ class MirrorTable:
         self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
-        self.mem = MemSlice(self.arrow_schema, self._decode)
+        self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
         self.files: dict[str, DiskFile] = {}
         self.file_index = FileIndex()
         self.applied_lsn = 0
@@ -242,7 +242,7 @@ class MirrorTable:
         old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
         defaults = initial_defaults(new.columns)
         self.mem.evolve(new_arrow, self._decode, lambda rb: project(
-            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults))
+            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults), specs=new.columns)
         self._set_schema(new, hash_ids if not new.key_columns else None)
         self._relmap.clear()
         self._identity.clear()
