@@ -37,7 +37,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from .. import faults
-from . import compat
+import mooncake_assets.engine.iceberg.compat as compat
 from .errors import CommitStateUnknown, UnsupportedCatalog
 
 logger = logging.getLogger(__name__)

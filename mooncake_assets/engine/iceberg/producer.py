@@ -48,7 +48,7 @@ from pyiceberg.table.update import (
 )
 from pyroaring import BitMap64
 
-from . import compat
+import mooncake_assets.engine.iceberg.compat as compat
 from .errors import CommitConflict
 from .manifest import ManifestInfo, unassigned_row_count, write_manifest, write_manifest_list
 from .names import CREATED_BY, SUMMARY_COMMIT_ID, SUMMARY_INDEX_FILE

@@ -48,7 +48,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotsUpdate
 from pyroaring import BitMap64
 
-from . import compat
+import mooncake_assets.engine.iceberg.compat as compat
 from .catalog import (
     SwapConflict,
     check_catalog_supports,
