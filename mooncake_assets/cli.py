@@ -91,7 +91,7 @@ def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by pol
         s.maintenance = maintenance
     logging.getLogger().setLevel(logging.INFO)
     try:
-        _serve(s)
+        _serve(s.service_config())
     except Exception as e:
         fail(f"the service stopped: {type(e).__name__}: {e}")
 

@@ -12,7 +12,7 @@ import psycopg
 import pyarrow.parquet as pq
 from psycopg.types.string import TextLoader
 
-from mooncake_assets.engine.cdc.types import OUTPUT_SETTINGS
+from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
 from mooncake_assets.engine.deletes import PuffinBlob, read_puffin, write_puffin
 from mooncake_assets.engine.index import IndexBlock, splitmix64
 from mooncake_assets.verify import verify

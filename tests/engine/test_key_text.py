@@ -12,7 +12,8 @@ import pytest
 
 from mooncake_assets.engine.cdc import decode_text_columns
 from mooncake_assets.engine.cdc.text_out import float_text
-from mooncake_assets.engine.cdc.types import OUTPUT_SETTINGS, describe_table
+from mooncake_assets.engine.pg.catalog import describe_table
+from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
 from mooncake_assets.engine.table.key_text import key_text_columns
 
 

@@ -4,7 +4,7 @@ The key of a row is its primary-key columns (or the columns of its replica ident
 without one is mirrored with REPLICA IDENTITY FULL and its key is the whole row. Keys arrive as
 PostgreSQL **text** — pgoutput tuple data in text mode and ``COPY … (FORMAT csv)`` both carry each
 value's text output — and the sessions that produce it pin ``TimeZone=UTC``, ``DateStyle=ISO``,
-``extra_float_digits=3``, ``bytea_output=hex`` (see :mod:`mooncake_assets.engine.cdc.types`), so a
+``extra_float_digits=3``, ``bytea_output=hex`` (see :mod:`mooncake_assets.engine.pg.conninfo`), so a
 value has one text form. The hash is therefore defined on text values (``None`` = SQL NULL); the
 MemIndex, the FileIndex's IndexBlocks, the initial copy, the apply path and compaction all use it.
 

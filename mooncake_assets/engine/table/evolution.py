@@ -39,7 +39,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from ..cdc.types import CatalogColumn, ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+from ..cdc.schema import ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+from ..pg.catalog import CatalogColumn
 from ..pg.names import case_collision
 
 FIELD_ID = b"PARQUET:field_id"
