@@ -85,6 +85,26 @@ class Settings:
 
         return EmbeddedPostgres(self.state_dir).start()
 
+    def service_config(self):
+        """The replicator service's configuration (``engine/service/config.py``) for these settings:
+        the source DSN resolved (:meth:`source_dsn`, which starts the embedded Postgres when there is
+        no DSN), the catalog and warehouse URIs with their defaults, the maintenance policies of
+        ``extra`` (``maintenance``, ``maintenance_tables``)."""
+        from .engine.service.config import ServiceConfig
+
+        extra = self.extra or {}
+        return ServiceConfig(
+            state_dir=self.state_dir, dsn=self.source_dsn(), socket_path=self.socket_path,
+            catalog_uri=self.catalog, warehouse_uri=self.warehouse_uri, publication=self.publication,
+            s3_endpoint=self.s3_endpoint, s3_region=self.s3_region, s3_allow_http=self.s3_allow_http,
+            maintenance=self.maintenance, flush_rows=self.flush_rows, flush_bytes=self.flush_bytes,
+            persist_interval_s=self.persist_interval_s, verify_interval_s=self.verify_interval_s,
+            warn_persist_age_s=self.warn_persist_age_s, warn_slot_wal_bytes=self.warn_slot_wal_bytes,
+            catalog_wait_s=self.catalog_wait_s,
+            publication_check_s=float(self.publication_check_s),
+            maintenance_policy=dict(extra.get("maintenance") or {}),
+            maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()})
+
     def save(self) -> None:
         """Write ``settings.json`` (``0600``, in a ``0700`` state directory), without passwords."""
         ensure_private_dir(self.state_dir)

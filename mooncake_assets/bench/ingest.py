@@ -11,7 +11,7 @@ transaction (streamed to both consumers while it runs) — in a scratch database
 3. ``recvlogical``: ``pg_recvlogical --start -o proto_version=2 -o publication_names=P -o streaming=on
    --no-loop -f /dev/null --endpos=end`` on the first slot, timed from launch until it exits;
 4. ``ours``: on the second slot, the service's own loop — ``ReplicationConnection`` →
-   ``ReplicatorService._apply_batch`` (the real method of a scratch service object holding the
+   ``StreamLoop.apply_batch`` (the real method of a scratch service object's stream loop holding the
    MirrorTable: ``parse_message`` → ``TransactionAssembler`` → ``_apply_txn``) → ``MirrorTable.apply`` (decode, MemSlice,
    MemIndex) — timed from connecting until every row is applied and the last open batch is decoded.
    No flush runs meanwhile (maintenance is not ingest).
@@ -86,14 +86,14 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     """The service's apply loop on ``slot`` until ``rows`` rows of ``table`` are applied; (seconds, info)."""
     from ..config import Settings
     from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table
-    from ..engine.service import service as svc_module
+    from ..engine.service import replication as svc_module
     from ..engine.lsn import Lsn
     from ..engine.pg.conninfo import with_options
     from ..engine.service.service import ReplicatorService
     from ..engine.table.mirror import MirrorTable
 
     settings = Settings(state_dir=scratch, dsn=dsn, maintenance="dagster")
-    svc = ReplicatorService(settings)
+    svc = ReplicatorService(settings.service_config())
     with psycopg.connect(with_options(dsn)) as c:
         schema = describe_table(c, f"public.{table}")
     t = MirrorTable(table, f"public.{table}", schema, None, scratch / "tables" / table)
@@ -112,7 +112,7 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
         while True:
             msgs = repl.read(timeout=0.05)
             if msgs:
-                txns += svc._apply_batch(msgs, asm)  # the service's own apply step (what _stream_once runs)
+                txns += svc.stream.apply_batch(msgs, asm)  # the service's own apply step (what _stream_once runs)
             if asm.idle and t.mem.num_rows >= rows:
                 break
             if time.time() > deadline:
@@ -216,7 +216,7 @@ def _initial_copy(db: BenchDatabase, sizes: Sizes, scratch_root: Path, log) -> d
     ref = [psql_copy()]
     server = server_copy()
     scratch = scratch_root / "copy"
-    svc = ReplicatorService(Settings(state_dir=scratch, dsn=db.dsn, maintenance="dagster"))
+    svc = ReplicatorService(Settings(state_dir=scratch, dsn=db.dsn, maintenance="dagster").service_config())
     try:
         t = time.perf_counter()
         res = svc.create_table("copy", f"public.{table}")

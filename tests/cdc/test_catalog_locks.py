@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 
-from mooncake_assets.engine.cdc.types import catalog_columns, describe_table
+from mooncake_assets.engine.pg.catalog import catalog_columns, describe_table
 
 
 def test_catalog_lookups_take_no_locks_on_the_table_or_its_partitions(pg_dsn):

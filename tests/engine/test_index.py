@@ -1,8 +1,6 @@
-"""Tests of mooncake_assets.engine.index (issue 3): hashing, IndexBlock, FileIndex, MemIndex, policy."""
+"""Tests of mooncake_assets.engine.index (issue 3): the key hash, IndexBlock, FileIndex, MemIndex, policy."""
 from __future__ import annotations
 
-import datetime
-import decimal
 import os
 import struct
 import subprocess
@@ -11,6 +9,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mooncake_assets.engine.index import (
     PUFFIN_BLOB_TYPE,
@@ -20,18 +20,19 @@ from mooncake_assets.engine.index import (
     IndexMergePolicy,
     MemIndex,
     PositionMap,
+    KEY_HASH_VERSION,
+    KeyHash,
     block_layout,
-    build_block_from_mem_index,
-    build_flush_block,
-    hash_keys,
-    key_is_exact,
     merge_sorted_runs,
     next_power_of_two,
     splitmix64,
-    stable_hash_bytes,
+    text_key_hash,
+    text_key_hashes,
 )
 from mooncake_assets.engine.index.bench import run_index_bench
-from mooncake_assets.engine.index.hashing import NULL_HASH, _row_hash_py
+from mooncake_assets.engine.index.key_hash import K_FOLD, K_LEN, NULL_HASH, P61, ROW_SEED, int_key_hashes, value_hash
+
+from .index_blocks import build_block_from_mem_index, build_flush_block
 
 M64 = (1 << 64) - 1
 
@@ -75,95 +76,131 @@ def test_splitmix64_rejects_bad_input():
         splitmix64(True)
 
 
-def test_hash_keys_single_int_column_is_splitmix64():
+def _ref_value(text):
+    """``V`` of the module docstring the way a C loop computes it: Horner over 8-byte words, last first."""
+    if text is None:
+        return NULL_HASH
+    b = text.encode()
+    padded = b + bytes(-len(b) % 8)
+    words = [int.from_bytes(padded[i:i + 8], "little") for i in range(0, len(padded), 8)]
+    r = 0
+    for w in reversed(words):
+        r = (r * (1 << 64) + w) % P61
+    return (r + len(b) * K_LEN) % (1 << 64)
+
+
+def _ref_key(texts):
+    h = ROW_SEED
+    for t in texts:
+        h = ((h ^ _ref_value(t)) * K_FOLD) % (1 << 64)
+    return splitmix64(h)
+
+
+def test_exact_key_is_splitmix64():
     vals = [0, 1, -1, 2**40, -(2**63)]
-    h = hash_keys([pa.array(vals, pa.int64())])
+    h = KeyHash([20]).hash_columns([[str(v) for v in vals]])
     assert h.tolist() == [splitmix64(v) for v in vals]
+    assert [KeyHash([20]).hash_one([str(v)]) for v in vals] == h.tolist()
     # value-based: the same value in another integer width hashes the same
-    assert hash_keys([pa.array([5, -7], pa.int16())]).tolist() == hash_keys([pa.array([5, -7], pa.int64())]).tolist()
-    assert hash_keys([pa.array([5], pa.uint32())]).tolist() == [splitmix64(5)]
-    assert key_is_exact([pa.array([1, 2])])
-    assert key_is_exact([pa.int32()])
-    assert not key_is_exact([pa.array(["a"])])
-    assert not key_is_exact([pa.array([1]), pa.array([2])])
-    assert not key_is_exact([pa.array([1, None])])
+    assert KeyHash([21]).hash_columns([["5", "-7"]]).tolist() == KeyHash([20]).hash_columns([["5", "-7"]]).tolist()
+    assert int_key_hashes(np.array([5], np.uint32)).tolist() == [splitmix64(5)]
+    assert KeyHash([20]).exact
+    assert KeyHash([23]).exact
+    assert not KeyHash([25]).exact
+    assert not KeyHash([20, 20]).exact
+    assert not KeyHash([20], keyed=False).exact  # a whole-row key may hold NULL: re-checked
+    with pytest.raises(ValueError):
+        KeyHash([20]).hash_one([None])
+    with pytest.raises(ValueError):
+        KeyHash([20]).hash_columns([["1", None]])
 
 
-def test_hash_keys_strings_match_reference_and_slicing():
+def test_text_keys_match_reference_and_slicing():
     vals = ["hello", "", None, "x" * 17, "héllo wörld", "abcdefgh", "abcdefgh\0"]
     a = pa.array(vals)
-    ref = [_row_hash_py([None if v is None else v.encode()]) for v in vals]
-    assert hash_keys([a]).tolist() == ref
-    assert hash_keys(a.slice(2, 4)).tolist() == ref[2:6]
-    assert hash_keys([a.cast(pa.large_string())]).tolist() == ref
-    assert hash_keys([a.dictionary_encode()]).tolist() == ref
-    assert hash_keys([pa.chunked_array([a.slice(0, 3), a.slice(3)])]).tolist() == ref
-    assert hash_keys([a.cast(pa.string_view())]).tolist() == ref
-    b = pa.array([v.encode() if v is not None else None for v in vals], pa.binary())
-    assert hash_keys([b]).tolist() == ref
+    ref = [_ref_key([v]) for v in vals]
+    assert [text_key_hash([v]) for v in vals] == ref
+    assert text_key_hashes([a]).tolist() == ref
+    assert text_key_hashes([a.slice(2, 4)]).tolist() == ref[2:6]
+    assert text_key_hashes([a.cast(pa.large_string())]).tolist() == ref
+    assert text_key_hashes([a.dictionary_encode()]).tolist() == ref
+    assert text_key_hashes([pa.chunked_array([a.slice(0, 3), a.slice(3)])]).tolist() == ref
+    assert text_key_hashes([a.cast(pa.string_view())]).tolist() == ref
+    assert text_key_hashes([vals]).tolist() == ref  # lists of str, as the initial copy hands them over
     # trailing zero byte and length are part of the hash
     assert len(set(ref)) == len(ref)
+    with pytest.raises(TypeError):
+        text_key_hashes([pa.array([1, 2])])  # keys are Postgres text
 
 
-def test_hash_keys_is_pinned():
-    # golden values: changing the hash would orphan every saved index block
-    assert stable_hash_bytes(b"") == splitmix64(0)
-    assert hash_keys([pa.array(["hello"])]).tolist() == [634129527942820148]
-    assert hash_keys([pa.array([1, 2, None]), pa.array(["x", "y", "z"])]).tolist() == [
-        14134830211326584476, 12714044470899129535, 17818520571671554867]
+def test_key_hash_is_pinned():
+    # golden values: changing the hash orphans every saved index block (bump KEY_HASH_VERSION)
+    assert KEY_HASH_VERSION == 2
+    assert value_hash("") == 0
+    assert value_hash("hello") == 14807105091916856819
+    assert value_hash("x" * 17) == 727839640096078488
+    assert text_key_hash([""]) == 11163754991739937888
+    assert text_key_hash(["hello"]) == 17348850906339686350
+    assert text_key_hash(["ünïcødé ✓"]) == 4951615473340223819
+    assert text_key_hash([None]) == 10669332307086660987
+    assert text_key_hashes([["1", "2", None], ["x", "y", "z"]]).tolist() == [
+        17800366000960464152, 16560483673351589402, 1469134834305686392]
+    assert text_key_hash(["a" * 30, ""]) == 17319725745509464769
+    assert KeyHash([20]).hash_one(["-1"]) == 16490336266968443936 == splitmix64(-1)
+    assert KeyHash([20]).hash_one(["42"]) == 13679457532755275413 == splitmix64(42)
 
 
-def test_hash_keys_canonical_values():
-    f = hash_keys([pa.array([0.0, -0.0, float("nan"), float("-nan"), 1.5])]).tolist()
-    assert f[0] == f[1] and f[2] == f[3] and len({f[0], f[2], f[4]}) == 3
-    assert hash_keys([pa.array([1.5], pa.float32())]).tolist() == [f[4]]
-    d = pa.array([decimal.Decimal("1.50"), decimal.Decimal("-2.25"), None], pa.decimal128(10, 2))
-    raw = [(150).to_bytes(16, "little", signed=True), (-225).to_bytes(16, "little", signed=True), None]
-    assert hash_keys([d]).tolist() == [_row_hash_py([r]) for r in raw]
-    assert hash_keys([pa.array([True, False, None])]).tolist() == [
-        _row_hash_py([b"\x01"]), _row_hash_py([b"\x00"]), _row_hash_py([None])]
-    day = datetime.date(2020, 1, 2)
-    days = (day - datetime.date(1970, 1, 1)).days
-    assert hash_keys([pa.array([day]), pa.array([1], pa.int8())]).tolist() == [
-        _row_hash_py([days.to_bytes(8, "little"), (1).to_bytes(8, "little")])]
-    fsb = pa.array([b"abc", b"xyz"], pa.binary(3))
-    assert hash_keys([fsb]).tolist() == [_row_hash_py([b"abc"]), _row_hash_py([b"xyz"])]
-    nested = pa.array([[1, 2], None, []])
-    assert hash_keys([nested]).tolist() == [_row_hash_py([b"[1,2]"]), _row_hash_py([None]), _row_hash_py([b"[]"])]
-
-
-def test_hash_keys_multi_column_and_nulls():
-    a = pa.array([1, 2, None, 1])
-    b = pa.array(["x", "y", "z", None])
-    h = hash_keys([a, b]).tolist()
-    assert h == [
-        _row_hash_py([(1).to_bytes(8, "little"), b"x"]),
-        _row_hash_py([(2).to_bytes(8, "little"), b"y"]),
-        _row_hash_py([None, b"z"]),
-        _row_hash_py([(1).to_bytes(8, "little"), None]),
-    ]
+def test_text_keys_multi_column_and_nulls():
+    a = ["1", "2", None, "1"]
+    b = ["x", "y", "z", None]
+    h = text_key_hashes([a, b]).tolist()
+    assert h == [_ref_key(["1", "x"]), _ref_key(["2", "y"]), _ref_key([None, "z"]), _ref_key(["1", None])]
+    assert h == [KeyHash([23, 25]).hash_one(k) for k in zip(a, b)]
     # column order matters, swapped values do not collide
-    assert hash_keys([pa.array(["a"]), pa.array(["b"])]) != hash_keys([pa.array(["b"]), pa.array(["a"])])
-    # a null in a single integer column hashes like the canonical path
-    assert hash_keys([pa.array([None], pa.int64())]).tolist() == [_row_hash_py([None])]
-    assert hash_keys([pa.array([None, None])]).tolist() == [_row_hash_py([None])] * 2
-    assert NULL_HASH != stable_hash_bytes(b"")
+    assert text_key_hash(["a", "b"]) != text_key_hash(["b", "a"])
+    # NULL is not the empty string, and a NULL of a whole-row key hashes like any NULL
+    assert text_key_hash([None]) != text_key_hash([""])
+    assert KeyHash([20], keyed=False).hash_one([None]) == text_key_hash([None])
+    assert text_key_hashes([[None, None]]).tolist() == [_ref_key([None])] * 2
+    assert NULL_HASH != value_hash("")
     with pytest.raises(ValueError):
-        hash_keys([])
+        text_key_hashes([])
     with pytest.raises(ValueError):
-        hash_keys([pa.array([1]), pa.array([1, 2])])
+        text_key_hash([])
+    with pytest.raises(ValueError):
+        text_key_hashes([["1"], ["1", "2"]])
 
 
-def test_hash_keys_stable_across_processes():
-    code = ("import pyarrow as pa; from mooncake_assets.engine.index import hash_keys;"
-            "print(hash_keys([pa.array(['a', 'bb', None]), pa.array([1.5, 2.0, None])]).tolist())")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.text(max_size=40),
+                                   st.integers(-(2**63), 2**63 - 1).map(str)), min_size=3, max_size=3),
+                min_size=0, max_size=30),
+       st.integers(1, 3))
+def test_scalar_and_vectorised_paths_agree(rows, width):
+    keys = [r[:width] for r in rows]
+    columns = [[k[i] for k in keys] for i in range(width)]
+    h = KeyHash([25] * width)
+    if not rows:
+        assert h.hash_columns(columns).tolist() == []
+        return
+    vec = h.hash_columns(columns).tolist()
+    assert vec == [h.hash_one(k) for k in keys]
+    assert vec == [_ref_key(k) for k in keys]
+    assert h.hash_columns([pa.array(c, pa.string()) for c in columns]).tolist() == vec
+    ints = [str(v) for v in range(-len(rows), len(rows))]
+    assert KeyHash([20]).hash_columns([ints]).tolist() == [KeyHash([20]).hash_one([v]) for v in ints]
+
+
+def test_key_hash_stable_across_processes():
+    code = ("from mooncake_assets.engine.index import text_key_hashes;"
+            "print(text_key_hashes([['a', 'bb', None], ['1.5', '2', None]]).tolist())")
     outs = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
         outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout)
     assert len(outs) == 1
-    here = hash_keys([pa.array(["a", "bb", None]), pa.array([1.5, 2.0, None])]).tolist()
+    here = text_key_hashes([["a", "bb", None], ["1.5", "2", None]]).tolist()
     assert outs.pop().strip() == str(here)
 
 
@@ -359,7 +396,7 @@ def _flush_blocks(tmp_path, nblocks, rows_per_block, seed=0, key_range=None):
     for k in range(nblocks):
         n = rows_per_block
         keys = rng.integers(0, key_range or 2**62, n)
-        h = hash_keys([pa.array(keys)])
+        h = int_key_hashes(keys)
         files = [f"d{k}a", f"d{k}b"]
         fid = rng.integers(0, 2, n)
         rows = np.arange(n)
@@ -493,8 +530,8 @@ def test_flush_hand_over(tmp_path):
     m = MemIndex()
     k0 = np.array([10, 11, 12, 13])
     k1 = np.array([14, 10])
-    m.insert(hash_keys([pa.array(k0)]), 0)
-    m.insert(hash_keys([pa.array(k1)]), 1)
+    m.insert(int_key_hashes(k0), 0)
+    m.insert(int_key_hashes(k1), 1)
     m.remove(splitmix64(12), (0, 2))  # deleted in memory: not written, not indexed
     # the flush writes batch 0 rows 0,1,3 then batch 1 rows 0,1 into two files
     pm = PositionMap(("f1", "f2"), {0: (np.array([0, 0, -1, 0]), np.array([0, 1, 0, 2])),
@@ -506,7 +543,7 @@ def test_flush_hand_over(tmp_path):
     assert b.lookup(splitmix64(13)) == [("f1", 2)]
     m.drop_batches(pm.sources)
     assert len(m) == 0
-    c = build_flush_block(tmp_path / "flush2.idx", ["g1", "g2"], [hash_keys([pa.array([1, 2])]), hash_keys([pa.array([3])])])
+    c = build_flush_block(tmp_path / "flush2.idx", ["g1", "g2"], [int_key_hashes(np.array([1, 2])), int_key_hashes(np.array([3]))])
     assert c.lookup(splitmix64(3)) == [("g2", 0)] and c.lookup(splitmix64(2)) == [("g1", 1)]
 
 

@@ -11,7 +11,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
@@ -22,9 +21,10 @@ from mooncake_assets.engine.index import (
     IndexMergePolicy,
     MemIndex,
     PositionMap,
-    build_block_from_mem_index,
-    hash_keys,
 )
+from mooncake_assets.engine.index.key_hash import int_key_hashes, text_key_hashes
+
+from .index_blocks import build_block_from_mem_index
 
 UNIVERSE = list(range(12))
 
@@ -46,8 +46,9 @@ def make_machine(root: Path):
             return f"key-{k}" if self.as_str else k
 
         def _hash(self, keys):
-            arr = pa.array([self._key(k) for k in keys], pa.string() if self.as_str else pa.int64())
-            return hash_keys([arr])
+            if self.as_str:
+                return text_key_hashes([[self._key(k) for k in keys]])
+            return int_key_hashes(np.array(keys, dtype=np.int64))
 
         def _path(self, what):
             self.n += 1

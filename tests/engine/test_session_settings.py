@@ -2,7 +2,7 @@
 the initial copy, the generated-columns session (OUTPUT_SETTINGS) and every other session (PG_OPTIONS)."""
 from psycopg.conninfo import conninfo_to_dict
 
-from mooncake_assets.engine.cdc.types import OUTPUT_SETTINGS as DECODER_SETTINGS
+from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS as DECODER_SETTINGS
 from mooncake_assets.engine.pg.conninfo import (OUTPUT_SETTINGS, PG_OPTIONS, SESSION_SETTINGS, options_string,
                                                 with_options)
 

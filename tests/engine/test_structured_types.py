@@ -9,9 +9,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.io.pyarrow import pyarrow_to_schema
 
-from mooncake_assets.engine.cdc.types import (
-    ColumnSpec, ColumnValueError, assign_field_ids, decode_text_columns, nested_field_count,
-)
+from mooncake_assets.engine.cdc.decode import decode_text_columns
+from mooncake_assets.engine.cdc.schema import ColumnSpec, ColumnValueError, assign_field_ids, nested_field_count
 from mooncake_assets.engine.table.schema_state import _nested_ids
 
 

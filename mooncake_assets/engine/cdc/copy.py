@@ -21,7 +21,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from .types import OUTPUT_SETTINGS, TableSchema, decode_text_columns
+from ..pg.conninfo import OUTPUT_SETTINGS
+from .decode import decode_text_columns
+from .schema import TableSchema
 
 __all__ = ["initial_copy", "copy_statement"]
 

@@ -45,7 +45,7 @@ from psycopg import sql
 
 from ..pg.session import LazyConnection
 from .pgoutput import Relation, RelationColumn, TupleData
-from .types import TableSchema
+from .schema import TableSchema
 
 __all__ = ["GeneratedColumns", "GeneratedColumnError"]
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from ..index import IndexMergePolicy
 
-__all__ = ["MaintenancePolicy", "policy_for"]
+__all__ = ["MaintenancePolicy", "policy_for", "table_policy"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,15 @@ class MaintenancePolicy:
 
 
 def policy_for(settings, table: str) -> MaintenancePolicy:
-    """The policy of ``table`` under ``settings`` (see the module docstring for the precedence)."""
+    """The policy of ``table`` under ``settings`` (an object whose ``extra`` mapping may hold
+    ``maintenance`` and ``maintenance_tables``; see the module docstring for the precedence)."""
     extra = getattr(settings, "extra", None) or {}
-    base = MaintenancePolicy.from_dict(extra.get("maintenance") or {})
-    return base.merged((extra.get("maintenance_tables") or {}).get(table))
+    return table_policy(extra.get("maintenance"), extra.get("maintenance_tables"), table)
+
+
+def table_policy(defaults: Mapping[str, Any] | None, per_table: Mapping[str, Mapping[str, Any]] | None,
+                 table: str) -> MaintenancePolicy:
+    """The policy of ``table``: :class:`MaintenancePolicy`'s defaults, overridden by ``defaults``
+    (field name → value), then by ``per_table[table]``."""
+    base = MaintenancePolicy.from_dict(dict(defaults or {}))
+    return base.merged((per_table or {}).get(table))

@@ -6,7 +6,7 @@ For each size ``n`` (in one run, one process): ``n`` distinct int64 keys are flu
 =============================  =============================================================
 ``bytes_per_entry``            bytes of the merged block (16 files) / n
 ``bytes_per_entry_blocks``     bytes of the 16 flush blocks / n
-``build_entries_per_s``        n / seconds to hash the keys (``hash_keys``) and build the 16 blocks
+``build_entries_per_s``        n / seconds to hash the keys (``int_key_hashes``) and build the 16 blocks
 ``lookup_ns_single``           ns per key of ``FileIndex.lookup(splitmix64(key))`` one key at a
                                time, 16 blocks
 ``lookup_ns_single_merged``    the same after the merge (one block)
@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from .block import IndexBlock
 from .file_index import FileIndex
-from .hashing import hash_keys, splitmix64
+from .key_hash import int_key_hashes, splitmix64
 
 __all__ = ["run_index_bench", "QUICK_SIZES"]
 
@@ -63,7 +62,7 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> Dict[str, float
     t = time.perf_counter()
     for k in range(NUM_BLOCKS):
         chunk = keys[bounds[k] : bounds[k + 1]]
-        h = hash_keys([pa.array(chunk)])
+        h = int_key_hashes(chunk)
         fi.add_block(IndexBlock.build(workdir / f"flush-{k}.idx", h, 0, np.arange(len(chunk)), [f"data-{k}.parquet"]))
     build_s = time.perf_counter() - t
     bytes_blocks = fi.size_bytes

@@ -259,7 +259,7 @@ class IndexBlock:
     :meth:`from_bytes` (restore saved bytes to a file). Lookups return *every* entry whose full 64-bit
     hash equals the query: several rows may share a key (tables without a primary key, or a key deleted
     and inserted again), and non-integer keys may collide, so callers filter by deletion vectors and
-    re-check rows (``key_is_exact``).
+    re-check rows (unless :attr:`~.key_hash.KeyHash.exact`).
     """
 
     def __init__(self, path: Path, fh, mm: mmap.mmap, meta: dict):
@@ -299,7 +299,7 @@ class IndexBlock:
     ) -> "IndexBlock":
         """Write a block of the entries (hash, file id, row offset) to ``path`` and open it.
 
-        ``hashes``: uint64 (n,) index hashes (``hash_keys``); ``file_ids``: int (n,) or one int,
+        ``hashes``: uint64 (n,) key hashes (:mod:`~.key_hash`); ``file_ids``: int (n,) or one int,
         positions in ``files``; ``rows``: int (n,) row offsets in ``[0, 2³²)``; ``files``: unique data
         file names. Entries need not be sorted (they are sorted by hash here, O(n log n)). Raises
         ``ValueError``/``TypeError`` for bad arguments.

@@ -129,7 +129,7 @@ class FileIndex:
     ``blocks``: tuple of IndexBlock, newest first. ``files``: every data file name referenced by some
     block (the ``files`` of :class:`BatchLookup`). Lookups return every candidate (file name, row) of
     every block, newer blocks first; the caller skips rows deleted by DVs or position deletes and, for
-    non-exact keys (``key_is_exact``), re-checks the row's key.
+    non-exact keys (:attr:`~.key_hash.KeyHash.exact` False), re-checks the row's key.
     """
 
     def __init__(self, blocks: Iterable[IndexBlock] = ()):

@@ -3,7 +3,7 @@
 Seed 000 ("MemIndex：维护 主键 → (batch_id, row_offset)，… 纯内存的哈希表") and DESIGN.md §3: INSERT adds
 the row's location, a DELETE that hits the MemIndex marks the batch's deletion vector and removes the
 location here, and at flush the flushed batches' locations become file locations in one new IndexBlock
-(:func:`~mooncake_assets.engine.index.flush.build_block_from_mem_index`) and are dropped from here.
+(built by the table's flush from the drained hashes) and are dropped from here.
 
 A plain ``dict`` from the hash (int) to one packed location ``batch_id << 32 | row`` or, when several
 rows share the hash (tables without a primary key, a key deleted and inserted again in one batch, or a
@@ -56,7 +56,7 @@ class MemIndex:
     def insert(self, hashes, batch_id: int, rows=None) -> None:
         """Add locations ``(batch_id, rows[i])`` under ``hashes[i]``.
 
-        ``hashes``: uint64 (n,) (``hash_keys`` of the batch's key columns); ``rows``: int (n,) row
+        ``hashes``: uint64 (n,) (:class:`~.key_hash.KeyHash` of the batch's keys); ``rows``: int (n,) row
         offsets in the batch, default ``0..n-1``. Raises ``ValueError`` for bad ids or lengths.
         """
         h = _as_hashes(hashes)

@@ -4,7 +4,7 @@ Used twice:
 
 * **compaction** (``FileIndex.build_from_compaction``): sources are old data file names; the map says,
   per old row, which new file and row it was written to, or that it was dropped (deleted by a DV);
-* **flush** (``build_block_from_mem_index``): sources are in-memory batch ids; the map says, per batch
+* **flush** (in-memory rows written to Parquet): sources are in-memory batch ids; the map says, per batch
   row, where the flush wrote it in the new Parquet file(s), or that it was dropped (BatchDeletionVector).
 
 Shape: ``PositionMap(files, sources)``; ``files`` = new data file names (tuple of str);

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
+from psycopg import sql
 
 from . import publication as pubs
 from .conninfo import connect_error, redact
@@ -36,9 +37,9 @@ from .names import InvalidName, TableName, format_name, resolve_table
 from .partitions import partition_tree
 
 if TYPE_CHECKING:
-    from ..cdc.types import TableSchema
+    from ..cdc.schema import TableSchema
 
-__all__ = ["Check", "check_source", "server_checks", "check_table", "table_checks", "identity_todo",
+__all__ = ["Check", "check_source", "server_checks", "check_table", "table_checks", "identity_todo", "set_identity_full",
            "replication_check"]
 
 
@@ -194,8 +195,8 @@ def table_checks(conn: psycopg.Connection, name: TableName, oid: int, *, publica
 
     Returns ``(checks, schema)``: ``schema`` the table as ``describe_table`` read it with those
     options (create-table mirrors that), None when a check stopped before it could be read."""
-    from ..cdc import describe_table
-    from ..cdc.types import UnsupportedTypeError
+    from ..cdc.schema import UnsupportedTypeError
+    from .catalog import describe_table
 
     subj = f"table {name}"
     q = str(name)
@@ -276,6 +277,13 @@ def identity_todo(conn: psycopg.Connection, schema: TableSchema) -> list[TableNa
         "WHERE c.oid = ANY(%s) AND c.relreplident <> 'f' ORDER BY c.oid <> %s, 1, 2",
         (partition_tree(conn, schema.oid), schema.oid)).fetchall()
     return [TableName(a, b) for a, b in rows]
+
+
+def set_identity_full(conn: psycopg.Connection, tables: list[TableName]) -> None:
+    """``ALTER TABLE … REPLICA IDENTITY FULL`` on each of ``tables`` (what :func:`identity_todo`
+    found; the role must own them, which the table check made sure of)."""
+    for t in tables:
+        conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(t.ident()))
 
 
 def _publication_checks(conn, subj, name: TableName, oid, relkind, owner, columns, publication, info, own,

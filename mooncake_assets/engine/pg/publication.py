@@ -33,7 +33,7 @@ from psycopg import sql
 from .names import TableName, format_name
 from .partitions import partition_tree
 
-__all__ = ["PublicationInfo", "Membership", "describe", "membership", "membership_of_partitions",
+__all__ = ["publish_generated_columns", "PublicationInfo", "Membership", "describe", "membership", "membership_of_partitions",
            "published_oids", "table_problems", "add_table", "add_table_sql", "remove_table", "drop",
            "REQUIRED_ACTIONS"]
 
@@ -229,3 +229,13 @@ def remove_table(conn: psycopg.Connection, name: str, schema: str, table: str) -
 def drop(conn: psycopg.Connection, name: str) -> None:
     """``DROP PUBLICATION IF EXISTS`` the service's own publication ``name``."""
     conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def publish_generated_columns(conn: psycopg.Connection, name: str) -> bool:
+    """Have the service's own publication ``name`` send stored generated columns
+    (``publish_generated_columns = stored``, Postgres 18 and later; older servers do not send them
+    and the service computes them, see ``engine/cdc/generated.py``). Returns whether it was set."""
+    if conn.info.server_version < 180000:
+        return False
+    conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(sql.Identifier(name)))
+    return True

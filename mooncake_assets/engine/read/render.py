@@ -24,7 +24,7 @@ string                    as is                                  a JSON string
 ========================  =====================================  ==================================
 
 The timestamp sentinels are the ones the decoder stores for Postgres's ``infinity``/``-infinity``
-(:data:`~mooncake_assets.engine.cdc.types.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
+(:data:`~mooncake_assets.engine.cdc.schema.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
 follow Postgres's ``to_json`` (ISO 8601 with ``T``). Sources: the Postgres manual, "Date/Time Output"
 (ISO style), "Array Value Input" and "Composite Type Input and Output Syntax" (quoting; the server's
 ``array_out``/``record_out``), the hstore module's "External Representation", and psql's aligned
@@ -38,45 +38,10 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
-from ..cdc.types import DATE_INFINITY, TIMESTAMP_INFINITY, civil_from_days
-
-_US_PER_DAY = 86_400_000_000
-
-
-def _date_text(days: int) -> tuple[str, str]:
-    """(``YYYY-MM-DD``, era suffix ``""`` or ``" BC"``) as Postgres's ISO DateStyle prints it."""
-    y, m, d = civil_from_days(days)
-    if y <= 0:
-        return f"{1 - y:04d}-{m:02d}-{d:02d}", " BC"
-    return f"{y:04d}-{m:02d}-{d:02d}", ""
-
-
-def _time_text(us: int) -> str:
-    s, frac = divmod(us, 1_000_000)
-    h, rem = divmod(s, 3600)
-    mi, se = divmod(rem, 60)
-    out = f"{h:02d}:{mi:02d}:{se:02d}"
-    if frac:
-        out += ("." + f"{frac:06d}").rstrip("0")
-    return out
-
-
-def _scale_to_us(unit: str) -> tuple[int, int]:
-    """(multiply, divide) turning a value of ``unit`` into microseconds."""
-    return {"s": (1_000_000, 1), "ms": (1000, 1), "us": (1, 1), "ns": (1, 1000)}[unit]
-
-
-def _timestamp_text(us: int, tz: bool, iso_t: bool = False) -> str:
-    if us >= TIMESTAMP_INFINITY:
-        return "infinity"
-    if us <= -TIMESTAMP_INFINITY:
-        return "-infinity"
-    days, rest = divmod(us, _US_PER_DAY)
-    date, era = _date_text(days)
-    sep = "T" if iso_t else " "
-    zone = ("+00:00" if iso_t else "+00") if tz else ""
-    return f"{date}{sep}{_time_text(rest)}{zone}{era}"
-
+from ..cdc.text_out import TextColumn
+from ..cdc.text_out import scale_to_us as _scale_to_us
+from ..cdc.text_out import timestamp_text as _timestamp_text
+from ..cdc.schema import TIMESTAMP_INFINITY
 
 def _float_text(x: float, single: bool) -> str:
     if x != x:
@@ -86,115 +51,16 @@ def _float_text(x: float, single: bool) -> str:
     return str(np.float32(x)) if single else repr(float(x))
 
 
-def _array_elem(text: str | None) -> str:
-    """One element of Postgres array text (``array_out``): NULL bare, quoted when it needs to be."""
-    if text is None:
-        return "NULL"
-    if text == "" or text.upper() == "NULL" or any(c in text for c in '{},"\\ \t\n\r\v\f'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text
-
-
-def _record_field(text: str | None) -> str:
-    """One field of Postgres record text (``record_out``): NULL empty; quoted when empty or holding
-    ``"``, ``\\``, ``(``, ``)``, ``,`` or white space, with ``"`` and ``\\`` doubled inside quotes."""
-    if text is None:
-        return ""
-    if text == "" or any(c in text for c in '"\\(),') or any(c.isspace() for c in text):
-        return '"' + text.replace("\\", "\\\\").replace('"', '""') + '"'
-    return text
-
-
-def _hstore_str(text: str) -> str:
-    """A key or value of hstore text (``hstore_out``): always quoted, ``"`` and ``\\`` backslash-escaped."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
-class _Column:
-    """Renders one Arrow column's values from their storage values (:meth:`storage`): ints for
-    dates, times and timestamps, a list of element storage values for a list, a tuple of field storage
-    values for a struct, a list of ``(key, item)`` storage values for a map, Arrow's Python value
-    otherwise."""
+class _Column(TextColumn):
+    """Renders one Arrow column's values (:class:`~..cdc.text_out.TextColumn`): floats as Python's
+    shortest round-trip text (``1.0``), everything else as Postgres prints it; and as JSON."""
 
     def __init__(self, typ: pa.DataType):
-        self.type = typ
+        super().__init__(typ)
         self.numeric = (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ))
-        self.child = _Column(typ.value_type) if _is_list(typ) else None
-        self.fields = ([(typ.field(i).name, _Column(typ.field(i).type)) for i in range(typ.num_fields)]
-                       if pa.types.is_struct(typ) else None)
-        self.entry = (_Column(typ.key_type), _Column(typ.item_type)) if pa.types.is_map(typ) else None
 
-    # -- storage values: ints for dates/times/timestamps, so no datetime overflow ------------------
-    def storage(self, arr: pa.Array) -> list:
-        """The storage values of one Arrow array (a chunk), None for NULL."""
-        t = self.type
-        if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t):
-            width = pa.int32() if (pa.types.is_date32(t) or pa.types.is_time32(t)) else pa.int64()
-            return arr.view(width).to_pylist()
-        if self.child is not None or self.entry is not None:
-            if pa.types.is_fixed_size_list(t):
-                k = t.list_size
-                offsets = [(arr.offset + i) * k for i in range(len(arr) + 1)]
-            else:
-                offsets = arr.offsets.to_pylist()
-            valid = arr.is_valid().to_pylist()
-            if self.child is not None:
-                flat = self.child.storage(arr.values)
-            else:  # map: the storage values of its keys and items, paired
-                flat = list(zip(self.entry[0].storage(arr.keys), self.entry[1].storage(arr.items)))
-            return [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
-        if self.fields is not None:
-            valid = arr.is_valid().to_pylist()
-            cols = [c.storage(arr.field(i)) for i, (_, c) in enumerate(self.fields)]
-            return [tuple(col[i] for col in cols) if valid[i] else None for i in range(len(arr))]
-        return arr.to_pylist()
-
-    def text(self, v) -> str | None:
-        """Postgres's text output of one storage value (None for NULL)."""
-        if v is None:
-            return None
-        t = self.type
-        if pa.types.is_boolean(t):
-            return "t" if v else "f"
-        if pa.types.is_floating(t):
-            return _float_text(v, pa.types.is_float32(t) or pa.types.is_float16(t))
-        if pa.types.is_decimal(t):
-            return f"{Decimal(v):f}"
-        if pa.types.is_timestamp(t):
-            m, d = _scale_to_us(t.unit)
-            us = v if abs(v) >= TIMESTAMP_INFINITY else v * m // d
-            return _timestamp_text(us, t.tz is not None)
-        if pa.types.is_date(t):
-            days = v if pa.types.is_date32(t) else v // 86_400_000
-            if days >= DATE_INFINITY:
-                return "infinity"
-            if days <= -DATE_INFINITY:
-                return "-infinity"
-            date, era = _date_text(days)
-            return date + era
-        if pa.types.is_time(t):
-            m, d = _scale_to_us(t.unit)
-            return _time_text(v * m // d)
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-            return "\\x" + bytes(v).hex()
-        if self.child is not None:
-            c = self.child
-            nested = c.child is not None  # an inner dimension: its braces are not quoted
-            return "{" + ",".join(("NULL" if x is None else c.text(x)) if nested else _array_elem(c.text(x))
-                                  for x in v) + "}"
-        if self.fields is not None:
-            return "(" + ",".join(_record_field(c.text(x)) for (_, c), x in zip(self.fields, v)) + ")"
-        if self.entry is not None:
-            kc, vc = self.entry
-            return ", ".join(f"{_hstore_str(kc.text(k))}=>{'NULL' if x is None else _hstore_str(vc.text(x))}"
-                             for k, x in v)
-        if isinstance(v, (dict, list)):
-            return json.dumps(v, default=str)
-        return str(v)
+    def float_text(self, v: float, single: bool) -> str:
+        return _float_text(v, single)
 
     def json(self, v) -> str:
         """The JSON text of one storage value."""

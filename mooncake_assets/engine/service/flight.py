@@ -22,6 +22,7 @@ import pyarrow.flight as flight
 from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
 from ..lsn import Lsn
+from .config import ServiceConfig
 from .service import MooncakeError, ReplicatorService
 
 log = logging.getLogger("mooncake.flight")
@@ -60,7 +61,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
     def _dispatch(self, kind: str, b: dict):
         s = self.service
         if kind == "ping":
-            return {"ok": True, "pid": os.getpid(), "maintenance": s.settings.maintenance,
+            return {"ok": True, "pid": os.getpid(), "maintenance": s.config.maintenance,
                     "source": source_label(s.dsn)}
         if kind == "verify_now":  # the scheduled verify, now (see verifier.py); returns {table: result}
             return s.verifier.run_once(b.get("tables") or None)
@@ -109,15 +110,15 @@ class MooncakeFlightServer(flight.FlightServerBase):
         return flight.RecordBatchStream(item[1])
 
 
-def serve(settings, ready_cb=None) -> None:
-    """Run the service in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
+def serve(config: ServiceConfig, ready_cb=None) -> None:
+    """Run the service of ``config`` in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
     os.umask(0o077)  # everything the service creates (state, staging, catalog, socket) is owner-only
     install_log_scrubber()
-    ensure_private_dir(settings.state_dir)
-    pidfile = settings.state_dir / "service.pid"
-    service = ReplicatorService(settings)
+    ensure_private_dir(config.state_dir)
+    pidfile = config.state_dir / "service.pid"
+    service = ReplicatorService(config)
     service.start()  # restore tables and start streaming before the socket answers pings
-    server = MooncakeFlightServer(service, str(settings.socket_path))
+    server = MooncakeFlightServer(service, str(config.socket_path))
     write_private(pidfile, str(os.getpid()))
 
     def _term(signum, frame):
@@ -128,7 +129,7 @@ def serve(settings, ready_cb=None) -> None:
             signal.signal(sig, _term)
         except ValueError:
             pass
-    log.info("mooncake service listening on %s", settings.socket_path)
+    log.info("mooncake service listening on %s", config.socket_path)
     if ready_cb:
         ready_cb()
     try:

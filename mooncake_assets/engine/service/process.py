@@ -14,7 +14,9 @@ import subprocess
 import sys
 import time
 
-from ...config import Settings
+from pathlib import Path
+from typing import Protocol
+
 from .client import ServiceClient, ServiceUnavailable
 from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
@@ -22,7 +24,24 @@ from ..private import ensure_private_dir, open_private, write_private
 from ..timefmt import utc_now
 
 
-def service_pid(settings: Settings) -> int | None:
+class ProcessSettings(Protocol):
+    """What starting, stopping and finding the service process needs of the application's settings
+    (the application's ``Settings`` has it): the state directory and socket, the DSN the
+    caller names (None: the embedded Postgres), ``save()`` (writes ``settings.json``, which the
+    spawned ``serve`` reads) and ``service_environment()`` (entries for the child's environment)."""
+
+    state_dir: Path
+    dsn: str | None
+
+    @property
+    def socket_path(self) -> Path: ...
+
+    def save(self) -> None: ...
+
+    def service_environment(self) -> dict[str, str]: ...
+
+
+def service_pid(settings: ProcessSettings) -> int | None:
     f = settings.state_dir / "service.pid"
     try:
         pid = int(f.read_text().strip())
@@ -37,7 +56,7 @@ def service_pid(settings: Settings) -> int | None:
     return pid
 
 
-def stopped_mark(settings: Settings) -> str | None:
+def stopped_mark(settings: ProcessSettings) -> str | None:
     """When the user stopped the service with ``mooncake stop`` (and nothing started it since): the
     time of that stop (UTC, ISO 8601), else None. ``<state>/service.stopped`` holds it."""
     try:
@@ -50,7 +69,7 @@ class SourceMismatch(RuntimeError):
     """The running service mirrors from another source than the command's ``--dsn`` (one line, no password)."""
 
 
-def check_source(settings: Settings, info: dict) -> None:
+def check_source(settings: ProcessSettings, info: dict) -> None:
     """Raise :class:`SourceMismatch` when ``settings`` name a DSN (``--dsn``, MOONCAKE_PG_DSN or
     settings.json) other than the source of the running service whose ``ping`` answer is ``info``.
     DSNs are compared as conninfo without passwords; no DSN (the embedded Postgres) is not checked."""
@@ -62,8 +81,8 @@ def check_source(settings: Settings, info: dict) -> None:
                              f"not {mine}; stop it first (`mooncake stop`) to use another source")
 
 
-def start_service(settings: Settings, timeout: float = 60.0, report: bool = False, maintenance: str | None = None,
-                  extra_env: dict[str, str] | None = None):
+def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool = False,
+                  maintenance: str | None = None, extra_env: dict[str, str] | None = None):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
@@ -96,7 +115,7 @@ def start_service(settings: Settings, timeout: float = 60.0, report: bool = Fals
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenance: str | None = None,
+def _spawn(settings: ProcessSettings, client: ServiceClient, timeout: float, maintenance: str | None = None,
            extra_env: dict[str, str] | None = None) -> int:
     settings.save()
     (settings.state_dir / "service.stopped").unlink(missing_ok=True)
@@ -123,7 +142,7 @@ def _spawn(settings: Settings, client: ServiceClient, timeout: float, maintenanc
     raise RuntimeError(scrub("the mooncake service did not start:\n" + "\n".join(tail)))
 
 
-def stop_service(settings: Settings, timeout: float = 15.0, mark: bool = False) -> bool:
+def stop_service(settings: ProcessSettings, timeout: float = 15.0, mark: bool = False) -> bool:
     """Stop the background service; returns True if one was running. ``mark``: record that the user
     stopped it (:func:`stopped_mark`), so reads say so instead of starting it again."""
     if mark:
@@ -158,7 +177,7 @@ def stop_service(settings: Settings, timeout: float = 15.0, mark: bool = False) 
     return was
 
 
-def kill_service(settings: Settings) -> None:
+def kill_service(settings: ProcessSettings) -> None:
     """SIGKILL the service (crash tests)."""
     pid = service_pid(settings)
     if pid:

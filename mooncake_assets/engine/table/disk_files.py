@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64, FrozenBitMap64
 
-from ..index import FileIndex, IndexBlock
+from ..index import KEY_HASH_VERSION, FileIndex, IndexBlock
 from .read_state import FileState, frozen
 
 __all__ = ["DiskFile", "DiskFileSet", "MAX_FILE_ROWS", "local_path_of"]
@@ -205,14 +205,21 @@ class DiskFileSet:
     # ------------------------------------------------------------------ index persistence
     def index_blob(self, index: FileIndex | None = None) -> bytes:
         """The FileIndex (``index``, default ours) as bytes: 4-byte LE header length, JSON header
-        {"blocks": [{"name","size"}]}, then each IndexBlock file's bytes, newest first."""
+        {"blocks": [{"name","size"}], "key_hash": KEY_HASH_VERSION}, then each IndexBlock file's bytes,
+        newest first."""
         blobs, meta = [], []
         for b in (index or self.index).blocks:
             data = Path(b.path).read_bytes()
             blobs.append(data)
             meta.append({"name": Path(b.path).name, "size": len(data)})
-        head = json.dumps({"blocks": meta}).encode()
+        head = json.dumps({"blocks": meta, "key_hash": KEY_HASH_VERSION}).encode()
         return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+
+    @staticmethod
+    def blob_header(blob: bytes) -> dict:
+        """The JSON header of :meth:`index_blob` bytes."""
+        n = int.from_bytes(blob[:4], "little")
+        return json.loads(blob[4:4 + n])
 
     def restore_index(self, blob: bytes) -> None:
         """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""

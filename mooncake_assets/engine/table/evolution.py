@@ -39,8 +39,9 @@ from typing import Callable
 
 import pyarrow as pa
 
-from ..cdc.types import CatalogColumn, ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+from ..cdc.schema import ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
 from ..lsn import Lsn
+from ..pg.catalog import CatalogColumn
 from ..pg.names import case_collision
 
 FIELD_ID = b"PARQUET:field_id"

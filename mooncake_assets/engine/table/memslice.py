@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..cdc.types import ewkb_srid_suspect
+from ..cdc.decode import ewkb_srid_suspect
 from ..index import MemIndex
 from ..lsn import Lsn
 
@@ -277,7 +277,7 @@ def _scalars_to_array(scalars: list, t: pa.DataType) -> pa.Array:
 def _suspect_checks(schema: pa.Schema, specs: list | None = None) -> list:
     """(column index, cheap text test) for columns whose decoder can reject a value Postgres accepts:
     PostGIS columns (a value with another SRID than the column's, ``ColumnSpec.kind == "wkb"`` and
-    ``srid``: :func:`~..cdc.types.ewkb_srid_suspect`; only with ``specs``, the table's ColumnSpecs in
+    ``srid``: :func:`~..cdc.decode.ewkb_srid_suspect`; only with ``specs``, the table's ColumnSpecs in
     ``schema``'s order), decimals (NaN), times (24:00:00), dates/timestamps (years past 9999 may exceed
     the range), arrays (explicit lower bounds, other dimensions, such elements). A hit only costs a
     one-row decode."""

@@ -31,12 +31,12 @@ import pyarrow as pa
 
 from ..cdc import TableSchema
 from ..faults import fault
-from ..index import FileIndex
+from ..index import FileIndex, KeyHash
+from ..index.key_hash import blob_needs_rebuild
 from ..lsn import Lsn
 from .apply import ChangeApplyRole
 from .disk_files import DiskFile, DiskFileSet
 from . import maintenance
-from .keys import KeyHasher
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import MemSlice
 from .persist import PersistPayload, apply_persist, build_payload
@@ -76,8 +76,8 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         self._set_schema(schema, getattr(schema, "hash_field_ids", None))
         self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
-        self.hasher = KeyHasher([schema.columns[i].type_oid for i in self._key_idx])
-        self.mem = MemSlice(self.arrow_schema, self._decode)
+        self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
+        self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
         self.applied_lsn = 0
         self.flushed_lsn = 0
         self.flush_lsn = 0
@@ -216,7 +216,14 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         return self.disk.index_blob()
 
     def restore_index(self, blob: bytes) -> None:
-        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
+        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read). Blocks hashed
+        under an older key hash (header without ``"key_hash"``) are rebuilt from the data files instead
+        when the table's key is not exact (:func:`~..index.key_hash.blob_needs_rebuild`)."""
+        if blob_needs_rebuild(DiskFileSet.blob_header(blob).get("key_hash"), self.hasher.exact):
+            from .key_text import rebuild_file_index
+
+            self.file_index = rebuild_file_index(self)
+            return
         self.disk.restore_index(blob)
 
     def restore(self) -> None:

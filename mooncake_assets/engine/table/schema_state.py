@@ -90,7 +90,7 @@ class TableSchemaRole:
         old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
         defaults = initial_defaults(new.columns)
         self.mem.evolve(new_arrow, self._decode, lambda rb: project(
-            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults))
+            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults), specs=new.columns)
         self._set_schema(new, hash_ids if not new.key_columns else None)
         self._relmap.clear()
         self._identity.clear()
@@ -106,7 +106,7 @@ class TableSchemaRole:
 
     def columns_property(self) -> str:
         """The Iceberg table property ``mooncake.columns``: the mirror's columns as a restart needs them."""
-        from ..cdc.types import column_signature
+        from ..cdc.schema import column_signature
 
         return json.dumps({"columns": column_signature(self.schema), "key": list(self.schema.key_columns),
                            "hash_field_ids": self.hash_field_ids})
@@ -166,7 +166,7 @@ class TableSchemaRole:
 
 
 def _nested_ids(t) -> list[int]:
-    """The field ids nested in an Iceberg type, in the pre-order :func:`~..cdc.types.assign_field_ids`
+    """The field ids nested in an Iceberg type, in the pre-order :func:`~..cdc.schema.assign_field_ids`
     gives them (list: element, then inside it; struct: each field, then inside it; map: key, value,
     then inside them)."""
     from pyiceberg.types import ListType, MapType, StructType

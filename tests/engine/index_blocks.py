@@ -1,10 +1,5 @@
-"""Flush hand-over: the flushed rows' in-memory locations become one new IndexBlock of file locations.
-
-Seed 000: "每当内存中的 Arrow 数据 flush 到 Parquet 文件时，同步构建这批数据的索引 … 构建一个索引块
-（IndexBlock）"; DESIGN.md §3 step 1. Rows deleted in memory (BatchDeletionVector) are not written and
-not indexed.
-
-Two ways in, whichever the flush has at hand:
+"""IndexBlocks from in-memory locations, for tests of the index stack (the table's flush builds its block
+directly from ``MemSlice.drain``'s hashes; these build the same block from a MemIndex and a PositionMap).
 
 * :func:`build_flush_block` from the index hashes of the written rows, per new file, in file order;
 * :func:`build_block_from_mem_index` from the MemIndex and the flush's :class:`PositionMap` (sources =
@@ -16,9 +11,9 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .block import IndexBlock, PathLike, _as_hashes
-from .mem_index import MemIndex
-from .position_map import PositionMap, as_position_map
+from mooncake_assets.engine.index.block import IndexBlock, PathLike, _as_hashes
+from mooncake_assets.engine.index.mem_index import MemIndex
+from mooncake_assets.engine.index.position_map import PositionMap, as_position_map
 
 __all__ = ["build_flush_block", "build_block_from_mem_index"]
 

@@ -1,0 +1,77 @@
+"""The replicator service's configuration: one immutable value, built by the application.
+
+The service reads nothing else: no settings file, no environment (credentials of an object store
+excepted: the storage layer reads them from the process environment, see ``engine/storage``). The
+application resolves its own settings (state directory, ``settings.json``, environment, command line)
+and hands the result over as a :class:`ServiceConfig` (the application's ``Settings.service_config()``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..compaction.policy import MaintenancePolicy, table_policy
+
+__all__ = ["ServiceConfig"]
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What one replicator service runs with.
+
+    Paths and names:
+
+    - ``state_dir``: the state directory (``tables.json`` registry, ``tables/<name>`` staging, marks).
+    - ``socket_path``: the Unix socket of the Arrow Flight front.
+    - ``dsn``: libpq conninfo of the source Postgres, resolved (an embedded cluster already started).
+    - ``publication``: an administrator's publication the stream reads and never alters; None: the
+      service keeps its own and adds each mirrored table to it.
+    - ``catalog_uri``: the Iceberg SQL catalog's SQLAlchemy URI; ``warehouse_uri``: where table files
+      go (``file://``, ``s3://``, ``gs://``, ``abfs://``…); ``s3_endpoint``, ``s3_region``,
+      ``s3_allow_http``: S3 options (None: environment, then defaults; see ``engine/storage/config.py``).
+
+    Policy (units in the field names; 0 turns a check off):
+
+    - ``maintenance``: ``auto`` (the service flushes and persists by policy) or ``dagster`` (the
+      Dagster assets drive persists; the service only flushes at its memory cap).
+    - ``flush_rows`` / ``flush_bytes``: buffered rows / Arrow bytes of one table that trigger a flush.
+    - ``persist_interval_s``: ``auto``: a dirty table is persisted at most this often.
+    - ``verify_interval_s``: the scheduled check of every mirror against its source.
+    - ``warn_persist_age_s`` / ``warn_slot_wal_bytes``: thresholds of ``status``' warnings.
+    - ``catalog_wait_s``: how long a schema change waits for the source's catalogs to show its
+      transaction (``SourceCatalog``).
+    - ``publication_check_s``: how often the stream checks every mirrored table is still published.
+    - ``maintenance_policy`` / ``maintenance_tables``: the compaction and index-merge policy (field
+      name → value) and per-table overrides (table → field name → value), see :meth:`policy`.
+    """
+
+    state_dir: Path
+    dsn: str
+    socket_path: Path
+    catalog_uri: str
+    warehouse_uri: str
+    publication: str | None = None
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_allow_http: bool | None = None
+    maintenance: str = "auto"
+    flush_rows: int = 200_000
+    flush_bytes: int = 256 << 20
+    persist_interval_s: float = 10.0
+    verify_interval_s: float = 600.0
+    warn_persist_age_s: float = 600.0
+    warn_slot_wal_bytes: int = 1 << 30
+    catalog_wait_s: float = 60.0
+    publication_check_s: float = 2.0
+    maintenance_policy: Mapping[str, Any] = field(default_factory=dict)
+    maintenance_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_dir", Path(self.state_dir))
+        object.__setattr__(self, "socket_path", Path(self.socket_path))
+
+    def policy(self, table: str) -> MaintenancePolicy:
+        """The maintenance policy of ``table``: the defaults, then ``maintenance_policy``, then the
+        table's entry of ``maintenance_tables`` (``ValueError`` for an unknown field or a bad value)."""
+        return table_policy(self.maintenance_policy, self.maintenance_tables, table)

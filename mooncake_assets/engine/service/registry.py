@@ -1,0 +1,191 @@
+"""The table registry of a state directory: ``<state>/tables.json`` and the mirrors it opens.
+
+The registry document holds the slot and publication names (``admin_publication`` when the tables
+are mirrored through an administrator's publication) and, per mirror, its source, delete format,
+state (``copying`` / ``ready`` / ``error``), source oid, column signature and key, column options,
+a lasting error and the last scheduled verify. :class:`TableRegistry` keeps it with the open
+:class:`~mooncake_assets.engine.table.mirror.MirrorTable` objects: by name (``tables``), by source
+oid (``by_oid``: where the stream routes a change), and those being copied (``copying``) with their
+progress.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+
+import psycopg
+
+from .. import storage
+from ..compaction import cleanup_after_restore
+from ..iceberg import IcebergMirrorTable
+from ..pg.catalog import describe_mirrored
+from ..pg.conninfo import with_options
+from ..private import write_private
+from ..table.mirror import MirrorTable
+from .config import ServiceConfig
+from .errors import MooncakeError
+
+__all__ = ["NAMESPACE", "TableRegistry", "default_names"]
+
+log = logging.getLogger("mooncake.service")
+
+NAMESPACE = "mooncake"  # the Iceberg namespace of every mirror
+
+
+def default_names(state_dir) -> dict:
+    """``{"slot", "publication"}``: the names a new state directory's registry gives its replication
+    slot and its own publication (``mooncake_<hash of the state dir>``)."""
+    h = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
+    return {"slot": f"mooncake_{h}", "publication": f"mooncake_{h}"}
+
+
+class TableRegistry:
+    """The registry document (``doc``, saved to ``path``) and the open mirrors of one state directory.
+
+    ``lock`` is the service lock: callers hold it around every change of ``tables``, ``by_oid``,
+    ``copying`` and ``doc`` (the methods below that take it say so)."""
+
+    def __init__(self, config: ServiceConfig, catalog, lock: threading.RLock):
+        self.config = config
+        self.dsn = config.dsn
+        self.catalog = catalog
+        self.lock = lock
+        self.path = config.state_dir / "tables.json"
+        self.doc = self._load()
+        self.tables: dict[str, MirrorTable] = {}
+        self.by_oid: dict[int, MirrorTable] = {}
+        self.copying: dict[int, dict] = {}        # oid -> {"table", "copy_lsn", "queue": [...]}
+        self.progress: dict[str, dict] = {}       # name -> the running copy's {"rows", "bytes", "total_rows"}
+
+    def restore(self, clean_start: bool) -> None:
+        """Open every ``ready`` mirror from its Iceberg table (retrying storage and catalog blips); a
+        mirror whose copy was interrupted is dropped (create-table copies it again). Caller holds the
+        lock."""
+        for name, meta in list(self.doc["tables"].items()):
+            if meta.get("state") != "ready":
+                log.warning("table %s was being copied when the service stopped; copying again", name)
+                self.drop_iceberg(name)
+                self.doc["tables"].pop(name)
+                self.save()
+                continue
+            storage.retry_call(lambda: self.open_table(name, meta, clean_start), storage.RESTORE_POLICY,
+                               what=f"restoring table {name} from the warehouse")  # S3/catalog blips
+
+    def mark_error(self, name: str, error: str) -> None:
+        """Keep ``error`` with mirror ``name`` across restarts (nothing brings its changes back). Caller
+        holds the lock."""
+        if name in self.doc["tables"]:
+            self.doc["tables"][name]["error"] = error
+            self.save()
+
+    def _load(self) -> dict:
+        if self.path.exists():
+            return json.loads(self.path.read_text())
+        return {**default_names(self.config.state_dir), "tables": {}}
+
+    def save(self) -> None:
+        write_private(self.path, json.dumps(self.doc, indent=1))
+
+    @property
+    def slot(self) -> str:
+        return self.doc["slot"]
+
+    @property
+    def publication(self) -> str:
+        """The publication the stream reads: the administrator's (``ServiceConfig.publication``) or the
+        service's own (``registry["publication"]``)."""
+        return self.config.publication or self.doc["publication"]
+
+    @property
+    def own_publication(self) -> bool:
+        """True when the service keeps the publication itself (adds and removes tables)."""
+        return not self.config.publication
+
+    def check_publication_setting(self) -> None:
+        """Mirrors created through one publication cannot switch to another under the running slot
+        (the other one might not publish them): MooncakeError naming both."""
+        recorded = self.doc.get("admin_publication")
+        if self.doc["tables"] and recorded != self.config.publication:
+            have = f"publication {recorded}" if recorded else f"the service's own publication {self.doc['publication']}"
+            want = f"publication {self.config.publication}" if self.config.publication else "the service's own publication"
+            raise MooncakeError(f"the mirrors of {self.config.state_dir} are fed by {have}, not {want}: start mooncake "
+                                "with the publication they were created with (--publication), or drop them first")
+
+    def ident(self, name: str) -> str:
+        return f"{NAMESPACE}.{name}"
+
+    def open_table(self, name: str, meta: dict, clean_start: bool) -> MirrorTable:
+        ice = IcebergMirrorTable.load(self.catalog, self.ident(name))
+        # the columns the mirror was built with, as of its last persist (a change made while the service
+        # was down, or not persisted yet, shows up again at its LSN in the replayed stream)
+        cols, key, hash_ids = meta.get("columns"), meta.get("key"), None
+        prop = ice.table.metadata.properties.get("mooncake.columns")
+        if prop:
+            saved = json.loads(prop)
+            cols, key, hash_ids = saved["columns"], saved["key"], saved.get("hash_field_ids")
+        with psycopg.connect(with_options(self.dsn)) as conn:
+            schema = describe_mirrored(conn, meta["source"], cols, key, column_types=meta.get("column_types"),
+                                       exclude=meta.get("exclude"))
+        schema.hash_field_ids = hash_ids
+        t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
+        t.restore()
+        # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
+        t.last_cleanup = cleanup_after_restore(t, interrupted=not clean_start)
+        t.error = meta.get("error") or t.error  # e.g. its slot was gone (see StreamLoop.ensure_slot)
+        self.tables[name] = t
+        first = self.by_oid.get(schema.oid)
+        if first is not None and first is not t:  # made before mirrors were one per source (see create_table)
+            t.error = t.error or (f"table {name}: {meta['source']} is mirrored as {first.name} too (an older version "
+                                  f"allowed that); its changes now go to {first.name} only, so {name} no longer "
+                                  f"follows it, and either may have missed changes before: drop-table {name}, then "
+                                  f"`mooncake verify {first.name}`")
+            log.error("%s", t.error)
+        else:
+            self.by_oid[schema.oid] = t
+        return t
+
+    def drop_iceberg(self, name: str) -> None:
+        try:
+            IcebergMirrorTable.load(self.catalog, self.ident(name)).drop()
+        except Exception:
+            pass
+
+    def table(self, name: str) -> MirrorTable:
+        t = self.tables.get(name)
+        if t is None:
+            raise MooncakeError(f"no mirrored table named {name!r} (see `mooncake list-tables`)")
+        return t
+
+    def refuse_second_mirror(self, dst: str, src: str, oid: int | None = None) -> None:
+        """One mirror per source table: the stream routes a source's changes by its OID to one mirror, so
+        a second one would take them from the first (which would then stay ``ready`` and wrong).
+        Raises ``MooncakeError`` naming the existing mirror. Caller holds the lock."""
+        for name, meta in self.doc["tables"].items():
+            if meta.get("source") == src or (oid is not None and meta.get("oid") == oid):
+                raise MooncakeError(f"{src} is already mirrored as {name}; a source table has one mirror (query "
+                                    f"{name}, or drop-table {name} before mirroring it as {dst})")
+        for cp in self.copying.values():
+            t = cp["table"]
+            if t.source == src or (oid is not None and t.schema.oid == oid):
+                raise MooncakeError(f"{src} is being mirrored as {t.name} (copying now); a source table has one "
+                                    "mirror")
+
+    def record_verify(self, name: str, res: dict) -> None:
+        """Keep the scheduled verify's result of ``name`` (status shows it; the registry keeps it across
+        restarts). A mismatch shows the table as ``error`` until a later check matches."""
+        with self.lock:
+            meta = self.doc["tables"].get(name)
+            if meta is None or name not in self.tables:
+                return
+            prev = (meta.get("last_verify") or {}).get("result")
+            if prev == "mismatch" and res["result"] in ("skipped", "error"):  # only a match clears a mismatch
+                meta["last_verify"] = {**meta["last_verify"], "last_attempt": res}
+            else:
+                meta["last_verify"] = res
+            self.save()
+        if res["result"] == "mismatch":
+            log.error("%s", res["detail"])
+        elif res["result"] == "match" and prev == "mismatch":
+            log.warning("table %s matches its source again at LSN %s", name, res["lsn"])

@@ -1,0 +1,417 @@
+"""The replication stream of a service: receive, assemble, apply, confirm.
+
+One thread (:meth:`StreamLoop.ensure_stream`) reads pgoutput messages from the state directory's
+slot, assembles committed transactions (streamed ones included, :class:`~..cdc.TransactionAssembler`)
+and applies them to the mirrors in commit order (``apply_batch`` → ``_apply_txn``); changes of a
+table being copied are queued for the copy (``registry.copying``). After each batch it tells the
+source what is applied and what is durable (``send_status``: the slot is confirmed only up to
+:meth:`StreamLoop.durable_lsn`), runs the persist scheduler's tick twice a second and checks every
+``ServiceConfig.publication_check_s`` seconds that each mirrored table is still published (a table
+that left the publication stops with an error naming table, publication and LSN: pgoutput just stops
+sending its changes). A lost stream is reconnected with backoff; the slot resends what was not
+confirmed. A change a table cannot take stops that table only (:meth:`StreamLoop.stop_table`).
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import shlex
+import threading
+import time
+
+import psycopg
+
+from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
+from ..cdc.schema import column_options
+from ..faults import fault
+from ..pg import publication as pubs
+from ..pg.catalog import missing_relations
+from ..pg.conninfo import OUTPUT_SETTINGS, with_options
+from ..pg.names import format_name
+from ..pg.slot import slot_exists
+from ..lsn import Lsn
+from ..table.mirror import MirrorTable
+from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
+from ..timefmt import utc_now
+from .errors import MooncakeError
+from .lag import LagTracker
+
+__all__ = ["StreamLoop", "tune_gc"]
+
+log = logging.getLogger("mooncake.service")
+
+_NOT_SEEN = object()
+
+
+def tune_gc() -> None:
+    """Keep Python's cyclic GC off the apply loop's back: everything alive now (imported modules,
+    restored tables) is frozen out of its scans and young objects are collected less often. The
+    loop allocates a few objects per change; with the default settings, collections walking every
+    imported module made it about 2x slower (``mooncake bench``, ingest). Called when a stream starts."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 50)
+
+
+class _Truncate:
+    kind = "truncate"
+
+    def __init__(self, oid):
+        self.relation_oid = oid
+
+
+class StreamLoop:
+    """The replication thread of one service and the LSNs it keeps (``applied_lsn``: every commit
+    below it is applied; ``confirmed_lsn``: what the slot was told is durable). ``svc``: the
+    :class:`~.service.ReplicatorService` it belongs to (its lock, registry, generated columns, source
+    catalog and persist scheduler)."""
+
+    def __init__(self, svc):
+        self.svc = svc
+        self.reg = svc.reg
+        self.lock = svc.lock
+        self.config = svc.config
+        self.dsn = svc.config.dsn
+        self.applied_lsn = 0
+        self.confirmed_lsn = 0
+        self._want_reply = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.repl: ReplicationConnection | None = None
+        self.stream_error: str | None = None
+        self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
+        self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
+        self._pub_conn = None                        # the publication poll's connection (stream thread)
+        self.pub_seen: dict[str, int] = {}           # table -> LSN at which it was last seen published
+
+    @property
+    def running(self) -> bool:
+        """Is the replication thread alive?"""
+        return bool(self._thread and self._thread.is_alive())
+
+    def request_stop(self) -> None:
+        """Tell the replication thread to stop after its current batch (the service stops)."""
+        self._stop.set()
+
+    def halt(self) -> None:
+        """Stop the replication thread and close its connection (the last mirror was dropped)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        if self.repl:
+            self.repl.close()
+            self.repl = None
+
+    def close(self) -> None:
+        """Stop the thread (the service stops): join it, close the stream and the publication poll's
+        connection; errors on the way are ignored."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        if self.repl:
+            try:
+                self.repl.close()
+            except Exception:
+                pass
+        if self._pub_conn is not None:
+            try:
+                self._pub_conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def ensure_slot(self) -> None:
+        """Create the state directory's slot when the source has none. A slot that was dropped under
+        existing mirrors lost what it held past their flush LSNs: each of them is stopped (and stays
+        stopped across restarts) with an error saying so."""
+        if not slot_exists(self.dsn, self.reg.slot):
+            rc = ReplicationConnection(with_options(self.dsn))
+            try:
+                start_lsn, _ = rc.create_slot(self.reg.slot, export_snapshot=False)
+            finally:
+                rc.close()
+            with self.lock:  # the slot was dropped under mirrors: what it held after their flush LSNs is gone
+                for t in self.reg.tables.values():
+                    if not t.error:
+                        t.error = (f"table {t.name}: replication slot {self.reg.slot} was gone (dropped while the service "
+                                   f"was down?), so the changes after its flush LSN {Lsn(t.flush_lsn)} up to LSN "
+                                   f"{Lsn(start_lsn)}, where a new slot starts, are lost; re-create the mirror "
+                                   "(drop-table, then create-table)")
+                        log.error("%s", t.error)
+                        self.reg.doc["tables"].get(t.name, {})["error"] = t.error  # still stopped after a restart
+                self.reg.save()
+
+    def ensure_stream(self) -> None:
+        """Start the replication thread (after :meth:`ensure_slot`) unless it runs."""
+        if self._thread and self._thread.is_alive():
+            return
+        self.ensure_slot()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mooncake-replication", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                self._stream_once()
+                backoff = 0.5
+            except Exception as e:  # reconnect with backoff; never confirm past what is durable
+                self.stream_error = f"{type(e).__name__}: {e}"
+                self.stream_faults = (self.stream_faults + [{"at": utc_now(),
+                                                             "error": self.stream_error.splitlines()[0]}])[-10:]
+                log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
+                try:
+                    if self.repl:
+                        self.repl.close()
+                except Exception:
+                    pass
+                self.repl = None
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _stream_once(self) -> None:
+        fault("stream:start")  # (jitter: a restarted service streams late, the source's catalogs move on meanwhile)
+        tune_gc()
+        self.repl = ReplicationConnection(with_options(self.dsn))
+        self.repl.start(self.reg.slot, [self.reg.publication], 0, streaming=True)
+        assembler = TransactionAssembler()
+        self.stream_error = None
+        last_status = 0.0
+        last_maint = 0.0
+        last_pub = 0.0
+        pub_every = float(self.config.publication_check_s)  # 0: off
+        while not self._stop.is_set():
+            msgs = self.repl.read(timeout=0.05)
+            self.lag.record(self.repl.server_wal_end)
+            if msgs:
+                fault("stream:apply")  # (jitter: the apply loop behind the source)
+            if msgs:
+                self.apply_batch(msgs, assembler)
+            idle = assembler.idle
+            if idle and self.repl.server_wal_end > self.applied_lsn:
+                with self.lock:
+                    self.applied_lsn = self.repl.server_wal_end
+                    for t in self.reg.tables.values():
+                        if not t.error:
+                            t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+            now = time.time()
+            # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
+            # then agrees with list-tables' lag: one small message per batch); when idle, once a second
+            if self._want_reply.is_set() or msgs or now - last_status > 1.0:
+                self.send_status(reply=self._want_reply.is_set())
+                self._want_reply.clear()
+                last_status = now
+            if now - last_maint > 0.5:
+                self.svc.persister.tick()
+                last_maint = now
+            if pub_every > 0 and now - last_pub > pub_every:
+                self._check_published()
+                last_pub = time.time()
+
+    def _check_published(self) -> None:
+        """Stop every mirrored table that is no longer in the publication (an administrator dropped it
+        from the publication, dropped the publication, or the table itself): pgoutput sends nothing
+        about it, its changes just stop coming. Polled from the stream thread (catalog reads on a
+        connection of its own, without the service lock); a failed poll is retried next time."""
+        with self.lock:
+            watched = [t for t in self.reg.tables.values() if not t.error]
+        if not watched:
+            return
+        try:
+            if self._pub_conn is None or self._pub_conn.closed or self._pub_conn.broken:
+                self._pub_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+                self._pub_conn.execute("SET lock_timeout = '500ms'; SET statement_timeout = '10s'")
+            lsn, present = pubs.published_oids(self._pub_conn, self.reg.publication, [t.schema.oid for t in watched])
+            missing = [t for t in watched if present is None or t.schema.oid not in present]
+            gone = set()
+            if missing:
+                gone = missing_relations(self._pub_conn, [t.schema.oid for t in missing])
+        except psycopg.Error as e:
+            log.warning("could not check publication %s (%s); checking again later", self.reg.publication,
+                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            self._pub_conn = None
+            return
+        with self.lock:
+            for t in watched:
+                if self.reg.tables.get(t.name) is not t or t.error:
+                    continue  # dropped or stopped meanwhile
+                if not any(m is t for m in missing):
+                    self.pub_seen[t.name] = lsn
+                    continue
+                self._left_publication(t, lsn, "publication" if present is None else
+                                       "table" if t.schema.oid in gone else "member")
+
+    def _left_publication(self, t: MirrorTable, noticed: int, what: str) -> None:
+        """Stop ``t``, which left the publication (caller holds the lock). ``what``: ``member`` (taken
+        out of it), ``publication`` (the publication is gone), ``table`` (the source table is gone).
+        The stop LSN is the last one at which the table was seen published (its changes up to there
+        were sent) — never below the flush boundary the mirror can still be read at."""
+        seen = self.pub_seen.get(t.name, t.applied_lsn)
+        stop = max(t.flushed_lsn, min(t.applied_lsn, seen))
+        q = t.schema.qualified_name
+        cause = {"member": f"was removed from publication {self.reg.publication}",
+                 "publication": f"is no longer published: publication {self.reg.publication} does not exist",
+                 "table": "was dropped"}[what]
+        if what == "table":
+            remedy = "drop the mirror (drop-table)"
+        elif self.reg.own_publication:
+            remedy = "re-create the mirror (drop-table, then create-table, which publishes it again)"
+        else:
+            remedy = ("have an administrator publish it again ("
+                      + (pubs.add_table_sql(self.reg.publication, t.schema.schema, t.schema.name) if what == "member" else
+                         f"CREATE PUBLICATION {format_name(self.reg.publication)} FOR TABLE {q};")
+                      + "), then re-create the mirror (drop-table, then create-table)")
+        t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {Lsn(noticed)}, last seen published at "
+                   f"LSN {Lsn(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {Lsn(stop)}; "
+                   f"{remedy}")
+        t.applied_lsn = stop
+        log.error("%s", t.error)
+        if t.name in self.reg.doc["tables"]:  # still stopped after a restart (nothing brings its changes back)
+            self.reg.doc["tables"][t.name]["error"] = t.error
+            self.reg.save()
+
+    def generated_session(self) -> psycopg.Connection:
+        """The generated-columns session (engine/cdc/generated.py): the walsender's output settings
+        (``OUTPUT_SETTINGS``: its values parse and print as the stream's), autocommit, and a short
+        ``lock_timeout`` (its catalog reads never hold up the user's DDL: a timeout is an
+        ``OperationalError``, and the batch is read again)."""
+        conn = psycopg.connect(with_options(self.dsn, OUTPUT_SETTINGS), autocommit=True)
+        conn.execute("SET lock_timeout = '2s'")
+        return conn
+
+    def apply_batch(self, msgs: list, assembler) -> int:
+        """Apply one batch read from the stream (``msgs``: ``(wal_start, payload)`` pairs); returns the
+        number of transactions it completed. Parsing and assembling, and the batch's generated columns
+        (one source round trip per table that has them, :class:`~..cdc.generated.GeneratedColumns`),
+        happen outside ``self.lock`` (only this thread changes the assembler); the mirrors' schemas are
+        read under it, and the transactions applied under it (:meth:`_apply_txn`). A table whose
+        generated columns cannot be computed stops (the others go on); errors: ``ProtocolError``,
+        ``psycopg.OperationalError`` (the source cannot be asked: the caller reconnects and the slot
+        resends the batch)."""
+        txns = [txn for wal_start, payload in msgs
+                for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+        if not txns:
+            return 0
+        with self.lock:
+            todo, schemas, first = self._generated_work(txns)
+        # a table created after this read gets no change of this batch: they were sent before its copy's
+        # consistent point (its temporary slot is made after it is registered)
+        failed = self.svc.generated.fill(todo, schemas) if todo else {}
+        with self.lock:
+            for oid, e in failed.items():
+                cp = self.reg.copying.get(oid)
+                t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
+                if t is not None and not t.error:
+                    self.stop_table(t, e, first[oid])
+            for txn in txns:
+                self._apply_txn(txn, assembler)
+        return len(txns)
+
+    def _generated_work(self, txns: list) -> tuple[list, dict, dict]:
+        """The changes of ``txns`` whose generated columns are to be computed (caller holds the lock):
+        those of mirrored tables (being copied or not) whose live schema has generated columns, unless
+        :meth:`_apply_txn` will skip them (applied already, table stopped, before the copy's consistent
+        point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
+        todo, schemas, first = [], {}, {}
+        gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
+        for txn in txns:
+            lsn = txn.commit_lsn
+            for ch in txn.changes:
+                if ch.kind == "truncate":
+                    continue
+                oid = ch.relation_oid
+                hit = gen_schema.get(oid, _NOT_SEEN)
+                if hit is _NOT_SEEN:
+                    cp = self.reg.copying.get(oid)
+                    t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
+                    hit = gen_schema[oid] = ((t, cp) if t is not None and any(c.generated for c in t.schema.columns)
+                                             else None)
+                if hit is None:
+                    continue
+                t, cp = hit
+                if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
+                    continue
+                todo.append(ch)
+                schemas[oid] = t.schema
+                first.setdefault(oid, lsn)
+        return todo, schemas, first
+
+    def _apply_txn(self, txn, assembler) -> None:
+        touched = set()
+        for ch in txn.changes:
+            oids = ch.truncate_oids if ch.kind == "truncate" else [ch.relation_oid]
+            for oid in oids:
+                cp = self.reg.copying.get(oid)
+                if cp is not None:
+                    if txn.commit_lsn >= cp["copy_lsn"]:
+                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid), txn.xid))
+                    continue
+                t = self.reg.by_oid.get(oid)
+                if t is None or txn.commit_lsn < t.applied_lsn or t.error:
+                    continue  # not mirrored, applied already (durable before a restart, or in memory
+                    #           before a reconnect resent it), or stopped by an error
+                try:
+                    if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
+                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.svc.source_catalog,
+                                    xid=txn.xid)
+                    t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
+                except Exception as e:  # a bad change stops only its table; its slot position is held
+                    self.stop_table(t, e, txn.commit_lsn)
+                touched.add(t)
+        for t in touched:
+            t.last_change_lsn = max(t.last_change_lsn, txn.commit_lsn)
+        self.applied_lsn = max(self.applied_lsn, txn.end_lsn)
+        for t in self.reg.tables.values():
+            if not t.error:  # a stopped table stays at the commit that failed
+                t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+
+    def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None:
+        """Stop one table after a change it cannot take (the others go on). ``lsn``: the commit being
+        applied; a row found undecodable later (``BadRowError``) names its own commit. The table's
+        applied LSN stays below that commit and ``durable_lsn`` holds the slot at its flush LSN, so a
+        restart replays everything from there."""
+        lsn = getattr(e, "lsn", lsn)
+        t.error = (str(e) if isinstance(e, (SchemaChangeError, CatalogLookupError)) else
+                   f"table {t.name}: change at LSN {Lsn(lsn)} failed: {type(e).__name__}: {e}")
+        cols = getattr(e, "columns", None)
+        if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
+            now = column_options([c for c in t.schema.column_types if c not in cols], t.schema.excluded)
+            redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + (f" {now}" if now else "")
+            t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
+                        f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
+                        f"then {redo} {column_options(cols)} (or leave them out: {column_options(exclude=cols)})")
+        t.applied_lsn = min(t.applied_lsn, lsn)
+        log.error("%s", t.error)
+
+    def durable_lsn(self) -> int:
+        """The LSN the slot may be confirmed to: min over tables of what is durable in Iceberg."""
+        lsn = self.applied_lsn
+        for t in self.reg.tables.values():
+            if t.is_dirty() or t.error:  # a stopped table holds the slot where its durable state ends
+                lsn = min(lsn, t.flush_lsn)
+        for cp in self.reg.copying.values():
+            lsn = min(lsn, cp["copy_lsn"])
+        return lsn
+
+    def send_status(self, reply: bool = False) -> None:
+        with self.lock:
+            durable = self.durable_lsn()
+        if durable > self.confirmed_lsn:
+            self.confirmed_lsn = durable
+        self.repl.send_status(self.applied_lsn, self.confirmed_lsn, self.confirmed_lsn, reply=reply)
+
+    def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
+        """Block until every commit with commit_lsn < ``lsn`` is applied (read-your-writes barrier).
+
+        Raises ``TimeoutError`` naming both LSNs."""
+        deadline = time.time() + timeout_s
+        while self.applied_lsn < lsn:
+            if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
+                raise MooncakeError("replication is not running (no mirrored table?)")
+            if time.time() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {Lsn(lsn)}; "
+                                   f"applied up to {Lsn(self.applied_lsn)}"
+                                   + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
+            self._want_reply.set()
+            time.sleep(0.01)
+        return self.applied_lsn
