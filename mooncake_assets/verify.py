@@ -100,7 +100,7 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
     tbl = catalog.load_table(f"mooncake.{name}")
     if reader == "pyiceberg":
         return tbl.scan().to_arrow()
-    from .engine.iceberg.duckdb_ext import connect_with_iceberg
+    from .engine.storage.duckdb_ext import connect_with_iceberg
 
     con = connect_with_iceberg()
     configure_duckdb_store(con, warehouse_store(settings))  # httpfs for s3://, gcsfs/adlfs for gs://, abfs://

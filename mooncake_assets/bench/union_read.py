@@ -60,7 +60,7 @@ FILLER = " " * 84
 
 
 def _schema():
-    from ..engine.cdc.schema import ColumnSpec, TableSchema
+    from ..engine.pg.schema import ColumnSpec, TableSchema
 
     cols = [ColumnSpec("aid", 23, -1, "integer", pa.int32(), not_null=True, is_key=True),
             ColumnSpec("bid", 23, -1, "integer", pa.int32()),

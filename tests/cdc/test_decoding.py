@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mooncake_assets.engine.cdc.decode import decode_text_column, decode_text_columns
-from mooncake_assets.engine.cdc.schema import MONEY, ColumnSpec
+from mooncake_assets.engine.pg.schema import MONEY, ColumnSpec
 from mooncake_assets.engine.table.memslice import BadRowError, Carried, MemSlice
 from mooncake_assets.engine.table.schema_change import SchemaChangeError, describe_change, on_relation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from mooncake_assets.engine.cdc.schema import ColumnSpec, TableSchema, UnsupportedTypeError
+from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError
 from mooncake_assets.engine.pg.catalog import CatalogColumn
 from mooncake_assets.engine.table.evolution import plan_schema_change, project, promotable
 from mooncake_assets.engine.table.schema_change import SchemaChangeError

@@ -24,7 +24,7 @@ from mooncake_assets.engine.iceberg import (
     make_catalog,
 )
 from mooncake_assets.engine.iceberg import catalog as catalog_mod
-from mooncake_assets.engine.iceberg import duckdb_ext
+from mooncake_assets.engine.storage import duckdb_ext
 from mooncake_assets.engine.iceberg.faults import SimulatedCrash, crash_before_swap
 from mooncake_assets.engine.iceberg import table as table_mod
 from mooncake_assets.engine.iceberg.manifest import data_file_field, read_manifest_entries, read_manifest_list

@@ -3,7 +3,7 @@ import json
 
 import pyarrow as pa
 
-from mooncake_assets.engine.cdc.schema import TIMESTAMP_INFINITY
+from mooncake_assets.engine.pg.schema import TIMESTAMP_INFINITY
 from mooncake_assets.engine.read.render import text_rows, to_json
 
 

@@ -10,7 +10,7 @@ import pytest
 from pyiceberg.io.pyarrow import pyarrow_to_schema
 
 from mooncake_assets.engine.cdc.decode import decode_text_columns
-from mooncake_assets.engine.cdc.schema import ColumnSpec, ColumnValueError, assign_field_ids, nested_field_count
+from mooncake_assets.engine.pg.schema import ColumnSpec, ColumnValueError, assign_field_ids, nested_field_count
 from mooncake_assets.engine.table.schema_state import _nested_ids
 
 

@@ -20,7 +20,7 @@ from mooncake_assets.engine.cdc import (
     initial_copy,
 )
 from mooncake_assets.engine.cdc.decode import _parse_rare
-from mooncake_assets.engine.cdc.schema import DATE_INFINITY, TIMESTAMP_INFINITY
+from mooncake_assets.engine.pg.schema import DATE_INFINITY, TIMESTAMP_INFINITY
 from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
 
 ALL_TYPES_DDL = """
@@ -404,7 +404,7 @@ def test_uuid_text_is_canonical():
 def test_text_spec_keeps_the_generation_expression_and_drops_the_structure():
     """``--column-type g=text`` of a generated column: the expression (and identity) survive
     ``text_spec`` (describe_mirrored runs it on every restart); nothing of an array's structure does."""
-    from mooncake_assets.engine.cdc.schema import ColumnSpec, text_spec
+    from mooncake_assets.engine.pg.schema import ColumnSpec, text_spec
 
     el = ColumnSpec("g[]", 23, -1, "integer", pa.int32())
     c = ColumnSpec("g", 1007, -1, "integer[]", pa.list_(pa.int32()), not_null=True, is_key=False, element=el,

@@ -3,7 +3,7 @@ import pyarrow as pa
 import pytest
 
 from mooncake_assets.engine.cdc.decode import _decode_wkb, _unhex, ewkb_srid_suspect
-from mooncake_assets.engine.cdc.schema import ColumnSpec
+from mooncake_assets.engine.pg.schema import ColumnSpec
 
 # POINT(1 2) with SRID 4326 (EWKB: SRID flag 0x20000000 in the type) and without one
 P_4326 = "0101000020E6100000000000000000F03F0000000000000040"

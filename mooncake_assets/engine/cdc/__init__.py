@@ -10,7 +10,7 @@ from .txn import Change, ProtocolError, Transaction, TransactionAssembler
 from ..pg.catalog import describe_table
 from ..pg.conninfo import OUTPUT_SETTINGS
 from .decode import decode_text_column, decode_text_columns
-from .schema import ColumnSpec, TableSchema, UnsupportedTypeError, arrow_type_for
+from ..pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError, arrow_type_for
 
 __all__ = [
     "Begin", "Commit", "Delete", "Insert", "Message", "Origin", "PgOutputMessage", "Relation", "RelationColumn",

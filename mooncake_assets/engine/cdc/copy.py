@@ -23,7 +23,7 @@ from psycopg import sql
 
 from ..pg.conninfo import OUTPUT_SETTINGS
 from .decode import decode_text_columns
-from .schema import TableSchema
+from ..pg.schema import TableSchema
 
 __all__ = ["initial_copy", "copy_statement"]
 

@@ -3,7 +3,7 @@
 Values arrive from Postgres in its **text output format** (pgoutput tuple data in text mode, and
 ``COPY … (FORMAT csv)`` for the initial copy). :func:`decode_text_columns` turns them into Arrow
 column by column: one ``pa.array`` of strings per column, then vectorized ``pyarrow.compute`` casts,
-to the Arrow types of :mod:`.schema` (each column's :class:`~.schema.ColumnSpec`). The sessions that
+to the Arrow types of :mod:`..pg.schema` (each column's :class:`~..pg.schema.ColumnSpec`). The sessions that
 produce the text (the walsender of :class:`~.stream.ReplicationConnection` and the copy transaction
 of :func:`~.copy.initial_copy`) pin the output settings the decoder relies on
 (``engine/pg/conninfo.py``: ``OUTPUT_SETTINGS``): ``DateStyle=ISO``, ``TimeZone=UTC``,
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schema import DATE_INFINITY, MONEY, TIMESTAMP_INFINITY, ColumnSpec, ColumnValueError
+from ..pg.schema import DATE_INFINITY, MONEY, TIMESTAMP_INFINITY, ColumnSpec, ColumnValueError
 
 __all__ = ["decode_text_columns", "decode_text_column", "civil_from_days", "ewkb_srid_suspect"]
 

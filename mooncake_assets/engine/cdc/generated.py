@@ -45,7 +45,7 @@ from psycopg import sql
 
 from ..pg.session import LazyConnection
 from .pgoutput import Relation, RelationColumn, TupleData
-from .schema import TableSchema
+from ..pg.schema import TableSchema
 
 __all__ = ["GeneratedColumns", "GeneratedColumnError"]
 

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from .decode import civil_from_days
-from .schema import DATE_INFINITY, TIMESTAMP_INFINITY
+from ..pg.schema import DATE_INFINITY, TIMESTAMP_INFINITY
 
 __all__ = ["TextColumn", "float_text", "date_text", "time_text", "timestamp_text", "array_elem",
            "record_field", "hstore_str", "scale_to_us"]

@@ -1,6 +1,6 @@
 """The source's catalogs as the mirror reads them: table schemas and schema-evolution lookups.
 
-- :func:`describe_table`: a table's :class:`~mooncake_assets.engine.cdc.schema.TableSchema` from
+- :func:`describe_table`: a table's :class:`~mooncake_assets.engine.pg.schema.TableSchema` from
   ``pg_attribute``, ``pg_type`` and ``pg_index`` (columns, key, replica identity), each column's type
   resolved through domains, arrays, composites and extension types (:class:`_TypeResolver`).
 - :func:`describe_mirrored`: a mirror's schema as it was built (its saved signature), checked
@@ -26,7 +26,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from ..cdc.schema import (INT2VECTOR, OIDVECTOR, REFUSED_TYPES, ColumnSpec, TableSchema, UnsupportedTableError, UnsupportedTypeError,
+from .schema import (INT2VECTOR, OIDVECTOR, REFUSED_TYPES, ColumnSpec, TableSchema, UnsupportedTableError, UnsupportedTypeError,
                           _apply_signature, _text_column, arrow_type_for, assign_field_ids, column_option_hint,
                           text_spec)
 from ..faults import fault

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
+from psycopg.conninfo import conninfo_to_dict
 
 from . import publication as pubs
 from .conninfo import connect_error, redact
@@ -37,7 +38,7 @@ from .names import InvalidName, TableName, format_name, resolve_table
 from .partitions import partition_tree
 
 if TYPE_CHECKING:
-    from ..cdc.schema import TableSchema
+    from .schema import TableSchema
 
 __all__ = ["Check", "check_source", "server_checks", "check_table", "table_checks", "identity_todo", "set_identity_full",
            "replication_check"]
@@ -134,12 +135,11 @@ def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
 def replication_check(dsn: str) -> Check:
     """Open a replication connection (``replication=database``) and run ``IDENTIFY_SYSTEM``: the
     role's ``REPLICATION`` attribute (or managed-service role) and ``pg_hba.conf`` tried for real."""
-    from ..cdc import ReplicationConnection, ReplicationError
-
+    params = conninfo_to_dict(dsn)
+    params.update(replication="database", connect_timeout=params.get("connect_timeout") or 10)
     try:
-        rc = ReplicationConnection(dsn, connect_timeout=10)
-    except ReplicationError as e:
-        cause = e.__cause__ or e
+        conn = psycopg.connect(autocommit=True, **params)
+    except psycopg.OperationalError as cause:
         msg = connect_error(cause)  # the driver's error: one scrubbed line with the server's reason
         user = _user_of(dsn)
         if "replication role" in str(cause) or "permission denied to start WAL sender" in str(cause):
@@ -150,9 +150,14 @@ def replication_check(dsn: str) -> Check:
                      "let the role connect for replication (pg_hba.conf: a line for this database and role, e.g. "
                      "host <db> <role> <address> scram-sha-256)")
     try:
-        rc.identify_system()
+        # a walsender speaks only the simple query protocol: PQexec on psycopg's own libpq connection
+        res = conn.pgconn.exec_(b"IDENTIFY_SYSTEM")
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            err = (res.error_message or b"").decode(errors="replace").strip()
+            return Check("error", f"role {_user_of(dsn)}", f"IDENTIFY_SYSTEM failed on a replication connection: {err}",
+                         None)
     finally:
-        rc.close()
+        conn.close()
     return Check("ok", f"role {_user_of(dsn)}", "opens a replication connection (REPLICATION attribute or a role that "
                  "grants it)")
 
@@ -195,7 +200,7 @@ def table_checks(conn: psycopg.Connection, name: TableName, oid: int, *, publica
 
     Returns ``(checks, schema)``: ``schema`` the table as ``describe_table`` read it with those
     options (create-table mirrors that), None when a check stopped before it could be read."""
-    from ..cdc.schema import UnsupportedTypeError
+    from .schema import UnsupportedTypeError
     from .catalog import describe_table
 
     subj = f"table {name}"

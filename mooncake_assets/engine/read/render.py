@@ -24,7 +24,7 @@ string                    as is                                  a JSON string
 ========================  =====================================  ==================================
 
 The timestamp sentinels are the ones the decoder stores for Postgres's ``infinity``/``-infinity``
-(:data:`~mooncake_assets.engine.cdc.schema.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
+(:data:`~mooncake_assets.engine.pg.schema.TIMESTAMP_INFINITY`, ``DATE_INFINITY``); the JSON forms
 follow Postgres's ``to_json`` (ISO 8601 with ``T``). Sources: the Postgres manual, "Date/Time Output"
 (ISO style), "Array Value Input" and "Composite Type Input and Output Syntax" (quoting; the server's
 ``array_out``/``record_out``), the hstore module's "External Representation", and psql's aligned
@@ -41,7 +41,7 @@ import pyarrow as pa
 from ..cdc.text_out import TextColumn
 from ..cdc.text_out import scale_to_us as _scale_to_us
 from ..cdc.text_out import timestamp_text as _timestamp_text
-from ..cdc.schema import TIMESTAMP_INFINITY
+from ..pg.schema import TIMESTAMP_INFINITY
 
 def _float_text(x: float, single: bool) -> str:
     if x != x:

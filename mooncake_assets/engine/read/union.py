@@ -47,13 +47,14 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from typing import Any, Protocol
+
 import duckdb
 import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..service.client import ServiceClient
 from ..storage.arrow_fs import arrow_source
 from ..storage.duckdb_s3 import ensure_duckdb_store, sql_str
 from ..table.read_state import FileState, ReadField, ReadState
@@ -177,17 +178,30 @@ class StatementInfo:
                 self._walk(v)
 
 
+class ReadStateSource(Protocol):
+    """What a union read needs from the replication service (the service's Flight client is one; tests
+    pass in-process doubles). LSNs are Postgres ``X/Y`` text."""
+
+    def read_state(self, table: str, lsn: str | None = None) -> ReadState: ...
+
+    def fetch(self, ticket: str) -> pa.Table: ...
+
+    def status(self) -> dict: ...
+
+    def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict: ...
+
+
 class UnionReader:
     """Registers mirrored tables as DuckDB views over one ReadState each and runs SQL on them.
 
-    ``client``: a :class:`ServiceClient` (or anything with ``read_state(table, lsn)``, ``fetch(ticket)``,
+    ``client``: a :class:`ReadStateSource` (the service's ``ServiceClient``, or anything with ``read_state(table, lsn)``, ``fetch(ticket)``,
     ``status()`` and ``wait_lsn(lsn, timeout)``; None when only :meth:`register_state` is used);
     ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
     ``con``: an existing DuckDB connection to register into (else a new one); ``mode``: how deletes are
     applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``.
     """
 
-    def __init__(self, client: ServiceClient, dsn: str | None = None, con: duckdb.DuckDBPyConnection | None = None,
+    def __init__(self, client: ReadStateSource | None, dsn: str | None = None, con: duckdb.DuckDBPyConnection | None = None,
                  wait_timeout: float = 30.0, mode: str = "auto"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")

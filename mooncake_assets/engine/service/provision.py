@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..cdc import ReplicationConnection, initial_copy
-from ..cdc.schema import TableSchema, column_option_hint, column_signature
+from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..iceberg import IcebergMirrorTable
 from ..pg import preflight
 from ..pg import publication as pubs

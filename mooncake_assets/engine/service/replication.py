@@ -22,7 +22,7 @@ import time
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
-from ..cdc.schema import column_options
+from ..pg.schema import column_options
 from ..faults import fault
 from ..pg import publication as pubs
 from ..pg.catalog import missing_relations

@@ -39,7 +39,7 @@ def load_httpfs(con: duckdb.DuckDBPyConnection) -> None:
     row = con.execute("SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'httpfs'").fetchone()
     if row and row[0]:
         return
-    from ..iceberg.duckdb_ext import extension_file
+    from .duckdb_ext import extension_file
 
     con.execute(f"LOAD {sql_str(str(extension_file('httpfs')))}")
 

@@ -39,7 +39,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from ..cdc.schema import ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
+from ..pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
 from ..lsn import Lsn
 from ..pg.catalog import CatalogColumn
 from ..pg.names import case_collision

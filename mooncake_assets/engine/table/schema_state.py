@@ -106,7 +106,7 @@ class TableSchemaRole:
 
     def columns_property(self) -> str:
         """The Iceberg table property ``mooncake.columns``: the mirror's columns as a restart needs them."""
-        from ..cdc.schema import column_signature
+        from ..pg.schema import column_signature
 
         return json.dumps({"columns": column_signature(self.schema), "key": list(self.schema.key_columns),
                            "hash_field_ids": self.hash_field_ids})
@@ -166,7 +166,7 @@ class TableSchemaRole:
 
 
 def _nested_ids(t) -> list[int]:
-    """The field ids nested in an Iceberg type, in the pre-order :func:`~..cdc.schema.assign_field_ids`
+    """The field ids nested in an Iceberg type, in the pre-order :func:`~..pg.schema.assign_field_ids`
     gives them (list: element, then inside it; struct: each field, then inside it; map: key, value,
     then inside them)."""
     from pyiceberg.types import ListType, MapType, StructType
