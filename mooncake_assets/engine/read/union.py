@@ -47,7 +47,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import duckdb
 import numpy as np
