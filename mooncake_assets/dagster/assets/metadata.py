@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from ..engine.table.read_state import ReadState
+from mooncake_assets.engine.table.read_state import ReadState
 
 MAX_FILE_ROWS = 40  # rows of the Markdown file table (the rest is summarized in one line)
 
