@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from mooncake_assets.engine.cdc.pgoutput import TupleData
 from mooncake_assets.engine.cdc.txn import Change
-from mooncake_assets.engine.cdc.types import ColumnSpec, TableSchema, assign_field_ids
+from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, assign_field_ids
 from mooncake_assets.engine.read.plan import deleted_positions
 from mooncake_assets.engine.table.mirror import MirrorTable
 
