@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-quick ui bench clean system-deps
+.PHONY: install demo lint test test-quick ui bench clean system-deps
 
 install: $(STAMP)
 
@@ -44,7 +44,17 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(BIN)/mooncake demo
 
-test: install
+# Lint, format, types, layer contracts (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter];
+# docs/architecture.md#layer-contracts). Every tool runs, then the target fails if any of them did.
+lint: install
+	@rc=0; \
+	echo "== ruff check"; $(BIN)/ruff check --quiet . || rc=1; \
+	echo "== ruff format --check"; $(BIN)/ruff format --check --quiet . || rc=1; \
+	echo "== mypy"; $(BIN)/mypy || rc=1; \
+	echo "== lint-imports"; $(BIN)/lint-imports --no-cache || rc=1; \
+	exit $$rc
+
+test: install lint
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/python -m pytest -q
 
