@@ -10,7 +10,7 @@ install: $(STAMP)
 
 # Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical; contrib for
 # hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests), Chromium
-# for the Dagster UI test, sysbench (its OLTP workloads, tests/test_sysbench.py), Node.js + npm for
+# for the Dagster UI test, sysbench (its OLTP workloads, tests/integration/test_sysbench.py), Node.js + npm for
 # Azurite (the Azure Blob emulator of the abfs:// tests). Installed only when missing (CI runs as root
 # on Debian).
 system-deps:
