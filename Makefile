@@ -48,8 +48,8 @@ demo: install
 # docs/architecture.md#layer-contracts). Every tool runs, then the target fails if any of them did.
 lint: install
 	@rc=0; \
-	echo "== ruff check"; $(BIN)/ruff check --quiet . || rc=1; \
-	echo "== ruff format --check"; $(BIN)/ruff format --check --quiet . || rc=1; \
+	echo "== ruff check"; $(BIN)/ruff check --output-format concise . || rc=1; \
+	echo "== ruff format --check"; $(BIN)/ruff format --check --output-format concise . || rc=1; \
 	echo "== mypy"; $(BIN)/mypy || rc=1; \
 	echo "== lint-imports"; $(BIN)/lint-imports --no-cache || rc=1; \
 	exit $$rc
