@@ -1,6 +1,7 @@
-"""Maintenance jobs and schedules of mooncake-assets (DESIGN.md §7)."""
-from .maintenance import (ACTIVE_STATUSES, DEFAULT_CRON, FULL_OPTIMIZE, KINDS, MAINTENANCE_TAG, MIRROR_JOB, active_runs,
-                          build_maintenance_jobs, build_mirror_job, build_schedules, job_name)
+"""Re-export of :mod:`mooncake_assets.dagster.jobs` (the maintenance jobs and their schedules).
 
-__all__ = ["ACTIVE_STATUSES", "DEFAULT_CRON", "FULL_OPTIMIZE", "KINDS", "MAINTENANCE_TAG", "MIRROR_JOB", "active_runs",
-           "build_maintenance_jobs", "build_mirror_job", "build_schedules", "job_name"]
+Kept at the top of the source tree, where the project's layout names it; it is not installed (the
+wheel holds ``mooncake_assets`` only), so code imports ``mooncake_assets.dagster.jobs``.
+"""
+from mooncake_assets.dagster.jobs import *  # noqa: F401,F403
+from mooncake_assets.dagster.jobs import __all__  # noqa: F401

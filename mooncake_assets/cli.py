@@ -4,17 +4,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .config import Settings, load_settings
+from .commands import CTX, call, console, create_with_progress, err, fail, run_verify, service_client
+from .config import load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Live, queryable Iceberg mirrors of PostgreSQL tables (moonlink design), with union reads "
@@ -22,32 +19,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 pg_app = typer.Typer(no_args_is_help=True, help="The embedded local Postgres (wal_level=logical). Its data directory is under /var/tmp, where the "
                                                    "postgres user can reach it; <state>/pg/location records where.")
 app.add_typer(pg_app, name="pg")
-def _width(stream) -> int | None:
-    """Off a terminal (piped, redirected, captured) rich would cut everything to 80 columns; lines are as
-    wide as they need then (up to 400 columns). A terminal or ``COLUMNS`` keeps rich's own width."""
-    import os
-
-    return None if stream.isatty() or os.environ.get("COLUMNS") else 400
-
-
-console = Console(width=_width(sys.stdout))
-err = Console(stderr=True, width=_width(sys.stderr))
-
-
-class Ctx:
-    settings: Settings
-
-
-CTX = Ctx()
-
-
-def fail(msg: str, code: int = 1):
-    from rich.markup import escape  # a message may hold brackets ("[errno 1]") that are not markup
-
-    from .engine.pg.conninfo import scrub, with_password_hint
-
-    err.print(f"[red]error:[/red] {escape(with_password_hint(scrub(msg)))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 @app.callback()
@@ -69,43 +40,6 @@ def main_options(
     install_log_scrubber()  # a password this process was given is blanked out of every log line
     CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint,
                                  publication=publication)
-
-
-def _client(start: bool = True, settings: Settings | None = None, report: bool = False):
-    """A client of the service (started when it is not running; a running one must mirror from this
-    command's DSN, see ``check_source``). ``report``: return ``(client, started_here)``."""
-    from .engine.service import ServiceClient
-    from .engine.service.process import SourceMismatch, check_source, start_service
-
-    s = settings or CTX.settings
-    started = False
-    if start:
-        try:
-            _, started = start_service(s, report=True)
-        except Exception as e:
-            fail(str(e))
-    else:
-        c = ServiceClient(s.socket_path)
-        try:
-            if c.ping():
-                check_source(s, c.call("ping", timeout=5))
-        except SourceMismatch as e:
-            fail(str(e))
-        except Exception:  # noqa: BLE001 — not running: the caller says so
-            pass
-        finally:
-            c.close()
-    client = ServiceClient(s.socket_path)
-    return (client, started) if report else client
-
-
-def _call(client, action: str, **kw) -> dict:
-    from .engine.service import ServiceError
-
-    try:
-        return client.call(action, **kw)
-    except ServiceError as e:
-        fail(str(e))
 
 
 # ---------------------------------------------------------------------------------------- pg
@@ -211,7 +145,7 @@ def status():
     if not c.ping():
         console.print("mooncake service: not running")
         raise typer.Exit(3)
-    _client(start=False)  # refuses a --dsn that is not the running service's source
+    service_client(start=False)  # refuses a --dsn that is not the running service's source
     st = c.status()
     console.print(f"mooncake service: running; maintenance: {st.get('maintenance')}; slot {st['slot']}, applied LSN "
                   f"{st['applied_lsn']}, confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
@@ -287,9 +221,9 @@ def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 A
             err.print(f"error: --column-type {opt!r}: expected COL=text")
             raise typer.Exit(2)
         types[col] = kind.strip().lower()
-    client, started = _client(report=True)
+    client, started = service_client(report=True)
     try:
-        res = _create_with_progress(client, dst, src, delete_format, column_types=types, exclude=list(exclude_column))
+        res = create_with_progress(client, dst, src, delete_format, column_types=types, exclude=list(exclude_column))
     except typer.Exit:
         if started:  # a failed create leaves no service behind that it started
             from .engine.service.process import stop_service
@@ -305,54 +239,17 @@ def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 A
                   soft_wrap=True, highlight=False, markup=False)
 
 
-def _create_with_progress(client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None,
-                          exclude=None) -> dict:
-    from .engine.service import ServiceClient, ServiceError
-
-    box: dict = {}
-
-    def run():
-        try:
-            box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600,
-                                     # the publication this command was given (demo/ui call in without a CLI context)
-                                     **({"publication": CTX.settings.publication} if hasattr(CTX, "settings") else {}),
-                                     **({"column_types": column_types} if column_types else {}),
-                                     **({"exclude": exclude} if exclude else {}))
-        except ServiceError as e:
-            box["err"] = str(e)
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    poll = ServiceClient(client.socket_path)
-    with Progress(TextColumn("copying {task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} rows"),
-                  TimeElapsedColumn(), console=err, transient=True, disable=quiet or not err.is_terminal) as prog:
-        task = prog.add_task(f"{src} → {dst}", total=None)
-        while th.is_alive():
-            th.join(0.3)
-            try:
-                for t in poll.status()["tables"]:
-                    if t["name"] == dst and t.get("progress"):
-                        p = t["progress"]
-                        prog.update(task, completed=p.get("rows", 0), total=max(p.get("total_rows") or 0, p.get("rows", 0)) or None)
-            except ServiceError:
-                pass
-    poll.close()
-    if "err" in box:
-        fail(box["err"])
-    return box["res"]
-
-
 @app.command("drop-table")
 def drop_table(dst: str = typer.Argument(..., help="Name of the mirror to drop (see `mooncake list-tables`)")):
     """Stop mirroring DST and delete its Iceberg table (the slot goes with the last table)."""
-    res = _call(_client(), "drop_table", table=dst)
+    res = call(service_client(), "drop_table", table=dst)
     console.print(f"dropped {dst}" + (" (and the replication slot)" if res.get("slot_dropped") else ""))
 
 
 @app.command("list-tables")
 def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-readable output")):
     """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors."""
-    st = _call(_client(), "status")
+    st = call(service_client(), "status")
     if as_json:
         print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
         return
@@ -422,7 +319,7 @@ def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the 
             fail("--lsn and --no-wait exclude each other (a read at --lsn never waits for the source)", code=2)
     _refuse_if_stopped()
     try:
-        reader = UnionReader(_client(), None if no_wait else CTX.settings.source_dsn(), wait_timeout=max_wait)
+        reader = UnionReader(service_client(), None if no_wait else CTX.settings.source_dsn(), wait_timeout=max_wait)
         res = reader.query(sql, lsn=lsn)
     except ReadOnlyError as e:
         fail(str(e), code=2)
@@ -461,7 +358,7 @@ def _refuse_if_stopped() -> None:
 
 
 def _maint(op: str, dst: str, **kw):
-    res = _call(_client(), op, table=dst, **kw)
+    res = call(service_client(), op, table=dst, **kw)
     console.print(f"{op.replace('_', '-')} {dst}: " + ", ".join(f"{k}={v}" for k, v in res.items()))
 
 
@@ -481,7 +378,7 @@ def persist(dst: str):
 def merge_index(dst: str, merge_all: bool = typer.Option(False, "--all", help="Merge even below the policy's block count"),
                 as_json: bool = typer.Option(False, "--json", help="Print the result as JSON")):
     """Merge DST's index blocks (k-way merge by hash) when the policy says so (more than 16 blocks by default)."""
-    res = _call(_client(), "merge_index", table=dst, full=merge_all)
+    res = call(service_client(), "merge_index", table=dst, full=merge_all)
     if as_json:
         print(json.dumps(res))
     elif not res.get("merged"):
@@ -497,7 +394,7 @@ def compact(dst: str, full: bool = typer.Option(False, "--full", help="Rewrite e
             dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be picked and why"),
             as_json: bool = typer.Option(False, "--json", help="Print the result as JSON")):
     """Rewrite small and half-deleted files of DST (policy: settings.json extra.maintenance, see MaintenancePolicy)."""
-    res = _call(_client(), "compact", table=dst, full=full, dry_run=dry_run)
+    res = call(service_client(), "compact", table=dst, full=full, dry_run=dry_run)
     if as_json:
         print(json.dumps(res))
         return
@@ -526,7 +423,7 @@ def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to c
                                          "its result shows in list-tables and status)")):
     """Compare each mirror with its source at one LSN; exit 0 only if all match."""
     if checksum:
-        res = _call(_client(), "verify_now", tables=tables or None, timeout=3600)
+        res = call(service_client(), "verify_now", tables=tables or None, timeout=3600)
         for name, r in res.items():
             print(f"{name}: {r['result']} at LSN {r.get('lsn')} — {r.get('detail')}", flush=True)
         ok = sum(r["result"] == "match" for r in res.values())
@@ -534,23 +431,6 @@ def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to c
         raise typer.Exit(0 if res and ok == len(res) else 1)
     code = run_verify(tables or None, reader)
     raise typer.Exit(code)
-
-
-def run_verify(tables, reader: str, settings: Settings | None = None) -> int:
-    """Print one line per table and the closing ``verified: K/N tables match at LSN …``; returns the exit code."""
-    from .verify import verify as _verify
-
-    settings = settings or CTX.settings
-    client = _client(settings=settings) if reader == "union" else None
-    try:
-        results, lsn = _verify(settings, tables, reader, client)
-    except Exception as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    for r in results:
-        print(r.line(), flush=True)
-    ok = sum(r.match for r in results)
-    print(f"verified: {ok}/{len(results)} tables match at LSN {lsn}", flush=True)
-    return 0 if ok == len(results) and results else 1
 
 
 @app.command()

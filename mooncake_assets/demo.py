@@ -35,7 +35,7 @@ def _pg_bin(name: str) -> str:
 
 
 def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int = 4, dagster: bool = False) -> int:
-    from .cli import _create_with_progress, run_verify
+    from .commands import create_with_progress, run_verify
     from .engine.read import UnionReader
     from .engine.service import ServiceClient, ServiceError
     from .engine.service.process import start_service
@@ -58,7 +58,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     con.print(f"pgbench -i -s {scale} …")
     subprocess.run([_pg_bin("pgbench"), "-i", "-q", "-s", str(scale), dsn], check=True, capture_output=True)
     for t in TABLES:
-        res = _create_with_progress(client, t, f"public.{t}")
+        res = create_with_progress(client, t, f"public.{t}")
         print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)", flush=True)
 
     maint = _DagsterMaintenance(settings) if dagster else (lambda op: [client.call(op, table=t) for t in TABLES])
@@ -130,18 +130,15 @@ class _DagsterMaintenance:
     the Dagster instance of ``<state>/dagster`` so the runs show up in ``mooncake ui``)."""
 
     def __init__(self, settings: Settings):
-        import dagster as dg
+        from .dagster.definitions import DagsterConfig, build_definitions, dagster_instance
+        from .dagster.resources import parse_tables
 
-        from resources import parse_tables
-
-        from .definitions import DagsterConfig, build_definitions, dagster_home
-
-        self.instance = dg.DagsterInstance.from_config(str(dagster_home(settings.state_dir)))
+        self.instance = dagster_instance(settings.state_dir)
         self.defs = build_definitions(DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES),
                                                     automation=False))
 
     def run(self, keys: list[str], label: str):
-        from .definitions import materialize_keys
+        from .dagster.definitions import materialize_keys
 
         res = materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=False,
                                tags={"mooncake/trigger": "demo"}, log_level="ERROR")

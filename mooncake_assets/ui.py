@@ -81,8 +81,8 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
     ``dagster dev``'s exit status."""
     import psycopg
 
-    from .cli import _create_with_progress
-    from .definitions import dagster_home
+    from .commands import create_with_progress
+    from .dagster.definitions import dagster_home
     from .demo import TABLES, _pg_bin
     from .engine.service import ServiceClient
     from .engine.service.process import start_service, stop_service
@@ -107,7 +107,7 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
         subprocess.run([_pg_bin("pgbench"), "-i", "-q", "-s", str(scale), dsn], check=True, capture_output=True)
     for t in TABLES:
         if t not in mirrored:
-            res = _create_with_progress(client, t, f"public.{t}")
+            res = create_with_progress(client, t, f"public.{t}")
             print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']}", flush=True)
     client.close()
 

@@ -1,12 +1,7 @@
-"""The Dagster resources of mooncake-assets (DESIGN.md §7): the service client and the DuckDB I/O manager."""
-from .io_manager import MIRROR_TABLE, MooncakeDbIOManager, MooncakeDuckDBIOManager
-from .replication import (DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource, TableSpec, lag_bytes, lsn_int,
-                          parse_tables)
-from .type_handlers import (ArrowTableTypeHandler, DuckDBRelationTypeHandler, PandasDataFrameTypeHandler,
-                            PolarsDataFrameTypeHandler, default_type_handlers)
+"""Re-export of :mod:`mooncake_assets.dagster.resources` (the service client and the DuckDB I/O manager).
 
-__all__ = [
-    "MIRROR_TABLE", "MooncakeDbIOManager", "MooncakeDuckDBIOManager", "DEFAULT_TABLES", "MaintenanceThresholds",
-    "ReplicationResource", "TableSpec", "lag_bytes", "lsn_int", "parse_tables", "ArrowTableTypeHandler",
-    "DuckDBRelationTypeHandler", "PandasDataFrameTypeHandler", "PolarsDataFrameTypeHandler", "default_type_handlers",
-]
+Kept at the top of the source tree, where the project's layout names it; it is not installed (the
+wheel holds ``mooncake_assets`` only), so code imports ``mooncake_assets.dagster.resources``.
+"""
+from mooncake_assets.dagster.resources import *  # noqa: F401,F403
+from mooncake_assets.dagster.resources import __all__  # noqa: F401

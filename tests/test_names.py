@@ -219,8 +219,8 @@ def test_dagster_specs_and_asset_keys_for_quoted_names():
     and the real names are shown in the description and metadata."""
     import dagster as dg
 
-    from mooncake_assets.assets import build_table_assets, source_key
-    from resources import ReplicationResource, TableSpec, parse_tables
+    from mooncake_assets.dagster.assets import build_table_assets, source_key
+    from mooncake_assets.dagster.resources import ReplicationResource, TableSpec, parse_tables
 
     specs = parse_tables('q1_orders="Sales Data"."Q1 Orders", "User", Mixed=public.MixedCase, '
                          'we="We, Ltd"."x=y"')

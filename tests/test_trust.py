@@ -130,14 +130,14 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         assert "vt: error; last verify: mismatch" in r.stdout, r.stdout
         r = mooncake(s, "verify", "--checksum")  # the same check, on demand
         assert r.returncode == 1 and "vt: mismatch at LSN" in r.stdout and "checksums: 0/1" in r.stdout, r.stdout
-        from sensors.replication import observation  # what Dagster records on mirror/vt
+        from mooncake_assets.dagster.sensors.replication import observation  # what Dagster records on mirror/vt
 
         meta = observation("vt", t, {"source_lsn": None}, None).metadata
         assert meta["state"].value == "error" and meta["verify_result"].value == "mismatch"
         assert meta["verify_lsn"].value == t["verify"]["lsn"] and meta["verify_at"].value
         # ... and the asset check mirror_matches_source shows that result (once per scheduled verify)
         import dagster as dg
-        from sensors.replication import MaintenanceThresholds, first_sight
+        from mooncake_assets.dagster.sensors.replication import MaintenanceThresholds, first_sight
 
         tcur: dict = {}
         with dg.DagsterInstance.ephemeral() as inst:
@@ -269,7 +269,7 @@ def test_unpersisted_table_and_held_wal_are_warnings(pg_dsn, state_dir):
         assert "bytes of WAL in slot" in t["warnings"][1]
         r = mooncake(s, "list-tables", check=True)
         assert "wt: warning: no persist for" in " ".join(r.stdout.split()), r.stdout
-        from sensors.replication import observation
+        from mooncake_assets.dagster.sensors.replication import observation
 
         obs = observation("wt", t, {"source_lsn": None}, None)
         assert "no persist for" in obs.metadata["warnings"].value

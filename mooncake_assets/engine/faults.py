@@ -9,7 +9,9 @@ One mechanism, two ways to arm it, both read by the service process at each poin
 - ``MOONCAKE_FAULTS`` (changed while the process runs): the path of a JSON file written with
   :func:`set_faults`; ``{"commit_conflicts": N}`` makes the next N Iceberg commits (at
   ``commit:before_swap``) lose the pointer race as if another writer had moved the table, counting
-  down in the file (``conflicts_injected`` counts up).
+  down in the file (``conflicts_injected`` counts up). The error raised is the one the layer owning
+  the point registered with :func:`register_conflict` (the Iceberg catalog registers its own
+  pointer-conflict error), so this module depends on no layer above it.
 
 A third, ``MOONCAKE_JITTER`` (``<seed>[:<max seconds>[:<probability>]]``, defaults 0.2 s and 0.3),
 adds *seeded* delays at every point: the n-th time the process passes point P it sleeps, with the
@@ -55,14 +57,23 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fault", "faults", "set_faults", "jitter", "jitter_delay"]
+__all__ = ["fault", "faults", "register_conflict", "set_faults", "jitter", "jitter_delay"]
 
 log = logging.getLogger("mooncake.faults")
 _FILE_LOCK = threading.Lock()
 _JITTER_LOCK = threading.Lock()
 _jitter_hits: dict[str, int] = {}
+_CONFLICTS: dict[str, Callable[[str], BaseException]] = {}
+
+
+def register_conflict(point: str, make_error: Callable[[str], BaseException]) -> None:
+    """Make an armed ``commit_conflicts`` fault raise ``make_error(message)`` at ``point``. Called by the
+    layer that owns the point (its error is what a real conflict there raises); a point nobody
+    registered ignores the fault file."""
+    _CONFLICTS[point] = make_error
 
 
 def _jitter_spec() -> tuple[str, float, float] | None:
@@ -125,7 +136,8 @@ def set_faults(path: str | os.PathLike, **faults) -> None:
 
 def _file_fault(point: str) -> None:
     path = os.environ.get("MOONCAKE_FAULTS")
-    if not path or point != "commit:before_swap":
+    make_error = _CONFLICTS.get(point)
+    if not path or make_error is None:
         return
     with _FILE_LOCK:
         try:
@@ -138,14 +150,13 @@ def _file_fault(point: str) -> None:
         armed["commit_conflicts"] = n - 1
         armed["conflicts_injected"] = int(armed.get("conflicts_injected", 0)) + 1
         set_faults(path, **armed)
-    from .iceberg.catalog import SwapConflict
-
-    raise SwapConflict(f"injected: another writer moved the table (fault file {path})")
+    raise make_error(f"injected: another writer moved the table (fault file {path})")
 
 
 def fault(point: str) -> None:
     """Act on ``point`` if ``MOONCAKE_FAULT`` names it (SIGKILL this process, or sleep) or the
-    ``MOONCAKE_FAULTS`` file arms it (raise ``SwapConflict`` at ``commit:before_swap``); first, under
+    ``MOONCAKE_FAULTS`` file arms it (raise the error registered for ``point``, see
+    :func:`register_conflict`); first, under
     ``MOONCAKE_JITTER``, the point's seeded delay (:func:`jitter`)."""
     jitter(point)
     _file_fault(point)

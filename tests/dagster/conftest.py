@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from mooncake_assets.config import Settings
-from mooncake_assets.definitions import DagsterConfig, build_definitions, materialize_keys
+from mooncake_assets.dagster.definitions import DagsterConfig, build_definitions, materialize_keys
+from mooncake_assets.dagster.resources import ReplicationResource, parse_tables
 from mooncake_assets.engine.service.process import stop_service
-from resources import ReplicationResource, parse_tables
 
 from ..helpers import REPO, make_settings
 

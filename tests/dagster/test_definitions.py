@@ -9,10 +9,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from jobs.maintenance import DEFAULT_CRON
-from mooncake_assets.definitions import DagsterConfig, build_definitions, load_config
-from resources import MaintenanceThresholds, TableSpec, parse_tables
-from sensors.replication import SensorCursor, plan_maintenance
+from mooncake_assets.dagster.definitions import DagsterConfig, build_definitions, load_config
+from mooncake_assets.dagster.jobs.maintenance import DEFAULT_CRON
+from mooncake_assets.dagster.resources import MaintenanceThresholds, TableSpec, parse_tables
+from mooncake_assets.dagster.sensors.replication import SensorCursor, plan_maintenance
 
 from ..helpers import REPO
 from .conftest import PGBENCH

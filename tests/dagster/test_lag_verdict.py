@@ -1,5 +1,5 @@
 """The replication_lag verdict the asset check and the sensor share, in process: no Postgres."""
-from resources.replication import MaintenanceThresholds, lag_verdict
+from mooncake_assets.dagster.resources.replication import MaintenanceThresholds, lag_verdict
 
 
 def test_lag_verdict_thresholds():

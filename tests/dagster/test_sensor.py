@@ -6,7 +6,6 @@ import time
 
 import dagster as dg
 import psycopg
-from dagster._core.storage.dagster_run import DagsterRunStatus
 
 from mooncake_assets.engine.service.process import kill_service, service_pid
 
@@ -116,7 +115,7 @@ def test_no_second_request_while_a_run_is_in_flight(mc):
     tpcb(env.dsn, 10)
     env.union_barrier()
     job = env.defs.resolve_job_def("flush_job")
-    run = env.instance.create_run_for_job(job_def=job, status=DagsterRunStatus.NOT_STARTED,
+    run = env.instance.create_run_for_job(job_def=job, status=dg.DagsterRunStatus.NOT_STARTED,
                                           asset_selection=frozenset({dg.AssetKey(["flush", "pgbench_accounts"])}))
     data, _ = tick(env)
     reqs = requests_by_table(data)
@@ -128,7 +127,7 @@ def test_no_second_request_while_a_run_is_in_flight(mc):
     assert requests_by_table(data)["pgbench_accounts"].asset_selection == [dg.AssetKey(["flush", "pgbench_accounts"])]
 
     # a schedule's run of a whole maintenance job (no asset selection) holds every table
-    run = env.instance.create_run_for_job(job_def=job, status=DagsterRunStatus.STARTED,
+    run = env.instance.create_run_for_job(job_def=job, status=dg.DagsterRunStatus.STARTED,
                                           tags={"mooncake/maintenance": "flush"})
     data, _ = tick(env, data.cursor)
     assert not data.run_requests

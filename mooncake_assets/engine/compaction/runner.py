@@ -446,7 +446,7 @@ def _referenced(ice) -> set[str]:
     md = table.metadata
     refs: set[str] = set()
     for s in md.snapshots:
-        refs |= {_strip(x) for x in ice._files_of(table.io, md, s)}
+        refs |= {_strip(x) for x in ice.files_of(s, io=table.io, metadata=md)}
     refs.add(_strip(table.metadata_location))
     refs |= {_strip(e.metadata_file) for e in md.metadata_log}
     return refs

@@ -13,7 +13,7 @@ catalog's pointer from the metadata file the change was based on to the new one.
   the metadata log), serialize the v3 metadata ourselves (``metadata_json``), write it as a new file, and
   run the same compare-and-swap statement on the SQL catalog's ``iceberg_tables`` row: the row is updated
   only if its ``metadata_location`` is still the one we read, so a concurrent writer makes the swap fail
-  and nothing is lost. Table creation writes ``00000-<uuid>.metadata.json`` and inserts the row through
+  and nothing is lost. Those PyIceberg/SQLAlchemy internals are used through ``compat.py`` only. Table creation writes ``00000-<uuid>.metadata.json`` and inserts the row through
   ``catalog.register_table`` (a primary-key insert: creating twice fails).
 - **format v3, REST catalog**: ``commit_table``/``create_table`` as for v2; the server writes the metadata
   and does the swap, so it must support format v3 (Iceberg REST servers since 1.8 do). Not exercised by
@@ -29,17 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import TableRequirement, TableUpdate, update_table_metadata
-from pyiceberg.typedef import IcebergBaseModel
-from sqlalchemy import update
-from sqlalchemy.exc import NoResultFound, SQLAlchemyError
-from sqlalchemy.orm import Session
+from pyiceberg.table.update import TableRequirement, TableUpdate
 
+from .. import faults
+import mooncake_assets.engine.iceberg.compat as compat
 from .errors import CommitStateUnknown, UnsupportedCatalog
 
 logger = logging.getLogger(__name__)
@@ -49,6 +47,10 @@ _METADATA_FILE_RE = re.compile(r"^(\d+)-([0-9a-fA-F-]{36})(?:\.gz)?\.metadata\.j
 
 class SwapConflict(Exception):
     """Internal: the pointer had moved; the swap did not happen (the new files are orphans)."""
+
+
+# an armed ``commit_conflicts`` fault (``engine/faults.py``) loses the pointer race like a concurrent writer
+faults.register_conflict("commit:before_swap", SwapConflict)
 
 
 def normalize_warehouse(warehouse: str) -> str:
@@ -100,33 +102,19 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
 
 def check_catalog_supports(catalog: Catalog, format_version: int) -> None:
     """Raise ``UnsupportedCatalog`` when this module cannot commit ``format_version`` through ``catalog``."""
-    if format_version >= 3 and not (isinstance(catalog, SqlCatalog) or _is_rest(catalog)):
+    if format_version >= 3 and not (compat.is_sql_catalog(catalog) or compat.is_rest_catalog(catalog)):
         raise UnsupportedCatalog(
             f"format v{format_version} tables need a SQL or REST catalog here, found {type(catalog).__name__}; "
             "use delete_format='position-deletes' (format v2) with this catalog"
         )
 
 
-def _is_rest(catalog: Catalog) -> bool:
-    try:
-        from pyiceberg.catalog.rest import RestCatalog
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(catalog, RestCatalog)
-
-
 def uses_own_swap(catalog: Catalog, format_version: int) -> bool:
     """True when commits of this table go through ``write_metadata`` + ``swap_sql_pointer``."""
-    return format_version >= 3 and isinstance(catalog, SqlCatalog)
+    return format_version >= 3 and compat.is_sql_catalog(catalog)
 
 
-def metadata_json(metadata: TableMetadata) -> bytes:
-    """Table metadata as the spec's JSON (Appendix C), for any format version.
-
-    Uses PyIceberg's own pydantic serializer (aliases, ``exclude_none``), bypassing only the v3 guard that
-    ``TableMetadataV3.model_dump_json`` raises in PyIceberg 0.12.
-    """
-    return IcebergBaseModel.model_dump_json(metadata, exclude_none=True).encode("utf-8")
+metadata_json = compat.metadata_json
 
 
 def metadata_version(metadata_location: str) -> int:
@@ -143,7 +131,7 @@ def new_metadata_location(metadata: TableMetadata, version: int) -> str:
 def write_metadata(table_io, metadata: TableMetadata, location: str) -> None:
     """Write ``metadata`` as JSON to ``location`` (must not exist: metadata files are immutable)."""
     with table_io.new_output(location).create(overwrite=False) as out:
-        out.write(metadata_json(metadata))
+        out.write(compat.metadata_json(metadata))
 
 
 def split_identifier(identifier: str | tuple[str, ...]) -> tuple[str, str]:
@@ -152,35 +140,15 @@ def split_identifier(identifier: str | tuple[str, ...]) -> tuple[str, str]:
 
 
 def swap_sql_pointer(catalog: SqlCatalog, identifier: str | tuple[str, ...], base_location: str, new_location: str) -> None:
-    """Compare-and-swap the SQL catalog's pointer: ``base_location`` -> ``new_location``.
+    """Compare-and-swap the SQL catalog's pointer: ``base_location`` -> ``new_location`` (one conditional
+    ``UPDATE`` of SqlCatalog's ``iceberg_tables`` row, ``compat.swap_sql_pointer``).
 
-    One ``UPDATE iceberg_tables … WHERE metadata_location = base_location`` in its own transaction (on
-    dialects without a reliable row count, ``SELECT … FOR UPDATE`` then update, as PyIceberg does).
-    Raises ``SwapConflict`` when the row no longer points at ``base_location`` (or is gone).
+    Raises ``SwapConflict`` when the row no longer points at ``base_location`` (or is gone); the driver's
+    errors (``compat.SQL_CATALOG_ERRORS``) propagate.
     """
     namespace, name = split_identifier(identifier)
-    where = (
-        IcebergTables.catalog_name == catalog.name,
-        IcebergTables.table_namespace == namespace,
-        IcebergTables.table_name == name,
-        IcebergTables.metadata_location == base_location,
-    )
-    with Session(catalog.engine) as session:
-        if catalog.engine.dialect.supports_sane_rowcount:
-            result = session.execute(
-                update(IcebergTables).where(*where).values(metadata_location=new_location, previous_metadata_location=base_location)
-            )
-            if result.rowcount < 1:
-                session.rollback()
-                raise SwapConflict(f"{namespace}.{name}: pointer moved away from {base_location}")
-        else:  # pragma: no cover - sqlite and postgres both report row counts
-            try:
-                row = session.query(IcebergTables).with_for_update(of=IcebergTables).filter(*where).one()
-            except NoResultFound:
-                raise SwapConflict(f"{namespace}.{name}: pointer moved away from {base_location}") from None
-            row.metadata_location = new_location
-            row.previous_metadata_location = base_location
-        session.commit()
+    if not compat.swap_sql_pointer(catalog, namespace, name, base_location, new_location):
+        raise SwapConflict(f"{namespace}.{name}: pointer moved away from {base_location}")
 
 
 def commit_metadata(
@@ -206,14 +174,14 @@ def commit_metadata(
                 requirement.validate(table.metadata)
             except CommitFailedException as e:
                 raise SwapConflict(str(e)) from e
-        new_metadata = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
+        new_metadata = compat.apply_updates(table.metadata, updates, table.metadata_location)
         location = new_metadata_location(new_metadata, metadata_version(table.metadata_location) + 1)
         write_metadata(table.io, new_metadata, location)
         if before_swap is not None:
             before_swap(location)
         try:
             swap_sql_pointer(catalog, table.name(), table.metadata_location, location)
-        except SQLAlchemyError as e:  # e.g. the connection dropped around COMMIT: outcome unknown
+        except compat.SQL_CATALOG_ERRORS as e:  # e.g. the connection dropped around COMMIT: outcome unknown
             raise CommitStateUnknown(f"SQL catalog error while swapping the pointer of {table.name()}: {e}") from e
         except SwapConflict:
             try:  # the swap did not happen: the new metadata file is an orphan

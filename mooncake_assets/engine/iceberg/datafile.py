@@ -2,8 +2,7 @@
 ``data_file`` struct; metrics as in Appendix D single-value serialization).
 
 Record count, file size, column sizes, value/null/NaN counts, lower/upper bounds and split offsets come
-from the footer through PyIceberg's own statistics helpers (``compute_statistics_plan``,
-``parquet_path_to_id_mapping``, ``data_file_statistics_from_parquet_metadata``), honouring the table's
+from the footer through PyIceberg's own statistics helpers (``compat.parquet_statistics``), honouring the table's
 ``write.metadata.metrics.*`` properties. Columns are matched to the table schema by name; a Parquet field
 id that disagrees with the table's id for that name is an error, because readers resolve columns by id.
 """
@@ -12,16 +11,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import (
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
-    pyarrow_to_schema,
-    schema_to_pyarrow,
-)
+from pyiceberg.io.pyarrow import pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema, index_by_id
 
+from .compat import parquet_column_ids, parquet_statistics
 from .manifest import new_data_file
 
 PARQUET_FIELD_ID = b"PARQUET:field_id"
@@ -85,24 +79,16 @@ def data_file_from_parquet_metadata(
         schema = pyarrow_to_schema(file_arrow, format_version=format_version)
     else:
         check_parquet_schema(schema, file_arrow, location)
-    mapping = parquet_path_to_id_mapping(schema)
+    mapping = parquet_column_ids(schema)
     try:
         try:
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=parquet_metadata,
-                stats_columns=compute_statistics_plan(schema, table_properties),
-                parquet_column_mapping=mapping,
-            )
+            stats = parquet_statistics(parquet_metadata, schema, table_properties)
         except (OverflowError, ValueError):
             # a bound Python cannot hold (date/timestamp 'infinity' sentinels, years past 9999): keep the
             # counts of those columns and leave their bounds out (no bounds = never pruned, still correct)
             counts_only = {f"write.metadata.metrics.column.{schema.find_column_name(mapping[path])}": "counts"
                            for path in _unreadable_bounds(parquet_metadata) if path in mapping}
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=parquet_metadata,
-                stats_columns=compute_statistics_plan(schema, {**table_properties, **counts_only}),
-                parquet_column_mapping=mapping,
-            )
+            stats = parquet_statistics(parquet_metadata, schema, {**table_properties, **counts_only})
     except KeyError as e:
         raise ValueError(f"data file {location}: Parquet column {e} does not map to the table schema") from None
     return new_data_file(
@@ -114,7 +100,7 @@ def data_file_from_parquet_metadata(
         sort_order_id=None,
         equality_ids=None,
         key_metadata=None,
-        **stats.to_serialized_dict(),
+        **stats,
     )
 
 

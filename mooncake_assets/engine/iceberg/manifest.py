@@ -5,7 +5,7 @@ PyIceberg 0.12 defines the v3 ``manifest_entry``/``data_file``/``manifest_file``
 (``MANIFEST_ENTRY_SCHEMAS[3]``, ``DATA_FILE_TYPE[3]``, ``MANIFEST_LIST_FILE_SCHEMAS[3]``) but its writers
 stop at v2 and its readers project everything onto v2 (dropping ``first_row_id``,
 ``referenced_data_file``, ``content_offset``, ``content_size_in_bytes``). This module drives PyIceberg's
-own Avro writer/reader (``AvroOutputFile``/``AvroFile``) and records (``ManifestEntry``, ``DataFile``,
+own Avro writer/reader (``AvroOutputFile``/``AvroFile``, through ``compat.py``) and records (``ManifestEntry``, ``DataFile``,
 ``ManifestFile``) with the schema of the table's format version, so v3 fields are written and read.
 
 Records keep PyIceberg's positional layout: a v3 ``data_file`` is the v2 one plus, at the end,
@@ -20,13 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pyiceberg.avro.codecs import AVRO_CODEC_KEY
-from pyiceberg.avro.file import AvroFile, AvroOutputFile
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
-    DATA_FILE_TYPE,
-    MANIFEST_ENTRY_SCHEMAS,
-    MANIFEST_LIST_FILE_SCHEMAS,
     DataFile,
     DataFileContent,
     FileFormat,
@@ -40,6 +35,16 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
 from pydantic_core import to_json
+
+from .compat import (
+    AVRO_CODEC_KEY,
+    DATA_FILE_TYPE,
+    MANIFEST_ENTRY_SCHEMAS,
+    MANIFEST_LIST_FILE_SCHEMAS,
+    read_avro,
+    record,
+    write_avro,
+)
 
 AVRO_CODEC = "deflate"  # what PyIceberg and Iceberg Java write by default ("gzip" maps to Avro deflate)
 
@@ -76,7 +81,7 @@ def new_data_file(format_version: int, **fields) -> DataFile:
     """A ``DataFile`` record in the layout of ``format_version``; missing fields take the spec default."""
     check_format_version(format_version)
     fields.setdefault("partition", Record())
-    df = DataFile.from_args(_table_format_version=format_version, **fields)
+    df = record(DataFile, format_version, **fields)
     df.spec_id = 0
     return df
 
@@ -113,13 +118,12 @@ class ManifestInfo:
 def read_manifest_list(io: FileIO, location: str, format_version: int) -> list[ManifestInfo]:
     """Read a manifest list (Avro) with the ``manifest_file`` schema of ``format_version``."""
     check_format_version(format_version)
-    with AvroFile[ManifestFile](
+    records = read_avro(
         io.new_input(location),
         MANIFEST_LIST_FILE_SCHEMAS[format_version],
         read_types={-1: ManifestFile, 508: PartitionFieldSummary},
         read_enums={517: ManifestContent},
-    ) as reader:
-        records = list(reader)
+    )
     return [ManifestInfo(r, manifest_file_first_row_id(r, format_version)) for r in records]
 
 
@@ -133,13 +137,12 @@ def read_manifest_entries(io: FileIO, manifest: ManifestInfo, format_version: in
     data files that also had a null ``first_row_id``.
     """
     check_format_version(format_version)
-    with AvroFile[ManifestEntry](
+    entries = read_avro(
         io.new_input(manifest.path),
         entry_schema(format_version),
         read_types={-1: ManifestEntry, 2: DataFile},
         read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
-    ) as reader:
-        entries = list(reader)
+    )
     rec = manifest.record
     next_row_id = manifest.first_row_id
     for entry in entries:
@@ -211,18 +214,12 @@ def write_manifest(
         if e.status != ManifestEntryStatus.DELETED:
             seq = e.sequence_number if e.sequence_number is not None else sequence_number
             min_seq = seq if min_seq is None else min(min_seq, seq)
-    file_schema = entry_schema(format_version)
-    with AvroOutputFile[ManifestEntry](
-        output_file=io.new_output(location),
-        file_schema=file_schema,
-        schema_name="manifest_entry",
-        record_schema=file_schema,
-        metadata=_manifest_metadata(format_version, schema, spec, content),
-    ) as writer:
-        writer.write_block(entries)
+    write_avro(io.new_output(location), entry_schema(format_version), "manifest_entry",
+               _manifest_metadata(format_version, schema, spec, content), entries)
     manifest_length = len(io.new_input(location))
-    record = ManifestFile.from_args(
-        _table_format_version=format_version,
+    list_record = record(
+        ManifestFile,
+        format_version,
         manifest_path=location,
         manifest_length=manifest_length,
         partition_spec_id=spec.spec_id,
@@ -239,7 +236,7 @@ def write_manifest(
         partitions=[],
         key_metadata=None,
     )
-    return ManifestInfo(record, None)
+    return ManifestInfo(list_record, None)
 
 
 def unassigned_row_count(io: FileIO, manifest: ManifestInfo, format_version: int, entries: list[ManifestEntry] | None) -> int:
@@ -284,7 +281,7 @@ def write_manifest_list(
     for info, unassigned_rows in manifests:
         rec = info.record
         if format_version >= 3 and rec.content == ManifestContent.DATA and info.first_row_id is None:
-            rec = ManifestFile(*rec._data)
+            rec = ManifestFile(*(rec[i] for i in range(len(rec))))  # a copy: the base's record stays as read
             rec[pos] = next_row_id
             info.first_row_id = next_row_id
             next_row_id += unassigned_rows
@@ -298,13 +295,5 @@ def write_manifest_list(
     }
     if format_version >= 3:
         meta["first-row-id"] = str(first_row_id)
-    file_schema = MANIFEST_LIST_FILE_SCHEMAS[format_version]
-    with AvroOutputFile[ManifestFile](
-        output_file=io.new_output(location),
-        file_schema=file_schema,
-        schema_name="manifest_file",
-        record_schema=file_schema,
-        metadata=meta,
-    ) as writer:
-        writer.write_block(records)
+    write_avro(io.new_output(location), MANIFEST_LIST_FILE_SCHEMAS[format_version], "manifest_file", meta, records)
     return 0 if first_row_id is None else next_row_id - first_row_id

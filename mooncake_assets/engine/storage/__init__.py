@@ -22,15 +22,21 @@ from .arrow_fs import arrow_source, s3_filesystem, store_filesystem, use_store
 from .config import (
     S3Config,
     apply_s3_settings,
-    catalog_properties,
     is_s3,
     parse_s3_uri,
     resolve_s3,
-    storage_hints,
-    warehouse_store,
 )
 from .duckdb_s3 import configure_duckdb_s3, configure_duckdb_store, ensure_duckdb_store, load_httpfs, sql_str
-from .stores import AzureConfig, GCSConfig, is_object_store, resolve_store, store_kind
+from .stores import (
+    AzureConfig,
+    GCSConfig,
+    catalog_properties,
+    is_object_store,
+    resolve_store,
+    storage_hints,
+    store_kind,
+    warehouse_store,
+)
 from .errors import (
     AccessDenied,
     BucketNotFound,

@@ -295,25 +295,3 @@ def apply_s3_settings(settings, *, endpoint: str | None = None, region: str | No
     flag = allow_http if allow_http is not None else _first_env(ENV_ALLOW_HTTP, env)
     if flag is not None:
         settings.s3_allow_http = parse_bool(flag, "MOONCAKE_S3_ALLOW_HTTP")
-
-
-def warehouse_store(settings):
-    """The store config (``S3Config``, ``stores.GCSConfig``, ``stores.AzureConfig``) of ``settings``'
-    warehouse, or None for a local one. Raises ``WarehouseConfigError`` for a bad URI or settings."""
-    from .stores import resolve_store
-
-    return resolve_store(settings.warehouse_uri, settings)
-
-
-def catalog_properties(settings) -> dict[str, str]:
-    """Extra ``make_catalog`` properties for ``settings``' warehouse (``py-io-impl`` and ``s3.*`` /
-    ``gcs.*`` / ``adls.*``; empty for local ones). They hold this process's credentials: never save them."""
-    cfg = warehouse_store(settings)
-    return cfg.fileio_properties() if cfg else {}
-
-
-def storage_hints(settings) -> dict | None:
-    """What a union reader needs to know to reach ``settings``' warehouse: None for local warehouses, else
-    ``{"warehouse", "kind", ...the config's hints()}`` (endpoint, region/project/account; no credentials)."""
-    cfg = warehouse_store(settings)
-    return {"warehouse": settings.warehouse_uri, "kind": cfg.kind, **cfg.hints()} if cfg else None

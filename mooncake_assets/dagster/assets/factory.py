@@ -34,8 +34,8 @@ from pydantic import Field
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.pg.names import asset_key_part
 from mooncake_assets.engine.service import ServiceError
-from resources.io_manager import MIRROR_TABLE
-from resources.replication import ReplicationResource, TableSpec
+from mooncake_assets.dagster.resources.io_manager import MIRROR_TABLE
+from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec
 
 from .metadata import files_markdown, iceberg_column_schema, postgres_column_schema, result_metadata, table_stats_metadata
 

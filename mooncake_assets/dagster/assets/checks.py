@@ -7,17 +7,18 @@
 - ``replication_lag``: how far the mirror is behind its source: bytes of WAL between
   ``pg_current_wal_lsn()`` and the mirror's applied LSN, and Postgres's own measure of the service's
   apply lag (seconds, ``pg_stat_replication.write_lag``). Warns above the resource's ``lag_warn_*``
-  thresholds, fails above ``lag_fail_*`` (``resources.replication.lag_verdict``, which the sensor's
-  evaluation of this check shares), and fails when the byte lag is unknown (no source or mirror LSN).
+  thresholds, fails above ``lag_fail_*`` (``mooncake_assets.dagster.resources.replication.lag_verdict``,
+  which the sensor's evaluation of this check shares), and fails when the byte lag is unknown (no
+  source or mirror LSN).
   When the service does not answer, the lag is measured from the slot's confirmed (durable) LSN and the
   check does not pass (WARN, or ERROR above the fail thresholds): nobody is applying changes.
 """
 
 import dagster as dg
 
+from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec, lag_bytes, lag_verdict
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
-from resources.replication import ReplicationResource, TableSpec, lag_bytes, lag_verdict
 
 from .factory import mirror_key
 

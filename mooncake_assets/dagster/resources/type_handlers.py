@@ -1,4 +1,4 @@
-"""DuckDB type handlers of :class:`~resources.io_manager.MooncakeDuckDBIOManager`, one small unit per type.
+"""DuckDB type handlers of :class:`~mooncake_assets.dagster.resources.io_manager.MooncakeDuckDBIOManager`, one per type.
 
 Each handler stores an output as the DuckDB table ``<schema>.<table>`` of its TableSlice (replaced
 whole when the asset is unpartitioned; partitioned outputs insert their slice, which the I/O manager
@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 import dagster as dg
 import duckdb
 import pyarrow as pa
-from dagster._core.storage.db_io_manager import DbTypeHandler, TableSlice
-from dagster_duckdb.io_manager import DuckDbClient
+
+from mooncake_assets.dagster.compat import DbTypeHandler, DuckDbClient, TableSlice
 
 
 def _target(table_slice: TableSlice) -> str:

@@ -46,10 +46,12 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from jobs.maintenance import FULL_OPTIMIZE, KINDS, MIRROR_JOB, MAINTENANCE_TAG, active_runs, job_name
+from mooncake_assets.dagster.jobs.maintenance import (FULL_OPTIMIZE, KINDS, MAINTENANCE_TAG, MIRROR_JOB, active_runs,
+                                                      job_name)
+from mooncake_assets.dagster.resources.replication import (MaintenanceThresholds, ReplicationResource, lag_bytes,
+                                                          lag_verdict)
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
-from resources.replication import MaintenanceThresholds, ReplicationResource, lag_bytes, lag_verdict
 
 SENSOR_NAME = "replication_sensor"
 DEFAULT_INTERVAL_S = 10
@@ -184,8 +186,8 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
       remembers that the instance has one (found, or recorded here), so later ticks do not ask again
       (a wiped asset is recorded again once the sensor's cursor is reset);
     - an ``AssetCheckEvaluation`` of ``replication_lag`` from this tick's numbers (the observation's lag in
-      bytes and seconds, :func:`resources.replication.lag_verdict`; a stopped mirror fails), so the check
-      is never "Not evaluated" while the mirror is observed;
+      bytes and seconds, :func:`~mooncake_assets.dagster.resources.replication.lag_verdict`; a stopped
+      mirror fails), so the check is never "Not evaluated" while the mirror is observed;
     - an ``AssetCheckEvaluation`` of ``mirror_matches_source`` from the service's last scheduled verify
       (counts and checksums at one LSN, engine/service/verifier.py) when it is new (``tcur["verify_at"]``
       remembers the one already reported; a full row comparison is the check's own run). The sensor
@@ -241,8 +243,32 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
         info = replication.ensure_running()
     except Exception as e:
         context.log.error(scrub(f"the mooncake service is not answering and could not be started: {e}"))
-        return dg.SensorResult(skip_reason=f"mooncake service down and not startable: {str(e).splitlines()[0]}",
-                               cursor=cur.dump())
+        return _skip(f"mooncake service down and not startable: {str(e).splitlines()[0]}", cur)
+    note = _service_note(context, cur, info)
+    try:
+        status = replication.status()
+    except ServiceError as e:  # it answered a ping a moment ago: a crash or a hang; the next tick sees
+        context.log.error(f"the mooncake service did not answer its status: {e}")
+        return _skip(f"mooncake service status failed: {str(e).splitlines()[0]}", cur)
+    source = _source_position(context, replication, status)
+    by_name = {t["name"]: t for t in status["tables"]}
+    specs = replication.table_specs()
+    tick = _Tick(context, replication, cur, now, source, note,
+                 busy=busy_tables(context.instance, [s.name for s in specs]), th=replication.thresholds)
+    for spec in specs:
+        tick.table(spec.name, by_name.get(spec.name))
+    for n in tick.notes:
+        context.log.info(n)
+    return dg.SensorResult(run_requests=tick.requests, asset_events=tick.events, cursor=cur.dump())
+
+
+def _skip(reason: str, cur: SensorCursor) -> dg.SensorResult:
+    return dg.SensorResult(skip_reason=reason, cursor=cur.dump())
+
+
+def _service_note(context: dg.SensorEvaluationContext, cur: SensorCursor, info: Mapping) -> str | None:
+    """What the tick says about the service (started, restarted) on the observations; counts restarts and
+    remembers the pid in ``cur``. ``info``: ``ensure_running()``'s ``{"pid", "started"}``."""
     note = None
     if info["started"]:
         if cur.pid is not None:
@@ -258,84 +284,116 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
         note = f"restarted since the last tick: pid {cur.pid} → {info['pid']} (restart #{cur.restarts})"
         context.log.warning(f"mooncake service {note}")
     cur.pid = info["pid"]
+    return note
+
+
+def _source_position(context: dg.SensorEvaluationContext, replication: ReplicationResource,
+                     status: Mapping) -> dict | None:
     try:
-        status = replication.status()
-    except ServiceError as e:  # it answered a ping a moment ago: a crash or a hang; the next tick sees
-        context.log.error(f"the mooncake service did not answer its status: {e}")
-        return dg.SensorResult(skip_reason=f"mooncake service status failed: {str(e).splitlines()[0]}",
-                               cursor=cur.dump())
-    try:
-        source = replication.source_position(status.get("slot"))
+        return replication.source_position(status.get("slot"))
     except Exception as e:  # Postgres unreachable: still observe what the service knows
         context.log.warning(scrub(f"could not read the source's position: {e}"))
-        source = None
-    by_name = {t["name"]: t for t in status["tables"]}
-    specs = replication.table_specs()
-    busy = busy_tables(context.instance, [s.name for s in specs])
-    th = replication.thresholds
-    events, requests, notes = [], [], []
-    for spec in specs:
-        t = spec.name
-        tcur = cur.tables.setdefault(t, {})
+        return None
+
+
+@dataclass
+class _Tick:
+    """One tick over the configured tables: what it knows (service status aside) and what it produces
+    (asset events, run requests, log notes)."""
+
+    context: dg.SensorEvaluationContext
+    replication: ReplicationResource
+    cur: SensorCursor
+    now: float
+    source: Mapping | None  # the source's position (None: Postgres unreachable)
+    note: str | None  # what the tick says about the service on every observation
+    busy: dict[str, str]  # {table: id of a run in flight touching it}
+    th: MaintenanceThresholds
+    events: list = field(default_factory=list)
+    requests: list[dg.RunRequest] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def table(self, t: str, st: Mapping | None) -> None:
+        """Observe table ``t`` (``st``: its entry of the service status, None: not mirrored) and ask for
+        what it needs."""
+        tcur = self.cur.tables.setdefault(t, {})
         last_req = tcur.setdefault("last_request", {})
-        st = by_name.get(t)
         if st is None:
-            if t in busy:
-                notes.append(f"{t}: not mirrored yet, run {busy[t]} in flight")
-            else:
-                # one request per hour at most: a copy that fails (e.g. no such table) is not retried every tick
-                requests.append(dg.RunRequest(run_key=f"mirror/{t}/create/{int(now // 3600)}", job_name=job_name(MIRROR_JOB),
-                                              asset_selection=[dg.AssetKey(["mirror", t])],
-                                              tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME,
-                                                    "mooncake/reason": "not mirrored yet"}))
-                notes.append(f"{t}: not mirrored yet, requesting mirror/{t}")
-            continue
+            self._not_mirrored(t)
+            return
         if st.get("state") == "copying":
-            continue
-        obs = observation(t, st, source, note)
-        events.append(obs)
-        events.extend(first_sight(context.instance, t, st, obs, th, tcur))
+            return
+        obs = observation(t, st, self.source, self.note)
+        self.events.append(obs)
+        self.events.extend(first_sight(self.context.instance, t, st, obs, self.th, tcur))
         if st.get("state") == "error":
-            context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
-            continue
-        dirty = (int(st.get("buffer_rows", 0)) > 0 or int(st.get("pending_deletes", 0)) > 0
-                 or (_latest_ts(context.instance, dg.AssetKey(["flush", t])) or 0)
-                 > (_latest_ts(context.instance, dg.AssetKey(["deletion_vectors", t])) or 0))
-        if dirty:
-            tcur.setdefault("dirty_since", now)
-            persisted = _latest_ts(context.instance, dg.AssetKey(["deletion_vectors", t])) or 0
-            age = now - max(tcur["dirty_since"], persisted)
-        else:
-            tcur.pop("dirty_since", None)
-            age = None
-        policy = _policy(replication, t)
-        ask_planner = th.compaction and t not in busy
-        plan = plan_maintenance(st, th, age, index_max_blocks=int(policy.get("index_max_blocks", 16)),
-                                compaction_plan=_compaction_plan(context, replication, t, st) if ask_planner else None)
-        plan = [(k, r) for k, r in plan if now - float(last_req.get(k, 0)) >= th.min_request_interval_s]
+            self.context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
+            return
+        plan = [(k, r) for k, r in self._plan(t, st, tcur)
+                if self.now - float(last_req.get(k, 0)) >= self.th.min_request_interval_s]
         if not plan:
-            continue
-        if t in busy:
-            notes.append(f"{t}: {', '.join(k for k, _ in plan)} wanted, but run {busy[t]} is in flight")
-            continue
-        kinds = [k for k, _ in plan]
-        reason = "; ".join(f"{k}: {r}" for k, r in plan)
-        run_config = {}
-        if "index_merge" in kinds and th.index_merge_blocks is not None:  # our own limit: merge even below the policy's
-            run_config = {"ops": {_op_name(["index_merge", t]): {"config": {"full": True}}}}
-        requests.append(dg.RunRequest(
-            run_key=f"{'+'.join(kinds)}/{t}/{st.get('last_change_lsn') or st.get('applied_lsn')}",
-            run_config=run_config,
-            job_name=job_name(kinds[0] if len(kinds) == 1 else FULL_OPTIMIZE),
-            asset_selection=[dg.AssetKey([k, t]) for k in kinds],
-            tags={"mooncake/table": t, MAINTENANCE_TAG: "+".join(kinds), "mooncake/trigger": SENSOR_NAME,
-                  "mooncake/reason": reason[:200]}))
-        for k in kinds:
-            last_req[k] = now
-        notes.append(f"{t}: {reason}")
-    for n in notes:
-        context.log.info(n)
-    return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cur.dump())
+            return
+        if t in self.busy:
+            self.notes.append(f"{t}: {', '.join(k for k, _ in plan)} wanted, but run {self.busy[t]} is in flight")
+            return
+        self.requests.append(maintenance_request(t, st, plan, self.th))
+        for k, _ in plan:
+            last_req[k] = self.now
+        self.notes.append(f"{t}: " + "; ".join(f"{k}: {r}" for k, r in plan))
+
+    def _not_mirrored(self, t: str) -> None:
+        if t in self.busy:
+            self.notes.append(f"{t}: not mirrored yet, run {self.busy[t]} in flight")
+            return
+        # one request per hour at most: a copy that fails (e.g. no such table) is not retried every tick
+        self.requests.append(dg.RunRequest(run_key=f"mirror/{t}/create/{int(self.now // 3600)}",
+                                           job_name=job_name(MIRROR_JOB), asset_selection=[dg.AssetKey(["mirror", t])],
+                                           tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME,
+                                                 "mooncake/reason": "not mirrored yet"}))
+        self.notes.append(f"{t}: not mirrored yet, requesting mirror/{t}")
+
+    def _plan(self, t: str, st: Mapping, tcur: dict) -> list[tuple[str, str]]:
+        """:func:`plan_maintenance` for ``t``, with its policy's block limit and (when compaction is on and
+        no run is in flight for it) the service's compaction dry run."""
+        age = _unpersisted_age(self.context.instance, t, st, tcur, self.now)
+        policy = _policy(self.replication, t)
+        ask_planner = self.th.compaction and t not in self.busy
+        compaction = _compaction_plan(self.context, self.replication, t, st) if ask_planner else None
+        return plan_maintenance(st, self.th, age, index_max_blocks=int(policy.get("index_max_blocks", 16)),
+                                compaction_plan=compaction)
+
+
+def _unpersisted_age(instance: dg.DagsterInstance, t: str, st: Mapping, tcur: dict, now: float) -> float | None:
+    """Seconds ``t``'s changes have waited to be persisted (None: nothing unpersisted): rows in the buffer,
+    pending deletes, or a ``flush/<t>`` newer than the last ``deletion_vectors/<t>``, counted from when a
+    tick first saw them (``tcur["dirty_since"]``) or the last persist, whichever is later."""
+    dirty = (int(st.get("buffer_rows", 0)) > 0 or int(st.get("pending_deletes", 0)) > 0
+             or (_latest_ts(instance, dg.AssetKey(["flush", t])) or 0)
+             > (_latest_ts(instance, dg.AssetKey(["deletion_vectors", t])) or 0))
+    if not dirty:
+        tcur.pop("dirty_since", None)
+        return None
+    tcur.setdefault("dirty_since", now)
+    persisted = _latest_ts(instance, dg.AssetKey(["deletion_vectors", t])) or 0
+    return now - max(tcur["dirty_since"], persisted)
+
+
+def maintenance_request(t: str, st: Mapping, plan: Sequence[tuple[str, str]],
+                        th: MaintenanceThresholds) -> dg.RunRequest:
+    """The run request for ``plan`` (``[(kind, reason)]``, lineage order) of table ``t``: one kind's job, or
+    ``full_optimize_job`` restricted to the planned assets; keyed by the table's last change LSN."""
+    kinds = [k for k, _ in plan]
+    reason = "; ".join(f"{k}: {r}" for k, r in plan)
+    run_config = {}
+    if "index_merge" in kinds and th.index_merge_blocks is not None:  # our own limit: merge even below the policy's
+        run_config = {"ops": {_op_name(["index_merge", t]): {"config": {"full": True}}}}
+    return dg.RunRequest(
+        run_key=f"{'+'.join(kinds)}/{t}/{st.get('last_change_lsn') or st.get('applied_lsn')}",
+        run_config=run_config,
+        job_name=job_name(kinds[0] if len(kinds) == 1 else FULL_OPTIMIZE),
+        asset_selection=[dg.AssetKey([k, t]) for k in kinds],
+        tags={"mooncake/table": t, MAINTENANCE_TAG: "+".join(kinds), "mooncake/trigger": SENSOR_NAME,
+              "mooncake/reason": reason[:200]})
 
 
 def _op_name(path) -> str:

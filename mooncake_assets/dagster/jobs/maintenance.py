@@ -1,19 +1,18 @@
-"""Maintenance jobs and their schedules (DESIGN.md §7).
+"""Maintenance jobs and their schedules.
 
 One job per kind of work over every configured table — ``flush_job``, ``deletion_vectors_job``,
 ``index_merge_job``, ``compaction_job`` — and ``full_optimize_job`` (all four, in lineage order per
 table). They run in process: each step is one call to the service, which does the work. ``mirror_job``
 materializes the ``mirror/<t>`` assets (the sensor asks for it when a configured table is not mirrored).
 
-Schedules (cron, UTC; every one configurable, see ``mooncake_assets/definitions.py``): deletion vectors
-every minute, index merge every 10 minutes, compaction hourly, flush every 5 minutes, full optimize
-daily at 03:00. A scheduled tick is skipped while a run of the same job is still queued or running.
+Schedules (cron, UTC; every one configurable, see ``mooncake_assets/dagster/definitions.py``):
+deletion vectors every minute, index merge every 10 minutes, compaction hourly, flush every 5 minutes,
+full optimize daily at 03:00. A scheduled tick is skipped while a run of the same job is still queued or running.
 """
 
 from collections.abc import Mapping
 
 import dagster as dg
-from dagster._core.storage.dagster_run import DagsterRunStatus
 
 KINDS = ("flush", "deletion_vectors", "index_merge", "compaction")
 FULL_OPTIMIZE = "full_optimize"
@@ -27,8 +26,8 @@ DEFAULT_CRON: dict[str, str] = {
     FULL_OPTIMIZE: "0 3 * * *",
 }
 
-ACTIVE_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-                   DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                   dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 MAINTENANCE_TAG = "mooncake/maintenance"
 

@@ -1,0 +1,152 @@
+"""The Dagster definitions of mooncake-assets: :func:`load_config` and :func:`build_definitions`.
+
+``workspace.yaml`` (``dagster dev -w workspace.yaml``) loads ``mooncake_assets.definitions``, whose
+``defs`` is ``build_definitions(load_config())``; ``mooncake demo --dagster`` and the tests build their
+own from a :class:`DagsterConfig`.
+
+Loading contacts nothing (no service, no Postgres): the configuration comes from the environment and
+the state directory's ``settings.json`` (key ``extra.dagster``), the environment winning:
+
+=================================  ===========================================  =====================================
+environment                        settings.json ``extra.dagster``              default
+=================================  ===========================================  =====================================
+``MOONCAKE_STATE_DIR``             —                                            ``./.mooncake``
+``MOONCAKE_TABLES`` (comma-sep.)   ``tables`` (list)                            the four pgbench tables
+``MOONCAKE_SENSOR_INTERVAL_S``     ``sensor_interval_s``                        10 (seconds)
+``MOONCAKE_SCHEDULE_<KIND>``       ``schedules.<kind>``                         ``jobs.maintenance.DEFAULT_CRON``
+                                                                                (cron; ``off`` disables one)
+``MOONCAKE_DAGSTER_AUTOMATION``    ``automation``                               ``on``: sensor and schedules run by
+                                                                                default (``off``: stopped)
+``MOONCAKE_DUCKDB``                ``database``                                 ``<state>/dagster.duckdb``
+—                                  ``thresholds`` (MaintenanceThresholds        see ``MaintenanceThresholds``
+                                   fields)
+=================================  ===========================================  =====================================
+
+A table is ``name`` (source ``public.name``), ``schema.table`` or ``name=schema.table``. The DSN,
+warehouse and catalog are the state directory's (``mooncake`` settings and ``MOONCAKE_PG_DSN`` etc.).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+
+from mooncake_assets.config import load_settings
+from mooncake_assets.dagster.jobs.maintenance import (DEFAULT_CRON, build_maintenance_jobs, build_mirror_job,
+                                                      build_schedules)
+from mooncake_assets.dagster.resources.io_manager import MooncakeDuckDBIOManager
+from mooncake_assets.dagster.resources.replication import (DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource,
+                                                          TableSpec, parse_tables)
+from mooncake_assets.dagster.sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
+
+from .assets import analytics_assets, build_mirror_checks, build_table_assets
+
+
+@dataclass
+class DagsterConfig:
+    """What the Dagster layer is built from (see the module docstring for where each value comes from)."""
+
+    state_dir: Path
+    tables: list[TableSpec] = field(default_factory=lambda: parse_tables(DEFAULT_TABLES))
+    sensor_interval_s: int = DEFAULT_INTERVAL_S
+    cron: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CRON))
+    automation: bool = True
+    database: str | None = None
+    thresholds: dict = field(default_factory=dict)
+    catalog_uri: str | None = None
+
+
+def _flag(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    return str(v).strip().lower() not in ("0", "off", "false", "no", "stopped")
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> DagsterConfig:
+    """The configuration from ``environ`` (default ``os.environ``) and settings.json. Raises ``ValueError``
+    naming the bad value (e.g. a malformed table entry)."""
+    env = os.environ if environ is None else environ
+    settings = load_settings(env.get("MOONCAKE_STATE_DIR") or None)
+    saved = (settings.extra or {}).get("dagster", {}) if isinstance(settings.extra, dict) else {}
+    tables = env.get("MOONCAKE_TABLES") or saved.get("tables") or list(DEFAULT_TABLES)
+    cron = dict(DEFAULT_CRON)
+    cron.update(saved.get("schedules", {}))
+    for kind in DEFAULT_CRON:
+        v = env.get(f"MOONCAKE_SCHEDULE_{kind.upper()}")
+        if v is not None:
+            cron[kind] = v
+    cron = {k: ("" if v.strip().lower() in ("", "off", "none") else v.strip()) for k, v in cron.items()}
+    interval = env.get("MOONCAKE_SENSOR_INTERVAL_S") or saved.get("sensor_interval_s") or DEFAULT_INTERVAL_S
+    try:
+        interval = int(float(interval))
+    except ValueError:
+        raise ValueError(f"MOONCAKE_SENSOR_INTERVAL_S must be a number of seconds, not {interval!r}") from None
+    automation = _flag(env.get("MOONCAKE_DAGSTER_AUTOMATION", saved.get("automation", True)))
+    database = env.get("MOONCAKE_DUCKDB") or saved.get("database") or str(settings.state_dir / "dagster.duckdb")
+    thresholds = dict(saved.get("thresholds", {}))
+    MaintenanceThresholds(**thresholds)  # fail at load time on a bad threshold, naming it
+    return DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(tables), sensor_interval_s=interval,
+                         cron=cron, automation=automation, database=database, thresholds=thresholds,
+                         catalog_uri=settings.catalog)
+
+
+def build_definitions(config: DagsterConfig) -> dg.Definitions:
+    """Assets, checks, jobs, schedules, the sensor and the resources for ``config``."""
+    replication = ReplicationResource(state_dir=str(config.state_dir), tables=[str(t) for t in config.tables],
+                                      thresholds=MaintenanceThresholds(**config.thresholds))
+    io_manager = MooncakeDuckDBIOManager(database=config.database or str(config.state_dir / "dagster.duckdb"),
+                                         replication=replication)
+    jobs = build_maintenance_jobs()
+    mirror_job = build_mirror_job()
+    all_jobs = [*jobs.values(), mirror_job]
+    return dg.Definitions(
+        assets=[*build_table_assets(config.tables, config.catalog_uri),
+                *analytics_assets(t.name for t in config.tables)],
+        asset_checks=build_mirror_checks(config.tables),
+        jobs=all_jobs,
+        schedules=build_schedules(jobs, config.cron, running=config.automation),
+        sensors=[build_replication_sensor(all_jobs, config.sensor_interval_s, running=config.automation)],
+        resources={"replication": replication, "io_manager": io_manager},
+        executor=dg.in_process_executor,
+    )
+
+
+def dagster_home(state_dir: str | os.PathLike) -> Path:
+    """``<state>/dagster``: the DAGSTER_HOME of ``mooncake ui`` and ``mooncake demo --dagster`` (created,
+    with a dagster.yaml that turns telemetry off, when missing)."""
+    from mooncake_assets.engine.private import ensure_private_dir
+
+    home = ensure_private_dir(state_dir) / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text("telemetry:\n  enabled: false\n")
+    return home
+
+
+def dagster_instance(state_dir: str | os.PathLike) -> dg.DagsterInstance:
+    """The Dagster instance of :func:`dagster_home`: where ``mooncake demo --dagster`` records its runs, so
+    they show in ``mooncake ui``."""
+    return dg.DagsterInstance.from_config(str(dagster_home(state_dir)))
+
+
+def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | None = None,
+                     raise_on_error: bool = True, tags: Mapping[str, str] | None = None,
+                     run_config: Mapping | None = None, log_level: str | None = None,
+                     checks: bool = True) -> dg.ExecuteInProcessResult:
+    """Materialize the assets ``keys`` (AssetKeys or "a/b" strings) of ``defs`` in this process, with the
+    resources bound in ``defs`` (the ``mooncake demo --dagster`` way); ``checks``: run their asset checks
+    too. ``run_config``: e.g. ``{"ops": {"compaction__t": {"config": {"full": True}}}}``; ``log_level``: of
+    the run's console log (default Dagster's, DEBUG)."""
+    keys = [k if isinstance(k, dg.AssetKey) else dg.AssetKey.from_user_string(k) for k in keys]
+    if log_level:
+        run_config = {**(run_config or {}), "loggers": {"console": {"config": {"log_level": log_level}}}}
+    selection = dg.AssetSelection.assets(*keys)
+    if not checks:
+        selection = selection.without_checks()
+    return dg.materialize([*defs.assets, *defs.asset_checks], selection=selection, resources=defs.resources,
+                          instance=instance, raise_on_error=raise_on_error, tags=tags, run_config=run_config)
+

@@ -1,0 +1,221 @@
+"""``MooncakeDuckDBIOManager``: dagster-duckdb's I/O manager, with mirror assets read by union reads.
+
+- **Outputs** of downstream assets are DuckDB tables ``<schema>.<table>`` in ``database``, exactly as
+  dagster-duckdb stores them (schema: ``schema`` metadata, else the I/O manager's ``schema``, else the
+  asset key's prefix; partitioned outputs replace their slice, selected by ``partition_expr``).
+- **Inputs** from a DuckDB table are read back as dagster-duckdb reads them.
+- **Inputs from a mirror asset** (definition metadata ``mooncake/table``) are a union read of the
+  mirror through the replicator service: persisted and freshly flushed Parquet files with their
+  deletion vectors applied, plus the in-memory rows, registered as a view in a private in-memory
+  DuckDB connection. Read-your-writes (``read_your_writes``, default on): before the first mirror
+  input of a step the service is made to apply everything committed in Postgres up to
+  ``pg_current_wal_lsn()`` (``TimeoutError`` after the resource's ``wait_timeout_s``); the other mirror
+  inputs of the same step are read at the same LSN, so joins between mirrors see one point in history.
+  The ``columns`` input metadata projects (only those columns are read); partition filters apply both
+  when the mirror asset itself is partitioned (its ``partition_expr`` metadata, dagster-duckdb's rule)
+  and when a partitioned asset reads an unpartitioned mirror with ``partition_expr`` in the input's
+  metadata (``AssetIn(metadata={"partition_expr": "bid"})``: the rows of the run's partition(s) only;
+  a time-window partition selects ``start <= expr < end``).
+
+The LSN each mirror input was read at is logged as input metadata (``mooncake/lsn``).
+
+Built on dagster-duckdb's extension points only: the I/O manager is dagster-duckdb's ``DbIOManager``
+with the type handlers of ``type_handlers.py`` and :class:`MirrorDbClient`, whose connection for a
+mirror input holds the union read (the names Dagster does not export come from
+``mooncake_assets.dagster.compat``). Example, as ``mooncake_assets.dagster.definitions`` binds it::
+
+    replication = ReplicationResource(state_dir=".mooncake", tables=["pgbench_accounts"])
+    io_manager = MooncakeDuckDBIOManager(database=".mooncake/dagster.duckdb", replication=replication)
+
+    @dg.asset(ins={"accounts": dg.AssetIn(key=["mirror", "pgbench_accounts"],
+                                          metadata={"columns": ["bid", "abalance"]})})
+    def balances(accounts: pa.Table) -> pa.Table:  # a union read of the mirror, two columns
+        ...
+"""
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import dagster as dg
+import duckdb
+import pyarrow as pa
+from dagster_duckdb import DuckDBIOManager
+from pydantic import Field
+
+from mooncake_assets.dagster.compat import (DbClient, DbIOManager, DbTypeHandler, DuckDbClient, TablePartitionDimension,
+                                            TableSlice)
+from mooncake_assets.engine.service import ServiceError
+
+from .replication import ReplicationResource
+from .type_handlers import default_type_handlers
+
+MIRROR_TABLE = "mooncake/table"  # definition metadata that marks a mirror asset (value: the mirror's name)
+
+
+class MirrorDbClient(DbClient):
+    """dagster-duckdb's database client, whose connection for an input from a mirror asset is a union read.
+
+    Outputs and other inputs go to the asset database through dagster-duckdb's ``DuckDbClient``. For an
+    input from a mirror asset (definition metadata ``mooncake/table``), :meth:`connect` yields a private
+    in-memory DuckDB connection in which the slice's ``<schema>.<table>`` is a view over the union read
+    of the mirror (the input's own ``partition_expr`` filter applied), so the type handler runs its usual
+    SELECT on it. The LSN of a step's first mirror input is kept (``(run id, step key)`` → LSN), and the
+    step's other mirror inputs are read at it."""
+
+    def __init__(self, replication: ReplicationResource, read_your_writes: bool = True):
+        self._replication = replication
+        self._read_your_writes = read_your_writes
+        self._pins: dict[tuple[str, str], str] = {}  # (run id, step key) -> LSN of the step's mirror reads
+
+    @staticmethod
+    def delete_table_slice(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
+        DuckDbClient.delete_table_slice(context, table_slice, connection)
+
+    @staticmethod
+    def ensure_schema_exists(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
+        DuckDbClient.ensure_schema_exists(context, table_slice, connection)
+
+    @staticmethod
+    def get_select_statement(table_slice: TableSlice) -> str:
+        return DuckDbClient.get_select_statement(table_slice)
+
+    @contextmanager
+    def connect(self, context: dg.InputContext | dg.OutputContext,
+                table_slice: TableSlice) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The asset database's connection, or for a mirror input a connection holding its union read."""
+        table = _mirror_of(context)
+        if table is None:
+            with DuckDbClient.connect(context, table_slice) as con:
+                yield con
+            return
+        con = duckdb.connect()
+        try:
+            rs = self._register_mirror(context, con, table, table_slice)
+            yield con  # the handler materializes what it loads: nothing refers to ``con`` afterwards
+        finally:
+            con.close()
+        _add_read_metadata(context, table, rs)
+
+    def _register_mirror(self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str,
+                         table_slice: TableSlice) -> dict:
+        """Create the union view of ``table`` and, over it, the slice's view; returns the ReadState read."""
+        input_dims = [] if table_slice.partition_dimensions else _input_partition_dimensions(context)
+        union_view = f"mirror_{table}"
+        columns = _read_columns(table_slice.columns, [*(table_slice.partition_dimensions or []), *input_dims])
+        rs = self._read_state(context, con, table, union_view, columns)
+        over_union = DuckDbClient.get_select_statement(
+            TableSlice(table=union_view, schema="temp", partition_dimensions=input_dims))  # a TEMP view
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(table_slice.schema)}")
+        con.execute(f"CREATE VIEW {_ident(table_slice.schema)}.{_ident(table_slice.table)} AS {over_union}")
+        return rs
+
+    def _read_state(self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, view: str,
+                    columns: list[str] | None) -> dict:
+        """Register the union view ``view`` of ``table``: at the step's LSN when it has one, else after the
+        read-your-writes barrier at the service's current LSN (which becomes the step's)."""
+        reader = self._replication.union_reader(con=con, read_your_writes=self._read_your_writes)
+        key = _step_key(context)
+        pinned = self._pins.get(key) if key else None
+        if pinned is None:
+            barrier = reader.barrier()
+            if barrier:
+                context.log.debug(f"read-your-writes: the service has applied the source up to {barrier}")
+            rs = reader.register(table, lsn=None, view=view, columns=columns)
+            if key:
+                self._pins[key] = rs["lsn"]
+            return rs
+        try:
+            return reader.register(table, lsn=pinned, view=view, columns=columns)
+        except ServiceError as e:
+            if "cannot read at LSN" not in str(e):
+                raise
+            context.log.warning(f"mirror {table}: cannot be read at this step's LSN {pinned} ({e}); "
+                                "reading it at its current LSN instead")
+            return reader.register(table, lsn=None, view=view, columns=columns)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _mirror_of(context: dg.InputContext | dg.OutputContext) -> str | None:
+    """The mirror an input reads (its upstream asset's ``mooncake/table`` metadata), else None."""
+    if not isinstance(context, dg.InputContext) or context.upstream_output is None:
+        return None
+    table = (context.upstream_output.definition_metadata or {}).get(MIRROR_TABLE)
+    return str(table) if table else None
+
+
+def _add_read_metadata(context: dg.InputContext, table: str, rs: dict) -> None:
+    try:
+        context.add_input_metadata({"mooncake/lsn": rs["lsn"], "mooncake/table": table,
+                                    "mooncake/files": len(rs["files"]), "mooncake/memory_rows": rs.get("mem_rows", 0)})
+    except Exception:  # metadata is best effort (not every context records input metadata)
+        pass
+
+
+def _step_key(context: dg.InputContext) -> tuple[str, str] | None:
+    try:
+        step = context.step_context
+        return (step.run_id, step.step.key)
+    except Exception:  # an input context built outside a run (tests): no pinning
+        return None
+
+
+def _read_columns(columns: Sequence[str] | None, dims: Sequence[TablePartitionDimension]) -> list[str] | None:
+    """Columns the union view needs: the projection ``columns`` plus the partition columns ``dims`` filter
+    on (None: all, e.g. when a partition expression is not a plain column name)."""
+    if not columns:
+        return None
+    cols = list(columns)
+    for dim in dims:
+        if not dim.partition_expr.isidentifier():
+            return None
+        if dim.partition_expr not in cols:
+            cols.append(dim.partition_expr)
+    return cols
+
+
+def _input_partition_dimensions(context: dg.InputContext) -> list[TablePartitionDimension]:
+    """Filter of an unpartitioned mirror read by a partitioned asset with ``partition_expr`` on its input."""
+    expr = (context.definition_metadata or {}).get("partition_expr")
+    if not expr or not context.has_partition_key:
+        return []
+    step = context.step_context
+    pdef = step.run_partitions_def
+    if isinstance(pdef, dg.MultiPartitionsDefinition) or not isinstance(expr, str):
+        raise ValueError(f"input {context.name}: a 'partition_expr' on the input of a mirror supports a single "
+                         "partition dimension (a column or SQL expression as text)")
+    if isinstance(pdef, dg.TimeWindowPartitionsDefinition):
+        return [TablePartitionDimension(partition_expr=expr, partitions=step.partition_time_window)]
+    keys = pdef.get_partition_keys_in_range(step.partition_key_range) if pdef is not None else [context.partition_key]
+    return [TablePartitionDimension(partition_expr=expr, partitions=list(keys))]
+
+
+class MooncakeDuckDBIOManager(DuckDBIOManager):
+    """dagster-duckdb's I/O manager whose inputs from mirror assets are union reads (module docstring).
+
+    Handles ``pyarrow.Table`` (the default load type), ``pandas.DataFrame``, ``polars.DataFrame`` and
+    ``duckdb.DuckDBPyRelation``."""
+
+    replication: dg.ResourceDependency[ReplicationResource]
+    read_your_writes: bool = Field(True, description="Wait until the service has applied every commit the source "
+                                                     "had when a step first reads a mirror (read-your-writes).")
+
+    @staticmethod
+    def type_handlers() -> Sequence[DbTypeHandler]:
+        return default_type_handlers()
+
+    @staticmethod
+    def default_load_type() -> type | None:
+        return pa.Table
+
+    def create_io_manager(self, context) -> DbIOManager:
+        return DbIOManager(
+            db_client=MirrorDbClient(self.replication, read_your_writes=self.read_your_writes),
+            database=self.database,
+            schema=self.schema_,
+            type_handlers=self.type_handlers(),
+            default_load_type=self.default_load_type(),
+            io_manager_name="MooncakeDuckDBIOManager",
+        )
