@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-quick ui bench clean system-deps
+.PHONY: install demo lint test test-quick ui bench clean system-deps
 
 install: $(STAMP)
 
 # Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical; contrib for
 # hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests), Chromium
-# for the Dagster UI test, sysbench (its OLTP workloads, tests/test_sysbench.py), Node.js + npm for
+# for the Dagster UI test, sysbench (its OLTP workloads, tests/integration/test_sysbench.py), Node.js + npm for
 # Azurite (the Azure Blob emulator of the abfs:// tests). Installed only when missing (CI runs as root
 # on Debian).
 system-deps:
@@ -44,7 +44,17 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(BIN)/mooncake demo
 
-test: install
+# Lint, format, types, layer contracts (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter];
+# docs/architecture.md#layer-contracts). Every tool runs, then the target fails if any of them did.
+lint: install
+	@rc=0; \
+	echo "== ruff check"; $(BIN)/ruff check --output-format concise . || rc=1; \
+	echo "== ruff format --check"; $(BIN)/ruff format --check --output-format concise . || rc=1; \
+	echo "== mypy"; $(BIN)/mypy || rc=1; \
+	echo "== lint-imports"; $(BIN)/lint-imports --no-cache || rc=1; \
+	exit $$rc
+
+test: install lint
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/python -m pytest -q
 

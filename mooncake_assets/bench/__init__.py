@@ -13,7 +13,7 @@ Output: a JSON document (``--json``; default ``<state>/bench/bench.json``) with 
 Markdown summary ``bench.md`` beside it, and PNG plots (``--plots``; default ``bench-plots`` beside
 the JSON). ``--quick`` sizes everything to finish in minutes; a suite that fails is recorded under
 ``errors`` and the exit code is 1. ``MOONCAKE_BENCH_SIZE=tiny`` (or ``run_bench(size="tiny")``) runs
-everything at toy sizes in well under a minute (tests/test_bench.py).
+everything at toy sizes in well under a minute (tests/cli/test_bench.py).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from mooncake_assets.config import load_settings
 from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.verify import verify
-from tests import test_skeleton as skeleton
+from tests.integration import test_mirror_converges as skeleton
 from tests.helpers import make_settings, running_service, wait_until
 
 
@@ -55,7 +55,7 @@ def _assert_in_bucket(moto_server, bucket, tables):
 
 @pytest.mark.slow
 def test_differential_random_workload_on_s3(pg_dsn, state_dir, moto_server, on_s3):
-    """tests/test_skeleton.py's differential test (union and PyIceberg readers) with the warehouse on S3;
+    """tests/integration/test_mirror_converges.py's differential test (union and PyIceberg readers) with the warehouse on S3;
     PyIceberg reads the persisted tables again from S3 once the service is gone."""
     skeleton.test_differential_random_workload(pg_dsn, state_dir)
     s = load_settings(state_dir)

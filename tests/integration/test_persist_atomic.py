@@ -13,7 +13,7 @@ from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.service.process import service_pid, start_service, stop_service
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings
+from ..helpers import make_settings
 
 
 def _lsn(dsn):

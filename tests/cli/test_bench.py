@@ -10,7 +10,7 @@ import pytest
 from mooncake_assets.bench import REQUIRED_KEYS
 from mooncake_assets.bench.common import get_path
 
-from .helpers import make_settings, mooncake
+from ..helpers import make_settings, mooncake
 
 
 @pytest.mark.slow

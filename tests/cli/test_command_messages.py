@@ -7,7 +7,7 @@ import psycopg
 
 from mooncake_assets.engine.service.process import kill_service
 
-from .helpers import REPO, make_settings, mooncake
+from ..helpers import REPO, make_settings, mooncake
 
 
 def test_persist_counts_rows_of_the_files_it_adds_and_clean_restart_is_quiet(pg_dsn, state_dir):

@@ -13,7 +13,7 @@ from mooncake_assets.engine.read import UnionReader
 from mooncake_assets.engine.service import ServiceClient
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, running_service
+from ..helpers import make_settings, running_service
 
 
 def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkeypatch):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 
-from .helpers import make_settings, mooncake
+from ..helpers import make_settings, mooncake
 
 COLS = "id, ts, tsz, d, b, arr, tags, note, n, f, bin"
 SETUP = [

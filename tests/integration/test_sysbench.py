@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, running_service
+from ..helpers import make_settings, running_service
 
 WORKLOADS = ("oltp_read_write", "oltp_update_index", "oltp_update_non_index", "oltp_delete", "oltp_insert")
 TABLES = [f"sbtest{i}" for i in range(1, 5)]

@@ -11,7 +11,7 @@ import pytest
 from mooncake_assets.engine.service.process import kill_service, start_service
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, mooncake, running_service
+from ..helpers import make_settings, mooncake, running_service
 
 SETUP = """
 CREATE TABLE items (id int PRIMARY KEY, name text, qty int, price numeric(12,2), note text,

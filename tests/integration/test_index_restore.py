@@ -9,7 +9,7 @@ import psycopg
 
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, running_service
+from ..helpers import make_settings, running_service
 
 
 def _table(client, name):

@@ -1,0 +1,1 @@
+"""The `mooncake` command line, run for real (its output, errors and subcommands)."""
