@@ -1,4 +1,4 @@
-"""``mooncake chaos``: a seeded chaos run against the real service, checked by ``verify`` (issue 7).
+"""``mooncake chaos``: a seeded chaos run against the real service, checked by ``verify``.
 
 One run (one seed) makes a fresh source database in the configured Postgres and a fresh state
 directory, mirrors five tables that cover the change shapes the mirror must get right, and drives a
@@ -39,6 +39,7 @@ the operation log), which ``tests/cdc/test_chaos.py`` replays.
 Injected faults for tests (Iceberg commit conflicts, kills at given points) are one mechanism:
 :mod:`mooncake_assets.engine.faults`.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,9 @@ SETUP = [
     "CREATE TABLE c_part (id int, region text, v text, n int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
     "CREATE TABLE c_part_eu PARTITION OF c_part FOR VALUES IN ('eu')",
     "CREATE TABLE c_part_us PARTITION OF c_part FOR VALUES IN ('us')",
-    "INSERT INTO c_items SELECT g, g % 7, 'n' || g, CASE WHEN g % 5 = 0 THEN " + BIG % ("g", 100) +
-    " END, g * 1.25, now(), ARRAY['a', 'b' || g] FROM generate_series(1, 200) g",
+    "INSERT INTO c_items SELECT g, g % 7, 'n' || g, CASE WHEN g % 5 = 0 THEN "
+    + BIG % ("g", 100)
+    + " END, g * 1.25, now(), ARRAY['a', 'b' || g] FROM generate_series(1, 200) g",
     "INSERT INTO c_full SELECT g, jsonb_build_object('g', g), g / 3.0 FROM generate_series(1, 100) g",
     "INSERT INTO c_nokey SELECT g % 13, 'v' || (g % 5), '\\x00ff'::bytea FROM generate_series(1, 150) g",
     "INSERT INTO c_comp SELECT g % 20, 'b' || (g / 20), g FROM generate_series(1, 120) g",
@@ -101,18 +103,29 @@ class ChaosResult:
     jitter: bool = False
 
     def line(self) -> str:
-        return (f"seed {self.seed}: {self.steps} steps ({self.mode} maintenance{', jitter' if self.jitter else ''}), "
-                f"{self.transactions} transactions, "
-                f"{self.schema_changes} schema changes, "
-                f"{self.phases} verify phases (+{self.iceberg_checks} PyIceberg), {self.maintenance} maintenance calls, "
-                f"{self.kills} service kills, {self.walsender_kills} walsender kills, "
-                f"{len(self.divergences)} divergences, {self.seconds:.0f}s"
-                + (f" -> {self.case_file}" if self.case_file else ""))
+        return (
+            f"seed {self.seed}: {self.steps} steps ({self.mode} maintenance{', jitter' if self.jitter else ''}), "
+            f"{self.transactions} transactions, "
+            f"{self.schema_changes} schema changes, "
+            f"{self.phases} verify phases (+{self.iceberg_checks} PyIceberg), {self.maintenance} maintenance calls, "
+            f"{self.kills} service kills, {self.walsender_kills} walsender kills, "
+            f"{len(self.divergences)} divergences, {self.seconds:.0f}s"
+            + (f" -> {self.case_file}" if self.case_file else "")
+        )
 
 
 class _Run:
-    def __init__(self, seed: int, steps: int, base_dsn: str, workdir: Path, phase: int, log, schema_rate: float = 0.0,
-                 jitter: bool = False):
+    def __init__(
+        self,
+        seed: int,
+        steps: int,
+        base_dsn: str,
+        workdir: Path,
+        phase: int,
+        log,
+        schema_rate: float = 0.0,
+        jitter: bool = False,
+    ):
         from .config import load_settings
 
         self.rng = random.Random(seed)
@@ -166,8 +179,9 @@ class _Run:
         from .engine.service.process import start_service
 
         # the service gets the jitter seed in its environment (seed.start: a restart has a sequence of its own)
-        start_service(self.settings,
-                      extra_env={"MOONCAKE_JITTER": f"{self.res.seed}.{self.starts}"} if self.res.jitter else None)
+        start_service(
+            self.settings, extra_env={"MOONCAKE_JITTER": f"{self.res.seed}.{self.starts}"} if self.res.jitter else None
+        )
         self.starts += 1
         if self.client is not None:
             self.client.close()
@@ -201,8 +215,12 @@ class _Run:
         if total == 0:
             return []
         off = self.rng.randrange(total)
-        return [r[0] for r in self.conn.execute(
-            f"SELECT {col} FROM {table} ORDER BY {col} OFFSET %s LIMIT %s", (off, n)).fetchall()]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT {col} FROM {table} ORDER BY {col} OFFSET %s LIMIT %s", (off, n)
+            ).fetchall()
+        ]
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -216,8 +234,10 @@ class _Run:
         if t == "c_items":
             big = "NULL" if self.rng.random() < 0.5 else BIG % (ids[0], 100)
             at = self.rng.choice(["now()", "'infinity'", "'-infinity'", "'2001-02-03 04:05:06+07'"])
-            return [f"INSERT INTO c_items SELECT g, g % 7, 'i' || g, {big}, (g % 1000) / 8.0, {at}, "
-                    f"ARRAY['x', NULL, 'y' || g] FROM generate_series({ids[0]}, {ids[-1]}) g"]
+            return [
+                f"INSERT INTO c_items SELECT g, g % 7, 'i' || g, {big}, (g % 1000) / 8.0, {at}, "
+                f"ARRAY['x', NULL, 'y' || g] FROM generate_series({ids[0]}, {ids[-1]}) g"
+            ]
         if t == "c_full":
             doc = "jsonb_build_object('k', " + (BIG % (ids[0], 80) if self.rng.random() < 0.4 else "'small'") + ")"
             f = self.rng.choice(["1.5", "'NaN'", "'Infinity'", "'-Infinity'", "-0.0", "g / 7.0"])
@@ -240,16 +260,21 @@ class _Run:
                 return []
             lst = ",".join(map(str, ids))
             if r < 0.5:
-                return [f"UPDATE c_items SET grp = grp + 1, amount = amount + 0.01 WHERE id IN ({lst})"]  # TOAST untouched
+                return [
+                    f"UPDATE c_items SET grp = grp + 1, amount = amount + 0.01 WHERE id IN ({lst})"
+                ]  # TOAST untouched
             if r < 0.65:
                 return [f"UPDATE c_items SET big = {BIG % (ids[0], 90)} WHERE id IN ({lst})"]
             if r < 0.85:
                 new = self.new_id()
-                return [f"UPDATE c_items SET id = {new} WHERE id = {ids[0]}"]                              # key change
+                return [f"UPDATE c_items SET id = {new} WHERE id = {ids[0]}"]  # key change
             if len(ids) >= 2:
-                a, b = ids[0], ids[1]                                                                       # swap two keys
-                return [f"UPDATE c_items SET id = -1 WHERE id = {a}", f"UPDATE c_items SET id = {a} WHERE id = {b}",
-                        f"UPDATE c_items SET id = {b} WHERE id = -1"]
+                a, b = ids[0], ids[1]  # swap two keys
+                return [
+                    f"UPDATE c_items SET id = -1 WHERE id = {a}",
+                    f"UPDATE c_items SET id = {a} WHERE id = {b}",
+                    f"UPDATE c_items SET id = {b} WHERE id = -1",
+                ]
             return [f"UPDATE c_items SET at = 'infinity' WHERE id = {ids[0]}"]
         if t == "c_full":
             ids = self.pick("c_full", "id", self.rng.randint(1, 6))
@@ -274,14 +299,16 @@ class _Run:
         if r < 0.5:
             return [f"UPDATE c_part SET n = n + 1 WHERE id IN ({lst})"]
         region = self.rng.choice(["eu", "us"] + [f"p{i}" for i in range(3, self.parts + 1)])
-        return [f"UPDATE c_part SET region = '{region}' WHERE id IN ({lst})"]                 # moves partitions
+        return [f"UPDATE c_part SET region = '{region}' WHERE id IN ({lst})"]  # moves partitions
 
     def stmt_delete(self) -> list[str]:
         t = self.rng.choice(TABLES)
         if t == "c_nokey":
             k = self.rng.randint(0, 15)
             if self.rng.random() < 0.7:
-                return [f"DELETE FROM c_nokey WHERE ctid = (SELECT min(ctid) FROM c_nokey WHERE k = {k})"]  # one duplicate
+                return [
+                    f"DELETE FROM c_nokey WHERE ctid = (SELECT min(ctid) FROM c_nokey WHERE k = {k})"
+                ]  # one duplicate
             return [f"DELETE FROM c_nokey WHERE k = {k}"]
         if t == "c_comp":
             return [f"DELETE FROM c_comp WHERE a = {self.rng.randint(0, 40)} AND v % 2 = 0"]
@@ -293,13 +320,32 @@ class _Run:
 
     def stmt_insert_then_delete(self) -> list[str]:
         i = self.new_id()
-        return [f"INSERT INTO c_items VALUES ({i}, 0, 'tmp', NULL, 1, now(), NULL)",
-                f"UPDATE c_items SET name = 'tmp2' WHERE id = {i}", f"DELETE FROM c_items WHERE id = {i}"]
+        return [
+            f"INSERT INTO c_items VALUES ({i}, 0, 'tmp', NULL, 1, now(), NULL)",
+            f"UPDATE c_items SET name = 'tmp2' WHERE id = {i}",
+            f"DELETE FROM c_items WHERE id = {i}",
+        ]
 
-    _ADD_TYPES = [("int", None), ("int", "7"), ("text", "'d'"), ("numeric(8,2)", "1.5"), ("boolean", "true"),
-                  ("date", "'2020-01-01'"), ("varchar(4)", None), ("text", None)]
-    _SET_VALUES = {"int": "42", "bigint": "5000000000", "text": "'u'", "varchar(4)": "'u'", "numeric(8,2)": "2.25",
-                   "numeric(12,2)": "1234567.25", "boolean": "false", "date": "'2021-05-05'"}
+    _ADD_TYPES = [
+        ("int", None),
+        ("int", "7"),
+        ("text", "'d'"),
+        ("numeric(8,2)", "1.5"),
+        ("boolean", "true"),
+        ("date", "'2020-01-01'"),
+        ("varchar(4)", None),
+        ("text", None),
+    ]
+    _SET_VALUES = {
+        "int": "42",
+        "bigint": "5000000000",
+        "text": "'u'",
+        "varchar(4)": "'u'",
+        "numeric(8,2)": "2.25",
+        "numeric(12,2)": "1234567.25",
+        "boolean": "false",
+        "date": "'2021-05-05'",
+    }
     _WIDEN = {"int": "bigint", "varchar(4)": "text", "numeric(8,2)": "numeric(12,2)"}
     _BASE_WIDEN = [("c_comp", "v"), ("c_part", "n"), ("c_items", "grp")]  # int columns the workload uses
 
@@ -346,14 +392,16 @@ class _Run:
     def big_txn_stmts(self) -> list[str]:
         lo = self.new_id()
         self.next_id += 3000
-        return [f"INSERT INTO c_comp SELECT 1000 + g % 50, 'big' || g, g FROM generate_series({lo}, {lo + 2999}) g",
-                f"UPDATE c_comp SET v = -v WHERE a BETWEEN 1000 AND 1010"]
+        return [
+            f"INSERT INTO c_comp SELECT 1000 + g % 50, 'big' || g, g FROM generate_series({lo}, {lo + 2999}) g",
+            "UPDATE c_comp SET v = -v WHERE a BETWEEN 1000 AND 1010",
+        ]
 
     def schema_step(self):
-        stmts = self.stmt_schema()                       # a schema change + a row change that carries it
-        t = stmts[0].split()[2]                          # (pgoutput shows a table's new schema with its
+        stmts = self.stmt_schema()  # a schema change + a row change that carries it
+        t = stmts[0].split()[2]  # (pgoutput shows a table's new schema with its
         self.txn(stmts + self.stmt_insert(t) + (self.stmt_update() if self.rng.random() < 0.5 else []))
-        self.res.schema_changes += 1                     # next row change: see docs/schema-changes.md)
+        self.res.schema_changes += 1  # next row change: see docs/schema-changes.md)
 
     def step(self, i: int):
         if self.schema_rate and self.rng.random() < self.schema_rate:
@@ -370,35 +418,40 @@ class _Run:
             stmts = self.stmt_delete()
             if stmts:
                 self.txn(stmts)
-        elif r < 0.70:                                   # a mixed transaction
+        elif r < 0.70:  # a mixed transaction
             stmts = []
             for _ in range(self.rng.randint(2, 5)):
-                stmts += self.rng.choice([self.stmt_insert, self.stmt_update, self.stmt_delete,
-                                          self.stmt_insert_then_delete])()
+                stmts += self.rng.choice(
+                    [self.stmt_insert, self.stmt_update, self.stmt_delete, self.stmt_insert_then_delete]
+                )()
             self.txn(stmts)
-        elif r < 0.75:                                   # savepoint rolled back inside a committed txn
+        elif r < 0.75:  # savepoint rolled back inside a committed txn
             keep, drop = self.stmt_insert(), self.stmt_update() + self.stmt_insert()
             self.txn(keep + ["SAVEPOINT s1"] + drop + ["ROLLBACK TO SAVEPOINT s1"] + self.stmt_delete())
-        elif r < 0.78:                                   # aborted transaction
+        elif r < 0.78:  # aborted transaction
             self.txn(self.stmt_insert() + self.stmt_update() + self.stmt_delete(), rollback=True)
-        elif r < 0.81:                                   # large (streamed) transaction, maybe with a savepoint
+        elif r < 0.81:  # large (streamed) transaction, maybe with a savepoint
             stmts = self.big_txn_stmts()
             if self.rng.random() < 0.5:
                 stmts = stmts[:1] + ["SAVEPOINT s"] + self.big_txn_stmts() + ["ROLLBACK TO SAVEPOINT s"] + stmts[1:]
             self.txn(stmts, rollback=self.rng.random() < 0.25)
-        elif r < 0.825:                                  # truncate
+        elif r < 0.825:  # truncate
             if self.rng.random() < 0.5:
                 t = self.rng.choice(["c_nokey", "c_comp", "c_full"])
                 self.txn([f"TRUNCATE {t}"])
             else:
-                self.txn(["TRUNCATE c_nokey, c_comp RESTART IDENTITY",
-                          "INSERT INTO c_nokey VALUES (1, 'after', NULL), (1, 'after', NULL)"])
-        elif r < 0.835 and self.parts < 6:               # a partition created while mirroring
+                self.txn(
+                    [
+                        "TRUNCATE c_nokey, c_comp RESTART IDENTITY",
+                        "INSERT INTO c_nokey VALUES (1, 'after', NULL), (1, 'after', NULL)",
+                    ]
+                )
+        elif r < 0.835 and self.parts < 6:  # a partition created while mirroring
             self.parts += 1
             self.txn([f"CREATE TABLE c_part_p{self.parts} PARTITION OF c_part FOR VALUES IN ('p{self.parts}')"])
-        elif r < 0.855:                                  # a schema change
+        elif r < 0.855:  # a schema change
             self.schema_step()
-        elif r < 0.93:                                   # maintenance
+        elif r < 0.93:  # maintenance
             op = self.rng.choice(["flush", "flush", "persist", "persist", "merge_index", "compact"])
             t = self.rng.choice(TABLES)
             self.ops.append(f"-- {op} {t}")
@@ -407,9 +460,9 @@ class _Run:
                 self.client.call(op, table=t, timeout=120)
             except Exception as e:  # a stopped table shows up in the next check
                 self.ops.append(f"--   {op} failed: {str(e).splitlines()[0][:200]}")
-        elif r < 0.942:                                  # SIGKILL of the service
+        elif r < 0.942:  # SIGKILL of the service
             self.kill(during=self.rng.choice([None, None, "persist", "flush", "compact"]))
-        elif r < 0.949:                                  # SIGKILL while a streamed transaction is open
+        elif r < 0.949:  # SIGKILL while a streamed transaction is open
             c = psycopg.connect(self.plain_dsn)
             stmts = self.big_txn_stmts()
             self.ops.append("OPEN: " + " ; ".join(stmts))
@@ -422,11 +475,14 @@ class _Run:
             self.ops.append("COMMIT (open txn)" if commit else "ROLLBACK (open txn)")
             c.close()
             self.res.transactions += 1
-        elif r < 0.962:                                  # the walsender is killed; the service reconnects
+        elif r < 0.962:  # the walsender is killed; the service reconnects
             self.ops.append("-- pg_terminate_backend(walsender)")
             with psycopg.connect(self.base_dsn, autocommit=True) as c:
-                c.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                          "WHERE slot_name = %s AND active_pid IS NOT NULL", (self.client.status()["slot"],))
+                c.execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                    "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                    (self.client.status()["slot"],),
+                )
             self.res.walsender_kills += 1
         else:
             stmts = self.stmt_insert_then_delete()
@@ -444,14 +500,16 @@ class _Run:
             return
         for r in results:
             if not r.match:
-                self.res.divergences.append({"step": step, "reader": "union", "lsn": lsn, "table": r.name,
-                                             "detail": r.line()})
+                self.res.divergences.append(
+                    {"step": step, "reader": "union", "lsn": lsn, "table": r.name, "detail": r.line()}
+                )
         for t in self.client.status()["tables"]:
             if t.get("error") and t.get("state") == "error":
                 self.res.divergences.append({"step": step, "table": t["name"], "error": t["error"][:500]})
             if t.get("missing_keys"):
-                self.res.divergences.append({"step": step, "table": t["name"],
-                                             "error": f"{t['missing_keys']} changes found no live row"})
+                self.res.divergences.append(
+                    {"step": step, "table": t["name"], "error": f"{t['missing_keys']} changes found no live row"}
+                )
         if iceberg:
             self.res.iceberg_checks += 1
             for t in TABLES:
@@ -459,24 +517,32 @@ class _Run:
             results, lsn = verify(self.settings, TABLES, "pyiceberg")
             for r in results:
                 if not r.match:
-                    self.res.divergences.append({"step": step, "reader": "pyiceberg", "lsn": lsn, "table": r.name,
-                                                 "detail": r.line()})
+                    self.res.divergences.append(
+                        {"step": step, "reader": "pyiceberg", "lsn": lsn, "table": r.name, "detail": r.line()}
+                    )
 
     def run(self):
         for q in SETUP:
             self.conn.execute(q)
         self.start()
         for t in TABLES:
-            self.client.call("create_table", dst=t, src=f"public.{t}",
-                             delete_format="position-deletes" if t == "c_comp" else "deletion-vectors", timeout=300)
+            self.client.call(
+                "create_table",
+                dst=t,
+                src=f"public.{t}",
+                delete_format="position-deletes" if t == "c_comp" else "deletion-vectors",
+                timeout=300,
+            )
         self.check(0, iceberg=True)
         for i in range(1, self.res.steps + 1):
             self.step(i)
             if i % self.phase == 0 or i == self.res.steps:
                 n_before = len(self.res.divergences)
                 self.check(i, iceberg=(i // self.phase) % 3 == 0 or i == self.res.steps)
-                self.log(f"  seed {self.res.seed} step {i}: {self.res.phases} phases, {self.res.kills} kills, "
-                         f"{len(self.res.divergences)} divergences")
+                self.log(
+                    f"  seed {self.res.seed} step {i}: {self.res.phases} phases, {self.res.kills} kills, "
+                    f"{len(self.res.divergences)} divergences"
+                )
                 if len(self.res.divergences) > n_before:
                     break  # later phases would only repeat it
 
@@ -490,8 +556,9 @@ class _Run:
         finally:
             self.conn.close()
             with psycopg.connect(self.base_dsn, autocommit=True) as c:
-                for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
-                                         (self.db,)).fetchall():
+                for (slot,) in c.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (self.db,)
+                ).fetchall():
                     try:
                         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
                     except psycopg.Error:
@@ -502,9 +569,18 @@ class _Run:
                 shutil.rmtree(self.state, ignore_errors=True)
 
 
-def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLike | None = None,
-              cases_dir: str | os.PathLike | None = None, phase: int = 25, log=print,
-              schema_rate: float = 0.0, jitter: bool = False) -> ChaosResult:
+def run_chaos(
+    seed: int,
+    steps: int,
+    base_dsn: str,
+    *,
+    workdir: str | os.PathLike | None = None,
+    cases_dir: str | os.PathLike | None = None,
+    phase: int = 25,
+    log=print,
+    schema_rate: float = 0.0,
+    jitter: bool = False,
+) -> ChaosResult:
     """One seeded chaos run (see module docstring). ``base_dsn``: a database of the source cluster
     (a fresh database is created beside it, and dropped after a clean run). ``workdir``: where the run's
     state directory goes (a temp dir under /var/tmp by default; kept, with the database, when the run
@@ -529,10 +605,22 @@ def run_chaos(seed: int, steps: int, base_dsn: str, *, workdir: str | os.PathLik
         if run.res.divergences and cases_dir:
             p = Path(cases_dir) / f"chaos-{seed}-{steps}.json"
             ensure_private_dir(p.parent)
-            p.write_text(json.dumps({"seed": seed, "steps": steps, "phase": phase, "schema_rate": schema_rate,
-                                     "jitter": jitter,
-                                     "result": asdict(run.res),
-                                     "state_dir": str(root), "database": run.db, "ops": run.ops[-400:]}, indent=1))
+            p.write_text(
+                json.dumps(
+                    {
+                        "seed": seed,
+                        "steps": steps,
+                        "phase": phase,
+                        "schema_rate": schema_rate,
+                        "jitter": jitter,
+                        "result": asdict(run.res),
+                        "state_dir": str(root),
+                        "database": run.db,
+                        "ops": run.ops[-400:],
+                    },
+                    indent=1,
+                )
+            )
             run.res.case_file = str(p)
         run.close(keep=failed)
     return run.res

@@ -1,11 +1,11 @@
-"""The ``mooncake`` command line (DESIGN.md §8)."""
+"""The ``mooncake`` command line (docs/architecture.md#command-line)."""
+
 from __future__ import annotations
 
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -13,33 +13,69 @@ from rich.table import Table
 from .commands import CTX, call, console, create_with_progress, err, fail, run_verify, service_client
 from .config import load_settings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Live, queryable Iceberg mirrors of PostgreSQL tables (moonlink design), with union reads "
-                       "through DuckDB and Dagster orchestration.")
-pg_app = typer.Typer(no_args_is_help=True, help="The embedded local Postgres (wal_level=logical). Its data directory is under /var/tmp, where the "
-                                                   "postgres user can reach it; <state>/pg/location records where.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Live, queryable Iceberg mirrors of PostgreSQL tables (moonlink design), with union reads "
+    "through DuckDB and Dagster orchestration.",
+)
+pg_app = typer.Typer(
+    no_args_is_help=True,
+    help="The embedded local Postgres (wal_level=logical). Its data directory is under /var/tmp, where the "
+    "postgres user can reach it; <state>/pg/location records where.",
+)
 app.add_typer(pg_app, name="pg")
 
 
 @app.callback()
 def main_options(
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="State directory (env MOONCAKE_STATE_DIR; default ./.mooncake)"),
-    dsn: Optional[str] = typer.Option(None, "--dsn", help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres). Saved without its password: later commands take it from PGPASSWORD, ~/.pgpass (PGPASSFILE), a service= entry or MOONCAKE_PG_DSN"),
-    warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI: file://, s3://, gs://, abfs:// or az:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse; credentials: docs/storage.md)"),
-    catalog_uri: Optional[str] = typer.Option(None, "--catalog-uri", help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)"),
-    publication: Optional[str] = typer.Option(None, "--publication", help="Use this publication, created by an administrator "
-                                              "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
-                                              "service's own; mooncake never alters it (env MOONCAKE_PUBLICATION)"),
-    s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]"),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="State directory (env MOONCAKE_STATE_DIR; default ./.mooncake)"
+    ),
+    dsn: str | None = typer.Option(
+        None,
+        "--dsn",
+        help="Source Postgres DSN (env MOONCAKE_PG_DSN; default: the embedded local Postgres). Saved without its password: later commands take it from PGPASSWORD, ~/.pgpass (PGPASSFILE), a service= entry or MOONCAKE_PG_DSN",
+    ),
+    warehouse: str | None = typer.Option(
+        None,
+        "--warehouse",
+        help="Warehouse URI: file://, s3://, gs://, abfs:// or az:// (env MOONCAKE_WAREHOUSE; default file://<state>/warehouse; credentials: docs/storage.md)",
+    ),
+    catalog_uri: str | None = typer.Option(
+        None,
+        "--catalog-uri",
+        help="Iceberg catalog URI: sqlite:///…, postgresql://…, http(s)://… REST (env MOONCAKE_CATALOG_URI; default sqlite:///<state>/catalog.db)",
+    ),
+    publication: str | None = typer.Option(
+        None,
+        "--publication",
+        help="Use this publication, created by an administrator "
+        "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
+        "service's own; mooncake never alters it (env MOONCAKE_PUBLICATION)",
+    ),
+    s3_endpoint: str | None = typer.Option(
+        None,
+        "--s3-endpoint",
+        help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from .engine.pg.conninfo import install_log_scrubber
 
     install_log_scrubber()  # a password this process was given is blanked out of every log line
-    CTX.settings = load_settings(state_dir, dsn=dsn, warehouse=warehouse, catalog_uri=catalog_uri, s3_endpoint=s3_endpoint,
-                                 publication=publication)
+    CTX.settings = load_settings(
+        state_dir,
+        dsn=dsn,
+        warehouse=warehouse,
+        catalog_uri=catalog_uri,
+        s3_endpoint=s3_endpoint,
+        publication=publication,
+    )
 
 
 # ---------------------------------------------------------------------------------------- pg
@@ -97,10 +133,15 @@ def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by pol
 
 
 @app.command()
-def start(maintenance: Optional[str] = typer.Option(
-        None, "--maintenance", help="auto: the service flushes and persists by policy; dagster: the Dagster assets "
-                                    "do (the service only caps its memory). For this service only; default: "
-                                    "settings.json's (auto)")):
+def start(
+    maintenance: str | None = typer.Option(
+        None,
+        "--maintenance",
+        help="auto: the service flushes and persists by policy; dagster: the Dagster assets "
+        "do (the service only caps its memory). For this service only; default: "
+        "settings.json's (auto)",
+    ),
+):
     """Start the replicator service in the background (no-op when it is running)."""
     from .engine.service import ServiceClient
     from .engine.service.process import start_service
@@ -114,15 +155,18 @@ def start(maintenance: Optional[str] = typer.Option(
     c = ServiceClient(CTX.settings.socket_path)
     try:
         mode = c.call("ping", timeout=5).get("maintenance")
-    except Exception:  # noqa: BLE001
+    except Exception:
         mode = None
     finally:
         c.close()
     if not started and maintenance and mode and mode != maintenance:
-        fail(f"the mooncake service is already running (pid {pid}) with maintenance: {mode}; `mooncake stop` "
-             f"first to run it with maintenance: {maintenance}")
-    console.print(f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
-                  highlight=False)
+        fail(
+            f"the mooncake service is already running (pid {pid}) with maintenance: {mode}; `mooncake stop` "
+            f"first to run it with maintenance: {maintenance}"
+        )
+    console.print(
+        f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})", highlight=False
+    )
 
 
 @app.command()
@@ -147,25 +191,44 @@ def status():
         raise typer.Exit(3)
     service_client(start=False)  # refuses a --dsn that is not the running service's source
     st = c.status()
-    console.print(f"mooncake service: running; maintenance: {st.get('maintenance')}; slot {st['slot']}, applied LSN "
-                  f"{st['applied_lsn']}, confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
-                  + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else "")
-                  + (f"; {len(st['stream_faults'])} lost stream(s), last at {st['stream_faults'][-1]['at']}: "
-                     f"{st['stream_faults'][-1]['error']}" if st.get("stream_faults") else ""), highlight=False, soft_wrap=True)
+    console.print(
+        f"mooncake service: running; maintenance: {st.get('maintenance')}; slot {st['slot']}, applied LSN "
+        f"{st['applied_lsn']}, confirmed LSN {st['confirmed_lsn']}, {len(st['tables'])} table(s)"
+        + (f"; stream error: {st['stream_error']}" if st.get("stream_error") else "")
+        + (
+            f"; {len(st['stream_faults'])} lost stream(s), last at {st['stream_faults'][-1]['at']}: "
+            f"{st['stream_faults'][-1]['error']}"
+            if st.get("stream_faults")
+            else ""
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
     if st.get("source_reachable"):
-        console.print(f"source: {st.get('source')} (reachable, LSN {st.get('source_lsn')})", highlight=False, soft_wrap=True)
+        console.print(
+            f"source: {st.get('source')} (reachable, LSN {st.get('source_lsn')})", highlight=False, soft_wrap=True
+        )
     else:
-        console.print(f"source: {st.get('source')} NOT reachable: {st.get('source_error')}", highlight=False, soft_wrap=True)
+        console.print(
+            f"source: {st.get('source')} NOT reachable: {st.get('source_error')}", highlight=False, soft_wrap=True
+        )
     for t in st["tables"]:
         v = t.get("verify") or {}
-        console.print(f"  {t['name']}: {t.get('state')}; last verify: "
-                      + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "none yet")
-                      + "".join(f"; warning: {w}" for w in t.get("warnings") or []), highlight=False, soft_wrap=True)
+        console.print(
+            f"  {t['name']}: {t.get('state')}; last verify: "
+            + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "none yet")
+            + "".join(f"; warning: {w}" for w in t.get("warnings") or []),
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("check-source")
-def check_source(tables: Optional[list[str]] = typer.Argument(None, help="Source tables to check, schema.table "
-                                                                      "(default: the mirrored ones)")):
+def check_source(
+    tables: list[str] | None = typer.Argument(
+        None, help="Source tables to check, schema.table (default: the mirrored ones)"
+    ),
+):
     """Pre-flight check of the source Postgres (run it first): wal_level, free replication slots and WAL
     senders, max_slot_wal_keep_size, the role's REPLICATION attribute, the server version, and per
     table SELECT, replica identity and publication membership. One line each: ok, warning or error,
@@ -182,11 +245,12 @@ def check_source(tables: Optional[list[str]] = typer.Argument(None, help="Source
     own, slot = names["publication"], names["slot"]
     try:
         dsn = s.source_dsn()
-    except Exception as e:  # noqa: BLE001 — e.g. the embedded Postgres cannot start
+    except Exception as e:
         fail(str(e).splitlines()[0])
     options = {m["source"]: m for m in reg["tables"].values()}  # a mirror's --column-type/--exclude-column
-    checks = preflight.check_source(dsn, srcs, publication=s.publication, own_publication=own, slot=slot,
-                                    table_options=options)
+    checks = preflight.check_source(
+        dsn, srcs, publication=s.publication, own_publication=own, slot=slot, table_options=options
+    )
     for c in checks:
         print(c.line(), flush=True)
     errors = sum(c.level == "error" for c in checks)
@@ -197,18 +261,33 @@ def check_source(tables: Optional[list[str]] = typer.Argument(None, help="Source
 
 # ---------------------------------------------------------------------------------------- tables
 @app.command("create-table")
-def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 ASCII letters, digits and _, not starting with a digit"),
-                 src: str = typer.Argument(..., help="Source table as SQL names it: schema.table or table (search_path); "
-                                                     "unquoted parts fold to lower case, quote the others: "
-                                                     "'\"Sales Data\".\"Q1 Orders\"', 'public.\"User\"'"),
-                 delete_format: str = typer.Option("deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)"),
-                 column_type: list[str] = typer.Option(
-                     [], "--column-type", metavar="COL=text",
-                     help="Mirror column COL as Postgres's exact text output whatever its type (e.g. a numeric(10,2) "
-                          "holding 'NaN'); repeatable; recorded with the mirror"),
-                 exclude_column: list[str] = typer.Option(
-                     [], "--exclude-column", metavar="COL",
-                     help="Leave column COL out of the mirror (not a key column); repeatable; recorded with the mirror")):
+def create_table(
+    dst: str = typer.Argument(
+        ..., help="Name of the mirror: 1-63 ASCII letters, digits and _, not starting with a digit"
+    ),
+    src: str = typer.Argument(
+        ...,
+        help="Source table as SQL names it: schema.table or table (search_path); "
+        "unquoted parts fold to lower case, quote the others: "
+        '\'"Sales Data"."Q1 Orders"\', \'public."User"\'',
+    ),
+    delete_format: str = typer.Option(
+        "deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)"
+    ),
+    column_type: list[str] = typer.Option(
+        [],
+        "--column-type",
+        metavar="COL=text",
+        help="Mirror column COL as Postgres's exact text output whatever its type (e.g. a numeric(10,2) "
+        "holding 'NaN'); repeatable; recorded with the mirror",
+    ),
+    exclude_column: list[str] = typer.Option(
+        [],
+        "--exclude-column",
+        metavar="COL",
+        help="Leave column COL out of the mirror (not a key column); repeatable; recorded with the mirror",
+    ),
+):
     """Mirror Postgres table SRC as DST: consistent initial copy, then change data capture.
 
     Every column type is mirrored: structured where Iceberg has a faithful type (composite → struct,
@@ -231,12 +310,19 @@ def create_table(dst: str = typer.Argument(..., help="Name of the mirror: 1-63 A
             client.close()
             stop_service(CTX.settings)
         raise
-    console.print(f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
-                  f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})")
+    console.print(
+        f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
+        f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})"
+    )
     if res.get("text_columns"):
-        err.print(f"notice: {len(res['text_columns'])} column(s) mirrored as Postgres's exact text output: "
-                  + ", ".join(f"{n} ({t})" for n, t in res["text_columns"]) + " (see docs/types.md)",
-                  soft_wrap=True, highlight=False, markup=False)
+        err.print(
+            f"notice: {len(res['text_columns'])} column(s) mirrored as Postgres's exact text output: "
+            + ", ".join(f"{n} ({t})" for n, t in res["text_columns"])
+            + " (see docs/types.md)",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
 
 
 @app.command("drop-table")
@@ -254,8 +340,20 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
         print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
         return
     t = Table(title=f"mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})")
-    cols = ["name", "source", "state", "applied_lsn", "flush_lsn", "lag", "buffer_rows", "data_files", "index_blocks",
-            "pending_deletes", "deletion_vectors", "live_rows"]
+    cols = [
+        "name",
+        "source",
+        "state",
+        "applied_lsn",
+        "flush_lsn",
+        "lag",
+        "buffer_rows",
+        "data_files",
+        "index_blocks",
+        "pending_deletes",
+        "deletion_vectors",
+        "live_rows",
+    ]
     for c in cols:
         t.add_column(c.replace("_", " "))
     t.add_column("verified")
@@ -265,8 +363,10 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
         state = row.get("state", "")
         if row.get("warnings") and state == "ready":
             state = "ready (warning)"
-        t.add_row(*[state if c == "state" else str(row.get(c, "")) for c in cols],
-                  f"{v.get('result')} @ {v.get('lsn')} {v.get('at')}" if v else "not yet")
+        t.add_row(
+            *[state if c == "state" else str(row.get(c, "")) for c in cols],
+            f"{v.get('result')} @ {v.get('lsn')} {v.get('at')}" if v else "not yet",
+        )
     console.print(t)
     from rich.markup import escape
 
@@ -274,7 +374,9 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
         if row.get("error"):
             console.print(f"[red]{escape(row['name'])}:[/red] {escape(str(row['error']))}", highlight=False)
         for w in row.get("warnings") or []:
-            console.print(f"[yellow]{escape(row['name'])}: warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
+            console.print(
+                f"[yellow]{escape(row['name'])}: warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True
+            )
         if row.get("last_schema_change"):
             console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
 
@@ -284,29 +386,46 @@ def _lag_text(row: dict) -> str:
     b = row.get("lag_bytes")
     if b is None:
         return "?" if row.get("state") != "copying" else ""
-    size = f"{b} B" if b < 1024 else (f"{b / 1024:.1f} kB" if b < 1024 ** 2 else f"{b / 1024 ** 2:.1f} MB")
+    size = f"{b} B" if b < 1024 else (f"{b / 1024:.1f} kB" if b < 1024**2 else f"{b / 1024**2:.1f} MB")
     return f"{size}, {row.get('lag_seconds') or 0:.1f} s"
 
 
 @app.command()
-def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the mirrors, by their DST names"),
-          fmt: str = typer.Option("table", "--format", help="table (psql's aligned format), csv (as psql --csv, with a "
-                                  "header) or json (an array of objects); values as Postgres prints them"),
-          lsn: Optional[str] = typer.Option(None, help="Read at this LSN (X/Y) instead of the source's current one, once the mirror has applied it (waits up to --max-wait)"),
-          max_wait: float = typer.Option(30.0, "--max-wait", metavar="SECONDS", min=0.0,
-                                         help="How long the read-your-writes barrier waits for the service to apply "
-                                              "every commit made before the query (then: an error naming both LSNs)"),
-          no_wait: bool = typer.Option(False, "--no-wait", help="Read what the service has applied now, without the "
-                                       "barrier; the LSN read at is printed on stderr")):
+def query(
+    sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the mirrors, by their DST names"),
+    fmt: str = typer.Option(
+        "table",
+        "--format",
+        help="table (psql's aligned format), csv (as psql --csv, with a "
+        "header) or json (an array of objects); values as Postgres prints them",
+    ),
+    lsn: str | None = typer.Option(
+        None,
+        help="Read at this LSN (X/Y) instead of the source's current one, once the mirror has applied it (waits up to --max-wait)",
+    ),
+    max_wait: float = typer.Option(
+        30.0,
+        "--max-wait",
+        metavar="SECONDS",
+        min=0.0,
+        help="How long the read-your-writes barrier waits for the service to apply "
+        "every commit made before the query (then: an error naming both LSNs)",
+    ),
+    no_wait: bool = typer.Option(
+        False,
+        "--no-wait",
+        help="Read what the service has applied now, without the barrier; the LSN read at is printed on stderr",
+    ),
+):
     """Union read: run SQL over the mirrors (visible by their DST names), read-your-writes.
 
     Read-only: statements other than SELECT/EXPLAIN are refused. NULL prints empty (json: null),
     booleans t/f, arrays as Postgres array text (json: arrays), infinity as infinity."""
+    from .engine.lsn import Lsn
     from .engine.read import UnionReader
     from .engine.read.render import FORMATS
     from .engine.read.union import ReadOnlyError
     from .engine.service import ServiceError
-    from .engine.lsn import Lsn
 
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", code=2)
@@ -335,15 +454,25 @@ def query(sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the 
     if no_wait:
         lsns = {v: str(rs.lsn) for v, rs in reader.states.items()}
         if len(set(lsns.values())) <= 1:
-            err.print(f"read at LSN {next(iter(lsns.values()), reader.client.status().get('applied_lsn'))} "
-                      "(--no-wait: later commits are not visible)", highlight=False)
+            err.print(
+                f"read at LSN {next(iter(lsns.values()), reader.client.status().get('applied_lsn'))} "
+                "(--no-wait: later commits are not visible)",
+                highlight=False,
+            )
         else:
-            err.print("read at LSN " + ", ".join(f"{escape(v)} {x}" for v, x in lsns.items())
-                      + " (--no-wait: later commits are not visible)", highlight=False)
+            err.print(
+                "read at LSN "
+                + ", ".join(f"{escape(v)} {x}" for v, x in lsns.items())
+                + " (--no-wait: later commits are not visible)",
+                highlight=False,
+            )
     for t in reader.client.status()["tables"]:  # read-your-writes does not hold for a stopped mirror
         if t["name"] in reader.states and t.get("state") == "error":
-            err.print(f"[yellow]warning:[/yellow] {escape(t['name'])} is stopped and shows its rows as of LSN "
-                      f"{t.get('applied_lsn')}, not the source's latest: {escape(str(t.get('error')))}", highlight=False)
+            err.print(
+                f"[yellow]warning:[/yellow] {escape(t['name'])} is stopped and shows its rows as of LSN "
+                f"{t.get('applied_lsn')}, not the source's latest: {escape(str(t.get('error')))}",
+                highlight=False,
+            )
 
 
 def _refuse_if_stopped() -> None:
@@ -375,8 +504,11 @@ def persist(dst: str):
 
 
 @app.command("merge-index")
-def merge_index(dst: str, merge_all: bool = typer.Option(False, "--all", help="Merge even below the policy's block count"),
-                as_json: bool = typer.Option(False, "--json", help="Print the result as JSON")):
+def merge_index(
+    dst: str,
+    merge_all: bool = typer.Option(False, "--all", help="Merge even below the policy's block count"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+):
     """Merge DST's index blocks (k-way merge by hash) when the policy says so (more than 16 blocks by default)."""
     res = call(service_client(), "merge_index", table=dst, full=merge_all)
     if as_json:
@@ -384,15 +516,20 @@ def merge_index(dst: str, merge_all: bool = typer.Option(False, "--all", help="M
     elif not res.get("merged"):
         console.print(f"merge-index {dst}: nothing to merge ({res.get('reason')})")
     else:
-        console.print(f"merge-index {dst}: {res['blocks_in']} blocks → 1 ({res['entries_out']:,} entries, "
-                      f"{res['dead_entries_dropped']:,} of gone files dropped) in {res['seconds']:.2f}s; "
-                      f"{res['blocks_after']} block(s) now")
+        console.print(
+            f"merge-index {dst}: {res['blocks_in']} blocks → 1 ({res['entries_out']:,} entries, "
+            f"{res['dead_entries_dropped']:,} of gone files dropped) in {res['seconds']:.2f}s; "
+            f"{res['blocks_after']} block(s) now"
+        )
 
 
 @app.command()
-def compact(dst: str, full: bool = typer.Option(False, "--full", help="Rewrite every file"),
-            dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be picked and why"),
-            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON")):
+def compact(
+    dst: str,
+    full: bool = typer.Option(False, "--full", help="Rewrite every file"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be picked and why"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+):
     """Rewrite small and half-deleted files of DST (policy: settings.json extra.maintenance, see MaintenancePolicy)."""
     res = call(service_client(), "compact", table=dst, full=full, dry_run=dry_run)
     if as_json:
@@ -403,24 +540,35 @@ def compact(dst: str, full: bool = typer.Option(False, "--full", help="Rewrite e
         for c in res.get("checks", []):
             print(f"  check: {c}")
         for f in res.get("files", []):
-            print(f"  {f['file']}: {f['rows']:,} rows, {f['deleted']:,} deleted ({f['delete_ratio_percent']}%), "
-                  f"{f['bytes']:,} bytes — {'; '.join(f['reasons'])}")
+            print(
+                f"  {f['file']}: {f['rows']:,} rows, {f['deleted']:,} deleted ({f['delete_ratio_percent']}%), "
+                f"{f['bytes']:,} bytes — {'; '.join(f['reasons'])}"
+            )
         return
     if not res.get("compacted"):
         console.print(f"compact {dst}: nothing to compact ({'; '.join(res.get('checks', []))})", highlight=False)
         return
-    console.print(f"compact {dst}: {res['files_in']} files → {res['files_out']}, rows {res['rows_in']:,} → "
-                  f"{res['rows_out']:,} ({res['deleted_rows_dropped']:,} deleted dropped, {res['deletes_remapped']:,} "
-                  f"re-mapped), bytes {res['bytes_in']:,} → {res['bytes_out']:,}, index blocks {res['blocks_in']} → "
-                  f"{res['blocks_out']}, {res['seconds']:.2f}s (lock held {res['lock_seconds']:.3f}s)", highlight=False)
+    console.print(
+        f"compact {dst}: {res['files_in']} files → {res['files_out']}, rows {res['rows_in']:,} → "
+        f"{res['rows_out']:,} ({res['deleted_rows_dropped']:,} deleted dropped, {res['deletes_remapped']:,} "
+        f"re-mapped), bytes {res['bytes_in']:,} → {res['bytes_out']:,}, index blocks {res['blocks_in']} → "
+        f"{res['blocks_out']}, {res['seconds']:.2f}s (lock held {res['lock_seconds']:.3f}s)",
+        highlight=False,
+    )
 
 
 @app.command()
-def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to check (default: all)"),
-           reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg"),
-           checksum: bool = typer.Option(False, "--checksum", help="Run the service's scheduled check now instead: "
-                                         "row counts and checksums per key range at one LSN (no rows compared; "
-                                         "its result shows in list-tables and status)")):
+def verify(
+    tables: list[str] | None = typer.Argument(None, help="Mirrors to check (default: all)"),
+    reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg"),
+    checksum: bool = typer.Option(
+        False,
+        "--checksum",
+        help="Run the service's scheduled check now instead: "
+        "row counts and checksums per key range at one LSN (no rows compared; "
+        "its result shows in list-tables and status)",
+    ),
+):
     """Compare each mirror with its source at one LSN; exit 0 only if all match."""
     if checksum:
         res = call(service_client(), "verify_now", tables=tables or None, timeout=3600)
@@ -434,31 +582,46 @@ def verify(tables: Optional[list[str]] = typer.Argument(None, help="Mirrors to c
 
 
 @app.command()
-def demo(seconds: int = typer.Option(30, help="How long pgbench runs"),
-         scale: int = typer.Option(1, help="pgbench scale factor"),
-         clients: int = typer.Option(4, help="pgbench clients"),
-         dagster: bool = typer.Option(False, "--dagster", help="Drive maintenance through the Dagster assets"),
-         warehouse: Optional[str] = typer.Option(None, "--warehouse", help="Warehouse URI for this demo (same as the global option)"),
-         publication: Optional[str] = typer.Option(None, "--publication", help="Use this publication, created by an administrator "
-                                              "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
-                                              "service's own; mooncake never alters it (env MOONCAKE_PUBLICATION)"),
-    s3_endpoint: Optional[str] = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for an s3:// warehouse")):
+def demo(
+    seconds: int = typer.Option(30, help="How long pgbench runs"),
+    scale: int = typer.Option(1, help="pgbench scale factor"),
+    clients: int = typer.Option(4, help="pgbench clients"),
+    dagster: bool = typer.Option(False, "--dagster", help="Drive maintenance through the Dagster assets"),
+    warehouse: str | None = typer.Option(
+        None, "--warehouse", help="Warehouse URI for this demo (same as the global option)"
+    ),
+    publication: str | None = typer.Option(
+        None,
+        "--publication",
+        help="Use this publication, created by an administrator "
+        "(FOR TABLE …, FOR TABLES IN SCHEMA …, FOR ALL TABLES), instead of the "
+        "service's own; mooncake never alters it (env MOONCAKE_PUBLICATION)",
+    ),
+    s3_endpoint: str | None = typer.Option(None, "--s3-endpoint", help="S3 endpoint URL for an s3:// warehouse"),
+):
     """End-to-end run on pgbench's tables: mirror, stream a workload, union-read, persist, verify."""
     from .demo import run_demo
 
     settings = CTX.settings
     if warehouse or s3_endpoint:
-        settings = load_settings(settings.state_dir, dsn=settings.dsn, warehouse=warehouse or settings.warehouse,
-                                 catalog_uri=settings.catalog_uri, s3_endpoint=s3_endpoint or settings.s3_endpoint)
+        settings = load_settings(
+            settings.state_dir,
+            dsn=settings.dsn,
+            warehouse=warehouse or settings.warehouse,
+            catalog_uri=settings.catalog_uri,
+            s3_endpoint=s3_endpoint or settings.s3_endpoint,
+        )
     raise typer.Exit(run_demo(settings, seconds=seconds, scale=scale, clients=clients, dagster=dagster))
 
 
 @app.command()
-def ui(port: int = typer.Option(3000, help="Webserver port"),
-       host: str = typer.Option("127.0.0.1", help="Webserver address (loopback by default)"),
-       scale: int = typer.Option(1, help="pgbench scale factor (when its tables are created)"),
-       rate: int = typer.Option(20, help="pgbench workload in transactions per second (0: none)"),
-       clients: int = typer.Option(2, help="pgbench clients")):
+def ui(
+    port: int = typer.Option(3000, help="Webserver port"),
+    host: str = typer.Option("127.0.0.1", help="Webserver address (loopback by default)"),
+    scale: int = typer.Option(1, help="pgbench scale factor (when its tables are created)"),
+    rate: int = typer.Option(20, help="pgbench workload in transactions per second (0: none)"),
+    clients: int = typer.Option(2, help="pgbench clients"),
+):
     """Dagster webserver + daemon on the demo tables, with the service and a pgbench workload running."""
     from .ui import run_ui
 
@@ -466,19 +629,33 @@ def ui(port: int = typer.Option(3000, help="Webserver port"),
 
 
 @app.command()
-def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
-          steps: int = typer.Option(300, "--steps", help="Workload steps per seed"),
-          seeds: int = typer.Option(1, "--seeds", help="Number of seeds to run: seed, seed+1, …"),
-          phase: int = typer.Option(25, "--phase", help="Steps between verify phases"),
-          schema_rate: float = typer.Option(0.0, "--schema-rate", min=0.0, max=1.0,
-                                            help="Extra share of steps that are schema changes (ADD/DROP/RENAME "
-                                                 "COLUMN, widening), on top of the workload's ~2 %"),
-          cases: Optional[Path] = typer.Option(None, "--cases", help="Where failing seeds are written "
-                                               "[default: ./tests/cases when it exists, else <state>/chaos-cases]"),
-          jitter: bool = typer.Option(False, "--jitter", help="Seeded delays inside the service where timing matters "
-                                      "(catalog lookups, the apply loop, persist against a schema switch, the stream "
-                                      "of a restarted service): races found on purpose, a failing seed replays by "
-                                      "its seed")):
+def chaos(
+    seed: int = typer.Option(1, "--seed", help="First seed"),
+    steps: int = typer.Option(300, "--steps", help="Workload steps per seed"),
+    seeds: int = typer.Option(1, "--seeds", help="Number of seeds to run: seed, seed+1, …"),
+    phase: int = typer.Option(25, "--phase", help="Steps between verify phases"),
+    schema_rate: float = typer.Option(
+        0.0,
+        "--schema-rate",
+        min=0.0,
+        max=1.0,
+        help="Extra share of steps that are schema changes (ADD/DROP/RENAME "
+        "COLUMN, widening), on top of the workload's ~2 %",
+    ),
+    cases: Path | None = typer.Option(
+        None,
+        "--cases",
+        help="Where failing seeds are written [default: ./tests/cases when it exists, else <state>/chaos-cases]",
+    ),
+    jitter: bool = typer.Option(
+        False,
+        "--jitter",
+        help="Seeded delays inside the service where timing matters "
+        "(catalog lookups, the apply loop, persist against a schema switch, the stream "
+        "of a restarted service): races found on purpose, a failing seed replays by "
+        "its seed",
+    ),
+):
     """Seeded chaos: mixed workloads, maintenance and SIGKILLs of the real service, checked by verify."""
     from .chaos import run_chaos
 
@@ -486,8 +663,16 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
     dsn = CTX.settings.source_dsn()
     bad = 0
     for s in range(seed, seed + seeds):
-        res = run_chaos(s, steps, dsn, cases_dir=cases, phase=phase, log=lambda m: err.print(m, highlight=False),
-                        schema_rate=schema_rate, jitter=jitter)
+        res = run_chaos(
+            s,
+            steps,
+            dsn,
+            cases_dir=cases,
+            phase=phase,
+            log=lambda m: err.print(m, highlight=False),
+            schema_rate=schema_rate,
+            jitter=jitter,
+        )
         print(res.line(), flush=True)
         for d in res.divergences[:5]:
             print(f"  divergence: {json.dumps(d)}", flush=True)
@@ -497,15 +682,26 @@ def chaos(seed: int = typer.Option(1, "--seed", help="First seed"),
 
 
 @app.command()
-def bench(quick: bool = typer.Option(False, "--quick", help="Smaller sizes and fewer repetitions: a smoke run, "
-                                     "with less stable numbers"),
-          json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
-                                                   help="Write every measurement as JSON to FILE "
-                                                        "(default: <state>/bench/bench.json)"),
-          plots: Optional[Path] = typer.Option(None, "--plots", metavar="DIR",
-                                               help="Write PNG plots of the measurements into DIR "
-                                                    "(default: bench-plots beside the JSON)"),
-          suite: Optional[list[str]] = typer.Option(None, "--suite", help="index, maintenance, ingest, freshness, union_read, memory (default: all)")):
+def bench(
+    quick: bool = typer.Option(
+        False, "--quick", help="Smaller sizes and fewer repetitions: a smoke run, with less stable numbers"
+    ),
+    json_file: Path | None = typer.Option(
+        None,
+        "--json",
+        metavar="FILE",
+        help="Write every measurement as JSON to FILE (default: <state>/bench/bench.json)",
+    ),
+    plots: Path | None = typer.Option(
+        None,
+        "--plots",
+        metavar="DIR",
+        help="Write PNG plots of the measurements into DIR (default: bench-plots beside the JSON)",
+    ),
+    suite: list[str] | None = typer.Option(
+        None, "--suite", help="index, maintenance, ingest, freshness, union_read, memory (default: all)"
+    ),
+):
     """Benchmarks reported as ratios measured side by side in one run."""
     from .bench import run_bench
 

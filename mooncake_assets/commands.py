@@ -11,6 +11,7 @@ so the command modules form no import cycle (``cli`` imports ``demo`` and ``ui``
 - :func:`create_with_progress`: ``create_table`` with a progress bar of the initial copy.
 - :func:`run_verify`: ``mooncake verify``'s report and exit code.
 """
+
 from __future__ import annotations
 
 import sys
@@ -73,7 +74,7 @@ def service_client(start: bool = True, settings: Settings | None = None, report:
                 check_source(s, c.call("ping", timeout=5))
         except SourceMismatch as e:
             fail(str(e))
-        except Exception:  # noqa: BLE001 — not running: the caller says so
+        except Exception:
             pass
         finally:
             c.close()
@@ -91,8 +92,9 @@ def call(client, action: str, **kw) -> dict:
         fail(str(e))
 
 
-def create_with_progress(client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None,
-                         exclude=None) -> dict:
+def create_with_progress(
+    client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None, exclude=None
+) -> dict:
     """The service's ``create_table`` of mirror ``dst`` from source ``src`` (initial copy, then CDC) with a
     progress bar of the copied rows on a terminal (``quiet``: none). Sends the publication of this
     command's settings when there are some (``CTX.settings``). Returns the service's result (``table``,
@@ -103,19 +105,32 @@ def create_with_progress(client, dst, src, delete_format="deletion-vectors", qui
 
     def run():
         try:
-            box["res"] = client.call("create_table", dst=dst, src=src, delete_format=delete_format, timeout=3600,
-                                     # the publication this command was given (demo/ui call in without a CLI context)
-                                     **({"publication": CTX.settings.publication} if hasattr(CTX, "settings") else {}),
-                                     **({"column_types": column_types} if column_types else {}),
-                                     **({"exclude": exclude} if exclude else {}))
+            box["res"] = client.call(
+                "create_table",
+                dst=dst,
+                src=src,
+                delete_format=delete_format,
+                timeout=3600,
+                # the publication this command was given (demo/ui call in without a CLI context)
+                **({"publication": CTX.settings.publication} if hasattr(CTX, "settings") else {}),
+                **({"column_types": column_types} if column_types else {}),
+                **({"exclude": exclude} if exclude else {}),
+            )
         except ServiceError as e:
             box["err"] = str(e)
 
     th = threading.Thread(target=run, daemon=True)
     th.start()
     poll = ServiceClient(client.socket_path)
-    with Progress(TextColumn("copying {task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} rows"),
-                  TimeElapsedColumn(), console=err, transient=True, disable=quiet or not err.is_terminal) as prog:
+    with Progress(
+        TextColumn("copying {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f} rows"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=quiet or not err.is_terminal,
+    ) as prog:
         task = prog.add_task(f"{src} → {dst}", total=None)
         while th.is_alive():
             th.join(0.3)
@@ -123,7 +138,11 @@ def create_with_progress(client, dst, src, delete_format="deletion-vectors", qui
                 for t in poll.status()["tables"]:
                     if t["name"] == dst and t.get("progress"):
                         p = t["progress"]
-                        prog.update(task, completed=p.get("rows", 0), total=max(p.get("total_rows") or 0, p.get("rows", 0)) or None)
+                        prog.update(
+                            task,
+                            completed=p.get("rows", 0),
+                            total=max(p.get("total_rows") or 0, p.get("rows", 0)) or None,
+                        )
             except ServiceError:
                 pass
     poll.close()

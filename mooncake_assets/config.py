@@ -1,6 +1,6 @@
 """Where mooncake keeps things: state directory, source DSN, warehouse, catalog, service socket.
 
-Defaults (DESIGN.md §8): state dir ``$MOONCAKE_STATE_DIR`` or ``./.mooncake``; DSN ``$MOONCAKE_PG_DSN``
+Defaults (docs/architecture.md#command-line): state dir ``$MOONCAKE_STATE_DIR`` or ``./.mooncake``; DSN ``$MOONCAKE_PG_DSN``
 or the embedded local Postgres in ``<state>/pg``; warehouse ``$MOONCAKE_WAREHOUSE`` or
 ``file://<state>/warehouse``; catalog ``$MOONCAKE_CATALOG_URI`` or ``sqlite:///<state>/catalog.db``.
 ``$MOONCAKE_PUBLICATION`` or ``--publication``: an administrator's publication (see :class:`Settings`).
@@ -12,6 +12,7 @@ a process that was given the password gets it through its environment only
 (:meth:`Settings.service_environment`). The state directory is created ``0700`` and its files
 ``0600`` (``engine/private.py``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,18 +42,22 @@ class Settings:
     warehouse: str | None = None
     catalog_uri: str | None = None
     maintenance: str = "auto"
-    flush_rows: int = 200_000          # buffered rows of one table that trigger a flush (rows)
-    flush_bytes: int = 256 << 20       # buffered Arrow bytes of one table that trigger a flush (bytes)
-    persist_interval_s: float = 10.0   # auto mode: persist a dirty table at most this often (seconds)
-    verify_interval_s: float = 600.0   # the service checks every mirror against its source this often (seconds; 0: never)
-    warn_persist_age_s: float = 600.0  # status warns when a table's changes are unpersisted for longer (seconds; 0: never)
+    flush_rows: int = 200_000  # buffered rows of one table that trigger a flush (rows)
+    flush_bytes: int = 256 << 20  # buffered Arrow bytes of one table that trigger a flush (bytes)
+    persist_interval_s: float = 10.0  # auto mode: persist a dirty table at most this often (seconds)
+    verify_interval_s: float = (
+        600.0  # the service checks every mirror against its source this often (seconds; 0: never)
+    )
+    warn_persist_age_s: float = (
+        600.0  # status warns when a table's changes are unpersisted for longer (seconds; 0: never)
+    )
     warn_slot_wal_bytes: int = 1 << 30  # status warns when a table holds more WAL in the slot (bytes; 0: never)
-    publication_check_s: float = 2.0   # the stream thread checks this often that every mirrored table is still
+    publication_check_s: float = 2.0  # the stream thread checks this often that every mirrored table is still
     #                                    in the publication (seconds; 0: never; see ReplicatorService._check_published)
-    catalog_wait_s: float = 60.0       # schema change: how long to wait for the source to show the change's
+    catalog_wait_s: float = 60.0  # schema change: how long to wait for the source to show the change's
     #                                    transaction before the table stops (seconds; see SourceCatalog)
-    s3_endpoint: str | None = None     # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3
-    s3_region: str | None = None       # s3:// warehouses: region (default us-east-1)
+    s3_endpoint: str | None = None  # s3:// warehouses: endpoint URL (MinIO, moto…); None = AWS S3
+    s3_region: str | None = None  # s3:// warehouses: region (default us-east-1)
     s3_allow_http: bool | None = None  # allow a plain-http endpoint (None: only loopback ones)
     extra: dict = field(default_factory=dict)
 
@@ -94,16 +99,27 @@ class Settings:
 
         extra = self.extra or {}
         return ServiceConfig(
-            state_dir=self.state_dir, dsn=self.source_dsn(), socket_path=self.socket_path,
-            catalog_uri=self.catalog, warehouse_uri=self.warehouse_uri, publication=self.publication,
-            s3_endpoint=self.s3_endpoint, s3_region=self.s3_region, s3_allow_http=self.s3_allow_http,
-            maintenance=self.maintenance, flush_rows=self.flush_rows, flush_bytes=self.flush_bytes,
-            persist_interval_s=self.persist_interval_s, verify_interval_s=self.verify_interval_s,
-            warn_persist_age_s=self.warn_persist_age_s, warn_slot_wal_bytes=self.warn_slot_wal_bytes,
+            state_dir=self.state_dir,
+            dsn=self.source_dsn(),
+            socket_path=self.socket_path,
+            catalog_uri=self.catalog,
+            warehouse_uri=self.warehouse_uri,
+            publication=self.publication,
+            s3_endpoint=self.s3_endpoint,
+            s3_region=self.s3_region,
+            s3_allow_http=self.s3_allow_http,
+            maintenance=self.maintenance,
+            flush_rows=self.flush_rows,
+            flush_bytes=self.flush_bytes,
+            persist_interval_s=self.persist_interval_s,
+            verify_interval_s=self.verify_interval_s,
+            warn_persist_age_s=self.warn_persist_age_s,
+            warn_slot_wal_bytes=self.warn_slot_wal_bytes,
             catalog_wait_s=self.catalog_wait_s,
             publication_check_s=float(self.publication_check_s),
             maintenance_policy=dict(extra.get("maintenance") or {}),
-            maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()})
+            maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()},
+        )
 
     def save(self) -> None:
         """Write ``settings.json`` (``0600``, in a ``0700`` state directory), without passwords."""
@@ -124,9 +140,15 @@ class Settings:
         return env
 
 
-def load_settings(state_dir: str | os.PathLike | None = None, *, dsn: str | None = None,
-                  warehouse: str | None = None, catalog_uri: str | None = None,
-                  s3_endpoint: str | None = None, publication: str | None = None) -> Settings:
+def load_settings(
+    state_dir: str | os.PathLike | None = None,
+    *,
+    dsn: str | None = None,
+    warehouse: str | None = None,
+    catalog_uri: str | None = None,
+    s3_endpoint: str | None = None,
+    publication: str | None = None,
+) -> Settings:
     """Settings for a state dir: explicit arguments beat the environment, which beats the saved file."""
     sd = Path(state_dir or os.environ.get("MOONCAKE_STATE_DIR") or ".mooncake").resolve()
     s = Settings(state_dir=sd)
@@ -169,7 +191,10 @@ def _drop_saved_passwords(s: Settings, saved: dict) -> None:
         write_private(s.settings_file, json.dumps(_without_passwords(dict(saved)), indent=1))
         logging.getLogger("mooncake.state").warning(
             "removed a password from %s (passwords are not kept in the state directory; %s)",
-            s.settings_file, PASSWORD_HINT)
+            s.settings_file,
+            PASSWORD_HINT,
+        )
     except OSError as e:
-        logging.getLogger("mooncake.state").warning("%s holds a password and could not be rewritten: %s",
-                                                    s.settings_file, e)
+        logging.getLogger("mooncake.state").warning(
+            "%s holds a password and could not be rewritten: %s", s.settings_file, e
+        )

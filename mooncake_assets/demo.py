@@ -1,4 +1,4 @@
-"""``mooncake demo``: an end-to-end run on pgbench's tables (issue 2, DESIGN.md §8).
+"""``mooncake demo``: an end-to-end run on pgbench's tables (docs/architecture.md#command-line).
 
 Starts the embedded Postgres (unless a DSN is configured), runs ``pgbench -i``, mirrors
 ``pgbench_accounts``, ``pgbench_branches``, ``pgbench_tellers`` and ``pgbench_history`` (no primary
@@ -7,6 +7,7 @@ the same query on Postgres at the same LSN (:func:`balances_at_one_lsn`) and the
 the workload, persists every table and verifies every table. The last line is
 ``verified: K/N tables match at LSN …``; the exit status is 0 only when all match.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -59,12 +60,18 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     subprocess.run([_pg_bin("pgbench"), "-i", "-q", "-s", str(scale), dsn], check=True, capture_output=True)
     for t in TABLES:
         res = create_with_progress(client, t, f"public.{t}")
-        print(f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)", flush=True)
+        print(
+            f"  mirrored public.{t}: {res['rows']:,} rows at LSN {res['copy_lsn']} ({res['seconds']:.1f}s)", flush=True
+        )
 
     maint = _DagsterMaintenance(settings) if dagster else (lambda op: [client.call(op, table=t) for t in TABLES])
     con.print(f"pgbench: {clients} clients for {seconds}s")
-    bench = subprocess.Popen([_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), dsn],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    bench = subprocess.Popen(
+        [_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), dsn],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     reader = UnionReader(client, dsn, wait_timeout=60)  # a read at an LSN waits for the service to apply it
     t0 = time.time()
     tick = 0
@@ -80,11 +87,17 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
             except (ServiceError, TimeoutError, psycopg.Error) as e:
                 lsn, src, mir = "?", [], [{"error": str(e).splitlines()[0]}]
             pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
-            mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if 'bid' in r) or str(mir)
-            same = "same" if [(r[0], int(r[1])) for r in src] == [(r.get("bid"), int(r.get("balance") or 0)) for r in mir] \
+            mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if "bid" in r) or str(mir)
+            same = (
+                "same"
+                if [(r[0], int(r[1])) for r in src] == [(r.get("bid"), int(r.get("balance") or 0)) for r in mir]
                 else "DIFFERENT"
-            print(f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
-                  f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})", flush=True)
+            )
+            print(
+                f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
+                f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})",
+                flush=True,
+            )
             op = "flush" if tick % 2 else "persist"
             maint(op)
             maint_log.append(op)
@@ -134,20 +147,33 @@ class _DagsterMaintenance:
         from .dagster.resources import parse_tables
 
         self.instance = dagster_instance(settings.state_dir)
-        self.defs = build_definitions(DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES),
-                                                    automation=False))
+        self.defs = build_definitions(
+            DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(TABLES), automation=False)
+        )
 
     def run(self, keys: list[str], label: str):
         from .dagster.definitions import materialize_keys
 
-        res = materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=False,
-                               tags={"mooncake/trigger": "demo"}, log_level="ERROR")
+        res = materialize_keys(
+            self.defs,
+            keys,
+            instance=self.instance,
+            raise_on_error=False,
+            tags={"mooncake/trigger": "demo"},
+            log_level="ERROR",
+        )
         done = len(res.get_asset_materialization_events())
-        print(f"         dagster run {res.run_id[:8]}: {label}, {done}/{len(keys)} assets materialized"
-              + ("" if res.success else " — FAILED"), flush=True)
+        print(
+            f"         dagster run {res.run_id[:8]}: {label}, {done}/{len(keys)} assets materialized"
+            + ("" if res.success else " — FAILED"),
+            flush=True,
+        )
         for ev in res.all_events:
             if ev.is_step_failure:
-                print(f"           {ev.step_key}: {ev.step_failure_data.error.message.strip().splitlines()[0]}", flush=True)
+                print(
+                    f"           {ev.step_key}: {ev.step_failure_data.error.message.strip().splitlines()[0]}",
+                    flush=True,
+                )
         return res
 
     def __call__(self, op: str) -> None:
@@ -157,17 +183,26 @@ class _DagsterMaintenance:
     def finish(self) -> None:
         """Full optimize, the downstream assets through the I/O manager, then the mirror assets' checks."""
         kinds = ["flush", "deletion_vectors", "index_merge", "compaction"]
-        self.run([f"{k}/{t}" for t in TABLES for k in kinds], "full optimize (flush → deletion vectors → index merge → compaction)")
+        self.run(
+            [f"{k}/{t}" for t in TABLES for k in kinds],
+            "full optimize (flush → deletion vectors → index merge → compaction)",
+        )
         res = self.run(["analytics/branch_balances", "analytics/teller_activity"], "downstream assets (union reads)")
         for ev in res.get_asset_materialization_events():
             m = {k: v.value for k, v in ev.materialization.metadata.items()}
             key = ev.asset_key.to_user_string()
             if "balanced_branches" in m:
-                print(f"           {key}: {m['balanced_branches']}/{m['branches']} branches balanced, total balance "
-                      f"{m['total_branch_balance']:,} (accounts {m['total_account_balance']:,})", flush=True)
+                print(
+                    f"           {key}: {m['balanced_branches']}/{m['branches']} branches balanced, total balance "
+                    f"{m['total_branch_balance']:,} (accounts {m['total_account_balance']:,})",
+                    flush=True,
+                )
             if "balanced_tellers" in m:
-                print(f"           {key}: {m['balanced_tellers']}/{m['tellers']} tellers balanced over "
-                      f"{m['transactions']:,} transactions", flush=True)
+                print(
+                    f"           {key}: {m['balanced_tellers']}/{m['tellers']} tellers balanced over "
+                    f"{m['transactions']:,} transactions",
+                    flush=True,
+                )
         res = self.run([f"mirror/{t}" for t in TABLES], "mirror assets and their checks")
         for ev in res.get_asset_check_evaluations():
             status = "passed" if ev.passed else f"FAILED ({ev.severity.value})"

@@ -8,6 +8,7 @@ the four pgbench tables, runs a rate-limited pgbench workload in the background,
 observations, maintenance runs and checks arrive. Ctrl-C stops the UI, the daemon, the workload and the
 service (the embedded Postgres keeps running: ``mooncake pg stop``).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
+
 from .config import Settings
 from .engine.pg.conninfo import redact
-from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,8 +77,9 @@ def _stop_group(proc: subprocess.Popen, first=signal.SIGINT, timeout: float = 20
                 time.sleep(0.1)
 
 
-def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale: int = 1, rate: int = 20,
-           clients: int = 2) -> int:
+def run_ui(
+    settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale: int = 1, rate: int = 20, clients: int = 2
+) -> int:
     """See the module docstring. ``rate``: pgbench transactions per second (0: no workload). Returns
     ``dagster dev``'s exit status."""
     import psycopg
@@ -114,16 +117,22 @@ def run_ui(settings: Settings, host: str = "127.0.0.1", port: int = 3000, scale:
     bench = None
     if rate > 0:
         con.print(f"pgbench workload: {clients} clients, {rate} transactions/s")
-        bench = subprocess.Popen([_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", "1", "-R", str(rate),
-                                  "-T", str(365 * 24 * 3600), dsn], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_reset_signals)
+        bench = subprocess.Popen(
+            [_pg_bin("pgbench"), "-n", "-c", str(clients), "-j", "1", "-R", str(rate), "-T", str(365 * 24 * 3600), dsn],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_reset_signals,
+        )
     home = dagster_home(settings.state_dir)
     env = dict(os.environ, DAGSTER_HOME=str(home), MOONCAKE_STATE_DIR=str(settings.state_dir))
     env.setdefault("MOONCAKE_TABLES", ",".join(TABLES))
     cmd, cwd = dagster_dev_command(host, port)
     con.print(f"[bold]Dagster UI[/bold] http://{host}:{port}  (DAGSTER_HOME {home}; Ctrl-C stops it all)")
-    dev = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, start_new_session=True,
-                           preexec_fn=_reset_signals)
+    dev = subprocess.Popen(
+        cmd, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_reset_signals
+    )
 
     def _terminate(signum, frame):  # SIGTERM stops everything as Ctrl-C does
         raise KeyboardInterrupt

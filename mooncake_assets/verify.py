@@ -1,4 +1,4 @@
-"""``mooncake verify``: compare each mirror with its source at one LSN (DESIGN.md §8).
+"""``mooncake verify``: compare each mirror with its source at one LSN (docs/architecture.md#command-line).
 
 The source side is read at an exported snapshot of a *temporary logical slot*: that snapshot holds
 exactly the transactions whose commit record starts before the slot's consistent point C, the same
@@ -14,6 +14,7 @@ persist (e.g. after ``mooncake demo``).
 Rows are compared as multisets with DuckDB (``EXCEPT ALL`` both ways) after the source rows were
 decoded by the same text decoder the mirror uses.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,20 +40,22 @@ class TableResult:
     match: bool
     source_rows: int
     mirror_rows: int
-    missing: int      # rows in the source, not in the mirror
-    extra: int        # rows in the mirror, not in the source
+    missing: int  # rows in the source, not in the mirror
+    extra: int  # rows in the mirror, not in the source
     error: str | None = None
     columns: list | None = None  # on a mismatch: the columns whose values differ (as multisets)
-    note: str | None = None      # on a mismatch: what explains it (e.g. the mirror is stopped by an error)
+    note: str | None = None  # on a mismatch: what explains it (e.g. the mirror is stopped by an error)
 
     def line(self) -> str:
         if self.error:
             return f"{self.name}: ERROR {self.error}"
         state = "match" if self.match else "MISMATCH"
-        return (f"{self.name} ({self.source}): {state} — source {self.source_rows} rows, mirror {self.mirror_rows} rows"
-                + ("" if self.match else f", {self.missing} missing, {self.extra} extra")
-                + (f" (values differ in: {', '.join(self.columns)})" if self.columns else "")
-                + (f"; {self.note}" if self.note else ""))
+        return (
+            f"{self.name} ({self.source}): {state} — source {self.source_rows} rows, mirror {self.mirror_rows} rows"
+            + ("" if self.match else f", {self.missing} missing, {self.extra} extra")
+            + (f" (values differ in: {', '.join(self.columns)})" if self.columns else "")
+            + (f"; {self.note}" if self.note else "")
+        )
 
 
 def registry(settings: Settings) -> dict:
@@ -107,8 +110,9 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
     return con.execute(f"SELECT * FROM iceberg_scan({sql_str(tbl.metadata_location)})").to_arrow_table()
 
 
-def verify(settings: Settings, names: list[str] | None = None, reader: str = "union", client=None,
-           attempts: int = 5) -> tuple[list[TableResult], str]:
+def verify(
+    settings: Settings, names: list[str] | None = None, reader: str = "union", client=None, attempts: int = 5
+) -> tuple[list[TableResult], str]:
     """Compare mirrors with their sources at one LSN. Returns (per-table results, LSN text)."""
     if reader not in READERS:
         raise ValueError(f"unknown reader {reader!r}; choose one of {', '.join(READERS)}")
@@ -125,12 +129,14 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
     if client is not None:
         try:
             stopped = {t["name"]: t.get("error") or "" for t in client.status()["tables"] if t.get("state") == "error"}
-        except Exception:  # noqa: BLE001 — only an explanation; the comparison goes on without it
+        except Exception:
             stopped = {}
     for attempt in range(attempts):
         rc = ReplicationConnection(with_options(dsn))
         try:
-            c_lsn, snap = rc.create_slot(f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True, temporary=True)
+            c_lsn, snap = rc.create_slot(
+                f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True, temporary=True
+            )
             lsn = str(Lsn(c_lsn))
             if reader == "union":
                 client.wait_lsn(lsn, timeout=60)
@@ -140,11 +146,16 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
                 for name in names:
                     src_name = reg[name]["source"]
                     try:
-                        schema = describe_table(conn, src_name, column_types=reg[name].get("column_types"),
-                                                exclude=reg[name].get("exclude"))
+                        schema = describe_table(
+                            conn, src_name, column_types=reg[name].get("column_types"), exclude=reg[name].get("exclude")
+                        )
                         conn.rollback()
                         batches = list(initial_copy(conn, schema, snap))
-                        src = pa.Table.from_batches(batches, schema=schema.arrow_schema()) if batches else schema.arrow_schema().empty_table()
+                        src = (
+                            pa.Table.from_batches(batches, schema=schema.arrow_schema())
+                            if batches
+                            else schema.arrow_schema().empty_table()
+                        )
                         mir = _mirror_rows(settings, name, reader, lsn, client)
                     except Exception as e:
                         if "cannot read at LSN" in str(e):
@@ -156,20 +167,48 @@ def verify(settings: Settings, names: list[str] | None = None, reader: str = "un
                     only_src = [c for c in src.column_names if c not in mir.column_names]
                     only_mir = [c for c in mir.column_names if c not in src.column_names]
                     if only_src or only_mir:
-                        results.append(TableResult(
-                            name, src_name, False, src.num_rows, mir.num_rows, 0, 0,
-                            error=f"columns differ at LSN {lsn}: source only {only_src}, mirror only {only_mir} (a "
-                                  "schema change reaches the mirror with the table's next row change)"))
+                        results.append(
+                            TableResult(
+                                name,
+                                src_name,
+                                False,
+                                src.num_rows,
+                                mir.num_rows,
+                                0,
+                                0,
+                                error=f"columns differ at LSN {lsn}: source only {only_src}, mirror only {only_mir} (a "
+                                "schema change reaches the mirror with the table's next row change)",
+                            )
+                        )
                         continue
                     missing, extra = compare(src, mir)
                     if (missing or extra) and stopped.get(name):
-                        results.append(TableResult(name, src_name, False, src.num_rows, mir.num_rows, missing, extra,
-                                                   note=f"the mirror is stopped: {stopped[name]}"))
+                        results.append(
+                            TableResult(
+                                name,
+                                src_name,
+                                False,
+                                src.num_rows,
+                                mir.num_rows,
+                                missing,
+                                extra,
+                                note=f"the mirror is stopped: {stopped[name]}",
+                            )
+                        )
                         continue
                     # which columns differ, when no row is missing or extra (else every column would)
-                    results.append(TableResult(name, src_name, missing == 0 and extra == 0, src.num_rows, mir.num_rows,
-                                               missing, extra, columns=differing_columns(src, mir)
-                                               if (missing or extra) and missing == extra else None))
+                    results.append(
+                        TableResult(
+                            name,
+                            src_name,
+                            missing == 0 and extra == 0,
+                            src.num_rows,
+                            mir.num_rows,
+                            missing,
+                            extra,
+                            columns=differing_columns(src, mir) if (missing or extra) and missing == extra else None,
+                        )
+                    )
             if not retry:
                 return results, lsn
         finally:

@@ -3,6 +3,7 @@
 The cluster's data directory lives under /var/tmp (the `postgres` user cannot enter root-only
 folders such as /root, where a CI clone may live).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,9 +56,11 @@ def pg_dsn(pg_cluster):
                 pass
         import time
 
-        for attempt in range(50):  # a stopping service's walsender may still hold the slot for a moment
+        for _attempt in range(50):  # a stopping service's walsender may still hold the slot for a moment
             try:
-                for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)).fetchall():
+                for (slot,) in c.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+                ).fetchall():
                     c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
                 c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
                 break

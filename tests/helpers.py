@@ -1,4 +1,5 @@
 """Test helpers: a mooncake state dir bound to a test database, the service as a real background process."""
+
 from __future__ import annotations
 
 import contextlib

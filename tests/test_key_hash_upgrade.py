@@ -2,6 +2,7 @@
 the key's text for non-exact keys, no version in the blob) still finds its keys after a restart:
 exact (integer) keys keep their blocks, the others are rebuilt from the data files, and deletes and
 updates land on the right rows."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +13,9 @@ import psycopg
 import pyarrow.parquet as pq
 from psycopg.types.string import TextLoader
 
-from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
 from mooncake_assets.engine.deletes import PuffinBlob, read_puffin, write_puffin
 from mooncake_assets.engine.index import IndexBlock, splitmix64
+from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
 from mooncake_assets.verify import verify
 
 from .helpers import make_settings, running_service
@@ -68,8 +69,13 @@ def _write_old_index(state_dir, table, texts_of_row, exact) -> int:
             hashes.append(_old_hash(texts_of_row(row), exact))
             fids.append(i)
             rows.append(r)
-    block = IndexBlock.build(state_dir / f"{table}-old.idx", np.array(hashes, np.uint64), np.array(fids),
-                             np.array(rows), [f.name for f in files])
+    block = IndexBlock.build(
+        state_dir / f"{table}-old.idx",
+        np.array(hashes, np.uint64),
+        np.array(fids),
+        np.array(rows),
+        [f.name for f in files],
+    )
     data = block.path.read_bytes()
     head = json.dumps({"blocks": [{"name": block.path.name, "size": len(data)}]}).encode()
     blob = len(head).to_bytes(4, "little") + head + data
@@ -77,8 +83,18 @@ def _write_old_index(state_dir, table, texts_of_row, exact) -> int:
     assert puffins
     for p in puffins:
         old = read_puffin(p.read_bytes()).blobs[0]
-        out, _ = write_puffin([PuffinBlob(type=old.type, fields=[], data=blob, snapshot_id=old.snapshot_id,
-                                          sequence_number=old.sequence_number)], {"created-by": "old"})
+        out, _ = write_puffin(
+            [
+                PuffinBlob(
+                    type=old.type,
+                    fields=[],
+                    data=blob,
+                    snapshot_id=old.snapshot_id,
+                    sequence_number=old.sequence_number,
+                )
+            ],
+            {"created-by": "old"},
+        )
         p.write_bytes(out)
     return len(files)
 
@@ -93,8 +109,10 @@ def test_old_hash_index_is_rebuilt_or_kept_on_restore(pg_dsn, state_dir):
         c.execute("INSERT INTO ck SELECT g % 7, 'b' || g, g FROM generate_series(1, 400) g")
         c.execute("CREATE TABLE wr (a text, f float8, d date, m numeric(10,2), n int)")
         c.execute("ALTER TABLE wr REPLICA IDENTITY FULL")
-        c.execute("INSERT INTO wr SELECT CASE WHEN g % 5 = 0 THEN NULL ELSE 'ü' || g END, g * 1e14, "
-                  "date '2020-01-01' + g, g / 4.0, g FROM generate_series(1, 400) g")
+        c.execute(
+            "INSERT INTO wr SELECT CASE WHEN g % 5 = 0 THEN NULL ELSE 'ü' || g END, g * 1e14, "
+            "date '2020-01-01' + g, g / 4.0, g FROM generate_series(1, 400) g"
+        )
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
     tables = ("ik", "tk", "ck", "wr")
     with running_service(s) as client:
@@ -104,8 +122,10 @@ def test_old_hash_index_is_rebuilt_or_kept_on_restore(pg_dsn, state_dir):
             c.execute("INSERT INTO ik SELECT g, g FROM generate_series(401, 500) g")
             c.execute("INSERT INTO tk SELECT 'key-' || g, g FROM generate_series(401, 500) g")
             c.execute("INSERT INTO ck SELECT g % 7, 'b' || g, g FROM generate_series(401, 500) g")
-            c.execute("INSERT INTO wr SELECT 'w' || g, -g * 1e-5, date '2020-01-01' - g, -g, g "
-                      "FROM generate_series(401, 500) g")
+            c.execute(
+                "INSERT INTO wr SELECT 'w' || g, -g * 1e-5, date '2020-01-01' - g, -g, g "
+                "FROM generate_series(401, 500) g"
+            )
         client.wait_lsn(_lsn(pg_dsn))
         for t in tables:
             client.call("persist", table=t)

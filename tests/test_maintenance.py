@@ -1,10 +1,11 @@
-"""Issue 5: data compaction and index merge against the real Postgres and the real service process.
+"""Data compaction and index merge against the real Postgres and the real service process.
 
 Differential (hypothesis picks where flushes, persists, merges and compactions fall in an update-heavy
 workload; the union read equals Postgres after every step, PyIceberg after the final persist); bounds
 after a long update-heavy run under ``maintenance: auto``; SIGKILL at each compaction crash point;
 compaction and merge while replication goes on.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,13 @@ import uuid
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.compaction import find_orphans
 from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.service.process import start_service, stop_service
 from mooncake_assets.verify import verify
@@ -27,8 +30,14 @@ from mooncake_assets.verify import verify
 from .helpers import make_settings, mooncake, running_service
 
 #: small files and eager triggers so that every check of the policy fires within a few steps
-SMALL_POLICY = {"target_file_bytes": 24 * 1024, "file_count_trigger": 3, "delete_ratio_percent": 25,
-                "snapshot_retention_s": 0, "retain_snapshots": 2, "orphan_grace_s": 0}
+SMALL_POLICY = {
+    "target_file_bytes": 24 * 1024,
+    "file_count_trigger": 3,
+    "delete_ratio_percent": 25,
+    "snapshot_retention_s": 0,
+    "retain_snapshots": 2,
+    "orphan_grace_s": 0,
+}
 
 
 def _lsn(dsn: str) -> str:
@@ -66,7 +75,9 @@ def _status(client, name: str) -> dict:
 def _iceberg(s, name: str) -> IcebergMirrorTable:
     from mooncake_assets.engine.storage import catalog_properties
 
-    return IcebergMirrorTable.load(make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{name}")
+    return IcebergMirrorTable.load(
+        make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{name}"
+    )
 
 
 def _leftovers(s, name: str, blocks_in_use: int | None = None) -> dict:
@@ -74,8 +85,10 @@ def _leftovers(s, name: str, blocks_in_use: int | None = None) -> dict:
     use, compaction outputs."""
     ice = _iceberg(s, name)
     tdir = s.state_dir / "tables" / name
-    out = {"warehouse": find_orphans(ice, 0.0),
-           "compaction": [p.name for p in (tdir / "compaction").glob("*")] if (tdir / "compaction").exists() else []}
+    out = {
+        "warehouse": find_orphans(ice, 0.0),
+        "compaction": [p.name for p in (tdir / "compaction").glob("*")] if (tdir / "compaction").exists() else [],
+    }
     if blocks_in_use is not None:
         idx = [p.name for p in (tdir / "index").glob("*")]
         out["index_extra"] = len(idx) - blocks_in_use
@@ -139,8 +152,21 @@ def test_compact_and_merge_index_commands(pg_dsn, state_dir):
 
 
 # ------------------------------------------------------------------------------------------------
-OPS = st.sampled_from(["update", "update", "update", "insert_delete", "flush", "persist", "persist",
-                       "merge", "compact", "compact", "compact_full"])
+OPS = st.sampled_from(
+    [
+        "update",
+        "update",
+        "update",
+        "insert_delete",
+        "flush",
+        "persist",
+        "persist",
+        "merge",
+        "compact",
+        "compact",
+        "compact_full",
+    ]
+)
 #: what happens while a compaction's rewrite is stalled (MOONCAKE_FAULT sleep): nothing; updates (pending
 #: deletes of the old files, re-mapped at the swap); updates and a persist (deletes committed into the
 #: old files' DVs meanwhile); deleting every row inserted since the copy, then a persist (an input file
@@ -164,11 +190,17 @@ def test_differential_interleaved_maintenance(pg_dsn, state_dir, monkeypatch):
 
         def update(c, name, seed):  # the same hot keys again and again
             lo = seed % 1200
-            c.execute(f"UPDATE {name} SET v = v + 1, note = %s WHERE id BETWEEN %s AND %s OR id %% 50 = %s",
-                      (f"u{seed}", lo, lo + 300, seed % 50))
+            c.execute(
+                f"UPDATE {name} SET v = v + 1, note = %s WHERE id BETWEEN %s AND %s OR id %% 50 = %s",
+                (f"u{seed}", lo, lo + 300, seed % 50),
+            )
 
-        @hsettings(max_examples=8, deadline=None, derandomize=True,
-                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+        @hsettings(
+            max_examples=8,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        )
         @given(steps=st.lists(st.tuples(OPS, RACES, st.integers(0, 2**31)), min_size=8, max_size=16))
         def run(steps):
             steps = steps + [("update", "none", 7), ("compact", "update", 8)]  # every example ends compacting
@@ -184,8 +216,10 @@ def test_differential_interleaved_maintenance(pg_dsn, state_dir, monkeypatch):
                         if op == "update":
                             update(c, name, seed)
                         elif op == "insert_delete":
-                            c.execute(f"INSERT INTO {name} SELECT g, g, 'new' FROM generate_series(%s, %s) g",
-                                      (next_id, next_id + 99))
+                            c.execute(
+                                f"INSERT INTO {name} SELECT g, g, 'new' FROM generate_series(%s, %s) g",
+                                (next_id, next_id + 99),
+                            )
                             next_id += 100
                             c.execute(f"DELETE FROM {name} WHERE id %% 17 = %s AND id < 1500", (seed % 17,))
                         elif op in ("flush", "persist"):
@@ -198,8 +232,11 @@ def test_differential_interleaved_maintenance(pg_dsn, state_dir, monkeypatch):
                             used["merged"] += bool(r["merged"])
                         else:
                             box = {}
-                            worker = threading.Thread(target=lambda: box.update(
-                                r=client_call(s, "compact", {"full": op == "compact_full"}, name)))
+                            worker = threading.Thread(
+                                target=lambda: box.update(
+                                    r=client_call(s, "compact", {"full": op == "compact_full"}, name)
+                                )
+                            )
                             worker.start()
                             time.sleep(0.1)  # the rewrite is stalled now (if anything was picked)
                             if race != "none":
@@ -237,8 +274,16 @@ def test_long_update_run_stays_bounded(pg_dsn, state_dir):
     index merged above 3 blocks): after a long update-heavy run the file count, index blocks and
     deleted share stay within what the policy allows, and `list-tables --json` shows them."""
     # more small files allowed (24) than index blocks (3): the index merge has work of its own
-    pol = {"target_file_bytes": 256 * 1024, "file_count_trigger": 24, "delete_ratio_percent": 60, "index_max_blocks": 3,
-           "auto_interval_s": 0.3, "snapshot_retention_s": 5, "retain_snapshots": 3, "orphan_grace_s": 5}
+    pol = {
+        "target_file_bytes": 256 * 1024,
+        "file_count_trigger": 24,
+        "delete_ratio_percent": 60,
+        "index_max_blocks": 3,
+        "auto_interval_s": 0.3,
+        "snapshot_retention_s": 5,
+        "retain_snapshots": 3,
+        "orphan_grace_s": 5,
+    }
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE hot (id int PRIMARY KEY, v bigint NOT NULL, pad text)")
         c.execute("INSERT INTO hot SELECT g, 0, md5(g::text) FROM generate_series(1, 3000) g")
@@ -275,8 +320,12 @@ def test_long_update_run_stays_bounded(pg_dsn, state_dir):
         while True:
             time.sleep(1.0)
             st_ = _status(client, "hot")
-            if (st_["pending_deletes"] == 0 and st_["buffer_rows"] == 0 and st_["data_files"] <= pol["file_count_trigger"]
-                    and st_["index_blocks"] <= pol["index_max_blocks"]) or time.time() > deadline:
+            if (
+                st_["pending_deletes"] == 0
+                and st_["buffer_rows"] == 0
+                and st_["data_files"] <= pol["file_count_trigger"]
+                and st_["index_blocks"] <= pol["index_max_blocks"]
+            ) or time.time() > deadline:
                 break
         time.sleep(1.0)
         lt = json.loads(mooncake(s, "list-tables", "--json", check=True).stdout)["tables"][0]
@@ -284,8 +333,14 @@ def test_long_update_run_stays_bounded(pg_dsn, state_dir):
         client.call("persist", table="hot")
         _match(s, client, reader="pyiceberg")
     total_rows = lt["live_rows"] + lt["deleted_rows"]
-    print("during the run: files", [x["data_files"] for x in samples], "blocks", [x["index_blocks"] for x in samples],
-          "deleted %", [round(100 * x["deleted_rows"] / max(1, x["live_rows"] + x["deleted_rows"])) for x in samples])
+    print(
+        "during the run: files",
+        [x["data_files"] for x in samples],
+        "blocks",
+        [x["index_blocks"] for x in samples],
+        "deleted %",
+        [round(100 * x["deleted_rows"] / max(1, x["live_rows"] + x["deleted_rows"])) for x in samples],
+    )
     print("at the end:", {k: lt[k] for k in ("data_files", "index_blocks", "deleted_rows", "live_rows")})
     assert updates[0] > 5 * 3000, updates  # every row updated five times over, on average
     assert lt["live_rows"] == 3000
@@ -304,8 +359,12 @@ def test_long_update_run_stays_bounded(pg_dsn, state_dir):
 
 
 # ------------------------------------------------------------------------------------------------
-CRASH_POINTS = ["compaction:after_files_written", "compaction:after_index_rebuilt",
-                "compaction:before_commit", "compaction:after_commit"]
+CRASH_POINTS = [
+    "compaction:after_files_written",
+    "compaction:after_index_rebuilt",
+    "compaction:before_commit",
+    "compaction:after_commit",
+]
 
 
 def _reap(pid):
@@ -385,7 +444,9 @@ def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, mon
         c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL)")
         c.execute("INSERT INTO acc SELECT g, 0 FROM generate_series(1, 20000) g")
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
-    monkeypatch.setenv("MOONCAKE_FAULT", "compaction:after_files_written=sleep:3,merge_index:after_index_rebuilt=sleep:3")
+    monkeypatch.setenv(
+        "MOONCAKE_FAULT", "compaction:after_files_written=sleep:3,merge_index:after_index_rebuilt=sleep:3"
+    )
     stop = threading.Event()
 
     def workload():  # 10 accounts +1, 10 others −1 per transaction: the total never changes
@@ -395,8 +456,11 @@ def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, mon
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             while not stop.is_set():
                 ids = rng.sample(range(1, 20001), 20)
-                c.execute("UPDATE acc SET bal = bal + d.delta FROM unnest(%s::int[], %s::int[]) d(id, delta) "
-                          "WHERE acc.id = d.id", (ids, [1] * 10 + [-1] * 10))
+                c.execute(
+                    "UPDATE acc SET bal = bal + d.delta FROM unnest(%s::int[], %s::int[]) d(id, delta) "
+                    "WHERE acc.id = d.id",
+                    (ids, [1] * 10 + [-1] * 10),
+                )
                 time.sleep(0.005)
 
     from mooncake_assets.engine.read import UnionReader
@@ -418,8 +482,11 @@ def test_compaction_and_merge_while_replication_continues(pg_dsn, state_dir, mon
                 worker.start()
                 reads[op] = 0
                 while worker.is_alive():  # reads while the rewrite / merge is in flight
-                    got = UnionReader(client).query("SELECT count(*), count(DISTINCT id), sum(bal) FROM acc",
-                                                   tables=["acc"]).to_pylist()[0]
+                    got = (
+                        UnionReader(client)
+                        .query("SELECT count(*), count(DISTINCT id), sum(bal) FROM acc", tables=["acc"])
+                        .to_pylist()[0]
+                    )
                     assert list(got.values()) == [20000, 20000, 20000], (op, got)
                     lsns.append(_lsn_int(client.status()["applied_lsn"]))
                     reads[op] += 1

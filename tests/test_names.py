@@ -1,4 +1,4 @@
-"""Issue 19, part 1: schemas as applications really make them.
+"""Schemas as applications really make them.
 
 An ORM-style schema (Prisma/Django/Rails conventions: quoted mixed-case tables and columns, an enum
 type with a quoted name, reserved words as column names, a schema with a space, a UUID key with a
@@ -7,6 +7,7 @@ changed, verified with every reader, queried by its mixed-case column names, res
 (ADD COLUMN "newCol"). Names given the way Postgres parses them; bad names get one line that says
 how they were parsed.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,20 @@ from contextlib import closing
 import psycopg
 import pytest
 
-from mooncake_assets.engine.pg.names import (InvalidName, asset_key_part, check_mirror_name, resolve_table,
-                                             split_qualified_name)
-
+from mooncake_assets.engine.pg.names import (
+    InvalidName,
+    asset_key_part,
+    check_mirror_name,
+    resolve_table,
+    split_qualified_name,
+)
 from mooncake_assets.engine.service import ServiceClient
 from mooncake_assets.verify import verify
 
 from .helpers import make_settings, mooncake
 
-LONG = "A" + "b" * 61 + "Z"          # 63 bytes, mixed case: the longest name Postgres keeps
-UMLAUT = "Größe €"                    # non-ASCII with a space
+LONG = "A" + "b" * 61 + "Z"  # 63 bytes, mixed case: the longest name Postgres keeps
+UMLAUT = "Größe €"  # non-ASCII with a space
 assert len(LONG.encode()) == 63
 
 SCHEMA = f"""
@@ -74,12 +79,15 @@ def _query(s, q):
 @pytest.mark.slow
 def test_orm_schema_mirrored_end_to_end(pg_dsn, state_dir):
     _sql(pg_dsn, SCHEMA)
-    _sql(pg_dsn, f"""INSERT INTO "User" ("email", "displayName", "order", "select", "{UMLAUT}", "{LONG}")
+    _sql(
+        pg_dsn,
+        f"""INSERT INTO "User" ("email", "displayName", "order", "select", "{UMLAUT}", "{LONG}")
                      SELECT 'u' || g || '@x.io', 'User ' || g, g, g % 2 = 0, 'ß' || g, g * 10
                      FROM generate_series(1, 30) g""",
-         """INSERT INTO "Sales Data"."Q1 Orders" ("userId", "status", "group", "Total Amount", "from")
+        """INSERT INTO "Sales Data"."Q1 Orders" ("userId", "status", "group", "Total Amount", "from")
             SELECT "id", 'SHIPPED', 'g' || "order" % 3, "order" * 1.5, DATE '2026-01-01' + "order"
-            FROM "User" """)
+            FROM "User" """,
+    )
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
     try:
         # the names as SQL spells them: search_path for the bare quoted name, a schema with a space
@@ -93,21 +101,33 @@ def test_orm_schema_mirrored_end_to_end(pg_dsn, state_dir):
         assert r.returncode != 0 and 'columns "a" and "A" differ only in case' in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         lt = json.loads(mooncake(s, "list-tables", "--json", check=True).stdout)["tables"]
-        assert {t["name"]: t["source"] for t in lt} == {"users": 'public."User"', "q1_orders": '"Sales Data"."Q1 Orders"'}
+        assert {t["name"]: t["source"] for t in lt} == {
+            "users": 'public."User"',
+            "q1_orders": '"Sales Data"."Q1 Orders"',
+        }
 
         # inserts, updates (key columns untouched and a reserved-word column), deletes (cascading)
-        _sql(pg_dsn, """INSERT INTO "User" ("email", "displayName", "order") VALUES ('new@x.io', 'New', 99)""",
-             f"""UPDATE "User" SET "displayName" = 'Renamed', "{UMLAUT}" = 'ü', "{LONG}" = -1 WHERE "order" <= 5""",
-             """UPDATE "Sales Data"."Q1 Orders" SET "status" = 'Delivered Late', "group" = 'late' WHERE "id" % 4 = 0""",
-             """DELETE FROM "User" WHERE "order" IN (7, 8)""")
+        _sql(
+            pg_dsn,
+            """INSERT INTO "User" ("email", "displayName", "order") VALUES ('new@x.io', 'New', 99)""",
+            f"""UPDATE "User" SET "displayName" = 'Renamed', "{UMLAUT}" = 'ü', "{LONG}" = -1 WHERE "order" <= 5""",
+            """UPDATE "Sales Data"."Q1 Orders" SET "status" = 'Delivered Late', "group" = 'late' WHERE "id" % 4 = 0""",
+            """DELETE FROM "User" WHERE "order" IN (7, 8)""",
+        )
         _verify_all(s, "union")
-        rows = _query(s, 'SELECT "displayName", "order", "createdAt" IS NOT NULL AS has_at, "Größe €" AS g, '
-                         f'"{LONG}" AS long FROM users WHERE "order" <= 5 ORDER BY "order"')
-        assert [(r["displayName"], r["order"], r["has_at"], r["g"], r["long"]) for r in rows] == \
-            [("Renamed", i, True, "ü", -1) for i in range(1, 6)]
+        rows = _query(
+            s,
+            'SELECT "displayName", "order", "createdAt" IS NOT NULL AS has_at, "Größe €" AS g, '
+            f'"{LONG}" AS long FROM users WHERE "order" <= 5 ORDER BY "order"',
+        )
+        assert [(r["displayName"], r["order"], r["has_at"], r["g"], r["long"]) for r in rows] == [
+            ("Renamed", i, True, "ü", -1) for i in range(1, 6)
+        ]
         rows = _query(s, 'SELECT "status", count(*) AS n FROM q1_orders GROUP BY "status"')
         with psycopg.connect(pg_dsn) as c:
-            want = dict(c.execute('SELECT "status"::text, count(*) FROM "Sales Data"."Q1 Orders" GROUP BY 1').fetchall())
+            want = dict(
+                c.execute('SELECT "status"::text, count(*) FROM "Sales Data"."Q1 Orders" GROUP BY 1').fetchall()
+            )
         assert {r["status"]: r["n"] for r in rows} == want and sum(want.values()) == 28  # 2 deleted by the cascade
 
         with closing(ServiceClient(s.socket_path)) as client:
@@ -117,9 +137,12 @@ def test_orm_schema_mirrored_end_to_end(pg_dsn, state_dir):
 
         # a restart, then ADD COLUMN "newCol" (and a change carrying it)
         mooncake(s, "stop", check=True)
-        _sql(pg_dsn, """ALTER TABLE "User" ADD COLUMN "newCol" text DEFAULT 'dflt'""",
-             """UPDATE "User" SET "newCol" = 'set' WHERE "order" = 1""",
-             """INSERT INTO "Sales Data"."Q1 Orders" ("userId", "status") SELECT "id", 'PENDING' FROM "User" WHERE "order" = 2""")
+        _sql(
+            pg_dsn,
+            """ALTER TABLE "User" ADD COLUMN "newCol" text DEFAULT 'dflt'""",
+            """UPDATE "User" SET "newCol" = 'set' WHERE "order" = 1""",
+            """INSERT INTO "Sales Data"."Q1 Orders" ("userId", "status") SELECT "id", 'PENDING' FROM "User" WHERE "order" = 2""",
+        )
         mooncake(s, "start", check=True)
         _verify_all(s, "union")
         rows = _query(s, 'SELECT "order", "newCol" FROM users WHERE "order" IN (1, 2) ORDER BY "order"')
@@ -146,9 +169,33 @@ def test_orm_schema_mirrored_end_to_end(pg_dsn, state_dir):
 
 def test_qualified_names_parse_like_parse_ident(pg_dsn):
     """The local parser (for places without a server) agrees with Postgres's parse_ident."""
-    cases = ['public.User', 'public."User"', '"User"', '"Sales Data"."Q1 Orders"', ' a . b ', 'a..b', '.a', 'a.',
-             '"a""b"', '""', '"unclosed', 'a b', 'a$b', '1a', 'ÄÖ.x', 'a.b.c.d', 'a-b', '"a.b"', 'Straße', '',
-             '"x"y', 'x"y"', '"ünï ☃"."Tab\tle"', 'sch.""', '_a1.B_2$']
+    cases = [
+        "public.User",
+        'public."User"',
+        '"User"',
+        '"Sales Data"."Q1 Orders"',
+        " a . b ",
+        "a..b",
+        ".a",
+        "a.",
+        '"a""b"',
+        '""',
+        '"unclosed',
+        "a b",
+        "a$b",
+        "1a",
+        "ÄÖ.x",
+        "a.b.c.d",
+        "a-b",
+        '"a.b"',
+        "Straße",
+        "",
+        '"x"y',
+        'x"y"',
+        '"ünï ☃"."Tab\tle"',
+        'sch.""',
+        "_a1.B_2$",
+    ]
     with psycopg.connect(pg_dsn) as c:
         for text in cases:
             try:
@@ -165,8 +212,13 @@ def test_qualified_names_parse_like_parse_ident(pg_dsn):
 
 
 def test_bad_names_say_how_they_were_parsed(pg_dsn):
-    _sql(pg_dsn, 'CREATE SCHEMA "Sales Data"', 'CREATE TABLE "Sales Data"."Q1 Orders" (id int PRIMARY KEY)',
-         'CREATE TABLE "User" (id int PRIMARY KEY)', 'CREATE TABLE "Sales Data"."a.b" (id int)')
+    _sql(
+        pg_dsn,
+        'CREATE SCHEMA "Sales Data"',
+        'CREATE TABLE "Sales Data"."Q1 Orders" (id int PRIMARY KEY)',
+        'CREATE TABLE "User" (id int PRIMARY KEY)',
+        'CREATE TABLE "Sales Data"."a.b" (id int)',
+    )
     with psycopg.connect(pg_dsn) as c:
         oid, t = resolve_table(c, '"Sales Data"."Q1 Orders"')
         assert (t.schema, t.name, str(t)) == ("Sales Data", "Q1 Orders", '"Sales Data"."Q1 Orders"')
@@ -222,11 +274,13 @@ def test_dagster_specs_and_asset_keys_for_quoted_names():
     from mooncake_assets.dagster.assets import build_table_assets, source_key
     from mooncake_assets.dagster.resources import ReplicationResource, TableSpec, parse_tables
 
-    specs = parse_tables('q1_orders="Sales Data"."Q1 Orders", "User", Mixed=public.MixedCase, '
-                         'we="We, Ltd"."x=y"')
+    specs = parse_tables('q1_orders="Sales Data"."Q1 Orders", "User", Mixed=public.MixedCase, we="We, Ltd"."x=y"')
     assert [(t.name, t.source) for t in specs] == [
-        ("q1_orders", '"Sales Data"."Q1 Orders"'), ("User", 'public."User"'), ("Mixed", "public.mixedcase"),
-        ("we", '"We, Ltd"."x=y"')]
+        ("q1_orders", '"Sales Data"."Q1 Orders"'),
+        ("User", 'public."User"'),
+        ("Mixed", "public.mixedcase"),
+        ("we", '"We, Ltd"."x=y"'),
+    ]
     with pytest.raises(ValueError, match="name the mirror"):
         TableSpec.parse('"Sales Data"."Q1 Orders"')
     key = source_key(specs[0])
@@ -237,7 +291,9 @@ def test_dagster_specs_and_asset_keys_for_quoted_names():
     defs = dg.Definitions(assets=assets, resources={"replication": ReplicationResource(state_dir="/nonexistent")})
     src = next(a for a in assets if isinstance(a, dg.AssetSpec) and a.key == key)
     assert '"Sales Data"."Q1 Orders"' in src.description
-    assert src.metadata["mooncake/source_schema"] == "Sales Data" and src.metadata["mooncake/source_table"] == "Q1 Orders"
+    assert (
+        src.metadata["mooncake/source_schema"] == "Sales Data" and src.metadata["mooncake/source_table"] == "Q1 Orders"
+    )
     mirror = defs.resolve_assets_def(dg.AssetKey(["mirror", "q1_orders"]))
     assert key in mirror.asset_deps[dg.AssetKey(["mirror", "q1_orders"])]
 
@@ -252,9 +308,15 @@ def test_columns_differing_only_in_case_are_refused_by_schema_evolution():
     assert case_collision(["id", "ärger", "Ärger", "createdAt"]) is None  # DuckDB folds ASCII letters only
     assert case_collision(["id", "createdAt", "CreatedAt"]) == ("createdAt", "CreatedAt")
     s = schema(spec("id", INT4, 1, 1, True), spec("newCol", INT4, 2, 2))
-    ok = plan(s, [("id", INT4, -1), ("newCol", INT4, -1), ("Other Col", INT4, -1)],
-              [cat(1, "id"), cat(2, "newCol"), cat(3, "Other Col")])
+    ok = plan(
+        s,
+        [("id", INT4, -1), ("newCol", INT4, -1), ("Other Col", INT4, -1)],
+        [cat(1, "id"), cat(2, "newCol"), cat(3, "Other Col")],
+    )
     assert ok.added == ["Other Col"]
     with pytest.raises(SchemaChangeError, match='columns "newCol" and "NEWCOL" differ only in case'):
-        plan(s, [("id", INT4, -1), ("newCol", INT4, -1), ("NEWCOL", INT4, -1)],
-             [cat(1, "id"), cat(2, "newCol"), cat(3, "NEWCOL")])
+        plan(
+            s,
+            [("id", INT4, -1), ("newCol", INT4, -1), ("NEWCOL", INT4, -1)],
+            [cat(1, "id"), cat(2, "newCol"), cat(3, "NEWCOL")],
+        )

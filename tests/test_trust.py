@@ -1,8 +1,9 @@
-"""Issue 13: no state in which a mirror is wrong while list-tables, status and Dagster say it is fine.
+"""No state in which a mirror is wrong while list-tables, status and Dagster say it is fine.
 
 Items 1 (two mirrors of one source), 2 (scheduled verify), 3 (maintenance mode and warnings), 5 (a
 different --dsn while a service runs), with the real service, Postgres and CLI.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,7 +88,9 @@ def test_drop_of_a_legacy_duplicate_keeps_the_source_published(pg_dsn, state_dir
         assert tables["dup_b"]["state"] == "error" and "dup_a" in tables["dup_b"]["error"], tables["dup_b"]
         mooncake(s, "drop-table", "dup_b", check=True)
         with psycopg.connect(pg_dsn, autocommit=True) as c:
-            assert c.execute("SELECT count(*) FROM pg_publication_tables WHERE tablename = 'dup_src'").fetchone()[0] == 1
+            assert (
+                c.execute("SELECT count(*) FROM pg_publication_tables WHERE tablename = 'dup_src'").fetchone()[0] == 1
+            )
             c.execute("INSERT INTO dup_src VALUES (2, 'b')")
         r = mooncake(s, "verify", "dup_a")
         assert r.returncode == 0 and "mirror 2 rows" in r.stdout, r.stdout + r.stderr
@@ -102,9 +105,11 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
     to `error` saying what differs, in list-tables and status."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE vt (id int PRIMARY KEY, v text, n numeric(10,2), ts timestamptz, u uuid, j jsonb)")
-        c.execute("INSERT INTO vt SELECT g, 'v' || g, g / 3.0, now(), gen_random_uuid(), '{\"a\": 1}' "
-                  "FROM generate_series(1, 500) g")
-    # the publication poll (issue 24) would name the cause first; off here, the scheduled verify must find it
+        c.execute(
+            "INSERT INTO vt SELECT g, 'v' || g, g / 3.0, now(), gen_random_uuid(), '{\"a\": 1}' "
+            "FROM generate_series(1, 500) g"
+        )
+    # the publication poll would name the cause first; off here, the scheduled verify must find it
     s = make_settings(state_dir, pg_dsn, verify_interval_s=0.5, publication_check_s=0)
     try:
         mooncake(s, "create-table", "vt", "public.vt", check=True)
@@ -112,8 +117,13 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
             c.execute("UPDATE vt SET v = 'w' WHERE id % 7 = 0")
             c.execute("DELETE FROM vt WHERE id % 11 = 0")
         # a check after the changes (one before them matches too, at its own LSN)
-        v = wait_until(lambda: (_status(s)["vt"].get("verify") or {}).get("source_rows") == 500 - 45
-                       and _status(s)["vt"]["verify"], timeout=120, what="a scheduled verify after the changes")
+        v = wait_until(
+            lambda: (
+                (_status(s)["vt"].get("verify") or {}).get("source_rows") == 500 - 45 and _status(s)["vt"]["verify"]
+            ),
+            timeout=120,
+            what="a scheduled verify after the changes",
+        )
         assert v["result"] == "match" and v["lsn"] and v["at"] and v["mirror_rows"] == 455, v
         assert _status(s)["vt"]["state"] == "ready"
         with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -137,16 +147,23 @@ def test_scheduled_verify_reports_match_then_turns_a_silent_stop_into_an_error(p
         assert meta["verify_lsn"].value == t["verify"]["lsn"] and meta["verify_at"].value
         # ... and the asset check mirror_matches_source shows that result (once per scheduled verify)
         import dagster as dg
+
         from mooncake_assets.dagster.sensors.replication import MaintenanceThresholds, first_sight
 
         tcur: dict = {}
         with dg.DagsterInstance.ephemeral() as inst:
             obs = observation("vt", t, {"source_lsn": None}, None)
-            evs = [e for e in first_sight(inst, "vt", t, obs, MaintenanceThresholds(), tcur)
-                   if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "mirror_matches_source"]
+            evs = [
+                e
+                for e in first_sight(inst, "vt", t, obs, MaintenanceThresholds(), tcur)
+                if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "mirror_matches_source"
+            ]
             assert len(evs) == 1 and not evs[0].passed and t["verify"]["lsn"] in evs[0].description, evs
-            again = [e for e in first_sight(inst, "vt", t, obs, MaintenanceThresholds(), tcur)
-                     if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "mirror_matches_source"]
+            again = [
+                e
+                for e in first_sight(inst, "vt", t, obs, MaintenanceThresholds(), tcur)
+                if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "mirror_matches_source"
+            ]
             assert again == []  # the same verify is reported once
     finally:
         stop_service(s)
@@ -190,7 +207,9 @@ def test_checksum_verify_matches_every_type_and_no_key(pg_dsn, state_dir):
         assert {t["name"]: t["state"] for t in client.status()["tables"]} == {"all_types": "error", "nokey": "error"}
         # a name that is not a mirror is refused in one line (it used to be dropped: "checksums: 0/0")
         r = mooncake(s, "verify", "--checksum", "all_types", "typo")
-        assert r.returncode == 1 and r.stderr.strip() == "error: no mirrored table named typo (see `mooncake list-tables`)", r
+        assert (
+            r.returncode == 1 and r.stderr.strip() == "error: no mirrored table named typo (see `mooncake list-tables`)"
+        ), r
 
 
 # ------------------------------------------------------------------------------------------ item 3
@@ -240,8 +259,9 @@ def test_ui_leaves_the_state_dir_in_its_own_maintenance_mode(pg_dsn, state_dir):
     import sys
 
     s = make_settings(state_dir, pg_dsn)
-    r = subprocess.run([sys.executable, "-c", UI_SCRIPT, str(state_dir), pg_dsn], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", UI_SCRIPT, str(state_dir), pg_dsn], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mirrored public.pgbench_accounts" in r.stdout, r.stdout
     assert json.loads(s.settings_file.read_text())["maintenance"] == "auto"

@@ -1,4 +1,4 @@
-"""``mooncake bench``: every figure measured side by side with its reference in one run (issue 8).
+"""``mooncake bench``: every figure measured side by side with its reference in one run.
 
 Suites (``--suite``, default all): ``ingest`` (rows/s applied vs ``pg_recvlogical`` on the same WAL,
 initial copy vs ``COPY TO STDOUT``), ``freshness`` (commit → visible under pgbench load),
@@ -15,13 +15,14 @@ the JSON). ``--quick`` sizes everything to finish in minutes; a suite that fails
 ``errors`` and the exit code is 1. ``MOONCAKE_BENCH_SIZE=tiny`` (or ``run_bench(size="tiny")``) runs
 everything at toy sizes in well under a minute (tests/cli/test_bench.py).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
 from .common import SIZES, get_path, machine, set_path
@@ -36,21 +37,33 @@ TARGETS = [
     ("ingest.narrow.ratio", ">=", 0.5, "ingest ≥ 0.5 of pg_recvlogical for narrow rows"),
     ("freshness.p99_ms", "<=", 1000.0, "freshness p99 ≤ 1 s"),
     ("union_read.scan.ratio_vs_clean.d1", "<=", 1.3, "union read ≤ 1.3× the clean-Parquet scan at 1% deletes"),
-    ("union_read.scan.speedup_vs_equality_deletes.d10", ">=", 5.0,
-     "union read ≥ 5× faster than equality deletes at 10% deletes"),
+    (
+        "union_read.scan.speedup_vs_equality_deletes.d10",
+        ">=",
+        5.0,
+        "union read ≥ 5× faster than equality deletes at 10% deletes",
+    ),
 ]
 
 REQUIRED_KEYS = [
-    "ingest.narrow.rows_per_s", "ingest.narrow.recvlogical_rows_per_s", "ingest.narrow.ratio", "ingest.wide.ratio",
-    "initial_copy.rows_per_s", "freshness.p50_ms", "freshness.p99_ms",
+    "ingest.narrow.rows_per_s",
+    "ingest.narrow.recvlogical_rows_per_s",
+    "ingest.narrow.ratio",
+    "ingest.wide.ratio",
+    "initial_copy.rows_per_s",
+    "freshness.p50_ms",
+    "freshness.p99_ms",
     *[f"union_read.{q}.ratio_vs_clean.{d}" for q in ("scan", "filter") for d in ("d1", "d10", "d30")],
     *[f"union_read.scan.speedup_vs_equality_deletes.{d}" for d in ("d1", "d10", "d30")],
-    "memory.service_rss_bytes_per_million_rows", "memory.index_bytes_per_row", "machine",
+    "memory.service_rss_bytes_per_million_rows",
+    "memory.index_bytes_per_row",
+    "machine",
 ]
 
 
-def run_bench(settings, quick: bool = False, json_file=None, plots=None, suites=None, size: str | None = None,
-              log=print) -> int:
+def run_bench(
+    settings, quick: bool = False, json_file=None, plots=None, suites=None, size: str | None = None, log=print
+) -> int:
     """Run the benchmark suites; write the JSON, ``bench.md`` and the plots. Returns the exit code
     (0 when every suite ran; the targets are reported, not enforced). ``size``: ``full``/``quick``/
     ``tiny`` (overrides ``quick``; ``tiny`` is for the test that keeps this from rotting)."""
@@ -67,8 +80,14 @@ def run_bench(settings, quick: bool = False, json_file=None, plots=None, suites=
     json_path = Path(json_file) if json_file else Path(settings.state_dir) / "bench" / "bench.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     plot_dir = Path(plots) if plots else json_path.parent / "bench-plots"
-    doc: dict = {"machine": machine(), "size": size, "suites": chosen,
-                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": {}, "errors": {}}
+    doc: dict = {
+        "machine": machine(),
+        "size": size,
+        "suites": chosen,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": {},
+        "errors": {},
+    }
     admin_dsn = None
     if PG_SUITES & set(chosen):
         admin_dsn = settings.source_dsn()

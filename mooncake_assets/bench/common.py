@@ -1,11 +1,12 @@
 """Shared pieces of the benchmarks: sizes, timing side by side, machine facts, bench databases.
 
-Timing rule (issue 8): a figure and its reference are measured in the same run, **interleaved**:
+Timing rule: a figure and its reference are measured in the same run, **interleaved**:
 ``rounds`` rounds, each running every contender once (in a rotated order), so that noise from other
 processes on the machine hits both sides alike. Each contender's time is the **median** of its
 rounds; ratios are ratios of medians (the ratio of best times is recorded too, as ``*_best``, and
 where both sides run in this process, the ratio of median CPU times, as ``cpu_*``).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ import platform
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import psycopg
 
@@ -25,30 +26,31 @@ class Sizes:
     minutes for everything) or ``tiny`` (the test that keeps the bench from rotting)."""
 
     name: str
-    union_rows: int            # rows of the union-read table
-    union_rounds: int          # interleaved rounds per union-read figure
-    ingest_small_rows: int     # rows inserted in small transactions (10 rows each)
-    ingest_large_rows: int     # rows inserted by one large (streamed) transaction
-    wide_factor: float         # wide-row workloads use this share of the narrow row counts
-    copy_rows: int             # rows of the initial-copy table
-    fresh_commits: int         # single-row commits timed by the freshness suite
-    fresh_load_tps: int        # background pgbench rate (transactions/s) during the freshness suite
-    memory_rows: int           # rows buffered by the memory suite
-    index_sizes: tuple         # sizes for the index bench
-    maintenance_quick: bool    # passed to run_maintenance_bench
+    union_rows: int  # rows of the union-read table
+    union_rounds: int  # interleaved rounds per union-read figure
+    ingest_small_rows: int  # rows inserted in small transactions (10 rows each)
+    ingest_large_rows: int  # rows inserted by one large (streamed) transaction
+    wide_factor: float  # wide-row workloads use this share of the narrow row counts
+    copy_rows: int  # rows of the initial-copy table
+    fresh_commits: int  # single-row commits timed by the freshness suite
+    fresh_load_tps: int  # background pgbench rate (transactions/s) during the freshness suite
+    memory_rows: int  # rows buffered by the memory suite
+    index_sizes: tuple  # sizes for the index bench
+    maintenance_quick: bool  # passed to run_maintenance_bench
 
 
 SIZES = {
-    "full": Sizes("full", 5_000_000, 9, 500_000, 1_000_000, 0.4, 2_000_000, 300, 400, 2_000_000,
-                  (1_000_000, 10_000_000), False),
-    "quick": Sizes("quick", 500_000, 9, 100_000, 200_000, 0.5, 500_000, 100, 300, 500_000,
-                   (100_000, 1_000_000), True),
+    "full": Sizes(
+        "full", 5_000_000, 9, 500_000, 1_000_000, 0.4, 2_000_000, 300, 400, 2_000_000, (1_000_000, 10_000_000), False
+    ),
+    "quick": Sizes("quick", 500_000, 9, 100_000, 200_000, 0.5, 500_000, 100, 300, 500_000, (100_000, 1_000_000), True),
     "tiny": Sizes("tiny", 30_000, 2, 2_000, 5_000, 0.5, 5_000, 8, 50, 20_000, (20_000,), True),
 }
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], rounds: int,
-                cpu: dict[str, list[float]] | None = None) -> tuple[dict[str, list[float]], dict[str, object]]:
+def interleaved(
+    contenders: dict[str, Callable[[], object]], rounds: int, cpu: dict[str, list[float]] | None = None
+) -> tuple[dict[str, list[float]], dict[str, object]]:
     """Run every contender once per round, order rotated each round; returns (wall seconds per round,
     last result) per contender. ``cpu``: filled with this process's CPU seconds per round (all its
     threads: DuckDB's, PyArrow's, an in-process server's), which noise from other processes disturbs less."""
@@ -56,7 +58,7 @@ def interleaved(contenders: dict[str, Callable[[], object]], rounds: int,
     times: dict[str, list[float]] = {n: [] for n in names}
     results: dict[str, object] = {}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             c = time.process_time()
             t = time.perf_counter()
@@ -76,8 +78,13 @@ def machine() -> dict:
     import duckdb
     import pyarrow
 
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "duckdb": duckdb.__version__, "pyarrow": pyarrow.__version__}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "duckdb": duckdb.__version__,
+        "pyarrow": pyarrow.__version__,
+    }
     try:
         with open("/proc/meminfo") as f:
             info["mem_total_bytes"] = int(f.readline().split()[1]) * 1024
@@ -104,15 +111,16 @@ class BenchDatabase:
         d["dbname"] = self.name
         self.dsn = make_conninfo(**d)
 
-    def __enter__(self) -> "BenchDatabase":
+    def __enter__(self) -> BenchDatabase:
         with psycopg.connect(self.admin_dsn, autocommit=True) as c:
             c.execute(f"CREATE DATABASE {self.name}")
         return self
 
     def __exit__(self, *exc) -> None:
         with psycopg.connect(self.admin_dsn, autocommit=True) as c:
-            for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
-                                     (self.name,)).fetchall():
+            for (slot,) in c.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (self.name,)
+            ).fetchall():
                 for _ in range(50):
                     try:
                         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

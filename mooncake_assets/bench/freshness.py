@@ -1,4 +1,4 @@
-"""Freshness benchmark (issue 8 §2): commit → visible in a union read, under a background pgbench load.
+"""Freshness benchmark: commit → visible in a union read, under a background pgbench load.
 
 In a scratch database: ``pgbench -i``, a table ``fresh(id int PRIMARY KEY, at timestamptz)``, and a
 real service (``mooncake serve`` as a background process, ``maintenance: auto`` with its default
@@ -11,6 +11,7 @@ single-row INSERTs into ``fresh`` are made, each in its own transaction (autocom
 ``now − t0`` (so it includes the commit itself). No read-your-writes barrier is used: this measures
 how soon the row shows up by itself.
 """
+
 from __future__ import annotations
 
 import random
@@ -51,9 +52,25 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
                 for t in ["fresh"] + TABLES:
                     client.call("create_table", dst=t, src=f"public.{t}")
                 seconds = max(30, int(sizes.fresh_commits * 0.25) + 30)
-                bench = subprocess.Popen([pg_bin("pgbench"), "-n", "-c", "2", "-j", "2", "-R", str(sizes.fresh_load_tps),
-                                          "-T", str(seconds), db.dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True, start_new_session=True)
+                bench = subprocess.Popen(
+                    [
+                        pg_bin("pgbench"),
+                        "-n",
+                        "-c",
+                        "2",
+                        "-j",
+                        "2",
+                        "-R",
+                        str(sizes.fresh_load_tps),
+                        "-T",
+                        str(seconds),
+                        db.dsn,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
                 with psycopg.connect(db.dsn, autocommit=True) as c:
                     h0 = c.execute("SELECT count(*) FROM pgbench_history").fetchone()[0]
                 t_load = time.perf_counter()
@@ -81,7 +98,8 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
                 st = {t["name"]: t for t in client.status()["tables"]}
                 with psycopg.connect(db.dsn, autocommit=True) as c:
                     load_tps = (c.execute("SELECT count(*) FROM pgbench_history").fetchone()[0] - h0) / (
-                        time.perf_counter() - t_load)
+                        time.perf_counter() - t_load
+                    )
             finally:
                 load = ""
                 if bench is not None:
@@ -97,14 +115,21 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
         shutil.rmtree(scratch, ignore_errors=True)
     ms = np.array(lat) * 1000
     out = {
-        "commits": len(lat), "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
-        "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()), "mean_ms": float(ms.mean()),
-        "polls_mean": float(np.mean(polls)), "latencies_ms": [round(x, 3) for x in ms.tolist()],
+        "commits": len(lat),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "mean_ms": float(ms.mean()),
+        "polls_mean": float(np.mean(polls)),
+        "latencies_ms": [round(x, 3) for x in ms.tolist()],
         "background_load": {"pgbench": f"-c 2 -j 2 -R {sizes.fresh_load_tps}", "tps": round(load_tps, 1)},
         "missing_keys": sum(t.get("missing_keys", 0) or 0 for t in st.values()),
         "method": "commit (autocommit INSERT) to visible in UnionReader.register + SELECT, polled every 2 ms, "
-                  "service in maintenance: auto under pgbench load",
+        "service in maintenance: auto under pgbench load",
     }
-    log(f"  freshness: {out['commits']} commits, p50 {out['p50_ms']:.1f} ms, p99 {out['p99_ms']:.1f} ms "
-        f"(pgbench {out['background_load']['tps']} tps)")
+    log(
+        f"  freshness: {out['commits']} commits, p50 {out['p50_ms']:.1f} ms, p99 {out['p99_ms']:.1f} ms "
+        f"(pgbench {out['background_load']['tps']} tps)"
+    )
     return out

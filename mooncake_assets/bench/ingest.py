@@ -1,4 +1,4 @@
-"""Ingest benchmark (issue 8 §1): rows/s the service applies vs. ``pg_recvlogical`` on the same WAL,
+"""Ingest benchmark: rows/s the service applies vs. ``pg_recvlogical`` on the same WAL,
 and the initial copy vs. ``COPY … TO STDOUT`` discarded by psql.
 
 For each workload — ``narrow`` rows (``pgbench_accounts``' shape: int4 key, int4, int4, char(84)) and
@@ -27,6 +27,7 @@ Iceberg) vs. ``psql -c "COPY t TO STDOUT" > /dev/null`` (client side, the same p
 server-side ``COPY t TO '/dev/null'`` for information. MB/s use the table's heap size
 (``pg_relation_size``).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -44,12 +45,20 @@ DECODING_MEM = "-c logical_decoding_work_mem=4MB"
 
 NARROW_DDL = "CREATE TABLE {t} (aid int PRIMARY KEY, bid int, abalance int, filler char(84))"
 NARROW_SELECT = "SELECT g, (g - 1) / 100000 + 1, (g % 1000) - 500, '' FROM generate_series({a}, {b}) g"
-WIDE_DDL = ("CREATE TABLE {t} (id bigint PRIMARY KEY, "
-            + ", ".join(f"t{i} text" for i in range(1, 11)) + ", "
-            + ", ".join(f"n{i} numeric(16,4)" for i in range(1, 10)) + ")")
-WIDE_SELECT = ("SELECT g, " + ", ".join(f"md5((g + {i})::text)" for i in range(1, 11)) + ", "
-               + ", ".join(f"((g * {i}) % 1000000) / 7.0" for i in range(1, 10))
-               + " FROM generate_series({a}, {b}) g")
+WIDE_DDL = (
+    "CREATE TABLE {t} (id bigint PRIMARY KEY, "
+    + ", ".join(f"t{i} text" for i in range(1, 11))
+    + ", "
+    + ", ".join(f"n{i} numeric(16,4)" for i in range(1, 10))
+    + ")"
+)
+WIDE_SELECT = (
+    "SELECT g, "
+    + ", ".join(f"md5((g + {i})::text)" for i in range(1, 11))
+    + ", "
+    + ", ".join(f"((g * {i}) % 1000000) / 7.0" for i in range(1, 10))
+    + " FROM generate_series({a}, {b}) g"
+)
 
 
 def _dsn_with(dsn: str, options: str) -> str:
@@ -65,15 +74,31 @@ def _workload(dsn: str, table: str, shape: str, mode: str, rows: int) -> None:
             c.execute(f"INSERT INTO {table} " + select.format(a=1, b=rows))
         else:
             per = 10
-            body = select.format(a="i * %d + 1" % per, b="i * %d + %d" % (per, per))
-            c.execute(f"DO $$ BEGIN FOR i IN 0..{rows // per - 1} LOOP INSERT INTO {table} {body}; COMMIT; "
-                      "END LOOP; END $$")
+            body = select.format(a=f"i * {per} + 1", b=f"i * {per} + {per}")
+            c.execute(
+                f"DO $$ BEGIN FOR i IN 0..{rows // per - 1} LOOP INSERT INTO {table} {body}; COMMIT; END LOOP; END $$"
+            )
 
 
 def _recvlogical(dsn: str, slot: str, pub: str, end_lsn: str, timeout: float) -> float:
-    cmd = [pg_bin("pg_recvlogical"), "-d", _dsn_with(dsn, DECODING_MEM), "--slot", slot, "--start",
-           "-o", "proto_version=2", "-o", f"publication_names={pub}", "-o", "streaming=on",
-           "--no-loop", "-f", "/dev/null", f"--endpos={end_lsn}"]
+    cmd = [
+        pg_bin("pg_recvlogical"),
+        "-d",
+        _dsn_with(dsn, DECODING_MEM),
+        "--slot",
+        slot,
+        "--start",
+        "-o",
+        "proto_version=2",
+        "-o",
+        f"publication_names={pub}",
+        "-o",
+        "streaming=on",
+        "--no-loop",
+        "-f",
+        "/dev/null",
+        f"--endpos={end_lsn}",
+    ]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     secs = time.perf_counter() - t
@@ -86,9 +111,9 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     """The service's apply loop on ``slot`` until ``rows`` rows of ``table`` are applied; (seconds, info)."""
     from ..config import Settings
     from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table
-    from ..engine.service import replication as svc_module
     from ..engine.lsn import Lsn
     from ..engine.pg.conninfo import with_options
+    from ..engine.service import replication as svc_module
     from ..engine.service.service import ReplicatorService
     from ..engine.table.mirror import MirrorTable
 
@@ -121,9 +146,15 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
         secs = time.perf_counter() - start
     finally:
         repl.close()
-    info = {"transactions": txns, "rows_applied": t.mem.num_rows, "live_rows_applied": t.mem.live_rows,
-            "applied_lsn": str(Lsn(svc.applied_lsn)), "buffer_bytes": t.mem.nbytes, "missing_keys": t.missing_keys,
-            "table_error": t.error}
+    info = {
+        "transactions": txns,
+        "rows_applied": t.mem.num_rows,
+        "live_rows_applied": t.mem.live_rows,
+        "applied_lsn": str(Lsn(svc.applied_lsn)),
+        "buffer_bytes": t.mem.nbytes,
+        "missing_keys": t.missing_keys,
+        "table_error": t.error,
+    }
     if t.error:
         raise RuntimeError(f"the apply loop stopped table {table}: {t.error}")
     return secs, info
@@ -131,8 +162,11 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
 
 def run_ingest_bench(admin_dsn: str, sizes: Sizes, log=print, cases: list[str] | None = None) -> dict:
     """Run the ingest suite against the cluster of ``admin_dsn``; returns the ``ingest`` section."""
-    out: dict = {"method": "same WAL, two slots created before the workload; see mooncake_assets/bench/ingest.py",
-                 "logical_decoding_work_mem": "4MB", "protocol": "pgoutput proto_version 2, streaming on"}
+    out: dict = {
+        "method": "same WAL, two slots created before the workload; see mooncake_assets/bench/ingest.py",
+        "logical_decoding_work_mem": "4MB",
+        "protocol": "pgoutput proto_version 2, streaming on",
+    }
     cases = cases or ["narrow_small", "wide_small", "narrow_large", "wide_large"]
     scratch_root = Path(tempfile.mkdtemp(prefix="mooncake-bench-ingest-", dir="/var/tmp"))
     try:
@@ -154,8 +188,11 @@ def run_ingest_bench(admin_dsn: str, sizes: Sizes, log=print, cases: list[str] |
                 work_s = time.perf_counter() - t0
                 with psycopg.connect(db.dsn, autocommit=True) as c:
                     end = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-                    wal = c.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM "
-                                    "pg_replication_slots WHERE slot_name = %s", (slots["rl"],)).fetchone()[0]
+                    wal = c.execute(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM "
+                        "pg_replication_slots WHERE slot_name = %s",
+                        (slots["rl"],),
+                    ).fetchone()[0]
                 timeout = 600.0
                 rl_s = _recvlogical(db.dsn, slots["rl"], pub, end, timeout)
                 scratch = scratch_root / case
@@ -173,16 +210,24 @@ def run_ingest_bench(admin_dsn: str, sizes: Sizes, log=print, cases: list[str] |
                     c.execute(f"DROP TABLE {table}")
                 key = shape if mode == "small" else f"{shape}_large"
                 fig = {
-                    "rows": rows, "transactions": rows // 10 if mode == "small" else 1,
-                    "rows_per_transaction": 10 if mode == "small" else rows, "end_lsn": end,
-                    "wal_bytes": int(wal), "workload_seconds": work_s,
-                    "seconds": ours_s, "recvlogical_seconds": rl_s,
-                    "rows_per_s": rows / ours_s, "recvlogical_rows_per_s": rows / rl_s,
-                    "ratio": (rows / ours_s) / (rows / rl_s), **info,
+                    "rows": rows,
+                    "transactions": rows // 10 if mode == "small" else 1,
+                    "rows_per_transaction": 10 if mode == "small" else rows,
+                    "end_lsn": end,
+                    "wal_bytes": int(wal),
+                    "workload_seconds": work_s,
+                    "seconds": ours_s,
+                    "recvlogical_seconds": rl_s,
+                    "rows_per_s": rows / ours_s,
+                    "recvlogical_rows_per_s": rows / rl_s,
+                    "ratio": (rows / ours_s) / (rows / rl_s),
+                    **info,
                 }
                 out[key] = fig
-                log(f"  ingest {case}: {rows:,} rows, ours {fig['rows_per_s']:,.0f} rows/s, pg_recvlogical "
-                    f"{fig['recvlogical_rows_per_s']:,.0f} rows/s, ratio {fig['ratio']:.2f}")
+                log(
+                    f"  ingest {case}: {rows:,} rows, ours {fig['rows_per_s']:,.0f} rows/s, pg_recvlogical "
+                    f"{fig['recvlogical_rows_per_s']:,.0f} rows/s, ratio {fig['ratio']:.2f}"
+                )
             out["initial_copy"] = _initial_copy(db, sizes, scratch_root, log)
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
@@ -203,8 +248,12 @@ def _initial_copy(db: BenchDatabase, sizes: Sizes, scratch_root: Path, log) -> d
 
     def psql_copy() -> float:
         t = time.perf_counter()
-        subprocess.run([pg_bin("psql"), "-X", "-q", "-d", db.dsn, "-c", f"COPY {table} TO STDOUT"],
-                       stdout=subprocess.DEVNULL, check=True, timeout=600)
+        subprocess.run(
+            [pg_bin("psql"), "-X", "-q", "-d", db.dsn, "-c", f"COPY {table} TO STDOUT"],
+            stdout=subprocess.DEVNULL,
+            check=True,
+            timeout=600,
+        )
         return time.perf_counter() - t
 
     def server_copy() -> float:
@@ -231,14 +280,26 @@ def _initial_copy(db: BenchDatabase, sizes: Sizes, scratch_root: Path, log) -> d
     psql_s = sum(ref) / len(ref)
     with psycopg.connect(db.dsn, autocommit=True) as c:
         source_rows = c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-    fig = {"rows": rows, "source_rows": source_rows, "heap_bytes": heap, "seconds": ours, "rows_per_s": rows / ours, "mb_per_s": heap / ours / 1e6,
-           "copied_rows": res.get("rows"),
-           "reference": "psql -c 'COPY t TO STDOUT' > /dev/null (client side, mean of a run before and after ours)",
-           "psql_seconds": psql_s, "psql_rows_per_s": rows / psql_s, "psql_mb_per_s": heap / psql_s / 1e6,
-           "server_dev_null_seconds": server, "server_dev_null_rows_per_s": rows / server,
-           "ratio": psql_s / ours,
-           "what_ours_includes": "create_table: exported snapshot, COPY TO STDOUT decoded into Parquet, key "
-                                 "hashes and IndexBlock, persist (Iceberg commit)"}
-    log(f"  initial copy: {rows:,} rows, ours {fig['rows_per_s']:,.0f} rows/s ({fig['mb_per_s']:.1f} MB/s), "
-        f"psql COPY TO STDOUT {fig['psql_rows_per_s']:,.0f} rows/s, ratio {fig['ratio']:.2f}")
+    fig = {
+        "rows": rows,
+        "source_rows": source_rows,
+        "heap_bytes": heap,
+        "seconds": ours,
+        "rows_per_s": rows / ours,
+        "mb_per_s": heap / ours / 1e6,
+        "copied_rows": res.get("rows"),
+        "reference": "psql -c 'COPY t TO STDOUT' > /dev/null (client side, mean of a run before and after ours)",
+        "psql_seconds": psql_s,
+        "psql_rows_per_s": rows / psql_s,
+        "psql_mb_per_s": heap / psql_s / 1e6,
+        "server_dev_null_seconds": server,
+        "server_dev_null_rows_per_s": rows / server,
+        "ratio": psql_s / ours,
+        "what_ours_includes": "create_table: exported snapshot, COPY TO STDOUT decoded into Parquet, key "
+        "hashes and IndexBlock, persist (Iceberg commit)",
+    }
+    log(
+        f"  initial copy: {rows:,} rows, ours {fig['rows_per_s']:,.0f} rows/s ({fig['mb_per_s']:.1f} MB/s), "
+        f"psql COPY TO STDOUT {fig['psql_rows_per_s']:,.0f} rows/s, ratio {fig['ratio']:.2f}"
+    )
     return fig

@@ -1,4 +1,4 @@
-"""Maintenance benchmark (issue 5): what index merge and compaction buy union reads, and what
+"""Maintenance benchmark: what index merge and compaction buy union reads, and what
 compaction costs. ``mooncake bench --suite maintenance`` calls :func:`run_maintenance_bench`.
 
 One run, one process, side by side, on a scratch table in the source Postgres mirrored by a scratch
@@ -28,6 +28,7 @@ held (the final swap).
 
 Units: ``*_ms`` milliseconds, ``*_seconds`` seconds, ``*_per_s`` per second, ratios plain numbers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import duckdb
 import psycopg
+
 from ..engine.index.bench import best_time
 
 __all__ = ["run_maintenance_bench"]
@@ -83,13 +85,25 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
     src = f"mooncake_bench_maint_{tag}"
     scratch = Path(tempfile.mkdtemp(prefix="mooncake-bench-maint-", dir=os.environ.get("TMPDIR", "/var/tmp")))
     # a state directory: mkdtemp makes it 0700, as mooncake wants one
-    bs = dataclasses.replace(settings, state_dir=scratch, warehouse=None, catalog_uri=None, maintenance="dagster",
-                             extra={**(settings.extra or {}), "maintenance": {"snapshot_retention_s": 0,
-                                                                             "retain_snapshots": 1}})
+    bs = dataclasses.replace(
+        settings,
+        state_dir=scratch,
+        warehouse=None,
+        catalog_uri=None,
+        maintenance="dagster",
+        extra={**(settings.extra or {}), "maintenance": {"snapshot_retention_s": 0, "retain_snapshots": 1}},
+    )
     bs.dsn = dsn
     client = None
-    out: dict = {"suite": "maintenance", "quick": quick, "rows": rows, "batches": batches,
-                 "updates_per_batch": per_batch, "repeat": repeat, "queries": QUERIES}
+    out: dict = {
+        "suite": "maintenance",
+        "quick": quick,
+        "rows": rows,
+        "batches": batches,
+        "updates_per_batch": per_batch,
+        "repeat": repeat,
+        "queries": QUERIES,
+    }
     try:
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f"CREATE TABLE {src} (id bigint PRIMARY KEY, k int NOT NULL, v bigint NOT NULL, pad text)")
@@ -100,8 +114,11 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
         client.call("create_table", dst="bench", src=f"public.{src}", timeout=3600)
         with psycopg.connect(dsn, autocommit=True) as c:
             for b in range(batches):  # random keys, the same in every run
-                c.execute(f"UPDATE {src} SET v = v + 1 WHERE id IN (SELECT (hashint8(g::bigint + %s) & 2147483647) "
-                          f"%% %s + 1 FROM generate_series(1, %s) g)", (b * 7919, rows, per_batch))
+                c.execute(
+                    f"UPDATE {src} SET v = v + 1 WHERE id IN (SELECT (hashint8(g::bigint + %s) & 2147483647) "
+                    f"%% %s + 1 FROM generate_series(1, %s) g)",
+                    (b * 7919, rows, per_batch),
+                )
                 client.wait_lsn(_lsn(dsn), timeout=600)
                 client.call("persist", table="bench")
         out["ingest_seconds"] = round(time.perf_counter() - t_ingest, 3)
@@ -129,14 +146,30 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
                     u = min(u, best_time(lambda: r.query(sql, tables=["bench"]), 1))
                     c = min(c, best_time(lambda: ref.execute(sql).fetchall(), 1))
                 union[q], ref_ms[q] = round(1000 * u, 2), round(1000 * c, 2)
-            return {"data_files": st["data_files"], "index_blocks": st["index_blocks"],
-                    "deleted_rows": st["deleted_rows"], "live_rows": st["live_rows"], "union_ms": union,
-                    "clean_ms": ref_ms, "ratio_vs_clean": {q: round(union[q] / max(ref_ms[q], 1e-3), 2) for q in QUERIES}}
+            return {
+                "data_files": st["data_files"],
+                "index_blocks": st["index_blocks"],
+                "deleted_rows": st["deleted_rows"],
+                "live_rows": st["live_rows"],
+                "union_ms": union,
+                "clean_ms": ref_ms,
+                "ratio_vs_clean": {q: round(union[q] / max(ref_ms[q], 1e-3), 2) for q in QUERIES},
+            }
 
         states = {"no_maintenance": measure()}
         merge = client.call("merge_index", table="bench", full=True)
-        out["index_merge"] = {k: merge.get(k) for k in ("blocks_in", "blocks_out", "entries_in", "entries_out",
-                                                         "dead_entries_dropped", "seconds", "lock_seconds")}
+        out["index_merge"] = {
+            k: merge.get(k)
+            for k in (
+                "blocks_in",
+                "blocks_out",
+                "entries_in",
+                "entries_out",
+                "dead_entries_dropped",
+                "seconds",
+                "lock_seconds",
+            )
+        }
         states["index_merge_only"] = measure()
         runs = []
         for _ in range(8):  # the policy, to its fixpoint
@@ -146,19 +179,40 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
             runs.append(r)
         states["compacted"] = measure()
         full = client.call("compact", table="bench", full=True)
-        out["full_compaction"] = {k: full.get(k) for k in ("files_in", "files_out", "rows_in", "rows_out",
-                                                            "deleted_rows_dropped", "seconds", "lock_seconds")}
+        out["full_compaction"] = {
+            k: full.get(k)
+            for k in ("files_in", "files_out", "rows_in", "rows_out", "deleted_rows_dropped", "seconds", "lock_seconds")
+        }
         states["compacted_full"] = measure()
         out["states"] = states
-        tot = {k: sum(r[k] for r in runs) for k in
-               ("files_in", "files_out", "rows_in", "rows_out", "bytes_in", "bytes_out", "deleted_rows_dropped",
-                "index_entries_in", "index_entries_out", "rewrite_seconds", "upload_seconds", "index_seconds",
-                "commit_seconds", "lock_seconds", "seconds")}
+        tot = {
+            k: sum(r[k] for r in runs)
+            for k in (
+                "files_in",
+                "files_out",
+                "rows_in",
+                "rows_out",
+                "bytes_in",
+                "bytes_out",
+                "deleted_rows_dropped",
+                "index_entries_in",
+                "index_entries_out",
+                "rewrite_seconds",
+                "upload_seconds",
+                "index_seconds",
+                "commit_seconds",
+                "lock_seconds",
+                "seconds",
+            )
+        }
         data_s = tot["rewrite_seconds"] + tot["upload_seconds"]
         out["compaction"] = {
-            "runs": len(runs), **{k: round(v, 4) if isinstance(v, float) else v for k, v in tot.items()},
+            "runs": len(runs),
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in tot.items()},
             "rows_per_s": round(tot["rows_in"] / data_s) if data_s else None,
-            "index_entries_per_s": round(tot["index_entries_in"] / tot["index_seconds"]) if tot["index_seconds"] else None,
+            "index_entries_per_s": round(tot["index_entries_in"] / tot["index_seconds"])
+            if tot["index_seconds"]
+            else None,
             "rows_per_s_with_index": round(tot["rows_in"] / (data_s + tot["index_seconds"])) if data_s else None,
             "index_share_of_seconds": round(tot["index_seconds"] / tot["seconds"], 4) if tot["seconds"] else None,
         }

@@ -1,4 +1,4 @@
-"""Memory benchmark (issue 8 §5): the service's peak RSS per million buffered rows, and index bytes per row.
+"""Memory benchmark: the service's peak RSS per million buffered rows, and index bytes per row.
 
 A real service (background process, flushes switched off: ``maintenance: dagster`` with flush
 thresholds out of reach) mirrors an empty narrow table (``pgbench_accounts``' shape); its RSS is read
@@ -7,8 +7,9 @@ is waited for (read-your-writes barrier); then its peak RSS (VmHWM) is read.
 ``service_rss_bytes_per_million_rows`` = (VmHWM after − VmRSS before) ÷ millions of rows buffered —
 the buffer itself (MemSlice, Arrow batches) plus the MemIndex plus whatever the apply loop keeps.
 Then the table is flushed: ``index_bytes_per_row`` = bytes of the IndexBlock files on disk ÷ rows
-(the FileIndex of DESIGN.md §3: bit-packed hash, file and row per entry plus the bucket table).
+(the FileIndex of docs/architecture.md#data-path: bit-packed hash, file and row per entry plus the bucket table).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -42,8 +43,14 @@ def run_memory_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict:
     try:
         with BenchDatabase(admin_dsn) as db:
             db.execute(NARROW_DDL.format(t="buffered"))
-            settings = Settings(state_dir=scratch, dsn=db.dsn, maintenance="dagster",
-                                flush_rows=1 << 60, flush_bytes=1 << 60, persist_interval_s=1e9)
+            settings = Settings(
+                state_dir=scratch,
+                dsn=db.dsn,
+                maintenance="dagster",
+                flush_rows=1 << 60,
+                flush_bytes=1 << 60,
+                persist_interval_s=1e9,
+            )
             settings.save()
             start_service(settings)
             client = ServiceClient(settings.socket_path)
@@ -72,16 +79,24 @@ def run_memory_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
     grown = after["VmHWM"] - before["VmRSS"]
     out = {
-        "rows": rows, "buffer_rows": st.get("buffer_rows"), "buffer_bytes": st.get("buffer_bytes"),
-        "rss_before_bytes": before["VmRSS"], "rss_after_bytes": after["VmRSS"], "peak_rss_bytes": after["VmHWM"],
+        "rows": rows,
+        "buffer_rows": st.get("buffer_rows"),
+        "buffer_bytes": st.get("buffer_bytes"),
+        "rss_before_bytes": before["VmRSS"],
+        "rss_after_bytes": after["VmRSS"],
+        "peak_rss_bytes": after["VmHWM"],
         "service_rss_bytes_per_million_rows": grown / (rows / 1e6),
         "buffer_bytes_per_row": (st.get("buffer_bytes") or 0) / rows,
-        "index_bytes": idx, "index_blocks": st2.get("index_blocks"), "index_bytes_per_row": idx / rows,
+        "index_bytes": idx,
+        "index_blocks": st2.get("index_blocks"),
+        "index_bytes_per_row": idx / rows,
         "seconds_to_apply_after_commit": apply_s,
         "method": "service process VmHWM after buffering rows (no flush) minus VmRSS before; index = IndexBlock "
-                  "files after one flush",
+        "files after one flush",
     }
-    log(f"  memory: {rows:,} rows buffered, +{grown / 1e6:.0f} MB peak RSS "
+    log(
+        f"  memory: {rows:,} rows buffered, +{grown / 1e6:.0f} MB peak RSS "
         f"({out['service_rss_bytes_per_million_rows'] / 1e6:.0f} MB per million rows), "
-        f"index {out['index_bytes_per_row']:.2f} bytes/row")
+        f"index {out['index_bytes_per_row']:.2f} bytes/row"
+    )
     return out

@@ -1,4 +1,5 @@
 """The bench's Markdown summary and PNG plots (matplotlib, Agg backend), from the bench JSON document."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,12 +21,17 @@ def _f(v, digits: int = 3) -> str:
 
 def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base: Path | None = None) -> None:
     m = doc.get("machine", {})
-    lines = [f"# mooncake bench ({doc.get('size')})", "",
-             f"Started {doc.get('started')}, {doc.get('seconds', {}).get('total', '?')} s in all. Machine: "
-             f"{m.get('cpu_model', '?')}, {m.get('cpus')} CPUs, {(m.get('mem_total_bytes') or 0) / 2**30:.0f} GiB, "
-             f"load average {_f(m.get('loadavg_at_start'))} at start; Python {m.get('python')}, DuckDB {m.get('duckdb')}, "
-             f"PyArrow {m.get('pyarrow')}, Postgres {m.get('postgres', '?')}.", "",
-             "Every figure was measured in the same run as its reference, interleaved (medians of rounds).", ""]
+    lines = [
+        f"# mooncake bench ({doc.get('size')})",
+        "",
+        f"Started {doc.get('started')}, {doc.get('seconds', {}).get('total', '?')} s in all. Machine: "
+        f"{m.get('cpu_model', '?')}, {m.get('cpus')} CPUs, {(m.get('mem_total_bytes') or 0) / 2**30:.0f} GiB, "
+        f"load average {_f(m.get('loadavg_at_start'))} at start; Python {m.get('python')}, DuckDB {m.get('duckdb')}, "
+        f"PyArrow {m.get('pyarrow')}, Postgres {m.get('postgres', '?')}.",
+        "",
+        "Every figure was measured in the same run as its reference, interleaved (medians of rounds).",
+        "",
+    ]
     if doc.get("targets"):
         lines += ["## Targets", "", "| target | value | met |", "|---|---|---|"]
         for k, t in doc["targets"].items():
@@ -33,33 +39,56 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
         lines.append("")
     ing = doc.get("ingest")
     if ing:
-        lines += ["## Ingest (rows/s applied vs pg_recvlogical on the same WAL)", "",
-                  "| workload | rows | ours rows/s | pg_recvlogical rows/s | ratio |", "|---|---|---|---|---|"]
+        lines += [
+            "## Ingest (rows/s applied vs pg_recvlogical on the same WAL)",
+            "",
+            "| workload | rows | ours rows/s | pg_recvlogical rows/s | ratio |",
+            "|---|---|---|---|---|",
+        ]
         for k in ("narrow", "wide", "narrow_large", "wide_large"):
             v = ing.get(k)
             if v:
-                lines.append(f"| {k} ({'10-row transactions' if 'large' not in k else 'one streamed transaction'}) | "
-                             f"{_f(v['rows'])} | {_f(v['rows_per_s'])} | {_f(v['recvlogical_rows_per_s'])} | {_f(v['ratio'])} |")
-        lines += ["", f"Both consumers: {ing.get('protocol')}, logical_decoding_work_mem {ing.get('logical_decoding_work_mem')}.", ""]
+                lines.append(
+                    f"| {k} ({'10-row transactions' if 'large' not in k else 'one streamed transaction'}) | "
+                    f"{_f(v['rows'])} | {_f(v['rows_per_s'])} | {_f(v['recvlogical_rows_per_s'])} | {_f(v['ratio'])} |"
+                )
+        lines += [
+            "",
+            f"Both consumers: {ing.get('protocol')}, logical_decoding_work_mem {ing.get('logical_decoding_work_mem')}.",
+            "",
+        ]
     ic = doc.get("initial_copy")
     if ic:
-        lines += ["## Initial copy", "",
-                  f"{_f(ic['rows'])} rows: ours {_f(ic['rows_per_s'])} rows/s ({_f(ic['mb_per_s'])} MB/s of heap) — "
-                  f"{ic.get('what_ours_includes')}; reference {ic.get('reference')}: {_f(ic['psql_rows_per_s'])} rows/s "
-                  f"({_f(ic['psql_mb_per_s'])} MB/s); ratio {_f(ic['ratio'])}. Server-side `COPY … TO '/dev/null'`: "
-                  f"{_f(ic['server_dev_null_rows_per_s'])} rows/s.", ""]
+        lines += [
+            "## Initial copy",
+            "",
+            f"{_f(ic['rows'])} rows: ours {_f(ic['rows_per_s'])} rows/s ({_f(ic['mb_per_s'])} MB/s of heap) — "
+            f"{ic.get('what_ours_includes')}; reference {ic.get('reference')}: {_f(ic['psql_rows_per_s'])} rows/s "
+            f"({_f(ic['psql_mb_per_s'])} MB/s); ratio {_f(ic['ratio'])}. Server-side `COPY … TO '/dev/null'`: "
+            f"{_f(ic['server_dev_null_rows_per_s'])} rows/s.",
+            "",
+        ]
     fr = doc.get("freshness")
     if fr:
-        lines += ["## Freshness (commit → visible in a union read)", "",
-                  f"{fr['commits']} single-row commits under pgbench {fr['background_load']['pgbench']} "
-                  f"({_f(fr['background_load'].get('tps'))} tps): p50 {_f(fr['p50_ms'])} ms, p90 {_f(fr['p90_ms'])} ms, "
-                  f"p99 {_f(fr['p99_ms'])} ms, max {_f(fr['max_ms'])} ms.", ""]
+        lines += [
+            "## Freshness (commit → visible in a union read)",
+            "",
+            f"{fr['commits']} single-row commits under pgbench {fr['background_load']['pgbench']} "
+            f"({_f(fr['background_load'].get('tps'))} tps): p50 {_f(fr['p50_ms'])} ms, p90 {_f(fr['p90_ms'])} ms, "
+            f"p99 {_f(fr['p99_ms'])} ms, max {_f(fr['max_ms'])} ms.",
+            "",
+        ]
     ur = doc.get("union_read")
     if ur:
-        lines += [f"## Union read ({_f(ur['rows'])} live rows)", "",
-                  f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.", "",
-                  "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
-                  "speed-up vs equality deletes | rows & checksums equal |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## Union read ({_f(ur['rows'])} live rows)",
+            "",
+            f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.",
+            "",
+            "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
+            "speed-up vs equality deletes | rows & checksums equal |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for q in ("scan", "filter"):
             sec = ur.get(q, {})
             for d, pct in SHARES:
@@ -67,31 +96,46 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
                 if not s:
                     continue
                 ck = ur.get("check", {}).get(d, {}).get(q, {})
-                same = ck.get("results_equal") and len({(v["rows"], v["checksum"]) for k, v in ck.items()
-                                                       if isinstance(v, dict) and "rows" in v}) == 1
-                lines.append(f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
-                             f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
-                             f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
-                             f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
-                             f"{'yes' if same else '**NO**'} |")
+                same = (
+                    ck.get("results_equal")
+                    and len({(v["rows"], v["checksum"]) for k, v in ck.items() if isinstance(v, dict) and "rows" in v})
+                    == 1
+                )
+                lines.append(
+                    f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
+                    f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
+                    f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
+                    f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
+                    f"{'yes' if same else '**NO**'} |"
+                )
         lines.append("")
     mt = doc.get("maintenance")
     if mt:
         lines += ["## Maintenance", "", "```", _short_json(mt), "```", ""]
     mem = doc.get("memory")
     if mem:
-        lines += ["## Memory", "",
-                  f"Service peak RSS per million buffered rows: {_f(mem.get('service_rss_bytes_per_million_rows', 0) / 1e6)} MB "
-                  f"({_f(mem.get('rows'))} rows buffered; MemSlice reports {_f((mem.get('buffer_bytes_per_row') or 0))} bytes/row). "
-                  f"Index: {_f(mem.get('index_bytes_per_row'))} bytes per row on disk.", ""]
+        lines += [
+            "## Memory",
+            "",
+            f"Service peak RSS per million buffered rows: {_f(mem.get('service_rss_bytes_per_million_rows', 0) / 1e6)} MB "
+            f"({_f(mem.get('rows'))} rows buffered; MemSlice reports {_f(mem.get('buffer_bytes_per_row') or 0)} bytes/row). "
+            f"Index: {_f(mem.get('index_bytes_per_row'))} bytes per row on disk.",
+            "",
+        ]
     ix = doc.get("index")
     if ix and "skipped" not in ix:
-        lines += ["## Index", "", "| entries | bytes/entry | batched lookup ns (merged) | dict ns | merge entries/s |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "## Index",
+            "",
+            "| entries | bytes/entry | batched lookup ns (merged) | dict ns | merge entries/s |",
+            "|---|---|---|---|---|",
+        ]
         for n, v in ix.items():
             if isinstance(v, dict):
-                lines.append(f"| {_f(int(n))} | {_f(v.get('bytes_per_entry'))} | {_f(v.get('lookup_ns_batched_merged'))} | "
-                             f"{_f(v.get('lookup_ns_dict'))} | {_f(v.get('merge_entries_per_s'))} |")
+                lines.append(
+                    f"| {_f(int(n))} | {_f(v.get('bytes_per_entry'))} | {_f(v.get('lookup_ns_batched_merged'))} | "
+                    f"{_f(v.get('lookup_ns_dict'))} | {_f(v.get('merge_entries_per_s'))} |"
+                )
         lines.append("")
     if doc.get("errors"):
         lines += ["## Errors", ""] + [f"- {k}: {v}" for k, v in doc["errors"].items()] + [""]
@@ -156,9 +200,11 @@ def write_plots(doc: dict, out_dir: Path) -> list[Path]:
             sec = ur.get(q, {})
             xs = [pct for d, pct in SHARES if d in sec.get("ratio_vs_clean", {})]
             ds = [d for d, _ in SHARES if d in sec.get("ratio_vs_clean", {})]
-            for key, label, style in (("ratio_vs_clean", "union read (DVs)", "o-"),
-                                      ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
-                                      ("equality_deletes_ratio_vs_clean", "equality deletes (Flink CDC)", "^-")):
+            for key, label, style in (
+                ("ratio_vs_clean", "union read (DVs)", "o-"),
+                ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
+                ("equality_deletes_ratio_vs_clean", "equality deletes (Flink CDC)", "^-"),
+            ):
                 if key in sec:
                     ax.plot(xs, [sec[key][d] for d in ds], style, label=label)
             ax.axhline(1.0, color="gray", linewidth=0.8)

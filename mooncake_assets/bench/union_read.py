@@ -1,4 +1,4 @@
-"""Union-read benchmark (issue 8 §3): a mirrored table with deletes vs. a clean Parquet copy of its live
+"""Union-read benchmark: a mirrored table with deletes vs. a clean Parquet copy of its live
 rows, and vs. the same table stored the way an equality-delete writer (Flink CDC) stores it.
 
 The table has the shape of ``pgbench_accounts`` (aid int4 key, bid int4, abalance int4, filler
@@ -34,6 +34,7 @@ Queries: ``scan`` (an aggregate over the whole table) and ``filter`` (a range of
 Every side's rows are checked: count and checksum (``sum(hash(all columns) % p)``) of what each
 query reads, and the query results themselves, must be equal; they are recorded under ``check``.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,18 +63,26 @@ FILLER = " " * 84
 def _schema():
     from ..engine.pg.schema import ColumnSpec, TableSchema
 
-    cols = [ColumnSpec("aid", 23, -1, "integer", pa.int32(), not_null=True, is_key=True),
-            ColumnSpec("bid", 23, -1, "integer", pa.int32()),
-            ColumnSpec("abalance", 23, -1, "integer", pa.int32()),
-            ColumnSpec("filler", 1042, 88, "character(84)", pa.string())]
+    cols = [
+        ColumnSpec("aid", 23, -1, "integer", pa.int32(), not_null=True, is_key=True),
+        ColumnSpec("bid", 23, -1, "integer", pa.int32()),
+        ColumnSpec("abalance", 23, -1, "integer", pa.int32()),
+        ColumnSpec("filler", 1042, 88, "character(84)", pa.string()),
+    ]
     return TableSchema("public", "accounts", 1, cols, ["aid"], True, "d")
 
 
 def _rows(aids: np.ndarray, balance: np.ndarray) -> pa.Table:
     n = len(aids)
     filler = pa.array(np.full(n, FILLER, dtype=object), pa.string()) if n else pa.array([], pa.string())
-    t = pa.table({"aid": pa.array(aids, pa.int32()), "bid": pa.array((aids - 1) // 100_000 + 1, pa.int32()),
-                  "abalance": pa.array(balance, pa.int32()), "filler": filler})
+    t = pa.table(
+        {
+            "aid": pa.array(aids, pa.int32()),
+            "bid": pa.array((aids - 1) // 100_000 + 1, pa.int32()),
+            "abalance": pa.array(balance, pa.int32()),
+            "filler": filler,
+        }
+    )
     return t.cast(_schema().arrow_schema())
 
 
@@ -117,8 +126,8 @@ class _Built:
 def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], seed: int) -> _Built:
     """Build the table for one delete share (module docstring). ``base_files``: the copy's files
     (path, rows), shared by every share."""
-    from ..engine.table.memslice import Batch
     from ..engine.table.disk_files import DiskFile
+    from ..engine.table.memslice import Batch
     from ..engine.table.mirror import MirrorTable
 
     rng = np.random.default_rng(seed)
@@ -131,7 +140,7 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
     chunk = max(n // 25, 1000)
     n_persist, n_flush = int(u * 0.6), int(u * 0.9)
     # where each key's current version is: file index (into files) and row; -1 = in memory
-    files: list[dict] = []   # {"path", "rows", "committed": list, "pending": list, "kind"}
+    files: list[dict] = []  # {"path", "rows", "committed": list, "pending": list, "kind"}
     base_rows = base_files[0][1]
     for path, rows in base_files:
         files.append({"path": path, "rows": rows, "committed": [], "pending": [], "kind": "persisted"})
@@ -141,7 +150,7 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
     loc_file[1:] = (aids_all - 1) // base_rows
     loc_row[1:] = (aids_all - 1) % base_rows
     mem_deleted: list[int] = []
-    eq_chunks: list[tuple[np.ndarray, np.ndarray]] = []   # (keys, balances) per commit, in order
+    eq_chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (keys, balances) per commit, in order
     bounds = list(range(0, n_persist, chunk)) + list(range(n_persist, n_flush, chunk)) + [n_flush]
     segments = []
     for a in range(len(bounds) - 1):
@@ -154,8 +163,15 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
         persisted_phase = b <= n_persist
         fi = -1 if in_mem else len(files)
         if not in_mem:
-            files.append({"path": str(d / f"upd_{si}.parquet"), "rows": len(ks), "committed": [], "pending": [],
-                          "kind": "persisted" if persisted_phase else "flushed"})
+            files.append(
+                {
+                    "path": str(d / f"upd_{si}.parquet"),
+                    "rows": len(ks),
+                    "committed": [],
+                    "pending": [],
+                    "kind": "persisted" if persisted_phase else "flushed",
+                }
+            )
         lf, lr = loc_file, loc_row
         for r, k in enumerate(ks.tolist()):
             f = lf[k]
@@ -188,8 +204,9 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
         e = min(s + table.mem.batch_rows, len(mks))
         rb = mem_rows.slice(s, e - s).combine_chunks().to_batches()[0] if e > s else None
         if rb is not None:
-            table.mem.batches.append(Batch(rb, np.full(e - s, lsn - 1, dtype=np.uint64), dl[s:e],
-                                           np.zeros(e - s, dtype=np.uint64)))
+            table.mem.batches.append(
+                Batch(rb, np.full(e - s, lsn - 1, dtype=np.uint64), dl[s:e], np.zeros(e - s, dtype=np.uint64))
+            )
     table.applied_lsn = lsn + 1
     # the clean copy: live rows from this module's bookkeeping
     clean_parts = []
@@ -219,17 +236,24 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
         eq_bytes += ep.stat().st_size
         data_parts.append(f"SELECT *, {seq} AS __seq FROM read_parquet('{dp}')")
         del_parts.append(f"SELECT aid, {seq} AS __seq FROM read_parquet('{ep}')")
-    eq_sql = (f"SELECT d.* EXCLUDE (__seq) FROM ({' UNION ALL '.join(data_parts)}) d "
-              f"ANTI JOIN ({' UNION ALL '.join(del_parts)}) e ON d.aid = e.aid AND e.__seq > d.__seq")
+    eq_sql = (
+        f"SELECT d.* EXCLUDE (__seq) FROM ({' UNION ALL '.join(data_parts)}) d "
+        f"ANTI JOIN ({' UNION ALL '.join(del_parts)}) e ON d.aid = e.aid AND e.__seq > d.__seq"
+    )
     stats = {
-        "updates": u, "live_rows": clean.num_rows, "deleted_rows": u,
-        "data_files": len(files), "files_with_deletes": sum(1 for f in files if f["committed"] or f["pending"]),
+        "updates": u,
+        "live_rows": clean.num_rows,
+        "deleted_rows": u,
+        "data_files": len(files),
+        "files_with_deletes": sum(1 for f in files if f["committed"] or f["pending"]),
         "persisted_files": sum(1 for f in files if f["kind"] == "persisted"),
         "flushed_files": sum(1 for f in files if f["kind"] == "flushed"),
         "committed_deletes": sum(len(f["committed"]) for f in files),
         "pending_deletes": sum(len(f["pending"]) for f in files),
-        "memory_rows": len(mks), "memory_deleted": len(mem_deleted),
-        "equality_delete_files": len(del_parts), "equality_data_files": len(data_parts) - 1 + len(base_files),
+        "memory_rows": len(mks),
+        "memory_deleted": len(mem_deleted),
+        "equality_delete_files": len(del_parts),
+        "equality_data_files": len(data_parts) - 1 + len(base_files),
     }
     return _Built(table, str(clean_path), eq_sql, clean.num_rows, stats)
 
@@ -264,8 +288,10 @@ def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) ->
         built = {}
         for k, share in DELETE_SHARES.items():
             built[k] = _build(work, n, share, base_files, seed=int(share * 1000))
-            log(f"  union_read: built {k} ({built[k].stats['data_files']} files, "
-                f"{built[k].stats['memory_rows']:,} rows in memory) at {time.time() - t0:.1f}s")
+            log(
+                f"  union_read: built {k} ({built[k].stats['data_files']} files, "
+                f"{built[k].stats['memory_rows']:,} rows in memory) at {time.time() - t0:.1f}s"
+            )
         sock = str(work / "flight.sock")
         server, _ = _serve({k: b.table for k, b in built.items()}, sock)
         client = ServiceClient(sock)
@@ -277,9 +303,14 @@ def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) ->
                 time.sleep(0.05)
         lo = n // 2
         hi = lo + max(n // 1000, 10) - 1
-        out: dict = {"rows": n, "row_group_rows": ROW_GROUP, "rounds": sizes.union_rounds,
-                     "queries": {"scan": SCAN_SQL.format(t="t"), "filter": FILTER_SQL.format(t="t", lo=lo, hi=hi)},
-                     "tables": {k: b.stats for k, b in built.items()}, "check": {}}
+        out: dict = {
+            "rows": n,
+            "row_group_rows": ROW_GROUP,
+            "rounds": sizes.union_rounds,
+            "queries": {"scan": SCAN_SQL.format(t="t"), "filter": FILTER_SQL.format(t="t", lo=lo, hi=hi)},
+            "tables": {k: b.stats for k, b in built.items()},
+            "check": {},
+        }
         con = duckdb.connect()
         for qname in ("scan", "filter"):
             sec = out.setdefault(qname, {})
@@ -294,7 +325,9 @@ def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) ->
                 contenders = {
                     "clean": lambda: con.execute(sql.format(**dict(q, t=clean_src))).fetchall(),
                     "union": lambda: [tuple(r.values()) for r in reader.query(sql.format(**q), tables=[k]).to_pylist()],
-                    "anti_join": lambda: [tuple(r.values()) for r in anti.query(sql.format(**q), tables=[k]).to_pylist()],
+                    "anti_join": lambda: [
+                        tuple(r.values()) for r in anti.query(sql.format(**q), tables=[k]).to_pylist()
+                    ],
                     "equality_deletes": lambda: con.execute(sql.format(**dict(q, t=eq_src))).fetchall(),
                 }
                 contenders["clean"]()  # warm the OS cache and DuckDB's metadata for every side alike
@@ -311,7 +344,8 @@ def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) ->
                 sec.setdefault("cpu_seconds", {})[k] = mc
                 sec.setdefault("cpu_ratio_vs_clean", {})[k] = mc["union"] / mc["clean"] if mc["clean"] else None
                 sec.setdefault("cpu_speedup_vs_equality_deletes", {})[k] = (
-                    mc["equality_deletes"] / mc["union"] if mc["union"] else None)
+                    mc["equality_deletes"] / mc["union"] if mc["union"] else None
+                )
                 sec.setdefault("anti_join_ratio_vs_clean", {})[k] = m["anti_join"] / m["clean"]
                 sec.setdefault("speedup_vs_anti_join", {})[k] = m["anti_join"] / m["union"]
                 sec.setdefault("speedup_vs_equality_deletes", {})[k] = m["equality_deletes"] / m["union"]
@@ -319,20 +353,27 @@ def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) ->
                 # what each side read: count + checksum of the rows the query ranges over
                 ck = {
                     "clean": con.execute(CHECK_SQL.format(t=clean_src, where=where)).fetchone(),
-                    "union": tuple(reader.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()),
-                    "anti_join": tuple(anti.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()),
+                    "union": tuple(
+                        reader.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()
+                    ),
+                    "anti_join": tuple(
+                        anti.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()
+                    ),
                     "equality_deletes": con.execute(CHECK_SQL.format(t=eq_src, where=where)).fetchone(),
                 }
                 out["check"].setdefault(k, {})[qname] = {
                     **{c: {"rows": int(v[0]), "checksum": int(v[1] or 0)} for c, v in ck.items()},
-                    "results_equal": same, "results": {c: [list(r) for r in v] for c, v in norm.items()},
+                    "results_equal": same,
+                    "results": {c: [list(r) for r in v] for c, v in norm.items()},
                 }
                 reader.con.close()
                 anti.con.close()
-                log(f"  union_read {qname} {k}: clean {m['clean'] * 1000:.1f} ms, union {m['union'] * 1000:.1f} ms "
+                log(
+                    f"  union_read {qname} {k}: clean {m['clean'] * 1000:.1f} ms, union {m['union'] * 1000:.1f} ms "
                     f"({m['union'] / m['clean']:.2f}x; CPU {sec['cpu_ratio_vs_clean'][k] or 0:.2f}x), "
                     f"anti join {m['anti_join'] * 1000:.1f} ms, "
-                    f"equality deletes {m['equality_deletes'] * 1000:.1f} ms")
+                    f"equality deletes {m['equality_deletes'] * 1000:.1f} ms"
+                )
         client.close()
         return out
     finally:

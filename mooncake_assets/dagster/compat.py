@@ -29,21 +29,35 @@ handler, builds the slice, opens ``db_client.connect(context, table_slice)`` and
 and connection to the handler's ``load_input``; ``handle_output`` connects the same way, then calls
 ``ensure_schema_exists``, ``delete_table_slice`` and the handler's ``handle_output``.
 """
+
 from __future__ import annotations
 
 import warnings
 
 import dagster
 import dagster_duckdb
-from dagster._core.storage.db_io_manager import (DbClient, DbIOManager, DbTypeHandler, TablePartitionDimension,
-                                                 TableSlice)
+from dagster._core.storage.db_io_manager import (
+    DbClient,
+    DbIOManager,
+    DbTypeHandler,
+    TablePartitionDimension,
+    TableSlice,
+)
 from dagster_duckdb.io_manager import DuckDbClient
 
 #: the minor series this module was written against: ``{distribution: "major.minor"}``
 TESTED = {"dagster": "1.13", "dagster-duckdb": "0.29"}
 
-__all__ = ["DbClient", "DbIOManager", "DbTypeHandler", "DuckDbClient", "TablePartitionDimension", "TableSlice",
-           "TESTED", "version_mismatches"]
+__all__ = [
+    "DbClient",
+    "DbIOManager",
+    "DbTypeHandler",
+    "DuckDbClient",
+    "TablePartitionDimension",
+    "TableSlice",
+    "TESTED",
+    "version_mismatches",
+]
 
 
 def _series(version: str) -> str:
@@ -54,10 +68,15 @@ def version_mismatches() -> list[str]:
     """``["dagster 1.14.0 (written for 1.13)", …]`` for each installed distribution outside :data:`TESTED`
     (empty when every one is within)."""
     installed = {"dagster": dagster.__version__, "dagster-duckdb": dagster_duckdb.__version__}
-    return [f"{name} {installed[name]} (written for {series})" for name, series in TESTED.items()
-            if _series(installed[name]) != series]
+    return [
+        f"{name} {installed[name]} (written for {series})"
+        for name, series in TESTED.items()
+        if _series(installed[name]) != series
+    ]
 
 
 if version_mismatches():
-    warnings.warn("mooncake_assets.dagster.compat: " + "; ".join(version_mismatches())
-                  + ": run tests/dagster/test_compat.py", stacklevel=2)
+    warnings.warn(
+        "mooncake_assets.dagster.compat: " + "; ".join(version_mismatches()) + ": run tests/dagster/test_compat.py",
+        stacklevel=2,
+    )

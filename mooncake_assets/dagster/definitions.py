@@ -25,6 +25,7 @@ environment                        settings.json ``extra.dagster``              
 A table is ``name`` (source ``public.name``), ``schema.table`` or ``name=schema.table``. The DSN,
 warehouse and catalog are the state directory's (``mooncake`` settings and ``MOONCAKE_PG_DSN`` etc.).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,11 +36,20 @@ from pathlib import Path
 import dagster as dg
 
 from mooncake_assets.config import load_settings
-from mooncake_assets.dagster.jobs.maintenance import (DEFAULT_CRON, build_maintenance_jobs, build_mirror_job,
-                                                      build_schedules)
+from mooncake_assets.dagster.jobs.maintenance import (
+    DEFAULT_CRON,
+    build_maintenance_jobs,
+    build_mirror_job,
+    build_schedules,
+)
 from mooncake_assets.dagster.resources.io_manager import MooncakeDuckDBIOManager
-from mooncake_assets.dagster.resources.replication import (DEFAULT_TABLES, MaintenanceThresholds, ReplicationResource,
-                                                          TableSpec, parse_tables)
+from mooncake_assets.dagster.resources.replication import (
+    DEFAULT_TABLES,
+    MaintenanceThresholds,
+    ReplicationResource,
+    TableSpec,
+    parse_tables,
+)
 from mooncake_assets.dagster.sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
 
 from .assets import analytics_assets, build_mirror_checks, build_table_assets
@@ -88,23 +98,36 @@ def load_config(environ: Mapping[str, str] | None = None) -> DagsterConfig:
     database = env.get("MOONCAKE_DUCKDB") or saved.get("database") or str(settings.state_dir / "dagster.duckdb")
     thresholds = dict(saved.get("thresholds", {}))
     MaintenanceThresholds(**thresholds)  # fail at load time on a bad threshold, naming it
-    return DagsterConfig(state_dir=settings.state_dir, tables=parse_tables(tables), sensor_interval_s=interval,
-                         cron=cron, automation=automation, database=database, thresholds=thresholds,
-                         catalog_uri=settings.catalog)
+    return DagsterConfig(
+        state_dir=settings.state_dir,
+        tables=parse_tables(tables),
+        sensor_interval_s=interval,
+        cron=cron,
+        automation=automation,
+        database=database,
+        thresholds=thresholds,
+        catalog_uri=settings.catalog,
+    )
 
 
 def build_definitions(config: DagsterConfig) -> dg.Definitions:
     """Assets, checks, jobs, schedules, the sensor and the resources for ``config``."""
-    replication = ReplicationResource(state_dir=str(config.state_dir), tables=[str(t) for t in config.tables],
-                                      thresholds=MaintenanceThresholds(**config.thresholds))
-    io_manager = MooncakeDuckDBIOManager(database=config.database or str(config.state_dir / "dagster.duckdb"),
-                                         replication=replication)
+    replication = ReplicationResource(
+        state_dir=str(config.state_dir),
+        tables=[str(t) for t in config.tables],
+        thresholds=MaintenanceThresholds(**config.thresholds),
+    )
+    io_manager = MooncakeDuckDBIOManager(
+        database=config.database or str(config.state_dir / "dagster.duckdb"), replication=replication
+    )
     jobs = build_maintenance_jobs()
     mirror_job = build_mirror_job()
     all_jobs = [*jobs.values(), mirror_job]
     return dg.Definitions(
-        assets=[*build_table_assets(config.tables, config.catalog_uri),
-                *analytics_assets(t.name for t in config.tables)],
+        assets=[
+            *build_table_assets(config.tables, config.catalog_uri),
+            *analytics_assets(t.name for t in config.tables),
+        ],
         asset_checks=build_mirror_checks(config.tables),
         jobs=all_jobs,
         schedules=build_schedules(jobs, config.cron, running=config.automation),
@@ -133,10 +156,16 @@ def dagster_instance(state_dir: str | os.PathLike) -> dg.DagsterInstance:
     return dg.DagsterInstance.from_config(str(dagster_home(state_dir)))
 
 
-def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | None = None,
-                     raise_on_error: bool = True, tags: Mapping[str, str] | None = None,
-                     run_config: Mapping | None = None, log_level: str | None = None,
-                     checks: bool = True) -> dg.ExecuteInProcessResult:
+def materialize_keys(
+    defs: dg.Definitions,
+    keys,
+    instance: dg.DagsterInstance | None = None,
+    raise_on_error: bool = True,
+    tags: Mapping[str, str] | None = None,
+    run_config: Mapping | None = None,
+    log_level: str | None = None,
+    checks: bool = True,
+) -> dg.ExecuteInProcessResult:
     """Materialize the assets ``keys`` (AssetKeys or "a/b" strings) of ``defs`` in this process, with the
     resources bound in ``defs`` (the ``mooncake demo --dagster`` way); ``checks``: run their asset checks
     too. ``run_config``: e.g. ``{"ops": {"compaction__t": {"config": {"full": True}}}}``; ``log_level``: of
@@ -147,6 +176,12 @@ def materialize_keys(defs: dg.Definitions, keys, instance: dg.DagsterInstance | 
     selection = dg.AssetSelection.assets(*keys)
     if not checks:
         selection = selection.without_checks()
-    return dg.materialize([*defs.assets, *defs.asset_checks], selection=selection, resources=defs.resources,
-                          instance=instance, raise_on_error=raise_on_error, tags=tags, run_config=run_config)
-
+    return dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        selection=selection,
+        resources=defs.resources,
+        instance=instance,
+        raise_on_error=raise_on_error,
+        tags=tags,
+        run_config=run_config,
+    )

@@ -48,6 +48,7 @@ Points:
 
 Unknown points are ignored (a typo cannot crash a production service: the variable is for tests).
 """
+
 from __future__ import annotations
 
 import json

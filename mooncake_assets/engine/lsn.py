@@ -16,6 +16,7 @@ text is the ``X/Y`` form::
 Arithmetic on an ``Lsn`` gives a plain ``int`` (a distance in bytes or a new position); wrap it in
 ``Lsn`` again to print it as an LSN.
 """
+
 from __future__ import annotations
 
 __all__ = ["Lsn", "MAX_LSN"]

@@ -6,6 +6,7 @@ already exists and is open to others (group or other permission bits set, e.g. m
 version as ``0755``) is left as it is — the user may share it on purpose — but gets one warning per
 process that says how to close it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,10 @@ def warn_if_open(path: str | os.PathLike) -> str | None:
         return None
     if not mode & 0o077:
         return None
-    msg = (f"state directory {p} is open to other users (mode {mode:04o}); it holds the mirrors' data, "
-           f"logs and the service socket: run `chmod 700 {p}`")
+    msg = (
+        f"state directory {p} is open to other users (mode {mode:04o}); it holds the mirrors' data, "
+        f"logs and the service socket: run `chmod 700 {p}`"
+    )
     key = str(p.resolve())
     if key not in _warned:
         _warned.add(key)

@@ -1,4 +1,5 @@
 """Timestamps as mooncake writes them in status, the registry and its marker files."""
+
 from __future__ import annotations
 
 import time

@@ -1,9 +1,10 @@
-"""Fixtures for the CDC correctness suite (issue 7): a database and the real service per module.
+"""Fixtures for the CDC correctness suite: a database and the real service per module.
 
 Starting the service costs seconds, so a module shares one database, state directory and running
 service; each test creates its own tables (unique names) and checks them with ``verify`` (the same
 code as ``mooncake verify``): the union read at one LSN, and PyIceberg after a persist.
 """
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 no lock on the user's tables, or an ``ALTER TABLE`` can deadlock with them — and Postgres may pick the
 user's statement as the victim (found by the chaos suite with ``pg_partition_tree``, which locks
 every partition)."""
+
 from __future__ import annotations
 
 import psycopg
@@ -23,7 +24,8 @@ def test_catalog_lookups_take_no_locks_on_the_table_or_its_partitions(pg_dsn):
         cols = {x.name: x for x in catalog_columns(c, oid)}
         locked = c.execute(
             "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'lk\\_%'").fetchall()
+            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'lk\\_%'"
+        ).fetchall()
         c.rollback()
     assert cols["w"].missing == "x" and cols["v"].missing == "3"  # attmissingval on a leaf; an immutable default
     assert locked == [], f"catalog_columns locked {locked}"
@@ -32,7 +34,8 @@ def test_catalog_lookups_take_no_locks_on_the_table_or_its_partitions(pg_dsn):
         describe_table(c, "public.lk_root")
         locked = c.execute(
             "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'lk\\_%'").fetchall()
+            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'lk\\_%'"
+        ).fetchall()
     assert locked == [], f"describe_table locked {locked}"
 
 
@@ -48,13 +51,16 @@ def test_partition_tree_walks_pg_inherits_without_locks(pg_dsn):
         c.execute("CREATE TABLE pt_a1 PARTITION OF pt_a FOR VALUES IN (1)")
         c.execute("CREATE TABLE pt_b PARTITION OF pt_root FOR VALUES IN ('b')")
         c.execute("CREATE TABLE pt_plain (id int)")
-        oid = {n: c.execute("SELECT %s::regclass::oid", (n,)).fetchone()[0]
-               for n in ("pt_root", "pt_a", "pt_a1", "pt_b", "pt_plain")}
+        oid = {
+            n: c.execute("SELECT %s::regclass::oid", (n,)).fetchone()[0]
+            for n in ("pt_root", "pt_a", "pt_a1", "pt_b", "pt_plain")
+        }
     with psycopg.connect(pg_dsn) as c:  # one open transaction: any lock taken stays until its end
         tree = partition_tree(c, oid["pt_root"])
         locked = c.execute(
             "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'pt\\_%'").fetchall()
+            "WHERE l.pid = pg_backend_pid() AND c.relname LIKE 'pt\\_%'"
+        ).fetchall()
         assert partition_tree(c, oid["pt_plain"]) == [oid["pt_plain"]]
         c.rollback()
     assert tree[0] == oid["pt_root"] and set(tree[1:3]) == {oid["pt_a"], oid["pt_b"]} and tree[3:] == [oid["pt_a1"]]

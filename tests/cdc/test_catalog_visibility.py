@@ -1,4 +1,4 @@
-"""Issue 23: ``ADD COLUMN … DEFAULT`` on a partitioned table lost its default for older rows under load.
+"""``ADD COLUMN … DEFAULT`` on a partitioned table lost its default for older rows under load.
 
 Cause: Postgres writes a commit record — and logical decoding sends the transaction — *before* the
 committing backend leaves the proc array. For that moment a new snapshot does not see the
@@ -12,6 +12,7 @@ before it becomes visible, while logical decoding sends it at once. The fault po
 ``catalog:lookup`` (``MOONCAKE_FAULT=catalog:lookup=wait:<flag>``) tells the test that the service has
 the transaction in hand and is about to look the catalogs up.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ import pytest
 from mooncake_assets.engine.service.process import stop_service
 from mooncake_assets.verify import verify
 
-from ..helpers import make_settings, running_service, wait_until, run_sql
+from ..helpers import make_settings, run_sql, running_service, wait_until
 
 SETUP = [
     "CREATE TABLE c_part (id int, region text, v text, n int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
@@ -31,10 +32,10 @@ SETUP = [
     "CREATE TABLE c_part_us PARTITION OF c_part FOR VALUES IN ('us')",
     "INSERT INTO c_part SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, 'v', 0 FROM generate_series(1, 60) g",
 ]
-CHANGE = ["ALTER TABLE c_part ADD COLUMN x5 text DEFAULT 'd'",
-          "INSERT INTO c_part SELECT g, 'eu', 'v', 0 FROM generate_series(1001, 1005) g"]
-
-
+CHANGE = [
+    "ALTER TABLE c_part ADD COLUMN x5 text DEFAULT 'd'",
+    "INSERT INTO c_part SELECT g, 'eu', 'v', 0 FROM generate_series(1001, 1005) g",
+]
 
 
 def _commits_are_held(admin_dsn: str) -> bool:
@@ -112,13 +113,19 @@ def test_add_column_default_looked_up_before_its_commit_is_visible(pg_cluster, p
         client.call("create_table", dst="c_part", src="public.c_part")
         with commits_held_invisible(pg_cluster.dsn()):
             th = _change_in_background(pg_dsn)
-            wait_until(lambda: (state_dir / "hold-lookup.reached").exists(), timeout=60,
-                       what="the service to reach the catalog lookup of the schema change")
+            wait_until(
+                lambda: (state_dir / "hold-lookup.reached").exists(),
+                timeout=60,
+                what="the service to reach the catalog lookup of the schema change",
+            )
             assert th.is_alive() and not _sees_x5(pg_dsn)  # decoded and sent, not visible: the window is open
-            flag.unlink()                                   # the lookup goes ahead inside the window
+            flag.unlink()  # the lookup goes ahead inside the window
             log = state_dir / "service.log"
-            wait_until(lambda: "added x5" in log.read_text() or "do not show transaction" in log.read_text(),
-                       timeout=60, what="the service to follow the change or to wait for its commit")
+            wait_until(
+                lambda: "added x5" in log.read_text() or "do not show transaction" in log.read_text(),
+                timeout=60,
+                what="the service to follow the change or to wait for its commit",
+            )
         th.join(60)
         assert not th.is_alive()
         assert _old_rows_read(s, client, pg_dsn) == (["d"], 65)  # not None: the default older rows read
@@ -137,17 +144,22 @@ def test_a_commit_that_stays_invisible_stops_the_table_and_a_restart_resumes(pg_
         client.call("create_table", dst="c_part", src="public.c_part")
         with commits_held_invisible(pg_cluster.dsn()):
             th = _change_in_background(pg_dsn)
-            st = wait_until(lambda: next((t for t in client.status()["tables"]
-                                          if t["name"] == "c_part" and t.get("error")), None),
-                            timeout=60, what="the table to stop")
+            st = wait_until(
+                lambda: next((t for t in client.status()["tables"] if t["name"] == "c_part" and t.get("error")), None),
+                timeout=60,
+                what="the table to stop",
+            )
         th.join(60)
         err = st["error"]
         assert "table c_part" in err and "column x5 (text) was added" in err and "schema change at LSN" in err, err
         assert "restart the service" in err and "\n" not in err, err
     stop_service(s)
     with running_service(s) as client:
-        wait_until(lambda: next(t for t in client.status()["tables"] if t["name"] == "c_part").get("error") is None,
-                   timeout=60, what="the table to resume")
+        wait_until(
+            lambda: next(t for t in client.status()["tables"] if t["name"] == "c_part").get("error") is None,
+            timeout=60,
+            what="the table to resume",
+        )
         run_sql(pg_dsn, "INSERT INTO c_part VALUES (2000, 'us', 'w', 1)")
         assert _old_rows_read(s, client, pg_dsn) == (["d"], 66)
         _check(s, client, pg_dsn)

@@ -1,10 +1,11 @@
-"""Issue 7 part 6: the chaos suite (``mooncake chaos``) under pytest.
+"""The chaos suite (``mooncake chaos``) under pytest.
 
 - a short seeded run through the real command line (quick suite);
 - every replayable case in ``tests/cases/`` (written there by a failing run) is replayed;
 - a longer multi-seed run (slow).
 A failing run writes ``tests/cases/chaos-<seed>-<steps>.json``, so the failure is replayed from then on.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,26 @@ def _assert_clean(res):
 
 def test_chaos_command_short_run(pg_cluster, state_dir):
     s = make_settings(state_dir, pg_cluster.dsn())
-    r = mooncake(s, "chaos", "--seed", "101", "--steps", "40", "--phase", "20", "--schema-rate", "0.2", "--jitter",
-                 "--cases", str(CASES), timeout=600)
+    r = mooncake(
+        s,
+        "chaos",
+        "--seed",
+        "101",
+        "--steps",
+        "40",
+        "--phase",
+        "20",
+        "--schema-rate",
+        "0.2",
+        "--jitter",
+        "--cases",
+        str(CASES),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "seed 101: 40 steps (dagster maintenance, jitter)" in r.stdout and "0 divergences" in r.stdout, r.stdout
     changes = int(r.stdout.split(" schema changes")[0].rsplit(" ", 1)[1])
-    assert changes >= 3, r.stdout                                       # ADD/DROP/RENAME/widening mixed in
+    assert changes >= 3, r.stdout  # ADD/DROP/RENAME/widening mixed in
     assert r.stdout.strip().splitlines()[-1] == "chaos: 1 seed(s) x 40 steps: 0 with divergences"
 
 
@@ -42,8 +57,17 @@ def test_chaos_command_short_run(pg_cluster, state_dir):
 @pytest.mark.parametrize("case", _cases(), ids=lambda p: p.stem)
 def test_replay_chaos_case(pg_cluster, case: Path):
     c = json.loads(case.read_text())
-    _assert_clean(run_chaos(c["seed"], c["steps"], pg_cluster.dsn(), cases_dir=None, phase=c.get("phase", 25),
-                            schema_rate=c.get("schema_rate", 0.0), jitter=c.get("jitter", False)))
+    _assert_clean(
+        run_chaos(
+            c["seed"],
+            c["steps"],
+            pg_cluster.dsn(),
+            cases_dir=None,
+            phase=c.get("phase", 25),
+            schema_rate=c.get("schema_rate", 0.0),
+            jitter=c.get("jitter", False),
+        )
+    )
 
 
 @pytest.mark.slow

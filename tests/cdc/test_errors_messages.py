@@ -1,4 +1,4 @@
-"""Issue 7: every error path has a message that names the table, the column or the LSN.
+"""Every error path has a message that names the table, the column or the LSN.
 
 The paths not covered by the other modules: a table whose replica identity cannot locate rows
 (REPLICA IDENTITY NOTHING: refused at create-table; set after mirroring started, it stops only that
@@ -6,6 +6,7 @@ table at the LSN of its next change), and a replication slot that was dropped wh
 down (the changes it held are gone: the mirrors on it stop, naming the slot and the lost LSN range,
 instead of streaming on from a new slot as if nothing had happened).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,12 @@ import re
 
 import pytest
 
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.service.process import start_service, stop_service
-from mooncake_assets.engine.lsn import Lsn
 
-from .conftest import mirror_fixture
 from ..helpers import mooncake
+from .conftest import mirror_fixture
 
 LSN_RE = r"([0-9A-F]+/[0-9A-F]+)"
 
@@ -34,8 +35,9 @@ def _wal_now(m) -> int:
 
 def _slot_confirmed(m) -> int:
     slot = m.client.status()["slot"]
-    return Lsn.parse(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                           params=(slot,))[0][0])
+    return Lsn.parse(
+        m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", params=(slot,))[0][0]
+    )
 
 
 def test_replica_identity_nothing_is_refused_at_create_table(mirror):
@@ -44,17 +46,21 @@ def test_replica_identity_nothing_is_refused_at_create_table(mirror):
     before publishing anything; with REPLICA IDENTITY DEFAULT it is mirrored. (A table without a key
     gets REPLICA IDENTITY FULL instead, whatever it had.)"""
     m = mirror
-    m.sql("CREATE TABLE rin (id int PRIMARY KEY, v text)", "ALTER TABLE rin REPLICA IDENTITY NOTHING",
-          "INSERT INTO rin VALUES (1, 'a')",
-          "CREATE TABLE rin_nk (k int, v text)", "ALTER TABLE rin_nk REPLICA IDENTITY NOTHING",
-          "INSERT INTO rin_nk VALUES (1, 'a')")
+    m.sql(
+        "CREATE TABLE rin (id int PRIMARY KEY, v text)",
+        "ALTER TABLE rin REPLICA IDENTITY NOTHING",
+        "INSERT INTO rin VALUES (1, 'a')",
+        "CREATE TABLE rin_nk (k int, v text)",
+        "ALTER TABLE rin_nk REPLICA IDENTITY NOTHING",
+        "INSERT INTO rin_nk VALUES (1, 'a')",
+    )
     with pytest.raises(ServiceError) as e:
         m.create("rin")
     msg = str(e.value)
     assert "table public.rin " in msg and "REPLICA IDENTITY NOTHING" in msg and "\n" not in msg, msg
     assert all(t["name"] != "rin" for t in m.client.status()["tables"])
     assert m.sql("SELECT count(*) FROM pg_publication_tables WHERE tablename = 'rin'") == [(0,)]
-    m.sql("UPDATE rin SET v = 'b' WHERE id = 1")                 # the source's own writes still work
+    m.sql("UPDATE rin SET v = 'b' WHERE id = 1")  # the source's own writes still work
     r = mooncake(m.settings, "create-table", "rin", "public.rin")
     assert r.returncode != 0 and "public.rin" in r.stderr and "REPLICA IDENTITY NOTHING" in r.stderr, r.stderr
     m.sql("ALTER TABLE rin REPLICA IDENTITY DEFAULT")
@@ -70,9 +76,13 @@ def test_replica_identity_nothing_after_mirroring_stops_only_that_table(mirror):
     next change, with an error naming the table and that change's LSN, and holds the slot at its flush
     LSN; a third table goes on."""
     m = mirror
-    m.sql("CREATE TABLE rik (id int PRIMARY KEY, v text)", "CREATE TABLE rif (k int, v text)",
-          "CREATE TABLE ri_ok (id int PRIMARY KEY)",
-          "INSERT INTO rik VALUES (1, 'a')", "INSERT INTO rif VALUES (1, 'a')")
+    m.sql(
+        "CREATE TABLE rik (id int PRIMARY KEY, v text)",
+        "CREATE TABLE rif (k int, v text)",
+        "CREATE TABLE ri_ok (id int PRIMARY KEY)",
+        "INSERT INTO rik VALUES (1, 'a')",
+        "INSERT INTO rif VALUES (1, 'a')",
+    )
     for t in ("rik", "rif", "ri_ok"):
         m.create(t)
     m.sql("ALTER TABLE rik REPLICA IDENTITY NOTHING", "ALTER TABLE rif REPLICA IDENTITY NOTHING")
@@ -81,8 +91,10 @@ def test_replica_identity_nothing_after_mirroring_stops_only_that_table(mirror):
     after = _wal_now(m)
     m.sql("INSERT INTO ri_ok VALUES (1)")
     m.check("ri_ok")
-    for t, what in (("rik", "its replica identity key became (nothing) but the mirror locates rows by (id)"),
-                    ("rif", "its replica identity changed from FULL to NOTHING")):
+    for t, what in (
+        ("rik", "its replica identity key became (nothing) but the mirror locates rows by (id)"),
+        ("rif", "its replica identity changed from FULL to NOTHING"),
+    ):
         st = m.status(t)
         assert st["state"] == "error", st
         err = st["error"]
@@ -93,8 +105,11 @@ def test_replica_identity_nothing_after_mirroring_stops_only_that_table(mirror):
             m.call("persist", table=t)
     assert _slot_confirmed(m) <= min(Lsn.parse(m.status(t)["flush_lsn"]) for t in ("rik", "rif"))
     lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
-    assert {t["name"]: t["state"] for t in lt["tables"] if t["name"] in ("rik", "rif", "ri_ok")} == \
-        {"rik": "error", "rif": "error", "ri_ok": "ready"}
+    assert {t["name"]: t["state"] for t in lt["tables"] if t["name"] in ("rik", "rif", "ri_ok")} == {
+        "rik": "error",
+        "rif": "error",
+        "ri_ok": "ready",
+    }
 
 
 def test_slot_dropped_while_the_service_was_down_stops_its_mirrors(fresh_mirror):
@@ -131,7 +146,7 @@ def test_slot_dropped_while_the_service_was_down_stops_its_mirrors(fresh_mirror)
     r = mooncake(m.settings, "persist", "sg")
     assert r.returncode != 0 and "table sg is stopped by an error" in r.stderr and slot in r.stderr, r.stderr
     r = mooncake(m.settings, "verify", "sg")
-    assert r.returncode != 0 and "MISMATCH" in r.stdout, r.stdout      # the lost changes, visibly
+    assert r.returncode != 0 and "MISMATCH" in r.stdout, r.stdout  # the lost changes, visibly
     mooncake(m.settings, "drop-table", "sg", check=True)
     mooncake(m.settings, "create-table", "sg", "public.sg", check=True)
     m.sql("UPDATE sg SET v = 'after' WHERE id = 2")

@@ -1,5 +1,6 @@
-"""Issue 7 part 4: restarts and faults. The service must retry with backoff, never confirm the slot past
+"""Restarts and faults. The service must retry with backoff, never confirm the slot past
 what is durable in Iceberg, resume from the slot without duplicates, and report the fault."""
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,12 @@ import psycopg
 import pytest
 
 from mooncake_assets.engine.faults import set_faults
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.pg import EmbeddedPostgres
 from mooncake_assets.engine.service.process import kill_service, start_service
-from mooncake_assets.engine.lsn import Lsn
 
-from .conftest import Mirror, mirror_fixture, new_state_dir
 from ..helpers import make_settings, mooncake, running_service, wait_until
+from .conftest import Mirror, mirror_fixture, new_state_dir
 
 
 @pytest.fixture()
@@ -30,32 +31,40 @@ def fresh_mirror(pg_cluster):
 
 def _slot_confirmed(m) -> int:
     slot = m.client.status()["slot"]
-    return Lsn.parse(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                           params=(slot,))[0][0])
-
-
+    return Lsn.parse(
+        m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", params=(slot,))[0][0]
+    )
 
 
 def test_walsender_terminated_resumes_without_duplicates(fresh_mirror):
     """pg_terminate_backend of the walsender while unpersisted changes sit in memory: the server resends
     from the slot's confirmed position (the last persist), and nothing is applied twice."""
     m = fresh_mirror
-    m.sql("CREATE TABLE w (id int PRIMARY KEY, n int)", "CREATE TABLE w_nk (k int, v text)",
-          "INSERT INTO w SELECT g, 0 FROM generate_series(1, 100) g")
+    m.sql(
+        "CREATE TABLE w (id int PRIMARY KEY, n int)",
+        "CREATE TABLE w_nk (k int, v text)",
+        "INSERT INTO w SELECT g, 0 FROM generate_series(1, 100) g",
+    )
     m.create("w")
     m.create("w_nk")
     with psycopg.connect(m.dsn, autocommit=True) as c:
         before = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-    m.sql("INSERT INTO w SELECT g, 1 FROM generate_series(101, 200) g", "UPDATE w SET n = n + 1 WHERE id <= 50",
-          "INSERT INTO w_nk SELECT g % 3, 'd' FROM generate_series(1, 30) g")
-    m.check("w", "w_nk")                          # applied in memory, not persisted: the slot stays behind
+    m.sql(
+        "INSERT INTO w SELECT g, 1 FROM generate_series(101, 200) g",
+        "UPDATE w SET n = n + 1 WHERE id <= 50",
+        "INSERT INTO w_nk SELECT g % 3, 'd' FROM generate_series(1, 30) g",
+    )
+    m.check("w", "w_nk")  # applied in memory, not persisted: the slot stays behind
     # the slot may have been confirmed past the tables' flush LSN while they were clean (an idle mirror
     # confirms the keepalive's WAL end), but never past the first change that is only in memory
     assert _slot_confirmed(m) <= before
     for round_ in range(2):
         slot = m.client.status()["slot"]
         m.sql("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", params=(slot,))
-        m.sql(f"UPDATE w SET n = n + 10 WHERE id > {150 + round_}", "DELETE FROM w_nk WHERE ctid = (SELECT min(ctid) FROM w_nk)")
+        m.sql(
+            f"UPDATE w SET n = n + 10 WHERE id > {150 + round_}",
+            "DELETE FROM w_nk WHERE ctid = (SELECT min(ctid) FROM w_nk)",
+        )
         m.check("w", "w_nk")
     st = m.client.status()
     assert len(st["stream_faults"]) >= 2 and "terminating connection" in st["stream_faults"][-1]["error"], st
@@ -85,19 +94,28 @@ def test_iceberg_commit_conflicts_retry_with_backoff(pg_cluster, monkeypatch):
     try:
         with running_service(s) as client:
             m = Mirror(s, client, dsn)
-            m.sql("CREATE TABLE cc (id int PRIMARY KEY, v text)", "INSERT INTO cc SELECT g, 'a' FROM generate_series(1, 50) g")
+            m.sql(
+                "CREATE TABLE cc (id int PRIMARY KEY, v text)",
+                "INSERT INTO cc SELECT g, 'a' FROM generate_series(1, 50) g",
+            )
             m.create("cc")
             before = Lsn.parse(m.status("cc")["flush_lsn"])
-            set_faults(faults, commit_conflicts=12)              # > 2 persists' worth of internal attempts
-            m.sql("INSERT INTO cc SELECT g, 'b' FROM generate_series(51, 150) g", "UPDATE cc SET v = 'c' WHERE id <= 10")
+            set_faults(faults, commit_conflicts=12)  # > 2 persists' worth of internal attempts
+            m.sql(
+                "INSERT INTO cc SELECT g, 'b' FROM generate_series(51, 150) g", "UPDATE cc SET v = 'c' WHERE id <= 10"
+            )
             st = wait_until(lambda: (x := m.status("cc"))["state"] == "retrying" and x, what="state retrying")
             assert "mooncake.cc" in st["error"] and "race" in st["error"] and "temporary" in st["error"], st["error"]
-            m.check("cc")                                         # reads are served meanwhile
+            m.check("cc")  # reads are served meanwhile
             assert Lsn.parse(m.status("cc")["flush_lsn"]) == before
-            assert _slot_confirmed(m) <= before                   # nothing confirmed past what is durable
-            st = wait_until(lambda: (x := m.status("cc"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) > before and x,
-                       timeout=60, what="a persist after the conflicts")
+            assert _slot_confirmed(m) <= before  # nothing confirmed past what is durable
+            st = wait_until(
+                lambda: (x := m.status("cc"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) > before and x,
+                timeout=60,
+                what="a persist after the conflicts",
+            )
             import json
+
             assert json.loads(faults.read_text())["conflicts_injected"] == 12
             m.check("cc", iceberg=True)
             wait_until(lambda: _slot_confirmed(m) > before, what="the slot to move on")
@@ -127,8 +145,11 @@ def test_postgres_restarts_under_the_mirror(tmp_path):
     try:
         with running_service(s) as client:
             m = Mirror(s, client, pg.dsn())
-            m.sql("CREATE TABLE r (id int PRIMARY KEY, n int)", "CREATE TABLE r_nk (k int)",
-                  "INSERT INTO r SELECT g, 0 FROM generate_series(1, 500) g")
+            m.sql(
+                "CREATE TABLE r (id int PRIMARY KEY, n int)",
+                "CREATE TABLE r_nk (k int)",
+                "INSERT INTO r SELECT g, 0 FROM generate_series(1, 500) g",
+            )
             m.create("r")
             m.create("r_nk")
             m.sql("UPDATE r SET n = 1 WHERE id <= 100", "INSERT INTO r_nk SELECT g % 4 FROM generate_series(1, 40) g")
@@ -137,16 +158,24 @@ def test_postgres_restarts_under_the_mirror(tmp_path):
                 pg._run(ctl[:1] + ["stop", "-m", mode, "-w"] + ctl[1:], check=False)
                 time.sleep(1.0)
                 pg._run(ctl[:1] + ["start", "-w", "-l", str(pg.data_dir / "server.log")] + ctl[1:])
-                m.sql("UPDATE r SET n = n + 1 WHERE id % 3 = 0", "DELETE FROM r_nk WHERE ctid = (SELECT min(ctid) FROM r_nk)")
-                wait_until(lambda: m.client.status()["stream_error"] is None and m.client.status()["streaming"],
-                      timeout=40, what="the stream to come back")
+                m.sql(
+                    "UPDATE r SET n = n + 1 WHERE id % 3 = 0",
+                    "DELETE FROM r_nk WHERE ctid = (SELECT min(ctid) FROM r_nk)",
+                )
+                wait_until(
+                    lambda: m.client.status()["stream_error"] is None and m.client.status()["streaming"],
+                    timeout=40,
+                    what="the stream to come back",
+                )
                 m.check("r", "r_nk")
             st = m.client.status()
             assert len(st["stream_faults"]) >= 2, st
             # each lost stream is reported with the server's reason; status names the slot and the LSN the
             # stream resumes from (the slot's confirmed LSN)
-            assert any("terminating connection" in f["error"] or "closed the connection" in f["error"]
-                       for f in st["stream_faults"]), st["stream_faults"]
+            assert any(
+                "terminating connection" in f["error"] or "closed the connection" in f["error"]
+                for f in st["stream_faults"]
+            ), st["stream_faults"]
             out = " ".join(mooncake(s, "status", check=True).stdout.split())
             assert f"slot {st['slot']}," in out and "lost stream(s)" in out, out
             assert re.search(r"confirmed LSN [0-9A-F]+/[0-9A-F]+", out), out
@@ -202,8 +231,12 @@ def test_sigkill_at_random_points(pg_cluster):
     try:
         with running_service(s) as client:
             m = Mirror(s, client, dsn)
-            m.sql("CREATE TABLE k (id int PRIMARY KEY, n int)", "CREATE TABLE k_nk (v int)",
-                  "INSERT INTO k SELECT g, 0 FROM generate_series(1, 300) g", "INSERT INTO k_nk SELECT g % 5 FROM generate_series(1, 50) g")
+            m.sql(
+                "CREATE TABLE k (id int PRIMARY KEY, n int)",
+                "CREATE TABLE k_nk (v int)",
+                "INSERT INTO k SELECT g, 0 FROM generate_series(1, 300) g",
+                "INSERT INTO k_nk SELECT g % 5 FROM generate_series(1, 50) g",
+            )
             m.create("k")
             m.create("k_nk")
             th = threading.Thread(target=workload)
@@ -232,15 +265,19 @@ def test_sigkill_during_create_table_then_create_again(fresh_mirror):
     """A SIGKILL in the middle of create-table's initial copy leaves a publication entry and a
     half-made Iceberg table; after a restart, create-table of the same table must simply work."""
     m = fresh_mirror
-    m.sql("CREATE TABLE ck (id int PRIMARY KEY, v text)",
-          "INSERT INTO ck SELECT g, repeat('x', 50) FROM generate_series(1, 400000) g",
-          "CREATE TABLE ck_other (id int PRIMARY KEY)")
+    m.sql(
+        "CREATE TABLE ck (id int PRIMARY KEY, v text)",
+        "INSERT INTO ck SELECT g, repeat('x', 50) FROM generate_series(1, 400000) g",
+        "CREATE TABLE ck_other (id int PRIMARY KEY)",
+    )
     m.create("ck_other")
     errors = []
     th = threading.Thread(target=lambda: errors.append(_try(lambda: m.create("ck"))))
     th.start()
-    wait_until(lambda: any(t["name"] == "ck" and t["state"] == "copying" for t in m.client.status()["tables"]),
-          what="the copy to start")
+    wait_until(
+        lambda: any(t["name"] == "ck" and t["state"] == "copying" for t in m.client.status()["tables"]),
+        what="the copy to start",
+    )
     kill_service(m.settings)
     th.join()
     start_service(m.settings)

@@ -1,4 +1,4 @@
-"""Issue 7 part 4: a LOCAL (file://) warehouse directory becomes unwritable for a while.
+"""A LOCAL (file://) warehouse directory becomes unwritable for a while.
 
 (The S3 endpoint outage is tested in tests/storage/test_s3_mirror.py.) The tests run as root, for whom
 ``chmod`` changes nothing, so the outage is made with the immutable attribute (``chattr +i``) on every
@@ -10,6 +10,7 @@ with an error naming the table and the warehouse, show the table as ``retrying``
 and never confirm the slot past the table's flush LSN. Once the directory is writable again it
 converges: union reader and PyIceberg both match the source, and the slot moves on.
 """
+
 from __future__ import annotations
 
 import errno
@@ -28,10 +29,8 @@ import pytest
 from mooncake_assets.engine import storage
 from mooncake_assets.engine.lsn import Lsn
 
-from .conftest import Mirror, drop_database, new_database, new_state_dir
 from ..helpers import make_settings, mooncake, running_service, wait_until
-
-
+from .conftest import Mirror, drop_database, new_database, new_state_dir
 
 
 def _entries(root: Path) -> list[str]:
@@ -61,8 +60,11 @@ def _can_make_immutable(parent: Path) -> bool:
 
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        return Lsn.parse(c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                                   (slot,)).fetchone()[0])
+        return Lsn.parse(
+            c.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()[0]
+        )
 
 
 def _wal_now(dsn: str) -> int:
@@ -70,15 +72,22 @@ def _wal_now(dsn: str) -> int:
         return Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
 
-@pytest.mark.parametrize("err", [
-    PermissionError(errno.EPERM, "Failed to open local file '/wh/t/data/x.parquet'. Detail: [errno 1] Operation not permitted"),
-    PermissionError(errno.EACCES, "Cannot create directory '/wh/t/metadata'. Detail: [errno 13] Permission denied"),
-    OSError(errno.EROFS, "Read-only file system"),
-    OSError(errno.ENOSPC, "No space left on device"),
-    OSError(errno.EDQUOT, "Disk quota exceeded"),
-    NotADirectoryError(errno.ENOTDIR, "Failed to open local file '/wh/t/data/x.parquet'. Detail: [errno 20] Not a directory"),
-    OSError(errno.EIO, "Input/output error"),
-])
+@pytest.mark.parametrize(
+    "err",
+    [
+        PermissionError(
+            errno.EPERM, "Failed to open local file '/wh/t/data/x.parquet'. Detail: [errno 1] Operation not permitted"
+        ),
+        PermissionError(errno.EACCES, "Cannot create directory '/wh/t/metadata'. Detail: [errno 13] Permission denied"),
+        OSError(errno.EROFS, "Read-only file system"),
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        NotADirectoryError(
+            errno.ENOTDIR, "Failed to open local file '/wh/t/data/x.parquet'. Detail: [errno 20] Not a directory"
+        ),
+        OSError(errno.EIO, "Input/output error"),
+    ],
+)
 def test_local_warehouse_write_errors_are_classified_temporary(err):
     """What the local filesystem raises when the warehouse directory cannot be written is a storage
     fault that retrying may cure (someone frees the disk, remounts the volume read-write)."""
@@ -133,15 +142,19 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
     try:
         with running_service(s) as client:
             m = Mirror(s, client, dsn)
-            m.sql("CREATE TABLE wu (id int PRIMARY KEY, v int NOT NULL)",
-                  "INSERT INTO wu SELECT g, 0 FROM generate_series(1, 500) g")
+            m.sql(
+                "CREATE TABLE wu (id int PRIMARY KEY, v int NOT NULL)",
+                "INSERT INTO wu SELECT g, 0 FROM generate_series(1, 500) g",
+            )
             m.create("wu")
             slot = client.status()["slot"]
             th = threading.Thread(target=workload)
             th.start()
             try:
-                wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) > 0,
-                      what="a first persist")
+                wait_until(
+                    lambda: (x := m.status("wu"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) > 0,
+                    what="a first persist",
+                )
                 # ---------------------------------------------------------------- warehouse unwritable
                 locked = _entries(warehouse)
                 r = _chattr("+i", locked)
@@ -182,8 +195,11 @@ def test_local_warehouse_unwritable_for_a_while(pg_cluster):
                 th.join()
             assert done["error"] is None and done["txns"] > 100, done
             end = _wal_now(dsn)
-            wait_until(lambda: (x := m.status("wu"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) >= end and x,
-                  timeout=90, what="the persist to succeed once the warehouse is writable again")
+            wait_until(
+                lambda: (x := m.status("wu"))["state"] == "ready" and Lsn.parse(x["flush_lsn"]) >= end and x,
+                timeout=90,
+                what="the persist to succeed once the warehouse is writable again",
+            )
             assert m.status("wu")["error"] is None and m.status("wu")["missing_keys"] == 0
             for reader in ("union", "pyiceberg"):
                 r = mooncake(s, "verify", "wu", "--reader", reader)

@@ -1,4 +1,4 @@
-"""Issue 7 part 5: schema changes mid-stream.
+"""Schema changes mid-stream.
 
 ADD COLUMN (with and without default), DROP COLUMN, RENAME COLUMN and type widening become Iceberg
 schema evolution at the exact LSN: the union read, PyIceberg and DuckDB's iceberg_scan match the
@@ -7,18 +7,19 @@ the change arrived; the Iceberg snapshot before the change keeps the old schema.
 cannot be mirrored stops only its table with an error naming table, column and LSN, holds the slot,
 and a fix resumes it with nothing lost.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from mooncake_assets.engine.service.process import kill_service, start_service, stop_service
 from mooncake_assets.engine.lsn import Lsn
+from mooncake_assets.engine.service.process import kill_service, start_service, stop_service
 from mooncake_assets.verify import verify
 
-from .conftest import mirror_fixture
 from ..helpers import mooncake
+from .conftest import mirror_fixture
 
 
 def _lsn_now(m) -> int:
@@ -27,8 +28,9 @@ def _lsn_now(m) -> int:
 
 def _slot_confirmed(m) -> int:
     slot = m.client.status()["slot"]
-    return Lsn.parse(m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                           params=(slot,))[0][0])
+    return Lsn.parse(
+        m.sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", params=(slot,))[0][0]
+    )
 
 
 def _check_all_readers(m, *names):
@@ -48,40 +50,77 @@ def _iceberg_table(m, name):
 def _rows_everywhere(m, t):
     """Rows in every place a schema change must convert: persisted (with a DV), staged by a flush,
     sealed in the buffer, and open in the buffer."""
-    m.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, a int, b varchar(5), n numeric(6,2), f real)",
-          f"INSERT INTO {t} SELECT g, g, 'b' || g % 10, g / 4.0, g / 2.0 FROM generate_series(1, 40) g")
+    m.sql(
+        f"CREATE TABLE {t} (id int PRIMARY KEY, a int, b varchar(5), n numeric(6,2), f real)",
+        f"INSERT INTO {t} SELECT g, g, 'b' || g % 10, g / 4.0, g / 2.0 FROM generate_series(1, 40) g",
+    )
     m.create(t)
     m.sql(f"UPDATE {t} SET a = -a WHERE id <= 3", f"DELETE FROM {t} WHERE id = 4")
-    m.call("persist", table=t)                                  # a DV on the copied file
+    m.call("persist", table=t)  # a DV on the copied file
     m.sql(f"INSERT INTO {t} SELECT g, g, 'f', 1.5, 2.5 FROM generate_series(41, 60) g", f"DELETE FROM {t} WHERE id = 5")
-    m.call("flush", table=t)                                    # a staged file + a pending delete
-    m.sql(f"INSERT INTO {t} SELECT g, g, 'm', 2.5, 3.5 FROM generate_series(61, 80) g",
-          f"UPDATE {t} SET b = 'u' WHERE id IN (6, 45, 62)")    # buffered rows
+    m.call("flush", table=t)  # a staged file + a pending delete
+    m.sql(
+        f"INSERT INTO {t} SELECT g, g, 'm', 2.5, 3.5 FROM generate_series(61, 80) g",
+        f"UPDATE {t} SET b = 'u' WHERE id IN (6, 45, 62)",
+    )  # buffered rows
     m.check(t)
 
 
 FOLLOWED = [
-    ("add", ["ALTER TABLE {t} ADD COLUMN note text"],
-     ["INSERT INTO {t} VALUES (100, 1, 'x', 1, 1, 'new')", "UPDATE {t} SET note = 'set' WHERE id IN (1, 42, 63)"],
-     lambda cols: "note" in cols),
-    ("add_default", ["ALTER TABLE {t} ADD COLUMN flag boolean NOT NULL DEFAULT true",
-                     "ALTER TABLE {t} ADD COLUMN label text DEFAULT 'it''s {{x}}'"],
-     ["INSERT INTO {t} (id, a, b, n, f, flag) VALUES (100, 1, 'x', 1, 1, false)", "UPDATE {t} SET a = 7 WHERE id = 44"],
-     lambda cols: "flag" in cols and "label" in cols),
-    ("drop", ["ALTER TABLE {t} DROP COLUMN b"], ["UPDATE {t} SET a = a + 1 WHERE id IN (1, 43, 64)"],
-     lambda cols: "b" not in cols),
-    ("rename", ["ALTER TABLE {t} RENAME COLUMN a TO amount"],
-     ["DELETE FROM {t} WHERE id = 2", "UPDATE {t} SET amount = 0 WHERE id IN (8, 46, 65)"],
-     lambda cols: "amount" in cols and "a" not in cols),
-    ("widen_int", ["ALTER TABLE {t} ALTER COLUMN a TYPE bigint"],
-     ["INSERT INTO {t} VALUES (100, 5000000000, 'x', 1, 1)", "UPDATE {t} SET a = a * 3 WHERE id IN (9, 47, 66)"],
-     lambda cols: True),
-    ("widen_text", ["ALTER TABLE {t} ALTER COLUMN b TYPE text"],
-     ["INSERT INTO {t} VALUES (100, 1, 'longer than 5', 1, 1)"], lambda cols: True),
-    ("widen_numeric_real", ["ALTER TABLE {t} ALTER COLUMN n TYPE numeric(12,2)", "ALTER TABLE {t} ALTER COLUMN f TYPE float8"],
-     ["INSERT INTO {t} VALUES (100, 1, 'x', 1234567890.12, 1e300)"], lambda cols: True),
-    ("drop_then_add_same_name", ["ALTER TABLE {t} DROP COLUMN b", "ALTER TABLE {t} ADD COLUMN b varchar(5)"],
-     ["INSERT INTO {t} VALUES (100, 1, 1, 1, 'nb')"], lambda cols: cols[-1] == "b"),
+    (
+        "add",
+        ["ALTER TABLE {t} ADD COLUMN note text"],
+        ["INSERT INTO {t} VALUES (100, 1, 'x', 1, 1, 'new')", "UPDATE {t} SET note = 'set' WHERE id IN (1, 42, 63)"],
+        lambda cols: "note" in cols,
+    ),
+    (
+        "add_default",
+        [
+            "ALTER TABLE {t} ADD COLUMN flag boolean NOT NULL DEFAULT true",
+            "ALTER TABLE {t} ADD COLUMN label text DEFAULT 'it''s {{x}}'",
+        ],
+        [
+            "INSERT INTO {t} (id, a, b, n, f, flag) VALUES (100, 1, 'x', 1, 1, false)",
+            "UPDATE {t} SET a = 7 WHERE id = 44",
+        ],
+        lambda cols: "flag" in cols and "label" in cols,
+    ),
+    (
+        "drop",
+        ["ALTER TABLE {t} DROP COLUMN b"],
+        ["UPDATE {t} SET a = a + 1 WHERE id IN (1, 43, 64)"],
+        lambda cols: "b" not in cols,
+    ),
+    (
+        "rename",
+        ["ALTER TABLE {t} RENAME COLUMN a TO amount"],
+        ["DELETE FROM {t} WHERE id = 2", "UPDATE {t} SET amount = 0 WHERE id IN (8, 46, 65)"],
+        lambda cols: "amount" in cols and "a" not in cols,
+    ),
+    (
+        "widen_int",
+        ["ALTER TABLE {t} ALTER COLUMN a TYPE bigint"],
+        ["INSERT INTO {t} VALUES (100, 5000000000, 'x', 1, 1)", "UPDATE {t} SET a = a * 3 WHERE id IN (9, 47, 66)"],
+        lambda cols: True,
+    ),
+    (
+        "widen_text",
+        ["ALTER TABLE {t} ALTER COLUMN b TYPE text"],
+        ["INSERT INTO {t} VALUES (100, 1, 'longer than 5', 1, 1)"],
+        lambda cols: True,
+    ),
+    (
+        "widen_numeric_real",
+        ["ALTER TABLE {t} ALTER COLUMN n TYPE numeric(12,2)", "ALTER TABLE {t} ALTER COLUMN f TYPE float8"],
+        ["INSERT INTO {t} VALUES (100, 1, 'x', 1234567890.12, 1e300)"],
+        lambda cols: True,
+    ),
+    (
+        "drop_then_add_same_name",
+        ["ALTER TABLE {t} DROP COLUMN b", "ALTER TABLE {t} ADD COLUMN b varchar(5)"],
+        ["INSERT INTO {t} VALUES (100, 1, 1, 1, 'nb')"],
+        lambda cols: cols[-1] == "b",
+    ),
 ]
 
 
@@ -99,11 +138,14 @@ def test_schema_change_becomes_iceberg_schema_evolution(mirror, kind, ddl, dml, 
     assert cols_ok(cols), cols
     assert m.status(t)["state"] == "ready", m.status(t)
     assert "schema change at LSN" in (m.status(t)["last_schema_change"] or ""), m.status(t)
-    m.check(t)                                                   # union read, before the change is persisted
-    m.sql(f"INSERT INTO {t} SELECT g, 1, 1, 1 FROM generate_series(200, 210) g" if kind == "drop"
-          else f"UPDATE {t} SET id = id + 1000 WHERE id IN (10, 48, 67)")
-    _check_all_readers(m, t)                                      # + PyIceberg and DuckDB's iceberg_scan
-    m.call("compact", table=t, full=True)                         # files of several layouts rewritten as one
+    m.check(t)  # union read, before the change is persisted
+    m.sql(
+        f"INSERT INTO {t} SELECT g, 1, 1, 1 FROM generate_series(200, 210) g"
+        if kind == "drop"
+        else f"UPDATE {t} SET id = id + 1000 WHERE id IN (10, 48, 67)"
+    )
+    _check_all_readers(m, t)  # + PyIceberg and DuckDB's iceberg_scan
+    m.call("compact", table=t, full=True)  # files of several layouts rewritten as one
     _check_all_readers(m, t)
     ice = _iceberg_table(m, t)
     assert [f.name for f in ice.schema().fields] == m.read(t).column_names
@@ -118,13 +160,20 @@ def test_schema_change_becomes_iceberg_schema_evolution(mirror, kind, ddl, dml, 
 
 def test_added_default_reads_for_older_rows(mirror):
     m = mirror
-    m.sql("CREATE TABLE se_def (id int PRIMARY KEY, v text)", "INSERT INTO se_def SELECT g, 'v' FROM generate_series(1, 5) g")
+    m.sql(
+        "CREATE TABLE se_def (id int PRIMARY KEY, v text)",
+        "INSERT INTO se_def SELECT g, 'v' FROM generate_series(1, 5) g",
+    )
     m.create("se_def")
-    m.sql("ALTER TABLE se_def ADD COLUMN d date DEFAULT '2024-02-29', ADD COLUMN amt numeric(8,2) DEFAULT 12.5, "
-          "ADD COLUMN k int DEFAULT 7", "INSERT INTO se_def VALUES (6, 'w', NULL, NULL, NULL)")
+    m.sql(
+        "ALTER TABLE se_def ADD COLUMN d date DEFAULT '2024-02-29', ADD COLUMN amt numeric(8,2) DEFAULT 12.5, "
+        "ADD COLUMN k int DEFAULT 7",
+        "INSERT INTO se_def VALUES (6, 'w', NULL, NULL, NULL)",
+    )
     got = {r["id"]: r for r in m.read("se_def").to_pylist()}
     import datetime
     from decimal import Decimal
+
     assert got[1]["d"] == datetime.date(2024, 2, 29) and got[1]["amt"] == Decimal("12.50") and got[1]["k"] == 7
     assert got[6]["d"] is None and got[6]["k"] is None
     _check_all_readers(m, "se_def")
@@ -138,8 +187,11 @@ def test_schema_change_survives_a_kill_before_and_after_persist(fresh_mirror):
     persist: the restart takes the new columns from the Iceberg table property."""
     m = fresh_mirror
     _rows_everywhere(m, "se_kill")
-    m.sql("ALTER TABLE se_kill ADD COLUMN extra int DEFAULT 3", "ALTER TABLE se_kill RENAME COLUMN a TO aa",
-          "UPDATE se_kill SET extra = 9 WHERE id IN (1, 50, 70)")
+    m.sql(
+        "ALTER TABLE se_kill ADD COLUMN extra int DEFAULT 3",
+        "ALTER TABLE se_kill RENAME COLUMN a TO aa",
+        "UPDATE se_kill SET extra = 9 WHERE id IN (1, 50, 70)",
+    )
     m.check("se_kill")
 
     def kill_and_restart():
@@ -165,8 +217,10 @@ def test_keyless_table_follows_add_and_rename(mirror):
     m.create("se_nokey")
     m.sql("ALTER TABLE se_nokey ADD COLUMN c int", "INSERT INTO se_nokey VALUES (1, 'x', 5), (1, 'x', 6)")
     m.sql("DELETE FROM se_nokey WHERE c = 6", "UPDATE se_nokey SET b = 'z' WHERE c IS NULL AND a = 2")
-    m.sql("ALTER TABLE se_nokey RENAME COLUMN b TO bb", "DELETE FROM se_nokey WHERE ctid = (SELECT min(ctid) FROM "
-          "se_nokey WHERE a = 1 AND c IS NULL)")
+    m.sql(
+        "ALTER TABLE se_nokey RENAME COLUMN b TO bb",
+        "DELETE FROM se_nokey WHERE ctid = (SELECT min(ctid) FROM se_nokey WHERE a = 1 AND c IS NULL)",
+    )
     _check_all_readers(m, "se_nokey")
     assert m.status("se_nokey")["missing_keys"] == 0
     m.sql("ALTER TABLE se_nokey DROP COLUMN c", "INSERT INTO se_nokey VALUES (3, 'q')")
@@ -177,12 +231,24 @@ def test_keyless_table_follows_add_and_rename(mirror):
 
 
 STOPPED = [
-    ("int_to_text", "ALTER TABLE {t} ALTER COLUMN a TYPE text", "INSERT INTO {t} VALUES (100, 'one', 'x')",
-     "column a changed type from integer to text"),
-    ("narrow", "ALTER TABLE {t} ALTER COLUMN a TYPE smallint", "INSERT INTO {t} VALUES (100, 1, 'x')",
-     "column a changed type from integer to smallint"),
-    ("unmappable_add", "ALTER TABLE {t} ADD COLUMN doc regproc", "INSERT INTO {t} VALUES (100, 1, 'x', 'now')",
-     "column doc was added with a type that cannot be mirrored"),
+    (
+        "int_to_text",
+        "ALTER TABLE {t} ALTER COLUMN a TYPE text",
+        "INSERT INTO {t} VALUES (100, 'one', 'x')",
+        "column a changed type from integer to text",
+    ),
+    (
+        "narrow",
+        "ALTER TABLE {t} ALTER COLUMN a TYPE smallint",
+        "INSERT INTO {t} VALUES (100, 1, 'x')",
+        "column a changed type from integer to smallint",
+    ),
+    (
+        "unmappable_add",
+        "ALTER TABLE {t} ADD COLUMN doc regproc",
+        "INSERT INTO {t} VALUES (100, 1, 'x', 'now')",
+        "column doc was added with a type that cannot be mirrored",
+    ),
 ]
 
 
@@ -190,18 +256,20 @@ STOPPED = [
 def test_unfollowable_change_stops_only_its_table(mirror, kind, ddl, dml, expect):
     m = mirror
     t, other = f"sc_{kind}", f"sc_{kind}_other"
-    m.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, a int, b varchar(5))",
-          f"INSERT INTO {t} SELECT g, g, 'b' FROM generate_series(1, 10) g",
-          f"CREATE TABLE {other} (id int PRIMARY KEY)")
+    m.sql(
+        f"CREATE TABLE {t} (id int PRIMARY KEY, a int, b varchar(5))",
+        f"INSERT INTO {t} SELECT g, g, 'b' FROM generate_series(1, 10) g",
+        f"CREATE TABLE {other} (id int PRIMARY KEY)",
+    )
     m.create(t)
     m.create(other)
-    m.sql(f"INSERT INTO {t} VALUES (50, 50, 'mem')")          # in memory when the change arrives
+    m.sql(f"INSERT INTO {t} VALUES (50, 50, 'mem')")  # in memory when the change arrives
     m.sql(ddl.format(t=t))
     before = _lsn_now(m)
     m.sql(dml.format(t=t))
     after = _lsn_now(m)
     m.sql(f"INSERT INTO {other} VALUES (1)", f"INSERT INTO {t} (id) VALUES (200)")
-    m.check(other)                                             # the other table goes on
+    m.check(other)  # the other table goes on
     st = m.status(t)
     assert st["state"] == "error", st
     err = st["error"]
@@ -211,25 +279,28 @@ def test_unfollowable_change_stops_only_its_table(mirror, kind, ddl, dml, expect
     # held: the slot is never confirmed past the change that stopped the table, so Postgres resends it
     assert _slot_confirmed(m) <= at
     assert "\n" not in err
-    if kind == "unmappable_add":                               # the remedy offered is one that works
+    if kind == "unmappable_add":  # the remedy offered is one that works
         assert "drop column doc on the source and restart the service" in err, err
     else:
         assert "restart the service" not in err and "re-create the mirror" in err, err
-    if kind == "int_to_text":                                  # the command line shows it too
+    if kind == "int_to_text":  # the command line shows it too
         lt = json.loads(mooncake(m.settings, "list-tables", "--json", check=True).stdout)
         row = next(x for x in lt["tables"] if x["name"] == t)
         assert row["state"] == "error" and row["error"] == err
         human = mooncake(m.settings, "list-tables", check=True).stdout
         assert f"{t}: table {t}" in " ".join(human.split()), human
         q = mooncake(m.settings, "query", f"SELECT count(*) AS n FROM {t}", "--format", "json", check=True)
-        assert f"{t} is stopped" in " ".join(q.stderr.split()), q.stderr   # stale rows are not silent
+        assert f"{t} is stopped" in " ".join(q.stderr.split()), q.stderr  # stale rows are not silent
         v = mooncake(m.settings, "verify", t)
         assert v.returncode != 0 and "the mirror is stopped" in v.stdout + v.stderr, v.stdout + v.stderr
 
 
 def test_recreating_the_mirror_resumes_with_nothing_lost(mirror):
     m = mirror
-    m.sql("CREATE TABLE sc_fix (id int PRIMARY KEY, a int)", "INSERT INTO sc_fix SELECT g, g FROM generate_series(1, 20) g")
+    m.sql(
+        "CREATE TABLE sc_fix (id int PRIMARY KEY, a int)",
+        "INSERT INTO sc_fix SELECT g, g FROM generate_series(1, 20) g",
+    )
     m.create("sc_fix")
     m.sql("ALTER TABLE sc_fix ALTER COLUMN a TYPE text", "UPDATE sc_fix SET a = 'neg' || a WHERE id <= 5")
     m.client.wait_lsn(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
@@ -251,27 +322,34 @@ def test_undoing_an_added_column_and_restarting_resumes(fresh_mirror):
     source and restarting the service replays from the table's flush LSN, leaving the dropped column
     out: every change made while it was stopped arrives, none twice."""
     m = fresh_mirror
-    m.sql("CREATE TABLE sc_undo (id int PRIMARY KEY, v text)", "INSERT INTO sc_undo SELECT g, 'a' FROM generate_series(1, 30) g",
-          "CREATE TABLE sc_keep (id int PRIMARY KEY)")
+    m.sql(
+        "CREATE TABLE sc_undo (id int PRIMARY KEY, v text)",
+        "INSERT INTO sc_undo SELECT g, 'a' FROM generate_series(1, 30) g",
+        "CREATE TABLE sc_keep (id int PRIMARY KEY)",
+    )
     m.create("sc_undo")
     m.create("sc_keep")
     m.sql("INSERT INTO sc_undo VALUES (31, 'before')", "UPDATE sc_undo SET v = 'b' WHERE id <= 3")
     m.call("persist", table="sc_undo")
     m.sql("INSERT INTO sc_undo VALUES (32, 'unpersisted')")
     m.sql("ALTER TABLE sc_undo ADD COLUMN doc regproc")
-    m.sql("INSERT INTO sc_undo VALUES (33, 'with doc', 'now')", "UPDATE sc_undo SET v = 'c' WHERE id BETWEEN 4 AND 6",
-          "DELETE FROM sc_undo WHERE id = 7", "INSERT INTO sc_keep VALUES (1)")
+    m.sql(
+        "INSERT INTO sc_undo VALUES (33, 'with doc', 'now')",
+        "UPDATE sc_undo SET v = 'c' WHERE id BETWEEN 4 AND 6",
+        "DELETE FROM sc_undo WHERE id = 7",
+        "INSERT INTO sc_keep VALUES (1)",
+    )
     m.check("sc_keep")
     st = m.status("sc_undo")
     assert st["state"] == "error" and "column doc was added with a type that cannot be mirrored" in st["error"], st
-    stop_service(m.settings)                                     # a restart before the fix: the service
-    start_service(m.settings)                                    # starts, the table stops again, same LSN
+    stop_service(m.settings)  # a restart before the fix: the service
+    start_service(m.settings)  # starts, the table stops again, same LSN
     m.client.close()
     m.check("sc_keep")
     st2 = m.status("sc_undo")
-    at = lambda e: e.split("schema change at LSN ")[1].split(":")[0]  # noqa: E731
+    at = lambda e: e.split("schema change at LSN ")[1].split(":")[0]
     assert st2["state"] == "error" and at(st2["error"]) == at(st["error"]), (st, st2)
-    m.sql("ALTER TABLE sc_undo DROP COLUMN doc")                # the fix
+    m.sql("ALTER TABLE sc_undo DROP COLUMN doc")  # the fix
     m.sql("INSERT INTO sc_undo VALUES (34, 'after fix')", "INSERT INTO sc_keep VALUES (2)")
     stop_service(m.settings)
     start_service(m.settings)
@@ -287,10 +365,13 @@ def test_several_changes_with_kills_on_a_wide_table(fresh_mirror):
     timestamps and numerics, with flushes, persists and SIGKILLs in between (a chaos run's shape)."""
     m = fresh_mirror
     t = "se_wide"
-    m.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, grp int, name text, big text, amount numeric(12,2), "
-          "at timestamptz, tags text[])", f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL",
-          f"INSERT INTO {t} SELECT g, g % 7, 'n' || g, CASE WHEN g % 5 = 0 THEN repeat(md5(g::text), 200) END, "
-          "g * 1.25, now(), ARRAY['a', 'b' || g] FROM generate_series(1, 200) g")
+    m.sql(
+        f"CREATE TABLE {t} (id int PRIMARY KEY, grp int, name text, big text, amount numeric(12,2), "
+        "at timestamptz, tags text[])",
+        f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL",
+        f"INSERT INTO {t} SELECT g, g % 7, 'n' || g, CASE WHEN g % 5 = 0 THEN repeat(md5(g::text), 200) END, "
+        "g * 1.25, now(), ARRAY['a', 'b' || g] FROM generate_series(1, 200) g",
+    )
     m.create(t)
 
     def restart():
@@ -298,8 +379,10 @@ def test_several_changes_with_kills_on_a_wide_table(fresh_mirror):
         start_service(m.settings)
         m.client.close()
 
-    ins = (f"INSERT INTO {t} SELECT g, g % 7, 'i' || g, NULL, (g % 1000) / 8.0, 'infinity', "
-           "ARRAY['x', NULL, 'y' || g] FROM generate_series({a}, {b}) g")
+    ins = (
+        f"INSERT INTO {t} SELECT g, g % 7, 'i' || g, NULL, (g % 1000) / 8.0, 'infinity', "
+        "ARRAY['x', NULL, 'y' || g] FROM generate_series({a}, {b}) g"
+    )
     m.sql(f"ALTER TABLE {t} ADD COLUMN x3 text DEFAULT 'd'", ins.format(a=300, b=303))
     restart()
     m.sql(f"UPDATE {t} SET x3 = 'u' WHERE id % 7 = 6", f"UPDATE {t} SET grp = grp + 1 WHERE id IN (1, 2, 301)")
@@ -331,18 +414,30 @@ def test_change_inside_a_transaction_and_a_streamed_one(streaming_mirror):
     import time
 
     m = streaming_mirror
-    m.sql("CREATE TABLE se_txn (id int PRIMARY KEY, v text)", "INSERT INTO se_txn SELECT g, 'v' FROM generate_series(1, 10) g")
+    m.sql(
+        "CREATE TABLE se_txn (id int PRIMARY KEY, v text)",
+        "INSERT INTO se_txn SELECT g, 'v' FROM generate_series(1, 10) g",
+    )
     m.create("se_txn")
-    m.txn("INSERT INTO se_txn VALUES (11, 'before')", "UPDATE se_txn SET v = 'u1' WHERE id = 1",
-          "ALTER TABLE se_txn ADD COLUMN c int DEFAULT 5", "INSERT INTO se_txn VALUES (12, 'after', 6)",
-          "UPDATE se_txn SET c = 7 WHERE id IN (2, 11)", "ALTER TABLE se_txn RENAME COLUMN v TO w",
-          "DELETE FROM se_txn WHERE id = 3")
+    m.txn(
+        "INSERT INTO se_txn VALUES (11, 'before')",
+        "UPDATE se_txn SET v = 'u1' WHERE id = 1",
+        "ALTER TABLE se_txn ADD COLUMN c int DEFAULT 5",
+        "INSERT INTO se_txn VALUES (12, 'after', 6)",
+        "UPDATE se_txn SET c = 7 WHERE id IN (2, 11)",
+        "ALTER TABLE se_txn RENAME COLUMN v TO w",
+        "DELETE FROM se_txn WHERE id = 3",
+    )
     m.check("se_txn")
-    m.txn("INSERT INTO se_txn SELECT g, repeat('x', 200), g FROM generate_series(100, 3000) g",  # > 64kB: streamed
-          "ALTER TABLE se_txn ADD COLUMN d text DEFAULT 'dd'", "ALTER TABLE se_txn ADD COLUMN flag boolean DEFAULT true",
-          "ALTER TABLE se_txn ADD COLUMN amt numeric(6,2) DEFAULT 1.5", "ALTER TABLE se_txn ALTER COLUMN c TYPE bigint",
-          "INSERT INTO se_txn SELECT g, 'y', g::bigint * 1000000000, 'e', false, 2 FROM generate_series(3001, 5000) g",
-          "UPDATE se_txn SET d = 'upd' WHERE id % 10 = 0")
+    m.txn(
+        "INSERT INTO se_txn SELECT g, repeat('x', 200), g FROM generate_series(100, 3000) g",  # > 64kB: streamed
+        "ALTER TABLE se_txn ADD COLUMN d text DEFAULT 'dd'",
+        "ALTER TABLE se_txn ADD COLUMN flag boolean DEFAULT true",
+        "ALTER TABLE se_txn ADD COLUMN amt numeric(6,2) DEFAULT 1.5",
+        "ALTER TABLE se_txn ALTER COLUMN c TYPE bigint",
+        "INSERT INTO se_txn SELECT g, 'y', g::bigint * 1000000000, 'e', false, 2 FROM generate_series(3001, 5000) g",
+        "UPDATE se_txn SET d = 'upd' WHERE id % 10 = 0",
+    )
     _check_all_readers(m, "se_txn")
     slot = m.client.status()["slot"]
     for _ in range(50):  # the statistics are reported asynchronously
@@ -357,11 +452,17 @@ def test_a_column_added_flushed_and_dropped_before_a_persist(mirror):
     """A file flushed under an intermediate schema (x5 added, then dropped before any persist) is
     committed with that schema version in the table's history, so its field ids are known."""
     m = mirror
-    m.sql("CREATE TABLE se_mid (id int PRIMARY KEY, v int)", "INSERT INTO se_mid SELECT g, g FROM generate_series(1, 5) g")
+    m.sql(
+        "CREATE TABLE se_mid (id int PRIMARY KEY, v int)", "INSERT INTO se_mid SELECT g, g FROM generate_series(1, 5) g"
+    )
     m.create("se_mid")
     m.sql("ALTER TABLE se_mid ADD COLUMN x5 numeric(8,2)", "INSERT INTO se_mid VALUES (6, 6, 1.5)")
     m.call("flush", table="se_mid")
-    m.sql("ALTER TABLE se_mid DROP COLUMN x5", "INSERT INTO se_mid VALUES (7, 7)", "UPDATE se_mid SET v = -v WHERE id IN (1, 6)")
+    m.sql(
+        "ALTER TABLE se_mid DROP COLUMN x5",
+        "INSERT INTO se_mid VALUES (7, 7)",
+        "UPDATE se_mid SET v = -v WHERE id IN (1, 6)",
+    )
     _check_all_readers(m, "se_mid")
     ice = _iceberg_table(m, "se_mid")
     assert len(ice.metadata.schemas) == 3 and [f.name for f in ice.schema().fields] == ["id", "v"]
@@ -371,13 +472,20 @@ def test_position_delete_tables_evolve_too_but_not_with_defaults(mirror):
     """Format v2 (position-deletes): ADD (no default), RENAME, widening and DROP become schema evolution
     like on v3; ADD COLUMN … DEFAULT stops the table (Iceberg v2 has no initial-default)."""
     m = mirror
-    m.sql("CREATE TABLE se_v2 (id int PRIMARY KEY, a int, b text)", "INSERT INTO se_v2 SELECT g, g, 'b' FROM generate_series(1, 30) g")
+    m.sql(
+        "CREATE TABLE se_v2 (id int PRIMARY KEY, a int, b text)",
+        "INSERT INTO se_v2 SELECT g, g, 'b' FROM generate_series(1, 30) g",
+    )
     m.create("se_v2", delete_format="position-deletes")
     m.sql("DELETE FROM se_v2 WHERE id < 4")
     m.call("persist", table="se_v2")
-    m.sql("ALTER TABLE se_v2 ADD COLUMN c int", "ALTER TABLE se_v2 RENAME COLUMN b TO bb",
-          "ALTER TABLE se_v2 ALTER COLUMN a TYPE bigint", "INSERT INTO se_v2 VALUES (40, 4000000000, 'n', 4)",
-          "UPDATE se_v2 SET c = 1 WHERE id < 10")
+    m.sql(
+        "ALTER TABLE se_v2 ADD COLUMN c int",
+        "ALTER TABLE se_v2 RENAME COLUMN b TO bb",
+        "ALTER TABLE se_v2 ALTER COLUMN a TYPE bigint",
+        "INSERT INTO se_v2 VALUES (40, 4000000000, 'n', 4)",
+        "UPDATE se_v2 SET c = 1 WHERE id < 10",
+    )
     m.sql("ALTER TABLE se_v2 DROP COLUMN c", "DELETE FROM se_v2 WHERE id = 5")
     _check_all_readers(m, "se_v2")
     assert _iceberg_table(m, "se_v2").format_version == 2

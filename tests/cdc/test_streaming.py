@@ -1,10 +1,11 @@
-"""Issue 7 part 1: large transactions streamed before they commit (protocol v2, ``streaming 'on'``).
+"""Large transactions streamed before they commit (protocol v2, ``streaming 'on'``).
 
 The source DSN carries ``-c logical_decoding_work_mem=64kB`` (the walsender takes its options), so
 any transaction past 64 kB of changes is streamed in chunks, interleaved with other transactions,
 before its commit or abort is known. Only committed work may appear: subtransactions rolled back to
 a savepoint (nested ones too) are dropped, a top-level abort drops everything.
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,17 +24,18 @@ def streaming_mirror(pg_cluster):
 
 def _slot_stream_stats(m) -> tuple[int, int]:
     slot = m.client.status()["slot"]
-    row = m.sql("SELECT stream_txns, stream_count FROM pg_stat_replication_slots WHERE slot_name = %s",
-                params=(slot,))
+    row = m.sql("SELECT stream_txns, stream_count FROM pg_stat_replication_slots WHERE slot_name = %s", params=(slot,))
     return tuple(row[0]) if row else (0, 0)
 
 
 def test_streamed_transactions_with_savepoints_and_aborts(streaming_mirror):
     m = streaming_mirror
-    m.sql("CREATE TABLE big (id int PRIMARY KEY, v text, n int)",
-          "CREATE TABLE side (id serial PRIMARY KEY, note text)",
-          "CREATE TABLE bag (k int, v text)",
-          "INSERT INTO big SELECT g, 'seed', 0 FROM generate_series(1, 1000) g")
+    m.sql(
+        "CREATE TABLE big (id int PRIMARY KEY, v text, n int)",
+        "CREATE TABLE side (id serial PRIMARY KEY, note text)",
+        "CREATE TABLE bag (k int, v text)",
+        "INSERT INTO big SELECT g, 'seed', 0 FROM generate_series(1, 1000) g",
+    )
     m.create("big")
     m.create("side")
     m.create("bag")
@@ -58,16 +60,16 @@ def test_streamed_transactions_with_savepoints_and_aborts(streaming_mirror):
             a.execute(f"INSERT INTO big SELECT g, {pad}, 2 FROM generate_series(20001, 22000) g")
             a.execute("UPDATE big SET v = 'rolled back' WHERE id BETWEEN 10001 AND 10500")
             a.execute("DELETE FROM big WHERE id BETWEEN 100 AND 200")
-            a.execute("ROLLBACK TO SAVEPOINT s1")                  # its streamed changes must vanish
+            a.execute("ROLLBACK TO SAVEPOINT s1")  # its streamed changes must vanish
             a.execute("SAVEPOINT s2")
             a.execute(f"INSERT INTO bag SELECT g, {pad} FROM generate_series(1, 1500) g")
             a.execute("SAVEPOINT s3")
             a.execute(f"INSERT INTO bag SELECT g, {pad} FROM generate_series(1, 1500) g")
             a.execute("RELEASE SAVEPOINT s3")
-            a.execute("ROLLBACK TO SAVEPOINT s2")                  # nested: s3's changes go too
+            a.execute("ROLLBACK TO SAVEPOINT s2")  # nested: s3's changes go too
             a.execute("SAVEPOINT s4")
             a.execute(f"INSERT INTO bag SELECT g % 7, {pad} FROM generate_series(1, 1200) g")
-            a.execute("RELEASE SAVEPOINT s4")                      # kept
+            a.execute("RELEASE SAVEPOINT s4")  # kept
             # b: a second large transaction, aborted at the top level, streamed meanwhile
             b.execute(f"INSERT INTO big SELECT g, {pad}, 3 FROM generate_series(30001, 34000) g")
             b.execute("UPDATE big SET v = 'aborted' WHERE id <= 500")
@@ -89,7 +91,9 @@ def test_streamed_transactions_with_savepoints_and_aborts(streaming_mirror):
     while _slot_stream_stats(m)[0] < 3 and time.time() < deadline:
         time.sleep(0.5)
     txns, chunks = _slot_stream_stats(m)
-    assert txns >= 3 and chunks > txns, f"expected streamed transactions, pg_stat_replication_slots says {txns}/{chunks}"
+    assert txns >= 3 and chunks > txns, (
+        f"expected streamed transactions, pg_stat_replication_slots says {txns}/{chunks}"
+    )
     assert m.sql("SELECT count(*) FROM bag") == [(1200,)]
     m.check("big", "side", "bag", iceberg=True)
     for t in ("big", "side", "bag"):

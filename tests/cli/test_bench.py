@@ -1,5 +1,6 @@
-"""Issue 8: `mooncake bench` at toy size, through the real command line, so it cannot rot — every figure
+"""`mooncake bench` at toy size, through the real command line, so it cannot rot — every figure
 is written, and each ratio's two sides read the same rows."""
+
 from __future__ import annotations
 
 import json
@@ -67,6 +68,9 @@ def test_bench_rejects_unknown_suite(state_dir, tmp_path):
     from mooncake_assets.bench import run_bench
     from mooncake_assets.config import Settings
 
-    assert run_bench(Settings(state_dir=state_dir), suites=["nope"], json_file=tmp_path / "b.json", log=lambda *a: None) == 2
+    assert (
+        run_bench(Settings(state_dir=state_dir), suites=["nope"], json_file=tmp_path / "b.json", log=lambda *a: None)
+        == 2
+    )
     assert not (tmp_path / "b.json").exists()
     assert os.environ.get("MOONCAKE_BENCH_SIZE") in (None, "tiny", "quick", "full")

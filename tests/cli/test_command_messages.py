@@ -1,4 +1,5 @@
-"""Issue 13 item 10: the smaller things a new user tripped on."""
+"""The smaller things a new user tripped on."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,10 +20,12 @@ def test_persist_counts_rows_of_the_files_it_adds_and_clean_restart_is_quiet(pg_
         mooncake(s, "create-table", "p", "public.p", check=True)
         for round_ in range(3):
             with psycopg.connect(pg_dsn, autocommit=True) as c:
-                c.execute(f"INSERT INTO p SELECT g, 'w' FROM generate_series({1000 * (round_ + 1)}, {1000 * (round_ + 1) + 49}) g")
+                c.execute(
+                    f"INSERT INTO p SELECT g, 'w' FROM generate_series({1000 * (round_ + 1)}, {1000 * (round_ + 1) + 49}) g"
+                )
                 c.execute(f"UPDATE p SET v = 'u{round_}' WHERE id <= 10")
             mooncake(s, "query", "SELECT count(*) FROM p", check=True)  # applied
-            mooncake(s, "flush", "p", check=True)                       # the rows leave the buffer here
+            mooncake(s, "flush", "p", check=True)  # the rows leave the buffer here
             out = mooncake(s, "persist", "p", check=True).stdout
             assert "files_added=1" in out and "rows=60," in out and "rows_flushed=0" in out, out
         # a restart after a clean stop does not speak of an interrupted run; one after a kill does. The
@@ -37,8 +40,10 @@ def test_persist_counts_rows_of_the_files_it_adds_and_clean_restart_is_quiet(pg_
             stray.write_bytes(b"x")
             before = log.read_text()
             mooncake(s, "start", check=True)
-            assert mooncake(s, "query", "SELECT count(*) AS n FROM p", "--format", "csv", check=True).stdout == "n\n250\n"
-            after = log.read_text()[len(before):]
+            assert (
+                mooncake(s, "query", "SELECT count(*) AS n FROM p", "--format", "csv", check=True).stdout == "n\n250\n"
+            )
+            after = log.read_text()[len(before) :]
             assert not stray.exists()
             if how == "stop":
                 assert "interrupted run" not in after and "removed files no snapshot or index uses" in after, after
@@ -50,8 +55,18 @@ def test_persist_counts_rows_of_the_files_it_adds_and_clean_restart_is_quiet(pg_
 
 def test_pg_stop_says_what_it_did_and_help_texts(state_dir):
     s = make_settings(state_dir, "postgresql://localhost/none")
-    r = subprocess.run([".venv/bin/mooncake" if (REPO / ".venv/bin/mooncake").exists() else "mooncake",
-                        "--state-dir", str(state_dir), "pg", "stop"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [
+            ".venv/bin/mooncake" if (REPO / ".venv/bin/mooncake").exists() else "mooncake",
+            "--state-dir",
+            str(state_dir),
+            "pg",
+            "stop",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0 and "embedded Postgres was not running" in r.stdout, (r.stdout, r.stderr)
     h = " ".join(mooncake(s, "drop-table", "--help", check=True).stdout.split())
     assert "Name of the mirror to drop" in h, h
@@ -60,6 +75,10 @@ def test_pg_stop_says_what_it_did_and_help_texts(state_dir):
 
 
 def test_make_ui_passes_a_port():
-    r = subprocess.run(["make", "-n", "-o", ".venv/.installed", "ui", "PORT=3011", "HOST=0.0.0.0"], capture_output=True,
-                       text=True, cwd=REPO)
+    r = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "ui", "PORT=3011", "HOST=0.0.0.0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert "mooncake ui --port 3011 --host 0.0.0.0" in r.stdout, r.stdout + r.stderr

@@ -1,4 +1,5 @@
 """`mooncake demo` end to end on its own embedded Postgres, then the persisted tables checked by PyIceberg."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +13,12 @@ from mooncake_assets.engine.service.process import stop_service
 
 
 def _run(state, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(state), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(state), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -25,7 +30,7 @@ def test_demo_verifies_and_leaves_persisted_state(state_dir):
         last = r.stdout.strip().splitlines()[-1]
         assert last.startswith("verified: 4/4 tables match at LSN "), r.stdout[-2000:]
         assert r.stdout.count("persist of 4 tables") + r.stdout.count("flush of 4 tables") >= 2
-        # issue 13 item 10: Postgres's and the mirror's balances are read at one LSN, so they are equal
+        # Postgres's and the mirror's balances are read at one LSN, so they are equal
         ticks = [line for line in r.stdout.splitlines() if "| at LSN " in line]
         assert ticks and all(line.endswith("(same)") for line in ticks), r.stdout[-3000:]
         stop_service(load_settings(state))

@@ -1,8 +1,9 @@
-"""Issue 13 item 6: ``mooncake query`` prints values as psql does and refuses bad input in one line.
+"""``mooncake query`` prints values as psql does and refuses bad input in one line.
 
 The oracle is psql itself: ``psql --csv`` over the source prints the same CSV as ``mooncake query
 --format csv`` over the mirror (±infinity, NULL, booleans, arrays, numeric scale, floats).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ SETUP = [
 def _psql_csv(dsn: str, sql: str) -> str:
     psql = shutil.which("psql") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))), None)
     env = dict(os.environ, PGTZ="UTC", PGDATESTYLE="ISO")
-    return subprocess.run([str(psql), "--no-psqlrc", "--csv", "-d", dsn, "-c", sql], capture_output=True, text=True,
-                          env=env, check=True).stdout
+    return subprocess.run(
+        [str(psql), "--no-psqlrc", "--csv", "-d", dsn, "-c", sql], capture_output=True, text=True, env=env, check=True
+    ).stdout
 
 
 def _setup(pg_dsn, state_dir):
@@ -69,7 +71,12 @@ def test_query_renders_like_psql_and_refuses_bad_input(pg_dsn, state_dir):
         bad = mooncake(s, "query", sql, "--lsn", "garbage")
         assert bad.returncode == 2 and "'garbage' is not an LSN" in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-        for stmt in ("DELETE FROM q", "INSERT INTO q VALUES (9)", "COPY q TO '/tmp/mooncake-q.csv'", "SELECT 1; DROP TABLE q"):
+        for stmt in (
+            "DELETE FROM q",
+            "INSERT INTO q VALUES (9)",
+            "COPY q TO '/tmp/mooncake-q.csv'",
+            "SELECT 1; DROP TABLE q",
+        ):
             bad = mooncake(s, "query", stmt)
             assert bad.returncode == 2 and "queries are read-only" in bad.stderr, (stmt, bad.stderr)
             assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -5,6 +5,7 @@
 process group; ``page.goto(url)``, ``page.text()``, ``page.wait_for(predicate)`` and
 ``page.screenshot(path)``; ``close()`` stops the browser by its process group.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,11 +19,22 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
 from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+]
 
 
 def find_chromium() -> str | None:
@@ -40,10 +52,20 @@ class HeadlessChromium:
         self.profile = Path(tempfile.mkdtemp(prefix="mooncake-chromium-"))
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [exe, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
-             f"--window-size={width},{height}", "about:blank"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_reset_signals)
+            [
+                exe,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_reset_signals,
+        )
         port_file = self.profile / "DevToolsActivePort"
         deadline = time.time() + timeout
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -108,8 +130,11 @@ class HeadlessChromium:
 
     def click_button(self, label: str) -> bool:
         """Click the first button whose text is ``label`` (e.g. a modal's "Skip"); False when there is none."""
-        js = ("(() => { const b = [...document.querySelectorAll('button')].find(b => b.innerText.trim() === "
-              + json.dumps(label) + "); if (b) { b.click(); return true } return false })()")
+        js = (
+            "(() => { const b = [...document.querySelectorAll('button')].find(b => b.innerText.trim() === "
+            + json.dumps(label)
+            + "); if (b) { b.click(); return true } return false })()"
+        )
         return bool(self.evaluate(js))
 
     def screenshot(self, path: Path) -> Path:

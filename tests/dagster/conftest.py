@@ -1,6 +1,7 @@
 """Fixtures of the Dagster layer's tests: a small pgbench-shaped source in a fresh database, a state dir
 bound to it (maintenance driven by Dagster), the Definitions built for it, and an in-memory Dagster
 instance. The real service runs as a background process; every test stops it at the end."""
+
 from __future__ import annotations
 
 import random
@@ -41,8 +42,10 @@ def tpcb(dsn: str, n: int, seed: int = 1) -> None:
                 c.execute("UPDATE pgbench_accounts SET abalance = abalance + %s WHERE aid = %s", (delta, aid))
                 c.execute("UPDATE pgbench_tellers SET tbalance = tbalance + %s WHERE tid = %s", (delta, tid))
                 c.execute("UPDATE pgbench_branches SET bbalance = bbalance + %s WHERE bid = %s", (delta, bid))
-                c.execute("INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (%s, %s, %s, %s, now())",
-                          (tid, bid, aid, delta))
+                c.execute(
+                    "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (%s, %s, %s, %s, now())",
+                    (tid, bid, aid, delta),
+                )
 
 
 @dataclass
@@ -59,11 +62,13 @@ class MooncakeEnv:
     def replication(self) -> ReplicationResource:
         return self.defs.resources["replication"]
 
-    def materialize(self, *keys: str, raise_on_error: bool = True, run_config=None,
-                    checks: bool = False) -> dg.ExecuteInProcessResult:
+    def materialize(
+        self, *keys: str, raise_on_error: bool = True, run_config=None, checks: bool = False
+    ) -> dg.ExecuteInProcessResult:
         """Materialize ``keys`` (without their asset checks unless ``checks``)."""
-        return materialize_keys(self.defs, keys, instance=self.instance, raise_on_error=raise_on_error,
-                                run_config=run_config, checks=checks)
+        return materialize_keys(
+            self.defs, keys, instance=self.instance, raise_on_error=raise_on_error, run_config=run_config, checks=checks
+        )
 
     def mirror_all(self) -> dg.ExecuteInProcessResult:
         return self.materialize(*[f"mirror/{t}" for t in PGBENCH])
@@ -72,8 +77,13 @@ class MooncakeEnv:
         """Materialize ``assets`` (test-defined, reading mirrors through the I/O manager) with the mirror
         assets' definitions present (not materialized) and the resources of ``defs``."""
         mirrors = [self.defs.get_assets_def(dg.AssetKey(["mirror", t])) for t in tables]
-        return dg.materialize([*mirrors, *assets], selection=[a.key for a in assets], resources=self.defs.resources,
-                              instance=self.instance, **kw)
+        return dg.materialize(
+            [*mirrors, *assets],
+            selection=[a.key for a in assets],
+            resources=self.defs.resources,
+            instance=self.instance,
+            **kw,
+        )
 
     def union_barrier(self) -> str:
         """Wait until the service has applied everything committed in the source so far."""
@@ -83,10 +93,14 @@ class MooncakeEnv:
         with psycopg.connect(self.dsn) as c:
             return c.execute(sql).fetchall()
 
-    def rebuild(self, **thresholds) -> "MooncakeEnv":
+    def rebuild(self, **thresholds) -> MooncakeEnv:
         """The same world with other thresholds."""
-        cfg = DagsterConfig(state_dir=self.config.state_dir, tables=self.config.tables,
-                            database=self.config.database, thresholds={**self.config.thresholds, **thresholds})
+        cfg = DagsterConfig(
+            state_dir=self.config.state_dir,
+            tables=self.config.tables,
+            database=self.config.database,
+            thresholds={**self.config.thresholds, **thresholds},
+        )
         return MooncakeEnv(self.dsn, self.settings, cfg, build_definitions(cfg), self.instance)
 
 
@@ -96,8 +110,9 @@ def pytest_collection_modifyitems(config, items):
     here = str(Path(__file__).parent)
     for item in items:
         if str(item.fspath).startswith(here):
-            item.add_marker(pytest.mark.filterwarnings(
-                "ignore:InitResourceContext.dagster_run is deprecated:DeprecationWarning"))
+            item.add_marker(
+                pytest.mark.filterwarnings("ignore:InitResourceContext.dagster_run is deprecated:DeprecationWarning")
+            )
 
 
 @pytest.fixture()
@@ -110,8 +125,9 @@ def pgbench_dsn(pg_dsn) -> str:
 @pytest.fixture()
 def mc(pgbench_dsn, state_dir):
     settings = make_settings(state_dir, pgbench_dsn, maintenance="dagster")
-    config = DagsterConfig(state_dir=state_dir, tables=parse_tables(PGBENCH),
-                           database=str(state_dir / "dagster.duckdb"))
+    config = DagsterConfig(
+        state_dir=state_dir, tables=parse_tables(PGBENCH), database=str(state_dir / "dagster.duckdb")
+    )
     instance = dg.DagsterInstance.ephemeral()
     try:
         yield MooncakeEnv(pgbench_dsn, settings, config, build_definitions(config), instance)

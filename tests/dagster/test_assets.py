@@ -1,4 +1,5 @@
 """The mirror and maintenance assets, materialized with Dagster against the real service and Postgres."""
+
 import psycopg
 import pytest
 
@@ -42,8 +43,11 @@ def test_mirror_asset_creates_the_mirror(mc):
     hist = _meta(res, "mirror/pgbench_history")
     assert hist["initial_copy/replica_identity"] == "f"  # no primary key: the whole row is the key
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in res.get_asset_check_evaluations()}
-    assert checks == {(t, c): True for t in ("pgbench_accounts", "pgbench_history")
-                      for c in ("mirror_matches_source", "replication_lag")}
+    assert checks == {
+        (t, c): True
+        for t in ("pgbench_accounts", "pgbench_history")
+        for c in ("mirror_matches_source", "replication_lag")
+    }
     tpcb(mc.dsn, 10)
     again = _meta(mc.materialize("mirror/pgbench_accounts"), "mirror/pgbench_accounts")
     assert not any(k.startswith("initial_copy/") for k in again) and "service" not in again
@@ -79,15 +83,21 @@ def test_index_merge_and_compaction_assets(mc):
     st = mc.replication.table_status("pgbench_accounts")
     assert st["index_blocks"] == 5 and st["data_files"] == 5
 
-    res = mc.materialize("index_merge/pgbench_accounts", raise_on_error=False,
-                         run_config={"ops": {"index_merge__pgbench_accounts": {"config": {"full": True}}}})
+    res = mc.materialize(
+        "index_merge/pgbench_accounts",
+        raise_on_error=False,
+        run_config={"ops": {"index_merge__pgbench_accounts": {"config": {"full": True}}}},
+    )
     _skip_if_missing(res, "merge_index")
     merge = _meta(res, "index_merge/pgbench_accounts")
     assert merge["index_blocks_before"] == 5 and merge["index_blocks"] == 1
     _matches(mc)
 
-    res = mc.materialize("compaction/pgbench_accounts", raise_on_error=False,
-                         run_config={"ops": {"compaction__pgbench_accounts": {"config": {"full": True}}}})
+    res = mc.materialize(
+        "compaction/pgbench_accounts",
+        raise_on_error=False,
+        run_config={"ops": {"compaction__pgbench_accounts": {"config": {"full": True}}}},
+    )
     _skip_if_missing(res, "compact")
     comp = _meta(res, "compaction/pgbench_accounts")
     assert comp["data_files_before"] == 5 and comp["data_files"] < 5 and comp["deleted_rows_before"] > 0

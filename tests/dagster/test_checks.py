@@ -1,5 +1,6 @@
 """The mirror assets' checks: mirror_matches_source and replication_lag pass when they should and fail
 when they should, evaluated by Dagster (check-only runs)."""
+
 import dagster as dg
 import psycopg
 
@@ -13,8 +14,12 @@ ACCOUNTS = dg.AssetKey(["mirror", "pgbench_accounts"])
 def run_check(env, name: str) -> dg.AssetCheckEvaluation:
     """Execute one check of mirror/pgbench_accounts (not the asset) in a Dagster run."""
     key = dg.AssetCheckKey(ACCOUNTS, name)
-    res = dg.materialize([env.defs.get_assets_def(ACCOUNTS), *env.defs.asset_checks],
-                         selection=dg.AssetSelection.checks(key), resources=env.defs.resources, instance=env.instance)
+    res = dg.materialize(
+        [env.defs.get_assets_def(ACCOUNTS), *env.defs.asset_checks],
+        selection=dg.AssetSelection.checks(key),
+        resources=env.defs.resources,
+        instance=env.instance,
+    )
     assert res.success
     (ev,) = [e for e in res.get_asset_check_evaluations() if e.asset_check_key == key]
     assert not res.get_asset_materialization_events()  # only the check ran

@@ -3,6 +3,7 @@
 Each test pins one thing the module's docstring says is relied on; a Dagster or dagster-duckdb
 upgrade that changes it fails here, by name, before it breaks the I/O manager. No Postgres needed.
 """
+
 import inspect
 from contextlib import contextmanager
 
@@ -10,8 +11,14 @@ import dagster as dg
 import duckdb
 
 from mooncake_assets.dagster import compat
-from mooncake_assets.dagster.compat import (DbClient, DbIOManager, DbTypeHandler, DuckDbClient, TablePartitionDimension,
-                                            TableSlice)
+from mooncake_assets.dagster.compat import (
+    DbClient,
+    DbIOManager,
+    DbTypeHandler,
+    DuckDbClient,
+    TablePartitionDimension,
+    TableSlice,
+)
 
 
 def test_versions_are_the_ones_the_module_was_written_for():
@@ -38,16 +45,23 @@ def test_duckdb_select_statement_of_a_slice():
     """The SELECT the mirror client builds its filtered view from (projection, static and time-window
     partitions written by dagster-duckdb)."""
     assert DuckDbClient.get_select_statement(TableSlice(table="t", schema="s")) == "SELECT * FROM s.t"
-    assert DuckDbClient.get_select_statement(TableSlice(table="t", schema="s", columns=["a", "b"])) == \
-        "SELECT a, b FROM s.t"
-    sl = TableSlice(table="t", schema="temp", partition_dimensions=[
-        TablePartitionDimension(partition_expr="bid", partitions=["1", "o'k"])])
+    assert (
+        DuckDbClient.get_select_statement(TableSlice(table="t", schema="s", columns=["a", "b"]))
+        == "SELECT a, b FROM s.t"
+    )
+    sl = TableSlice(
+        table="t",
+        schema="temp",
+        partition_dimensions=[TablePartitionDimension(partition_expr="bid", partitions=["1", "o'k"])],
+    )
     assert DuckDbClient.get_select_statement(sl) == "SELECT * FROM temp.t WHERE\nbid in ('1', 'o''k')"
     window = dg.TimeWindowPartitionsDefinition(cron_schedule="0 0 * * *", start="2026-01-01", fmt="%Y-%m-%d")
     tw = window.time_window_for_partition_key("2026-01-02")
     sl = TableSlice(table="t", schema="s", partition_dimensions=[TablePartitionDimension("ts", tw)])
-    assert DuckDbClient.get_select_statement(sl) == \
-        "SELECT * FROM s.t WHERE\nts >= '2026-01-02 00:00:00' AND ts < '2026-01-03 00:00:00'"
+    assert (
+        DuckDbClient.get_select_statement(sl)
+        == "SELECT * FROM s.t WHERE\nts >= '2026-01-02 00:00:00' AND ts < '2026-01-03 00:00:00'"
+    )
 
 
 class _Recorder(DbClient):
@@ -110,6 +124,10 @@ def test_db_io_manager_hands_the_connected_slice_to_the_handler():
     assert res.success and seen["up"] == 41
     out_slice = TableSlice(table="up", schema="s", database="db", columns=None, partition_dimensions=[])
     in_slice = out_slice._replace(columns=["a"])
-    assert client.calls[:4] == [("connect", "output", out_slice), ("ensure_schema_exists", out_slice, True),
-                                ("delete_table_slice", out_slice, True), ("handle_output", out_slice, 1)]
+    assert client.calls[:4] == [
+        ("connect", "output", out_slice),
+        ("ensure_schema_exists", out_slice, True),
+        ("delete_table_slice", out_slice, True),
+        ("handle_output", out_slice, 1),
+    ]
     assert client.calls[4:] == [("connect", "input", in_slice), ("load_input", in_slice)]

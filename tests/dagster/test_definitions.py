@@ -1,5 +1,6 @@
 """The Dagster definitions without any service or Postgres: configuration, asset graph, jobs, schedules,
 sensor, and the sensor's maintenance rules."""
+
 import json
 import os
 import subprocess
@@ -22,8 +23,10 @@ KINDS = ["flush", "deletion_vectors", "index_merge", "compaction"]
 
 def test_table_specs():
     assert parse_tables("orders, sales.customers ,items=inventory.items_v2") == [
-        TableSpec("orders", "public.orders"), TableSpec("customers", "sales.customers"),
-        TableSpec("items", "inventory.items_v2")]
+        TableSpec("orders", "public.orders"),
+        TableSpec("customers", "sales.customers"),
+        TableSpec("items", "inventory.items_v2"),
+    ]
     with pytest.raises(ValueError, match="letters, digits"):
         TableSpec.parse("bad-name=public.x")
     with pytest.raises(ValueError, match="unique"):
@@ -33,16 +36,34 @@ def test_table_specs():
 def test_load_config_from_env_and_settings(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
-    (state / "settings.json").write_text(json.dumps({"extra": {"dagster": {
-        "tables": ["a", "b"], "sensor_interval_s": 30, "schedules": {"compaction": "15 * * * *"},
-        "thresholds": {"flush_buffer_rows": 7}}}}))
+    (state / "settings.json").write_text(
+        json.dumps(
+            {
+                "extra": {
+                    "dagster": {
+                        "tables": ["a", "b"],
+                        "sensor_interval_s": 30,
+                        "schedules": {"compaction": "15 * * * *"},
+                        "thresholds": {"flush_buffer_rows": 7},
+                    }
+                }
+            }
+        )
+    )
     cfg = load_config({"MOONCAKE_STATE_DIR": str(state)})
     assert [t.name for t in cfg.tables] == ["a", "b"] and cfg.sensor_interval_s == 30
     assert cfg.cron["compaction"] == "15 * * * *" and cfg.cron["deletion_vectors"] == DEFAULT_CRON["deletion_vectors"]
     assert cfg.thresholds == {"flush_buffer_rows": 7} and cfg.automation
     assert cfg.database == str(state / "dagster.duckdb")
-    cfg = load_config({"MOONCAKE_STATE_DIR": str(state), "MOONCAKE_TABLES": "x=s.y", "MOONCAKE_SENSOR_INTERVAL_S": "5",
-                       "MOONCAKE_SCHEDULE_INDEX_MERGE": "off", "MOONCAKE_DAGSTER_AUTOMATION": "off"})
+    cfg = load_config(
+        {
+            "MOONCAKE_STATE_DIR": str(state),
+            "MOONCAKE_TABLES": "x=s.y",
+            "MOONCAKE_SENSOR_INTERVAL_S": "5",
+            "MOONCAKE_SCHEDULE_INDEX_MERGE": "off",
+            "MOONCAKE_DAGSTER_AUTOMATION": "off",
+        }
+    )
     assert cfg.tables == [TableSpec("x", "s.y")] and cfg.sensor_interval_s == 5
     assert cfg.cron["index_merge"] == "" and not cfg.automation
     defs = build_definitions(cfg)
@@ -57,7 +78,9 @@ def test_load_config_from_env_and_settings(tmp_path):
 def test_asset_graph_lineage_kinds_and_checks(tmp_path):
     defs = build_definitions(DagsterConfig(state_dir=tmp_path, tables=parse_tables(PGBENCH)))
     graph = defs.resolve_asset_graph()
-    deps = {k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys} for k in graph.get_all_asset_keys()}
+    deps = {
+        k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys} for k in graph.get_all_asset_keys()
+    }
     for t in PGBENCH:
         assert deps[f"mirror/{t}"] == {f"postgres/public/{t}"}
         chain = [f"mirror/{t}"] + [f"{k}/{t}" for k in KINDS]
@@ -69,12 +92,19 @@ def test_asset_graph_lineage_kinds_and_checks(tmp_path):
         assert graph.get(dg.AssetKey(["flush", t])).group_name == "flush"
         checks = {c.name for c in graph.get_check_keys_for_assets({dg.AssetKey(["mirror", t])})}
         assert checks == {"mirror_matches_source", "replication_lag"}
-    assert deps["analytics/branch_balances"] == {"mirror/pgbench_accounts", "mirror/pgbench_branches", "mirror/pgbench_history"}
+    assert deps["analytics/branch_balances"] == {
+        "mirror/pgbench_accounts",
+        "mirror/pgbench_branches",
+        "mirror/pgbench_history",
+    }
     assert deps["analytics/teller_activity"] == {"mirror/pgbench_tellers", "mirror/pgbench_history"}
     # other tables: no demo assets
     other = build_definitions(DagsterConfig(state_dir=tmp_path, tables=parse_tables("orders")))
     assert {k.to_user_string() for k in other.resolve_asset_graph().get_all_asset_keys()} == {
-        "postgres/public/orders", "mirror/orders", *(f"{k}/orders" for k in KINDS)}
+        "postgres/public/orders",
+        "mirror/orders",
+        *(f"{k}/orders" for k in KINDS),
+    }
 
 
 def test_jobs_schedules_and_sensor_defaults(tmp_path):
@@ -89,18 +119,20 @@ def test_jobs_schedules_and_sensor_defaults(tmp_path):
     assert sensor.minimum_interval_seconds == 10 and sensor.default_status == dg.DefaultSensorStatus.RUNNING
     full = defs.resolve_job_def("full_optimize_job")
     assert {k.to_user_string() for k in full.asset_layer.selected_asset_keys} == {
-        f"{k}/{t}" for k in KINDS for t in PGBENCH}
+        f"{k}/{t}" for k in KINDS for t in PGBENCH
+    }
     for kind in KINDS:
         job = defs.resolve_job_def(f"{kind}_job")
         assert {k.path[0] for k in job.asset_layer.selected_asset_keys} == {kind}
 
 
 def test_plan_maintenance_rules():
-    th = MaintenanceThresholds(flush_buffer_bytes=1000, flush_buffer_rows=0, persist_pending_deletes=10,
-                               persist_max_age_s=60)
+    th = MaintenanceThresholds(
+        flush_buffer_bytes=1000, flush_buffer_rows=0, persist_pending_deletes=10, persist_max_age_s=60
+    )
     quiet = {"buffer_rows": 5, "buffer_bytes": 999, "pending_deletes": 9, "index_blocks": 16}
     assert plan_maintenance(quiet, th, age_s=59) == []
-    kinds = lambda st, **kw: [k for k, _ in plan_maintenance(st, th, **kw)]  # noqa: E731
+    kinds = lambda st, **kw: [k for k, _ in plan_maintenance(st, th, **kw)]
     assert kinds({**quiet, "buffer_bytes": 1000}) == ["flush"]
     assert kinds({**quiet, "pending_deletes": 10}) == ["deletion_vectors"]
     assert kinds(quiet, age_s=60) == ["deletion_vectors"]
@@ -109,7 +141,7 @@ def test_plan_maintenance_rules():
     own = MaintenanceThresholds(index_merge_blocks=4)
     assert [k for k, _ in plan_maintenance({"index_blocks": 4}, own)] == ["index_merge"]
     plan = {"picked": 2, "files": [{"reasons": ["delete ratio 50% ≥ 30%"]}, {"reasons": ["delete ratio 40% ≥ 30%"]}]}
-    (kind, reason), = plan_maintenance({}, th, compaction_plan=plan)
+    ((kind, reason),) = plan_maintenance({}, th, compaction_plan=plan)
     assert kind == "compaction" and "2 file(s)" in reason
     assert plan_maintenance({}, th, compaction_plan={"picked": 0}) == []
     gone = {"picked": 1, "files": [{"delete_ratio_percent": 100.0, "reasons": ["delete ratio 100% ≥ 30%"]}]}
@@ -121,13 +153,22 @@ def test_definitions_validate_without_service_or_postgres(tmp_path):
     """`dagster definitions validate -w workspace.yaml` (as CI runs it) with an empty state dir and other
     tables: it loads, and starts nothing."""
     state = tmp_path / "state"
-    env = dict(os.environ, MOONCAKE_STATE_DIR=str(state), MOONCAKE_TABLES="orders,crm.customers",
-               DAGSTER_HOME=str(tmp_path / "home"))
+    env = dict(
+        os.environ,
+        MOONCAKE_STATE_DIR=str(state),
+        MOONCAKE_TABLES="orders,crm.customers",
+        DAGSTER_HOME=str(tmp_path / "home"),
+    )
     (tmp_path / "home").mkdir()
     env.pop("MOONCAKE_PG_DSN", None)
-    r = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w",
-                        str(REPO / "workspace.yaml")], cwd=str(REPO), env=env, capture_output=True, text=True,
-                       timeout=180)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", str(REPO / "workspace.yaml")],
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Validation successful" in r.stdout + r.stderr
     assert not (state / "pg").exists() and not (state / "service.pid").exists()

@@ -1,5 +1,6 @@
 """`mooncake demo --dagster`: the demo with its maintenance done by materializing the Dagster assets, the
 downstream assets read through the I/O manager, the checks, and the same last line as verify."""
+
 import dagster as dg
 import pytest
 

@@ -50,8 +50,10 @@ def test_partition_filter_and_projection(mc):
     mc.materialize("mirror/pgbench_accounts")
     got = {}
 
-    @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["1", "2"]),
-              ins={"accounts": dg.AssetIn(key=ACCOUNTS, metadata={"columns": ["aid", "abalance"], "partition_expr": "bid"})})
+    @dg.asset(
+        partitions_def=dg.StaticPartitionsDefinition(["1", "2"]),
+        ins={"accounts": dg.AssetIn(key=ACCOUNTS, metadata={"columns": ["aid", "abalance"], "partition_expr": "bid"})},
+    )
     def per_branch(context: dg.AssetExecutionContext, accounts: pl.DataFrame) -> None:
         got[context.partition_key] = accounts
 
@@ -93,10 +95,15 @@ def test_type_handlers_round_trip(mc):
     back = {}
 
     @dg.asset(key_prefix="t")
-    def read_back(as_arrow: pa.Table, as_pandas: pd.DataFrame, as_polars: pl.DataFrame,
-                  as_relation: duckdb.DuckDBPyRelation) -> None:
-        back.update(arrow=as_arrow, pandas=pa.Table.from_pandas(as_pandas), polars=as_polars.to_arrow(),
-                    relation=as_relation.to_arrow_table())
+    def read_back(
+        as_arrow: pa.Table, as_pandas: pd.DataFrame, as_polars: pl.DataFrame, as_relation: duckdb.DuckDBPyRelation
+    ) -> None:
+        back.update(
+            arrow=as_arrow,
+            pandas=pa.Table.from_pandas(as_pandas),
+            polars=as_polars.to_arrow(),
+            relation=as_relation.to_arrow_table(),
+        )
 
     res = mc.run_with_mirrors(as_arrow, as_pandas, as_polars, as_relation, read_back, tables=["pgbench_tellers"])
     assert res.success
@@ -128,7 +135,9 @@ def test_demo_assets_consistent_under_load(mc):
         for _ in range(2):
             res = mc.materialize("analytics/branch_balances", "analytics/teller_activity")
             assert res.success
-            meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in res.get_asset_materialization_events()}
+            meta = {
+                e.asset_key.to_user_string(): e.materialization.metadata for e in res.get_asset_materialization_events()
+            }
             b, t = meta["analytics/branch_balances"], meta["analytics/teller_activity"]
             assert b["balanced_branches"].value == b["branches"].value == 2
             assert t["balanced_tellers"].value == t["tellers"].value == 20

@@ -1,4 +1,5 @@
 """The replication_lag verdict the asset check and the sensor share, in process: no Postgres."""
+
 from mooncake_assets.dagster.resources.replication import MaintenanceThresholds, lag_verdict
 
 

@@ -1,5 +1,6 @@
 """The Dagster layer is one package, mooncake_assets.dagster: the wheel installs ``mooncake_assets`` only,
 and the source tree's top-level ``resources``/``sensors``/``jobs`` folders re-export it."""
+
 import importlib
 import tomllib
 

@@ -1,6 +1,7 @@
 """replication_sensor, evaluated tick by tick with Dagster's own tools (build_sensor_context +
 evaluate_tick) against the real service: observations, maintenance requests with run keys, the cursor,
 restart of a killed service, and no second request while a run is in flight."""
+
 import json
 import time
 
@@ -15,8 +16,9 @@ from .conftest import PGBENCH, tpcb
 def tick(env, cursor=None):
     """One sensor evaluation; returns (SensorExecutionData, cursor dict)."""
     sensor = env.defs.resolve_sensor_def("replication_sensor")
-    with dg.build_sensor_context(instance=env.instance, cursor=cursor, definitions=env.defs,
-                                 resources={"replication": env.replication}) as ctx:
+    with dg.build_sensor_context(
+        instance=env.instance, cursor=cursor, definitions=env.defs, resources={"replication": env.replication}
+    ) as ctx:
         data = sensor.evaluate_tick(ctx)
     return data, json.loads(data.cursor)
 
@@ -26,13 +28,21 @@ def requests_by_table(data) -> dict:
 
 
 def observations(data) -> dict:
-    return {e.asset_key.path[-1]: {k: v.value for k, v in e.metadata.items()}
-            for e in data.asset_events if isinstance(e, dg.AssetObservation)}
+    return {
+        e.asset_key.path[-1]: {k: v.value for k, v in e.metadata.items()}
+        for e in data.asset_events
+        if isinstance(e, dg.AssetObservation)
+    }
 
 
 def test_sensor_observes_and_requests_maintenance(mc):
-    env = mc.rebuild(flush_buffer_rows=20, persist_pending_deletes=15, index_merge_blocks=3,
-                     min_request_interval_s=0, persist_max_age_s=0.5)
+    env = mc.rebuild(
+        flush_buffer_rows=20,
+        persist_pending_deletes=15,
+        index_merge_blocks=3,
+        min_request_interval_s=0,
+        persist_max_age_s=0.5,
+    )
     env.mirror_all()
     tpcb(env.dsn, 30)
     env.union_barrier()
@@ -40,15 +50,30 @@ def test_sensor_observes_and_requests_maintenance(mc):
     obs = observations(data)
     assert set(obs) == set(PGBENCH)
     acc = obs["pgbench_accounts"]
-    for k in ("source_lsn", "applied_lsn", "flush_lsn", "lag_bytes", "lag_seconds", "buffer_rows", "buffer_bytes",
-              "data_files", "index_blocks", "pending_deletes"):
+    for k in (
+        "source_lsn",
+        "applied_lsn",
+        "flush_lsn",
+        "lag_bytes",
+        "lag_seconds",
+        "buffer_rows",
+        "buffer_bytes",
+        "data_files",
+        "index_blocks",
+        "pending_deletes",
+    ):
         assert k in acc, k
     assert acc["buffer_rows"] == 30 and acc["pending_deletes"] >= 15 and acc["data_files"] == 1
     reqs = requests_by_table(data)
     a = reqs["pgbench_accounts"]
-    assert a.asset_selection == [dg.AssetKey(["flush", "pgbench_accounts"]), dg.AssetKey(["deletion_vectors", "pgbench_accounts"])]
+    assert a.asset_selection == [
+        dg.AssetKey(["flush", "pgbench_accounts"]),
+        dg.AssetKey(["deletion_vectors", "pgbench_accounts"]),
+    ]
     assert a.job_name == "full_optimize_job"  # two kinds of work for one table: one run
-    last_change = next(t for t in env.replication.status()["tables"] if t["name"] == "pgbench_accounts")["last_change_lsn"]
+    last_change = next(t for t in env.replication.status()["tables"] if t["name"] == "pgbench_accounts")[
+        "last_change_lsn"
+    ]
     assert a.run_key == f"flush+deletion_vectors/pgbench_accounts/{last_change}"
     h = reqs["pgbench_history"]
     assert h.asset_selection == [dg.AssetKey(["flush", "pgbench_history"])] and h.job_name == "flush_job"
@@ -115,8 +140,11 @@ def test_no_second_request_while_a_run_is_in_flight(mc):
     tpcb(env.dsn, 10)
     env.union_barrier()
     job = env.defs.resolve_job_def("flush_job")
-    run = env.instance.create_run_for_job(job_def=job, status=dg.DagsterRunStatus.NOT_STARTED,
-                                          asset_selection=frozenset({dg.AssetKey(["flush", "pgbench_accounts"])}))
+    run = env.instance.create_run_for_job(
+        job_def=job,
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        asset_selection=frozenset({dg.AssetKey(["flush", "pgbench_accounts"])}),
+    )
     data, _ = tick(env)
     reqs = requests_by_table(data)
     assert "pgbench_accounts" not in reqs  # its flush run exists and has not finished
@@ -127,8 +155,9 @@ def test_no_second_request_while_a_run_is_in_flight(mc):
     assert requests_by_table(data)["pgbench_accounts"].asset_selection == [dg.AssetKey(["flush", "pgbench_accounts"])]
 
     # a schedule's run of a whole maintenance job (no asset selection) holds every table
-    run = env.instance.create_run_for_job(job_def=job, status=dg.DagsterRunStatus.STARTED,
-                                          tags={"mooncake/maintenance": "flush"})
+    run = env.instance.create_run_for_job(
+        job_def=job, status=dg.DagsterRunStatus.STARTED, tags={"mooncake/maintenance": "flush"}
+    )
     data, _ = tick(env, data.cursor)
     assert not data.run_requests
     env.instance.report_run_failed(run)
@@ -149,7 +178,9 @@ def test_sensor_reports_a_schema_change_the_mirror_cannot_follow(mc):
     data, _ = tick(env)
     obs = observations(data)
     err = obs["pgbench_history"].get("error", "")
-    assert "table pgbench_history" in err and "column filler changed type" in err and "LSN " in err, obs["pgbench_history"]
+    assert "table pgbench_history" in err and "column filler changed type" in err and "LSN " in err, obs[
+        "pgbench_history"
+    ]
     assert "error" not in obs["pgbench_branches"] and "error" not in obs["pgbench_accounts"]
     assert "pgbench_history" not in requests_by_table(data)
     rows = env.replication.union_reader().query("SELECT bid, region FROM pgbench_branches ORDER BY bid")
@@ -157,7 +188,7 @@ def test_sensor_reports_a_schema_change_the_mirror_cannot_follow(mc):
 
 
 def test_sensor_makes_a_mirror_created_outside_dagster_visible(mc):
-    """Issue 13 item 10: a mirror created with the CLI is not "Never materialized" with checks "Not
+    """A mirror created with the CLI is not "Never materialized" with checks "Not
     evaluated" while observations arrive: the sensor records it once and evaluates replication_lag."""
     env = mc.rebuild()
     env.replication.ensure_running()
@@ -168,11 +199,16 @@ def test_sensor_makes_a_mirror_created_outside_dagster_visible(mc):
     assert [m.asset_key for m in mats] == [dg.AssetKey(["mirror", "pgbench_branches"])], data.asset_events
     assert "found mirrored" in mats[0].metadata["recorded_by"].value
     checks = [e for e in data.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
-    assert [(c.asset_key, c.check_name) for c in checks] == [(dg.AssetKey(["mirror", "pgbench_branches"]), "replication_lag")]
+    assert [(c.asset_key, c.check_name) for c in checks] == [
+        (dg.AssetKey(["mirror", "pgbench_branches"]), "replication_lag")
+    ]
     assert checks[0].passed, checks[0].description
     # once Dagster has a materialization of the mirror, the sensor records none of its own
     env.materialize("mirror/pgbench_branches")
     data2, _ = tick(env, data.cursor)
-    assert not [e for e in data2.asset_events if isinstance(e, dg.AssetMaterialization)
-                and e.asset_key == dg.AssetKey(["mirror", "pgbench_branches"])]
+    assert not [
+        e
+        for e in data2.asset_events
+        if isinstance(e, dg.AssetMaterialization) and e.asset_key == dg.AssetKey(["mirror", "pgbench_branches"])
+    ]
     assert any(isinstance(e, dg.AssetCheckEvaluation) for e in data2.asset_events)

@@ -1,12 +1,12 @@
 """The Dagster UI: ``dagster dev -w workspace.yaml`` on loopback serves the asset graph (GraphQL and a
 screenshot taken with headless Chromium into ``test-output/<test>/``)."""
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,20 +16,31 @@ from pathlib import Path
 
 import pytest
 
+from mooncake_assets.engine.pg.embedded import free_port as _free_port
+from mooncake_assets.engine.pg.embedded import reset_signals as _reset_signals
+
+from ..helpers import REPO, make_settings
 from .browser import HeadlessChromium, find_chromium
 from .conftest import PGBENCH
-from ..helpers import REPO, make_settings
-from mooncake_assets.engine.pg.embedded import free_port as _free_port, reset_signals as _reset_signals
 
 KINDS = ["flush", "deletion_vectors", "index_merge", "compaction"]
-ERROR_MARKERS = ("Unexpected GraphQL error", "PythonError", "Something went wrong", "An error occurred",
-                 "Error loading", "Could not load", "DagsterInvalidDefinitionError")
+ERROR_MARKERS = (
+    "Unexpected GraphQL error",
+    "PythonError",
+    "Something went wrong",
+    "An error occurred",
+    "Error loading",
+    "Could not load",
+    "DagsterInvalidDefinitionError",
+)
 
 
 def graphql(port: int, query: str, variables: dict | None = None, timeout: float = 30.0) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql",
-                                 data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         doc = json.load(r)
     if doc.get("errors"):
@@ -75,14 +86,25 @@ def test_dagster_dev_asset_graph(pg_dsn, state_dir, out_dir):
     home = Path(tempfile.mkdtemp(prefix="mooncake-dagster-home-"))
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     port = _free_port()
-    env = dict(os.environ, DAGSTER_HOME=str(home), MOONCAKE_STATE_DIR=str(state_dir),
-               MOONCAKE_TABLES=",".join(PGBENCH),
-               MOONCAKE_DAGSTER_AUTOMATION="off")  # nothing runs by itself during the test: the graph is what we look at
+    env = dict(
+        os.environ,
+        DAGSTER_HOME=str(home),
+        MOONCAKE_STATE_DIR=str(state_dir),
+        MOONCAKE_TABLES=",".join(PGBENCH),
+        MOONCAKE_DAGSTER_AUTOMATION="off",
+    )  # nothing runs by itself during the test: the graph is what we look at
     exe = Path(sys.executable).parent / "dagster"
     log = open(out_dir / "dagster-dev.log", "wb")
-    dev = subprocess.Popen([str(exe), "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
-                           cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                           start_new_session=True, preexec_fn=_reset_signals)
+    dev = subprocess.Popen(
+        [str(exe), "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
+        cwd=str(REPO),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_reset_signals,
+    )
     browser = None
     try:
         # 1. the code location loads
@@ -113,8 +135,11 @@ def test_dagster_dev_asset_graph(pg_dsn, state_dir, out_dir):
                 assert deps[down] == {up}, (down, deps[down])
             checks = {c["name"] for c in nodes[f"mirror/{t}"]["assetChecksOrError"]["checks"]}
             assert checks == {"mirror_matches_source", "replication_lag"}
-        assert deps["analytics/branch_balances"] == {"mirror/pgbench_accounts", "mirror/pgbench_branches",
-                                                     "mirror/pgbench_history"}
+        assert deps["analytics/branch_balances"] == {
+            "mirror/pgbench_accounts",
+            "mirror/pgbench_branches",
+            "mirror/pgbench_history",
+        }
         assert deps["analytics/teller_activity"] == {"mirror/pgbench_tellers", "mirror/pgbench_history"}
 
         # 3. the sensor, the schedules and the jobs
@@ -141,6 +166,7 @@ def test_dagster_dev_asset_graph(pg_dsn, state_dir, out_dir):
                 assert not bad, f"the page shows an error ({bad}): {text[:1000]}"
                 ok = all(e in text for e in expected) and (count is None or text.count(count[0]) >= count[1])
                 return text if ok else None
+
             return check
 
         browser.goto(f"http://127.0.0.1:{port}/asset-groups")
@@ -151,9 +177,13 @@ def test_dagster_dev_asset_graph(pg_dsn, state_dir, out_dir):
         assert shot.stat().st_size > 20_000, "the screenshot is suspiciously small"
         (out_dir / "asset_graph.txt").write_text(browser.text())
 
-        browser.goto(f"http://127.0.0.1:{port}/assets/compaction/pgbench_accounts?view=lineage"
-                     "&lineageScope=upstream&lineageDepth=6")
-        text = browser.wait_for(ready(stages[:-1] + ["pgbench_accounts"], ("Never materialized", 4)), timeout=90)  # mirror/<t> may be recorded by the sensor already
+        browser.goto(
+            f"http://127.0.0.1:{port}/assets/compaction/pgbench_accounts?view=lineage"
+            "&lineageScope=upstream&lineageDepth=6"
+        )
+        text = browser.wait_for(
+            ready(stages[:-1] + ["pgbench_accounts"], ("Never materialized", 4)), timeout=90
+        )  # mirror/<t> may be recorded by the sensor already
         time.sleep(2.0)
         browser.click_button("Skip")
         shot = browser.screenshot(out_dir / "table_lineage.png")

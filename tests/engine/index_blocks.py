@@ -5,9 +5,10 @@ directly from ``MemSlice.drain``'s hashes; these build the same block from a Mem
 * :func:`build_block_from_mem_index` from the MemIndex and the flush's :class:`PositionMap` (sources =
   batch ids, per batch row: new file index and row, -1 where the row was not written).
 """
+
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,14 +28,16 @@ def build_flush_block(path: PathLike, files: Sequence[str], hashes: Sequence[np.
     if len(files) != len(hashes):
         raise ValueError(f"one hash array per file expected: {len(files)} files, {len(hashes)} arrays")
     h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
-    fid = np.concatenate([np.full(len(x), i, np.int64) for i, x in enumerate(hashes)]) if hashes else np.zeros(0, np.int64)
+    fid = (
+        np.concatenate([np.full(len(x), i, np.int64) for i, x in enumerate(hashes)])
+        if hashes
+        else np.zeros(0, np.int64)
+    )
     rows = np.concatenate([np.arange(len(x), dtype=np.int64) for x in hashes]) if hashes else np.zeros(0, np.int64)
     return IndexBlock.build(path, h, fid, rows, files)
 
 
-def build_block_from_mem_index(
-    path: PathLike, mem_index: MemIndex, position_map: Union[PositionMap, dict]
-) -> IndexBlock:
+def build_block_from_mem_index(path: PathLike, mem_index: MemIndex, position_map: PositionMap | dict) -> IndexBlock:
     """One block for the batches of ``position_map`` (its sources are batch ids).
 
     Every live MemIndex location ``(batch, row)`` of those batches is mapped to ``(new file, new row)``;

@@ -6,6 +6,7 @@ Changes are built the way pgoutput decodes them (:class:`Change` with :class:`Tu
 text values, ``'n'`` NULL, ``'u'`` unchanged TOAST). The table's read is the ReadState's files minus
 their deleted positions plus its in-memory rows, compared with what the changes should leave.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,12 +29,21 @@ U = object()  # an unchanged TOAST value in a row image
 
 
 def _schema(keyed: bool = True, identity: str = "d") -> TableSchema:
-    cols = [ColumnSpec("id", 20, -1, "bigint", pa.int64(), not_null=keyed, is_key=keyed),
-            ColumnSpec("v", 25, -1, "text", pa.string()),
-            ColumnSpec("n", 23, -1, "integer", pa.int32())]
+    cols = [
+        ColumnSpec("id", 20, -1, "bigint", pa.int64(), not_null=keyed, is_key=keyed),
+        ColumnSpec("v", 25, -1, "text", pa.string()),
+        ColumnSpec("n", 23, -1, "integer", pa.int32()),
+    ]
     assign_field_ids(cols)
-    return TableSchema(schema="public", name="t", oid=OID, columns=cols, key_columns=["id"] if keyed else [],
-                       has_primary_key=keyed, replica_identity=identity)
+    return TableSchema(
+        schema="public",
+        name="t",
+        oid=OID,
+        columns=cols,
+        key_columns=["id"] if keyed else [],
+        has_primary_key=keyed,
+        replica_identity=identity,
+    )
 
 
 def make_table(path, keyed: bool = True, identity: str = "d") -> MirrorTable:
@@ -95,6 +105,7 @@ def mem_rows(t: MirrorTable) -> list[tuple]:
 
 # ---------------------------------------------------------------------------------------- examples
 
+
 def test_insert_goes_to_the_buffer_and_its_index(tmp_path):
     t = make_table(tmp_path)
     commit(t, 10, insert(1, "a", 5), insert(2, None, None))
@@ -124,7 +135,7 @@ def test_flush_writes_a_file_and_an_index_block_then_deletes_become_position_del
     res = t.flush()
     assert res["rows"] == 3 and res["files"] == 1
     assert t.mem.is_empty() and len(t.files) == 1 and len(t.file_index.blocks) == 1
-    (name, f), = t.files.items()
+    ((name, f),) = t.files.items()
     assert f.num_rows == 3 and not f.persisted and f.local_path.startswith(str(tmp_path))
     hits = t.file_index.lookup(t.hasher.hash_one(["2"]))
     assert [n for n, _ in hits] == [name]
@@ -322,12 +333,14 @@ class ApplyModel(RuleBasedStateMachine):
                 assert read(self.t, lsn) == sorted(rows.values(), key=repr), lsn
 
 
-ApplyModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
-                                        suppress_health_check=[HealthCheck.too_slow])
+ApplyModel.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 test_apply_model = ApplyModel.TestCase
 
 
 # ---------------------------------------------------------------------------------------- persist payload
+
 
 def test_persist_payload_is_built_without_changing_the_table_then_applied(tmp_path):
     from mooncake_assets.engine.table.persist import apply_persist, build_payload
@@ -343,7 +356,7 @@ def test_persist_payload_is_built_without_changing_the_table_then_applied(tmp_pa
     p = build_payload(t.disk, t.applied_lsn, "public.t", {}, lambda path: copied.append(path) or f"file://{path}")
     assert [n for n, _ in p.add] == [first] and p.gone == (second,) and p.remove == ()
     assert p.lsn == 31 and p.summary == {"mooncake.flush-lsn": "0/1F", "mooncake.source": "public.t"}
-    (loc, dv), = p.deletes.items()
+    ((loc, dv),) = p.deletes.items()
     assert loc == f"file://{t.files[first].local_path}" and list(dv) == [0] and p.new_deletes == 1
     assert copied == [t.files[first].local_path]
     assert len(t.files) == 2 and all(not f.persisted for f in t.files.values())  # nothing changed yet
@@ -356,6 +369,7 @@ def test_persist_payload_is_built_without_changing_the_table_then_applied(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------- compaction swap
+
 
 def test_compaction_takes_a_frozen_input_and_the_table_applies_its_result(tmp_path):
     """The table hands out a snapshot, the work rewrites it without touching the table, deletes keep
@@ -381,11 +395,19 @@ def test_compaction_takes_a_frozen_input_and_the_table_applies_its_result(tmp_pa
     inp = t.compaction_input(names)
     assert {s.name for s in inp.files} == set(names) and len(inp.blocks) == 2 and inp.live == frozenset(names)
     # the work (no lock): rewrite the live rows, rebuild the index of the input's blocks
-    rw = rewrite_files([RewriteInput(s.name, s.path, s.rows, BitMap64(s.committed), s.size_bytes) for s in inp.files],
-                       tmp_path / "out", inp.schema, 1 << 30, defaults=inp.defaults)
+    rw = rewrite_files(
+        [RewriteInput(s.name, s.path, s.rows, BitMap64(s.committed), s.size_bytes) for s in inp.files],
+        tmp_path / "out",
+        inp.schema,
+        1 << 30,
+        defaults=inp.defaults,
+    )
     block = FileIndex.build_from_compaction(list(inp.blocks), rw.position_map, t.dir / "index" / "new.idx")
-    res = CompactionResult(outputs=tuple((o.name, o.rows, o.size_bytes, "file://" + o.path) for o in rw.outputs),
-                           position_map=rw.position_map, new_block=block)
+    res = CompactionResult(
+        outputs=tuple((o.name, o.rows, o.size_bytes, "file://" + o.path) for o in rw.outputs),
+        position_map=rw.position_map,
+        new_block=block,
+    )
     assert sorted(t.files) == sorted(names) and len(t.file_index.blocks) == 2  # the table is untouched
     commit(t, 40, delete((2, None, None)), update((8, "new", 80)))  # deletes that arrive during the work
     expect = read(t)

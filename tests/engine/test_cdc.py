@@ -3,9 +3,11 @@
 Oracle for the stream: a second slot created at the same moment and read through the SQL interface
 with protocol version 1 (no streaming), assembled by the same code: both must give the same
 transactions (xid, commit LSN, end LSN, changes). Contents are also checked directly."""
+
 from __future__ import annotations
 
 import time
+from datetime import UTC
 from decimal import Decimal
 
 import psycopg
@@ -13,8 +15,16 @@ import pyarrow as pa
 import pytest
 
 from mooncake_assets.engine.cdc import (
-    ReplicationConnection, ReplicationError, StreamAbort, StreamCommit, StreamStart, TransactionAssembler,
-    decode_text_columns, describe_table, initial_copy, parse_message,
+    ReplicationConnection,
+    ReplicationError,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    TransactionAssembler,
+    decode_text_columns,
+    describe_table,
+    initial_copy,
+    parse_message,
 )
 from mooncake_assets.engine.lsn import Lsn
 
@@ -64,8 +74,10 @@ def oracle(conn: psycopg.Connection, slot: str, pubs: str) -> list:
     asm = TransactionAssembler()
     out = []
     for lsn, data in conn.execute(
-            "SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
-            "'proto_version', '1', 'publication_names', %s)", (slot, pubs)).fetchall():
+        "SELECT lsn, data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
+        "'proto_version', '1', 'publication_names', %s)",
+        (slot, pubs),
+    ).fetchall():
         out += asm.feed(parse_message(data, False), Lsn.parse(str(lsn)))
     return out
 
@@ -73,10 +85,28 @@ def oracle(conn: psycopg.Connection, slot: str, pubs: str) -> list:
 def key(txns) -> list:
     """What must agree between the streamed and the oracle decoding (a Relation's xid differs:
     inside a stream it carries the streaming xid)."""
-    return [(t.xid, t.commit_lsn, t.end_lsn, t.commit_time,
-             [(c.kind, c.relation_oid, c.new, c.old, c.old_kind, c.truncate_oids, c.lsn,
-               c.relation and (c.relation.oid, c.relation.replica_identity, c.relation.columns))
-              for c in t.changes]) for t in txns]
+    return [
+        (
+            t.xid,
+            t.commit_lsn,
+            t.end_lsn,
+            t.commit_time,
+            [
+                (
+                    c.kind,
+                    c.relation_oid,
+                    c.new,
+                    c.old,
+                    c.old_kind,
+                    c.truncate_oids,
+                    c.lsn,
+                    c.relation and (c.relation.oid, c.relation.replica_identity, c.relation.columns),
+                )
+                for c in t.changes
+            ],
+        )
+        for t in txns
+    ]
 
 
 def marker_done(mark_oid: int):
@@ -162,8 +192,12 @@ def test_stream_insert_update_delete_truncate(pg_dsn, repl):
 
         txn("INSERT INTO acct VALUES (1, 'ann', 10.5), (2, 'bob', NULL)", "INSERT INTO hist VALUES ('a', 1), ('a', 1)")
         txn("INSERT INTO unpublished VALUES (1)")  # not in the publication: an empty transaction is not sent
-        txn("UPDATE acct SET balance = balance + 1 WHERE id = 1", "UPDATE acct SET id = 20 WHERE id = 2",
-            "UPDATE hist SET n = 2 WHERE ctid = (SELECT min(ctid) FROM hist)", "DELETE FROM hist WHERE n = 1")
+        txn(
+            "UPDATE acct SET balance = balance + 1 WHERE id = 1",
+            "UPDATE acct SET id = 20 WHERE id = 2",
+            "UPDATE hist SET n = 2 WHERE ctid = (SELECT min(ctid) FROM hist)",
+            "DELETE FROM hist WHERE n = 1",
+        )
         txn("DELETE FROM acct WHERE id = 20")
         txn("TRUNCATE acct, hist")
         txn("INSERT INTO mark VALUES (1)")
@@ -182,7 +216,11 @@ def test_stream_insert_update_delete_truncate(pg_dsn, repl):
 
     t1, t2, t3, t4, t5 = got
     assert [(c.kind, c.relation_oid) for c in t1.changes] == [
-        ("insert", acct.oid), ("insert", acct.oid), ("insert", hist.oid), ("insert", hist.oid)]
+        ("insert", acct.oid),
+        ("insert", acct.oid),
+        ("insert", hist.oid),
+        ("insert", hist.oid),
+    ]
     rows = decode_text_columns(acct.columns, [c.new.data for c in t1.changes[:2]]).to_pylist()
     assert [(r["id"], r["owner"], r["balance"]) for r in rows] == [(1, "ann", Decimal("10.50")), (2, "bob", None)]
     kinds = [(c.kind, c.old_kind) for c in t2.changes]
@@ -255,15 +293,17 @@ def test_streamed_transactions_savepoints_and_aborts(pg_dsn, repl):
     ins = [c for c in streamed.changes if c.kind == "insert"]
     assert [int(c.new.data[0]) for c in ins] == list(range(1, 1001)) + list(range(3001, 3501))
     assert [(c.kind, c.new.data[:2] if c.new else c.old.data[0]) for c in streamed.changes[-2:]] == [
-        ("update", [b"7", b"upd"]), ("delete", b"8")]
+        ("update", [b"7", b"upd"]),
+        ("delete", b"8"),
+    ]
     assert small.commit_lsn < streamed.commit_lsn < after.commit_lsn
     assert all(c.relation_oid == big_oid for c in streamed.changes)
 
     starts = [m for m in log if isinstance(m, StreamStart)]
     aborts = [m for m in log if isinstance(m, StreamAbort)]
     assert len({m.xid for m in starts}) == 2 and sum(m.first_segment for m in starts) == 2
-    assert any(m.xid != m.subxid for m in aborts)                       # savepoint rollback
-    assert any(m.xid == m.subxid for m in aborts)                       # top-level abort
+    assert any(m.xid != m.subxid for m in aborts)  # savepoint rollback
+    assert any(m.xid == m.subxid for m in aborts)  # top-level abort
     assert [m.xid for m in log if isinstance(m, StreamCommit)] == [streamed.xid]
     assert asm.idle and asm.buffered_changes == 0
 
@@ -288,7 +328,9 @@ def test_interleaved_streams(pg_dsn, repl):
         log: list = []
         got = pump(rc, TransactionAssembler(), marker_done(mark_oid), log=log)
     assert [(t.streamed, {c.new.data[1] for c in t.changes}, len(t.changes)) for t in got[:2]] == [
-        (True, {b"b"}, 2000), (True, {b"a"}, 2000)]
+        (True, {b"b"}, 2000),
+        (True, {b"a"}, 2000),
+    ]
     xs = [m.xid for m in log if isinstance(m, StreamStart)]
     assert len(set(xs)) == 2 and any(x != y for x, y in zip(xs, xs[1:]))  # chunks alternate
 
@@ -312,7 +354,7 @@ def test_initial_copy_at_consistent_point(pg_dsn, repl):
         w.execute("DELETE FROM items WHERE id = 2")
 
         it = initial_copy(reader, schema, snap, batch_rows=2000)
-        first = next(it)            # the snapshot is imported now; starting the stream ends the export
+        first = next(it)  # the snapshot is imported now; starting the stream ends the export
         rc.start("main", ["p"], start_lsn=cp)
         copied = pa.Table.from_batches([first, *it])
         w.execute("INSERT INTO mark VALUES (1)")
@@ -343,8 +385,12 @@ def test_status_keepalive_and_lost_connection(pg_dsn, repl):
             assert rc.read(0.3) == []
         assert rc.keepalive_replies >= 1 and rc.server_wal_end >= got[0].end_lsn
         with psycopg.connect(pg_dsn) as c2:  # wal_sender_timeout really applied to our walsender
-            assert c2.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'main' "
-                              "AND active").fetchone()[0] == 1
+            assert (
+                c2.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'main' AND active").fetchone()[
+                    0
+                ]
+                == 1
+            )
 
         def confirmed():
             v = w.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'main'").fetchone()[0]
@@ -408,21 +454,30 @@ def test_decode_streamed_tuples_matches_copy(pg_dsn, repl):
 
 # -- the assembler alone (hand-made message sequences) --------------------------------------------
 
+
 def _ins(xid, oid, v):
     from mooncake_assets.engine.cdc import Insert, TupleData
+
     return Insert(xid, oid, TupleData("t", [v]))
 
 
 def test_assembler_stream_bookkeeping():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from mooncake_assets.engine.cdc import (
-        Begin, Commit, ProtocolError, Relation, RelationColumn, StreamStop, Truncate,
+        Begin,
+        Commit,
+        ProtocolError,
+        Relation,
+        RelationColumn,
+        StreamStop,
+        Truncate,
     )
-    now = datetime.now(timezone.utc)
+
+    now = datetime.now(UTC)
     asm = TransactionAssembler()
     rel = Relation(100, 7, "public", "t", "d", [RelationColumn(1, "v", 25, -1)])
-    feed = lambda m: asm.feed(m, 1)  # noqa: E731
+    feed = lambda m: asm.feed(m, 1)
     assert feed(StreamStart(100, True)) == [] and asm.in_stream
     feed(rel)
     feed(_ins(100, 7, b"a"))
@@ -437,7 +492,11 @@ def test_assembler_stream_bookkeeping():
     assert [c.kind for c in plain.changes] == ["insert", "truncate"]
     tr = plain.changes[1]
     assert (tr.relation_oid, tr.truncate_oids, tr.truncate_cascade, tr.truncate_restart_identity) == (
-        7, [7, 8], True, False)
+        7,
+        [7, 8],
+        True,
+        False,
+    )
     assert plain.changes[0].relation is rel  # relation cached from inside the stream
     feed(StreamStart(100, False))
     feed(_ins(101, 7, b"sub1-more"))
@@ -451,8 +510,12 @@ def test_assembler_stream_bookkeeping():
     assert (t.xid, t.commit_lsn, t.end_lsn) == (100, 70, 80) and asm.idle
 
     # a re-sent first segment restarts the buffer (the server re-streams after a reconnect)
-    feed(StreamStart(300, True)); feed(_ins(300, 7, b"x")); feed(StreamStop())
-    feed(StreamStart(300, True)); feed(_ins(300, 7, b"x")); feed(StreamStop())
+    feed(StreamStart(300, True))
+    feed(_ins(300, 7, b"x"))
+    feed(StreamStop())
+    feed(StreamStart(300, True))
+    feed(_ins(300, 7, b"x"))
+    feed(StreamStop())
     feed(StreamAbort(300, 300))
     assert asm.idle
 

@@ -1,6 +1,7 @@
 """The scheduled verify's checksum query (engine/service/verifier.py) on its own, in DuckDB: user
 columns named like the query's own names must not change the grouping (a fresh-user trial found
 ``GROUP BY r`` bound to a column ``r``)."""
+
 import duckdb
 import pyarrow as pa
 
@@ -16,8 +17,15 @@ def _sums(table: pa.Table, columns, key):
 
 
 def test_columns_named_like_the_query_aliases():
-    t = pa.table({"id": list(range(200)), "r": [i % 3 for i in range(200)], "n": ["x"] * 200,
-                  "h": [1.5] * 200, "b": [True] * 200})
+    t = pa.table(
+        {
+            "id": list(range(200)),
+            "r": [i % 3 for i in range(200)],
+            "n": ["x"] * 200,
+            "h": [1.5] * 200,
+            "b": [True] * 200,
+        }
+    )
     cols = ["id", "r", "n", "h", "b"]
     acc = _sums(t, cols, ["id"])
     assert sum(v[0] for v in acc.values()) == 200

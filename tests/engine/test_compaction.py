@@ -1,5 +1,6 @@
-"""engine/compaction without Postgres: policy, planner (seed 002 universal compaction), rewriter and
-its position map, the index rebuild through it (seed 000), fault parsing."""
+"""engine/compaction without Postgres: policy, planner (universal compaction), rewriter and
+its position map, the index rebuild through it, fault parsing."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,10 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap64
 
-from mooncake_assets.engine.compaction import (FileStats, MaintenancePolicy, RewriteInput, plan_compaction,
-                                               policy_for, rewrite_files)
-from mooncake_assets.engine.faults import faults
+from mooncake_assets.engine.compaction import (
+    FileStats,
+    MaintenancePolicy,
+    RewriteInput,
+    plan_compaction,
+    policy_for,
+    rewrite_files,
+)
 from mooncake_assets.engine.compaction.runner import _dead_file_maps
+from mooncake_assets.engine.faults import faults
 from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
 
 KiB = 1024
@@ -19,6 +26,7 @@ MiB = 1 << 20
 
 
 # ------------------------------------------------------------------------------------------ policy
+
 
 def test_policy_defaults_and_validation():
     p = MaintenancePolicy()
@@ -37,8 +45,10 @@ def test_policy_defaults_and_validation():
 
 def test_policy_per_table_precedence():
     class S:
-        extra = {"maintenance": {"delete_ratio_percent": 10, "file_count_trigger": 3},
-                 "maintenance_tables": {"orders": {"delete_ratio_percent": 50}}}
+        extra = {
+            "maintenance": {"delete_ratio_percent": 10, "file_count_trigger": 3},
+            "maintenance_tables": {"orders": {"delete_ratio_percent": 50}},
+        }
 
     assert policy_for(S(), "orders").delete_ratio_percent == 50
     assert policy_for(S(), "orders").file_count_trigger == 3
@@ -46,6 +56,7 @@ def test_policy_per_table_precedence():
 
 
 # ------------------------------------------------------------------------------------------ planner
+
 
 def _f(name, kib, rows=1000, deleted=0):
     return FileStats(name, rows, deleted, kib * KiB)
@@ -87,7 +98,7 @@ def test_plan_size_ratio_run_from_the_smallest():
 def test_plan_file_count_forces_the_smallest():
     # sizes double, so no ratio run and amplification 1+2+4+8+16+32 over 64 < 200%
     pol = MaintenancePolicy(target_file_bytes=1 * MiB, file_count_trigger=4, size_ratio_percent=1)
-    files = [_f(f"f{k}", 2 ** k) for k in range(7)]
+    files = [_f(f"f{k}", 2**k) for k in range(7)]
     plan = plan_compaction(files, pol)
     # 7 small files > trigger 4: seeded with the 4 smallest (7 − 4 + 1); f4 not by the ratio (16 > 1.01 × 15)
     assert plan.files == ["f0", "f1", "f2", "f3"]
@@ -136,8 +147,11 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa
 
 
 def _write(path, ids):
-    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "v": [f"value-{i:08d}" * 3 for i in ids]}, schema=SCHEMA),
-                   path, compression="zstd")
+    pq.write_table(
+        pa.table({"id": pa.array(ids, pa.int64()), "v": [f"value-{i:08d}" * 3 for i in ids]}, schema=SCHEMA),
+        path,
+        compression="zstd",
+    )
     return path.stat().st_size
 
 
@@ -146,8 +160,10 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path):
     sa, sb = _write(tmp_path / "a.parquet", a_ids), _write(tmp_path / "b.parquet", b_ids)
     del_a = BitMap64(range(0, 5000, 3))
     del_b = BitMap64(range(3000))  # every row: the file contributes nothing
-    inputs = [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 5000, del_a, sa),
-              RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 3000, del_b, sb)]
+    inputs = [
+        RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 5000, del_a, sa),
+        RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 3000, del_b, sb),
+    ]
     res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4)
     assert res.rows_in == 8000 and res.rows_dropped == len(del_a) + 3000 and res.rows_out == 5000 - len(del_a)
     assert len(res.outputs) >= 2  # cut at the target: every output but the last reaches it
@@ -192,20 +208,31 @@ def test_rewrite_failure_leaves_no_output(tmp_path):
 
 
 def test_index_rebuild_through_the_rewrite_map(tmp_path):
-    """Seed 000's example end to end: blocks of old files → build_from_compaction with the rewriter's
+    """The worked example end to end: blocks of old files → build_from_compaction with the rewriter's
     map (plus a dead file's entries dropped): every live key points at its row in the new files."""
     a_ids, b_ids = list(range(0, 400)), list(range(1000, 1300))
     _write(tmp_path / "a.parquet", a_ids)
     _write(tmp_path / "b.parquet", b_ids)
-    blk1 = IndexBlock.build(tmp_path / "1.idx", splitmix64(np.array(a_ids + [7777] * 5, dtype=np.uint64)),
-                            np.array([0] * 400 + [1] * 5), np.array(list(range(400)) + list(range(5))),
-                            ["a.parquet", "dead.parquet"])
-    blk2 = IndexBlock.build(tmp_path / "2.idx", splitmix64(np.array(b_ids, dtype=np.uint64)), 0, np.arange(300),
-                            ["b.parquet"])
+    blk1 = IndexBlock.build(
+        tmp_path / "1.idx",
+        splitmix64(np.array(a_ids + [7777] * 5, dtype=np.uint64)),
+        np.array([0] * 400 + [1] * 5),
+        np.array(list(range(400)) + list(range(5))),
+        ["a.parquet", "dead.parquet"],
+    )
+    blk2 = IndexBlock.build(
+        tmp_path / "2.idx", splitmix64(np.array(b_ids, dtype=np.uint64)), 0, np.arange(300), ["b.parquet"]
+    )
     del_a, del_b = BitMap64(range(0, 400, 2)), BitMap64([0, 299])
-    res = rewrite_files([RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 400, del_a, 1),
-                         RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 300, del_b, 1)],
-                        tmp_path / "out", SCHEMA, target_bytes=1 << 20)
+    res = rewrite_files(
+        [
+            RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 400, del_a, 1),
+            RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 300, del_b, 1),
+        ],
+        tmp_path / "out",
+        SCHEMA,
+        target_bytes=1 << 20,
+    )
     dead = _dead_file_maps([blk1, blk2], {"a.parquet", "b.parquet"})
     assert set(dead) == {"dead.parquet"} and len(dead["dead.parquet"][0]) == 5
     pm = PositionMap(res.position_map.files, {**dead, **res.position_map.sources})
@@ -218,12 +245,13 @@ def test_index_rebuild_through_the_rewrite_map(tmp_path):
         if pos in del_a:
             assert hits == []
         else:
-            (name, row), = hits
+            ((name, row),) = hits
             assert tables[name].column("id")[row].as_py() == k
     assert fidx.lookup(int(splitmix64(np.array([7777], dtype=np.uint64))[0])) == []
 
 
 # ------------------------------------------------------------------------------------------ faults
+
 
 def test_fault_spec_parsing(monkeypatch):
     monkeypatch.setenv("MOONCAKE_FAULT", "compaction:after_commit, compaction:after_files_written=sleep:0.5")

@@ -1,4 +1,5 @@
 """deletion-vector-v1 codec against the Iceberg golden files, bad bytes, and random round trips."""
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,7 @@ def test_golden_position_index_decodes_and_reencodes(golden, name):
 
 def test_golden_bare_bitmaps(golden):
     root, expected = golden
-    read = lambda name: decode_portable_roaring64((root / "deletes" / name).read_bytes())  # noqa: E731
+    read = lambda name: decode_portable_roaring64((root / "deletes" / name).read_bytes())
 
     assert len(read("64mapempty.bin")) == expected["deletes/64mapempty.bin"]["cardinality"] == 0
     assert list(read("64map32bitvals.bin")) == expected["deletes/64map32bitvals.bin"]["positions"]

@@ -1,12 +1,13 @@
 """Schema evolution planning and projection (engine/table/evolution.py), without Postgres: the plan
 is a pure function of the mirror's columns, the Relation message and the catalogs' rows."""
+
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError
 from mooncake_assets.engine.pg.catalog import CatalogColumn
+from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError
 from mooncake_assets.engine.table.evolution import plan_schema_change, project, promotable
 from mooncake_assets.engine.table.schema_change import SchemaChangeError
 
@@ -16,8 +17,9 @@ NAMES = {INT4: "integer", INT8: "bigint", TEXT: "text"}
 
 
 def spec(name, oid, attnum, fid, key=False):
-    return ColumnSpec(name, oid, -1, NAMES[oid], ARROW[oid], is_key=key, decl_oid=oid, decl_typmod=-1,
-                      field_id=fid, attnum=attnum)
+    return ColumnSpec(
+        name, oid, -1, NAMES[oid], ARROW[oid], is_key=key, decl_oid=oid, decl_typmod=-1, field_id=fid, attnum=attnum
+    )
 
 
 def schema(*cols, keyless=False):
@@ -25,8 +27,16 @@ def schema(*cols, keyless=False):
 
 
 def cat(attnum, name, oid=INT4, dropped=False, missing=None):
-    return CatalogColumn(attnum, name if not dropped else f"........pg.dropped.{attnum}........", dropped,
-                         0 if dropped else oid, -1, 0, False, missing)
+    return CatalogColumn(
+        attnum,
+        name if not dropped else f"........pg.dropped.{attnum}........",
+        dropped,
+        0 if dropped else oid,
+        -1,
+        0,
+        False,
+        missing,
+    )
 
 
 def resolve(name, oid, typmod, ndims):
@@ -41,16 +51,22 @@ def plan(sch, rel, catalog, **kw):
 
 def test_add_with_default_gets_a_fresh_id_and_the_missing_value():
     s = schema(spec("id", INT4, 1, 1, True), spec("a", INT4, 2, 2))
-    ch = plan(s, [("id", INT4, -1), ("a", INT4, -1), ("c", TEXT, -1)],
-              [cat(1, "id"), cat(2, "a"), cat(3, "c", TEXT, missing="d")])
+    ch = plan(
+        s,
+        [("id", INT4, -1), ("a", INT4, -1), ("c", TEXT, -1)],
+        [cat(1, "id"), cat(2, "a"), cat(3, "c", TEXT, missing="d")],
+    )
     assert ch.added == ["c"] and [c.field_id for c in ch.columns] == [1, 2, 10]
     assert ch.columns[2].initial_default == "d" and ch.columns[2].attnum == 3 and ch.next_field_id == 11
 
 
 def test_rename_keeps_the_field_id_and_drop_then_add_same_name_is_a_new_field():
     s = schema(spec("id", INT4, 1, 1, True), spec("a", INT4, 2, 2), spec("b", INT4, 3, 3))
-    ch = plan(s, [("id", INT4, -1), ("amount", INT4, -1), ("b", INT4, -1)],
-              [cat(1, "id"), cat(2, "amount"), cat(3, "b", dropped=True), cat(4, "b")])
+    ch = plan(
+        s,
+        [("id", INT4, -1), ("amount", INT4, -1), ("b", INT4, -1)],
+        [cat(1, "id"), cat(2, "amount"), cat(3, "b", dropped=True), cat(4, "b")],
+    )
     assert ch.renamed == [("a", "amount")] and ch.dropped == ["b"] and ch.added == ["b"]
     assert [c.field_id for c in ch.columns] == [1, 2, 10]
 
@@ -58,7 +74,9 @@ def test_rename_keeps_the_field_id_and_drop_then_add_same_name_is_a_new_field():
 def test_a_rename_processed_after_more_renames_is_paired_by_position():
     """x3 was renamed to y8 at this LSN and to y11 since: the catalogs know neither x3 nor y8."""
     s = schema(spec("id", INT4, 1, 1, True), spec("x3", TEXT, 8, 5), spec("z", INT4, 9, 6))
-    ch = plan(s, [("id", INT4, -1), ("y8", TEXT, -1), ("z", INT4, -1)], [cat(1, "id"), cat(8, "y11", TEXT), cat(9, "z")])
+    ch = plan(
+        s, [("id", INT4, -1), ("y8", TEXT, -1), ("z", INT4, -1)], [cat(1, "id"), cat(8, "y11", TEXT), cat(9, "z")]
+    )
     assert ch.renamed == [("x3", "y8")] and not ch.added and not ch.dropped
     assert [c.field_id for c in ch.columns] == [1, 5, 6]
     # the same with the column's attnum unknown (it was added while the mirror lagged)
@@ -76,10 +94,16 @@ def test_type_promotions_and_refusals():
     with pytest.raises(SchemaChangeError, match="column doc was added with a type that cannot be mirrored"):
         plan(s, [("id", INT4, -1), ("a", INT4, -1), ("doc", TSV, -1)], [cat(1, "id"), cat(2, "a"), cat(3, "doc", TSV)])
     # the same column, dropped again since (a replay after the fix): left out
-    ch = plan(s, [("id", INT4, -1), ("a", INT4, -1), ("doc", TSV, -1)], [cat(1, "id"), cat(2, "a"), cat(3, "doc", dropped=True)])
+    ch = plan(
+        s,
+        [("id", INT4, -1), ("a", INT4, -1), ("doc", TSV, -1)],
+        [cat(1, "id"), cat(2, "a"), cat(3, "doc", dropped=True)],
+    )
     assert ch.ignored == ["doc"] and ch.is_noop()
     assert promotable(pa.int16(), pa.int64()) and promotable(pa.float32(), pa.float64())
-    assert promotable(pa.decimal128(6, 2), pa.decimal128(12, 2)) and not promotable(pa.decimal128(6, 2), pa.decimal128(12, 3))
+    assert promotable(pa.decimal128(6, 2), pa.decimal128(12, 2)) and not promotable(
+        pa.decimal128(6, 2), pa.decimal128(12, 3)
+    )
     assert not promotable(pa.int64(), pa.int32()) and not promotable(pa.int32(), pa.string())
 
 
@@ -101,8 +125,14 @@ def _field(name, t, fid):
 def test_project_matches_by_field_id_casts_and_fills_defaults():
     old = pa.schema([_field("id", pa.int32(), 1), _field("a", pa.int32(), 2), _field("gone", pa.string(), 3)])
     data = pa.table([pa.array([1, 2], pa.int32()), pa.array([10, None], pa.int32()), pa.array(["x", "y"])], schema=old)
-    new = pa.schema([_field("id", pa.int32(), 1), _field("amount", pa.int64(), 2), _field("c", pa.string(), 4),
-                     _field("d", pa.int32(), 5)])
+    new = pa.schema(
+        [
+            _field("id", pa.int32(), 1),
+            _field("amount", pa.int64(), 2),
+            _field("c", pa.string(), 4),
+            _field("d", pa.int32(), 5),
+        ]
+    )
     out = project(data, new, {4: pa.scalar("dflt")})
     assert out.schema == new
     assert out.to_pydict() == {"id": [1, 2], "amount": [10, None], "c": ["dflt", "dflt"], "d": [None, None]}
@@ -135,12 +165,15 @@ def test_a_column_added_then_renamed_before_the_add_is_processed_keeps_its_defau
 
 
 def test_an_added_column_no_catalog_row_can_be_is_an_error_not_a_column_without_default():
-    """Issue 23: catalogs that show nothing the added column can be (read before its transaction was
+    """Catalogs that show nothing the added column can be (read before its transaction was
     visible, or changed since beyond recognition) give no trustworthy default: the table stops, naming
     table, column and LSN, instead of older rows reading NULL."""
     s = schema(spec("id", INT4, 1, 1, True), spec("a", INT4, 2, 2))
-    with pytest.raises(SchemaChangeError, match=r"table t .*LSN 0/10.*column x5 was added, but the catalogs show no "
-                                                r"column it can be now.*value older rows read in it is unknown"):
+    with pytest.raises(
+        SchemaChangeError,
+        match=r"table t .*LSN 0/10.*column x5 was added, but the catalogs show no "
+        r"column it can be now.*value older rows read in it is unknown",
+    ):
         plan(s, [("id", INT4, -1), ("a", INT4, -1), ("x5", TEXT, -1)], [cat(1, "id"), cat(2, "a")])
 
 
@@ -148,10 +181,16 @@ def test_an_added_column_renamed_and_widened_since_keeps_its_default():
     """x3 int DEFAULT 7 was added at this LSN, then renamed to y4 and widened to bigint (a replay): the
     only free catalog row of a type int can have been widened to is it, and its default is kept."""
     s = schema(spec("id", INT4, 1, 1, True), spec("a", INT4, 2, 2))
-    ch = plan(s, [("id", INT4, -1), ("a", INT4, -1), ("x3", INT4, -1)],
-              [cat(1, "id"), cat(2, "a"), cat(3, "y4", INT8, missing="7")])
+    ch = plan(
+        s,
+        [("id", INT4, -1), ("a", INT4, -1), ("x3", INT4, -1)],
+        [cat(1, "id"), cat(2, "a"), cat(3, "y4", INT8, missing="7")],
+    )
     assert ch.added == ["x3"] and ch.columns[2].initial_default == "7" and ch.columns[2].attnum == 3
     # two such rows: which one is unknown, so the table stops
     with pytest.raises(SchemaChangeError, match="column x3 was added, but the catalogs show no column it can be"):
-        plan(s, [("id", INT4, -1), ("a", INT4, -1), ("x3", INT4, -1)],
-             [cat(1, "id"), cat(2, "a"), cat(3, "y4", INT8, missing="7"), cat(4, "y5", INT8)])
+        plan(
+            s,
+            [("id", INT4, -1), ("a", INT4, -1), ("x3", INT4, -1)],
+            [cat(1, "id"), cat(2, "a"), cat(3, "y4", INT8, missing="7"), cat(4, "y5", INT8)],
+        )

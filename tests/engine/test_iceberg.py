@@ -3,6 +3,7 @@
 Every table lives in tmp_path (warehouse + SQLite catalog). Readers checked: our own ``state()``,
 PyIceberg's scan, DuckDB's iceberg extension (loaded offline from the PyPI packages).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,11 @@ from mooncake_assets.engine.iceberg import (
     make_catalog,
 )
 from mooncake_assets.engine.iceberg import catalog as catalog_mod
-from mooncake_assets.engine.storage import duckdb_ext
-from mooncake_assets.engine.iceberg.faults import SimulatedCrash, crash_before_swap
 from mooncake_assets.engine.iceberg import table as table_mod
+from mooncake_assets.engine.iceberg.faults import SimulatedCrash, crash_before_swap
 from mooncake_assets.engine.iceberg.manifest import data_file_field, read_manifest_entries, read_manifest_list
 from mooncake_assets.engine.iceberg.position_deletes import FILE_PATH_FIELD_ID
+from mooncake_assets.engine.storage import duckdb_ext
 
 FORMATS = ["deletion-vectors", "position-deletes"]
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
@@ -249,7 +250,11 @@ def test_v3_row_lineage_and_sequence_numbers(catalog, tmp_path):
     md = json.loads(t.io.new_input(t.metadata_location).open().read())
     assert md["format-version"] == 3
     snaps = md["snapshots"]
-    assert [(s["sequence-number"], s["first-row-id"], s["added-rows"]) for s in snaps] == [(1, 0, 12), (2, 12, 0), (3, 12, 4)]
+    assert [(s["sequence-number"], s["first-row-id"], s["added-rows"]) for s in snaps] == [
+        (1, 0, 12),
+        (2, 12, 0),
+        (3, 12, 4),
+    ]
     assert md["next-row-id"] == 16 and md["last-sequence-number"] == 3
     tbl = t.table
     manifests = read_manifest_list(tbl.io, tbl.metadata.current_snapshot().manifest_list, 3)
@@ -314,7 +319,9 @@ def test_conflicting_writer_is_retried_and_nothing_lost(catalog, tmp_path, duck,
     files = Files(t, tmp_path)
     a, b = files.add("a", list(range(10))), files.add("b", list(range(10, 20)))
     t.commit(add_files=[a, b])
-    other = IcebergMirrorTable.load(make_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "warehouse")), "ns.t")
+    other = IcebergMirrorTable.load(
+        make_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "warehouse")), "ns.t"
+    )
     calls = []
 
     def interfere(_location):

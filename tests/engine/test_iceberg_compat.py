@@ -4,6 +4,7 @@ Each test names one behaviour relied on; when an upgrade changes it, the test fa
 commit writing a table other readers cannot read). Everything runs in-process on a real ``SqlCatalog``
 (SQLite in tmp_path); no Postgres.
 """
+
 from __future__ import annotations
 
 import ast
@@ -56,8 +57,9 @@ def catalog(tmp_path) -> SqlCatalog:
 
 def _v3_metadata(tmp_path):
     schema = compat.iceberg_schema(SCHEMA, 3)
-    md = new_table_metadata(schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, f"file://{tmp_path}/t",
-                            {"format-version": "3"})
+    md = new_table_metadata(
+        schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, f"file://{tmp_path}/t", {"format-version": "3"}
+    )
     return md.model_copy(update={"next_row_id": 0})
 
 
@@ -68,7 +70,9 @@ def test_the_pinned_versions_are_inside_the_checked_ranges():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     pins = {d.split("[")[0].split("==")[0]: d.split("==")[1] for d in deps if "==" in d}
     for dist, (low, high) in (("pyiceberg", compat.PYICEBERG_RANGE), ("sqlalchemy", compat.SQLALCHEMY_RANGE)):
-        assert low <= compat._version_tuple(pins[dist]) < high, f"pyproject pins {dist} {pins[dist]} outside {low}..{high}"
+        assert low <= compat._version_tuple(pins[dist]) < high, (
+            f"pyproject pins {dist} {pins[dist]} outside {low}..{high}"
+        )
     assert compat.check_versions() == {"pyiceberg": pins["pyiceberg"], "sqlalchemy": pins["sqlalchemy"]}
 
 
@@ -84,19 +88,31 @@ def test_a_version_outside_the_range_fails_loudly_unless_allowed(monkeypatch):
 
 def test_only_compat_imports_sqlalchemy_or_pyiceberg_internals():
     """The other modules of the package import neither SQLAlchemy nor the internals listed in compat."""
-    internal = {"AvroFile", "AvroOutputFile", "IcebergTables", "IcebergBaseModel", "update_table_metadata",
-                "compute_statistics_plan", "data_file_statistics_from_parquet_metadata", "parquet_path_to_id_mapping"}
+    internal = {
+        "AvroFile",
+        "AvroOutputFile",
+        "IcebergTables",
+        "IcebergBaseModel",
+        "update_table_metadata",
+        "compute_statistics_plan",
+        "data_file_statistics_from_parquet_metadata",
+        "parquet_path_to_id_mapping",
+    }
     for path in (ROOT / "mooncake_assets/engine/iceberg").glob("*.py"):
         if path.name == "compat.py":
             continue
         source = path.read_text()
-        assert "._convert_schema_if_needed" not in source and "._identifier" not in source and "._data" not in source, path
+        assert "._convert_schema_if_needed" not in source and "._identifier" not in source and "._data" not in source, (
+            path
+        )
         assert "_table_format_version" not in source, path
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("sqlalchemy"), f"{path.name} imports {node.module}"
                 if node.module.startswith("pyiceberg"):
-                    assert not internal & {a.name for a in node.names}, f"{path.name} imports internals of {node.module}"
+                    assert not internal & {a.name for a in node.names}, (
+                        f"{path.name} imports internals of {node.module}"
+                    )
 
 
 # ------------------------------------------------------------------------------------ schemas, metadata
@@ -107,7 +123,9 @@ def test_convert_schema_if_needed_is_the_static_arrow_to_iceberg_conversion():
     assert list(inspect.signature(Catalog._convert_schema_if_needed).parameters) == ["schema", "format_version"]
     schema = compat.iceberg_schema(SCHEMA, 3)
     assert [(f.name, f.required) for f in schema.fields] == [("id", True), ("name", False)]
-    md = new_table_metadata(schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "file:///t", {"format-version": "3"})
+    md = new_table_metadata(
+        schema, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "file:///t", {"format-version": "3"}
+    )
     assert [f.field_id for f in md.schema().fields] == [1, 2]  # fresh ids, as create relies on
 
 
@@ -124,10 +142,20 @@ def test_v3_metadata_json_passes_pyiceberg_s_guard_and_reads_back(tmp_path):
 
 def test_apply_updates_maintains_row_lineage_and_the_logs(tmp_path):
     md = _v3_metadata(tmp_path)
-    snapshot = Snapshot(snapshot_id=7, sequence_number=1, timestamp_ms=md.last_updated_ms + 1,
-                        manifest_list="file:///t/snap.avro", summary=Summary(operation=Operation.APPEND),
-                        schema_id=md.current_schema_id, first_row_id=0, added_rows=5)
-    updates = (AddSnapshotUpdate(snapshot=snapshot), SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=7))
+    snapshot = Snapshot(
+        snapshot_id=7,
+        sequence_number=1,
+        timestamp_ms=md.last_updated_ms + 1,
+        manifest_list="file:///t/snap.avro",
+        summary=Summary(operation=Operation.APPEND),
+        schema_id=md.current_schema_id,
+        first_row_id=0,
+        added_rows=5,
+    )
+    updates = (
+        AddSnapshotUpdate(snapshot=snapshot),
+        SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=7),
+    )
     new = compat.apply_updates(md, updates, "file:///t/metadata/00000-x.metadata.json")
     assert new.current_snapshot_id == 7 and new.last_sequence_number == 1
     assert new.next_row_id == 5  # spec "Row Lineage": advanced by the snapshot's added-rows
@@ -182,49 +210,113 @@ def test_swap_sql_pointer_is_a_compare_and_swap(catalog):
 
 def test_v3_records_keep_pyiceberg_s_positional_layout():
     df3 = [(f.field_id, f.name) for f in compat.DATA_FILE_TYPE[3].fields]
-    assert df3[-4:] == [(142, "first_row_id"), (143, "referenced_data_file"), (144, "content_offset"),
-                        (145, "content_size_in_bytes")]
+    assert df3[-4:] == [
+        (142, "first_row_id"),
+        (143, "referenced_data_file"),
+        (144, "content_offset"),
+        (145, "content_size_in_bytes"),
+    ]
     assert [(f.field_id, f.name) for f in compat.DATA_FILE_TYPE[2].fields] == df3[:-4]
     ml3 = [(f.field_id, f.name) for f in compat.MANIFEST_LIST_FILE_SCHEMAS[3].fields]
     assert ml3[-1] == (520, "first_row_id")
     assert [(f.field_id, f.name) for f in compat.MANIFEST_LIST_FILE_SCHEMAS[2].fields] == ml3[:-1]
     assert "from_args" in vars(DataFile) and "_table_format_version" in inspect.signature(DataFile.from_args).parameters
-    dv = new_data_file(3, content=DataFileContent.POSITION_DELETES, file_path="file:///d.puffin", file_format=FileFormat.PUFFIN,
-                       record_count=2, file_size_in_bytes=10, referenced_data_file="file:///a.parquet", content_offset=4,
-                       content_size_in_bytes=6)
+    dv = new_data_file(
+        3,
+        content=DataFileContent.POSITION_DELETES,
+        file_path="file:///d.puffin",
+        file_format=FileFormat.PUFFIN,
+        record_count=2,
+        file_size_in_bytes=10,
+        referenced_data_file="file:///a.parquet",
+        content_offset=4,
+        content_size_in_bytes=6,
+    )
     assert len(dv) == len(df3) and data_file_field(dv, "referenced_data_file", 3) == "file:///a.parquet"
     assert data_file_field(dv, "content_offset", 3) == 4 and data_file_field(dv, "content_size_in_bytes", 3) == 6
-    assert len(new_data_file(2, content=DataFileContent.DATA, file_path="x", file_format=FileFormat.PARQUET,
-                             record_count=1, file_size_in_bytes=1)) == len(df3) - 4
-    entry = compat.record(ManifestEntry, 3, status=1, snapshot_id=None, sequence_number=None,
-                          file_sequence_number=None, data_file=dv)
+    assert (
+        len(
+            new_data_file(
+                2,
+                content=DataFileContent.DATA,
+                file_path="x",
+                file_format=FileFormat.PARQUET,
+                record_count=1,
+                file_size_in_bytes=1,
+            )
+        )
+        == len(df3) - 4
+    )
+    entry = compat.record(
+        ManifestEntry, 3, status=1, snapshot_id=None, sequence_number=None, file_sequence_number=None, data_file=dv
+    )
     assert entry.data_file is dv and entry.snapshot_id is None
 
 
 def test_v3_fields_survive_an_avro_round_trip(catalog, tmp_path):
     t = IcebergMirrorTable.create(catalog, "ns.t", SCHEMA)
     md, io = t.table.metadata, t.io
-    dv = new_data_file(3, content=DataFileContent.POSITION_DELETES, file_path=f"{t.location}/data/d.puffin",
-                       file_format=FileFormat.PUFFIN, record_count=2, file_size_in_bytes=10,
-                       referenced_data_file=f"{t.location}/data/a.parquet", content_offset=4, content_size_in_bytes=6)
-    manifest = write_manifest(io, f"{t.location}/metadata/m.avro", format_version=3, schema=md.schema(), spec=md.spec(),
-                              content=ManifestContent.DELETES, snapshot_id=9, sequence_number=1,
-                              entries=[manifest_entry(3, 1, 9, None, None, dv)])
-    data = new_data_file(3, content=DataFileContent.DATA, file_path=f"{t.location}/data/a.parquet",
-                         file_format=FileFormat.PARQUET, record_count=5, file_size_in_bytes=100)
-    data_manifest = write_manifest(io, f"{t.location}/metadata/d.avro", format_version=3, schema=md.schema(),
-                                   spec=md.spec(), content=ManifestContent.DATA, snapshot_id=9, sequence_number=1,
-                                   entries=[manifest_entry(3, 1, 9, None, None, data)])
-    added = write_manifest_list(io, f"{t.location}/metadata/snap.avro", format_version=3, snapshot_id=9,
-                                parent_snapshot_id=None, sequence_number=1, first_row_id=10,
-                                manifests=[(data_manifest, 5), (manifest, 0)])
+    dv = new_data_file(
+        3,
+        content=DataFileContent.POSITION_DELETES,
+        file_path=f"{t.location}/data/d.puffin",
+        file_format=FileFormat.PUFFIN,
+        record_count=2,
+        file_size_in_bytes=10,
+        referenced_data_file=f"{t.location}/data/a.parquet",
+        content_offset=4,
+        content_size_in_bytes=6,
+    )
+    manifest = write_manifest(
+        io,
+        f"{t.location}/metadata/m.avro",
+        format_version=3,
+        schema=md.schema(),
+        spec=md.spec(),
+        content=ManifestContent.DELETES,
+        snapshot_id=9,
+        sequence_number=1,
+        entries=[manifest_entry(3, 1, 9, None, None, dv)],
+    )
+    data = new_data_file(
+        3,
+        content=DataFileContent.DATA,
+        file_path=f"{t.location}/data/a.parquet",
+        file_format=FileFormat.PARQUET,
+        record_count=5,
+        file_size_in_bytes=100,
+    )
+    data_manifest = write_manifest(
+        io,
+        f"{t.location}/metadata/d.avro",
+        format_version=3,
+        schema=md.schema(),
+        spec=md.spec(),
+        content=ManifestContent.DATA,
+        snapshot_id=9,
+        sequence_number=1,
+        entries=[manifest_entry(3, 1, 9, None, None, data)],
+    )
+    added = write_manifest_list(
+        io,
+        f"{t.location}/metadata/snap.avro",
+        format_version=3,
+        snapshot_id=9,
+        parent_snapshot_id=None,
+        sequence_number=1,
+        first_row_id=10,
+        manifests=[(data_manifest, 5), (manifest, 0)],
+    )
     assert added == 5
     listed = read_manifest_list(io, f"{t.location}/metadata/snap.avro", 3)
     assert [m.first_row_id for m in listed] == [10, None]
     assert isinstance(listed[0].record, ManifestFile) and manifest_file_first_row_id(listed[0].record, 3) == 10
     (read_dv,) = read_manifest_entries(io, ManifestInfo(listed[1].record, None), 3)
     assert data_file_field(read_dv.data_file, "referenced_data_file", 3) == f"{t.location}/data/a.parquet"
-    assert (data_file_field(read_dv.data_file, "content_offset", 3), data_file_field(read_dv.data_file, "content_size_in_bytes", 3)) == (4, 6)
+    assert (
+        data_file_field(read_dv.data_file, "content_offset", 3),
+        data_file_field(read_dv.data_file, "content_size_in_bytes", 3),
+    ) == (4, 6)
     assert read_dv.snapshot_id == 9 and read_dv.sequence_number == 1  # inherited from the manifest
     (read_data,) = read_manifest_entries(io, listed[0], 3)
     assert data_file_field(read_data.data_file, "first_row_id", 3) == 10  # spec "First Row ID Inheritance"
@@ -258,7 +350,8 @@ def test_fsspec_fileio_hooks_overridden_by_the_storage_fileio():
 def test_faults_depends_on_no_other_module_and_raises_the_registered_conflict(tmp_path, monkeypatch):
     tree = ast.parse((ROOT / "mooncake_assets/engine/faults.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
     assert not any(m and (m.startswith("mooncake_assets") or m.startswith(".")) for m in imported)
     assert all(n.level == 0 for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     path = tmp_path / "faults.json"

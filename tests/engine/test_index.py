@@ -1,4 +1,5 @@
-"""Tests of mooncake_assets.engine.index (issue 3): the key hash, IndexBlock, FileIndex, MemIndex, policy."""
+"""Tests of mooncake_assets.engine.index: the key hash, IndexBlock, FileIndex, MemIndex, policy."""
+
 from __future__ import annotations
 
 import os
@@ -13,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mooncake_assets.engine.index import (
+    KEY_HASH_VERSION,
     PUFFIN_BLOB_TYPE,
     FileIndex,
     IndexBlock,
     IndexBlockFormatError,
     IndexMergePolicy,
+    KeyHash,
     MemIndex,
     PositionMap,
-    KEY_HASH_VERSION,
-    KeyHash,
     block_layout,
     merge_sorted_runs,
     next_power_of_two,
@@ -43,6 +44,7 @@ def brute(entries, h):
 
 
 # ------------------------------------------------------------------------------------------ hashing
+
 
 def test_splitmix64_known_values():
     assert splitmix64(0) == 0xE220A8397B1DCDAF
@@ -82,7 +84,7 @@ def _ref_value(text):
         return NULL_HASH
     b = text.encode()
     padded = b + bytes(-len(b) % 8)
-    words = [int.from_bytes(padded[i:i + 8], "little") for i in range(0, len(padded), 8)]
+    words = [int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded), 8)]
     r = 0
     for w in reversed(words):
         r = (r * (1 << 64) + w) % P61
@@ -144,7 +146,10 @@ def test_key_hash_is_pinned():
     assert text_key_hash(["ünïcødé ✓"]) == 4951615473340223819
     assert text_key_hash([None]) == 10669332307086660987
     assert text_key_hashes([["1", "2", None], ["x", "y", "z"]]).tolist() == [
-        17800366000960464152, 16560483673351589402, 1469134834305686392]
+        17800366000960464152,
+        16560483673351589402,
+        1469134834305686392,
+    ]
     assert text_key_hash(["a" * 30, ""]) == 17319725745509464769
     assert KeyHash([20]).hash_one(["-1"]) == 16490336266968443936 == splitmix64(-1)
     assert KeyHash([20]).hash_one(["42"]) == 13679457532755275413 == splitmix64(42)
@@ -172,10 +177,18 @@ def test_text_keys_multi_column_and_nulls():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(st.one_of(st.none(), st.text(max_size=40),
-                                   st.integers(-(2**63), 2**63 - 1).map(str)), min_size=3, max_size=3),
-                min_size=0, max_size=30),
-       st.integers(1, 3))
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(st.none(), st.text(max_size=40), st.integers(-(2**63), 2**63 - 1).map(str)),
+            min_size=3,
+            max_size=3,
+        ),
+        min_size=0,
+        max_size=30,
+    ),
+    st.integers(1, 3),
+)
 def test_scalar_and_vectorised_paths_agree(rows, width):
     keys = [r[:width] for r in rows]
     columns = [[k[i] for k in keys] for i in range(width)]
@@ -192,13 +205,16 @@ def test_scalar_and_vectorised_paths_agree(rows, width):
 
 
 def test_key_hash_stable_across_processes():
-    code = ("from mooncake_assets.engine.index import text_key_hashes;"
-            "print(text_key_hashes([['a', 'bb', None], ['1.5', '2', None]]).tolist())")
+    code = (
+        "from mooncake_assets.engine.index import text_key_hashes;"
+        "print(text_key_hashes([['a', 'bb', None], ['1.5', '2', None]]).tolist())"
+    )
     outs = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                check=True).stdout)
+        outs.add(
+            subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        )
     assert len(outs) == 1
     here = text_key_hashes([["a", "bb", None], ["1.5", "2", None]]).tolist()
     assert outs.pop().strip() == str(here)
@@ -206,8 +222,9 @@ def test_key_hash_stable_across_processes():
 
 # ------------------------------------------------------------------------------------------ IndexBlock
 
+
 def test_layout_follows_the_seed():
-    # seed 000: 1000 rows -> 256 buckets (N=8); 500 -> 128 (N=7); 2000 -> 512 (N=9); merged 3500 -> 1024
+    # 1000 rows -> 256 buckets (N=8); 500 -> 128 (N=7); 2000 -> 512 (N=9); merged 3500 -> 1024
     for rows, nb, n in [(1000, 256, 8), (500, 128, 7), (2000, 512, 9), (3500, 1024, 10), (0, 2, 1), (1, 2, 1)]:
         lay = block_layout(rows, 1)
         assert (lay["num_buckets"], lay["hash_upper_bits"], lay["hash_lower_bits"]) == (nb, n, 64 - n)
@@ -219,7 +236,9 @@ def test_layout_follows_the_seed():
 
 def _random_block(tmp_path, n, nfiles, seed=0, dup=0.0, name="b.idx"):
     rng = np.random.default_rng(seed)
-    h = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) + rng.integers(0, 2, n).astype(np.uint64)
+    h = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) + rng.integers(0, 2, n).astype(
+        np.uint64
+    )
     if dup and n:
         k = int(n * dup)
         h[:k] = h[rng.integers(0, n, k)]
@@ -235,8 +254,9 @@ def test_block_lookups_match_brute_force(tmp_path, n, nfiles):
     b, entries, h = _random_block(tmp_path, n, nfiles, seed=n, dup=0.1)
     assert b.num_entries == n and b.files == tuple(f"file-{i}.parquet" for i in range(nfiles))
     rng = np.random.default_rng(1)
-    queries = np.concatenate([h[: min(n, 200)], rng.integers(0, 2**63, 50).astype(np.uint64),
-                              np.array([0, M64], dtype=np.uint64)])
+    queries = np.concatenate(
+        [h[: min(n, 200)], rng.integers(0, 2**63, 50).astype(np.uint64), np.array([0, M64], dtype=np.uint64)]
+    )
     for q in queries.tolist():
         assert sorted(b.lookup(q)) == brute(entries, q)
     qi, fid, row = b.lookup_batch(queries)
@@ -256,8 +276,13 @@ def test_block_lookups_match_brute_force(tmp_path, n, nfiles):
 def test_block_edge_hashes(tmp_path):
     # extreme hashes, hashes that differ in their lowest bit only, one bucket holding everything
     hs = [0, 1, M64, M64 - 1, 1 << 63, (1 << 63) + 1, 5, 5, 5]
-    b = IndexBlock.build(tmp_path / "e.idx", np.array(hs, dtype=np.uint64), [0, 1, 0, 1, 0, 1, 0, 1, 1],
-                         [0, 1, 2, 3, 4, 5, 6, 7, 2**32 - 1], ["a", "b"])
+    b = IndexBlock.build(
+        tmp_path / "e.idx",
+        np.array(hs, dtype=np.uint64),
+        [0, 1, 0, 1, 0, 1, 0, 1, 1],
+        [0, 1, 2, 3, 4, 5, 6, 7, 2**32 - 1],
+        ["a", "b"],
+    )
     assert b.lookup(0) == [("a", 0)]
     assert b.lookup(1) == [("b", 1)]
     assert b.lookup(M64) == [("a", 2)]
@@ -278,14 +303,16 @@ def test_block_size_at_most_12_bytes_per_entry(tmp_path):
 
 
 def test_block_byte_layout(tmp_path):
-    b = IndexBlock.build(tmp_path / "x.idx", np.array([3, (1 << 63) | 9], dtype=np.uint64), [1, 0], [7, 8], ["f0", "f1"])
+    b = IndexBlock.build(
+        tmp_path / "x.idx", np.array([3, (1 << 63) | 9], dtype=np.uint64), [1, 0], [7, 8], ["f0", "f1"]
+    )
     data = b.to_bytes()
     assert data[:8] == b"MCIDXBLK"
     version, upper, lower, fbits, rbits, bbits = struct.unpack_from("<HBBBBB", data, 8)
     assert (version, upper, lower, fbits, rbits, bbits) == (1, 1, 63, 1, 32, 2)
     n, nb, nfiles, flen, eoff = struct.unpack_from("<QQIIQ", data, 16)
     assert (n, nb, nfiles) == (2, 2, 2) and eoff % 8 == 0
-    assert data[80:80 + flen] == struct.pack("<I", 2) + b"f0" + struct.pack("<I", 2) + b"f1"
+    assert data[80 : 80 + flen] == struct.pack("<I", 2) + b"f0" + struct.pack("<I", 2) + b"f1"
     words = np.frombuffer(data, dtype="<u8", offset=eoff, count=3)
     stream = int(words[0]) | int(words[1]) << 64 | int(words[2]) << 128
     w = 63 + 1 + 32
@@ -373,6 +400,7 @@ def test_block_build_validates(tmp_path):
 
 # ------------------------------------------------------------------------------------------ FileIndex
 
+
 def test_merge_sorted_runs_matches_sort():
     rng = np.random.default_rng(0)
     runs = []
@@ -443,7 +471,7 @@ def test_build_from_merge(tmp_path):
 
 
 def test_build_from_compaction_seed_example(tmp_path):
-    # seed 000: parquet-1 [10, 20, 30 (deleted)], parquet-2 [40, 50] -> parquet-new [10, 20, 40, 50]
+    # parquet-1 [10, 20, 30 (deleted)], parquet-2 [40, 50] -> parquet-new [10, 20, 40, 50]
     h = {k: splitmix64(k) for k in (10, 20, 30, 40, 50)}
     b1 = IndexBlock.build(tmp_path / "1.idx", np.array([h[10], h[20], h[30]], np.uint64), 0, [0, 1, 2], ["parquet-1"])
     b2 = IndexBlock.build(tmp_path / "2.idx", np.array([h[40], h[50]], np.uint64), 0, [0, 1], ["parquet-2"])
@@ -466,7 +494,9 @@ def test_build_from_compaction_seed_example(tmp_path):
 def test_build_from_compaction_unmapped_files_and_errors(tmp_path):
     hs = np.array([splitmix64(k) for k in range(6)], np.uint64)
     b = IndexBlock.build(tmp_path / "b.idx", hs, [0, 0, 1, 1, 2, 2], [0, 1, 0, 1, 0, 1], ["A", "B", "C"])
-    pm = PositionMap(("N1", "N2"), {"A": (np.array([1, -1]), np.array([5, 0])), "B": (np.array([0, 0]), np.array([0, 1]))})
+    pm = PositionMap(
+        ("N1", "N2"), {"A": (np.array([1, -1]), np.array([5, 0])), "B": (np.array([0, 0]), np.array([0, 1]))}
+    )
     kept = FileIndex.build_from_compaction([b], pm, tmp_path / "k.idx")
     assert kept.files == ("N1", "N2", "C")
     got = {k: kept.lookup(int(hs[k])) for k in range(6)}
@@ -483,16 +513,19 @@ def test_build_from_compaction_unmapped_files_and_errors(tmp_path):
 
 
 def test_position_map_from_dict_unites_file_lists():
-    pm = PositionMap.from_dict({
-        "a": (["x", "y"], np.array([1, 0, -1]), np.array([0, 1, 0])),
-        "b": (["y", "z"], np.array([0, 1]), np.array([2, 3])),
-    })
+    pm = PositionMap.from_dict(
+        {
+            "a": (["x", "y"], np.array([1, 0, -1]), np.array([0, 1, 0])),
+            "b": (["y", "z"], np.array([0, 1]), np.array([2, 3])),
+        }
+    )
     assert pm.files == ("x", "y", "z")
     assert pm.map_rows("a", np.array([0, 1, 2]))[0].tolist() == [1, 0, -1]
     assert pm.map_rows("b", np.array([0, 1]))[0].tolist() == [1, 2]
 
 
 # ------------------------------------------------------------------------------------------ MemIndex
+
 
 def test_mem_index_insert_lookup_remove():
     m = MemIndex()
@@ -534,8 +567,9 @@ def test_flush_hand_over(tmp_path):
     m.insert(int_key_hashes(k1), 1)
     m.remove(splitmix64(12), (0, 2))  # deleted in memory: not written, not indexed
     # the flush writes batch 0 rows 0,1,3 then batch 1 rows 0,1 into two files
-    pm = PositionMap(("f1", "f2"), {0: (np.array([0, 0, -1, 0]), np.array([0, 1, 0, 2])),
-                                    1: (np.array([1, 1]), np.array([0, 1]))})
+    pm = PositionMap(
+        ("f1", "f2"), {0: (np.array([0, 0, -1, 0]), np.array([0, 1, 0, 2])), 1: (np.array([1, 1]), np.array([0, 1]))}
+    )
     b = build_block_from_mem_index(tmp_path / "flush.idx", m, pm)
     assert b.num_entries == 5 and b.files == ("f1", "f2")
     assert sorted(b.lookup(splitmix64(10))) == [("f1", 0), ("f2", 1)]
@@ -543,11 +577,14 @@ def test_flush_hand_over(tmp_path):
     assert b.lookup(splitmix64(13)) == [("f1", 2)]
     m.drop_batches(pm.sources)
     assert len(m) == 0
-    c = build_flush_block(tmp_path / "flush2.idx", ["g1", "g2"], [int_key_hashes(np.array([1, 2])), int_key_hashes(np.array([3]))])
+    c = build_flush_block(
+        tmp_path / "flush2.idx", ["g1", "g2"], [int_key_hashes(np.array([1, 2])), int_key_hashes(np.array([3]))]
+    )
     assert c.lookup(splitmix64(3)) == [("g2", 0)] and c.lookup(splitmix64(2)) == [("g1", 1)]
 
 
 # ------------------------------------------------------------------------------------------ policy, bench
+
 
 def test_merge_policy(tmp_path):
     fi = FileIndex()
@@ -570,6 +607,13 @@ def test_merge_policy(tmp_path):
 def test_run_index_bench_tiny():
     out = run_index_bench(sizes=(2000,), quick=True)
     fig = out["index"]["2000"]
-    for key in ("bytes_per_entry", "build_entries_per_s", "lookup_ns_single", "lookup_ns_batched",
-                "lookup_ns_batched_merged", "lookup_ns_dict", "merge_entries_per_s"):
+    for key in (
+        "bytes_per_entry",
+        "build_entries_per_s",
+        "lookup_ns_single",
+        "lookup_ns_batched",
+        "lookup_ns_batched_merged",
+        "lookup_ns_dict",
+        "merge_entries_per_s",
+    ):
         assert fig[key] > 0, key

@@ -1,10 +1,11 @@
-"""Model-based test of the index stack (issue 3): MemIndex + FileIndex against plain Python dicts.
+"""Model-based test of the index stack: MemIndex + FileIndex against plain Python dicts.
 
 Random inserts, deletes, flushes (new blocks), index merges, data compactions and restarts (blocks
 saved as bytes and restored); after every step every lookup (single and batched) must agree with the
 model. Keys are ints (exact hashes) or strings (hashed: candidates are re-checked against the row, as
 the table does). Several rows may share a key, as in tables without a primary key.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -13,7 +14,14 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from mooncake_assets.engine.index import (
     FileIndex,
@@ -92,7 +100,9 @@ def make_machine(root: Path):
                 if row[0] == key and row[1]:
                     row[1] = False  # a position delete / DV
                     return
-            live = [1 for rows in list(self.batches.values()) + list(self.files.values()) for k, a in rows if a and k == key]
+            live = [
+                1 for rows in list(self.batches.values()) + list(self.files.values()) for k, a in rows if a and k == key
+            ]
             assert not live, f"key {key} is live but the index did not find it"
 
         @rule(all_batches=st.booleans(), split=st.booleans())
@@ -180,11 +190,15 @@ def make_machine(root: Path):
             mem_qi, mem_b, mem_r = self.mem_index.lookup_batch(hashes)
             for i, key in enumerate(UNIVERSE):
                 h = int(hashes[i])
-                want_files = sorted((f, r) for f, rows in self.files.items() for r, (k, _) in enumerate(rows) if k == key)
+                want_files = sorted(
+                    (f, r) for f, rows in self.files.items() for r, (k, _) in enumerate(rows) if k == key
+                )
                 got = self.file_index.lookup(h)
                 assert sorted(got) == want_files
                 assert batch[i] == got
-                want_mem = sorted((b, r) for b, rows in self.batches.items() for r, (k, a) in enumerate(rows) if a and k == key)
+                want_mem = sorted(
+                    (b, r) for b, rows in self.batches.items() for r, (k, a) in enumerate(rows) if a and k == key
+                )
                 assert sorted(self.mem_index.lookup(h)) == want_mem
                 sel = mem_qi == i
                 assert sorted(zip(mem_b[sel].tolist(), mem_r[sel].tolist())) == want_mem
@@ -201,6 +215,11 @@ def make_machine(root: Path):
 def test_index_state_machine(tmp_path):
     run_state_machine_as_test(
         make_machine(tmp_path),
-        settings=settings(max_examples=75, stateful_step_count=25, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+        settings=settings(
+            max_examples=75,
+            stateful_step_count=25,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
     )

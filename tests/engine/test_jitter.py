@@ -1,5 +1,6 @@
-"""Seeded jitter (engine/faults.py, ``MOONCAKE_JITTER``; issue 23): the delays at each point are a
+"""Seeded jitter (engine/faults.py, ``MOONCAKE_JITTER``): the delays at each point are a
 function of the seed alone, the same in every process, so a failing chaos seed replays with them."""
+
 from __future__ import annotations
 
 import os
@@ -25,14 +26,25 @@ def test_delays_are_a_function_of_the_seed():
 
 
 def test_the_same_delays_in_another_process_whatever_its_hash_seed():
-    code = ("from mooncake_assets.engine import faults; "
-            "print([round(faults.jitter_delay('7.0', p, i), 9) for p in ('catalog:lookup', 'stream:apply') "
-            "for i in range(20)])")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": h}).stdout for h in ("1", "2")}
+    code = (
+        "from mooncake_assets.engine import faults; "
+        "print([round(faults.jitter_delay('7.0', p, i), 9) for p in ('catalog:lookup', 'stream:apply') "
+        "for i in range(20)])"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": h},
+        ).stdout
+        for h in ("1", "2")
+    }
     assert len(outs) == 1
-    assert outs.pop().strip() == str([round(faults.jitter_delay("7.0", p, i), 9)
-                                      for p in ("catalog:lookup", "stream:apply") for i in range(20)])
+    assert outs.pop().strip() == str(
+        [round(faults.jitter_delay("7.0", p, i), 9) for p in ("catalog:lookup", "stream:apply") for i in range(20)]
+    )
 
 
 def test_fault_points_sleep_the_seeded_delay_only_when_armed(monkeypatch):

@@ -1,14 +1,15 @@
 """Typed key values printed back as Postgres text (the rebuild of an index from data files), checked
 against literal texts and against the text a real Postgres prints for the same values."""
+
 from __future__ import annotations
 
 import datetime
 import decimal
 
 import psycopg
-from psycopg.types.string import TextLoader
 import pyarrow as pa
 import pytest
+from psycopg.types.string import TextLoader
 
 from mooncake_assets.engine.cdc import decode_text_columns
 from mooncake_assets.engine.cdc.text_out import float_text
@@ -18,27 +19,68 @@ from mooncake_assets.engine.table.key_text import key_text_columns
 
 
 def test_float_text_is_float8out():
-    assert [float_text(x) for x in (1.0, 1.5, -2.0, 1e15, 1e14, 123456789012345.6, 1e16, 1e-5, 0.0001,
-                                     0.1 + 0.2, 0.0, -0.0, float("nan"), float("inf"), float("-inf"))] == [
-        "1", "1.5", "-2", "1e+15", "100000000000000", "123456789012345.6", "1e+16", "1e-05", "0.0001",
-        "0.30000000000000004", "0", "-0", "NaN", "Infinity", "-Infinity"]
+    assert [
+        float_text(x)
+        for x in (
+            1.0,
+            1.5,
+            -2.0,
+            1e15,
+            1e14,
+            123456789012345.6,
+            1e16,
+            1e-5,
+            0.0001,
+            0.1 + 0.2,
+            0.0,
+            -0.0,
+            float("nan"),
+            float("inf"),
+            float("-inf"),
+        )
+    ] == [
+        "1",
+        "1.5",
+        "-2",
+        "1e+15",
+        "100000000000000",
+        "123456789012345.6",
+        "1e+16",
+        "1e-05",
+        "0.0001",
+        "0.30000000000000004",
+        "0",
+        "-0",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+    ]
     assert [float_text(x, single=True) for x in (1.0, 0.1, 1e6, 123456.0, 1.5e-5)] == [
-        "1", "0.1", "1e+06", "123456", "1.5e-05"]
+        "1",
+        "0.1",
+        "1e+06",
+        "123456",
+        "1.5e-05",
+    ]
 
 
 def test_key_text_columns_literal():
-    t = pa.table({
-        "s": pa.array(["a b", None, ""]),
-        "i": pa.array([1, -2, None], pa.int64()),
-        "b": pa.array([True, False, None]),
-        "d": pa.array([datetime.date(2024, 1, 31), None, datetime.date(1, 1, 1)]),
-        "ts": pa.array([datetime.datetime(2024, 1, 31, 12, 0, 0, 500000), None, datetime.datetime(2000, 1, 1)],
-                       pa.timestamp("us", tz="UTC")),
-        "n": pa.array([decimal.Decimal("1.50"), decimal.Decimal("-0.01"), None], pa.decimal128(10, 2)),
-        "m": pa.array([decimal.Decimal("-1234.56"), decimal.Decimal("0.00"), None], pa.decimal128(19, 2)),
-        "by": pa.array([b"\x0a\xff", b"", None]),
-        "l": pa.array([[1.5, None], [], None], pa.list_(pa.float64())),
-    })
+    t = pa.table(
+        {
+            "s": pa.array(["a b", None, ""]),
+            "i": pa.array([1, -2, None], pa.int64()),
+            "b": pa.array([True, False, None]),
+            "d": pa.array([datetime.date(2024, 1, 31), None, datetime.date(1, 1, 1)]),
+            "ts": pa.array(
+                [datetime.datetime(2024, 1, 31, 12, 0, 0, 500000), None, datetime.datetime(2000, 1, 1)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "n": pa.array([decimal.Decimal("1.50"), decimal.Decimal("-0.01"), None], pa.decimal128(10, 2)),
+            "m": pa.array([decimal.Decimal("-1234.56"), decimal.Decimal("0.00"), None], pa.decimal128(19, 2)),
+            "by": pa.array([b"\x0a\xff", b"", None]),
+            "l": pa.array([[1.5, None], [], None], pa.list_(pa.float64())),
+        }
+    )
     oids = [25, 20, 16, 1082, 1184, 1700, 790, 17, 1022]
     got = [c.to_pylist() for c in key_text_columns(t, t.column_names, oids)]
     assert got == [
@@ -60,9 +102,11 @@ def test_key_text_columns_literal():
 
 def test_key_text_round_trips_postgres_text(pg_dsn):
     """Decode what Postgres prints, print it back: the same text, for every type a key may have here."""
-    cols = ("i2 int2, i4 int4, i8 int8, o oid, b bool, f4 float4, f8 float8, n numeric(12,3), nu numeric, "
-            "m money, t text, vc varchar(10), c char(3), u uuid, d date, ti time, ts timestamp, tz timestamptz, "
-            "by bytea, iv interval, ia int4[], ta text[], fa float8[], da date[]")
+    cols = (
+        "i2 int2, i4 int4, i8 int8, o oid, b bool, f4 float4, f8 float8, n numeric(12,3), nu numeric, "
+        "m money, t text, vc varchar(10), c char(3), u uuid, d date, ti time, ts timestamp, tz timestamptz, "
+        "by bytea, iv interval, ia int4[], ta text[], fa float8[], da date[]"
+    )
     rows = [
         "(1, 2, 3, 4, true, 1.5, 0.1, 1.5, 1.50, 12.3, 'a', 'b c', 'x', "
         "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '2024-01-31', '12:00:00.5', '2024-01-31 12:00:00.25', "
@@ -98,9 +142,11 @@ def test_composite_key_text_round_trips_postgres_text(pg_dsn):
             c.execute(f"SET {k} = '{v}'")
         c.execute("CREATE TYPE public.pt AS (x int, s text, f float8, d date)")
         c.execute("CREATE TABLE public.ct (p public.pt, pa public.pt[])")
-        c.execute("INSERT INTO public.ct VALUES (ROW(1, 'a b', 1.5, '2024-01-01'), "
-                  "ARRAY[ROW(2, '', 1e15, NULL)::public.pt]), "
-                  "(ROW(NULL, 'q\"x\\y', -0, 'infinity'), NULL), (NULL, '{}')")
+        c.execute(
+            "INSERT INTO public.ct VALUES (ROW(1, 'a b', 1.5, '2024-01-01'), "
+            "ARRAY[ROW(2, '', 1e15, NULL)::public.pt]), "
+            "(ROW(NULL, 'q\"x\\y', -0, 'infinity'), NULL), (NULL, '{}')"
+        )
         schema = describe_table(c, "public.ct")
         for d in c.execute("SELECT * FROM public.ct LIMIT 0").description:
             c.adapters.register_loader(d.type_code, TextLoader)

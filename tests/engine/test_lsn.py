@@ -1,4 +1,5 @@
 """The Lsn value type: Postgres's ``pg_lsn`` text ``X/Y`` (high/low 32 bits in hex) and back."""
+
 import pytest
 
 from mooncake_assets.engine.lsn import MAX_LSN, Lsn

@@ -1,4 +1,5 @@
 """Puffin codec against the Iceberg golden files, bad files, and random round trips."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,14 @@ def golden(golden_dir):
 def sample_blobs(entry) -> list[PuffinBlob]:
     """The blobs the reference test wrote: snapshot-id 2, sequence-number 1 (as its footer shows)."""
     return [
-        PuffinBlob(type=b["type"], fields=b["fields"], data=b["data_utf8"].encode(), snapshot_id=2,
-                   sequence_number=1, compression_codec=b["codec"])
+        PuffinBlob(
+            type=b["type"],
+            fields=b["fields"],
+            data=b["data_utf8"].encode(),
+            snapshot_id=2,
+            sequence_number=1,
+            compression_codec=b["codec"],
+        )
         for b in entry["blobs"]
     ]
 
@@ -96,10 +103,18 @@ def test_reserved_flags_refused():
         (footer_file(b'\xff{"blobs":[]}'), "not UTF-8 JSON"),
         (footer_file(b'{"blob":[]}'), 'a "blobs" list'),
         (footer_file(b'{"blobs":[{"type":"x","fields":[]}]}'), "missing required 'snapshot-id'"),
-        (footer_file(b'{"blobs":[{"type":"x","fields":["a"],"snapshot-id":1,"sequence-number":1,'
-                     b'"offset":4,"length":0}]}'), "list of ints"),
-        (footer_file(b'{"blobs":[{"type":"x","fields":[],"snapshot-id":1,"sequence-number":1,'
-                     b'"offset":4,"length":10}]}'), r"offset 4 \+ length 10 is outside"),
+        (
+            footer_file(
+                b'{"blobs":[{"type":"x","fields":["a"],"snapshot-id":1,"sequence-number":1,"offset":4,"length":0}]}'
+            ),
+            "list of ints",
+        ),
+        (
+            footer_file(
+                b'{"blobs":[{"type":"x","fields":[],"snapshot-id":1,"sequence-number":1,"offset":4,"length":10}]}'
+            ),
+            r"offset 4 \+ length 10 is outside",
+        ),
         (footer_file(b'{"blobs":[],"properties":{"a":1}}'), "map strings to strings"),
     ],
 )
@@ -123,12 +138,17 @@ def test_unknown_codec_rejected():
 def test_deletion_vector_blob():
     blob = deletion_vector_blob("s3://bucket/data/a.parquet", [7, 3, 2**40])
     assert (blob.type, blob.fields, blob.snapshot_id, blob.sequence_number, blob.compression_codec) == (
-        "deletion-vector-v1", [], -1, -1, None)
+        "deletion-vector-v1",
+        [],
+        -1,
+        -1,
+        None,
+    )
     assert blob.properties == {"referenced-data-file": "s3://bucket/data/a.parquet", "cardinality": "3"}
     assert blob.data == encode_deletion_vector([3, 7, 2**40])
 
     data, metas = write_puffin([blob], {"created-by": "mooncake-assets"})
-    stored = data[metas[0].offset:metas[0].offset + metas[0].length]
+    stored = data[metas[0].offset : metas[0].offset + metas[0].length]
     assert list(decode_deletion_vector(stored)) == [3, 7, 2**40]
     assert read_puffin(data).blobs == metas
 

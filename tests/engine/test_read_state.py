@@ -1,4 +1,5 @@
 """The ReadState: a frozen value in-process (deletion vectors as bitmaps), one JSON wire form."""
+
 import base64
 import dataclasses
 import json
@@ -13,11 +14,18 @@ from mooncake_assets.engine.table.read_state import FileState, ReadField, ReadSt
 
 def _state():
     return ReadState(
-        table="t", lsn=Lsn.parse("1/AB"),
-        files=(FileState("a.parquet", "/w/a.parquet", 10, FrozenBitMap64([0, 3, 9])),
-               FileState("b.parquet", "s3://b/b.parquet", 5, None)),
-        schema=("id", "v"), fields=(ReadField(1, "id", "BIGINT"), ReadField(2, "v", "VARCHAR", "x")),
-        storage={"endpoint": "http://s3"}, ticket="tk", mem_rows=7)
+        table="t",
+        lsn=Lsn.parse("1/AB"),
+        files=(
+            FileState("a.parquet", "/w/a.parquet", 10, FrozenBitMap64([0, 3, 9])),
+            FileState("b.parquet", "s3://b/b.parquet", 5, None),
+        ),
+        schema=("id", "v"),
+        fields=(ReadField(1, "id", "BIGINT"), ReadField(2, "v", "VARCHAR", "x")),
+        storage={"endpoint": "http://s3"},
+        ticket="tk",
+        mem_rows=7,
+    )
 
 
 def test_frozen_and_attributes():
@@ -33,8 +41,12 @@ def test_frozen_and_attributes():
 def test_wire_form_is_json_with_base64_portable_bitmaps():
     wire = json.loads(json.dumps(_state().to_wire()))
     assert wire["lsn"] == "1/AB"
-    assert wire["files"][0] == {"name": "a.parquet", "path": "/w/a.parquet", "rows": 10,
-                                "deleted": base64.b64encode(BitMap64([0, 3, 9]).serialize()).decode()}
+    assert wire["files"][0] == {
+        "name": "a.parquet",
+        "path": "/w/a.parquet",
+        "rows": 10,
+        "deleted": base64.b64encode(BitMap64([0, 3, 9]).serialize()).decode(),
+    }
     assert wire["files"][1]["deleted"] is None
     assert wire["schema"] == ["id", "v"] and wire["ticket"] == "tk" and wire["mem_rows"] == 7
     assert wire["fields"][1] == {"id": 2, "name": "v", "type": "VARCHAR", "default": "x"}
@@ -51,8 +63,13 @@ def test_wire_form_leaves_out_what_is_unset():
 
 def test_bad_bitmap_on_the_wire():
     with pytest.raises(ValueError, match="Roaring"):
-        ReadState.from_wire({"table": "t", "lsn": "0/1", "files": [{"name": "a", "path": "a", "rows": 1,
-                                                                     "deleted": base64.b64encode(b"xx").decode()}]})
+        ReadState.from_wire(
+            {
+                "table": "t",
+                "lsn": "0/1",
+                "files": [{"name": "a", "path": "a", "rows": 1, "deleted": base64.b64encode(b"xx").decode()}],
+            }
+        )
 
 
 def test_positions_of_the_bitmap_equal_those_of_its_wire_text():

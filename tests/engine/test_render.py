@@ -1,4 +1,5 @@
 """Query output rendering (engine/read/render.py) of structured values, in process: no Postgres."""
+
 import json
 
 import pyarrow as pa
@@ -9,12 +10,14 @@ from mooncake_assets.engine.read.render import text_rows, to_json
 
 def _table() -> pa.Table:
     rec = pa.struct([("at", pa.timestamp("us")), ("label", pa.string()), ("tags", pa.list_(pa.string()))])
-    recs = pa.array([{"at": None, "label": "a b", "tags": ["p", None]}, None,
-                     {"at": None, "label": "", "tags": None}], rec)
+    recs = pa.array(
+        [{"at": None, "label": "a b", "tags": ["p", None]}, None, {"at": None, "label": "", "tags": None}], rec
+    )
     # the decoder's +infinity sentinel in the struct's timestamp field (past datetime's range)
     at = pa.array([TIMESTAMP_INFINITY, None, 0], pa.int64()).cast(pa.timestamp("us"))
-    recs = pa.StructArray.from_arrays([at, recs.field(1), recs.field(2)], fields=list(rec),
-                                      mask=pa.array([False, True, False]))
+    recs = pa.StructArray.from_arrays(
+        [at, recs.field(1), recs.field(2)], fields=list(rec), mask=pa.array([False, True, False])
+    )
     h = pa.array([[("k", "v"), ("n", None), ('q"', "\\")], None, []], pa.map_(pa.string(), pa.string()))
     return pa.table({"r": recs, "h": h})
 

@@ -1,4 +1,5 @@
 """The phases of ``SnapshotProducer`` one by one, in-process (SQLite catalog and warehouse in tmp_path)."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -27,15 +28,24 @@ def upload(table: IcebergMirrorTable, tmp_path, name: str, ids: list[int]) -> st
 
 
 def request(**kw) -> CommitRequest:
-    args = dict(add_files=(), deletes=None, remove_files=(), index_blob=None, summary=None, operation=None,
-                schema=None, properties=None)
+    args = dict(
+        add_files=(),
+        deletes=None,
+        remove_files=(),
+        index_blob=None,
+        summary=None,
+        operation=None,
+        schema=None,
+        properties=None,
+    )
     return CommitRequest.of(**{**args, **kw})
 
 
 def producer(table: IcebergMirrorTable, req: CommitRequest, new_files=None) -> SnapshotProducer:
     table.refresh()
-    return SnapshotProducer(table.table, SnapshotReader(table.identifier), req, new_files or {}, attempt=1,
-                            manifest_merge_threshold=32)
+    return SnapshotProducer(
+        table.table, SnapshotReader(table.identifier), req, new_files or {}, attempt=1, manifest_merge_threshold=32
+    )
 
 
 def test_validate_rejects_requests_that_no_longer_fit_the_base(table, tmp_path):
@@ -62,7 +72,8 @@ def test_merge_deletes_keeps_one_dv_per_data_file(table, tmp_path):
     p = producer(table, request(remove_files=[b]))
     plan = p.merge_deletes()
     assert plan.new_sets == {} and [d.entry.data_file.file_path for d in plan.dropped.values()] == [
-        table.state().data_files[b].delete_file]
+        table.state().data_files[b].delete_file
+    ]
 
 
 def test_produce_writes_files_the_swap_did_not_take_and_discard_removes_them(table, tmp_path):

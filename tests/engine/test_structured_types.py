@@ -1,6 +1,7 @@
-"""Issue 22: the decoders of structured types (composite, hstore, PostGIS EWKB, arrays with another
+"""The decoders of structured types (composite, hstore, PostGIS EWKB, arrays with another
 delimiter) and nested Iceberg field ids, without a server. The end-to-end tests against Postgres are
 in tests/cdc/test_all_types.py."""
+
 from __future__ import annotations
 
 import struct
@@ -18,8 +19,10 @@ def _composite():
     inner = [ColumnSpec("x", 23, -1, "integer", pa.int32()), ColumnSpec("y", 25, -1, "text", pa.string())]
     inner_t = pa.struct([pa.field("x", pa.int32()), pa.field("y", pa.string())])
     tags_el = ColumnSpec("tags[]", 25, -1, "text", pa.string())
-    fields = [ColumnSpec("a", 0, -1, "inner_t", inner_t, kind="composite", fields=inner),
-              ColumnSpec("tags", 1009, -1, "text[]", pa.list_(pa.string()), element=tags_el, ndims=1)]
+    fields = [
+        ColumnSpec("a", 0, -1, "inner_t", inner_t, kind="composite", fields=inner),
+        ColumnSpec("tags", 1009, -1, "text[]", pa.list_(pa.string()), element=tags_el, ndims=1),
+    ]
     t = pa.struct([pa.field("a", inner_t), pa.field("tags", pa.list_(pa.string()))])
     return ColumnSpec("c", 0, -1, "outer_t", t, kind="composite", fields=fields)
 
@@ -30,7 +33,7 @@ def test_composite_text_to_struct():
     got = decode_text_columns([spec], [[v] for v in vals]).column(0).to_pylist()
     assert got == [
         {"a": {"x": 1, "y": "a (b)"}, "tags": ["x", "y z", None]},
-        {"a": None, "tags": None},            # ROW(NULL, NULL): a struct of NULLs, not NULL
+        {"a": None, "tags": None},  # ROW(NULL, NULL): a struct of NULLs, not NULL
         {"a": {"x": None, "y": ""}, "tags": []},  # '' (quoted), not NULL
         None,
         {"a": {"x": 2, "y": "\\"}, "tags": None},

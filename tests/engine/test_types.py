@@ -2,6 +2,7 @@
 
 Oracle: the values Postgres itself returns through psycopg (typed) for the same rows, decoded here
 from the text Postgres prints (COPY csv and pgoutput both produce that text)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,15 +14,21 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mooncake_assets.engine.cdc import (
-    ColumnSpec, UnsupportedTypeError, arrow_type_for, decode_text_column, decode_text_columns, describe_table,
+    ColumnSpec,
+    UnsupportedTypeError,
+    arrow_type_for,
+    decode_text_column,
+    decode_text_columns,
+    describe_table,
     initial_copy,
 )
 from mooncake_assets.engine.cdc.decode import _parse_rare
-from mooncake_assets.engine.pg.schema import DATE_INFINITY, TIMESTAMP_INFINITY
 from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
+from mooncake_assets.engine.pg.schema import DATE_INFINITY, TIMESTAMP_INFINITY
 
 ALL_TYPES_DDL = """
 CREATE TABLE public.all_types (
@@ -81,12 +88,13 @@ def _oracle(conn: psycopg.Connection) -> list[tuple]:
     conn.execute("SET TimeZone = 'America/New_York'")
     rows = conn.execute(
         "SELECT id, b, i2, i4, i8, f4, f8, n12_2, n38, n_free::text, n_big::text, t, vc, c5, nm, d, ts, tstz, tm, "
-        "u::text, j::text, jb::text, by FROM all_types ORDER BY id").fetchall()
+        "u::text, j::text, jb::text, by FROM all_types ORDER BY id"
+    ).fetchall()
     out = []
     for r in rows:
         r = list(r)
         if r[17] is not None:
-            r[17] = r[17].astimezone(dt.timezone.utc)
+            r[17] = r[17].astimezone(dt.UTC)
         out.append(tuple(r))
     return out
 
@@ -109,8 +117,31 @@ def _assert_matches(batch: pa.RecordBatch, expected: list[tuple], names: list[st
             assert _same(gv, ev), (g["id"], name, gv, ev)
 
 
-ORACLE_NAMES = ["id", "b", "i2", "i4", "i8", "f4", "f8", "n12_2", "n38", "n_free", "n_big", "t", "vc", "c5", "nm",
-                "d", "ts", "tstz", "tm", "u", "j", "jb", "by"]
+ORACLE_NAMES = [
+    "id",
+    "b",
+    "i2",
+    "i4",
+    "i8",
+    "f4",
+    "f8",
+    "n12_2",
+    "n38",
+    "n_free",
+    "n_big",
+    "t",
+    "vc",
+    "c5",
+    "nm",
+    "d",
+    "ts",
+    "tstz",
+    "tm",
+    "u",
+    "j",
+    "jb",
+    "by",
+]
 
 
 @pytest.fixture()
@@ -134,8 +165,16 @@ def test_arrow_type_for_mapping():
     assert arrow_type_for(1700, -1, "numeric") == pa.string()
     assert arrow_type_for(1700, ((39 << 16) | 2) + 4, "numeric(39,2)") == pa.string()
     assert arrow_type_for(1700, ((5 << 16) | (-2 & 0x7FF)) + 4, "numeric(5,-2)") == pa.string()
-    for oid, name in [(25, "text"), (1043, "character varying(20)"), (1042, "character(5)"), (19, "name"),
-                      (18, '"char"'), (2950, "uuid"), (114, "json"), (3802, "jsonb")]:
+    for oid, name in [
+        (25, "text"),
+        (1043, "character varying(20)"),
+        (1042, "character(5)"),
+        (19, "name"),
+        (18, '"char"'),
+        (2950, "uuid"),
+        (114, "json"),
+        (3802, "jsonb"),
+    ]:
         assert arrow_type_for(oid, -1, name) == pa.string()
     assert arrow_type_for(17, -1, "bytea") == pa.binary()
     assert arrow_type_for(1082, -1, "date") == pa.date32()
@@ -153,9 +192,14 @@ def test_describe_table(all_types):
         ts = describe_table(c, "public.all_types")
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert (ts.schema, ts.name, ts.replica_identity, ts.has_primary_key, ts.key_columns) == (
-        "public", "all_types", "d", True, ["id"])
+        "public",
+        "all_types",
+        "d",
+        True,
+        ["id"],
+    )
     names = [col.name for col in ts.columns]
-    assert "nm" not in names            # dropped
+    assert "nm" not in names  # dropped
     gen = next(col for col in ts.columns if col.name == "gen")  # STORED generated: mirrored, with its expression
     assert gen.generated and "i4" in gen.generated and not any(col.generated for col in ts.columns if col.name != "gen")
     assert names[0] == "id" and ts.columns[0].is_key and ts.columns[0].not_null
@@ -175,15 +219,22 @@ def test_describe_table_keys_domains_enums(pg_dsn):
         c.execute("CREATE DOMAIN money2 AS numeric(10,2) CHECK (VALUE >= 0)")
         c.execute("CREATE DOMAIN money3 AS money2")
         c.execute('CREATE SCHEMA "My Schema"')
-        c.execute('CREATE TABLE "My Schema"."T" (a int NOT NULL, b text NOT NULL, m mood, p money3, '
-                  'CONSTRAINT u UNIQUE (b, a))')
+        c.execute(
+            'CREATE TABLE "My Schema"."T" (a int NOT NULL, b text NOT NULL, m mood, p money3, '
+            "CONSTRAINT u UNIQUE (b, a))"
+        )
         c.execute('ALTER TABLE "My Schema"."T" REPLICA IDENTITY USING INDEX u')
         c.execute("CREATE TABLE nokey (a int, b text)")
         c.execute("ALTER TABLE nokey REPLICA IDENTITY FULL")
         c.execute("CREATE TABLE pk2 (x int, y text, z int, PRIMARY KEY (y, x))")
         ts = describe_table(c, '"My Schema"."T"')
         assert (ts.schema, ts.name, ts.key_columns, ts.has_primary_key, ts.replica_identity) == (
-            "My Schema", "T", ["b", "a"], False, "i")
+            "My Schema",
+            "T",
+            ["b", "a"],
+            False,
+            "i",
+        )
         by = {col.name: col for col in ts.columns}
         assert by["m"].arrow_type == pa.string()
         assert by["p"].arrow_type == pa.decimal128(10, 2) and by["p"].type_name == "money3"
@@ -201,7 +252,7 @@ def test_describe_table_missing_and_unsupported(pg_dsn):
         c.execute("CREATE VIEW v AS SELECT 1 AS x")
         with pytest.raises(LookupError, match="view"):
             describe_table(c, "v")
-        # issue 22: only a type whose text cannot be read back is refused, every such column named
+        # Only a type whose text cannot be read back is refused, every such column named
         c.execute("CREATE TABLE docs (id int PRIMARY KEY, body regproc, t tsvector, op regoper, xs regproc[])")
         with pytest.raises(UnsupportedTypeError) as e:
             describe_table(c, "docs")
@@ -212,14 +263,23 @@ def test_describe_table_missing_and_unsupported(pg_dsn):
         assert "--exclude-column body --exclude-column op --exclude-column xs" in msg, msg
         ts = describe_table(c, "docs", column_types={"body": "text", "xs": "text"}, exclude=["op"])
         assert [(x.name, str(x.arrow_type), x.as_text) for x in ts.columns] == [
-            ("id", "int32", False), ("body", "string", True), ("t", "string", True), ("xs", "string", True)]
+            ("id", "int32", False),
+            ("body", "string", True),
+            ("t", "string", True),
+            ("xs", "string", True),
+        ]
         with pytest.raises(LookupError, match="has no column nope"):
             describe_table(c, "docs", exclude=["nope"])
         with pytest.raises(LookupError, match="part of the key"):
             describe_table(c, "docs", exclude=["id", "body", "op", "xs"])
         c.execute("CREATE TABLE pts (id int PRIMARY KEY, loc point, xs point[], bx box[])")  # text elements
         ts = describe_table(c, "pts")
-        assert [str(x.arrow_type) for x in ts.columns] == ["int32", "string", "list<item: string>", "list<item: string>"]
+        assert [str(x.arrow_type) for x in ts.columns] == [
+            "int32",
+            "string",
+            "list<item: string>",
+            "list<item: string>",
+        ]
         assert ts.columns[3].delim == ";"
 
 
@@ -267,8 +327,9 @@ def test_initial_copy_progress_and_early_close(pg_dsn):
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert c.execute("SELECT count(*) FROM big").fetchone()[0] == 25000  # connection still usable
         c.rollback()
-        total = sum(b.num_rows for b in initial_copy(c, ts, None, batch_rows=10_000,
-                                                      progress=lambda r, b: seen.append((r, b))))
+        total = sum(
+            b.num_rows for b in initial_copy(c, ts, None, batch_rows=10_000, progress=lambda r, b: seen.append((r, b)))
+        )
     assert total == 25000
     assert seen[0][0] == 10_000 and seen[-1][0] == 25000 and seen[-1][1] > 25000 * 32
 
@@ -327,7 +388,7 @@ def _spec(t: pa.DataType, name: str = "c", type_name: str = "x") -> ColumnSpec:
 
 def test_decode_row_major_bytes_and_column_major():
     cols = [_spec(pa.int64(), "a"), _spec(pa.string(), "b"), _spec(pa.bool_(), "c")]
-    rb = decode_text_columns(cols, [[b"1", "x".encode(), b"t"], [None, None, b"f"]])
+    rb = decode_text_columns(cols, [[b"1", b"x", b"t"], [None, None, b"f"]])
     assert rb.to_pylist() == [{"a": 1, "b": "x", "c": True}, {"a": None, "b": None, "c": False}]
     rb2 = decode_text_columns(cols, [["1", None], ["x", None], ["t", "f"]], column_major=True)
     assert rb2.equals(rb)
@@ -370,8 +431,9 @@ def test_fallback_timestamp_agrees_with_arrow(v):
     spec = _spec(pa.timestamp("us"))
     assert _parse_rare(text, spec, "us") == decode_text_column(spec, [text]).cast(pa.int64())[0].as_py()
     tz = _spec(pa.timestamp("us", tz="UTC"))
-    assert _parse_rare(text + "-03:30", tz, "us") == \
-        decode_text_column(tz, [text + "-03:30"]).cast(pa.int64())[0].as_py()
+    assert (
+        _parse_rare(text + "-03:30", tz, "us") == decode_text_column(tz, [text + "-03:30"]).cast(pa.int64())[0].as_py()
+    )
     dspec = _spec(pa.date32())
     assert _parse_rare(day, dspec, "D") == decode_text_column(dspec, [day]).cast(pa.int32())[0].as_py()
 
@@ -384,9 +446,20 @@ def test_bytea_roundtrip(values):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(st.none(), st.decimals(min_value=Decimal("-9999999999.99"),
-                                                  max_value=Decimal("9999999999.99"), places=2,
-                                                  allow_nan=False, allow_infinity=False))))
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.decimals(
+                min_value=Decimal("-9999999999.99"),
+                max_value=Decimal("9999999999.99"),
+                places=2,
+                allow_nan=False,
+                allow_infinity=False,
+            ),
+        )
+    )
+)
 def test_decimal_roundtrip(values):
     text = [None if v is None else f"{v:.2f}" for v in values]
     assert decode_text_column(_spec(pa.decimal128(12, 2)), text).to_pylist() == values
@@ -407,13 +480,34 @@ def test_text_spec_keeps_the_generation_expression_and_drops_the_structure():
     from mooncake_assets.engine.pg.schema import ColumnSpec, text_spec
 
     el = ColumnSpec("g[]", 23, -1, "integer", pa.int32())
-    c = ColumnSpec("g", 1007, -1, "integer[]", pa.list_(pa.int32()), not_null=True, is_key=False, element=el,
-                   ndims=1, decl_oid=1007, field_id=7, element_ids=[8], attnum=3, initial_default="{1}",
-                   generated="ARRAY[(a * 2)]")
+    c = ColumnSpec(
+        "g",
+        1007,
+        -1,
+        "integer[]",
+        pa.list_(pa.int32()),
+        not_null=True,
+        is_key=False,
+        element=el,
+        ndims=1,
+        decl_oid=1007,
+        field_id=7,
+        element_ids=[8],
+        attnum=3,
+        initial_default="{1}",
+        generated="ARRAY[(a * 2)]",
+    )
     t = text_spec(c)
     assert t.generated == "ARRAY[(a * 2)]" and t.as_text and t.arrow_type == pa.string()
-    assert (t.name, t.type_oid, t.decl_oid, t.field_id, t.attnum, t.not_null, t.initial_default) == \
-        ("g", 1007, 1007, 7, 3, True, "{1}")
+    assert (t.name, t.type_oid, t.decl_oid, t.field_id, t.attnum, t.not_null, t.initial_default) == (
+        "g",
+        1007,
+        1007,
+        7,
+        3,
+        True,
+        "{1}",
+    )
     assert t.element is None and t.ndims == 0 and t.element_ids == [] and t.kind == "" and t.fields is None
     assert c.arrow_type == pa.list_(pa.int32()) and c.element is el  # the original is unchanged
     assert t.arrow_field().type == pa.string()

@@ -1,5 +1,6 @@
 """The union read (engine/read): every way of applying deletes returns exactly the live rows of files
 with and without deletes plus the in-memory rows, for scans, projections, filters and LIMITs."""
+
 from __future__ import annotations
 
 import base64
@@ -38,9 +39,14 @@ class FakeClient:
 
 
 def _rows(ids: np.ndarray, tag: int) -> pa.Table:
-    return pa.table({"id": pa.array(ids, pa.int64()), "grp": pa.array(ids % 7, pa.int32()),
-                     "val": pa.array(ids * 10 + tag, pa.int64()),
-                     "txt": pa.array([f"r{i}-{tag}" for i in ids.tolist()], pa.string())})
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "grp": pa.array(ids % 7, pa.int32()),
+            "val": pa.array(ids * 10 + tag, pa.int64()),
+            "txt": pa.array([f"r{i}-{tag}" for i in ids.tolist()], pa.string()),
+        }
+    )
 
 
 def _dv(positions) -> str | None:
@@ -87,8 +93,11 @@ def test_plan_skips_deleted_row_groups_and_reads_clean_ones_plainly(table):
     f = files["groups.parquet"]
     p = plan_file(f["path"], f["rows"], deleted_positions(f["deleted"]))
     # row group 1 fully deleted (skipped), row group 3 half deleted, 0 and 2 clean
-    assert [(s.start, s.stop, s.has_deletes) for s in p.segments] == [(0, 1000, False), (2000, 3000, False),
-                                                                       (3000, 4000, True)]
+    assert [(s.start, s.stop, s.has_deletes) for s in p.segments] == [
+        (0, 1000, False),
+        (2000, 3000, False),
+        (3000, 4000, True),
+    ]
     f = files["almost_all.parquet"]
     p = plan_file(f["path"], f["rows"], deleted_positions(f["deleted"]))
     assert [(s.start, s.stop) for s in p.segments] == [(0, 1000), (2000, 3000)]
@@ -119,14 +128,17 @@ def test_every_mode_reads_exactly_the_live_rows(table, mode):
 
 
 @pytest.mark.parametrize("mode", ["auto", "lazy", "arrow", "anti"])
-@pytest.mark.parametrize("sql", [
-    "SELECT count(*) AS n, sum(val) AS s, sum(hash(txt) % 1000003) AS h FROM t",
-    "SELECT grp, count(*) AS n, sum(val) AS s FROM t GROUP BY grp ORDER BY grp",
-    "SELECT count(*) AS n, sum(val) AS s FROM t WHERE id BETWEEN 3100 AND 12100",
-    "SELECT * FROM t ORDER BY id",
-    "SELECT id FROM t ORDER BY id LIMIT 7 OFFSET 4000",
-    "SELECT count(*) AS n FROM t",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count(*) AS n, sum(val) AS s, sum(hash(txt) % 1000003) AS h FROM t",
+        "SELECT grp, count(*) AS n, sum(val) AS s FROM t GROUP BY grp ORDER BY grp",
+        "SELECT count(*) AS n, sum(val) AS s FROM t WHERE id BETWEEN 3100 AND 12100",
+        "SELECT * FROM t ORDER BY id",
+        "SELECT id FROM t ORDER BY id LIMIT 7 OFFSET 4000",
+        "SELECT count(*) AS n FROM t",
+    ],
+)
 def test_query_equals_duckdb_over_the_expected_rows(table, mode, sql):
     client, expected = table
     import duckdb

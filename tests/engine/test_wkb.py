@@ -1,4 +1,5 @@
 """PostGIS hex EWKB -> ISO WKB decoding and the MemSlice's SRID test, in process: no Postgres."""
+
 import pyarrow as pa
 import pytest
 
@@ -32,7 +33,7 @@ def test_decode_wkb_drops_the_srid_and_refuses_another():
     with pytest.raises(ValueError, match="not hex EWKB"):
         _decode_wkb(pa.array([P_NONE, "01x"]), _spec(0))
     # POINT Z (1 2 3): EWKB's Z flag becomes ISO's type 1001; a truncated one is refused
-    z = "0101000080" + "000000000000F03F" "0000000000000040" "0000000000000840"
+    z = "0101000080" + "000000000000F03F00000000000000400000000000000840"
     assert _decode_wkb(pa.array([z]), _spec(0)).to_pylist() == [bytes.fromhex("01E9030000" + z[10:])]
     with pytest.raises(ValueError, match="not valid EWKB"):
         _decode_wkb(pa.array([z[:-2]]), _spec(0))

@@ -1,9 +1,9 @@
-"""Issue 3 in the apply path: deletes find rows in persisted files through IndexBlocks restored from
+"""In the apply path: deletes find rows in persisted files through IndexBlocks restored from
 the Iceberg table after a restart (no data file is read), and hashed keys are re-checked."""
+
 from __future__ import annotations
 
 import os
-import time
 
 import psycopg
 
@@ -59,7 +59,9 @@ def test_hashed_keys_are_rechecked(pg_dsn, state_dir):
         c.execute("CREATE TABLE tk (k text PRIMARY KEY, n int)")
         c.execute("INSERT INTO tk SELECT 'key-' || g, g FROM generate_series(1, 300) g")
         c.execute("CREATE TABLE dup (a text, f float8, n int)")
-        c.execute("INSERT INTO dup VALUES ('x', 'NaN', 1), ('x', 'NaN', 1), (NULL, 1.5, 2), (NULL, 1.5, 2), ('y', 0, 3)")
+        c.execute(
+            "INSERT INTO dup VALUES ('x', 'NaN', 1), ('x', 'NaN', 1), (NULL, 1.5, 2), (NULL, 1.5, 2), ('y', 0, 3)"
+        )
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
     with running_service(s) as client:
         client.call("create_table", dst="tk", src="public.tk")

@@ -1,4 +1,5 @@
-"""Issue 2: the walking skeleton end to end against a real Postgres, real Iceberg files and DuckDB."""
+"""The walking skeleton end to end against a real Postgres, real Iceberg files and DuckDB."""
+
 from __future__ import annotations
 
 import random
@@ -35,10 +36,21 @@ def _random_txn(c, rng: random.Random, ids: set, next_id: list):
             if r < 0.35 or not ids:
                 i = next_id[0]
                 next_id[0] += 1
-                c.execute("INSERT INTO items VALUES (%s, %s, %s, %s, %s, now(), current_date, %s, %s, %s, %s, gen_random_uuid(), %s)",
-                          (i, f"n{i}", rng.randint(0, 100), rng.randint(0, 10**6) / 100, "x" * rng.randint(0, 50),
-                           rng.choice([1.5, float("nan"), float("inf"), -0.0]), rng.random() < 0.5,
-                           bytes([rng.randint(0, 255) for _ in range(4)]), '{"a": [1, 2]}', str(10**30 + i)))
+                c.execute(
+                    "INSERT INTO items VALUES (%s, %s, %s, %s, %s, now(), current_date, %s, %s, %s, %s, gen_random_uuid(), %s)",
+                    (
+                        i,
+                        f"n{i}",
+                        rng.randint(0, 100),
+                        rng.randint(0, 10**6) / 100,
+                        "x" * rng.randint(0, 50),
+                        rng.choice([1.5, float("nan"), float("inf"), -0.0]),
+                        rng.random() < 0.5,
+                        bytes([rng.randint(0, 255) for _ in range(4)]),
+                        '{"a": [1, 2]}',
+                        str(10**30 + i),
+                    ),
+                )
                 ids.add(i)
                 if rng.random() < 0.1:  # delete of a row inserted in the same transaction
                     c.execute("DELETE FROM items WHERE id = %s", (i,))
@@ -71,8 +83,10 @@ def test_differential_random_workload(pg_dsn, state_dir):
     interleaved; the union read equals Postgres at the same LSN; PyIceberg equals it after a persist."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(SETUP)
-        c.execute("INSERT INTO items SELECT g, 'seed', g, g, NULL, now(), current_date, g, true, NULL, NULL, NULL, NULL "
-                  "FROM generate_series(1, 500) g")
+        c.execute(
+            "INSERT INTO items SELECT g, 'seed', g, g, NULL, now(), current_date, g, true, NULL, NULL, NULL, NULL "
+            "FROM generate_series(1, 500) g"
+        )
         c.execute("INSERT INTO events SELECT g % 7, 'seed' FROM generate_series(1, 200) g")
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
     rng = random.Random(20261129)
@@ -92,7 +106,7 @@ def test_differential_random_workload(pg_dsn, state_dir):
                     _all_match(s, client)
             c.execute("TRUNCATE events")
             c.execute("INSERT INTO events VALUES (1, 'after truncate'), (1, 'after truncate')")
-            for step in range(20):
+            for _step in range(20):
                 _random_txn(c, rng, ids, next_id)
         _all_match(s, client)
         for t in ("items", "events"):

@@ -1,6 +1,7 @@
-"""Issue 4: a persist commits data files, DVs, index and flush LSN atomically. A crash (SIGKILL of the
+"""A persist commits data files, DVs, index and flush LSN atomically. A crash (SIGKILL of the
 service) after the uploads, after every file of the commit is written but before the pointer swap, or
 right after the commit leaves a readable snapshot, and the restart converges with nothing lost or doubled."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 persist is held inside that copy (``MOONCAKE_FAULT=persist:upload=wait:<flag>``), the replication thread
 keeps applying and union reads see new commits; the persist then commits everything applied up to its
 end, and PyIceberg matches."""
+
 from __future__ import annotations
 
 import threading
@@ -29,12 +30,13 @@ def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkey
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute("INSERT INTO pu SELECT g, 'staged' FROM generate_series(101, 200) g")
             applied = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-        client.wait_lsn(applied, timeout=120)                   # the rows are in the buffer (a loaded machine lags)
-        client.call("flush", table="pu")                       # a staged file for the persist to upload
+        client.wait_lsn(applied, timeout=120)  # the rows are in the buffer (a loaded machine lags)
+        client.call("flush", table="pu")  # a staged file for the persist to upload
         flag.touch()
         done = {}
+
         def persist():
-            other = ServiceClient(s.socket_path)              # its own connection to the service
+            other = ServiceClient(s.socket_path)  # its own connection to the service
             try:
                 done["r"] = other.call("persist", table="pu", timeout=120)
             finally:
@@ -48,11 +50,11 @@ def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkey
                 break
             time.sleep(0.05)
         assert reached.exists(), "the persist never reached its upload"
-        with psycopg.connect(pg_dsn, autocommit=True) as c:   # the persist is held inside its upload now
+        with psycopg.connect(pg_dsn, autocommit=True) as c:  # the persist is held inside its upload now
             c.execute("INSERT INTO pu VALUES (201, 'during'), (202, 'during')")
             c.execute("DELETE FROM pu WHERE id = 1")
-        rows = UnionReader(client, pg_dsn, wait_timeout=60).read_table("pu")   # barrier: applied, not blocked
-        assert th.is_alive() and flag.exists()                 # ... while the persist still waits
+        rows = UnionReader(client, pg_dsn, wait_timeout=60).read_table("pu")  # barrier: applied, not blocked
+        assert th.is_alive() and flag.exists()  # ... while the persist still waits
         ids = set(rows.column("id").to_pylist())
         assert {201, 202} <= ids and 1 not in ids and len(ids) == 201
         flag.unlink()

@@ -1,4 +1,4 @@
-"""Issue 19, part 2: secrets that stay secret.
+"""Secrets that stay secret.
 
 A role with a password that the server really checks (a ``scram-sha-256`` line for that role alone,
 prepended to the test cluster's pg_hba.conf and removed after): a mirror made with a password DSN
@@ -6,6 +6,7 @@ keeps working, and then no file of the state directory holds the password, nothi
 to other users, the socket is owner-only, and neither command output nor any log line shows it.
 Later commands without the password take it from libpq's own places (PGPASSWORD, a password file).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,9 @@ def password_role(pg_cluster, pg_dsn):
     admin = pg_cluster.dsn()
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute("SET password_encryption = 'scram-sha-256'")
-        c.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        c.execute(
+            sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(sql.Identifier(role), sql.Literal(password))
+        )
         hba = Path(c.execute("SHOW hba_file").fetchone()[0])
     line = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
     with open(hba, "r+") as f:  # in place: the file keeps its owner (postgres)
@@ -106,9 +109,13 @@ def test_password_dsn_never_stored_or_shown(pg_cluster, pg_dsn, password_role, t
         assert r.returncode == 0, r.stdout + r.stderr
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute("UPDATE acct SET owner = 'x' WHERE id < 10")
-        for args in (["status"], ["list-tables", "--json"], ["persist", "acct"],
-                     ["query", "SELECT count(*) AS n FROM acct WHERE owner = 'x'", "--format", "json"],
-                     ["verify"]):
+        for args in (
+            ["status"],
+            ["list-tables", "--json"],
+            ["persist", "acct"],
+            ["query", "SELECT count(*) AS n FROM acct WHERE owner = 'x'", "--format", "json"],
+            ["verify"],
+        ):
             r = _run(state, "-v", *args, dsn=secret_dsn)
             outputs += [r.stdout, r.stderr]
             assert r.returncode == 0, (args, r.stdout, r.stderr)
@@ -167,8 +174,11 @@ def test_password_dsn_never_stored_or_shown(pg_cluster, pg_dsn, password_role, t
 def test_state_dir_private_and_open_one_warned(tmp_path):
     from mooncake_assets.config import Settings
 
-    s = Settings(state_dir=tmp_path / "new", dsn="host=h user=u password=Xy-123 dbname=d",
-                 catalog_uri="postgresql+psycopg://cat:CatPw-9@h/db")
+    s = Settings(
+        state_dir=tmp_path / "new",
+        dsn="host=h user=u password=Xy-123 dbname=d",
+        catalog_uri="postgresql+psycopg://cat:CatPw-9@h/db",
+    )
     s.save()
     assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
     f = tmp_path / "new" / "settings.json"
@@ -184,9 +194,16 @@ def test_state_dir_private_and_open_one_warned(tmp_path):
     old.chmod(0o755)
     (old / "settings.json").write_text(json.dumps({"dsn": "postgresql://u:Old-Pw-7@h/db"}))
     (old / "settings.json").chmod(0o644)
-    r = subprocess.run([sys.executable, "-c", "from mooncake_assets.config import load_settings; "
-                        f"s = load_settings({str(old)!r}); print(s.dsn)"], capture_output=True, text=True,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from mooncake_assets.config import load_settings; s = load_settings({str(old)!r}); print(s.dsn)",
+        ],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")},
+    )
     assert r.returncode == 0, r.stderr
     assert "open to other users" in r.stderr and f"chmod 700 {old}" in r.stderr, r.stderr
     assert "removed a password" in r.stderr and "Old-Pw-7" not in r.stderr

@@ -1,4 +1,4 @@
-"""Issue 13: sysbench's OLTP workloads against mirrored ``sbtest*`` tables, verified by every reader.
+"""Sysbench's OLTP workloads against mirrored ``sbtest*`` tables, verified by every reader.
 
 sysbench (Debian's ``sysbench``, installed by ``make install``) prepares 4 tables, then runs
 ``oltp_read_write``, ``oltp_update_index``, ``oltp_update_non_index``, ``oltp_delete`` and
@@ -6,6 +6,7 @@ sysbench (Debian's ``sysbench``, installed by ``make install``) prepares 4 table
 is compared with Postgres at one LSN by the union read, and (after a persist) by PyIceberg and by
 DuckDB's iceberg extension.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -24,10 +25,21 @@ TABLES = [f"sbtest{i}" for i in range(1, 5)]
 
 def _sysbench(dsn: str, workload: str, command: str, seconds: int = 3) -> None:
     d = conninfo_to_dict(dsn)
-    args = ["sysbench", workload, "--db-driver=pgsql", f"--pgsql-host={d.get('host', '127.0.0.1')}",
-            f"--pgsql-port={d.get('port', 5432)}", f"--pgsql-user={d.get('user', 'postgres')}",
-            f"--pgsql-db={d['dbname']}", "--tables=4", "--table-size=2000", "--threads=4", f"--time={seconds}",
-            "--report-interval=0", "--db-ps-mode=disable"]
+    args = [
+        "sysbench",
+        workload,
+        "--db-driver=pgsql",
+        f"--pgsql-host={d.get('host', '127.0.0.1')}",
+        f"--pgsql-port={d.get('port', 5432)}",
+        f"--pgsql-user={d.get('user', 'postgres')}",
+        f"--pgsql-db={d['dbname']}",
+        "--tables=4",
+        "--table-size=2000",
+        "--threads=4",
+        f"--time={seconds}",
+        "--report-interval=0",
+        "--db-ps-mode=disable",
+    ]
     if d.get("password"):
         args.append(f"--pgsql-password={d['password']}")
     r = subprocess.run(args + [command], capture_output=True, text=True, timeout=300)

@@ -4,6 +4,7 @@ can make the endpoint go away and come back, and the S3 environment of one test.
 The servers run as separate processes in their own session with default signal handlers, and are
 stopped by their own pid (never by name).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,19 @@ from dataclasses import dataclass
 import pytest
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "mooncake-test", "AWS_SECRET_ACCESS_KEY": "mooncake-test-secret"}
-_S3_ENV = ("MOONCAKE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MOONCAKE_S3_REGION", "AWS_REGION",
-           "AWS_DEFAULT_REGION", "MOONCAKE_S3_ALLOW_HTTP", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-           "MOONCAKE_WAREHOUSE", "MOONCAKE_CATALOG_URI")
+_S3_ENV = (
+    "MOONCAKE_S3_ENDPOINT",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "MOONCAKE_S3_REGION",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "MOONCAKE_S3_ALLOW_HTTP",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "MOONCAKE_WAREHOUSE",
+    "MOONCAKE_CATALOG_URI",
+)
 
 
 def free_port() -> int:
@@ -50,9 +61,13 @@ class MotoServer:
     def client(self, **creds):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=creds.get("key", CREDENTIALS["AWS_ACCESS_KEY_ID"]),
-                            aws_secret_access_key=creds.get("secret", CREDENTIALS["AWS_SECRET_ACCESS_KEY"]))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=creds.get("key", CREDENTIALS["AWS_ACCESS_KEY_ID"]),
+            aws_secret_access_key=creds.get("secret", CREDENTIALS["AWS_SECRET_ACCESS_KEY"]),
+        )
 
     def create_bucket(self, name: str | None = None) -> str:
         name = name or f"mc-{uuid.uuid4().hex[:12]}"
@@ -89,9 +104,15 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 def start_moto(env_extra: dict | None = None, timeout: float = 60.0) -> MotoServer:
     port = free_port()
     env = {**os.environ, **(env_extra or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True, preexec_fn=_default_signals)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_default_signals,
+    )
     server = MotoServer(port, proc)
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -229,21 +250,36 @@ def s3_proxy(moto_server):
     proxy.stop()
 
 
-# ------------------------------------------------------------------ GCS and Azure emulators (issue 25)
+# ------------------------------------------------------------------ GCS and Azure emulators
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AZURITE = os.path.join(ROOT, ".venv", "node", "node_modules", ".bin", "azurite-blob")
 # Azurite's well-known development account (public, documented by Microsoft; not a secret)
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-_STORE_ENV = ("MOONCAKE_GCS_ENDPOINT", "STORAGE_EMULATOR_HOST", "MOONCAKE_GCS_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS",
-              "MOONCAKE_GCS_PROJECT", "GOOGLE_CLOUD_PROJECT", "AZURE_STORAGE_CONNECTION_STRING",
-              "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY",
-              "AZURE_STORAGE_SAS_TOKEN", "MOONCAKE_AZURE_ENDPOINT", "MOONCAKE_WAREHOUSE", "MOONCAKE_CATALOG_URI")
+_STORE_ENV = (
+    "MOONCAKE_GCS_ENDPOINT",
+    "STORAGE_EMULATOR_HOST",
+    "MOONCAKE_GCS_TOKEN",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "MOONCAKE_GCS_PROJECT",
+    "GOOGLE_CLOUD_PROJECT",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "MOONCAKE_AZURE_ENDPOINT",
+    "MOONCAKE_WAREHOUSE",
+    "MOONCAKE_CATALOG_URI",
+)
 
 
 def azurite_connection_string(port: int, key: str = AZURITE_KEY) -> str:
-    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
-            f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+    )
 
 
 def _wait_port(proc: subprocess.Popen, port: int, what: str, timeout: float = 60.0) -> None:
@@ -281,10 +317,15 @@ def gcs_emulator(tmp_path_factory):
     """``gcp-storage-emulator`` (PyPI) in memory on a free loopback port, for the session."""
     port = free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_default_signals,
-                            cwd=str(tmp_path_factory.mktemp("gcs")))
+    proc = subprocess.Popen(
+        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_default_signals,
+        cwd=str(tmp_path_factory.mktemp("gcs")),
+    )
     _wait_port(proc, port, "gcp-storage-emulator")
     em = Emulator(port, proc, "gcs")
     yield em
@@ -299,10 +340,26 @@ def azurite(tmp_path_factory):
         pytest.fail(f"{AZURITE} is missing: run `make install` (it installs Azurite from npm)")
     port = free_port()
     loc = tmp_path_factory.mktemp("azurite")
-    proc = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-                             "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_default_signals, cwd=str(loc))
+    proc = subprocess.Popen(
+        [
+            AZURITE,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--inMemoryPersistence",
+            "--disableTelemetry",
+            "--skipApiVersionCheck",
+            "--loose",
+            "--silent",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_default_signals,
+        cwd=str(loc),
+    )
     _wait_port(proc, port, "azurite")
     em = Emulator(port, proc, "azure")
     yield em

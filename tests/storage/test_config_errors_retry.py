@@ -1,4 +1,5 @@
 """Unit tests of engine/storage: S3 settings resolution, error classification, retries with backoff."""
+
 from __future__ import annotations
 
 import time
@@ -35,10 +36,20 @@ def test_parse_s3_uri():
 
 
 def test_resolve_env_settings_and_hints_in_order():
-    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1111", "MOONCAKE_S3_ENDPOINT": "http://127.0.0.1:2222",
-           "AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:1111",
+        "MOONCAKE_S3_ENDPOINT": "http://127.0.0.1:2222",
+        "AWS_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+    }
     cfg = resolve_s3(env=env)
-    assert (cfg.endpoint, cfg.region, cfg.access_key_id, cfg.secret_access_key) == ("http://127.0.0.1:2222", "eu-west-1", "k", "s")
+    assert (cfg.endpoint, cfg.region, cfg.access_key_id, cfg.secret_access_key) == (
+        "http://127.0.0.1:2222",
+        "eu-west-1",
+        "k",
+        "s",
+    )
 
     class S:  # settings beat the environment; the service's hints beat both (credentials stay ours)
         s3_endpoint, s3_region, s3_allow_http = "http://127.0.0.1:3333", None, None
@@ -83,20 +94,33 @@ def test_fileio_properties_and_hints_carry_no_secret_in_hints(tmp_path, monkeypa
     assert catalog_properties(local) == {} and storage_hints(local) is None
 
 
-@pytest.mark.parametrize("message,cls", [
-    ("When getting information for bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket operation: curlCode: 7, "
-     "Could not connect to server", StorageUnavailable),
-    ("When initiating multiple part upload for key 'x' in bucket 'b': AWS Error NO_SUCH_BUCKET during "
-     "CreateMultipartUpload operation: The specified bucket does not exist", BucketNotFound),
-    ("AWS Error INVALID_ACCESS_KEY_ID during PutObject operation: The AWS Access Key Id you provided does not exist",
-     CredentialsRejected),
-    ("AWS Error SIGNATURE_DOES_NOT_MATCH during GetObject operation", CredentialsRejected),
-    ("When getting information for bucket 'b': AWS Error ACCESS_DENIED during HeadBucket operation: No response body.",
-     AccessDenied),
-    ("AWS Error SLOW_DOWN during PutObject operation: Please reduce your request rate.", StorageUnavailable),
-    ("AWS Error UNKNOWN (HTTP status 503) during GetObject operation", StorageUnavailable),
-    ("IO Error: Could not connect to server error for HTTP HEAD to 'http://127.0.0.1:1/b/x'", StorageUnavailable),
-])
+@pytest.mark.parametrize(
+    "message,cls",
+    [
+        (
+            "When getting information for bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket operation: curlCode: 7, "
+            "Could not connect to server",
+            StorageUnavailable,
+        ),
+        (
+            "When initiating multiple part upload for key 'x' in bucket 'b': AWS Error NO_SUCH_BUCKET during "
+            "CreateMultipartUpload operation: The specified bucket does not exist",
+            BucketNotFound,
+        ),
+        (
+            "AWS Error INVALID_ACCESS_KEY_ID during PutObject operation: The AWS Access Key Id you provided does not exist",
+            CredentialsRejected,
+        ),
+        ("AWS Error SIGNATURE_DOES_NOT_MATCH during GetObject operation", CredentialsRejected),
+        (
+            "When getting information for bucket 'b': AWS Error ACCESS_DENIED during HeadBucket operation: No response body.",
+            AccessDenied,
+        ),
+        ("AWS Error SLOW_DOWN during PutObject operation: Please reduce your request rate.", StorageUnavailable),
+        ("AWS Error UNKNOWN (HTTP status 503) during GetObject operation", StorageUnavailable),
+        ("IO Error: Could not connect to server error for HTTP HEAD to 'http://127.0.0.1:1/b/x'", StorageUnavailable),
+    ],
+)
 def test_classify_pyarrow_and_duckdb_messages(message, cls):
     err = classify(OSError(message), endpoint="http://127.0.0.1:1", what="upload")
     assert type(err) is cls
@@ -155,8 +179,9 @@ def test_retry_call_retries_temporary_errors_only():
 
 def test_backoff_grows_caps_and_describes():
     now = [100.0]
-    b = Backoff(policy=RetryPolicy(initial_s=1, multiplier=2, max_delay_s=4, max_attempts=None, jitter=0),
-                clock=lambda: now[0])
+    b = Backoff(
+        policy=RetryPolicy(initial_s=1, multiplier=2, max_delay_s=4, max_attempts=None, jitter=0), clock=lambda: now[0]
+    )
     assert b.due()
     err = b.failed(OSError("AWS Error NETWORK_CONNECTION during PutObject operation"))
     assert isinstance(err, StorageUnavailable) and not b.due() and b.next_at == 101.0

@@ -1,10 +1,11 @@
 """Warehouses on GCS (``gcp-storage-emulator``) and Azure Blob (Azurite), both on loopback and started by
-the fixtures (issue 25): warehouse checks with one-line classified errors, a mirror with persist,
+the fixtures: warehouse checks with one-line classified errors, a mirror with persist,
 compaction and a restart verified by the union reader, PyIceberg and DuckDB's iceberg extension, and an
 emulator that goes away mid-run and comes back.
 
 What the emulators cannot show: gcp-storage-emulator accepts any credentials (anonymous access), so
 rejected GCS credentials are not tested against a server; only a missing credentials file is."""
+
 from __future__ import annotations
 
 import random
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from mooncake_assets.config import load_settings
+from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.storage import (
     BucketNotFound,
@@ -24,7 +26,6 @@ from mooncake_assets.engine.storage import (
     check_warehouse,
     resolve_store,
 )
-from mooncake_assets.engine.lsn import Lsn
 from mooncake_assets.verify import verify
 from tests.helpers import make_settings, running_service, wait_until
 from tests.storage.conftest import TcpProxy, azurite_connection_string, free_port, new_name
@@ -84,8 +85,10 @@ def test_check_warehouse_and_classified_errors(store, store_env):
     assert "'no-such-bucket-mc' does not exist" in msg and em.endpoint in msg and "\n" not in msg
     assert not e.value.retryable
     if kind == "azure":
-        store_env.setenv("AZURE_STORAGE_CONNECTION_STRING",
-                         azurite_connection_string(em.port, key="d3Jvbmcta2V5LW5vdC1henVyaXRl" * 3))
+        store_env.setenv(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            azurite_connection_string(em.port, key="d3Jvbmcta2V5LW5vdC1henVyaXRl" * 3),
+        )
         with pytest.raises(CredentialsRejected) as e:
             check_warehouse(_uri(kind, bucket))
         assert "credentials were rejected" in str(e.value) and "AZURE_STORAGE" in str(e.value)
@@ -144,7 +147,10 @@ def test_mirror_persist_compact_restart_and_three_readers(store, pg_dsn, state_d
             with psycopg.connect(pg_dsn, autocommit=True) as c:
                 c.execute("UPDATE acc SET bal = bal + 1 WHERE id %% 5 = %s", (i,))
                 c.execute("DELETE FROM acc WHERE id %% 97 = %s", (i,))
-                c.execute("INSERT INTO acc SELECT g, %s, 'x' FROM generate_series(%s::int, %s::int) g", (i, 3000 + i * 10, 3009 + i * 10))
+                c.execute(
+                    "INSERT INTO acc SELECT g, %s, 'x' FROM generate_series(%s::int, %s::int) g",
+                    (i, 3000 + i * 10, 3009 + i * 10),
+                )
             _all_match(s, client)
             client.call("persist", table="acc")
         full = client.call("compact", table="acc", full=True)
@@ -167,7 +173,9 @@ def test_mirror_persist_compact_restart_and_three_readers(store, pg_dsn, state_d
 
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        row = c.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
     return Lsn.parse(row[0]) if row and row[0] else 0
 
 
@@ -184,8 +192,9 @@ def test_emulator_goes_away_and_comes_back(store, store_env, pg_dsn, state_dir):
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL)")
         c.execute("INSERT INTO acc SELECT g, 0 FROM generate_series(1, 500) g")
-    s = make_settings(state_dir, pg_dsn, warehouse=_uri(kind, bucket), maintenance="auto", persist_interval_s=1.0,
-                      flush_rows=200)
+    s = make_settings(
+        state_dir, pg_dsn, warehouse=_uri(kind, bucket), maintenance="auto", persist_interval_s=1.0, flush_rows=200
+    )
     stop = threading.Event()
 
     def workload():
@@ -227,8 +236,11 @@ def test_emulator_goes_away_and_comes_back(store, store_env, pg_dsn, state_dir):
             proxy.start()  # ------------------------------------------------------ endpoint back
             with psycopg.connect(pg_dsn, autocommit=True) as c:
                 end = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-            wait_until(lambda: table()["state"] == "ready" and Lsn.parse(table()["flush_lsn"]) >= end, 180,
-                       "the persist to succeed after the endpoint came back")
+            wait_until(
+                lambda: table()["state"] == "ready" and Lsn.parse(table()["flush_lsn"]) >= end,
+                180,
+                "the persist to succeed after the endpoint came back",
+            )
             assert table()["error"] is None
             _all_match(s, client)
             _all_match(s, client, reader="pyiceberg")
@@ -257,8 +269,14 @@ def test_uris_settings_and_error_classes_of_gcs_and_azure(store_env):
     from mooncake_assets.engine.storage import AccessDenied, classify, store_kind
     from mooncake_assets.engine.storage.stores import parse_azure_uri, resolve_azure, resolve_gcs
 
-    assert [store_kind(u) for u in ("gs://b1b/x", "abfs://c1c/x", "az://c1c", "s3://b1b", "/tmp/x", "file:///x")] == \
-        ["gcs", "azure", "azure", "s3", "file", "file"]
+    assert [store_kind(u) for u in ("gs://b1b/x", "abfs://c1c/x", "az://c1c", "s3://b1b", "/tmp/x", "file:///x")] == [
+        "gcs",
+        "azure",
+        "azure",
+        "s3",
+        "file",
+        "file",
+    ]
     with pytest.raises(WarehouseConfigError, match="expected file://, s3://, gs://, abfs://"):
         store_kind("hdfs://x/y")
     assert parse_azure_uri("abfss://cont@acct.dfs.core.windows.net/a/b/") == ("cont", "acct", "a/b")

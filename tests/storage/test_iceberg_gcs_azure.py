@@ -1,7 +1,8 @@
 """The Iceberg writer's tests (tests/engine/test_iceberg.py) with the warehouse on the GCS emulator and
-on Azurite (issue 25), as test_iceberg_s3.py does for S3: data files, Puffin DVs, index blobs, manifests
+on Azurite, as test_iceberg_s3.py does for S3: data files, Puffin DVs, index blobs, manifests
 and metadata all written through PyIceberg's FsspecFileIO (gcsfs, adlfs) and read back by PyIceberg
 and DuckDB's iceberg extension (through the registered fsspec filesystem). Plus orphan listing."""
+
 from __future__ import annotations
 
 import time

@@ -4,6 +4,7 @@ The test functions are imported from there and run here with this module's ``cat
 warehouse in a fresh prefix of a moto bucket) and ``duck`` (the iceberg extension plus httpfs with an S3
 secret): data files, Puffin DVs, index blobs, manifests and metadata all live in S3.
 """
+
 from __future__ import annotations
 
 import uuid

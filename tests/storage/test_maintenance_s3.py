@@ -3,6 +3,7 @@
 The tests are run from there with ``make_settings`` patched to put the warehouse in a fresh bucket and
 the endpoint given the way a user would: ``MOONCAKE_S3_ENDPOINT`` in the environment (the service and
 the ``mooncake`` commands inherit it)."""
+
 from __future__ import annotations
 
 import pytest

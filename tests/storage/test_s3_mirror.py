@@ -1,6 +1,7 @@
-"""Mirrors with an s3:// warehouse on moto's S3 server (issue 9): the skeleton's differential and restart
+"""Mirrors with an s3:// warehouse on moto's S3 server: the differential and restart
 workloads, the SQL catalog on Postgres, clear create-table errors, and an endpoint that goes away
 mid-run and comes back."""
+
 from __future__ import annotations
 
 import random
@@ -11,11 +12,11 @@ import psycopg
 import pytest
 
 from mooncake_assets.config import load_settings
-from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.lsn import Lsn
+from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.verify import verify
-from tests.integration import test_mirror_converges as skeleton
 from tests.helpers import make_settings, running_service, wait_until
+from tests.integration import test_mirror_converges as skeleton
 
 
 def _s3_settings(state_dir, dsn, endpoint: str, bucket: str, **kw):
@@ -35,6 +36,7 @@ def on_s3(monkeypatch, moto_server, s3_bucket):
     Auto persists at least 2 s apart: a persist is a dozen requests to moto (upload, DV and index Puffin,
     manifests, list, metadata) and runs on the replication thread, so a persist every 0.5 s of two
     busy tables leaves too little time to apply changes (the slower the store, the more it shows)."""
+
     def s3_make_settings(state_dir, dsn, **kw):
         if "persist_interval_s" in kw:
             kw["persist_interval_s"] = max(kw["persist_interval_s"], 2.0)
@@ -90,11 +92,18 @@ def test_postgres_sql_catalog_in_a_schema_of_the_source(pg_dsn, state_dir, moto_
         client.call("persist", table="t")
         _all_match(s, client, reader="pyiceberg")
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        rows = c.execute("SELECT table_namespace, table_name, metadata_location FROM mooncake_catalog.iceberg_tables").fetchall()
+        rows = c.execute(
+            "SELECT table_namespace, table_name, metadata_location FROM mooncake_catalog.iceberg_tables"
+        ).fetchall()
         assert [(ns, name) for ns, name, _ in rows] == [("mooncake", "t")]
         assert rows[0][2].startswith(f"s3://{s3_bucket}/wh/mooncake/t/metadata/")
-        assert c.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' "
-                         "AND table_name = 'iceberg_tables'").fetchone()[0] == 0
+        assert (
+            c.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' "
+                "AND table_name = 'iceberg_tables'"
+            ).fetchone()[0]
+            == 0
+        )
     with running_service(s) as client:  # restored from the Postgres catalog + S3
         # the service answers pings before its tables are restored and the stream runs: wait for that
         wait_until(lambda: client.status()["streaming"], 30, "the restarted service to stream")
@@ -122,10 +131,10 @@ def test_create_table_with_a_missing_bucket_is_one_clear_line(pg_dsn, state_dir,
 
 def _slot_confirmed(dsn: str, slot: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        row = c.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
     return Lsn.parse(row[0]) if row and row[0] else 0
-
-
 
 
 def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bucket, s3_proxy):
@@ -135,8 +144,9 @@ def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bu
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE acc (id int PRIMARY KEY, bal bigint NOT NULL)")
         c.execute("INSERT INTO acc SELECT g, 0 FROM generate_series(1, 1000) g")
-    s = _s3_settings(state_dir, pg_dsn, s3_proxy.endpoint, s3_bucket, maintenance="auto", persist_interval_s=0.3,
-                     flush_rows=200)
+    s = _s3_settings(
+        state_dir, pg_dsn, s3_proxy.endpoint, s3_bucket, maintenance="auto", persist_interval_s=0.3, flush_rows=200
+    )
     stop = threading.Event()
 
     def workload():
@@ -183,8 +193,11 @@ def test_endpoint_goes_away_and_comes_back(pg_dsn, state_dir, moto_server, s3_bu
         s3_proxy.start()  # ------------------------------------------------------------ endpoint back
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             end = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-        wait_until(lambda: table()["state"] == "ready" and Lsn.parse(table()["flush_lsn"]) >= end, 90,
-              "the persist to succeed after the endpoint came back")
+        wait_until(
+            lambda: table()["state"] == "ready" and Lsn.parse(table()["flush_lsn"]) >= end,
+            90,
+            "the persist to succeed after the endpoint came back",
+        )
         assert table()["error"] is None
         _all_match(s, client)
         _all_match(s, client, reader="pyiceberg")

@@ -1,5 +1,6 @@
 """The warehouse on moto's S3 server: clear errors for a missing bucket, rejected credentials and an
 unreachable endpoint; reads and writes through PyArrow's S3 filesystem and DuckDB's httpfs."""
+
 from __future__ import annotations
 
 import time
@@ -42,7 +43,9 @@ def test_wrong_credentials_are_a_clear_permanent_error(moto_auth_server, s3_env)
     with pytest.raises(CredentialsRejected) as e:
         check_warehouse("s3://some-bucket/wh", cfg)
     msg = str(e.value)
-    assert "credentials were rejected" in msg and "AWS_ACCESS_KEY_ID" in msg and "InvalidAccessKeyId" in msg  # botocore's code, through s3fs
+    assert (
+        "credentials were rejected" in msg and "AWS_ACCESS_KEY_ID" in msg and "InvalidAccessKeyId" in msg
+    )  # botocore's code, through s3fs
     assert not e.value.retryable
 
 
@@ -74,6 +77,8 @@ def test_duckdb_reads_s3_parquet_with_positions(moto_server, s3_bucket):
     con = duckdb.connect(config={"autoinstall_known_extensions": "false"})
     configure_duckdb_s3(con, cfg)
     configure_duckdb_s3(con, cfg)  # idempotent
-    rows = con.execute(f"SELECT id, file_row_number FROM read_parquet('s3://{s3_bucket}/t/a.parquet', "
-                       "file_row_number = true) WHERE id % 4 = 1").fetchall()
+    rows = con.execute(
+        f"SELECT id, file_row_number FROM read_parquet('s3://{s3_bucket}/t/a.parquet', "
+        "file_row_number = true) WHERE id % 4 = 1"
+    ).fetchall()
     assert rows == [(1, 1), (5, 5), (9, 9)]

@@ -31,10 +31,11 @@ PGBENCH = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_h
         "history": dg.AssetIn(key=mirror_key("pgbench_history"), metadata={"columns": ["bid", "delta"]}),
     },
     description="Per branch: accounts and their balance, branch balance, and the sum of its history deltas "
-                "(equal to the branch balance when the mirrors are read at one LSN).",
+    "(equal to the branch balance when the mirrors are read at one LSN).",
 )
-def branch_balances(context: dg.AssetExecutionContext, accounts: duckdb.DuckDBPyRelation, branches: pd.DataFrame,
-                    history: pa.Table) -> pd.DataFrame:
+def branch_balances(
+    context: dg.AssetExecutionContext, accounts: duckdb.DuckDBPyRelation, branches: pd.DataFrame, history: pa.Table
+) -> pd.DataFrame:
     con = duckdb.connect()
     con.register("accounts", accounts.to_arrow_table())
     con.register("branches", branches)
@@ -50,11 +51,15 @@ def branch_balances(context: dg.AssetExecutionContext, accounts: duckdb.DuckDBPy
         LEFT JOIN (SELECT bid, count(*) AS accounts, sum(abalance) AS account_balance FROM accounts GROUP BY bid) a USING (bid)
         LEFT JOIN (SELECT bid, sum(delta) AS history_delta FROM history GROUP BY bid) h USING (bid)
         ORDER BY b.bid""").df()
-    context.add_output_metadata({
-        "branches": len(df), "balanced_branches": int(df["balanced"].sum()),
-        "total_account_balance": int(df["account_balance"].sum()), "total_branch_balance": int(df["branch_balance"].sum()),
-        "preview": dg.MetadataValue.md(_markdown(df.head(10))),
-    })
+    context.add_output_metadata(
+        {
+            "branches": len(df),
+            "balanced_branches": int(df["balanced"].sum()),
+            "total_account_balance": int(df["account_balance"].sum()),
+            "total_branch_balance": int(df["branch_balance"].sum()),
+            "preview": dg.MetadataValue.md(_markdown(df.head(10))),
+        }
+    )
     return df
 
 
@@ -67,17 +72,29 @@ def branch_balances(context: dg.AssetExecutionContext, accounts: duckdb.DuckDBPy
         "history": dg.AssetIn(key=mirror_key("pgbench_history"), metadata={"columns": ["tid", "delta", "mtime"]}),
     },
     description="Per teller: transactions, sum of deltas, last transaction time and balance (balanced when "
-                "the teller's balance equals its history's deltas).",
+    "the teller's balance equals its history's deltas).",
 )
 def teller_activity(context: dg.AssetExecutionContext, tellers: pl.DataFrame, history: pl.DataFrame) -> pl.DataFrame:
-    per_teller = history.group_by("tid").agg(pl.len().alias("transactions"), pl.col("delta").sum().alias("delta_sum"),
-                                             pl.col("mtime").max().alias("last_transaction"))
-    df = (tellers.join(per_teller, on="tid", how="left")
-          .with_columns(pl.col("transactions").fill_null(0).cast(pl.Int64), pl.col("delta_sum").fill_null(0).cast(pl.Int64))
-          .with_columns((pl.col("tbalance") == pl.col("delta_sum")).alias("balanced"))
-          .sort("tid"))
-    context.add_output_metadata({"tellers": df.height, "balanced_tellers": int(df["balanced"].sum()),
-                                 "transactions": int(df["transactions"].sum())})
+    per_teller = history.group_by("tid").agg(
+        pl.len().alias("transactions"),
+        pl.col("delta").sum().alias("delta_sum"),
+        pl.col("mtime").max().alias("last_transaction"),
+    )
+    df = (
+        tellers.join(per_teller, on="tid", how="left")
+        .with_columns(
+            pl.col("transactions").fill_null(0).cast(pl.Int64), pl.col("delta_sum").fill_null(0).cast(pl.Int64)
+        )
+        .with_columns((pl.col("tbalance") == pl.col("delta_sum")).alias("balanced"))
+        .sort("tid")
+    )
+    context.add_output_metadata(
+        {
+            "tellers": df.height,
+            "balanced_tellers": int(df["balanced"].sum()),
+            "transactions": int(df["transactions"].sum()),
+        }
+    )
     return df
 
 

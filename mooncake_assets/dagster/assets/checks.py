@@ -26,8 +26,11 @@ from .factory import mirror_key
 def build_mirror_matches_source(spec: TableSpec) -> dg.AssetChecksDefinition:
     name = spec.name
 
-    @dg.asset_check(asset=mirror_key(name), name="mirror_matches_source",
-                    description=f"The mirror {name} has the same rows as {spec.source} at one LSN (multiset comparison).")
+    @dg.asset_check(
+        asset=mirror_key(name),
+        name="mirror_matches_source",
+        description=f"The mirror {name} has the same rows as {spec.source} at one LSN (multiset comparison).",
+    )
     def _check(replication: ReplicationResource) -> dg.AssetCheckResult:
         from mooncake_assets.verify import verify
 
@@ -35,17 +38,28 @@ def build_mirror_matches_source(spec: TableSpec) -> dg.AssetChecksDefinition:
             replication.ensure_running()
             results, lsn = verify(replication.settings(), [name], "union", replication.client())
         except (ServiceError, ValueError, RuntimeError, TimeoutError) as e:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                       description=scrub(f"could not compare {name} with {spec.source}: {e}"),
-                                       metadata={"error": dg.MetadataValue.text(str(e))})
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=scrub(f"could not compare {name} with {spec.source}: {e}"),
+                metadata={"error": dg.MetadataValue.text(str(e))},
+            )
         r = results[0]
-        meta = {"lsn": dg.MetadataValue.text(lsn), "source_rows": dg.MetadataValue.int(r.source_rows),
-                "mirror_rows": dg.MetadataValue.int(r.mirror_rows), "missing_rows": dg.MetadataValue.int(r.missing),
-                "extra_rows": dg.MetadataValue.int(r.extra)}
+        meta = {
+            "lsn": dg.MetadataValue.text(lsn),
+            "source_rows": dg.MetadataValue.int(r.source_rows),
+            "mirror_rows": dg.MetadataValue.int(r.mirror_rows),
+            "missing_rows": dg.MetadataValue.int(r.missing),
+            "extra_rows": dg.MetadataValue.int(r.extra),
+        }
         if r.error:
             meta["error"] = dg.MetadataValue.text(r.error)
-        return dg.AssetCheckResult(passed=bool(r.match), severity=dg.AssetCheckSeverity.ERROR,
-                                   description=f"{r.line()} (LSN {lsn})", metadata=meta)
+        return dg.AssetCheckResult(
+            passed=bool(r.match),
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"{r.line()} (LSN {lsn})",
+            metadata=meta,
+        )
 
     return _check
 
@@ -53,9 +67,12 @@ def build_mirror_matches_source(spec: TableSpec) -> dg.AssetChecksDefinition:
 def build_replication_lag(spec: TableSpec) -> dg.AssetChecksDefinition:
     name = spec.name
 
-    @dg.asset_check(asset=mirror_key(name), name="replication_lag",
-                    description=f"How far the mirror {name} is behind {spec.source} (bytes of WAL, seconds); "
-                                "warn/fail thresholds from the replication resource.")
+    @dg.asset_check(
+        asset=mirror_key(name),
+        name="replication_lag",
+        description=f"How far the mirror {name} is behind {spec.source} (bytes of WAL, seconds); "
+        "warn/fail thresholds from the replication resource.",
+    )
     def _check(replication: ReplicationResource) -> dg.AssetCheckResult:
         th = replication.thresholds
         status = None
@@ -67,8 +84,9 @@ def build_replication_lag(spec: TableSpec) -> dg.AssetChecksDefinition:
         pos = replication.source_position(slot)
         table = next((t for t in status["tables"] if t["name"] == name), None) if status else None
         if status is not None and table is None:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                       description=f"the service does not mirror {name}")
+            return dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.ERROR, description=f"the service does not mirror {name}"
+            )
         if table is not None:
             lsn, basis = table.get("applied_lsn"), "applied"
             seconds = pos["apply_lag_s"] or 0.0
@@ -80,21 +98,30 @@ def build_replication_lag(spec: TableSpec) -> dg.AssetChecksDefinition:
         # an unknown byte lag fails here (the sensor's evaluation only warns): no LSN to measure from
         fail = verdict == "fail" or nbytes is None
         warn = verdict == "warn" or table is None
-        meta = {"source_lsn": dg.MetadataValue.text(pos["source_lsn"]),
-                "mirror_lsn": dg.MetadataValue.text(lsn or "unknown"),
-                "basis": dg.MetadataValue.text(basis),
-                "lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
-                "warn_bytes": dg.MetadataValue.int(th.lag_warn_bytes), "fail_bytes": dg.MetadataValue.int(th.lag_fail_bytes),
-                "warn_seconds": dg.MetadataValue.float(th.lag_warn_s), "fail_seconds": dg.MetadataValue.float(th.lag_fail_s)}
+        meta = {
+            "source_lsn": dg.MetadataValue.text(pos["source_lsn"]),
+            "mirror_lsn": dg.MetadataValue.text(lsn or "unknown"),
+            "basis": dg.MetadataValue.text(basis),
+            "lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
+            "warn_bytes": dg.MetadataValue.int(th.lag_warn_bytes),
+            "fail_bytes": dg.MetadataValue.int(th.lag_fail_bytes),
+            "warn_seconds": dg.MetadataValue.float(th.lag_warn_s),
+            "fail_seconds": dg.MetadataValue.float(th.lag_fail_s),
+        }
         if seconds is not None:
             meta["lag_seconds"] = dg.MetadataValue.float(round(seconds, 3))
         lag_txt = (f"{nbytes:,} bytes" if nbytes is not None else "unknown bytes") + (
-            f", {seconds:.1f}s" if seconds is not None else "")
+            f", {seconds:.1f}s" if seconds is not None else ""
+        )
         desc = f"{name} is {lag_txt} behind {spec.source} ({basis} LSN {lsn or '?'} vs source {pos['source_lsn']})"
         if fail:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR, description=desc, metadata=meta)
+            return dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.ERROR, description=desc, metadata=meta
+            )
         if warn:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=desc, metadata=meta)
+            return dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.WARN, description=desc, metadata=meta
+            )
         return dg.AssetCheckResult(passed=True, description=desc, metadata=meta)
 
     return _check

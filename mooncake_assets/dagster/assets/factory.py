@@ -1,4 +1,4 @@
-"""The asset factory: per configured table, the mirror and its maintenance as Dagster assets (DESIGN.md §7).
+"""The asset factory: per configured table, the mirror and its maintenance as Dagster assets (docs/architecture.md#dagster).
 
 For mirror ``t`` of Postgres table ``schema.table``, the lineage reads source → buffer → Parquet →
 Puffin/Iceberg → merged index → compacted files:
@@ -31,13 +31,19 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 from pydantic import Field
 
+from mooncake_assets.dagster.resources.io_manager import MIRROR_TABLE
+from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.pg.names import asset_key_part
 from mooncake_assets.engine.service import ServiceError
-from mooncake_assets.dagster.resources.io_manager import MIRROR_TABLE
-from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec
 
-from .metadata import files_markdown, iceberg_column_schema, postgres_column_schema, result_metadata, table_stats_metadata
+from .metadata import (
+    files_markdown,
+    iceberg_column_schema,
+    postgres_column_schema,
+    result_metadata,
+    table_stats_metadata,
+)
 
 MAINTENANCE_KINDS = ("flush", "deletion_vectors", "index_merge", "compaction")
 MIRROR = "mirror"
@@ -62,16 +68,20 @@ def maintenance_key(kind: str, name: str) -> dg.AssetKey:
 
 _DESCRIPTIONS = {
     "flush": "Flush the in-memory buffer of `{t}` to Parquet (one index block per flush). The rows stay "
-             "visible to union reads throughout; they are not yet in Iceberg.",
+    "visible to union reads throughout; they are not yet in Iceberg.",
     "deletion_vectors": "Persist `{t}` to Iceberg in one commit: flushed data files, pending deletes merged "
-                        "into one Puffin deletion vector per data file, the key index and the flush LSN.",
+    "into one Puffin deletion vector per data file, the key index and the flush LSN.",
     "index_merge": "Merge the index blocks of `{t}` into one (k-way merge by hash): key lookups then cost one "
-                   "bucket probe.",
+    "bucket probe.",
     "compaction": "Compact `{t}`: rewrite small files and files with many deleted rows, remap the index and "
-                  "replace the files in one Iceberg commit.",
+    "replace the files in one Iceberg commit.",
 }
-_KINDS = {"flush": {"parquet"}, "deletion_vectors": {"iceberg", "puffin"}, "index_merge": {"index"},
-          "compaction": {"iceberg", "parquet"}}
+_KINDS = {
+    "flush": {"parquet"},
+    "deletion_vectors": {"iceberg", "puffin"},
+    "index_merge": {"index"},
+    "compaction": {"iceberg", "parquet"},
+}
 _UPSTREAM = {"flush": None, "deletion_vectors": "flush", "index_merge": "deletion_vectors", "compaction": "index_merge"}
 
 
@@ -81,10 +91,14 @@ def _require_table(replication: ReplicationResource, name: str) -> dict:
     if st is None:
         raise dg.Failure(description=f"the service does not mirror {name!r} yet: materialize mirror/{name} first")
     if st.get("state") == "copying":
-        raise dg.Failure(description=f"{name} is still being copied (initial copy); try again when mirror/{name} is done")
+        raise dg.Failure(
+            description=f"{name} is still being copied (initial copy); try again when mirror/{name} is done"
+        )
     if st.get("state") == "error":
-        raise dg.Failure(description=f"mirror {name} stopped on an error: {st.get('error')}",
-                         metadata={"error": st.get("error") or ""})
+        raise dg.Failure(
+            description=f"mirror {name} stopped on an error: {st.get('error')}",
+            metadata={"error": st.get("error") or ""},
+        )
     return st
 
 
@@ -95,8 +109,9 @@ def _call(fn: Callable[[], dict], what: str) -> dict:
         raise dg.Failure(description=f"{what} failed: {e}") from None
 
 
-def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
-                       column_schema: dg.TableSchema | None = None) -> dg.AssetsDefinition:
+def build_mirror_asset(
+    spec: TableSpec, group: str = MIRROR, column_schema: dg.TableSchema | None = None
+) -> dg.AssetsDefinition:
     """``mirror/<t>``: the live mirror of ``spec.source`` (see the module docstring). ``column_schema``:
     definition-time column metadata (else it comes with each materialization)."""
     name = spec.name
@@ -109,9 +124,11 @@ def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
         deps=[source_key(spec)],
         group_name=group,
         kinds={"postgres", "iceberg", "duckdb"},
-        description=(f"Live mirror of Postgres table `{spec.source}` as Iceberg table `mooncake.{name}`: changes "
-                     "stream in by logical replication; reads see the persisted files, the flushed files and the "
-                     "in-memory rows with every delete applied (union read at an LSN)."),
+        description=(
+            f"Live mirror of Postgres table `{spec.source}` as Iceberg table `mooncake.{name}`: changes "
+            "stream in by logical replication; reads see the persisted files, the flushed files and the "
+            "in-memory rows with every delete applied (union read at an LSN)."
+        ),
         metadata=metadata,
         tags={"mooncake/table": name},
     )
@@ -129,8 +146,10 @@ def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
                 time.sleep(1.0)
                 st = replication.table_status(name)
             if st is None or st.get("state") == "copying":
-                raise dg.Failure(description=f"the initial copy of {name} by another run did not finish "
-                                             f"within {replication.call_timeout_s:.0f}s (or failed); try again")
+                raise dg.Failure(
+                    description=f"the initial copy of {name} by another run did not finish "
+                    f"within {replication.call_timeout_s:.0f}s (or failed); try again"
+                )
         if st is None:
             context.log.info(f"mirroring {spec.source} as {name}: initial copy, then change data capture")
             created = _call(lambda: replication.create_table(name, spec.source), f"mirroring {spec.source}")
@@ -155,8 +174,11 @@ def build_mirror_asset(spec: TableSpec, group: str = MIRROR,
 class FullConfig(dg.Config):
     """Run configuration of ``index_merge/<t>`` and ``compaction/<t>``."""
 
-    full: bool = Field(False, description="index_merge: merge whenever there are two or more blocks; compaction: rewrite "
-                                          "every persisted file. Default: what the table's maintenance policy picks.")
+    full: bool = Field(
+        False,
+        description="index_merge: merge whenever there are two or more blocks; compaction: rewrite "
+        "every persisted file. Default: what the table's maintenance policy picks.",
+    )
 
 
 def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None) -> dg.AssetsDefinition:
@@ -174,13 +196,16 @@ def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None
         tags={"mooncake/table": name, "mooncake/maintenance": kind},
     )
     if kind in ("index_merge", "compaction"):
+
         @decorate
-        def _configured(context: dg.AssetExecutionContext, replication: ReplicationResource,
-                        config: FullConfig) -> dg.MaterializeResult:
+        def _configured(
+            context: dg.AssetExecutionContext, replication: ReplicationResource, config: FullConfig
+        ) -> dg.MaterializeResult:
             return _maintain(context, replication, config.full)
 
         asset_def = _configured
     else:
+
         @decorate
         def _plain(context: dg.AssetExecutionContext, replication: ReplicationResource) -> dg.MaterializeResult:
             return _maintain(context, replication, False)
@@ -190,9 +215,12 @@ def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None
     def _maintain(context, replication: ReplicationResource, full: bool) -> dg.MaterializeResult:
         t0 = time.time()
         before = _require_table(replication, name)
-        ops = {"flush": replication.flush, "deletion_vectors": replication.persist,
-               "index_merge": lambda n: replication.merge_index(n, full=full),
-               "compaction": lambda n: replication.compact(n, full=full)}
+        ops = {
+            "flush": replication.flush,
+            "deletion_vectors": replication.persist,
+            "index_merge": lambda n: replication.merge_index(n, full=full),
+            "compaction": lambda n: replication.compact(n, full=full),
+        }
         res = _call(lambda: ops[kind](name), f"{kind} of {name}")
         after = replication.table_status(name) or {}
         meta = result_metadata(res)
@@ -228,14 +256,17 @@ def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None
             except ServiceError as e:
                 context.log.warning(f"could not list the files of {name}: {e}")
         meta["duration_s"] = dg.MetadataValue.float(round(time.time() - t0, 3))
-        context.log.info(f"{kind} of {name}: " + ", ".join(f"{k}={v}" for k, v in res.items() if k not in ("files", "reasons")))
+        context.log.info(
+            f"{kind} of {name}: " + ", ".join(f"{k}={v}" for k, v in res.items() if k not in ("files", "reasons"))
+        )
         return dg.MaterializeResult(metadata=meta)
 
     return asset_def
 
 
-def build_table_assets(specs: Sequence[TableSpec], catalog_uri: str | None = None
-                       ) -> list[dg.AssetsDefinition | dg.AssetSpec]:
+def build_table_assets(
+    specs: Sequence[TableSpec], catalog_uri: str | None = None
+) -> list[dg.AssetsDefinition | dg.AssetSpec]:
     """Every asset of the configured mirrors: the external source tables, ``mirror/<t>`` and the four
     maintenance assets per table. ``catalog_uri``: a local SQLite Iceberg catalog to take the mirrors'
     column schemas from at load time (skipped when absent; nothing else is contacted)."""
@@ -245,12 +276,19 @@ def build_table_assets(specs: Sequence[TableSpec], catalog_uri: str | None = Non
         if spec.source not in seen_sources:
             seen_sources.add(spec.source)
             schema_name, table_name = spec.source_parts
-            out.append(dg.AssetSpec(
-                key=source_key(spec), group_name="postgres", kinds={"postgres"},
-                description=f"Postgres table `{spec.source}`, the source of the mirror (logical replication, pgoutput).",
-                metadata={"mooncake/source": spec.source, "mooncake/source_schema": schema_name,
-                          "mooncake/source_table": table_name},
-            ))
+            out.append(
+                dg.AssetSpec(
+                    key=source_key(spec),
+                    group_name="postgres",
+                    kinds={"postgres"},
+                    description=f"Postgres table `{spec.source}`, the source of the mirror (logical replication, pgoutput).",
+                    metadata={
+                        "mooncake/source": spec.source,
+                        "mooncake/source_schema": schema_name,
+                        "mooncake/source_table": table_name,
+                    },
+                )
+            )
         schema = iceberg_column_schema(catalog_uri, spec.name) if catalog_uri else None
         out.append(build_mirror_asset(spec, column_schema=schema))
         out.extend(build_maintenance_asset(kind, spec) for kind in MAINTENANCE_KINDS)

@@ -3,6 +3,7 @@
 Nothing here keeps state; everything is read from the service's answers, Postgres's catalogs or the
 Iceberg catalog's metadata files.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,19 @@ def result_metadata(result: dict, prefix: str = "") -> dict:
 
 def table_stats_metadata(st: dict) -> dict:
     """The mirror's state from the service's status (rows, files, bytes, LSNs, index, deletes)."""
-    keys = ("applied_lsn", "flush_lsn", "live_rows", "buffer_rows", "buffer_bytes", "data_files", "data_bytes",
-            "index_blocks", "pending_deletes", "deletion_vectors", "deleted_rows")
+    keys = (
+        "applied_lsn",
+        "flush_lsn",
+        "live_rows",
+        "buffer_rows",
+        "buffer_bytes",
+        "data_files",
+        "data_bytes",
+        "index_blocks",
+        "pending_deletes",
+        "deletion_vectors",
+        "deleted_rows",
+    )
     return result_metadata({k: st[k] for k in keys if k in st})
 
 
@@ -74,10 +86,18 @@ def postgres_column_schema(dsn: str, source: str) -> dg.TableSchema:
         schema = describe_table(conn, source, skip_unsupported=True)  # a refused column: shown by the mirror
     cols = []
     for c in schema.columns:
-        cols.append(dg.TableColumn(
-            name=c.name, type=c.type_name, description=f"mirrored as {c.arrow_type}",
-            constraints=dg.TableColumnConstraints(nullable=not c.not_null, unique=c.is_key and len(schema.key_columns) == 1,
-                                                  other=["primary key"] if c.is_key and schema.has_primary_key else [])))
+        cols.append(
+            dg.TableColumn(
+                name=c.name,
+                type=c.type_name,
+                description=f"mirrored as {c.arrow_type}",
+                constraints=dg.TableColumnConstraints(
+                    nullable=not c.not_null,
+                    unique=c.is_key and len(schema.key_columns) == 1,
+                    other=["primary key"] if c.is_key and schema.has_primary_key else [],
+                ),
+            )
+        )
     return dg.TableSchema(columns=cols)
 
 
@@ -86,14 +106,16 @@ def iceberg_column_schema(catalog_uri: str, name: str, namespace: str = "mooncak
     without side effects (None when either is not there: the mirror was not created yet)."""
     if not catalog_uri.startswith("sqlite:///"):
         return None
-    db = Path(catalog_uri[len("sqlite:///"):])
+    db = Path(catalog_uri[len("sqlite:///") :])
     if not db.is_file():
         return None
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
         try:
-            row = con.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
-                              (namespace, name)).fetchone()
+            row = con.execute(
+                "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
+                (namespace, name),
+            ).fetchone()
         finally:
             con.close()
         if not row or not row[0] or not row[0].startswith(("file://", "/")):
@@ -102,7 +124,13 @@ def iceberg_column_schema(catalog_uri: str, name: str, namespace: str = "mooncak
         schema = next(s for s in meta["schemas"] if s["schema-id"] == meta["current-schema-id"])
     except (sqlite3.Error, OSError, ValueError, KeyError, StopIteration):
         return None
-    return dg.TableSchema(columns=[
-        dg.TableColumn(name=f["name"], type=f["type"] if isinstance(f["type"], str) else json.dumps(f["type"]),
-                       constraints=dg.TableColumnConstraints(nullable=not f.get("required", False)))
-        for f in schema["fields"]])
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=f["name"],
+                type=f["type"] if isinstance(f["type"], str) else json.dumps(f["type"]),
+                constraints=dg.TableColumnConstraints(nullable=not f.get("required", False)),
+            )
+            for f in schema["fields"]
+        ]
+    )

@@ -26,8 +26,13 @@ DEFAULT_CRON: dict[str, str] = {
     FULL_OPTIMIZE: "0 3 * * *",
 }
 
-ACTIVE_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-                   dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+ACTIVE_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 
 MAINTENANCE_TAG = "mooncake/maintenance"
 
@@ -42,21 +47,30 @@ def build_maintenance_jobs() -> dict:
     jobs = {}
     for kind in KINDS:
         jobs[kind] = dg.define_asset_job(
-            job_name(kind), selection=dg.AssetSelection.key_prefixes(kind),
-            executor_def=dg.in_process_executor, tags={MAINTENANCE_TAG: kind},
-            description=f"{kind.replace('_', ' ')} of every mirrored table (one service call per table).")
+            job_name(kind),
+            selection=dg.AssetSelection.key_prefixes(kind),
+            executor_def=dg.in_process_executor,
+            tags={MAINTENANCE_TAG: kind},
+            description=f"{kind.replace('_', ' ')} of every mirrored table (one service call per table).",
+        )
     jobs[FULL_OPTIMIZE] = dg.define_asset_job(
-        job_name(FULL_OPTIMIZE), selection=dg.AssetSelection.key_prefixes(*KINDS),
-        executor_def=dg.in_process_executor, tags={MAINTENANCE_TAG: FULL_OPTIMIZE},
-        description="Flush, persist deletion vectors, merge index blocks and compact every mirrored table, in order.")
+        job_name(FULL_OPTIMIZE),
+        selection=dg.AssetSelection.key_prefixes(*KINDS),
+        executor_def=dg.in_process_executor,
+        tags={MAINTENANCE_TAG: FULL_OPTIMIZE},
+        description="Flush, persist deletion vectors, merge index blocks and compact every mirrored table, in order.",
+    )
     return jobs
 
 
-def build_mirror_job() :
+def build_mirror_job():
     """``mirror_job``: materializes ``mirror/<t>`` (the sensor uses it for tables not mirrored yet)."""
-    return dg.define_asset_job(job_name(MIRROR_JOB), selection=dg.AssetSelection.key_prefixes("mirror"),
-                               executor_def=dg.in_process_executor,
-                               description="Make sure every configured table is mirrored (initial copy the first time).")
+    return dg.define_asset_job(
+        job_name(MIRROR_JOB),
+        selection=dg.AssetSelection.key_prefixes("mirror"),
+        executor_def=dg.in_process_executor,
+        description="Make sure every configured table is mirrored (initial copy the first time).",
+    )
 
 
 def active_runs(instance: dg.DagsterInstance, job: str | None = None, limit: int = 500) -> list[dg.DagsterRun]:
@@ -65,8 +79,9 @@ def active_runs(instance: dg.DagsterInstance, job: str | None = None, limit: int
     return list(instance.get_runs(filters=filters, limit=limit))
 
 
-def build_schedules(jobs: Mapping, cron: Mapping[str, str] | None = None,
-                    running: bool = True) -> list[dg.ScheduleDefinition]:
+def build_schedules(
+    jobs: Mapping, cron: Mapping[str, str] | None = None, running: bool = True
+) -> list[dg.ScheduleDefinition]:
     """A schedule per job (``cron`` overrides :data:`DEFAULT_CRON`; an empty string disables one)."""
     cron = {**DEFAULT_CRON, **(cron or {})}
     status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
@@ -79,8 +94,13 @@ def build_schedules(jobs: Mapping, cron: Mapping[str, str] | None = None,
 
 
 def _schedule(kind: str, job, cron: str, status) -> dg.ScheduleDefinition:
-    @dg.schedule(name=f"{kind}_schedule", cron_schedule=cron, job=job, default_status=status,
-                 description=f"Runs {job.name} on '{cron}' (UTC), skipping a tick while the previous run is active.")
+    @dg.schedule(
+        name=f"{kind}_schedule",
+        cron_schedule=cron,
+        job=job,
+        default_status=status,
+        description=f"Runs {job.name} on '{cron}' (UTC), skipping a tick while the previous run is active.",
+    )
     def _fn(context: dg.ScheduleEvaluationContext):
         busy = active_runs(context.instance, job.name, limit=1)
         if busy:

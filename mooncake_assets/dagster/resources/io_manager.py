@@ -42,8 +42,14 @@ import pyarrow as pa
 from dagster_duckdb import DuckDBIOManager
 from pydantic import Field
 
-from mooncake_assets.dagster.compat import (DbClient, DbIOManager, DbTypeHandler, DuckDbClient, TablePartitionDimension,
-                                            TableSlice)
+from mooncake_assets.dagster.compat import (
+    DbClient,
+    DbIOManager,
+    DbTypeHandler,
+    DuckDbClient,
+    TablePartitionDimension,
+    TableSlice,
+)
 from mooncake_assets.engine.service import ServiceError
 
 from .replication import ReplicationResource
@@ -80,8 +86,9 @@ class MirrorDbClient(DbClient):
         return DuckDbClient.get_select_statement(table_slice)
 
     @contextmanager
-    def connect(self, context: dg.InputContext | dg.OutputContext,
-                table_slice: TableSlice) -> Iterator[duckdb.DuckDBPyConnection]:
+    def connect(
+        self, context: dg.InputContext | dg.OutputContext, table_slice: TableSlice
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
         """The asset database's connection, or for a mirror input a connection holding its union read."""
         table = _mirror_of(context)
         if table is None:
@@ -96,21 +103,24 @@ class MirrorDbClient(DbClient):
             con.close()
         _add_read_metadata(context, table, rs)
 
-    def _register_mirror(self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str,
-                         table_slice: TableSlice) -> dict:
+    def _register_mirror(
+        self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, table_slice: TableSlice
+    ) -> dict:
         """Create the union view of ``table`` and, over it, the slice's view; returns the ReadState read."""
         input_dims = [] if table_slice.partition_dimensions else _input_partition_dimensions(context)
         union_view = f"mirror_{table}"
         columns = _read_columns(table_slice.columns, [*(table_slice.partition_dimensions or []), *input_dims])
         rs = self._read_state(context, con, table, union_view, columns)
         over_union = DuckDbClient.get_select_statement(
-            TableSlice(table=union_view, schema="temp", partition_dimensions=input_dims))  # a TEMP view
+            TableSlice(table=union_view, schema="temp", partition_dimensions=input_dims)
+        )  # a TEMP view
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(table_slice.schema)}")
         con.execute(f"CREATE VIEW {_ident(table_slice.schema)}.{_ident(table_slice.table)} AS {over_union}")
         return rs
 
-    def _read_state(self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, view: str,
-                    columns: list[str] | None) -> dict:
+    def _read_state(
+        self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, view: str, columns: list[str] | None
+    ) -> dict:
         """Register the union view ``view`` of ``table``: at the step's LSN when it has one, else after the
         read-your-writes barrier at the service's current LSN (which becomes the step's)."""
         reader = self._replication.union_reader(con=con, read_your_writes=self._read_your_writes)
@@ -129,8 +139,10 @@ class MirrorDbClient(DbClient):
         except ServiceError as e:
             if "cannot read at LSN" not in str(e):
                 raise
-            context.log.warning(f"mirror {table}: cannot be read at this step's LSN {pinned} ({e}); "
-                                "reading it at its current LSN instead")
+            context.log.warning(
+                f"mirror {table}: cannot be read at this step's LSN {pinned} ({e}); "
+                "reading it at its current LSN instead"
+            )
             return reader.register(table, lsn=None, view=view, columns=columns)
 
 
@@ -148,8 +160,14 @@ def _mirror_of(context: dg.InputContext | dg.OutputContext) -> str | None:
 
 def _add_read_metadata(context: dg.InputContext, table: str, rs: dict) -> None:
     try:
-        context.add_input_metadata({"mooncake/lsn": str(rs.lsn), "mooncake/table": table,
-                                    "mooncake/files": len(rs.files), "mooncake/memory_rows": rs.mem_rows or 0})
+        context.add_input_metadata(
+            {
+                "mooncake/lsn": str(rs.lsn),
+                "mooncake/table": table,
+                "mooncake/files": len(rs.files),
+                "mooncake/memory_rows": rs.mem_rows or 0,
+            }
+        )
     except Exception:  # metadata is best effort (not every context records input metadata)
         pass
 
@@ -184,8 +202,10 @@ def _input_partition_dimensions(context: dg.InputContext) -> list[TablePartition
     step = context.step_context
     pdef = step.run_partitions_def
     if isinstance(pdef, dg.MultiPartitionsDefinition) or not isinstance(expr, str):
-        raise ValueError(f"input {context.name}: a 'partition_expr' on the input of a mirror supports a single "
-                         "partition dimension (a column or SQL expression as text)")
+        raise ValueError(
+            f"input {context.name}: a 'partition_expr' on the input of a mirror supports a single "
+            "partition dimension (a column or SQL expression as text)"
+        )
     if isinstance(pdef, dg.TimeWindowPartitionsDefinition):
         return [TablePartitionDimension(partition_expr=expr, partitions=step.partition_time_window)]
     keys = pdef.get_partition_keys_in_range(step.partition_key_range) if pdef is not None else [context.partition_key]
@@ -199,8 +219,11 @@ class MooncakeDuckDBIOManager(DuckDBIOManager):
     ``duckdb.DuckDBPyRelation``."""
 
     replication: dg.ResourceDependency[ReplicationResource]
-    read_your_writes: bool = Field(True, description="Wait until the service has applied every commit the source "
-                                                     "had when a step first reads a mirror (read-your-writes).")
+    read_your_writes: bool = Field(
+        True,
+        description="Wait until the service has applied every commit the source "
+        "had when a step first reads a mirror (read-your-writes).",
+    )
 
     @staticmethod
     def type_handlers() -> Sequence[DbTypeHandler]:

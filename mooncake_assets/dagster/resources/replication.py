@@ -1,4 +1,4 @@
-"""``ReplicationResource``: the Dagster side's client of the replicator service (DESIGN.md §2, §7).
+"""``ReplicationResource``: the Dagster side's client of the replicator service (docs/architecture.md#processes, #dagster).
 
 The service is the single writer of every mirror; Dagster runs each step in its own process, so this
 resource keeps no table state: every method is one call to the service over its Unix socket, or one
@@ -18,8 +18,8 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from mooncake_assets.config import Settings, load_settings
-from mooncake_assets.engine.service import ServiceClient, ServiceError, ServiceUnavailable
 from mooncake_assets.engine.lsn import Lsn
+from mooncake_assets.engine.service import ServiceClient, ServiceError, ServiceUnavailable
 from mooncake_assets.engine.table.read_state import ReadState
 
 DEFAULT_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
@@ -42,8 +42,7 @@ class TableSpec:
 
         Raises ``ValueError`` (one line) for an empty entry, a source that does not parse, or a mirror
         name that is not letters, digits and ``_`` (then the ``name=schema.table`` form is suggested)."""
-        from mooncake_assets.engine.pg.names import (InvalidName, check_mirror_name, format_name,
-                                                     split_qualified_name)
+        from mooncake_assets.engine.pg.names import InvalidName, check_mirror_name, format_name, split_qualified_name
 
         text = text.strip()
         eq, quote = text.find("="), text.find('"')
@@ -61,8 +60,10 @@ class TableSpec:
             try:
                 check_mirror_name(name)
             except InvalidName:
-                raise InvalidName(f"table {text!r}: its name {parts[1]!r} cannot be a mirror name; name the mirror: "
-                                  f"name={format_name(*parts)} (name: letters, digits and _)") from None
+                raise InvalidName(
+                    f"table {text!r}: its name {parts[1]!r} cannot be a mirror name; name the mirror: "
+                    f"name={format_name(*parts)} (name: letters, digits and _)"
+                ) from None
         check_mirror_name(name)
         return TableSpec(name, format_name(*parts))
 
@@ -113,15 +114,34 @@ class MaintenanceThresholds(dg.Config):
     policy (``settings.json`` ``extra.maintenance``, see ``engine/compaction/policy.py``) — the same
     rules the service applies — unless ``index_merge_blocks`` overrides the block count."""
 
-    flush_buffer_bytes: int = Field(64 << 20, ge=0, description="Buffered Arrow bytes of one table that trigger flush/<t> (bytes).")
-    flush_buffer_rows: int = Field(500_000, ge=0, description="Buffered rows of one table that trigger flush/<t> (rows).")
-    persist_pending_deletes: int = Field(10_000, ge=0, description="Position deletes not yet in Puffin that trigger deletion_vectors/<t> (rows).")
-    persist_max_age_s: float = Field(120.0, ge=0, description="Unpersisted changes older than this trigger deletion_vectors/<t> (seconds).")
-    index_merge_blocks: int | None = Field(None, ge=0, description="Index blocks of one table that trigger index_merge/<t> (blocks; the run then "
-                                                                  "merges whatever the policy says, full); None: more than the policy's index_max_blocks.")
-    compaction: bool = Field(True, description="Ask the service's compaction planner (a dry run under the table's policy: small files, "
-                                               "delete ratio, size amplification) and request compaction/<t> when it picks files.")
-    min_request_interval_s: float = Field(30.0, ge=0, description="Least time between two sensor requests of one kind of maintenance for one table (seconds).")
+    flush_buffer_bytes: int = Field(
+        64 << 20, ge=0, description="Buffered Arrow bytes of one table that trigger flush/<t> (bytes)."
+    )
+    flush_buffer_rows: int = Field(
+        500_000, ge=0, description="Buffered rows of one table that trigger flush/<t> (rows)."
+    )
+    persist_pending_deletes: int = Field(
+        10_000, ge=0, description="Position deletes not yet in Puffin that trigger deletion_vectors/<t> (rows)."
+    )
+    persist_max_age_s: float = Field(
+        120.0, ge=0, description="Unpersisted changes older than this trigger deletion_vectors/<t> (seconds)."
+    )
+    index_merge_blocks: int | None = Field(
+        None,
+        ge=0,
+        description="Index blocks of one table that trigger index_merge/<t> (blocks; the run then "
+        "merges whatever the policy says, full); None: more than the policy's index_max_blocks.",
+    )
+    compaction: bool = Field(
+        True,
+        description="Ask the service's compaction planner (a dry run under the table's policy: small files, "
+        "delete ratio, size amplification) and request compaction/<t> when it picks files.",
+    )
+    min_request_interval_s: float = Field(
+        30.0,
+        ge=0,
+        description="Least time between two sensor requests of one kind of maintenance for one table (seconds).",
+    )
     lag_warn_bytes: int = Field(16 << 20, ge=0, description="replication_lag warns above this lag (bytes of WAL).")
     lag_fail_bytes: int = Field(256 << 20, ge=0, description="replication_lag fails above this lag (bytes of WAL).")
     lag_warn_s: float = Field(30.0, ge=0, description="replication_lag warns above this lag (seconds).")
@@ -135,21 +155,43 @@ class ReplicationResource(dg.ConfigurableResource):
     """
 
     state_dir: str = Field(".mooncake", description="mooncake state directory (settings.json, service socket, tables).")
-    tables: list[str] = Field(default_factory=lambda: list(DEFAULT_TABLES),
-                              description="Mirrors to keep: 'name' (source public.name), 'schema.table' or 'name=schema.table'.")
-    dsn: str | None = Field(None, description="Source Postgres DSN; default: settings.json, MOONCAKE_PG_DSN, else the embedded Postgres. "
-                                              "Give one with a password as dg.EnvVar('MOONCAKE_PG_DSN') (Dagster then shows the variable's "
-                                              "name, not its value), or keep the password in PGPASSWORD / ~/.pgpass; it is never written to "
-                                              "the state directory.")
-    warehouse: str | None = Field(None, description="Warehouse URI (file:// or s3://); default: settings.json or file://<state>/warehouse.")
-    catalog: str | None = Field(None, description="Iceberg catalog URI; default: settings.json or sqlite:///<state>/catalog.db.")
-    socket: str | None = Field(None, description="The service's Unix socket; default: the one the service of state_dir uses.")
-    maintenance: str | None = Field("dagster", description="Maintenance mode given to a service this resource starts (that process only; settings.json keeps its own): 'dagster' (assets drive flush/persist; "
-                                                           "the service only caps its memory) or 'auto'; None keeps settings.json's.")
-    thresholds: MaintenanceThresholds = Field(default_factory=MaintenanceThresholds, description="Sensor and lag-check thresholds.")
-    start_timeout_s: float = Field(60.0, gt=0, description="How long ensure_running() waits for a started service to answer (seconds).")
+    tables: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TABLES),
+        description="Mirrors to keep: 'name' (source public.name), 'schema.table' or 'name=schema.table'.",
+    )
+    dsn: str | None = Field(
+        None,
+        description="Source Postgres DSN; default: settings.json, MOONCAKE_PG_DSN, else the embedded Postgres. "
+        "Give one with a password as dg.EnvVar('MOONCAKE_PG_DSN') (Dagster then shows the variable's "
+        "name, not its value), or keep the password in PGPASSWORD / ~/.pgpass; it is never written to "
+        "the state directory.",
+    )
+    warehouse: str | None = Field(
+        None, description="Warehouse URI (file:// or s3://); default: settings.json or file://<state>/warehouse."
+    )
+    catalog: str | None = Field(
+        None, description="Iceberg catalog URI; default: settings.json or sqlite:///<state>/catalog.db."
+    )
+    socket: str | None = Field(
+        None, description="The service's Unix socket; default: the one the service of state_dir uses."
+    )
+    maintenance: str | None = Field(
+        "dagster",
+        description="Maintenance mode given to a service this resource starts (that process only; settings.json keeps its own): 'dagster' (assets drive flush/persist; "
+        "the service only caps its memory) or 'auto'; None keeps settings.json's.",
+    )
+    thresholds: MaintenanceThresholds = Field(
+        default_factory=MaintenanceThresholds, description="Sensor and lag-check thresholds."
+    )
+    start_timeout_s: float = Field(
+        60.0, gt=0, description="How long ensure_running() waits for a started service to answer (seconds)."
+    )
     call_timeout_s: float = Field(600.0, gt=0, description="Timeout of one maintenance call (seconds).")
-    wait_timeout_s: float = Field(30.0, gt=0, description="Read-your-writes: how long a read waits for the service to reach the source's LSN (seconds).")
+    wait_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Read-your-writes: how long a read waits for the service to reach the source's LSN (seconds).",
+    )
 
     _client: ServiceClient | None = PrivateAttr(default=None)
     _settings: Settings | None = PrivateAttr(default=None)
@@ -200,8 +242,10 @@ class ReplicationResource(dg.ConfigurableResource):
         if self.ping():
             return {"started": False, "pid": service_pid(s), "socket": str(self.socket_path)}
         if self.socket_path != s.socket_path:
-            raise ServiceUnavailable(f"no mooncake service answers on {self.socket_path}, and one started for "
-                                     f"{s.state_dir} would listen on {s.socket_path}")
+            raise ServiceUnavailable(
+                f"no mooncake service answers on {self.socket_path}, and one started for "
+                f"{s.state_dir} would listen on {s.socket_path}"
+            )
         # start_service holds <state>/service.start.lock: sensors, runs and the CLI may race, one starts it
         pid, started = start_service(s, timeout=self.start_timeout_s, report=True, maintenance=self.maintenance)
         self.client().close()
@@ -228,8 +272,9 @@ class ReplicationResource(dg.ConfigurableResource):
 
         Returns ``{"table", "source", "rows", "copy_lsn", "seconds", "key", "replica_identity"}``."""
         source = source or self.spec(name).source
-        return self.call("create_table", timeout=max(self.call_timeout_s, 3600), dst=name, src=source,
-                         delete_format=delete_format)
+        return self.call(
+            "create_table", timeout=max(self.call_timeout_s, 3600), dst=name, src=source, delete_format=delete_format
+        )
 
     def drop_table(self, name: str) -> dict:
         return self.call("drop_table", table=name)
@@ -280,8 +325,9 @@ class ReplicationResource(dg.ConfigurableResource):
         """A :class:`~mooncake_assets.engine.read.UnionReader` on this service (optionally into ``con``)."""
         from mooncake_assets.engine.read import UnionReader
 
-        return UnionReader(self.client(), self.source_dsn() if read_your_writes else None, con=con,
-                           wait_timeout=self.wait_timeout_s)
+        return UnionReader(
+            self.client(), self.source_dsn() if read_your_writes else None, con=con, wait_timeout=self.wait_timeout_s
+        )
 
     # ------------------------------------------------------------------ source side
     def source_position(self, slot: str | None = None) -> dict:
@@ -297,7 +343,9 @@ class ReplicationResource(dg.ConfigurableResource):
                 row = c.execute(
                     "SELECT s.confirmed_flush_lsn::text, extract(epoch FROM r.write_lag)::float8, "
                     "extract(epoch FROM r.flush_lag)::float8 FROM pg_replication_slots s "
-                    "LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s", (slot,)).fetchone()
+                    "LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s",
+                    (slot,),
+                ).fetchone()
                 if row:
                     out.update(confirmed_lsn=row[0], apply_lag_s=row[1], flush_lag_s=row[2])
         return out
@@ -347,6 +395,7 @@ def lag_verdict(nbytes: int | None, seconds: float | None, th: MaintenanceThresh
     is not — so it does not pass, but it is no failure either); ``"pass"`` otherwise. Used by the
     ``replication_lag`` asset check and by the sensor's evaluation of it, which add their own failures
     (a stopped mirror; a service that is not answering and has no slot to resume from)."""
+
     def over(v, limit) -> bool:
         return v is not None and limit > 0 and v > limit
 
@@ -357,5 +406,16 @@ def lag_verdict(nbytes: int | None, seconds: float | None, th: MaintenanceThresh
     return "pass"
 
 
-__all__ = ["ReplicationResource", "MaintenanceThresholds", "TableSpec", "parse_tables", "DEFAULT_TABLES",
-           "ServiceError", "ServiceUnavailable", "lsn_int", "lag_bytes", "lag_verdict", "LAG_VERDICTS"]
+__all__ = [
+    "ReplicationResource",
+    "MaintenanceThresholds",
+    "TableSpec",
+    "parse_tables",
+    "DEFAULT_TABLES",
+    "ServiceError",
+    "ServiceUnavailable",
+    "lsn_int",
+    "lag_bytes",
+    "lag_verdict",
+    "LAG_VERDICTS",
+]

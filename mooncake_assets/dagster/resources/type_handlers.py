@@ -8,6 +8,7 @@ connection holding a union-read view for mirror assets.
 
 Output metadata: ``dagster/row_count`` and ``dagster/column_schema`` (column names and DuckDB types).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -117,5 +118,9 @@ class DuckDBRelationTypeHandler(DbTypeHandler[duckdb.DuckDBPyRelation]):
 
 
 def default_type_handlers() -> list[DbTypeHandler]:
-    return [ArrowTableTypeHandler(), PandasDataFrameTypeHandler(), PolarsDataFrameTypeHandler(),
-            DuckDBRelationTypeHandler()]
+    return [
+        ArrowTableTypeHandler(),
+        PandasDataFrameTypeHandler(),
+        PolarsDataFrameTypeHandler(),
+        DuckDBRelationTypeHandler(),
+    ]

@@ -46,10 +46,20 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from mooncake_assets.dagster.jobs.maintenance import (FULL_OPTIMIZE, KINDS, MAINTENANCE_TAG, MIRROR_JOB, active_runs,
-                                                      job_name)
-from mooncake_assets.dagster.resources.replication import (MaintenanceThresholds, ReplicationResource, lag_bytes,
-                                                          lag_verdict)
+from mooncake_assets.dagster.jobs.maintenance import (
+    FULL_OPTIMIZE,
+    KINDS,
+    MAINTENANCE_TAG,
+    MIRROR_JOB,
+    active_runs,
+    job_name,
+)
+from mooncake_assets.dagster.resources.replication import (
+    MaintenanceThresholds,
+    ReplicationResource,
+    lag_bytes,
+    lag_verdict,
+)
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
 
@@ -70,16 +80,26 @@ class SensorCursor:
             d = json.loads(text) if text else {}
         except ValueError:
             d = {}
-        return SensorCursor(pid=d.get("pid"), restarts=int(d.get("restarts", 0)), ticks=int(d.get("ticks", 0)),
-                            tables=dict(d.get("tables", {})))
+        return SensorCursor(
+            pid=d.get("pid"),
+            restarts=int(d.get("restarts", 0)),
+            ticks=int(d.get("ticks", 0)),
+            tables=dict(d.get("tables", {})),
+        )
 
     def dump(self) -> str:
-        return json.dumps({"pid": self.pid, "restarts": self.restarts, "ticks": self.ticks, "tables": self.tables},
-                          sort_keys=True)
+        return json.dumps(
+            {"pid": self.pid, "restarts": self.restarts, "ticks": self.ticks, "tables": self.tables}, sort_keys=True
+        )
 
 
-def plan_maintenance(st: Mapping, th: MaintenanceThresholds, age_s: float | None = None,
-                     index_max_blocks: int = 16, compaction_plan: Mapping | None = None) -> list[tuple[str, str]]:
+def plan_maintenance(
+    st: Mapping,
+    th: MaintenanceThresholds,
+    age_s: float | None = None,
+    index_max_blocks: int = 16,
+    compaction_plan: Mapping | None = None,
+) -> list[tuple[str, str]]:
     """Which maintenance one table needs, as ``[(kind, reason)]`` in lineage order.
 
     ``st``: the table's entry of the service status; ``age_s``: how long its changes have waited to be
@@ -88,7 +108,9 @@ def plan_maintenance(st: Mapping, th: MaintenanceThresholds, age_s: float | None
     not asked)."""
     out = []
     buf_b, buf_r = int(st.get("buffer_bytes", 0)), int(st.get("buffer_rows", 0))
-    if (th.flush_buffer_bytes and buf_b >= th.flush_buffer_bytes) or (th.flush_buffer_rows and buf_r >= th.flush_buffer_rows):
+    if (th.flush_buffer_bytes and buf_b >= th.flush_buffer_bytes) or (
+        th.flush_buffer_rows and buf_r >= th.flush_buffer_rows
+    ):
         out.append(("flush", f"buffer {buf_r:,} rows / {buf_b:,} bytes"))
     pend = int(st.get("pending_deletes", 0))
     if th.persist_pending_deletes and pend >= th.persist_pending_deletes:
@@ -106,8 +128,13 @@ def plan_maintenance(st: Mapping, th: MaintenanceThresholds, age_s: float | None
         # a file whose rows are all deleted needs no rewrite: the next persist drops it
         useful = [f for f in files if float(f.get("delete_ratio_percent", 0)) < 100.0] if files else None
         if useful is None or useful:
-            reasons = sorted({r for f in (useful or [])
-                              for r in ([f["reasons"]] if isinstance(f.get("reasons"), str) else f.get("reasons", []))})
+            reasons = sorted(
+                {
+                    r
+                    for f in (useful or [])
+                    for r in ([f["reasons"]] if isinstance(f.get("reasons"), str) else f.get("reasons", []))
+                }
+            )
             n = len(useful) if useful is not None else int(compaction_plan["picked"])
             out.append(("compaction", f"{n} file(s) picked: {'; '.join(reasons)[:120]}"))
     return out
@@ -156,8 +183,17 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
         meta["lag_bytes"] = dg.MetadataValue.int(lb)
     if lag_s is not None:
         meta["lag_seconds"] = dg.MetadataValue.float(lag_s)
-    for k in ("buffer_rows", "buffer_bytes", "data_files", "data_bytes", "index_blocks", "pending_deletes",
-              "deletion_vectors", "deleted_rows", "live_rows"):
+    for k in (
+        "buffer_rows",
+        "buffer_bytes",
+        "data_files",
+        "data_bytes",
+        "index_blocks",
+        "pending_deletes",
+        "deletion_vectors",
+        "deleted_rows",
+        "live_rows",
+    ):
         if k in st:
             meta[k] = dg.MetadataValue.int(int(st[k]))
     if st.get("error"):
@@ -176,8 +212,14 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
     return dg.AssetObservation(asset_key=dg.AssetKey(["mirror", name]), metadata=meta)
 
 
-def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.AssetObservation,
-                th: MaintenanceThresholds, tcur: dict | None = None) -> list:
+def first_sight(
+    instance: dg.DagsterInstance,
+    name: str,
+    st: Mapping,
+    obs: dg.AssetObservation,
+    th: MaintenanceThresholds,
+    tcur: dict | None = None,
+) -> list:
     """What makes a mirror's state visible at first sight in the Dagster UI, beside the observation:
 
     - an ``AssetMaterialization`` of ``mirror/<t>`` when the instance has none (the mirror was created
@@ -197,11 +239,19 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
     out = []
     if not (tcur or {}).get("materialized"):
         if instance.get_latest_materialization_event(key) is None:
-            meta_m = dict(meta, recorded_by=dg.MetadataValue.text(
-                f"{SENSOR_NAME}: {name} was found mirrored by the service (created outside Dagster)"))
-            out.append(dg.AssetMaterialization(asset_key=key, metadata=meta_m,
-                                               description=f"mirror of {st.get('source')} found at applied LSN "
-                                                           f"{st.get('applied_lsn')}"))
+            meta_m = dict(
+                meta,
+                recorded_by=dg.MetadataValue.text(
+                    f"{SENSOR_NAME}: {name} was found mirrored by the service (created outside Dagster)"
+                ),
+            )
+            out.append(
+                dg.AssetMaterialization(
+                    asset_key=key,
+                    metadata=meta_m,
+                    description=f"mirror of {st.get('source')} found at applied LSN {st.get('applied_lsn')}",
+                )
+            )
         if tcur is not None:
             tcur["materialized"] = True
     nbytes = meta["lag_bytes"].value if "lag_bytes" in meta else None
@@ -211,26 +261,46 @@ def first_sight(instance: dg.DagsterInstance, name: str, st: Mapping, obs: dg.As
     fail = stopped or verdict == "fail"
     warn = verdict == "warn"
     lag_txt = (f"{nbytes:,} bytes" if nbytes is not None else "unknown bytes") + f", {seconds:.1f}s"
-    desc = (f"{name} is stopped: {st.get('error')}" if stopped else
-            f"{name} is {lag_txt} behind {st.get('source')} (applied LSN {st.get('applied_lsn')}; seen by {SENSOR_NAME})")
-    out.append(dg.AssetCheckEvaluation(
-        asset_key=key, check_name="replication_lag", passed=not (fail or warn),
-        severity=dg.AssetCheckSeverity.ERROR if fail else dg.AssetCheckSeverity.WARN,
-        description=desc[:1000], metadata={"lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
-                                           "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
-                                           "applied_lsn": dg.MetadataValue.text(st.get("applied_lsn", ""))}))
+    desc = (
+        f"{name} is stopped: {st.get('error')}"
+        if stopped
+        else f"{name} is {lag_txt} behind {st.get('source')} (applied LSN {st.get('applied_lsn')}; seen by {SENSOR_NAME})"
+    )
+    out.append(
+        dg.AssetCheckEvaluation(
+            asset_key=key,
+            check_name="replication_lag",
+            passed=not (fail or warn),
+            severity=dg.AssetCheckSeverity.ERROR if fail else dg.AssetCheckSeverity.WARN,
+            description=desc[:1000],
+            metadata={
+                "lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
+                "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
+                "applied_lsn": dg.MetadataValue.text(st.get("applied_lsn", "")),
+            },
+        )
+    )
     ver = st.get("verify") or {}
     if tcur is not None and ver.get("result") in ("match", "mismatch") and ver.get("at") != tcur.get("verify_at"):
         tcur["verify_at"] = ver.get("at")
         ok = ver["result"] == "match"
-        out.append(dg.AssetCheckEvaluation(
-            asset_key=key, check_name="mirror_matches_source", passed=ok,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=(f"scheduled verify at LSN {ver.get('lsn')} ({ver.get('at')}): "
-                         + ("counts and checksums match the source" if ok else str(ver.get("detail") or "mismatch")))[:1000],
-            metadata={"lsn": dg.MetadataValue.text(str(ver.get("lsn") or "")),
-                      "verified_at": dg.MetadataValue.text(str(ver.get("at") or "")),
-                      "kind": dg.MetadataValue.text("scheduled checksum verify (mooncake service)")}))
+        out.append(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name="mirror_matches_source",
+                passed=ok,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=(
+                    f"scheduled verify at LSN {ver.get('lsn')} ({ver.get('at')}): "
+                    + ("counts and checksums match the source" if ok else str(ver.get("detail") or "mismatch"))
+                )[:1000],
+                metadata={
+                    "lsn": dg.MetadataValue.text(str(ver.get("lsn") or "")),
+                    "verified_at": dg.MetadataValue.text(str(ver.get("at") or "")),
+                    "kind": dg.MetadataValue.text("scheduled checksum verify (mooncake service)"),
+                },
+            )
+        )
     return out
 
 
@@ -253,8 +323,16 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
     source = _source_position(context, replication, status)
     by_name = {t["name"]: t for t in status["tables"]}
     specs = replication.table_specs()
-    tick = _Tick(context, replication, cur, now, source, note,
-                 busy=busy_tables(context.instance, [s.name for s in specs]), th=replication.thresholds)
+    tick = _Tick(
+        context,
+        replication,
+        cur,
+        now,
+        source,
+        note,
+        busy=busy_tables(context.instance, [s.name for s in specs]),
+        th=replication.thresholds,
+    )
     for spec in specs:
         tick.table(spec.name, by_name.get(spec.name))
     for n in tick.notes:
@@ -273,8 +351,10 @@ def _service_note(context: dg.SensorEvaluationContext, cur: SensorCursor, info: 
     if info["started"]:
         if cur.pid is not None:
             cur.restarts += 1
-            note = (f"restarted: the service (pid {cur.pid}) had stopped answering; now pid {info['pid']} "
-                    f"(restart #{cur.restarts})")
+            note = (
+                f"restarted: the service (pid {cur.pid}) had stopped answering; now pid {info['pid']} "
+                f"(restart #{cur.restarts})"
+            )
             context.log.warning(f"mooncake service {note}")
         else:
             note = f"started (pid {info['pid']})"
@@ -287,8 +367,9 @@ def _service_note(context: dg.SensorEvaluationContext, cur: SensorCursor, info: 
     return note
 
 
-def _source_position(context: dg.SensorEvaluationContext, replication: ReplicationResource,
-                     status: Mapping) -> dict | None:
+def _source_position(
+    context: dg.SensorEvaluationContext, replication: ReplicationResource, status: Mapping
+) -> dict | None:
     try:
         return replication.source_position(status.get("slot"))
     except Exception as e:  # Postgres unreachable: still observe what the service knows
@@ -329,8 +410,11 @@ class _Tick:
         if st.get("state") == "error":
             self.context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
             return
-        plan = [(k, r) for k, r in self._plan(t, st, tcur)
-                if self.now - float(last_req.get(k, 0)) >= self.th.min_request_interval_s]
+        plan = [
+            (k, r)
+            for k, r in self._plan(t, st, tcur)
+            if self.now - float(last_req.get(k, 0)) >= self.th.min_request_interval_s
+        ]
         if not plan:
             return
         if t in self.busy:
@@ -346,10 +430,14 @@ class _Tick:
             self.notes.append(f"{t}: not mirrored yet, run {self.busy[t]} in flight")
             return
         # one request per hour at most: a copy that fails (e.g. no such table) is not retried every tick
-        self.requests.append(dg.RunRequest(run_key=f"mirror/{t}/create/{int(self.now // 3600)}",
-                                           job_name=job_name(MIRROR_JOB), asset_selection=[dg.AssetKey(["mirror", t])],
-                                           tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME,
-                                                 "mooncake/reason": "not mirrored yet"}))
+        self.requests.append(
+            dg.RunRequest(
+                run_key=f"mirror/{t}/create/{int(self.now // 3600)}",
+                job_name=job_name(MIRROR_JOB),
+                asset_selection=[dg.AssetKey(["mirror", t])],
+                tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME, "mooncake/reason": "not mirrored yet"},
+            )
+        )
         self.notes.append(f"{t}: not mirrored yet, requesting mirror/{t}")
 
     def _plan(self, t: str, st: Mapping, tcur: dict) -> list[tuple[str, str]]:
@@ -359,17 +447,21 @@ class _Tick:
         policy = _policy(self.replication, t)
         ask_planner = self.th.compaction and t not in self.busy
         compaction = _compaction_plan(self.context, self.replication, t, st) if ask_planner else None
-        return plan_maintenance(st, self.th, age, index_max_blocks=int(policy.get("index_max_blocks", 16)),
-                                compaction_plan=compaction)
+        return plan_maintenance(
+            st, self.th, age, index_max_blocks=int(policy.get("index_max_blocks", 16)), compaction_plan=compaction
+        )
 
 
 def _unpersisted_age(instance: dg.DagsterInstance, t: str, st: Mapping, tcur: dict, now: float) -> float | None:
     """Seconds ``t``'s changes have waited to be persisted (None: nothing unpersisted): rows in the buffer,
     pending deletes, or a ``flush/<t>`` newer than the last ``deletion_vectors/<t>``, counted from when a
     tick first saw them (``tcur["dirty_since"]``) or the last persist, whichever is later."""
-    dirty = (int(st.get("buffer_rows", 0)) > 0 or int(st.get("pending_deletes", 0)) > 0
-             or (_latest_ts(instance, dg.AssetKey(["flush", t])) or 0)
-             > (_latest_ts(instance, dg.AssetKey(["deletion_vectors", t])) or 0))
+    dirty = (
+        int(st.get("buffer_rows", 0)) > 0
+        or int(st.get("pending_deletes", 0)) > 0
+        or (_latest_ts(instance, dg.AssetKey(["flush", t])) or 0)
+        > (_latest_ts(instance, dg.AssetKey(["deletion_vectors", t])) or 0)
+    )
     if not dirty:
         tcur.pop("dirty_since", None)
         return None
@@ -378,8 +470,9 @@ def _unpersisted_age(instance: dg.DagsterInstance, t: str, st: Mapping, tcur: di
     return now - max(tcur["dirty_since"], persisted)
 
 
-def maintenance_request(t: str, st: Mapping, plan: Sequence[tuple[str, str]],
-                        th: MaintenanceThresholds) -> dg.RunRequest:
+def maintenance_request(
+    t: str, st: Mapping, plan: Sequence[tuple[str, str]], th: MaintenanceThresholds
+) -> dg.RunRequest:
     """The run request for ``plan`` (``[(kind, reason)]``, lineage order) of table ``t``: one kind's job, or
     ``full_optimize_job`` restricted to the planned assets; keyed by the table's last change LSN."""
     kinds = [k for k, _ in plan]
@@ -392,8 +485,13 @@ def maintenance_request(t: str, st: Mapping, plan: Sequence[tuple[str, str]],
         run_config=run_config,
         job_name=job_name(kinds[0] if len(kinds) == 1 else FULL_OPTIMIZE),
         asset_selection=[dg.AssetKey([k, t]) for k in kinds],
-        tags={"mooncake/table": t, MAINTENANCE_TAG: "+".join(kinds), "mooncake/trigger": SENSOR_NAME,
-              "mooncake/reason": reason[:200]})
+        tags={
+            "mooncake/table": t,
+            MAINTENANCE_TAG: "+".join(kinds),
+            "mooncake/trigger": SENSOR_NAME,
+            "mooncake/reason": reason[:200],
+        },
+    )
 
 
 def _op_name(path) -> str:
@@ -418,14 +516,19 @@ def _compaction_plan(context, replication: ReplicationResource, table: str, st: 
         return None
 
 
-def build_replication_sensor(jobs: Sequence, interval_s: int = DEFAULT_INTERVAL_S, running: bool = True,
-                             name: str = SENSOR_NAME) -> dg.SensorDefinition:
+def build_replication_sensor(
+    jobs: Sequence, interval_s: int = DEFAULT_INTERVAL_S, running: bool = True, name: str = SENSOR_NAME
+) -> dg.SensorDefinition:
     """The sensor, targeting the maintenance ``jobs`` (and the mirror assets through the global asset job)."""
 
-    @dg.sensor(name=name, minimum_interval_seconds=max(int(interval_s), 1), jobs=list(jobs),
-               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
-               description="Keeps the mooncake service running (restarts it after a crash), records lag and buffer "
-                           "observations on the mirror assets and requests maintenance runs when thresholds are crossed.")
+    @dg.sensor(
+        name=name,
+        minimum_interval_seconds=max(int(interval_s), 1),
+        jobs=list(jobs),
+        default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+        description="Keeps the mooncake service running (restarts it after a crash), records lag and buffer "
+        "observations on the mirror assets and requests maintenance runs when thresholds are crossed.",
+    )
     def replication_sensor(context: dg.SensorEvaluationContext, replication: ReplicationResource):
         return evaluate(context, replication)
 

@@ -12,9 +12,10 @@ Rows are read with ``COPY (SELECT cols FROM [ONLY] t) TO STDOUT (FORMAT csv)`` a
 empty field): the reader uses ``null_values=['']`` with ``quoted_strings_can_be_null=False``, and
 ``ignore_empty_lines=False`` so a single-column row holding NULL (an empty line) is kept.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -22,8 +23,8 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from ..pg.conninfo import OUTPUT_SETTINGS
-from .decode import decode_text_columns
 from ..pg.schema import TableSchema
+from .decode import decode_text_columns
 
 __all__ = ["initial_copy", "copy_statement"]
 
@@ -34,7 +35,8 @@ def copy_statement(table: TableSchema) -> sql.Composed:
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
     only = sql.SQL("ONLY ") if table.relkind == "r" else sql.SQL("")
     return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
-        cols, only, sql.Identifier(table.schema, table.name))
+        cols, only, sql.Identifier(table.schema, table.name)
+    )
 
 
 def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = None):
@@ -47,8 +49,11 @@ def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = No
         read_options=pacsv.ReadOptions(column_names=names, block_size=4 << 20, use_threads=True),
         parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False, double_quote=True),
         convert_options=pacsv.ConvertOptions(
-            column_types={n: pa.string() for n in names}, null_values=[""], strings_can_be_null=True,
-            quoted_strings_can_be_null=False),
+            column_types={n: pa.string() for n in names},
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
     )
     cols = [tbl.column(i) for i in range(len(names))]
     try:
@@ -62,10 +67,16 @@ def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = No
     return batch, [cols[i].to_pylist() for i in text_idx]
 
 
-def initial_copy(conn: psycopg.Connection, table: TableSchema, snapshot_name: str | None,
-                 batch_rows: int = 100_000, progress: Callable[[int, int], None] | None = None, *,
-                 batch_bytes: int = 64 << 20,
-                 text_columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch] | Iterator[tuple]:
+def initial_copy(
+    conn: psycopg.Connection,
+    table: TableSchema,
+    snapshot_name: str | None,
+    batch_rows: int = 100_000,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    batch_bytes: int = 64 << 20,
+    text_columns: Sequence[str] | None = None,
+) -> Iterator[pa.RecordBatch] | Iterator[tuple]:
     """Stream a table's rows as RecordBatches (schema: ``table.arrow_schema()`` without metadata).
 
     ``conn``: an ordinary (not replication) connection with no transaction in progress; it is used

@@ -11,10 +11,12 @@ of :func:`~.copy.initial_copy`) pin the output settings the decoder relies on
 ``search_path=pg_catalog`` (reg* types print schema-qualified names). Values that cannot be
 represented raise :class:`~.schema.ColumnValueError` (a ``ValueError``) naming the column.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,8 +29,10 @@ __all__ = ["decode_text_columns", "decode_text_column", "civil_from_days", "ewkb
 
 # -- decoding -----------------------------------------------------------------------------------------
 
-def decode_text_columns(columns: Sequence[ColumnSpec], data: Sequence[Any], *,
-                        column_major: bool = False) -> pa.RecordBatch:
+
+def decode_text_columns(
+    columns: Sequence[ColumnSpec], data: Sequence[Any], *, column_major: bool = False
+) -> pa.RecordBatch:
     """Decode Postgres text-format values into one RecordBatch (schema: ``TableSchema.arrow_schema``
     of these columns, without metadata).
 
@@ -154,16 +158,21 @@ def _decode_decimal(arr: pa.Array, t: pa.DataType, spec: ColumnSpec) -> pa.Array
     try:
         return pc.cast(arr, t)
     except pa.ArrowInvalid:
-        for i, v in enumerate(arr.to_pylist()):
+        for v in arr.to_pylist():
             if v is None:
                 continue
             try:
                 pc.cast(pa.array([v]), t)
             except pa.ArrowInvalid as e:
-                why = (f"{spec.type_name} is mirrored as {t}, which has no NaN (unconstrained numeric is "
-                       "mirrored exactly as text; see docs/types.md)" if v == "NaN" else str(e))
-                raise ValueError(f"column {spec.name} ({spec.type_name}): value {v!r} cannot be "
-                                 f"represented as {t} ({why})") from None
+                why = (
+                    f"{spec.type_name} is mirrored as {t}, which has no NaN (unconstrained numeric is "
+                    "mirrored exactly as text; see docs/types.md)"
+                    if v == "NaN"
+                    else str(e)
+                )
+                raise ValueError(
+                    f"column {spec.name} ({spec.type_name}): value {v!r} cannot be represented as {t} ({why})"
+                ) from None
         raise
 
 
@@ -187,8 +196,7 @@ def _unhex(arr: pa.Array, skip: int) -> tuple[pa.Array, int | None]:
     validity, off_buf, data_buf = arr.buffers()
     offsets = np.frombuffer(off_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and data_buf.size else np.zeros(0, np.uint8)
-    valid = (np.ones(n, dtype=bool) if arr.null_count == 0
-             else arr.is_valid().to_numpy(zero_copy_only=False))
+    valid = np.ones(n, dtype=bool) if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
     starts, lengths = offsets[:-1], np.diff(offsets)
     hex_len = np.where(valid, lengths - skip, 0)
     bad = (hex_len < 0) | ((hex_len & 1) == 1)
@@ -205,8 +213,12 @@ def _unhex(arr: pa.Array, skip: int) -> tuple[pa.Array, int | None]:
     new_offsets = np.concatenate(([0], np.cumsum(hex_len // 2))).astype(np.int32)
     if validity is not None and arr.offset:
         validity = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
-    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(new_offsets.tobytes()),
-                                                  pa.py_buffer(out.tobytes())], null_count=arr.null_count), None
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [validity, pa.py_buffer(new_offsets.tobytes()), pa.py_buffer(out.tobytes())],
+        null_count=arr.null_count,
+    ), None
 
 
 def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
@@ -217,8 +229,7 @@ def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     _, off_buf, data_buf = arr.buffers()
     offsets = np.frombuffer(off_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and data_buf.size else np.zeros(0, np.uint8)
-    valid = (np.ones(n, dtype=bool) if arr.null_count == 0
-             else arr.is_valid().to_numpy(zero_copy_only=False))
+    valid = np.ones(n, dtype=bool) if arr.null_count == 0 else arr.is_valid().to_numpy(zero_copy_only=False)
     starts, lengths = offsets[:-1], np.diff(offsets)
     vstarts, vlens = starts[valid], lengths[valid]
     bad = (vlens < 2) | ((vlens & 1) == 1)
@@ -226,8 +237,10 @@ def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
         bad = (data[vstarts] != ord("\\")) | (data[vstarts + 1] != ord("x"))
     if bad.any():
         i = int(np.flatnonzero(valid)[np.flatnonzero(bad)[0]])
-        raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} is not in hex "
-                         "format ('\\x…'); the session needs bytea_output=hex")
+        raise ValueError(
+            f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} is not in hex "
+            "format ('\\x…'); the session needs bytea_output=hex"
+        )
     out, i = _unhex(arr, 2)
     if out is None:
         raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} has a non-hex digit")
@@ -238,7 +251,8 @@ def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
 
 _TS_RE = re.compile(
     r"^(\d{4,})-(\d\d)-(\d\d)(?:[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
-    r"(?:([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?)?( BC)?$")
+    r"(?:([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?)?( BC)?$"
+)
 
 
 def _days_from_civil(y: int, m: int, d: int) -> int:
@@ -292,8 +306,10 @@ def _parse_rare(value: str, spec: ColumnSpec, unit: str) -> int:
         secs -= off if m[8] == "+" else -off
     us = secs * 1_000_000 + int((m[7] or "0").ljust(6, "0"))
     if not -TIMESTAMP_INFINITY < us < TIMESTAMP_INFINITY:
-        raise ValueError(f"column {spec.name} ({spec.type_name}): {value!r} is outside the range of "
-                         "Arrow timestamp[us] (int64 microseconds since 1970)")
+        raise ValueError(
+            f"column {spec.name} ({spec.type_name}): {value!r} is outside the range of "
+            "Arrow timestamp[us] (int64 microseconds since 1970)"
+        )
     return us
 
 
@@ -320,10 +336,19 @@ def _decode_time(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     try:
         ts = pc.cast(joined, pa.timestamp("us"))
     except pa.ArrowInvalid:
-        bad = next((v for v in arr.to_pylist() if v is not None and not re.match(r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?$", v)), None)
+        bad = next(
+            (
+                v
+                for v in arr.to_pylist()
+                if v is not None and not re.match(r"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?$", v)
+            ),
+            None,
+        )
         if bad is not None and bad.startswith("24:00:00"):
-            raise ValueError(f"column {spec.name} ({spec.type_name}): value {bad!r} cannot be represented "
-                             "as Arrow time64 (its range is [00:00, 24:00))") from None
+            raise ValueError(
+                f"column {spec.name} ({spec.type_name}): value {bad!r} cannot be represented "
+                "as Arrow time64 (its range is [00:00, 24:00))"
+            ) from None
         raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse time value {bad!r}") from None
     return pc.cast(ts, pa.time64("us"))
 
@@ -344,15 +369,17 @@ _ARRAY_TOKENS: dict[str, re.Pattern] = {",": _ARRAY_TOKEN}
 def _array_token(delim: str) -> re.Pattern:
     if delim not in _ARRAY_TOKENS:
         d = re.escape(delim)
-        _ARRAY_TOKENS[delim] = re.compile(r'"((?:[^"\\]|\\.)*)"|([{}]|' + d + r')|([^{}' + d + r'"]+)', re.S)
+        _ARRAY_TOKENS[delim] = re.compile(r'"((?:[^"\\]|\\.)*)"|([{}]|' + d + r")|([^{}" + d + r'"]+)', re.S)
     return _ARRAY_TOKENS[delim]
 
 
 def _parse_array_text(text: str, spec: ColumnSpec):
     """One array value's text -> nested Python lists of element texts (None for NULL)."""
     if text.startswith("["):
-        raise ValueError(f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has explicit "
-                         "lower bounds, which a list cannot keep")
+        raise ValueError(
+            f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has explicit "
+            "lower bounds, which a list cannot keep"
+        )
     stack: list[list] = []
     root = None
     delim = spec.delim or ","
@@ -396,14 +423,18 @@ def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     def add(node: list, level: int, text: str) -> None:
         if level == nd - 1:
             if any(isinstance(x, list) for x in node):
-                raise ValueError(f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has more "
-                                 f"than the column's {nd} dimension(s)")
+                raise ValueError(
+                    f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has more "
+                    f"than the column's {nd} dimension(s)"
+                )
             flat.extend(node)
         else:
             for child in node:
                 if not isinstance(child, list):
-                    raise ValueError(f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has "
-                                     f"fewer than the column's {nd} dimensions")
+                    raise ValueError(
+                        f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has "
+                        f"fewer than the column's {nd} dimensions"
+                    )
                 add(child, level + 1, text)
         offsets[level].append(offsets[level][-1] + len(node))
 
@@ -456,8 +487,10 @@ def _parse_record_text(text: str, n: int, spec: ColumnSpec) -> list:
             raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse composite value {text[:60]!r}")
         pos += 1
     if len(out) != n:
-        raise ValueError(f"column {spec.name} ({spec.type_name}): composite value {text[:60]!r} has {len(out)} "
-                         f"fields, the type has {n} (was the type altered? that is not followed)")
+        raise ValueError(
+            f"column {spec.name} ({spec.type_name}): composite value {text[:60]!r} has {len(out)} "
+            f"fields, the type has {n} (was the type altered? that is not followed)"
+        )
     return out
 
 
@@ -504,8 +537,13 @@ def _decode_hstore(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
             pos = m.end()
         offsets.append(len(keys))
     mask = pa.array([not x for x in valid]) if not all(valid) else None
-    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
-                                   pa.array(vals, pa.string()), type=spec.arrow_type, mask=mask)
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        pa.array(keys, pa.string()),
+        pa.array(vals, pa.string()),
+        type=spec.arrow_type,
+        mask=mask,
+    )
 
 
 _ISO_DIMS = {(False, False): 0, (True, False): 1000, (False, True): 2000, (True, True): 3000}
@@ -552,14 +590,14 @@ def _ewkb_walk(b: bytes, pos: int, out: bytearray, spec: ColumnSpec) -> int:
         n = p - pos
     elif base in (4, 5, 6, 7, 9, 10, 11, 12, 15, 16):  # collections of geometries
         (k,) = struct.unpack_from(f + "I", b, pos)
-        out += b[pos:pos + 4]
+        out += b[pos : pos + 4]
         pos += 4
         for _ in range(k):
             pos = _ewkb_walk(b, pos, out, spec)
         return pos
     else:
         raise ValueError(f"column {spec.name} ({spec.type_name}): EWKB geometry type {base} is not known")
-    out += b[pos:pos + n]
+    out += b[pos : pos + n]
     return pos + n
 
 
@@ -605,20 +643,26 @@ def _decode_wkb(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
             (t,) = struct.unpack_from(f + "I", b, 1)
             srid = struct.unpack_from(f + "I", b, 5)[0] if t & 0x20000000 else 0
         except (IndexError, struct.error):
-            raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not hex EWKB") from None
+            raise ValueError(
+                f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not hex EWKB"
+            ) from None
         if srid != spec.srid:
-            raise ValueError(f"column {spec.name} ({spec.type_name}): a value has SRID {srid}, the column's "
-                             f"is {spec.srid} and WKB carries none (declare the column's SRID, e.g. "
-                             f"geometry(Geometry,{srid}), or mirror it as hex EWKB text with --column-type "
-                             f"{spec.name}=text)")
+            raise ValueError(
+                f"column {spec.name} ({spec.type_name}): a value has SRID {srid}, the column's "
+                f"is {spec.srid} and WKB carries none (declare the column's SRID, e.g. "
+                f"geometry(Geometry,{srid}), or mirror it as hex EWKB text with --column-type "
+                f"{spec.name}=text)"
+            )
         if not t & 0xC0000000 and (t & 0x0FFFFFFF) < 1000:  # 2D: only the top header differs
-            out.append(b[:1] + struct.pack(f + "I", t & 0x0FFFFFFF) + b[9 if t & 0x20000000 else 5:])
+            out.append(b[:1] + struct.pack(f + "I", t & 0x0FFFFFFF) + b[9 if t & 0x20000000 else 5 :])
             continue
         buf = bytearray()
         try:
             end = _ewkb_walk(b, 0, buf, spec)
         except (IndexError, struct.error):
-            raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not valid EWKB") from None
+            raise ValueError(
+                f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not valid EWKB"
+            ) from None
         if end != len(b):
             raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[i].as_py()[:40]!r} is not valid EWKB")
         out.append(bytes(buf))

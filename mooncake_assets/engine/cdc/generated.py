@@ -36,6 +36,7 @@ column whose expression reads that column is sent as unchanged too, and the mirr
 row's value — exact unless the expression reads both such a TOASTed column and another column the
 UPDATE changed (a known limit: Postgres does not send the TOASTed value).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -43,9 +44,9 @@ from dataclasses import replace
 import psycopg
 from psycopg import sql
 
+from ..pg.schema import TableSchema
 from ..pg.session import LazyConnection
 from .pgoutput import Relation, RelationColumn, TupleData
-from ..pg.schema import TableSchema
 
 __all__ = ["GeneratedColumns", "GeneratedColumnError"]
 
@@ -161,16 +162,16 @@ class GeneratedColumns:
         if not any(c.generated and c.name not in sent for c in schema.columns):
             return None  # no generated column, or every one sent (Postgres 18, or no longer generated)
         rows = self._query(_TABLE_SQL, (schema.oid,))
-        cat_num = {r[1]: int(r[0]) for r in rows if not r[2]}      # plain column -> attnum
-        name_of = {int(r[0]): r[1] for r in rows}                   # attnum -> name now
+        cat_num = {r[1]: int(r[0]) for r in rows if not r[2]}  # plain column -> attnum
+        name_of = {int(r[0]): r[1] for r in rows}  # attnum -> name now
         gens = [r for r in rows if r[2] and r[1] in mirror and mirror[r[1]].generated and r[1] not in sent]
         if not gens:
             return None  # dropped on the source since: the Relation without them drops them from the mirror
         # the attnum of each sent column: the catalogs' by its name now, else the mirror's (renamed since)
         att = [cat_num.get(n) or (mirror[n].attnum if n in mirror else 0) or None for n in sent]
         types = self._types([(c.type_oid, c.typmod) for c in rel.columns])
-        base: list[tuple[int, str, str]] = []   # (sent index, name in the expressions, type name)
-        base_at: dict[int, int] = {}            # attnum -> index in base
+        base: list[tuple[int, str, str]] = []  # (sent index, name in the expressions, type name)
+        base_at: dict[int, int] = {}  # attnum -> index in base
         reads: list[list[int]] = []
         error = None
         for r in gens:
@@ -178,9 +179,11 @@ class GeneratedColumns:
             for ref in r[6] or []:
                 if ref not in base_at:
                     if ref not in att:
-                        error = error or (f"table {schema.qualified_name}: generated column {r[1]} reads column "
-                                          f"{name_of.get(ref, f'attnum {ref}')}, which the changes sent under this "
-                                          f"Relation do not carry (the table was changed on the source since)")
+                        error = error or (
+                            f"table {schema.qualified_name}: generated column {r[1]} reads column "
+                            f"{name_of.get(ref, f'attnum {ref}')}, which the changes sent under this "
+                            f"Relation do not carry (the table was changed on the source since)"
+                        )
                         continue
                     base_at[ref] = len(base)
                     base.append((att.index(ref), name_of[ref], types[att.index(ref)]))
@@ -197,23 +200,29 @@ class GeneratedColumns:
             order.append(i)
         order += [-1 - j for j in pending]
         flag = 1 if rel.replica_identity == "f" else 0
-        cols = [rel.columns[i] if i >= 0 else
-                RelationColumn(flag, gens[-1 - i][1], int(gens[-1 - i][3]), int(gens[-1 - i][4])) for i in order]
+        cols = [
+            rel.columns[i]
+            if i >= 0
+            else RelationColumn(flag, gens[-1 - i][1], int(gens[-1 - i][3]), int(gens[-1 - i][4]))
+            for i in order
+        ]
         return _Plan(replace(rel, columns=cols), [(r[1], r[5]) for r in gens], base, reads, order, error)
 
     def _types(self, pairs: list[tuple[int, int]]) -> list[str]:
         """``format_type`` of each (type oid, typmod) in this session (asked once per pair)."""
         todo = sorted({p for p in pairs if p not in self._type_names})
         if todo:
-            for o, t, name in self._query("SELECT o, t, format_type(o, t) FROM unnest(%s::oid[], %s::int[]) AS x(o, t)",
-                                          ([o for o, _ in todo], [t for _, t in todo])):
+            for o, t, name in self._query(
+                "SELECT o, t, format_type(o, t) FROM unnest(%s::oid[], %s::int[]) AS x(o, t)",
+                ([o for o, _ in todo], [t for _, t in todo]),
+            ):
                 self._type_names[(int(o), int(t))] = name
         return [self._type_names[p] for p in pairs]
 
     def _fill_group(self, plan: _Plan, changes: list) -> None:
         base = plan.base
         rows: list[list[str | None]] = []  # the read columns' values of every row image to compute
-        slots: list[tuple] = []            # (change, "new"/"old", row index, generated columns left unchanged)
+        slots: list[tuple] = []  # (change, "new"/"old", row index, generated columns left unchanged)
         for ch in changes:
             whole_old = ch.old is not None and ch.old_kind == "O"
             for which in ("new", "old"):
@@ -238,8 +247,10 @@ class GeneratedColumns:
         values = self._evaluate(plan, rows) if rows else []
         for ch, which, i, unknown in slots:
             out = values[i]
-            extra = [("u", None) if j in unknown else ("n", None) if v is None else ("t", v.encode())
-                     for j, v in enumerate(out)]
+            extra = [
+                ("u", None) if j in unknown else ("n", None) if v is None else ("t", v.encode())
+                for j, v in enumerate(out)
+            ]
             setattr(ch, which, _widen(getattr(ch, which), plan.order, extra))
         nulls = [("n", None)] * len(plan.exprs)
         for ch in changes:
@@ -251,14 +262,19 @@ class GeneratedColumns:
         """One round trip: the generated columns' text values for ``rows`` (the read columns' text)."""
         n = max(len(plan.base), 1)  # no column read (a constant expression): one array of NULLs for the rows
         raw = [sql.Identifier(f"__mc_{i}") for i in range(n)]
-        q = sql.SQL("SELECT u.__mc_ord, {outs} FROM unnest({arrays}) WITH ORDINALITY AS u({raw}, __mc_ord), "
-                    "LATERAL (SELECT {casts}) r ORDER BY u.__mc_ord").format(
+        q = sql.SQL(
+            "SELECT u.__mc_ord, {outs} FROM unnest({arrays}) WITH ORDINALITY AS u({raw}, __mc_ord), "
+            "LATERAL (SELECT {casts}) r ORDER BY u.__mc_ord"
+        ).format(
             # the expressions name columns unqualified: they resolve to r's typed columns
             outs=sql.SQL(", ").join(sql.SQL("(" + expr + ")::text") for _, expr in plan.exprs),
             arrays=sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in range(n)),
             raw=sql.SQL(", ").join(raw),
-            casts=sql.SQL(", ").join(sql.SQL("u.{}::{} AS {}").format(r, sql.SQL(t), sql.Identifier(name))
-                                     for r, (_, name, t) in zip(raw, plan.base)))
+            casts=sql.SQL(", ").join(
+                sql.SQL("u.{}::{} AS {}").format(r, sql.SQL(t), sql.Identifier(name))
+                for r, (_, name, t) in zip(raw, plan.base)
+            ),
+        )
         params = [[r[i] for r in rows] for i in range(len(plan.base))] or [[None] * len(rows)]
         res = self._query(q, params)
         self.round_trips += 1
@@ -269,5 +285,7 @@ def _widen(tup: TupleData, order: list[int], extra: list) -> TupleData:
     """``tup`` laid out by ``order`` (``i >= 0``: its column ``i``; ``-1 - j``: ``extra[j]``, a (kind,
     value) pair)."""
     kinds, data = tup.kinds, tup.data
-    return TupleData("".join(kinds[i] if i >= 0 else extra[-1 - i][0] for i in order),
-                     [data[i] if i >= 0 else extra[-1 - i][1] for i in order])
+    return TupleData(
+        "".join(kinds[i] if i >= 0 else extra[-1 - i][0] for i in order),
+        [data[i] if i >= 0 else extra[-1 - i][1] for i in order],
+    )

@@ -31,22 +31,40 @@ not sent), ``'t'`` Int32 n + n bytes of text, ``'b'`` Int32 n + n bytes of binar
 
 Malformed or unknown messages raise ``ValueError`` saying what was expected and what was found.
 """
+
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Iterator, Union
+from datetime import UTC, datetime, timedelta
 
 __all__ = [
-    "TupleData", "RelationColumn",
-    "Begin", "Commit", "Origin", "Relation", "Type", "Insert", "Update", "Delete", "Truncate",
-    "Message", "StreamStart", "StreamStop", "StreamCommit", "StreamAbort", "PgOutputMessage",
-    "parse_message", "pg_time_to_datetime", "PG_EPOCH",
-    "TRUNCATE_CASCADE", "TRUNCATE_RESTART_IDENTITY",
+    "TupleData",
+    "RelationColumn",
+    "Begin",
+    "Commit",
+    "Origin",
+    "Relation",
+    "Type",
+    "Insert",
+    "Update",
+    "Delete",
+    "Truncate",
+    "Message",
+    "StreamStart",
+    "StreamStop",
+    "StreamCommit",
+    "StreamAbort",
+    "PgOutputMessage",
+    "parse_message",
+    "pg_time_to_datetime",
+    "PG_EPOCH",
+    "TRUNCATE_CASCADE",
+    "TRUNCATE_RESTART_IDENTITY",
 ]
 
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 TRUNCATE_CASCADE = 1
 TRUNCATE_RESTART_IDENTITY = 2
 
@@ -55,12 +73,12 @@ _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
-_BEGIN = struct.Struct(">QqI")           # final lsn, time, xid
-_COMMIT = struct.Struct(">BQQq")         # flags, commit lsn, end lsn, time
+_BEGIN = struct.Struct(">QqI")  # final lsn, time, xid
+_COMMIT = struct.Struct(">BQQq")  # flags, commit lsn, end lsn, time
 _STREAM_COMMIT = struct.Struct(">IBQQq")  # xid, flags, commit lsn, end lsn, time
 _STREAM_ABORT = struct.Struct(">II")
 _STREAM_START = struct.Struct(">IB")
-_COLUMN_TAIL = struct.Struct(">Ii")      # type oid, typmod
+_COLUMN_TAIL = struct.Struct(">Ii")  # type oid, typmod
 
 
 def pg_time_to_datetime(us: int) -> datetime:
@@ -252,8 +270,22 @@ class StreamAbort:
     subxid: int
 
 
-PgOutputMessage = Union[Begin, Commit, Origin, Relation, Type, Insert, Update, Delete, Truncate, Message,
-                        StreamStart, StreamStop, StreamCommit, StreamAbort]
+PgOutputMessage = (
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | Type
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | Message
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
+)
 
 
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
@@ -276,7 +308,7 @@ def _tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
         if k == 0x74 or k == 0x62:  # 't', 'b'
             (ln,) = unpack(buf, pos)
             pos += 4
-            values[i] = buf[pos:pos + ln]
+            values[i] = buf[pos : pos + ln]
             pos += ln
             if pos > len(buf):
                 raise ValueError(f"pgoutput: column {i} value runs past the end of the message")
@@ -300,8 +332,10 @@ def parse_message(buf: bytes | bytearray | memoryview, in_stream: bool = False) 
     try:
         return _PARSERS[t](buf, in_stream)
     except KeyError:
-        raise ValueError(f"pgoutput: unknown message type {chr(t)!r} (0x{t:02x}); expected one of "
-                         f"{''.join(sorted(chr(k) for k in _PARSERS))}") from None
+        raise ValueError(
+            f"pgoutput: unknown message type {chr(t)!r} (0x{t:02x}); expected one of "
+            f"{''.join(sorted(chr(k) for k in _PARSERS))}"
+        ) from None
     except (struct.error, IndexError) as e:
         raise ValueError(f"pgoutput: truncated {chr(t)!r} message ({len(buf)} bytes): {e}") from None
 
@@ -404,7 +438,7 @@ def _p_message(buf: bytes, in_stream: bool) -> Message:
     (lsn,) = _U64.unpack_from(buf, pos + 1)
     prefix, pos = _string(buf, pos + 9)
     (n,) = _I32.unpack_from(buf, pos)
-    return Message(xid, bool(flags & 1), lsn, prefix, buf[pos + 4:pos + 4 + n])
+    return Message(xid, bool(flags & 1), lsn, prefix, buf[pos + 4 : pos + 4 + n])
 
 
 def _p_stream_start(buf: bytes, in_stream: bool) -> StreamStart:
@@ -427,8 +461,18 @@ def _p_stream_abort(buf: bytes, in_stream: bool) -> StreamAbort:
 
 
 _PARSERS = {
-    ord("B"): _p_begin, ord("C"): _p_commit, ord("O"): _p_origin, ord("R"): _p_relation,
-    ord("Y"): _p_type, ord("I"): _p_insert, ord("U"): _p_update, ord("D"): _p_delete,
-    ord("T"): _p_truncate, ord("M"): _p_message, ord("S"): _p_stream_start, ord("E"): _p_stream_stop,
-    ord("c"): _p_stream_commit, ord("A"): _p_stream_abort,
+    ord("B"): _p_begin,
+    ord("C"): _p_commit,
+    ord("O"): _p_origin,
+    ord("R"): _p_relation,
+    ord("Y"): _p_type,
+    ord("I"): _p_insert,
+    ord("U"): _p_update,
+    ord("D"): _p_delete,
+    ord("T"): _p_truncate,
+    ord("M"): _p_message,
+    ord("S"): _p_stream_start,
+    ord("E"): _p_stream_stop,
+    ord("c"): _p_stream_commit,
+    ord("A"): _p_stream_abort,
 }

@@ -24,6 +24,7 @@ The walsender is started with the output settings the text decoder relies on
 
 Errors raise :class:`ReplicationError`; ``temporary`` says whether reconnecting can help.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,9 +41,9 @@ from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 
 __all__ = ["ReplicationConnection", "ReplicationError"]
 
-_XLOG_HDR = struct.Struct(">QQq")      # after 'w': wal start, wal end, send time
-_KEEPALIVE = struct.Struct(">QqB")     # after 'k': wal end, send time, reply requested
-_STATUS = struct.Struct(">cQQQqB")     # 'r', write, flush, apply, client time, reply
+_XLOG_HDR = struct.Struct(">QQq")  # after 'w': wal start, wal end, send time
+_KEEPALIVE = struct.Struct(">QqB")  # after 'k': wal end, send time, reply requested
+_STATUS = struct.Struct(">cQQQqB")  # 'r', write, flush, apply, client time, reply
 _PG_EPOCH_UNIX_US = 946_684_800_000_000
 _SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 
@@ -157,15 +158,21 @@ class ReplicationConnection:
 
     @staticmethod
     def _row(res: pq.PGresult) -> dict[str, str | None]:
-        return {res.fname(i).decode(): (None if res.get_value(0, i) is None else res.get_value(0, i).decode())
-                for i in range(res.nfields)}
+        return {
+            res.fname(i).decode(): (None if res.get_value(0, i) is None else res.get_value(0, i).decode())
+            for i in range(res.nfields)
+        }
 
     def identify_system(self) -> dict:
         """``IDENTIFY_SYSTEM`` → ``{'systemid': str, 'timeline': int, 'xlogpos': int (LSN),
         'dbname': str}``."""
         row = self._row(self._command("IDENTIFY_SYSTEM"))
-        return {"systemid": row["systemid"], "timeline": int(row["timeline"]),
-                "xlogpos": Lsn.parse(row["xlogpos"]), "dbname": row["dbname"]}
+        return {
+            "systemid": row["systemid"],
+            "timeline": int(row["timeline"]),
+            "xlogpos": Lsn.parse(row["xlogpos"]),
+            "dbname": row["dbname"],
+        }
 
     def create_slot(self, name: str, export_snapshot: bool = True, temporary: bool = False) -> tuple[int, str | None]:
         """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL pgoutput EXPORT_SNAPSHOT|NOEXPORT_SNAPSHOT``.
@@ -190,8 +197,9 @@ class ReplicationConnection:
         _check_slot_name(name)
         self._command(f"DROP_REPLICATION_SLOT {name}{' WAIT' if wait else ''}")
 
-    def start(self, slot: str, publications: list[str], start_lsn: int = 0, streaming: bool = True,
-              messages: bool = False) -> None:
+    def start(
+        self, slot: str, publications: list[str], start_lsn: int = 0, streaming: bool = True, messages: bool = False
+    ) -> None:
         """``START_REPLICATION SLOT slot LOGICAL start_lsn (proto_version 'v', publication_names '…'
         [, streaming 'on'] [, messages 'true'])``.
 
@@ -340,7 +348,7 @@ class ReplicationConnection:
             self.streaming_slot = None
             self._conn.close()
 
-    def __enter__(self) -> "ReplicationConnection":
+    def __enter__(self) -> ReplicationConnection:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,6 +27,7 @@ the server's ``array_out``/``record_out``), the hstore module's "External Repres
 the query renderer (:mod:`mooncake_assets.engine.read.render`) and by the rebuild of an index from
 data files (:mod:`mooncake_assets.engine.table.key_text`).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,11 +36,21 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
-from .decode import civil_from_days
 from ..pg.schema import DATE_INFINITY, TIMESTAMP_INFINITY
+from .decode import civil_from_days
 
-__all__ = ["TextColumn", "float_text", "date_text", "time_text", "timestamp_text", "array_elem",
-           "record_field", "hstore_str", "scale_to_us"]
+__all__ = [
+    "TextColumn",
+    "float_text",
+    "date_text",
+    "time_text",
+    "timestamp_text",
+    "array_elem",
+    "record_field",
+    "hstore_str",
+    "scale_to_us",
+]
+
 
 def float_text(x: float, single: bool = False) -> str:
     """Postgres's text of a ``real`` (``single``) or ``double precision`` value with
@@ -60,7 +71,7 @@ def float_text(x: float, single: bool = False) -> str:
     digits = mant.lstrip("-").replace(".", "")
     if -4 <= exp < (6 if single else 15):
         if exp >= 0:
-            whole, frac = digits[: exp + 1].ljust(exp + 1, "0"), digits[exp + 1:]
+            whole, frac = digits[: exp + 1].ljust(exp + 1, "0"), digits[exp + 1 :]
         else:
             whole, frac = "0", "0" * (-exp - 1) + digits
         return sign + whole + ("." + frac if frac else "")
@@ -145,8 +156,11 @@ class TextColumn:
         self.type = typ
         kind = type(self)
         self.child = kind(typ.value_type) if _is_list(typ) else None
-        self.fields = ([(typ.field(i).name, kind(typ.field(i).type)) for i in range(typ.num_fields)]
-                       if pa.types.is_struct(typ) else None)
+        self.fields = (
+            [(typ.field(i).name, kind(typ.field(i).type)) for i in range(typ.num_fields)]
+            if pa.types.is_struct(typ)
+            else None
+        )
         self.entry = (kind(typ.key_type), kind(typ.item_type)) if pa.types.is_map(typ) else None
 
     # -- storage values: ints for dates/times/timestamps, so no datetime overflow ------------------
@@ -167,7 +181,7 @@ class TextColumn:
                 flat = self.child.storage(arr.values)
             else:  # map: the storage values of its keys and items, paired
                 flat = list(zip(self.entry[0].storage(arr.keys), self.entry[1].storage(arr.items)))
-            return [flat[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
+            return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
         if self.fields is not None:
             valid = arr.is_valid().to_pylist()
             cols = [c.storage(arr.field(i)) for i, (_, c) in enumerate(self.fields)]
@@ -205,14 +219,18 @@ class TextColumn:
         if self.child is not None:
             c = self.child
             nested = c.child is not None  # an inner dimension: its braces are not quoted
-            return "{" + ",".join(("NULL" if x is None else c.text(x)) if nested else array_elem(c.text(x))
-                                  for x in v) + "}"
+            return (
+                "{"
+                + ",".join(("NULL" if x is None else c.text(x)) if nested else array_elem(c.text(x)) for x in v)
+                + "}"
+            )
         if self.fields is not None:
             return "(" + ",".join(record_field(c.text(x)) for (_, c), x in zip(self.fields, v)) + ")"
         if self.entry is not None:
             kc, vc = self.entry
-            return ", ".join(f"{hstore_str(kc.text(k))}=>{'NULL' if x is None else hstore_str(vc.text(x))}"
-                             for k, x in v)
+            return ", ".join(
+                f"{hstore_str(kc.text(k))}=>{'NULL' if x is None else hstore_str(vc.text(x))}" for k, x in v
+            )
         if isinstance(v, (dict, list)):
             return json.dumps(v, default=str)
         return str(v)

@@ -15,6 +15,7 @@ its beginning after a reconnect).
 Memory: a streamed transaction is buffered whole until its commit (it is applied atomically); the
 caller may watch :attr:`TransactionAssembler.buffered_changes`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,8 +23,23 @@ from datetime import datetime
 from typing import Literal
 
 from .pgoutput import (
-    Begin, Commit, Delete, Insert, Message, Origin, PgOutputMessage, Relation, StreamAbort, StreamCommit,
-    StreamStart, StreamStop, Truncate, TupleData, Type, Update, parse_message,
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    PgOutputMessage,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TupleData,
+    Type,
+    Update,
+    parse_message,
 )
 
 __all__ = ["Change", "Transaction", "TransactionAssembler", "ProtocolError"]
@@ -108,10 +124,19 @@ class TransactionAssembler:
         self._stream_xid: int | None = None
         self._streams: dict[int, _Streamed] = {}
         self._handlers = {
-            Insert: self._on_insert, Update: self._on_update, Delete: self._on_delete, Truncate: self._on_truncate,
-            Relation: self._on_relation, Type: self._on_type, Begin: self._on_begin, Commit: self._on_commit,
-            Origin: self._on_origin, Message: self._on_message, StreamStart: self._on_stream_start,
-            StreamStop: self._on_stream_stop, StreamCommit: self._on_stream_commit,
+            Insert: self._on_insert,
+            Update: self._on_update,
+            Delete: self._on_delete,
+            Truncate: self._on_truncate,
+            Relation: self._on_relation,
+            Type: self._on_type,
+            Begin: self._on_begin,
+            Commit: self._on_commit,
+            Origin: self._on_origin,
+            Message: self._on_message,
+            StreamStart: self._on_stream_start,
+            StreamStop: self._on_stream_stop,
+            StreamCommit: self._on_stream_commit,
             StreamAbort: self._on_stream_abort,
         }
 
@@ -163,25 +188,77 @@ class TransactionAssembler:
             raise ProtocolError(f"{type(msg).__name__} for relation {change.relation_oid} outside any transaction")
 
     def _on_insert(self, msg: Insert, lsn: int) -> list[Transaction]:
-        self._append(msg, Change("insert", msg.relation_oid, msg.new, None, None, [], False, False, lsn,
-                                         self.relations.get(msg.relation_oid)))
+        self._append(
+            msg,
+            Change(
+                "insert",
+                msg.relation_oid,
+                msg.new,
+                None,
+                None,
+                [],
+                False,
+                False,
+                lsn,
+                self.relations.get(msg.relation_oid),
+            ),
+        )
         return []
 
     def _on_update(self, msg: Update, lsn: int) -> list[Transaction]:
-        self._append(msg, Change("update", msg.relation_oid, msg.new, msg.old, msg.old_kind, [], False, False, lsn,
-                                         self.relations.get(msg.relation_oid)))
+        self._append(
+            msg,
+            Change(
+                "update",
+                msg.relation_oid,
+                msg.new,
+                msg.old,
+                msg.old_kind,
+                [],
+                False,
+                False,
+                lsn,
+                self.relations.get(msg.relation_oid),
+            ),
+        )
         return []
 
     def _on_delete(self, msg: Delete, lsn: int) -> list[Transaction]:
-        self._append(msg, Change("delete", msg.relation_oid, None, msg.old, msg.old_kind, [], False, False, lsn,
-                                         self.relations.get(msg.relation_oid)))
+        self._append(
+            msg,
+            Change(
+                "delete",
+                msg.relation_oid,
+                None,
+                msg.old,
+                msg.old_kind,
+                [],
+                False,
+                False,
+                lsn,
+                self.relations.get(msg.relation_oid),
+            ),
+        )
         return []
 
     def _on_truncate(self, msg: Truncate, lsn: int) -> list[Transaction]:
         oids = list(msg.relation_oids)
         first = oids[0] if oids else 0
-        self._append(msg, Change("truncate", first, None, None, None, oids, msg.cascade, msg.restart_identity,
-                                 lsn, self.relations.get(first)))
+        self._append(
+            msg,
+            Change(
+                "truncate",
+                first,
+                None,
+                None,
+                None,
+                oids,
+                msg.cascade,
+                msg.restart_identity,
+                lsn,
+                self.relations.get(first),
+            ),
+        )
         return []
 
     def _on_relation(self, msg: Relation, lsn: int) -> list[Transaction]:
@@ -223,8 +300,9 @@ class TransactionAssembler:
         if msg.first_segment:
             self._streams[msg.xid] = _Streamed(msg.xid)  # a restart of a known xid begins afresh
         elif msg.xid not in self._streams:
-            raise ProtocolError(f"Stream Start of xid {msg.xid} continues a stream whose first segment "
-                                "was never received")
+            raise ProtocolError(
+                f"Stream Start of xid {msg.xid} continues a stream whose first segment was never received"
+            )
         self.in_stream = True
         self._stream_xid = msg.xid
         return []

@@ -1,4 +1,4 @@
-"""Data compaction, index merge and cleanup of mirrored tables (DESIGN.md §3 steps 3–4; seeds 000, 002).
+"""Data compaction, index merge and cleanup of mirrored tables (docs/architecture.md#maintenance).
 
 * :class:`MaintenancePolicy`, :func:`policy_for` — the per-table policy, every field with its unit
   (``policy``);
@@ -11,15 +11,31 @@
 * :class:`BackgroundMaintenance` — the service's ``maintenance: auto`` driver (``background``);
 * :func:`fault` — ``MOONCAKE_FAULT`` crash points for tests (``faults``).
 """
-from .background import BackgroundMaintenance
+
 from ..faults import fault
+from .background import BackgroundMaintenance
 from .planner import CompactionPlan, FileStats, plan_compaction
 from .policy import MaintenancePolicy, policy_for
 from .rewriter import RewriteInput, RewriteOutput, RewriteResult, rewrite_files
-from .runner import cleanup_after_restore, clean_local, compact, expire_and_clean, file_stats, find_orphans, merge_index
+from .runner import clean_local, cleanup_after_restore, compact, expire_and_clean, file_stats, find_orphans, merge_index
 
 __all__ = [
-    "BackgroundMaintenance", "CompactionPlan", "FileStats", "MaintenancePolicy", "RewriteInput", "RewriteOutput",
-    "RewriteResult", "cleanup_after_restore", "clean_local", "compact", "expire_and_clean", "fault", "file_stats",
-    "find_orphans", "merge_index", "plan_compaction", "policy_for", "rewrite_files",
+    "BackgroundMaintenance",
+    "CompactionPlan",
+    "FileStats",
+    "MaintenancePolicy",
+    "RewriteInput",
+    "RewriteOutput",
+    "RewriteResult",
+    "cleanup_after_restore",
+    "clean_local",
+    "compact",
+    "expire_and_clean",
+    "fault",
+    "file_stats",
+    "find_orphans",
+    "merge_index",
+    "plan_compaction",
+    "policy_for",
+    "rewrite_files",
 ]

@@ -1,5 +1,4 @@
-"""The service's own maintenance in ``maintenance: auto`` (DESIGN.md §2: "doing its own maintenance by
-policy, as pg_mooncake does"): index merge, data compaction and snapshot expiry, off the apply loop.
+"""The service's own maintenance in ``maintenance: auto`` (docs/architecture.md#processes): index merge, data compaction and snapshot expiry, off the apply loop.
 
 :meth:`BackgroundMaintenance.tick` is called by the replication thread (under the service lock) every
 half second per table; it only looks (block count, the compaction plan from in-memory file stats, time
@@ -9,12 +8,13 @@ take the service lock only for their snapshots and swaps, so the apply loop keep
 logged and kept in :attr:`BackgroundMaintenance.errors` (``list-tables --json``: ``maintenance.error``)
 and retried after a backoff (5 s doubling to 5 min); it never stops replication of the table.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .planner import plan_compaction
 from .policy import MaintenancePolicy
@@ -59,7 +59,9 @@ class BackgroundMaintenance:
         except ValueError as e:
             self.errors[table.name] = str(e)
             return
-        if now - self._last_check.get(table.name, 0.0) < policy.auto_interval_s or now < self._retry_at.get(table.name, 0.0):
+        if now - self._last_check.get(table.name, 0.0) < policy.auto_interval_s or now < self._retry_at.get(
+            table.name, 0.0
+        ):
             return
         self._last_check[table.name] = now
         merge = len(table.file_index.blocks) > policy.index_max_blocks
@@ -67,8 +69,12 @@ class BackgroundMaintenance:
         expire = now - self._last_expire.get(table.name, 0.0) >= max(EXPIRE_EVERY_S, policy.auto_interval_s)
         if not (merge or plan or expire):
             return
-        th = threading.Thread(target=self._work, args=(table, policy, bool(plan), merge, expire),
-                              name=f"mooncake-maintenance-{table.name}", daemon=True)
+        th = threading.Thread(
+            target=self._work,
+            args=(table, policy, bool(plan), merge, expire),
+            name=f"mooncake-maintenance-{table.name}",
+            daemon=True,
+        )
         self._busy[table.name] = th
         th.start()
 
@@ -78,9 +84,15 @@ class BackgroundMaintenance:
                 # the service persists by its own policy; compaction takes what is persisted by now
                 r = compact(table, lock=self.lock, policy=policy, expire=False, persist_first=False)
                 if r.get("compacted"):
-                    log.info("table %s: compacted %s files into %s (%s rows dropped) in %.2fs, lock held %.3fs",
-                             table.name, r["files_in"], r["files_out"], r["deleted_rows_dropped"], r["seconds"],
-                             r["lock_seconds"])
+                    log.info(
+                        "table %s: compacted %s files into %s (%s rows dropped) in %.2fs, lock held %.3fs",
+                        table.name,
+                        r["files_in"],
+                        r["files_out"],
+                        r["deleted_rows_dropped"],
+                        r["seconds"],
+                        r["lock_seconds"],
+                    )
             if not self._stop.is_set() and (do_merge or len(table.file_index.blocks) > policy.index_max_blocks):
                 merge_index(table, lock=self.lock, policy=policy)
             if do_expire and not self._stop.is_set():
@@ -92,8 +104,11 @@ class BackgroundMaintenance:
             self.errors[table.name] = f"{type(e).__name__}: {e}"
             n = self._failures[table.name] = self._failures.get(table.name, 0) + 1
             self._retry_at[table.name] = time.time() + min(300.0, 5.0 * 2 ** (n - 1))  # back off: 5 s, 10 s, … 5 min
-            log.exception("table %s: background maintenance failed (replication continues; retry in %.0fs)",
-                          table.name, self._retry_at[table.name] - time.time())
+            log.exception(
+                "table %s: background maintenance failed (replication continues; retry in %.0fs)",
+                table.name,
+                self._retry_at[table.name] - time.time(),
+            )
         finally:
             self.runs[table.name] = self.runs.get(table.name, 0) + 1
 

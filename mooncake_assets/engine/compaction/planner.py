@@ -1,4 +1,4 @@
-"""Which files a data compaction rewrites, and why (DESIGN.md §3 step 4; seed 002 §3.2–3.3).
+"""Which files a data compaction rewrites, and why (docs/architecture.md#maintenance).
 
 :func:`plan_compaction` takes the table's persisted files as :class:`FileStats` and a
 :class:`~.policy.MaintenancePolicy` and returns a :class:`CompactionPlan`: the files to rewrite, in a
@@ -24,6 +24,7 @@ so size is the only order that matters, and it is the same after a restart):
 files first, the highest ratio first) except for ``full``. Nothing is picked when the result would be a
 single file that has no deleted row (rewriting it changes nothing).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -76,9 +77,17 @@ class CompactionPlan:
         out = []
         for n in self.files:
             s = stats[n]
-            out.append({"file": n, "rows": s.rows, "deleted": s.deleted, "bytes": s.size_bytes,
-                        "live_bytes": s.live_bytes, "delete_ratio_percent": round(s.delete_ratio_percent, 1),
-                        "reasons": self.reasons.get(n, [])})
+            out.append(
+                {
+                    "file": n,
+                    "rows": s.rows,
+                    "deleted": s.deleted,
+                    "bytes": s.size_bytes,
+                    "live_bytes": s.live_bytes,
+                    "delete_ratio_percent": round(s.delete_ratio_percent, 1),
+                    "reasons": self.reasons.get(n, []),
+                }
+            )
         return out
 
 
@@ -118,8 +127,10 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
     # 1. delete ratio
     thr = policy.delete_ratio_percent
     if thr > 0:
-        hot = sorted((f for f in files if f.rows and f.delete_ratio_percent >= thr),
-                     key=lambda f: (-f.delete_ratio_percent, f.name))
+        hot = sorted(
+            (f for f in files if f.rows and f.delete_ratio_percent >= thr),
+            key=lambda f: (-f.delete_ratio_percent, f.name),
+        )
         for f in hot:
             add(f, f"delete ratio {f.delete_ratio_percent:.1f}% ≥ {thr:g}%")
         plan.checks.append(f"delete ratio ≥ {thr:g}%: {len(hot)} file(s)")
@@ -140,10 +151,15 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
         amp = 100.0 * rest / largest if largest else float("inf")
         if len(small) >= 2 and amp > policy.max_size_amplification_percent:
             for f in small:
-                add(f, f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}% "
-                       f"({_mib(rest)} over the largest small file's {_mib(largest)})")
-            plan.checks.append(f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}%: "
-                               f"all {len(small)} small files")
+                add(
+                    f,
+                    f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}% "
+                    f"({_mib(rest)} over the largest small file's {_mib(largest)})",
+                )
+            plan.checks.append(
+                f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}%: "
+                f"all {len(small)} small files"
+            )
             picked_universal = True
         else:
             plan.checks.append(f"size amplification {amp:.0f}% ≤ {policy.max_size_amplification_percent:g}%")
@@ -155,11 +171,15 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
             n = _size_ratio_run(small, 0, policy.size_ratio_percent, seed)
             run = small[:n]
             if len(small) > trig:
-                why = (f"file count: {len(small)} small files > trigger {trig}; the {seed} smallest, grown to "
-                       f"{n} by the {policy.size_ratio_percent:g}% size ratio")
+                why = (
+                    f"file count: {len(small)} small files > trigger {trig}; the {seed} smallest, grown to "
+                    f"{n} by the {policy.size_ratio_percent:g}% size ratio"
+                )
             else:
-                why = (f"size ratio: the {seed} smallest small files grown to {n} within "
-                       f"{policy.size_ratio_percent:g}% ({_mib(sum(x.live_bytes for x in run))})")
+                why = (
+                    f"size ratio: the {seed} smallest small files grown to {n} within "
+                    f"{policy.size_ratio_percent:g}% ({_mib(sum(x.live_bytes for x in run))})"
+                )
             for f in run:
                 add(f, why)
             plan.checks.append(why)
@@ -167,8 +187,8 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
 
     # cap, and nothing to gain from rewriting one clean file
     if len(plan.files) > policy.max_files_per_run:
-        dropped = plan.files[policy.max_files_per_run:]
-        plan.files = plan.files[:policy.max_files_per_run]
+        dropped = plan.files[policy.max_files_per_run :]
+        plan.files = plan.files[: policy.max_files_per_run]
         for n in dropped:
             plan.reasons.pop(n, None)
         plan.checks.append(f"capped at max_files_per_run = {policy.max_files_per_run} ({len(dropped)} left for later)")

@@ -1,9 +1,8 @@
 """Maintenance policy of one mirrored table: data compaction, index merge, snapshot retention.
 
-DESIGN.md §3 steps 3–4; seed 002 (Paimon universal compaction: ``compaction.size-ratio``,
+docs/architecture.md#maintenance; Paimon's universal compaction (``compaction.size-ratio``,
 ``compaction.max-size-amplification-percent``, ``num-sorted-run.compaction-trigger``,
-``target-file-size``; full compaction) and seed 000 (moonlink: "选中数据文件的同时，也会选中这些文件关联的
-索引块"; index merge when there are many blocks). Every field is documented with its unit and range, as
+``target-file-size``; full compaction) and index merge when there are many blocks. Every field is documented with its unit and range, as
 moonlink's ``compaction_config.rs`` does; bad values raise ``ValueError`` (permanent: fix the setting).
 
 Where a table's policy comes from (:func:`policy_for`): the defaults below, overridden by
@@ -14,10 +13,12 @@ Where a table's policy comes from (:func:`policy_for`): the defaults below, over
     {"extra": {"maintenance": {"target_file_bytes": 67108864},
                "maintenance_tables": {"orders": {"delete_ratio_percent": 10}}}}
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from ..index import IndexMergePolicy
 
@@ -28,7 +29,7 @@ __all__ = ["MaintenancePolicy", "policy_for", "table_policy"]
 class MaintenancePolicy:
     """Per-table maintenance policy (all sizes in bytes, shares in percent, times in seconds).
 
-    Data compaction (``mooncake compact``), universal style (seed 002 §3.3) over the table's *small*
+    Data compaction (``mooncake compact``), universal style over the table's *small*
     files — persisted files whose live bytes (file bytes × live rows / rows) are below
     ``target_file_bytes``; files sorted by live bytes, smallest first, play the role of Paimon's sorted
     runs, newest first (with deletion vectors no file shadows another, so only sizes matter):
@@ -100,7 +101,9 @@ class MaintenancePolicy:
         need(self.max_size_amplification_percent >= 0, "max_size_amplification_percent", "≥ 0 (percent)")
         need(self.file_count_trigger >= 1, "file_count_trigger", "≥ 1 (files)")
         need(self.min_files_per_run >= 2, "min_files_per_run", "≥ 2 (files)")
-        need(self.max_files_per_run >= max(2, self.min_files_per_run), "max_files_per_run", "≥ min_files_per_run (files)")
+        need(
+            self.max_files_per_run >= max(2, self.min_files_per_run), "max_files_per_run", "≥ min_files_per_run (files)"
+        )
         need(0 <= self.delete_ratio_percent <= 100, "delete_ratio_percent", "in 0–100 (percent)")
         need(self.snapshot_retention_s >= 0, "snapshot_retention_s", "≥ 0 (seconds)")
         need(self.retain_snapshots >= 1, "retain_snapshots", "≥ 1 (snapshots)")
@@ -114,15 +117,16 @@ class MaintenancePolicy:
         return IndexMergePolicy(self.index_max_blocks, self.index_max_blocks_per_merge)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "MaintenancePolicy":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> MaintenancePolicy:
         """From a JSON object of field names; unknown names raise ``ValueError`` (a typo must not be
         ignored silently)."""
         d = dict(d or {})
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(d) - set(known))
         if unknown:
-            raise ValueError(f"maintenance policy: unknown setting(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"maintenance policy: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         out = {}
         for k, v in d.items():
             default = known[k].default
@@ -132,7 +136,7 @@ class MaintenancePolicy:
                 raise ValueError(f"maintenance policy: {k} must be a {type(default).__name__}, found {v!r}") from None
         return cls(**out)
 
-    def merged(self, overrides: Mapping[str, Any] | None) -> "MaintenancePolicy":
+    def merged(self, overrides: Mapping[str, Any] | None) -> MaintenancePolicy:
         """This policy with ``overrides`` (field name → value) applied."""
         if not overrides:
             return self
@@ -149,8 +153,9 @@ def policy_for(settings, table: str) -> MaintenancePolicy:
     return table_policy(extra.get("maintenance"), extra.get("maintenance_tables"), table)
 
 
-def table_policy(defaults: Mapping[str, Any] | None, per_table: Mapping[str, Mapping[str, Any]] | None,
-                 table: str) -> MaintenancePolicy:
+def table_policy(
+    defaults: Mapping[str, Any] | None, per_table: Mapping[str, Mapping[str, Any]] | None, table: str
+) -> MaintenancePolicy:
     """The policy of ``table``: :class:`MaintenancePolicy`'s defaults, overridden by ``defaults``
     (field name → value), then by ``per_table[table]``."""
     base = MaintenancePolicy.from_dict(dict(defaults or {}))

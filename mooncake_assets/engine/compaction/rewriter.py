@@ -1,6 +1,5 @@
 """Rewrite data files: read each input applying its deletion vector, write the live rows into new
-Parquet files of a target size, and record where every old row went (seed 000, "合并数据文件 … 写入过程中
-记录每一行的位置映射：旧 (file_id, row_offset) → 新 (file_id, row_offset)"; DESIGN.md §3 step 4).
+Parquet files of a target size, and record where every old row went (docs/architecture.md#maintenance).
 
 Pure file work: no table state, no lock. Inputs are read record batch by record batch (memory stays
 around one batch plus the Parquet writer's open row group); rows keep their input order, inputs are
@@ -13,6 +12,7 @@ as its written bytes reach the target. So every output but the last of a run hol
 ``target_bytes`` (and less than one more row group): a freshly compacted file is never "small" to the
 planner, which is what keeps compaction from rewriting its own output over and over.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,9 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from ..table.evolution import project
-
 from ..index import PositionMap
+from ..table.evolution import project
 
 __all__ = ["RewriteInput", "RewriteOutput", "RewriteResult", "rewrite_files"]
 
@@ -82,8 +81,15 @@ def _keep_mask(deleted_sorted: np.ndarray, start: int, n: int) -> np.ndarray:
     return keep
 
 
-def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Schema,
-                  target_bytes: int, compression: str = "zstd", open_input=None, defaults=None) -> RewriteResult:
+def rewrite_files(
+    inputs: list[RewriteInput],
+    out_dir: str | Path,
+    schema: pa.Schema,
+    target_bytes: int,
+    compression: str = "zstd",
+    open_input=None,
+    defaults=None,
+) -> RewriteResult:
     """Rewrite ``inputs`` into new files under ``out_dir`` (see the module docstring).
 
     ``schema``: the table's Arrow schema (input batches are brought to it: columns matched by field id,
@@ -173,7 +179,7 @@ def rewrite_files(inputs: list[RewriteInput], out_dir: str | Path, schema: pa.Sc
                             open_new()
                         want = row_group_rows(per_row)
                         take = int(max(1, min(len(live) - off, want - cur["buffered"])))
-                        sel = live[off:off + take]
+                        sel = live[off : off + take]
                         parts.append(batch.slice(off, take) if whole else batch.take(pa.array(sel)))
                         idx[start + sel] = len(names) - 1
                         rows[start + sel] = np.arange(cur["rows"], cur["rows"] + take, dtype=np.uint32)

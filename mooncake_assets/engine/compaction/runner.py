@@ -1,5 +1,5 @@
 """Data compaction and index merge of one :class:`~mooncake_assets.engine.table.mirror.MirrorTable`
-while replication goes on (DESIGN.md §3 steps 3–4; seed 000 "Data Compaction 后 GlobalIndex 的更新").
+while replication goes on (docs/architecture.md#maintenance).
 
 The service lock (``lock``: the one the apply loop holds per batch of transactions) is held only for
 two short moments; the heavy work runs without it:
@@ -34,6 +34,7 @@ Errors: a failure before the commit deletes what the run wrote and re-raises (th
 retrying may help when the cause was temporary). ``CommitStateUnknown`` from the catalog keeps the
 written files (the commit may have landed; the next restart reloads the truth).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,19 +49,19 @@ from pathlib import Path
 import numpy as np
 from pyroaring import BitMap64
 
+from ..faults import fault
 from ..iceberg.errors import CommitStateUnknown
 from ..index import FileIndex, PositionMap
-from ..faults import fault
+from ..table.maintenance import CompactionResult
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
 from .rewriter import RewriteInput, rewrite_files
-from ..table.maintenance import CompactionResult
 
 __all__ = ["compact", "merge_index", "expire_and_clean", "clean_local", "file_stats", "maintenance_lock"]
 
 log = logging.getLogger("mooncake.compaction")
 
-_locks: "weakref.WeakKeyDictionary[object, threading.Lock]" = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[object, threading.Lock] = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 
 
@@ -98,9 +99,11 @@ def file_stats(table, committed_only: bool = True) -> dict[str, FileStats]:
 
     ``committed_only``: count only persisted deletes (what a rewrite drops); else pending ones too (what
     a rewrite would drop after a persist)."""
-    return {f.name: FileStats(f.name, f.num_rows, len(f.committed) if committed_only else f.deleted_count(),
-                              f.size_bytes)
-            for f in table.files.values() if f.persisted and not f.truncated_lsn}
+    return {
+        f.name: FileStats(f.name, f.num_rows, len(f.committed) if committed_only else f.deleted_count(), f.size_bytes)
+        for f in table.files.values()
+        if f.persisted and not f.truncated_lsn
+    }
 
 
 def _record(table, op: str, report: dict) -> dict:
@@ -114,6 +117,7 @@ def _record(table, op: str, report: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ index helpers
+
 
 def _dead_file_maps(blocks, live: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """PositionMap sources that drop every entry of files no longer in the table (their row count is
@@ -137,8 +141,9 @@ def _new_block_path(table) -> Path:
 
 # ------------------------------------------------------------------------------------ index merge
 
+
 def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, full: bool = False) -> dict:
-    """Merge the table's IndexBlocks by policy (seed 000 "索引合并"; :class:`IndexMergePolicy`: more
+    """Merge the table's IndexBlocks by policy (:class:`IndexMergePolicy`: more
     than ``index_max_blocks`` blocks → the smallest ``index_max_blocks_per_merge`` into one); ``full``:
     merge up to ``index_max_blocks_per_merge`` blocks whenever there are two or more.
 
@@ -159,17 +164,37 @@ def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, fu
             blocks_before = len(table.file_index.blocks)
             if full:
                 pick = list(table.file_index.blocks)[: policy.index_max_blocks_per_merge] if blocks_before > 1 else []
-                reason = f"full: {len(pick)} of {blocks_before} blocks" if pick else f"{blocks_before} block(s); nothing to merge"
+                reason = (
+                    f"full: {len(pick)} of {blocks_before} blocks"
+                    if pick
+                    else f"{blocks_before} block(s); nothing to merge"
+                )
             else:
                 pick = policy.index_merge.pick(table.file_index)
-                reason = (f"{blocks_before} blocks > index_max_blocks {policy.index_max_blocks}: merging {len(pick)}"
-                          if pick else f"{blocks_before} blocks ≤ index_max_blocks {policy.index_max_blocks}")
+                reason = (
+                    f"{blocks_before} blocks > index_max_blocks {policy.index_max_blocks}: merging {len(pick)}"
+                    if pick
+                    else f"{blocks_before} blocks ≤ index_max_blocks {policy.index_max_blocks}"
+                )
             inp = table.index_merge_input(pick)
         if not pick:
-            return _record(table, "merge_index", {
-                "merged": False, "blocks_in": 0, "blocks_out": 0, "blocks_before": blocks_before,
-                "blocks_after": blocks_before, "entries_in": 0, "entries_out": 0, "dead_entries_dropped": 0,
-                "seconds": round(time.time() - t0, 4), "lock_seconds": round(lk.held, 4), "reason": reason})
+            return _record(
+                table,
+                "merge_index",
+                {
+                    "merged": False,
+                    "blocks_in": 0,
+                    "blocks_out": 0,
+                    "blocks_before": blocks_before,
+                    "blocks_after": blocks_before,
+                    "entries_in": 0,
+                    "entries_out": 0,
+                    "dead_entries_dropped": 0,
+                    "seconds": round(time.time() - t0, 4),
+                    "lock_seconds": round(lk.held, 4),
+                    "reason": reason,
+                },
+            )
         entries_in = sum(b.num_entries for b in inp.blocks)
         new = _merged_block(inp, _new_block_path(table))
         fault("merge_index:after_index_rebuilt")
@@ -180,11 +205,23 @@ def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, fu
         except BaseException:
             new.unlink()
             raise
-    return _record(table, "merge_index", {
-        "merged": True, "blocks_in": len(pick), "blocks_out": 1, "blocks_before": blocks_before,
-        "blocks_after": blocks_after, "entries_in": entries_in, "entries_out": new.num_entries,
-        "dead_entries_dropped": entries_in - new.num_entries, "seconds": round(time.time() - t0, 4),
-        "lock_seconds": round(lk.held, 4), "reason": reason})
+    return _record(
+        table,
+        "merge_index",
+        {
+            "merged": True,
+            "blocks_in": len(pick),
+            "blocks_out": 1,
+            "blocks_before": blocks_before,
+            "blocks_after": blocks_after,
+            "entries_in": entries_in,
+            "entries_out": new.num_entries,
+            "dead_entries_dropped": entries_in - new.num_entries,
+            "seconds": round(time.time() - t0, 4),
+            "lock_seconds": round(lk.held, 4),
+            "reason": reason,
+        },
+    )
 
 
 def _merged_block(inp, path: Path):
@@ -198,14 +235,32 @@ def _merged_block(inp, path: Path):
 
 # ------------------------------------------------------------------------------------ compaction
 
+
 def _policy_summary(p: MaintenancePolicy) -> dict:
-    return {k: getattr(p, k) for k in ("target_file_bytes", "size_ratio_percent", "max_size_amplification_percent",
-                                       "file_count_trigger", "min_files_per_run", "max_files_per_run",
-                                       "delete_ratio_percent")}
+    return {
+        k: getattr(p, k)
+        for k in (
+            "target_file_bytes",
+            "size_ratio_percent",
+            "max_size_amplification_percent",
+            "file_count_trigger",
+            "min_files_per_run",
+            "max_files_per_run",
+            "delete_ratio_percent",
+        )
+    }
 
 
-def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: bool = False,
-            dry_run: bool = False, persist_first: bool | None = None, expire: bool = True) -> dict:
+def compact(
+    table,
+    *,
+    lock=None,
+    policy: MaintenancePolicy | None = None,
+    full: bool = False,
+    dry_run: bool = False,
+    persist_first: bool | None = None,
+    expire: bool = True,
+) -> dict:
     """Compact the table's data files by policy (``full``: every persisted file) — see the module
     docstring for the steps, :mod:`.planner` for the choice.
 
@@ -237,10 +292,18 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
         plan = plan_compaction(list(stats.values()), policy, full)
         checks = list(plan.checks)
         if unpersisted:
-            checks.append(f"{unpersisted} unpersisted file(s) not considered"
-                          + (" (a real run persists first)" if persist_first else ""))
-        return {"dry_run": True, "full": full, "picked": len(plan.files), "files": plan.describe(stats),
-                "checks": checks, "policy": _policy_summary(policy)}
+            checks.append(
+                f"{unpersisted} unpersisted file(s) not considered"
+                + (" (a real run persists first)" if persist_first else "")
+            )
+        return {
+            "dry_run": True,
+            "full": full,
+            "picked": len(plan.files),
+            "files": plan.describe(stats),
+            "checks": checks,
+            "policy": _policy_summary(policy),
+        }
 
     with maintenance_lock(table):
         persist_s = 0.0
@@ -253,9 +316,15 @@ def compact(table, *, lock=None, policy: MaintenancePolicy | None = None, full: 
             stats = file_stats(table)
             plan = plan_compaction(list(stats.values()), policy, full)
             if not plan:
-                report = {"compacted": False, "checks": plan.checks, "files_in": 0, "files_out": 0,
-                          "seconds": round(time.time() - t0, 4), "lock_seconds": round(lk.held, 4),
-                          "persist_seconds": round(persist_s, 4)}
+                report = {
+                    "compacted": False,
+                    "checks": plan.checks,
+                    "files_in": 0,
+                    "files_out": 0,
+                    "seconds": round(time.time() - t0, 4),
+                    "lock_seconds": round(lk.held, 4),
+                    "persist_seconds": round(persist_s, 4),
+                }
                 return _record(table, "compact", report)
             # the files, their committed DVs, their IndexBlocks, and the layout the Iceberg table has now: a
             # schema change during the rewrite must not put field ids into the outputs that the table does
@@ -282,8 +351,14 @@ def _work(table, policy, inp) -> tuple:
     inputs = [RewriteInput(f.name, f.path, f.rows, BitMap64(f.committed), f.size_bytes) for f in inp.files]
     uploaded: list[str] = []
     new_block = None
-    rw = rewrite_files(inputs, table.dir / "compaction", inp.schema, policy.target_file_bytes,
-                       open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p, defaults=inp.defaults)
+    rw = rewrite_files(
+        inputs,
+        table.dir / "compaction",
+        inp.schema,
+        policy.target_file_bytes,
+        open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
+        defaults=inp.defaults,
+    )
     try:
         t_up = time.perf_counter()
         for o in rw.outputs:
@@ -302,8 +377,11 @@ def _work(table, policy, inp) -> tuple:
     except BaseException:
         _discard(ice, uploaded, new_block, rw)
         raise
-    res = CompactionResult(outputs=tuple((o.name, o.rows, o.size_bytes, loc) for o, loc in zip(rw.outputs, uploaded)),
-                           position_map=rw.position_map, new_block=new_block)
+    res = CompactionResult(
+        outputs=tuple((o.name, o.rows, o.size_bytes, loc) for o, loc in zip(rw.outputs, uploaded)),
+        position_map=rw.position_map,
+        new_block=new_block,
+    )
     return rw, res, upload_s, index_s
 
 
@@ -335,8 +413,13 @@ def _commit_swap(table, prep, res) -> int:
 
     ice.before_swap = hook
     try:
-        return ice.commit(add_files=[o[3] for o in res.outputs], deletes=prep.adds, remove_files=list(prep.remove),
-                          index_blob=prep.index_blob, operation="replace")
+        return ice.commit(
+            add_files=[o[3] for o in res.outputs],
+            deletes=prep.adds,
+            remove_files=list(prep.remove),
+            index_blob=prep.index_blob,
+            operation="replace",
+        )
     finally:
         ice.before_swap = previous_hook
 
@@ -363,24 +446,38 @@ def _work_and_swap(table, lk: _Timed, policy, plan, inp) -> dict:
         _drop_local(rw)
     new_block = res.new_block
     return {
-        "compacted": True, "full": plan.full, "files_in": len(inp.files), "files_out": len(rw.outputs),
-        "rows_in": rw.rows_in, "rows_out": rw.rows_out, "bytes_in": rw.bytes_in, "bytes_out": rw.bytes_out,
-        "deleted_rows_dropped": rw.rows_dropped, "deletes_remapped": prep.remapped, "deletes_dropped": prep.dropped,
+        "compacted": True,
+        "full": plan.full,
+        "files_in": len(inp.files),
+        "files_out": len(rw.outputs),
+        "rows_in": rw.rows_in,
+        "rows_out": rw.rows_out,
+        "bytes_in": rw.bytes_in,
+        "bytes_out": rw.bytes_out,
+        "deleted_rows_dropped": rw.rows_dropped,
+        "deletes_remapped": prep.remapped,
+        "deletes_dropped": prep.dropped,
         "files_removed_meanwhile": prep.vanished,
-        "blocks_in": len(inp.blocks), "blocks_out": 1 if new_block is not None else 0,
+        "blocks_in": len(inp.blocks),
+        "blocks_out": 1 if new_block is not None else 0,
         "index_entries_in": sum(b.num_entries for b in inp.blocks) if new_block is not None else 0,
         "index_entries_out": new_block.num_entries if new_block is not None else 0,
-        "rewrite_seconds": round(rw.seconds, 4), "upload_seconds": round(upload_s, 4),
-        "index_seconds": round(index_s, 4), "commit_seconds": round(commit_s, 4),
-        "swap_seconds": round(swap_s, 4), "snapshot_id": snapshot_id,
-        "reasons": {n: plan.reasons.get(n, []) for n in plan.files}, "checks": plan.checks,
+        "rewrite_seconds": round(rw.seconds, 4),
+        "upload_seconds": round(upload_s, 4),
+        "index_seconds": round(index_s, 4),
+        "commit_seconds": round(commit_s, 4),
+        "swap_seconds": round(swap_s, 4),
+        "snapshot_id": snapshot_id,
+        "reasons": {n: plan.reasons.get(n, []) for n in plan.files},
+        "checks": plan.checks,
     }
 
 
 # ------------------------------------------------------------------------------------ cleanup
 
+
 def _strip(loc: str) -> str:
-    return loc[len("file://"):] if loc.startswith("file://") else loc
+    return loc[len("file://") :] if loc.startswith("file://") else loc
 
 
 def _referenced(ice) -> set[str]:
@@ -415,8 +512,9 @@ def _list_files(ice, min_age_s: float) -> list[str]:
     fs, base = pafs.LocalFileSystem(), _strip(loc)
     out = []
     for sub in ("data", "index", "metadata"):
-        for info in fs.get_file_info(pafs.FileSelector(f"{base.rstrip('/')}/{sub}", recursive=True,
-                                                       allow_not_found=True)):
+        for info in fs.get_file_info(
+            pafs.FileSelector(f"{base.rstrip('/')}/{sub}", recursive=True, allow_not_found=True)
+        ):
             if info.type != pafs.FileType.File:
                 continue
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
@@ -442,7 +540,7 @@ def _mtime(info: dict) -> float:
             except ValueError:
                 continue
         if isinstance(v, _dt.datetime):
-            return (v if v.tzinfo else v.replace(tzinfo=_dt.timezone.utc)).timestamp()
+            return (v if v.tzinfo else v.replace(tzinfo=_dt.UTC)).timestamp()
     return 0.0
 
 

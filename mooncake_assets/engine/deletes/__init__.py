@@ -1,4 +1,5 @@
 """Row deletes on Iceberg data files: deletion vectors and the Puffin files that hold them."""
+
 from .deletion_vector import (
     MAX_POSITION,
     decode_deletion_vector,

@@ -21,6 +21,7 @@ array indexed by key, so it caps keys at 2**31 - 2 and positions at ``MAX_POSITI
 (2**31 - 2) * 2**32 + 2**31 = 0x7FFF_FFFE_8000_0000. We use that cap both ways, so every vector written
 here is readable by the reference and nothing read here exceeds what it could have written.
 """
+
 from __future__ import annotations
 
 import struct
@@ -103,15 +104,11 @@ def decode_portable_roaring64(data: bytes) -> BitMap64:
                 f"vector allows keys up to {MAX_KEY} (positions up to MAX_POSITION = {MAX_POSITION})"
             )
         if key <= previous_key:
-            raise ValueError(
-                f"portable roaring64: keys must be strictly ascending, found {key} after {previous_key}"
-            )
+            raise ValueError(f"portable roaring64: keys must be strictly ascending, found {key} after {previous_key}")
         previous_key = key
         offset += 4 + _portable32_size(data, offset + 4)
     if offset != len(data):
-        raise ValueError(
-            f"portable roaring64: {count} bitmaps end at byte {offset}, but found {len(data)} bytes"
-        )
+        raise ValueError(f"portable roaring64: {count} bitmaps end at byte {offset}, but found {len(data)} bytes")
     try:
         bitmap = BitMap64.deserialize(data)
     except ValueError as e:
@@ -155,8 +152,10 @@ def _portable32_size(data: bytes, start: int) -> int:
 
     def need(end: int) -> None:
         if end > len(data):
-            raise ValueError(f"portable roaring64: truncated 32-bit bitmap at byte {start}, "
-                             f"needs at least {end} bytes, found {len(data)}")
+            raise ValueError(
+                f"portable roaring64: truncated 32-bit bitmap at byte {start}, "
+                f"needs at least {end} bytes, found {len(data)}"
+            )
 
     need(start + 4)
     (cookie,) = struct.unpack_from("<I", data, start)
@@ -170,12 +169,14 @@ def _portable32_size(data: bytes, start: int) -> int:
     elif cookie & 0xFFFF == _SERIAL_COOKIE:
         n = (cookie >> 16) + 1
         need(pos + (n + 7) // 8)
-        runs = data[pos:pos + (n + 7) // 8]
+        runs = data[pos : pos + (n + 7) // 8]
         pos += len(runs)
         has_offsets = n >= _NO_OFFSET_THRESHOLD
     else:
-        raise ValueError(f"portable roaring64: expected a 32-bit Roaring cookie ({_SERIAL_COOKIE_NO_RUN} or "
-                         f"{_SERIAL_COOKIE}) at byte {start}, found {cookie & 0xFFFF}")
+        raise ValueError(
+            f"portable roaring64: expected a 32-bit Roaring cookie ({_SERIAL_COOKIE_NO_RUN} or "
+            f"{_SERIAL_COOKIE}) at byte {start}, found {cookie & 0xFFFF}"
+        )
     if n > 65536:
         raise ValueError(f"portable roaring64: a 32-bit bitmap holds at most 65536 containers, found {n}")
     need(pos + 4 * n)

@@ -21,6 +21,7 @@ writer does)::
 absent (uncompressed) and ``"zstd"`` are written and read; ``"lz4"`` is recognized but not
 supported. ``deletion-vector-v1`` blobs are never compressed.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,7 +81,7 @@ class PuffinFile:
         does not decompress.
         """
         meta = self.blobs[blob] if isinstance(blob, int) else blob
-        stored = self._data[meta.offset:meta.offset + meta.length]
+        stored = self._data[meta.offset : meta.offset + meta.length]
         return _decompress(meta.compression_codec, stored)
 
 
@@ -96,14 +97,23 @@ def write_puffin(
     metas = []
     for blob in blobs:
         if blob.type == DELETION_VECTOR_V1 and blob.compression_codec is not None:
-            raise ValueError(f"puffin: {DELETION_VECTOR_V1} blobs must be uncompressed, "
-                             f"found compression-codec {blob.compression_codec!r}")
+            raise ValueError(
+                f"puffin: {DELETION_VECTOR_V1} blobs must be uncompressed, "
+                f"found compression-codec {blob.compression_codec!r}"
+            )
         stored = _compress(blob.compression_codec, bytes(blob.data))
-        metas.append(PuffinBlobMetadata(
-            type=blob.type, fields=list(blob.fields), snapshot_id=blob.snapshot_id,
-            sequence_number=blob.sequence_number, offset=len(out), length=len(stored),
-            compression_codec=blob.compression_codec, properties=dict(blob.properties),
-        ))
+        metas.append(
+            PuffinBlobMetadata(
+                type=blob.type,
+                fields=list(blob.fields),
+                snapshot_id=blob.snapshot_id,
+                sequence_number=blob.sequence_number,
+                offset=len(out),
+                length=len(stored),
+                compression_codec=blob.compression_codec,
+                properties=dict(blob.properties),
+            )
+        )
         out += stored
     footer: dict = {"blobs": [_blob_json(m) for m in metas]}
     if properties:
@@ -134,21 +144,22 @@ def read_puffin(data: bytes) -> PuffinFile:
     footer_start = len(data) - _FOOTER_STRUCT_BYTES - payload_size - len(MAGIC)
     if footer_start < len(MAGIC):
         raise ValueError(f"puffin: FooterPayloadSize {payload_size} does not fit in a {len(data)}-byte file")
-    if data[footer_start:footer_start + 4] != MAGIC:
-        raise ValueError(f"puffin: expected footer magic {MAGIC!r} at byte {footer_start}, "
-                         f"found {data[footer_start:footer_start + 4]!r}")
+    if data[footer_start : footer_start + 4] != MAGIC:
+        raise ValueError(
+            f"puffin: expected footer magic {MAGIC!r} at byte {footer_start}, "
+            f"found {data[footer_start : footer_start + 4]!r}"
+        )
     if flags & _FLAG_FOOTER_COMPRESSED:
-        raise ValueError("puffin: footer payload is compressed (flag bit 0 set); "
-                         "compressed footers are not supported")
+        raise ValueError("puffin: footer payload is compressed (flag bit 0 set); compressed footers are not supported")
     if flags:
         raise ValueError(f"puffin: expected reserved flag bits to be 0, found flags {flags:#010x}")
-    payload = data[footer_start + 4:footer_start + 4 + payload_size]
+    payload = data[footer_start + 4 : footer_start + 4 + payload_size]
     try:
         footer = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"puffin: footer payload is not UTF-8 JSON: {e}") from None
     if not isinstance(footer, dict) or not isinstance(footer.get("blobs"), list):
-        raise ValueError(f"puffin: expected a footer object with a \"blobs\" list, found {str(footer)[:200]}")
+        raise ValueError(f'puffin: expected a footer object with a "blobs" list, found {str(footer)[:200]}')
     blobs = [_blob_from_json(i, b, footer_start) for i, b in enumerate(footer["blobs"])]
     properties = _str_dict(footer.get("properties", {}), "footer properties")
     return PuffinFile(properties=properties, blobs=blobs, _data=data)
@@ -163,14 +174,22 @@ def deletion_vector_blob(referenced_data_file: str, positions) -> PuffinBlob:
     """
     bitmap = _to_bitmap(positions)
     return PuffinBlob(
-        type=DELETION_VECTOR_V1, fields=[], data=_frame(bitmap),
+        type=DELETION_VECTOR_V1,
+        fields=[],
+        data=_frame(bitmap),
         properties={"referenced-data-file": referenced_data_file, "cardinality": str(len(bitmap))},
     )
 
 
 def _blob_json(meta: PuffinBlobMetadata) -> dict:
-    entry = {"type": meta.type, "fields": meta.fields, "snapshot-id": meta.snapshot_id,
-             "sequence-number": meta.sequence_number, "offset": meta.offset, "length": meta.length}
+    entry = {
+        "type": meta.type,
+        "fields": meta.fields,
+        "snapshot-id": meta.snapshot_id,
+        "sequence-number": meta.sequence_number,
+        "offset": meta.offset,
+        "length": meta.length,
+    }
     if meta.compression_codec is not None:
         entry["compression-codec"] = meta.compression_codec
     if meta.properties:
@@ -195,19 +214,25 @@ def _blob_from_json(i: int, entry, footer_start: int) -> PuffinBlobMetadata:
 
     fields = get("fields", list)
     if not all(isinstance(f, int) and not isinstance(f, bool) for f in fields):
-        raise ValueError(f"{where}: expected \"fields\" to be a list of ints, found {fields!r}")
+        raise ValueError(f'{where}: expected "fields" to be a list of ints, found {fields!r}')
     codec = entry.get("compression-codec")
     if codec is not None and not isinstance(codec, str):
-        raise ValueError(f"{where}: expected \"compression-codec\" to be a string, found {codec!r}")
+        raise ValueError(f'{where}: expected "compression-codec" to be a string, found {codec!r}')
     meta = PuffinBlobMetadata(
-        type=get("type", str), fields=fields, snapshot_id=get("snapshot-id", int),
-        sequence_number=get("sequence-number", int), offset=get("offset", int),
-        length=get("length", int), compression_codec=codec,
+        type=get("type", str),
+        fields=fields,
+        snapshot_id=get("snapshot-id", int),
+        sequence_number=get("sequence-number", int),
+        offset=get("offset", int),
+        length=get("length", int),
+        compression_codec=codec,
         properties=_str_dict(get("properties", dict, required=False, default={}), f"blob {i} properties"),
     )
     if meta.offset < len(MAGIC) or meta.length < 0 or meta.offset + meta.length > footer_start:
-        raise ValueError(f"{where}: offset {meta.offset} + length {meta.length} is outside the blob area "
-                         f"[{len(MAGIC)}, {footer_start})")
+        raise ValueError(
+            f"{where}: offset {meta.offset} + length {meta.length} is outside the blob area "
+            f"[{len(MAGIC)}, {footer_start})"
+        )
     return meta
 
 

@@ -7,14 +7,14 @@ See ``table.py`` (the table API), ``producer.py`` (one commit as a snapshot prod
 ``compat.py`` (every use of PyIceberg/SQLAlchemy internals, version-gated), ``..storage.duckdb_ext`` (DuckDB
 with the iceberg extension, offline), ``faults.py`` (crash injection for tests).
 """
+
+from ..storage.duckdb_ext import connect_with_iceberg
 from .catalog import make_catalog, metadata_json
 from .datafile import iceberg_arrow_schema
-from ..storage.duckdb_ext import connect_with_iceberg
 from .errors import CommitConflict, CommitStateUnknown, IcebergMirrorError, UnsupportedCatalog
 from .names import DELETE_FORMATS, INDEX_BLOB_TYPE, SUMMARY_FLUSH_LSN, SUMMARY_INDEX_FILE
 from .state import DataFileState, PersistedState
 from .table import IcebergMirrorTable
-
 
 __all__ = [
     "DELETE_FORMATS",

@@ -20,6 +20,7 @@ catalog's pointer from the metadata file the change was based on to the new one.
   the tests here (no REST server offline).
 - **format v3, other catalogs** (Glue, Hive, ...): refused with ``UnsupportedCatalog``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 
-from .. import faults
 import mooncake_assets.engine.iceberg.compat as compat
+
+from .. import faults
 from .errors import CommitStateUnknown, UnsupportedCatalog
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
     """
     wh = normalize_warehouse(warehouse)
     if wh.startswith("file://"):
-        Path(wh[len("file://"):]).mkdir(parents=True, exist_ok=True)
+        Path(wh[len("file://") :]).mkdir(parents=True, exist_ok=True)
     elif "py-io-impl" not in props:  # an object store: FileIO through fsspec, settings of this process
         from ..storage.stores import resolve_store
 
@@ -88,16 +90,14 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
         return SqlCatalog(name, uri=uri, warehouse=wh, **props)
     for prefix in ("postgresql://", "postgres://"):
         if uri.startswith(prefix):
-            return SqlCatalog(name, uri="postgresql+psycopg://" + uri[len(prefix):], warehouse=wh, **props)
+            return SqlCatalog(name, uri="postgresql+psycopg://" + uri[len(prefix) :], warehouse=wh, **props)
     if uri.startswith("postgresql+"):
         return SqlCatalog(name, uri=uri, warehouse=wh, **props)
     if uri.startswith(("http://", "https://")):
         from pyiceberg.catalog.rest import RestCatalog
 
         return RestCatalog(name, uri=uri, warehouse=wh, **props)
-    raise ValueError(
-        f"catalog: expected a 'sqlite:///…', 'postgresql://…' or 'http(s)://…' URI, found {uri!r}"
-    )
+    raise ValueError(f"catalog: expected a 'sqlite:///…', 'postgresql://…' or 'http(s)://…' URI, found {uri!r}")
 
 
 def check_catalog_supports(catalog: Catalog, format_version: int) -> None:
@@ -139,7 +139,9 @@ def split_identifier(identifier: str | tuple[str, ...]) -> tuple[str, str]:
     return Catalog.namespace_to_string(Catalog.namespace_from(identifier)), Catalog.table_name_from(identifier)
 
 
-def swap_sql_pointer(catalog: SqlCatalog, identifier: str | tuple[str, ...], base_location: str, new_location: str) -> None:
+def swap_sql_pointer(
+    catalog: SqlCatalog, identifier: str | tuple[str, ...], base_location: str, new_location: str
+) -> None:
     """Compare-and-swap the SQL catalog's pointer: ``base_location`` -> ``new_location`` (one conditional
     ``UPDATE`` of SqlCatalog's ``iceberg_tables`` row, ``compat.swap_sql_pointer``).
 
@@ -186,7 +188,7 @@ def commit_metadata(
         except SwapConflict:
             try:  # the swap did not happen: the new metadata file is an orphan
                 table.io.delete(location)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.warning("could not delete orphan metadata file %s", location)
             raise
         return new_metadata, location

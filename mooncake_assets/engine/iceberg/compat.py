@@ -28,6 +28,7 @@ and raises ``UnsupportedLibraryVersion`` outside them; ``MOONCAKE_UNCHECKED_LIBR
 a warning, to run ``tests/engine/test_iceberg_compat.py`` against a new release — that test fails, naming
 the behaviour, when a release changes something relied on here. Then widen the range.
 """
+
 from __future__ import annotations
 
 import os
@@ -211,7 +212,9 @@ def swap_sql_pointer(catalog: SqlCatalog, namespace: str, name: str, base_locati
     with Session(catalog.engine) as session:
         if catalog.engine.dialect.supports_sane_rowcount:
             result = session.execute(
-                update(IcebergTables).where(*where).values(metadata_location=new_location, previous_metadata_location=base_location)
+                update(IcebergTables)
+                .where(*where)
+                .values(metadata_location=new_location, previous_metadata_location=base_location)
             )
             if result.rowcount < 1:  # type: ignore[attr-defined]
                 session.rollback()
@@ -237,16 +240,21 @@ def record(cls: Callable[..., R], format_version: int, **fields: Any) -> R:
     return cls.from_args(_table_format_version=format_version, **fields)  # type: ignore[attr-defined]
 
 
-def read_avro(input_file: InputFile, schema: Schema, read_types: dict[int, Callable[..., Any]],
-              read_enums: dict[int, Callable[..., Enum]]) -> list[Any]:
+def read_avro(
+    input_file: InputFile,
+    schema: Schema,
+    read_types: dict[int, Callable[..., Any]],
+    read_enums: dict[int, Callable[..., Enum]],
+) -> list[Any]:
     """Every record of an Avro file, read with ``schema`` (field ids -> the record classes of
     ``read_types``, the enums of ``read_enums``), through PyIceberg's ``AvroFile``."""
     with AvroFile(input_file, schema, read_types=read_types, read_enums=read_enums) as reader:
         return list(reader)
 
 
-def write_avro(output_file: OutputFile, schema: Schema, schema_name: str, metadata: dict[str, str],
-               records: Iterable[Any]) -> None:
+def write_avro(
+    output_file: OutputFile, schema: Schema, schema_name: str, metadata: dict[str, str], records: Iterable[Any]
+) -> None:
     """Write ``records`` (positional, in ``schema``'s layout) as one Avro block with key-value ``metadata``
     (the codec under ``AVRO_CODEC_KEY``), through PyIceberg's ``AvroOutputFile``."""
     with AvroOutputFile(
@@ -255,7 +263,9 @@ def write_avro(output_file: OutputFile, schema: Schema, schema_name: str, metada
         writer.write_block(list(records))
 
 
-def parquet_statistics(parquet_metadata: pq.FileMetaData, schema: Schema, table_properties: dict[str, str]) -> dict[str, Any]:
+def parquet_statistics(
+    parquet_metadata: pq.FileMetaData, schema: Schema, table_properties: dict[str, str]
+) -> dict[str, Any]:
     """The ``data_file`` metrics (record count, column sizes, value/null/NaN counts, bounds, split offsets)
     of a Parquet footer, as ``DataFile.from_args`` keywords, honouring ``write.metadata.metrics.*``.
 

@@ -6,6 +6,7 @@ from the footer through PyIceberg's own statistics helpers (``compat.parquet_sta
 ``write.metadata.metrics.*`` properties. Columns are matched to the table schema by name; a Parquet field
 id that disagrees with the table's id for that name is an error, because readers resolve columns by id.
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -74,8 +75,10 @@ def data_file_from_parquet_metadata(
                     expected = f", expected the table's id {schema.find_field(f.name).field_id}"
                 except ValueError:
                     pass
-                raise ValueError(f"data file {location}: column {f.name!r} has Parquet field id {fid}, which the "
-                                 f"table never had{expected}")
+                raise ValueError(
+                    f"data file {location}: column {f.name!r} has Parquet field id {fid}, which the "
+                    f"table never had{expected}"
+                )
         schema = pyarrow_to_schema(file_arrow, format_version=format_version)
     else:
         check_parquet_schema(schema, file_arrow, location)
@@ -86,8 +89,11 @@ def data_file_from_parquet_metadata(
         except (OverflowError, ValueError):
             # a bound Python cannot hold (date/timestamp 'infinity' sentinels, years past 9999): keep the
             # counts of those columns and leave their bounds out (no bounds = never pruned, still correct)
-            counts_only = {f"write.metadata.metrics.column.{schema.find_column_name(mapping[path])}": "counts"
-                           for path in _unreadable_bounds(parquet_metadata) if path in mapping}
+            counts_only = {
+                f"write.metadata.metrics.column.{schema.find_column_name(mapping[path])}": "counts"
+                for path in _unreadable_bounds(parquet_metadata)
+                if path in mapping
+            }
             stats = parquet_statistics(parquet_metadata, schema, {**table_properties, **counts_only})
     except KeyError as e:
         raise ValueError(f"data file {location}: Parquet column {e} does not map to the table schema") from None
@@ -104,8 +110,14 @@ def data_file_from_parquet_metadata(
     )
 
 
-def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_properties: dict[str, str], format_version: int,
-                           known_field_ids: set[int] | None = None) -> DataFile:
+def data_file_from_parquet(
+    io: FileIO,
+    location: str,
+    schema: Schema,
+    table_properties: dict[str, str],
+    format_version: int,
+    known_field_ids: set[int] | None = None,
+) -> DataFile:
     """Like ``data_file_from_parquet_metadata``, reading the footer of ``location`` through ``io``.
 
     Raises ``FileNotFoundError`` when the file is missing, ``ValueError`` when it is not Parquet or does not
@@ -119,8 +131,9 @@ def data_file_from_parquet(io: FileIO, location: str, schema: Schema, table_prop
             metadata = pq.read_metadata(stream)
         except pa.ArrowInvalid as e:
             raise ValueError(f"data file {location} is not a Parquet file: {e}") from None
-    return data_file_from_parquet_metadata(location, len(input_file), metadata, schema, table_properties, format_version,
-                                           known_field_ids)
+    return data_file_from_parquet_metadata(
+        location, len(input_file), metadata, schema, table_properties, format_version, known_field_ids
+    )
 
 
 def _unreadable_bounds(parquet_metadata: pq.FileMetaData) -> set[str]:
@@ -134,7 +147,7 @@ def _unreadable_bounds(parquet_metadata: pq.FileMetaData) -> set[str]:
             if st is None or not st.has_min_max or col.path_in_schema in bad:
                 continue
             try:
-                st.min, st.max
+                _ = (st.min, st.max)  # converting them raises for values Arrow cannot hold
             except (OverflowError, ValueError):
                 bad.add(col.path_in_schema)
     return bad

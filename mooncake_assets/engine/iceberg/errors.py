@@ -4,6 +4,7 @@ Each error says whether retrying can help (``retryable``), as moonlink's errors 
 may succeed when the same call is made again later; a permanent one will fail again until the caller
 changes its request.
 """
+
 from __future__ import annotations
 
 

@@ -5,6 +5,7 @@ snapshot (data-file metadata, DVs / position deletes, index Puffin, manifests, m
 the metadata JSON) is written, and before the catalog pointer is swapped. What a crash there must leave:
 the previous snapshot current and readable, the written files as unreferenced orphans.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -15,11 +15,13 @@ The helpers ``data_file_field``/``set_data_file_field`` address fields by spec n
 
 Only unpartitioned tables are supported (mirrors are unpartitioned): the ``partition`` struct is empty.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pydantic_core import to_json
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -34,7 +36,6 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
-from pydantic_core import to_json
 
 from .compat import (
     AVRO_CODEC_KEY,
@@ -161,7 +162,9 @@ def read_manifest_entries(io: FileIO, manifest: ManifestInfo, format_version: in
     return entries
 
 
-def _manifest_metadata(format_version: int, schema: Schema, spec: PartitionSpec, content: ManifestContent) -> dict[str, str]:
+def _manifest_metadata(
+    format_version: int, schema: Schema, spec: PartitionSpec, content: ManifestContent
+) -> dict[str, str]:
     # Avro key-value metadata, spec "Manifest Metadata" (v2/v3: all keys required).
     return {
         "schema": schema.model_dump_json(),
@@ -214,8 +217,13 @@ def write_manifest(
         if e.status != ManifestEntryStatus.DELETED:
             seq = e.sequence_number if e.sequence_number is not None else sequence_number
             min_seq = seq if min_seq is None else min(min_seq, seq)
-    write_avro(io.new_output(location), entry_schema(format_version), "manifest_entry",
-               _manifest_metadata(format_version, schema, spec, content), entries)
+    write_avro(
+        io.new_output(location),
+        entry_schema(format_version),
+        "manifest_entry",
+        _manifest_metadata(format_version, schema, spec, content),
+        entries,
+    )
     manifest_length = len(io.new_input(location))
     list_record = record(
         ManifestFile,
@@ -239,7 +247,9 @@ def write_manifest(
     return ManifestInfo(list_record, None)
 
 
-def unassigned_row_count(io: FileIO, manifest: ManifestInfo, format_version: int, entries: list[ManifestEntry] | None) -> int:
+def unassigned_row_count(
+    io: FileIO, manifest: ManifestInfo, format_version: int, entries: list[ManifestEntry] | None
+) -> int:
     """Rows of data files in ``manifest`` that will inherit a ``first_row_id`` (spec "First Row ID Assignment").
 
     ``entries``: the entries as written (before inheritance), when known; otherwise the upper bound
@@ -248,7 +258,9 @@ def unassigned_row_count(io: FileIO, manifest: ManifestInfo, format_version: int
     if entries is None:
         return (manifest.record.added_rows_count or 0) + (manifest.record.existing_rows_count or 0)
     return sum(
-        e.data_file.record_count for e in entries if data_file_field(e.data_file, "first_row_id", format_version) is None
+        e.data_file.record_count
+        for e in entries
+        if data_file_field(e.data_file, "first_row_id", format_version) is None
     )
 
 

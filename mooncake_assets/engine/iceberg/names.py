@@ -1,4 +1,5 @@
 """The names this package writes into Iceberg metadata: table properties, snapshot summary keys, blob types."""
+
 from __future__ import annotations
 
 DELETE_FORMATS = {"deletion-vectors": 3, "position-deletes": 2}

@@ -8,6 +8,7 @@ data file only.
 
 Codec only: ``encode_position_deletes`` returns bytes and ``decode_position_deletes`` takes bytes.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,7 +27,9 @@ POS_FIELD_ID = 2147483545
 
 POSITION_DELETE_ARROW_SCHEMA = pa.schema(
     [
-        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_FIELD_ID).encode()}),
+        pa.field(
+            "file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_FIELD_ID).encode()}
+        ),
         pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_FIELD_ID).encode()}),
     ]
 )
@@ -37,7 +40,10 @@ def encode_position_deletes(data_file_path: str, positions: BitMap64) -> bytes:
     if len(positions) == 0:
         raise ValueError(f"position deletes: refusing to write an empty delete file for {data_file_path}")
     pos = pa.array(positions.to_array() if hasattr(positions, "to_array") else list(positions), type=pa.int64())
-    table = pa.table({"file_path": pa.array([data_file_path] * len(pos), pa.string()), "pos": pos}, schema=POSITION_DELETE_ARROW_SCHEMA)
+    table = pa.table(
+        {"file_path": pa.array([data_file_path] * len(pos), pa.string()), "pos": pos},
+        schema=POSITION_DELETE_ARROW_SCHEMA,
+    )
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
     return sink.getvalue()
@@ -62,7 +68,9 @@ def decode_position_deletes(data: bytes, data_file_path: str | None = None) -> d
     return out
 
 
-def position_delete_data_file(location: str, file_size_in_bytes: int, data_file_path: str, positions: BitMap64) -> DataFile:
+def position_delete_data_file(
+    location: str, file_size_in_bytes: int, data_file_path: str, positions: BitMap64
+) -> DataFile:
     """The v2 ``data_file`` record (content POSITION_DELETES) of a file made by ``encode_position_deletes``.
 
     ``record_count`` = number of deleted positions; bounds on ``file_path`` (both = ``data_file_path``)

@@ -18,6 +18,7 @@ The compare-and-swap of the metadata pointer is ``catalog.commit_metadata`` (cal
 ``requirements`` and ``updates``), and on a lost race ``discard`` deletes what the attempt wrote. A
 producer serves one attempt; a retry builds a new one on the reloaded table.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,6 +50,7 @@ from pyiceberg.table.update import (
 from pyroaring import BitMap64
 
 import mooncake_assets.engine.iceberg.compat as compat
+
 from .errors import CommitConflict
 from .manifest import ManifestInfo, unassigned_row_count, write_manifest, write_manifest_list
 from .names import CREATED_BY, SUMMARY_COMMIT_ID, SUMMARY_INDEX_FILE
@@ -79,10 +81,18 @@ class CommitRequest:
     properties: dict[str, str] | None = None
 
     @classmethod
-    def of(cls, *, add_files: Iterable[str], deletes: Mapping[str, BitMap64 | Iterable[int]] | None,
-           remove_files: Iterable[str], index_blob: bytes | None, summary: Mapping[str, str] | None,
-           operation: str | None, schema: Schema | Sequence[Schema] | None,
-           properties: Mapping[str, str] | None) -> CommitRequest:
+    def of(
+        cls,
+        *,
+        add_files: Iterable[str],
+        deletes: Mapping[str, BitMap64 | Iterable[int]] | None,
+        remove_files: Iterable[str],
+        index_blob: bytes | None,
+        summary: Mapping[str, str] | None,
+        operation: str | None,
+        schema: Schema | Sequence[Schema] | None,
+        properties: Mapping[str, str] | None,
+    ) -> CommitRequest:
         """The request with a fresh commit id. Raises ``ValueError`` for an unknown operation, non-string
         summary keys/values, or a file both added and removed."""
         if operation is not None and operation not in OPERATIONS:
@@ -138,8 +148,16 @@ class SnapshotProducer:
     attempt has written so far, in order.
     """
 
-    def __init__(self, table: Table, reader: SnapshotReader, request: CommitRequest, new_files: dict[str, DataFile],
-                 *, attempt: int, manifest_merge_threshold: int) -> None:
+    def __init__(
+        self,
+        table: Table,
+        reader: SnapshotReader,
+        request: CommitRequest,
+        new_files: dict[str, DataFile],
+        *,
+        attempt: int,
+        manifest_merge_threshold: int,
+    ) -> None:
         self.md: TableMetadata = table.metadata
         self.fv = self.md.format_version
         self.io = table.io
@@ -197,7 +215,9 @@ class SnapshotProducer:
         live = self.current.data
         for location in self.request.add_files:
             if location in live:
-                raise CommitConflict(f"{self.identifier}: data file {location} is already in the table", retryable=False)
+                raise CommitConflict(
+                    f"{self.identifier}: data file {location} is already in the table", retryable=False
+                )
         for location in self.request.remove_files:
             if location not in live:
                 raise CommitConflict(
@@ -253,8 +273,13 @@ class SnapshotProducer:
         seq = live.sequence_number if live is not None else self.sequence_number
         return self.reader.deleted(self.io, by_file.get(location, []), location, self.fv, seq)
 
-    def _rewrite_shared_deletes(self, targets: dict[int, set[str]], by_file: dict[str, list[LiveEntry]],
-                                new_sets: dict[str, BitMap64], dropped: dict[int, LiveEntry]) -> None:
+    def _rewrite_shared_deletes(
+        self,
+        targets: dict[int, set[str]],
+        by_file: dict[str, list[LiveEntry]],
+        new_sets: dict[str, BitMap64],
+        dropped: dict[int, LiveEntry],
+    ) -> None:
         """A dropped delete file that also covers other data files (only v2 files written elsewhere do)
         must have those files' deletes rewritten too, or they would be lost; repeated until closed."""
         removed = set(self.request.remove_files)
@@ -316,7 +341,9 @@ class SnapshotProducer:
         listed.extend(kept_deletes)
         return listed
 
-    def _carry_manifests(self, content: ManifestContent, gone: Callable[[ManifestEntry], bool]) -> list[tuple[ManifestInfo, int]]:
+    def _carry_manifests(
+        self, content: ManifestContent, gone: Callable[[ManifestEntry], bool]
+    ) -> list[tuple[ManifestInfo, int]]:
         """The base's live manifests of ``content`` in the new snapshot: untouched ones as they are, those
         with an entry ``gone`` rewritten (EXISTING / DELETED), all merged into one at the threshold. A
         rewrite drops the DELETED history of older snapshots."""
@@ -351,10 +378,17 @@ class SnapshotProducer:
         """A base entry in a rewritten manifest: DELETED by this snapshot (keeping its sequence numbers, as
         the spec requires) or EXISTING."""
         if gone:
-            return manifest_entry(self.fv, ManifestEntryStatus.DELETED, self.snapshot_id, e.sequence_number,
-                                  e.file_sequence_number, e.data_file)
-        return manifest_entry(self.fv, ManifestEntryStatus.EXISTING, e.snapshot_id, e.sequence_number,
-                              e.file_sequence_number, e.data_file)
+            return manifest_entry(
+                self.fv,
+                ManifestEntryStatus.DELETED,
+                self.snapshot_id,
+                e.sequence_number,
+                e.file_sequence_number,
+                e.data_file,
+            )
+        return manifest_entry(
+            self.fv, ManifestEntryStatus.EXISTING, e.snapshot_id, e.sequence_number, e.file_sequence_number, e.data_file
+        )
 
     def _write_manifest(self, content: ManifestContent, entries: list[ManifestEntry]) -> ManifestInfo:
         location = self.provider.new_metadata_location(
@@ -363,8 +397,15 @@ class SnapshotProducer:
         self._manifests_written += 1
         self.written.append(location)
         return write_manifest(
-            self.io, location, format_version=self.fv, schema=self.md.schema(), spec=self.md.spec(), content=content,
-            snapshot_id=self.snapshot_id, sequence_number=self.sequence_number, entries=entries,
+            self.io,
+            location,
+            format_version=self.fv,
+            schema=self.md.schema(),
+            spec=self.md.spec(),
+            content=content,
+            snapshot_id=self.snapshot_id,
+            sequence_number=self.sequence_number,
+            entries=entries,
         )
 
     # ------------------------------------------------------------------------------- 5. manifest list, lineage
@@ -435,8 +476,14 @@ class SnapshotProducer:
 # ----------------------------------------------------------------------------------- helpers
 
 
-def manifest_entry(fv: int, status: ManifestEntryStatus, snapshot_id: int | None, sequence_number: int | None,
-                   file_sequence_number: int | None, data_file: DataFile) -> ManifestEntry:
+def manifest_entry(
+    fv: int,
+    status: ManifestEntryStatus,
+    snapshot_id: int | None,
+    sequence_number: int | None,
+    file_sequence_number: int | None,
+    data_file: DataFile,
+) -> ManifestEntry:
     """A ``manifest_entry`` record in the layout of format version ``fv``."""
     return compat.record(
         ManifestEntry,
@@ -449,8 +496,9 @@ def manifest_entry(fv: int, status: ManifestEntryStatus, snapshot_id: int | None
     )
 
 
-def schema_updates(md: TableMetadata, versions: list[Schema] | None,
-                   properties: dict[str, str] | None) -> tuple[tuple[TableUpdate, ...], int]:
+def schema_updates(
+    md: TableMetadata, versions: list[Schema] | None, properties: dict[str, str] | None
+) -> tuple[tuple[TableUpdate, ...], int]:
     """(metadata updates, schema id the snapshot is written under) for new schema ``versions`` (each added
     unless its fields equal the previous one's; the last made current, with a renewed
     ``schema.name-mapping.default``) and table ``properties`` (spec "Schemas", "Column Projection")."""
@@ -501,12 +549,18 @@ def delete_quietly(io: FileIO, locations: Iterable[str]) -> None:
             io.delete(location)
         except FileNotFoundError:
             pass
-        except Exception as e:  # noqa: BLE001 - cleanup of orphans is best effort
+        except Exception as e:
             logger.warning("could not delete %s: %s", location, e)
 
 
-def summary_counts(added_data: list[DataFile], removed_data: list[DataFile], added_deletes: list[DataFile],
-                   removed_deletes: list[DataFile], live_data: list[DataFile], live_deletes: list[DataFile]) -> dict[str, str]:
+def summary_counts(
+    added_data: list[DataFile],
+    removed_data: list[DataFile],
+    added_deletes: list[DataFile],
+    removed_deletes: list[DataFile],
+    live_data: list[DataFile],
+    live_deletes: list[DataFile],
+) -> dict[str, str]:
     """Snapshot summary metrics (spec Appendix F names), as strings; zero 'added/removed' values left out.
     A delete file listed for several data files counts once in the sizes."""
 

@@ -4,6 +4,7 @@ Spec section: "Snapshot Retention Policy" (snapshots a branch or tag points to a
 its newest ``retain_last`` ancestors; the rest older than the cut-off expire). A file is an orphan of
 expiry when only expired snapshots reference it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

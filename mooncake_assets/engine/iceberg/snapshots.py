@@ -8,6 +8,7 @@ Spec sections (Iceberg table spec v3): "Manifest Lists" and "Manifests" (which e
 
 Manifests and delete files are immutable, so what is parsed from them is cached per reader (LRU).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -137,7 +138,9 @@ class SnapshotReader:
                 out[id(live.entry)] = set(decode_position_deletes(read_all(io, df.file_path)))
         return out
 
-    def deletes_by_file(self, io: FileIO, snap: SnapshotFiles, fv: int) -> tuple[dict[int, set[str]], dict[str, list[LiveEntry]]]:
+    def deletes_by_file(
+        self, io: FileIO, snap: SnapshotFiles, fv: int
+    ) -> tuple[dict[int, set[str]], dict[str, list[LiveEntry]]]:
         """(``delete_targets``, data file location -> the live delete entries naming it)."""
         targets = self.delete_targets(io, snap, fv)
         by_file: dict[str, list[LiveEntry]] = {}

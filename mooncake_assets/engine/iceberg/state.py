@@ -3,6 +3,7 @@
 Spec sections: "Snapshots" (summary), "Scan Planning" (which deletes apply to a data file), "Manifests"
 (``lower_bounds``/``upper_bounds``, Appendix D single-value serialization).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -137,6 +138,6 @@ def _decode_bounds(schema: Schema, bounds: dict[int, bytes] | None) -> dict[str,
         if isinstance(f.field_type, PrimitiveType):
             try:
                 out[f.name] = from_bytes(f.field_type, raw)
-            except Exception:  # noqa: BLE001 - a bound we cannot decode is just not offered
+            except Exception:
                 continue
     return out

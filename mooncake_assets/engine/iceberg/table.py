@@ -22,6 +22,7 @@ Invariant kept by every commit: at most one live delete entry (one DV, or one po
 file; a new one is the union of the old one and the new positions, and the old entry is marked DELETED in
 the same snapshot. A data file removed by a commit loses its delete entry in that same commit.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,6 +50,7 @@ from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveS
 from pyroaring import BitMap64
 
 import mooncake_assets.engine.iceberg.compat as compat
+
 from .catalog import (
     SwapConflict,
     check_catalog_supports,
@@ -249,8 +251,9 @@ class IcebergMirrorTable:
             ids.update(index_by_id(s))
         return ids
 
-    def upload_data_file(self, local_path: str, *, overwrite: bool = False,
-                         schema: Schema | Sequence[Schema] | None = None) -> str:
+    def upload_data_file(
+        self, local_path: str, *, overwrite: bool = False, schema: Schema | Sequence[Schema] | None = None
+    ) -> str:
         """Copy a local Parquet file to ``<location>/data/<basename>`` through the table's FileIO.
 
         Returns the location as Iceberg records it (``file://…`` or ``s3://…``). The footer is checked
@@ -263,7 +266,12 @@ class IcebergMirrorTable:
         provider = load_location_provider(self.location, self._table.metadata.properties)
         location = provider.new_data_location(os.path.basename(local_path))
         data_file = data_file_from_parquet_metadata(
-            location, size, pq.read_metadata(local_path), self.schema, self._table.metadata.properties, self.format_version,
+            location,
+            size,
+            pq.read_metadata(local_path),
+            self.schema,
+            self._table.metadata.properties,
+            self.format_version,
             known_field_ids=self.known_field_ids(schema),
         )
         output = self.io.new_output(location)
@@ -316,13 +324,23 @@ class IcebergMirrorTable:
         ``record_count`` or non-string summary values.
         """
         request = CommitRequest.of(
-            add_files=add_files, deletes=deletes, remove_files=remove_files, index_blob=index_blob, summary=summary,
-            operation=operation, schema=schema, properties=properties,
+            add_files=add_files,
+            deletes=deletes,
+            remove_files=remove_files,
+            index_blob=index_blob,
+            summary=summary,
+            operation=operation,
+            schema=schema,
+            properties=properties,
         )
         for location in request.add_files:
             if location not in self._prepared:
                 self._prepared[location] = data_file_from_parquet(
-                    self.io, location, self.schema, self._table.metadata.properties, self.format_version,
+                    self.io,
+                    location,
+                    self.schema,
+                    self._table.metadata.properties,
+                    self.format_version,
                     self.known_field_ids(schema),
                 )
         last_conflict: Exception | None = None
@@ -348,8 +366,14 @@ class IcebergMirrorTable:
         if done is not None:
             return done
         new_files = {location: self._prepared[location] for location in request.add_files}
-        producer = SnapshotProducer(self._table, self._reader, request, new_files, attempt=attempt,
-                                    manifest_merge_threshold=self.manifest_merge_threshold)
+        producer = SnapshotProducer(
+            self._table,
+            self._reader,
+            request,
+            new_files,
+            attempt=attempt,
+            manifest_merge_threshold=self.manifest_merge_threshold,
+        )
         try:
             produced = producer.produce()
             new_metadata, new_location = commit_metadata(
@@ -389,7 +413,9 @@ class IcebergMirrorTable:
                 raise ValueError(f"{self.identifier}: no snapshot {snapshot_id} (expired?)")
         return read_state(self._reader, self._table, snapshot)
 
-    def files_of(self, snapshot: Snapshot, *, io: FileIO | None = None, metadata: TableMetadata | None = None) -> set[str]:
+    def files_of(
+        self, snapshot: Snapshot, *, io: FileIO | None = None, metadata: TableMetadata | None = None
+    ) -> set[str]:
         """Every file ``snapshot`` needs: manifest list, manifests, live data and delete files, index file.
         ``io``/``metadata``: of the table as loaded last, unless given."""
         return self._reader.files_of(io or self.io, metadata or self._table.metadata, snapshot)
@@ -451,7 +477,9 @@ class IcebergMirrorTable:
             delete_quietly(table.io, files)
             location = table.metadata.location
             if location.startswith("file://") or location.startswith("/"):
-                shutil.rmtree(location[len("file://"):] if location.startswith("file://") else location, ignore_errors=True)
+                shutil.rmtree(
+                    location[len("file://") :] if location.startswith("file://") else location, ignore_errors=True
+                )
 
 
 def _backoff(attempt: int) -> None:

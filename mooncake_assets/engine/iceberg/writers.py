@@ -8,6 +8,7 @@ a Puffin file of one ``mooncake-hash-index-v1`` blob, referenced from the snapsh
 Every location written is appended to the caller's ``written`` list before the file is created, so a
 failed commit knows what to clean up (``SnapshotProducer.written``).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -34,8 +35,14 @@ def _write(io: FileIO, location: str, data: bytes, written: list[str]) -> None:
         out.write(data)
 
 
-def write_deletion_vectors(io: FileIO, provider: LocationProvider, sets: dict[str, BitMap64], snapshot_id: int,
-                           written: list[str], remember: Remember) -> list[DataFile]:
+def write_deletion_vectors(
+    io: FileIO,
+    provider: LocationProvider,
+    sets: dict[str, BitMap64],
+    snapshot_id: int,
+    written: list[str],
+    remember: Remember,
+) -> list[DataFile]:
     """v3: one Puffin file ``data/<snapshot>-<uuid>-deletes.puffin`` per data file of ``sets`` (data file
     location -> its whole delete set), holding its ``deletion-vector-v1`` blob. Returns the DV records,
     in the order of the sorted data file locations.
@@ -70,8 +77,9 @@ def write_deletion_vectors(io: FileIO, provider: LocationProvider, sets: dict[st
     return records
 
 
-def write_position_delete_files(io: FileIO, provider: LocationProvider, sets: dict[str, BitMap64],
-                                written: list[str], remember: Remember) -> list[DataFile]:
+def write_position_delete_files(
+    io: FileIO, provider: LocationProvider, sets: dict[str, BitMap64], written: list[str], remember: Remember
+) -> list[DataFile]:
     """v2: one Parquet position-delete file ``data/<uuid>-deletes.parquet`` per data file of ``sets``
     (its whole delete set). Returns their records, in the order of the sorted data file locations."""
     records = []
@@ -84,12 +92,21 @@ def write_position_delete_files(io: FileIO, provider: LocationProvider, sets: di
     return records
 
 
-def write_index(io: FileIO, table_location: str, blob: bytes, snapshot_id: int, sequence_number: int,
-                written: list[str]) -> str:
+def write_index(
+    io: FileIO, table_location: str, blob: bytes, snapshot_id: int, sequence_number: int, written: list[str]
+) -> str:
     """Write ``blob`` as the ``mooncake-hash-index-v1`` Puffin file ``index/<snapshot>-<uuid>.puffin``
     under ``table_location``; returns its location (for summary ``mooncake.index-file``)."""
     data, _ = write_puffin(
-        [PuffinBlob(type=INDEX_BLOB_TYPE, fields=[], data=bytes(blob), snapshot_id=snapshot_id, sequence_number=sequence_number)],
+        [
+            PuffinBlob(
+                type=INDEX_BLOB_TYPE,
+                fields=[],
+                data=bytes(blob),
+                snapshot_id=snapshot_id,
+                sequence_number=sequence_number,
+            )
+        ],
         {"created-by": CREATED_BY},
     )
     location = f"{table_location.rstrip('/')}/index/{snapshot_id}-{uuid.uuid4()}.puffin"

@@ -1,4 +1,4 @@
-"""Primary-key hash index of a mirrored table (seed 000 "GlobalIndex"; DESIGN.md §3).
+"""Primary-key hash index of a mirrored table (docs/architecture.md#data-path).
 
 * :class:`KeyHash`, :func:`splitmix64` — the key identity: how a key's text becomes the 64-bit hash
   every index stores (``key_hash``);
@@ -11,6 +11,7 @@
 Pure core: no I/O but the block files themselves. Puffin blob type for saved blocks:
 :data:`PUFFIN_BLOB_TYPE`.
 """
+
 from .block import IndexBlock, IndexBlockFormatError, block_layout, next_power_of_two
 from .file_index import BatchLookup, FileIndex, merge_sorted_runs
 from .key_hash import KEY_HASH_VERSION, KeyHash, splitmix64, text_key_hash, text_key_hashes
@@ -18,7 +19,7 @@ from .mem_index import MemIndex
 from .policy import IndexMergePolicy
 from .position_map import PositionMap
 
-#: Puffin blob type of a saved IndexBlock (its :meth:`IndexBlock.to_bytes`), DESIGN.md §5
+#: Puffin blob type of a saved IndexBlock (its :meth:`IndexBlock.to_bytes`), docs/architecture.md#storage
 PUFFIN_BLOB_TYPE = "mooncake-hash-index-v1"
 
 __all__ = [

@@ -5,9 +5,10 @@ little-endian uint64 word ``p // 64`` (LSB-first). Record ``i`` of width ``W`` o
 ``[i*W, (i+1)*W)``; its fields follow in order, each LSB-first. Streams carry one extra zero word at
 the end so that a field read never needs a bounds check.
 """
+
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -20,7 +21,7 @@ def words_for_bits(nbits: int) -> int:
     return (nbits + 63) // 64 + 1
 
 
-def pack_records(fields: Sequence[Tuple[np.ndarray, int]], n: int) -> np.ndarray:
+def pack_records(fields: Sequence[tuple[np.ndarray, int]], n: int) -> np.ndarray:
     """Pack ``n`` records; ``fields`` = [(values uint64 (n,), width bits 0..64), ...] in record order,
     total width ``W`` ≤ 128.
 

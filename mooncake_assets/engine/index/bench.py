@@ -1,4 +1,4 @@
-"""Index benchmark (issue 3): block size, build, lookups before and after a merge, merge rate.
+"""Index benchmark: block size, build, lookups before and after a merge, merge rate.
 
 For each size ``n`` (in one run, one process): ``n`` distinct int64 keys are flushed as 16 blocks of
 ``n / 16`` rows (one data file each), then the 16 blocks are merged into one. Figures per size:
@@ -21,14 +21,15 @@ For each size ``n`` (in one run, one process): ``n`` distinct int64 keys are flu
 
 Lookup figures are the best of a few repetitions. Memory at 10M: ~2 GB (mostly the Python dict).
 """
+
 from __future__ import annotations
 
 import gc
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def best_time(fn, repeat: int) -> float:
     return best
 
 
-def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> Dict[str, float]:
+def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     # n distinct pseudo-random int64 keys: an odd multiplier is a bijection mod 2**64
     keys = (rng.permutation(n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(12345)).view(np.int64)
@@ -145,7 +146,7 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> Dict[str, float
 def run_index_bench(
     sizes: Sequence[int] = (1_000_000, 10_000_000),
     quick: bool = False,
-    workdir: Optional[str] = None,
+    workdir: str | None = None,
     seed: int = 0,
 ) -> dict:
     """Run the index benchmark; returns ``{"index": {str(n): {figure: value}}}`` (module docstring).

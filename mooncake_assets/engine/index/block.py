@@ -1,7 +1,6 @@
 """IndexBlock: one immutable, memory-mapped bucket hash map of key-hash → (data file, row offset).
 
-Follows seed 000, "GlobalIndex" ("持久化的分桶哈希表") and DESIGN.md §3 "The FileIndex, exactly as
-the seed describes it": one block per flush (and one per merge or compaction), ``num_buckets =
+Follows docs/architecture.md#file-index: one block per flush (and one per merge or compaction), ``num_buckets =
 next_power_of_two(num_entries // 4 + 2)``, the bucket of a hash is its top ``N = log2(num_buckets)``
 bits, entries are sorted by hash and bit-packed as (the remaining ``64 - N`` hash bits, the file id in
 ``ceil(log2(files in block))`` bits, the row offset in 32 bits), a bucket-start table finds a bucket's
@@ -43,14 +42,15 @@ Errors: bad bytes or a file that is not a block raise :class:`IndexBlockFormatEr
 permanent: retrying cannot help, rebuild the block). Bad arguments raise ``ValueError``/``TypeError``
 (permanent). ``OSError`` from the file system passes through (may be temporary).
 """
+
 from __future__ import annotations
 
 import mmap
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -75,7 +75,7 @@ _M64 = (1 << 64) - 1
 #: queries per vectorized step of :meth:`IndexBlock.lookup_batch` (keeps temporaries in cache)
 LOOKUP_CHUNK = 1 << 15
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 class IndexBlockFormatError(ValueError):
@@ -88,7 +88,7 @@ def next_power_of_two(x: int) -> int:
 
 
 def block_layout(num_entries: int, num_files: int) -> dict:
-    """Bit widths of a block of ``num_entries`` entries over ``num_files`` files (seed's formulas).
+    """Bit widths of a block of ``num_entries`` entries over ``num_files`` files (docs/architecture.md#file-index).
 
     Returns ``{"num_buckets", "hash_upper_bits", "hash_lower_bits", "file_id_bits", "row_bits",
     "bucket_bits", "entry_bits"}``.
@@ -135,7 +135,7 @@ def _encode_files(files: Sequence[str]) -> bytes:
     return b"".join(parts)
 
 
-def _decode_files(buf, num_files: int, nbytes: int) -> Tuple[str, ...]:
+def _decode_files(buf, num_files: int, nbytes: int) -> tuple[str, ...]:
     files = []
     pos = HEADER_SIZE
     end = HEADER_SIZE + nbytes
@@ -153,7 +153,7 @@ def _decode_files(buf, num_files: int, nbytes: int) -> Tuple[str, ...]:
     return tuple(files)
 
 
-def _check_files(files: Sequence[str]) -> Tuple[str, ...]:
+def _check_files(files: Sequence[str]) -> tuple[str, ...]:
     files = tuple(files)
     for f in files:
         if not isinstance(f, str) or not f:
@@ -165,7 +165,9 @@ def _check_files(files: Sequence[str]) -> Tuple[str, ...]:
     return files
 
 
-def _serialize_sorted(hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray, files: Tuple[str, ...]) -> List[bytes]:
+def _serialize_sorted(
+    hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray, files: tuple[str, ...]
+) -> list[bytes]:
     """Block bytes (as parts) of entries already sorted by hash and validated."""
     n = len(hashes)
     lay = block_layout(n, len(files))
@@ -173,9 +175,7 @@ def _serialize_sorted(hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray
     nb = lay["num_buckets"]
     bb = lay["bucket_bits"]
     lmask = _U64((1 << lower) - 1)
-    entries = pack_records(
-        [(hashes & lmask, lower), (file_ids, lay["file_id_bits"]), (rows, ROW_BITS)], n
-    )
+    entries = pack_records([(hashes & lmask, lower), (file_ids, lay["file_id_bits"]), (rows, ROW_BITS)], n)
     counts = np.bincount((hashes >> _U64(lower)).astype(np.intp), minlength=nb)
     starts = np.zeros(nb + 1, dtype=np.uint64)
     np.cumsum(counts, out=starts[1:])
@@ -190,9 +190,24 @@ def _serialize_sorted(hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray
     crc = zlib.crc32(eb, crc)
     crc = zlib.crc32(bbytes, crc)
     head = _HEADER.pack(
-        MAGIC, VERSION, lay["hash_upper_bits"], lower, lay["file_id_bits"], ROW_BITS, bb, 0,
-        n, nb, len(files), len(file_list), entries_offset, len(eb), entries_offset + len(eb), len(bbytes),
-        crc, 0,
+        MAGIC,
+        VERSION,
+        lay["hash_upper_bits"],
+        lower,
+        lay["file_id_bits"],
+        ROW_BITS,
+        bb,
+        0,
+        n,
+        nb,
+        len(files),
+        len(file_list),
+        entries_offset,
+        len(eb),
+        entries_offset + len(eb),
+        len(bbytes),
+        crc,
+        0,
     )
     head = head[:76] + struct.pack("<I", zlib.crc32(head[:76]))
     return [head, file_list, pad, eb, bbytes]
@@ -214,8 +229,9 @@ def _parse_header(buf, size: int, verify_data: bool) -> dict:
     if size < HEADER_SIZE:
         raise IndexBlockFormatError(f"index block: expected at least {HEADER_SIZE} bytes, found {size}")
     fields = _HEADER.unpack_from(buf, 0)
-    (magic, version, upper, lower, fbits, rbits, bb, flags, n, nb, nfiles, flen,
-     eoff, enb, boff, bnb, dcrc, hcrc) = fields
+    (magic, version, upper, lower, fbits, rbits, bb, flags, n, nb, nfiles, flen, eoff, enb, boff, bnb, dcrc, hcrc) = (
+        fields
+    )
     if magic != MAGIC:
         raise IndexBlockFormatError(f"index block: expected magic {MAGIC!r}, found {bytes(magic)!r}")
     if version != VERSION:
@@ -223,7 +239,14 @@ def _parse_header(buf, size: int, verify_data: bool) -> dict:
     if zlib.crc32(bytes(buf[:76])) != hcrc:
         raise IndexBlockFormatError("index block: header CRC-32 does not match (corrupt header)")
     lay = block_layout(n, nfiles)
-    expect = (lay["hash_upper_bits"], lay["hash_lower_bits"], lay["file_id_bits"], ROW_BITS, lay["bucket_bits"], lay["num_buckets"])
+    expect = (
+        lay["hash_upper_bits"],
+        lay["hash_lower_bits"],
+        lay["file_id_bits"],
+        ROW_BITS,
+        lay["bucket_bits"],
+        lay["num_buckets"],
+    )
     found = (upper, lower, fbits, rbits, bb, nb)
     if expect != found:
         raise IndexBlockFormatError(
@@ -244,12 +267,21 @@ def _parse_header(buf, size: int, verify_data: bool) -> dict:
     if verify_data and zlib.crc32(buf[HEADER_SIZE:total]) != dcrc:
         raise IndexBlockFormatError("index block: data CRC-32 does not match (corrupt file list, entries or buckets)")
     files = _decode_files(buf, nfiles, flen)
-    return {"layout": lay, "num_entries": n, "files": files, "entries_offset": eoff, "entries_nbytes": enb,
-            "buckets_offset": boff, "buckets_nbytes": bnb, "size": total, "data_crc32": dcrc}
+    return {
+        "layout": lay,
+        "num_entries": n,
+        "files": files,
+        "entries_offset": eoff,
+        "entries_nbytes": enb,
+        "buckets_offset": boff,
+        "buckets_nbytes": bnb,
+        "size": total,
+        "data_crc32": dcrc,
+    }
 
 
 class IndexBlock:
-    """One immutable index block file, memory-mapped (seed 000 "IndexBlock"; DESIGN.md §3).
+    """One immutable index block file, memory-mapped (docs/architecture.md#data-path).
 
     Attributes: ``path`` (Path), ``files`` (tuple of data file *names*; file id = position),
     ``num_entries``, ``num_buckets``, ``hash_upper_bits``, ``hash_lower_bits``, ``file_id_bits``,
@@ -267,7 +299,7 @@ class IndexBlock:
         self._fh = fh
         self._mm = mm
         lay = meta["layout"]
-        self.files: Tuple[str, ...] = meta["files"]
+        self.files: tuple[str, ...] = meta["files"]
         self.num_entries: int = meta["num_entries"]
         self.num_buckets: int = lay["num_buckets"]
         self.hash_upper_bits: int = lay["hash_upper_bits"]
@@ -296,7 +328,7 @@ class IndexBlock:
         file_ids,
         rows,
         files: Sequence[str],
-    ) -> "IndexBlock":
+    ) -> IndexBlock:
         """Write a block of the entries (hash, file id, row offset) to ``path`` and open it.
 
         ``hashes``: uint64 (n,) key hashes (:mod:`~.key_hash`); ``file_ids``: int (n,) or one int,
@@ -310,15 +342,16 @@ class IndexBlock:
         return cls._build_sorted(path, h[order], fid[order], rw[order], files)
 
     @classmethod
-    def _build_sorted(cls, path: PathLike, hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray,
-                      files: Tuple[str, ...]) -> "IndexBlock":
+    def _build_sorted(
+        cls, path: PathLike, hashes: np.ndarray, file_ids: np.ndarray, rows: np.ndarray, files: tuple[str, ...]
+    ) -> IndexBlock:
         """Write entries already sorted by hash (merge and compaction outputs) and open the block."""
         path = Path(path)
         _write_atomic(path, _serialize_sorted(hashes, file_ids, rows, files))
         return cls.open(path)
 
     @classmethod
-    def open(cls, path: PathLike, verify: bool = False) -> "IndexBlock":
+    def open(cls, path: PathLike, verify: bool = False) -> IndexBlock:
         """Memory-map an existing block file. Checks the header (magic, version, CRC, widths, sizes);
         ``verify=True`` also checks the data CRC (reads the whole file). Raises
         :class:`IndexBlockFormatError` or ``OSError``."""
@@ -340,7 +373,7 @@ class IndexBlock:
         return cls(path, fh, mm, meta)
 
     @classmethod
-    def from_bytes(cls, data: bytes, path: PathLike) -> "IndexBlock":
+    def from_bytes(cls, data: bytes, path: PathLike) -> IndexBlock:
         """Restore a block from its bytes (:meth:`to_bytes`, e.g. a Puffin blob of type
         ``mooncake-hash-index-v1``): checks everything including the data CRC, writes ``path``
         atomically and opens it. Raises :class:`IndexBlockFormatError` for bad bytes."""
@@ -366,7 +399,7 @@ class IndexBlock:
         _parse_header(self._mm, self.size_bytes, True)
 
     # ------------------------------------------------------------------ lookups
-    def lookup(self, h: int) -> List[Tuple[str, int]]:
+    def lookup(self, h: int) -> list[tuple[str, int]]:
         """Every (file name, row offset) whose entry hash equals ``h`` (an int in [0, 2⁶⁴), or an
         int64 taken as its bits). Scalar path over the mapped bytes: one bucket, a few entries."""
         if self._closed:
@@ -401,7 +434,7 @@ class IndexBlock:
             x >>= w
         return out
 
-    def lookup_batch(self, hashes) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lookup_batch(self, hashes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorized lookup of many hashes.
 
         ``hashes``: uint64 (q,) (or int64 bits). Returns ``(query_index int64 (m,), file_id int32
@@ -428,7 +461,7 @@ class IndexBlock:
             return read_field_unaligned(self._entries_u, pos, width)
         return read_field(self._entries, pos, width)
 
-    def _bucket_ranges(self, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def _bucket_ranges(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bb = self.bucket_bits
         pos = b * _U64(bb)
         if 2 * bb <= MAX_UNALIGNED_WIDTH:
@@ -460,7 +493,7 @@ class IndexBlock:
         fid, row = self._read_locations(pos[hit] + _U64(lower))
         return rep[hit].astype(np.int64), fid, row
 
-    def _read_locations(self, pos: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def _read_locations(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(file id int32, row uint32) of the entries whose file id field starts at bit ``pos``."""
         fb = self.file_id_bits
         if fb + ROW_BITS <= MAX_UNALIGNED_WIDTH:
@@ -469,7 +502,7 @@ class IndexBlock:
         fid = read_field(self._entries, pos, fb).astype(np.int32)
         return fid, read_field(self._entries, pos + _U64(fb), ROW_BITS).astype(np.uint32)
 
-    def entries(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All entries in hash order: ``(hashes uint64 (n,), file_ids int32 (n,), rows uint32 (n,))``.
         One linear decode of the block (used by merge and compaction)."""
         self._check_open()
@@ -477,7 +510,9 @@ class IndexBlock:
         nb = self.num_buckets
         if n == 0:
             return np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.uint32)
-        starts = read_field(self._buckets, np.arange(nb + 1, dtype=np.uint64) * _U64(self.bucket_bits), self.bucket_bits)
+        starts = read_field(
+            self._buckets, np.arange(nb + 1, dtype=np.uint64) * _U64(self.bucket_bits), self.bucket_bits
+        )
         counts = np.diff(starts).astype(np.intp)
         lower = self.hash_lower_bits
         hashes = np.repeat(np.arange(nb, dtype=np.uint64), counts)
@@ -513,15 +548,17 @@ class IndexBlock:
         except FileNotFoundError:
             pass
 
-    def __enter__(self) -> "IndexBlock":
+    def __enter__(self) -> IndexBlock:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"IndexBlock({str(self.path)!r}, entries={self.num_entries}, files={len(self.files)}, "
-                f"buckets={self.num_buckets}, bytes={self.size_bytes})")
+        return (
+            f"IndexBlock({str(self.path)!r}, entries={self.num_entries}, files={len(self.files)}, "
+            f"buckets={self.num_buckets}, bytes={self.size_bytes})"
+        )
 
 
 def _check_entries(n: int, file_ids, rows, files: Sequence[str]):

@@ -1,17 +1,19 @@
 """FileIndex (moonlink's GlobalIndex): the set of a table's IndexBlocks, probed newest first.
 
-Seed 000, "GlobalIndex": every flush adds one immutable block; a lookup probes every block (O(1)
+Every flush adds one immutable block; a lookup probes every block (O(1)
 bucket per block); index merge (``build_from_merge``) folds many blocks into one, LSM-style; data
 compaction (``build_from_compaction``) rewrites the entries of the compacted files through the
-old→new position map in one pass and drops the rows that did not survive. DESIGN.md §3.
+old→new position map in one pass and drops the rows that did not survive. docs/architecture.md#data-path.
 
 The FileIndex itself is an in-memory list; the blocks are files. Building a merged or compacted block
 does not change the FileIndex: the caller swaps blocks with :meth:`FileIndex.replace_blocks` once the
 new data files are committed (one assignment, so a concurrent reader sees the old or the new set).
 """
+
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,16 +36,16 @@ class BatchLookup(NamedTuple):
     query_index: np.ndarray
     file_idx: np.ndarray
     row: np.ndarray
-    files: Tuple[str, ...]
+    files: tuple[str, ...]
 
     @property
     def file_names(self) -> np.ndarray:
         """File name of each candidate, object array (m,)."""
         return np.array(self.files, dtype=object)[self.file_idx] if len(self.files) else np.zeros(0, object)
 
-    def as_lists(self, num_queries: int) -> List[List[Tuple[str, int]]]:
+    def as_lists(self, num_queries: int) -> list[list[tuple[str, int]]]:
         """Candidates per query: list (num_queries,) of lists of (file name, row)."""
-        out: List[List[Tuple[str, int]]] = [[] for _ in range(num_queries)]
+        out: list[list[tuple[str, int]]] = [[] for _ in range(num_queries)]
         for q, f, r in zip(self.query_index.tolist(), self.file_idx.tolist(), self.row.tolist()):
             out[q].append((self.files[f], r))
         return out
@@ -53,7 +55,8 @@ class BatchLookup(NamedTuple):
 # k-way merge of sorted runs
 # ------------------------------------------------------------------------------------------------
 
-def _merge_two(a: Tuple[np.ndarray, np.ndarray], b: Tuple[np.ndarray, np.ndarray]):
+
+def _merge_two(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
     ah, ap = a
     bh, bp = b
     n, m = len(ah), len(bh)
@@ -76,7 +79,7 @@ def _merge_two(a: Tuple[np.ndarray, np.ndarray], b: Tuple[np.ndarray, np.ndarray
     return out_h, out_p
 
 
-def merge_sorted_runs(runs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+def merge_sorted_runs(runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """k-way merge of runs ``(hashes uint64 sorted, payload uint64)`` into one run sorted by hash.
 
     A balanced tree of pairwise merges (⌈log2 k⌉ levels): each pairwise merge finds where every entry of
@@ -94,10 +97,10 @@ def merge_sorted_runs(runs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np
     return runs[0]
 
 
-def _union_files(blocks: Sequence[IndexBlock]) -> Tuple[List[str], List[np.ndarray]]:
+def _union_files(blocks: Sequence[IndexBlock]) -> tuple[list[str], list[np.ndarray]]:
     """Union of the blocks' file lists (first appearance order) and, per block, local→union ids."""
-    files: List[str] = []
-    pos: Dict[str, int] = {}
+    files: list[str] = []
+    pos: dict[str, int] = {}
     remaps = []
     for b in blocks:
         remap = np.empty(len(b.files), dtype=np.int64)
@@ -124,7 +127,7 @@ def _merged_entries(blocks: Sequence[IndexBlock]):
 
 
 class FileIndex:
-    """The IndexBlocks of one table, newest first (seed 000 "GlobalIndex"; DESIGN.md §3).
+    """The IndexBlocks of one table, newest first (docs/architecture.md#data-path).
 
     ``blocks``: tuple of IndexBlock, newest first. ``files``: every data file name referenced by some
     block (the ``files`` of :class:`BatchLookup`). Lookups return every candidate (file name, row) of
@@ -135,23 +138,23 @@ class FileIndex:
     def __init__(self, blocks: Iterable[IndexBlock] = ()):
         self._set(tuple(blocks))
 
-    def _set(self, blocks: Tuple[IndexBlock, ...]) -> None:
+    def _set(self, blocks: tuple[IndexBlock, ...]) -> None:
         # one attribute holds (blocks, files, per-block file id remaps): a lookup reads it once, so a
         # concurrent replace_blocks never mixes two states
         files, remaps = _union_files(blocks)
         self._state = (blocks, tuple(files), tuple(r.astype(np.int32) for r in remaps))
 
     @property
-    def _blocks(self) -> Tuple[IndexBlock, ...]:
+    def _blocks(self) -> tuple[IndexBlock, ...]:
         return self._state[0]
 
     # ------------------------------------------------------------------ the set of blocks
     @property
-    def blocks(self) -> Tuple[IndexBlock, ...]:
+    def blocks(self) -> tuple[IndexBlock, ...]:
         return self._blocks
 
     @property
-    def files(self) -> Tuple[str, ...]:
+    def files(self) -> tuple[str, ...]:
         return self._state[1]
 
     @property
@@ -179,7 +182,7 @@ class FileIndex:
         """Drop ``blocks`` (by identity). Raises ``ValueError`` if one is not here. Does not close them."""
         self.replace_blocks(blocks, None)
 
-    def replace_blocks(self, old: Iterable[IndexBlock], new: Optional[IndexBlock]) -> None:
+    def replace_blocks(self, old: Iterable[IndexBlock], new: IndexBlock | None) -> None:
         """Swap ``old`` blocks for ``new`` (a merge or compaction result) in one step; ``new`` takes
         the place of the newest of ``old``. Raises ``ValueError`` if one of ``old`` is not here."""
         old = list(old)
@@ -187,7 +190,7 @@ class FileIndex:
         missing = [b for b in old if not any(b is x for x in self._blocks)]
         if missing:
             raise ValueError(f"not in the FileIndex: {missing!r}")
-        out: List[IndexBlock] = []
+        out: list[IndexBlock] = []
         placed = new is None
         for b in self._blocks:
             if id(b) in ids:
@@ -200,15 +203,15 @@ class FileIndex:
             out.insert(0, new)
         self._set(tuple(out))
 
-    def blocks_for_files(self, file_names: Iterable[str]) -> List[IndexBlock]:
+    def blocks_for_files(self, file_names: Iterable[str]) -> list[IndexBlock]:
         """Blocks that hold entries of any of ``file_names`` (the blocks a compaction must rewrite)."""
         names = set(file_names)
         return [b for b in self._blocks if names.intersection(b.files)]
 
     # ------------------------------------------------------------------ lookups
-    def lookup(self, h: int) -> List[Tuple[str, int]]:
+    def lookup(self, h: int) -> list[tuple[str, int]]:
         """Every (file name, row) whose hash is ``h``, newest block first."""
-        out: List[Tuple[str, int]] = []
+        out: list[tuple[str, int]] = []
         for b in self._blocks:
             out.extend(b.lookup(h))
         return out
@@ -235,8 +238,7 @@ class FileIndex:
     # ------------------------------------------------------------------ maintenance builds
     @staticmethod
     def build_from_merge(blocks: Sequence[IndexBlock], path: PathLike) -> IndexBlock:
-        """Merge ``blocks`` into one new block at ``path`` (seed 000: "build_from_merge：归并迭代器按
-        哈希值有序归并").
+        """Merge ``blocks`` into one new block at ``path``.
 
         One linear pass: every block is decoded once into its hash-ordered entries (blocks are sorted
         by hash), the sorted runs are k-way merged by :func:`merge_sorted_runs` (pairwise merge tree,
@@ -251,12 +253,11 @@ class FileIndex:
     @staticmethod
     def build_from_compaction(
         blocks: Sequence[IndexBlock],
-        position_map: Union[PositionMap, dict],
+        position_map: PositionMap | dict,
         path: PathLike,
         unmapped: str = "keep",
     ) -> IndexBlock:
-        """Rebuild the entries of ``blocks`` after a data compaction (seed 000, "Data Compaction 后
-        GlobalIndex 的更新").
+        """Rebuild the entries of ``blocks`` after a data compaction.
 
         ``position_map``: a :class:`PositionMap` (or its dict form) whose sources are old data file
         names: per old row the new file (index into ``position_map.files``) and new row, or -1 when the
@@ -308,8 +309,10 @@ class FileIndex:
             past = rows_m >= length[g_m]
             if past.any():
                 i = int(np.flatnonzero(past)[0])
-                raise ValueError(f"row {int(rows_m[i])} of {old_files[int(g_m[i])]!r} is past its position map "
-                                 f"({int(length[g_m[i]])} rows)")
+                raise ValueError(
+                    f"row {int(rows_m[i])} of {old_files[int(g_m[i])]!r} is past its position map "
+                    f"({int(length[g_m[i]])} rows)"
+                )
         at = base[g_m] + rows_m
         new_idx = k.copy()
         new_idx[mapped] = fi[at]

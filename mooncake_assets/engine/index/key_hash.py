@@ -49,9 +49,10 @@ Index blobs written before this version (a blake2b-based hash for non-exact keys
 the same) carry no version; :func:`blob_needs_rebuild` says when a restore must rebuild the index
 from the data files (:mod:`mooncake_assets.engine.table.key_text`).
 """
+
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -101,6 +102,7 @@ _K_LEN_U, _NULL_U, _P_U = _U64(K_LEN), _U64(NULL_HASH), _U64(P61)
 
 # ------------------------------------------------------------------------------------ splitmix64
 
+
 def _splitmix64_int(x: int) -> int:
     x = (x + SPLITMIX64_GAMMA) & M64
     x = ((x ^ (x >> 30)) * _C1) & M64
@@ -132,7 +134,7 @@ def _splitmix64_array(x: np.ndarray) -> np.ndarray:
     return z
 
 
-def splitmix64(x: Union[int, np.integer, np.ndarray, Sequence[int]]):
+def splitmix64(x: int | np.integer | np.ndarray | Sequence[int]):
     """SplitMix64 finalizer of unsigned 64-bit integers (Steele, Lea & Flood, "Fast splittable
     pseudorandom number generators", OOPSLA 2014); the formula is in the module docstring.
 
@@ -157,6 +159,7 @@ def splitmix64(x: Union[int, np.integer, np.ndarray, Sequence[int]]):
 
 
 # ------------------------------------------------------------------------------------ scalar path
+
 
 def value_hash(text: str | None) -> int:
     """``V`` of one key value's text (None = NULL), an int in ``[0, 2⁶⁴)``; module docstring."""
@@ -187,6 +190,7 @@ def text_key_hash(values: Sequence[str | None]) -> int:
 
 
 # ------------------------------------------------------------------------------------ vectorised path
+
 
 def _string_array(col) -> pa.Array:
     """A key column as one Arrow ``string``/``large_string`` array (lists of str/None are converted)."""
@@ -224,7 +228,7 @@ def _value_hashes(arr: pa.Array) -> np.ndarray:
         return np.zeros(0, dtype=np.uint64)
     bufs = arr.buffers()
     off_t = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-    offsets = np.frombuffer(bufs[1], dtype=off_t, count=arr.offset + n + 1)[arr.offset:].astype(np.int64)
+    offsets = np.frombuffer(bufs[1], dtype=off_t, count=arr.offset + n + 1)[arr.offset :].astype(np.int64)
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
     lo, hi = int(offsets[0]), int(offsets[-1])
@@ -293,6 +297,7 @@ def int_key_hashes(column) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------ per table
+
 
 class KeyHash:
     """The key hash of one table's key.

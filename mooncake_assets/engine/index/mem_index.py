@@ -1,6 +1,6 @@
 """MemIndex: key hash → (batch id, row) for the rows of the in-memory MemSlice.
 
-Seed 000 ("MemIndex：维护 主键 → (batch_id, row_offset)，… 纯内存的哈希表") and DESIGN.md §3: INSERT adds
+docs/architecture.md#apply: INSERT adds
 the row's location, a DELETE that hits the MemIndex marks the batch's deletion vector and removes the
 location here, and at flush the flushed batches' locations become file locations in one new IndexBlock
 (built by the table's flush from the drained hashes) and are dropped from here.
@@ -11,9 +11,10 @@ collision of non-integer keys), a list of them. Inserts of a whole batch go thro
 (:meth:`MemIndex.insert`), single rows through :meth:`MemIndex.insert_one`; the locations inserted per
 batch are also kept in insertion order, so the flush reads them back as arrays.
 """
+
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -25,7 +26,7 @@ _M64 = (1 << 64) - 1
 MAX_BATCH_ID = (1 << 31) - 1
 
 
-def _add(v: Union[int, list], p: int) -> list:
+def _add(v: int | list, p: int) -> list:
     if isinstance(v, list):
         v.append(p)
         return v
@@ -40,16 +41,16 @@ class MemIndex:
     """
 
     def __init__(self) -> None:
-        self._map: Dict[int, Union[int, list]] = {}
-        self._batches: Dict[int, Tuple[List[int], List[int]]] = {}  # batch -> (hashes, rows) as inserted
-        self._removed: Dict[int, set] = {}
+        self._map: dict[int, int | list] = {}
+        self._batches: dict[int, tuple[list[int], list[int]]] = {}  # batch -> (hashes, rows) as inserted
+        self._removed: dict[int, set] = {}
         self._len = 0
 
     def __len__(self) -> int:
         return self._len
 
     @property
-    def batch_ids(self) -> List[int]:
+    def batch_ids(self) -> list[int]:
         """Batch ids with locations inserted (and not dropped), ascending."""
         return sorted(self._batches)
 
@@ -86,7 +87,7 @@ class MemIndex:
             if len(m) != before + n:  # repeated hashes inside the batch: rebuild them as lists
                 _, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
                 rep = cnt[inv] > 1
-                dups: Dict[int, list] = {}
+                dups: dict[int, list] = {}
                 for k, p in zip(h[rep].tolist(), packed[rep].tolist()):
                     dups.setdefault(k, []).append(p)
                 m.update(dups)
@@ -121,7 +122,7 @@ class MemIndex:
         if removed:
             removed.difference_update(rows)
 
-    def lookup(self, h: int) -> List[Tuple[int, int]]:
+    def lookup(self, h: int) -> list[tuple[int, int]]:
         """Every (batch_id, row) under hash ``h``, in insertion order."""
         v = self._map.get(int(h) & _M64)
         if v is None:
@@ -130,12 +131,12 @@ class MemIndex:
             return [(p >> 32, p & 0xFFFFFFFF) for p in v]
         return [(v >> 32, v & 0xFFFFFFFF)]
 
-    def lookup_batch(self, hashes) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lookup_batch(self, hashes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every location of many hashes: ``(query_index int64, batch_id int64, row uint32)`` (m,),
         ``query_index`` non-decreasing."""
         q = _as_hashes(hashes)
-        qi: List[int] = []
-        locs: List[int] = []
+        qi: list[int] = []
+        locs: list[int] = []
         get = self._map.get
         for i, k in enumerate(q.tolist()):
             v = get(k)
@@ -148,10 +149,13 @@ class MemIndex:
                 qi.append(i)
                 locs.append(v)
         p = np.array(locs, dtype=np.uint64)
-        return (np.array(qi, dtype=np.int64), (p >> np.uint64(32)).astype(np.int64),
-                (p & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        return (
+            np.array(qi, dtype=np.int64),
+            (p >> np.uint64(32)).astype(np.int64),
+            (p & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+        )
 
-    def remove(self, h: int, location: Tuple[int, int]) -> None:
+    def remove(self, h: int, location: tuple[int, int]) -> None:
         """Remove one location (a DELETE that hit an in-memory row). Raises ``KeyError`` when
         ``location`` is not under ``h`` (the caller's invariant is broken: report it)."""
         k = int(h) & _M64
@@ -174,7 +178,7 @@ class MemIndex:
         self._removed.setdefault(batch_id, set()).add(row)
         self._len -= 1
 
-    def batch_entries(self, batch_id: int) -> Tuple[np.ndarray, np.ndarray]:
+    def batch_entries(self, batch_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Live locations of one batch: ``(hashes uint64 (n,), rows uint32 (n,))`` in insertion order
         (removed locations left out)."""
         lists = self._batches.get(int(batch_id))
@@ -188,7 +192,7 @@ class MemIndex:
             h, r = h[keep], r[keep]
         return h, r.astype(np.uint32)
 
-    def entries(self, batch_ids: Optional[Iterable[int]] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def entries(self, batch_ids: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Live locations of ``batch_ids`` (default all), batch by batch:
         ``(hashes uint64, batch_ids int64, rows uint32)`` (n,)."""
         ids = self.batch_ids if batch_ids is None else [int(b) for b in batch_ids]

@@ -1,14 +1,15 @@
-"""IndexMergePolicy: when to merge index blocks and which ones (DESIGN.md §3 step 3, "index_merge").
+"""IndexMergePolicy: when to merge index blocks and which ones (docs/architecture.md#maintenance, "index_merge").
 
-Seed 000: "索引块越多，要查的次数越多。所以需要后台做索引合并" — every lookup probes every block, so
+ Every lookup probes every block, so
 once a table has more than ``max_blocks`` blocks, the smallest ones (up to ``max_blocks_per_merge``)
 are merged into one with ``FileIndex.build_from_merge``. With the defaults every block is merged,
 so lookups go back to one bucket probe; a table with more than 32 blocks gets there in a few rounds.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, List, Union
 
 from .block import IndexBlock
 from .file_index import FileIndex
@@ -34,7 +35,7 @@ class IndexMergePolicy:
         if self.max_blocks_per_merge < 2:
             raise ValueError(f"max_blocks_per_merge must be ≥ 2, found {self.max_blocks_per_merge}")
 
-    def pick(self, file_index: Union[FileIndex, Iterable[IndexBlock]]) -> List[IndexBlock]:
+    def pick(self, file_index: FileIndex | Iterable[IndexBlock]) -> list[IndexBlock]:
         """Blocks to merge now, newest first; empty when the table has at most ``max_blocks`` blocks.
 
         Picks the ``min(len, max_blocks_per_merge)`` smallest blocks (by entries; ties: newer first),

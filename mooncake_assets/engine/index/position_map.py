@@ -1,4 +1,4 @@
-"""PositionMap: where each old row went when rows were rewritten (seed 000, "位置映射表").
+"""PositionMap: where each old row went when rows were rewritten.
 
 Used twice:
 
@@ -15,10 +15,11 @@ the row offset in that file (ignored where dropped).
 The issue's dict form ``{old_name: (new_file_names, new_file_idx, new_row)}`` (each source with its own
 list of new names) is accepted by :meth:`PositionMap.from_dict` and everywhere a PositionMap is taken.
 """
+
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -27,8 +28,8 @@ __all__ = ["PositionMap", "as_position_map"]
 
 @dataclass(frozen=True)
 class PositionMap:
-    files: Tuple[str, ...]
-    sources: Dict[Hashable, Tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    files: tuple[str, ...]
+    sources: dict[Hashable, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self):
         files = tuple(self.files)
@@ -40,14 +41,18 @@ class PositionMap:
             idx = np.asarray(idx)
             rows = np.asarray(rows)
             if idx.ndim != 1 or idx.shape != rows.shape:
-                raise ValueError(f"position map of {src!r}: new_file_idx and new_row must be 1-D of one length, "
-                                 f"found {idx.shape} and {rows.shape}")
+                raise ValueError(
+                    f"position map of {src!r}: new_file_idx and new_row must be 1-D of one length, "
+                    f"found {idx.shape} and {rows.shape}"
+                )
             if len(idx) and (idx.dtype.kind not in "iu" or rows.dtype.kind not in "iu"):
                 raise TypeError(f"position map of {src!r}: expected integer arrays, found {idx.dtype}, {rows.dtype}")
             idx = idx.astype(np.int32, copy=False)
             if len(idx) and (int(idx.min()) < -1 or int(idx.max()) >= len(files)):
-                raise ValueError(f"position map of {src!r}: new_file_idx must be in [-1, {len(files)}), "
-                                 f"found [{int(idx.min())}, {int(idx.max())}]")
+                raise ValueError(
+                    f"position map of {src!r}: new_file_idx must be in [-1, {len(files)}), "
+                    f"found [{int(idx.min())}, {int(idx.max())}]"
+                )
             live = idx >= 0
             if live.any():
                 r = rows[live]
@@ -57,11 +62,11 @@ class PositionMap:
         object.__setattr__(self, "sources", checked)
 
     @classmethod
-    def from_dict(cls, d: Dict[Hashable, Tuple[Sequence[str], np.ndarray, np.ndarray]]) -> "PositionMap":
+    def from_dict(cls, d: dict[Hashable, tuple[Sequence[str], np.ndarray, np.ndarray]]) -> PositionMap:
         """From ``{source: (new_file_names, new_file_idx, new_row)}``: the per-source name lists are
         united (first appearance order) and the indices rewritten into the union."""
         files: list = []
-        pos: Dict[str, int] = {}
+        pos: dict[str, int] = {}
         sources = {}
         for src, (names, idx, rows) in d.items():
             remap = np.empty(len(names) + 1, dtype=np.int32)
@@ -77,7 +82,7 @@ class PositionMap:
             sources[src] = (remap[idx.astype(np.int64)] if len(idx) else idx.astype(np.int32), rows)
         return cls(tuple(files), sources)
 
-    def map_rows(self, source: Hashable, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def map_rows(self, source: Hashable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """New (file_idx int32, row uint32) of old ``rows`` of ``source``; file_idx -1 = dropped.
         Raises ``KeyError`` for an unknown source and ``ValueError`` for a row past the map."""
         idx, new_rows = self.sources[source]
@@ -88,7 +93,7 @@ class PositionMap:
         return idx[rows], new_rows[rows]
 
 
-def as_position_map(m: Union[PositionMap, dict]) -> PositionMap:
+def as_position_map(m: PositionMap | dict) -> PositionMap:
     """A PositionMap from a PositionMap or the dict form (see module docstring)."""
     if isinstance(m, PositionMap):
         return m

@@ -14,28 +14,52 @@
 Catalog reads take no lock on the user's tables (the partition walk reads ``pg_inherits``, see
 :mod:`.partitions`).
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from .schema import (INT2VECTOR, OIDVECTOR, REFUSED_TYPES, ColumnSpec, TableSchema, UnsupportedTableError, UnsupportedTypeError,
-                          _apply_signature, _text_column, arrow_type_for, assign_field_ids, column_option_hint,
-                          text_spec)
 from ..faults import fault
 from .conninfo import with_options
 from .partitions import TREE_CTE
+from .schema import (
+    INT2VECTOR,
+    OIDVECTOR,
+    REFUSED_TYPES,
+    ColumnSpec,
+    TableSchema,
+    UnsupportedTableError,
+    UnsupportedTypeError,
+    _apply_signature,
+    _text_column,
+    arrow_type_for,
+    assign_field_ids,
+    column_option_hint,
+    text_spec,
+)
 from .session import LazyConnection
 
-__all__ = ["CatalogColumn", "CatalogNotCurrent", "SourceCatalog", "catalog_columns", "describe_mirrored",
-           "describe_table", "estimate_rows", "missing_relations", "nan_columns", "resolve_column", "xid_visible"]
+__all__ = [
+    "CatalogColumn",
+    "CatalogNotCurrent",
+    "SourceCatalog",
+    "catalog_columns",
+    "describe_mirrored",
+    "describe_table",
+    "estimate_rows",
+    "missing_relations",
+    "nan_columns",
+    "resolve_column",
+    "xid_visible",
+]
 
 log = logging.getLogger("mooncake.catalog")
 
@@ -71,8 +95,14 @@ WHERE i.indrelid = %(oid)s AND (i.indisprimary OR i.indisreplident)
 """
 
 
-def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupported: bool = False,
-                   column_types: dict | None = None, exclude: Sequence[str] | None = None) -> TableSchema:
+def describe_table(
+    conn: psycopg.Connection,
+    qualified_name: str,
+    *,
+    skip_unsupported: bool = False,
+    column_types: dict | None = None,
+    exclude: Sequence[str] | None = None,
+) -> TableSchema:
     """Read a table's mirror schema from the catalogs (``pg_class``, ``pg_attribute``, ``pg_index``,
     ``format_type``).
 
@@ -94,24 +124,35 @@ def describe_table(conn: psycopg.Connection, qualified_name: str, *, skip_unsupp
             oid, nsp, rel, relkind, replident = _find_table(cur, qualified_name)
             attrs = cur.execute(_DESCRIBE_SQL, {"oid": oid}).fetchall()
             keys = cur.execute(_KEY_SQL, {"oid": oid}).fetchall()
-            catalog_lsn = cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN NULL "
-                                      "ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END").fetchone()[0]
+            catalog_lsn = cur.execute(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END"
+            ).fetchone()[0]
             column_types = dict(column_types or {})
             excluded = list(exclude or [])
             _check_column_options(f"{nsp}.{rel}", {a[0] for a in attrs}, column_types, excluded)
-            columns = _column_specs(_TypeResolver(cur), f"{nsp}.{rel}", attrs, column_types, excluded,
-                                    skip_unsupported)
+            columns = _column_specs(_TypeResolver(cur), f"{nsp}.{rel}", attrs, column_types, excluded, skip_unsupported)
             assign_field_ids(columns)
     key_columns, has_pk = _key_columns(keys, replident)
     in_key = [c for c in excluded if c in key_columns]
     if in_key:
-        raise LookupError(f"table {nsp}.{rel}: column {', '.join(in_key)} is part of the key "
-                          f"({', '.join(key_columns)}), which cannot be left out (--exclude-column)")
+        raise LookupError(
+            f"table {nsp}.{rel}: column {', '.join(in_key)} is part of the key "
+            f"({', '.join(key_columns)}), which cannot be left out (--exclude-column)"
+        )
     for c in columns:
         c.is_key = c.name in key_columns
-    out = TableSchema(schema=nsp, name=rel, oid=oid, columns=columns, key_columns=key_columns,
-                      has_primary_key=has_pk, replica_identity=replident, relkind=relkind,
-                      excluded=excluded, column_types=column_types)
+    out = TableSchema(
+        schema=nsp,
+        name=rel,
+        oid=oid,
+        columns=columns,
+        key_columns=key_columns,
+        has_primary_key=has_pk,
+        replica_identity=replident,
+        relkind=relkind,
+        excluded=excluded,
+        column_types=column_types,
+    )
     out.current_columns = {a[0] for a in attrs}
     out.catalog_lsn = int(catalog_lsn) if catalog_lsn is not None else 0
     return out
@@ -125,23 +166,32 @@ def _find_table(cur, qualified_name: str) -> tuple:
         row = cur.execute(
             "SELECT c.oid, n.nspname, c.relname, c.relkind, c.relreplident "
             "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.oid = to_regclass(%s)", (qualified_name,)).fetchone()
+            "WHERE c.oid = to_regclass(%s)",
+            (qualified_name,),
+        ).fetchone()
     except psycopg.errors.Error as e:  # e.g. invalid name syntax
         raise LookupError(f"table {qualified_name} does not exist ({e})") from None
     if row is None:
         raise LookupError(f"table {qualified_name} does not exist")
     oid, nsp, rel, relkind, replident = row
     if relkind not in ("r", "p"):
-        kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table",
-                "S": "a sequence", "i": "an index", "c": "a composite type"}.get(relkind, "not a table")
+        kind = {
+            "v": "a view",
+            "m": "a materialized view",
+            "f": "a foreign table",
+            "S": "a sequence",
+            "i": "an index",
+            "c": "a composite type",
+        }.get(relkind, "not a table")
         raise LookupError(f"table {qualified_name} does not exist ({nsp}.{rel} is {kind})")
     parent = cur.execute(
-        "SELECT pg_partition_root(c.oid)::regclass::text FROM pg_class c "
-        "WHERE c.oid = %s AND c.relispartition", (oid,)).fetchone()
+        "SELECT pg_partition_root(c.oid)::regclass::text FROM pg_class c WHERE c.oid = %s AND c.relispartition", (oid,)
+    ).fetchone()
     if parent is not None:
         raise UnsupportedTableError(
             f"table {nsp}.{rel} is a partition of {parent[0]}: changes of a partition are published "
-            f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead")
+            f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead"
+        )
     return row
 
 
@@ -150,16 +200,18 @@ def _check_column_options(table: str, names: set, column_types: dict, excluded: 
     have, or ask for a column type other than ``text``."""
     unknown = [c for c in list(column_types) + excluded if c not in names]
     if unknown:
-        raise LookupError(f"table {table} has no column {', '.join(unknown)} (named by --column-type/"
-                          "--exclude-column)")
+        raise LookupError(f"table {table} has no column {', '.join(unknown)} (named by --column-type/--exclude-column)")
     bad_kind = {c: k for c, k in column_types.items() if k != "text"}
     if bad_kind:
-        raise LookupError(f"table {table}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
-                          ": the only column type that can be asked for is text (Postgres's exact text output)")
+        raise LookupError(
+            f"table {table}: --column-type {', '.join(f'{c}={k}' for c, k in bad_kind.items())}"
+            ": the only column type that can be asked for is text (Postgres's exact text output)"
+        )
 
 
-def _column_specs(types: "_TypeResolver", table: str, attrs: list, column_types: dict, excluded: list,
-                  skip_unsupported: bool) -> list[ColumnSpec]:
+def _column_specs(
+    types: _TypeResolver, table: str, attrs: list, column_types: dict, excluded: list, skip_unsupported: bool
+) -> list[ColumnSpec]:
     """The :class:`ColumnSpec` of each column of ``attrs`` (rows of ``_DESCRIBE_SQL``) that is not
     excluded, without field ids. A column that cannot be mirrored is left out with
     ``skip_unsupported``; otherwise every such column is named in one :class:`UnsupportedTypeError`."""
@@ -186,7 +238,8 @@ def _column_specs(types: "_TypeResolver", table: str, attrs: list, column_types:
         raise UnsupportedTypeError(
             f"table {table}: {len(refused)} column(s) cannot be mirrored exactly: "
             + "; ".join(f"{n} ({t}: {why})" for n, t, why in refused)
-            + f"; {column_option_hint([n for n, _, _ in refused])}")
+            + f"; {column_option_hint([n for n, _, _ in refused])}"
+        )
     return columns
 
 
@@ -255,8 +308,17 @@ class _TypeResolver:
             t: pa.DataType = el.arrow_type
             for _ in range(nd):
                 t = pa.list_(t)
-            return ColumnSpec(name, oid, typmod, decl_name, t, element=el, ndims=nd, delim=self.info(elem)[9] or ",",
-                              as_text=el.as_text)
+            return ColumnSpec(
+                name,
+                oid,
+                typmod,
+                decl_name,
+                t,
+                element=el,
+                ndims=nd,
+                delim=self.info(elem)[9] or ",",
+                as_text=el.as_text,
+            )
         if typtype == "c" and typrelid:
             fields = []
             try:
@@ -285,9 +347,15 @@ class _TypeResolver:
             return _text_column(name, oid, typmod, decl_name)
 
 
-def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: list[dict] | None,
-                      key: list[str] | None = None, *, column_types: dict | None = None,
-                      exclude: Sequence[str] | None = None) -> TableSchema:
+def describe_mirrored(
+    conn: psycopg.Connection,
+    qualified_name: str,
+    signature: list[dict] | None,
+    key: list[str] | None = None,
+    *,
+    column_types: dict | None = None,
+    exclude: Sequence[str] | None = None,
+) -> TableSchema:
     """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
     :func:`column_signature`), decoded with the source's current catalogs: columns that still exist
     with the same type are taken from :func:`describe_table`; the others (dropped, renamed or retyped
@@ -321,15 +389,25 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
             except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
                 raise UnsupportedTypeError(
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
-                    f"be resolved ({e})") from None
+                    f"be resolved ({e})"
+                ) from None
             spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
             cols.append(_apply_signature(spec, sig))
     keys = list(current.key_columns if key is None else key)
     for c in cols:
         c.is_key = c.name in keys
-    out = TableSchema(schema=current.schema, name=current.name, oid=current.oid, columns=cols, key_columns=keys,
-                      has_primary_key=current.has_primary_key, replica_identity=current.replica_identity,
-                      relkind=current.relkind, excluded=exclude, column_types=column_types)
+    out = TableSchema(
+        schema=current.schema,
+        name=current.name,
+        oid=current.oid,
+        columns=cols,
+        key_columns=keys,
+        has_primary_key=current.has_primary_key,
+        replica_identity=current.replica_identity,
+        relkind=current.relkind,
+        excluded=exclude,
+        column_types=column_types,
+    )
     out.current_columns = current_names
     out.catalog_lsn = current.catalog_lsn
     return out
@@ -337,7 +415,10 @@ def describe_mirrored(conn: psycopg.Connection, qualified_name: str, signature: 
 
 # Catalog lookups for schema evolution -----------------------------------------------------------------
 
-_ATTRS_SQL = "WITH RECURSIVE " + TREE_CTE.format(root="%(oid)s") + """
+_ATTRS_SQL = (
+    "WITH RECURSIVE "
+    + TREE_CTE.format(root="%(oid)s")
+    + """
 SELECT a.attnum, a.attname, a.attisdropped, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
        CASE WHEN NOT a.attisdropped THEN COALESCE(
          CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
@@ -352,9 +433,9 @@ FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum
 WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND a.attgenerated = ''
 ORDER BY a.attnum
 """
+)
 
 _FUNC_IDS = re.compile(r":(?:funcid|opfuncid|opno) (\d+)")
-
 
 
 @dataclass
@@ -381,8 +462,10 @@ class CatalogNotCurrent(Exception):
     were before the transaction — an ``ADD COLUMN`` made by it is not there yet."""
 
     def __init__(self, xid: int):
-        super().__init__(f"the source's catalogs do not show transaction {xid} yet (committed in the WAL, "
-                         "not yet visible to new snapshots)")
+        super().__init__(
+            f"the source's catalogs do not show transaction {xid} yet (committed in the WAL, "
+            "not yet visible to new snapshots)"
+        )
         self.xid = xid
 
 
@@ -429,8 +512,9 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int, xid: int | None = 
             missing = r[7]
             if missing is None and r[8] is not None and not r[2]:
                 missing = _immutable_default(cur, r[8], r[9], int(r[3]), int(r[4]))
-            out.append(CatalogColumn(int(r[0]), r[1], bool(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), bool(r[6]),
-                                     missing))
+            out.append(
+                CatalogColumn(int(r[0]), r[1], bool(r[2]), int(r[3]), int(r[4]), int(r[5] or 0), bool(r[6]), missing)
+            )
     return out
 
 
@@ -442,9 +526,12 @@ def _immutable_default(cur, expr: str, tree: str, typid: int, typmod: int) -> st
         return None
     ids = sorted({int(x) for x in _FUNC_IDS.findall(tree)})
     if ids:
-        rows = cur.execute("SELECT provolatile FROM pg_proc WHERE oid = ANY(%s) UNION ALL "
-                           "SELECT p.provolatile FROM pg_operator o JOIN pg_proc p ON p.oid = o.oprcode "
-                           "WHERE o.oid = ANY(%s)", (ids, ids)).fetchall()
+        rows = cur.execute(
+            "SELECT provolatile FROM pg_proc WHERE oid = ANY(%s) UNION ALL "
+            "SELECT p.provolatile FROM pg_operator o JOIN pg_proc p ON p.oid = o.oprcode "
+            "WHERE o.oid = ANY(%s)",
+            (ids, ids),
+        ).fetchall()
         if any(v != "i" for (v,) in rows):
             return None
     try:
@@ -516,7 +603,7 @@ class SourceCatalog:
                 self._conn.close()
                 if attempt == 4:
                     raise
-                time.sleep(0.5 * 2 ** attempt)
+                time.sleep(0.5 * 2**attempt)
                 attempt += 1
 
     def columns(self, table_oid: int, xid: int | None = None):
@@ -541,9 +628,12 @@ def estimate_rows(conn: psycopg.Connection, oid: int) -> int | None:
 
 def missing_relations(conn: psycopg.Connection, oids: Sequence[int]) -> set[int]:
     """Those of ``oids`` that name no relation any more (``pg_class``): the tables that were dropped."""
-    return {r[0] for r in conn.execute(
-        "SELECT o FROM unnest(%s::oid[]) o WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = o)",
-        (list(oids),)).fetchall()}
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT o FROM unnest(%s::oid[]) o WHERE NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = o)", (list(oids),)
+        ).fetchall()
+    }
 
 
 def _is_decimal(c: ColumnSpec) -> bool:
@@ -560,8 +650,12 @@ def nan_columns(conn: psycopg.Connection, schema: TableSchema) -> list[ColumnSpe
     cols = [c for c in schema.columns if _is_decimal(c)]
     if not cols:
         return []
-    tests = [sql.SQL("bool_or('NaN'::numeric = {})").format(sql.Identifier(c.name)) if c.element is None else
-             sql.SQL("bool_or('NaN'::numeric = ANY({}))").format(sql.Identifier(c.name)) for c in cols]
+    tests = [
+        sql.SQL("bool_or('NaN'::numeric = {})").format(sql.Identifier(c.name))
+        if c.element is None
+        else sql.SQL("bool_or('NaN'::numeric = ANY({}))").format(sql.Identifier(c.name))
+        for c in cols
+    ]
     q = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(tests), sql.Identifier(schema.schema, schema.name))
     row = conn.execute(q).fetchone()
     return [c for c, hit in zip(cols, row) if hit]

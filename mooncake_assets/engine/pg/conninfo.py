@@ -11,6 +11,7 @@ libpq looks for one when the DSN has none (PG docs, "libpq: Connection Strings",
 Every password this process has seen is remembered (:func:`remember_secret`) so that :func:`scrub`
 can blank it out of any text before it is printed or logged (:class:`ScrubFilter` for logging).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,18 +20,35 @@ import urllib.parse
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["split_password", "strip_password", "redact", "remember_secret", "scrub", "ScrubFilter",
-           "split_uri_password", "install_log_scrubber", "connect_error", "with_password_hint", "PASSWORD_HINT",
-           "SESSION_SETTINGS", "OUTPUT_SETTINGS", "PG_OPTIONS", "options_string", "with_options"]
+__all__ = [
+    "split_password",
+    "strip_password",
+    "redact",
+    "remember_secret",
+    "scrub",
+    "ScrubFilter",
+    "split_uri_password",
+    "install_log_scrubber",
+    "connect_error",
+    "with_password_hint",
+    "PASSWORD_HINT",
+    "SESSION_SETTINGS",
+    "OUTPUT_SETTINGS",
+    "PG_OPTIONS",
+    "options_string",
+    "with_options",
+]
 
 MASK = "********"
 _URI_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:([^/\s]*)@")  # greedy: up to the last '@'
 _LOOSE_PASSWORD = re.compile(r"password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))|://[^:/@\s]*:([^@\s]+)@")
 _SECRETS: set[str] = set()
 
-PASSWORD_HINT = ("mooncake keeps no password in its state directory: give it to this process by PGPASSWORD, "
-                 "the password file (~/.pgpass or PGPASSFILE), a service entry (service=… in the DSN, "
-                 "pg_service.conf), MOONCAKE_PG_DSN, or --dsn with the password")
+PASSWORD_HINT = (
+    "mooncake keeps no password in its state directory: give it to this process by PGPASSWORD, "
+    "the password file (~/.pgpass or PGPASSFILE), a service entry (service=… in the DSN, "
+    "pg_service.conf), MOONCAKE_PG_DSN, or --dsn with the password"
+)
 
 
 def remember_secret(secret: str | None) -> None:
@@ -62,7 +80,7 @@ def split_password(dsn: str | None) -> tuple[str | None, str | None]:
         return dsn, None
     try:
         params = conninfo_to_dict(dsn)
-    except Exception:  # noqa: BLE001 — malformed: leave it for the connect to report (scrubbed)
+    except Exception:
         for m in _LOOSE_PASSWORD.finditer(dsn):  # still blank out what looks like its password
             remember_secret(next(g for g in m.groups() if g))
         return dsn, None
@@ -139,7 +157,7 @@ class ScrubFilter(logging.Filter):
         if _SECRETS:
             try:
                 msg = record.getMessage()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 return True
             record.msg, record.args = scrub(msg), None
             if record.exc_info and record.exc_info[1] is not None:
@@ -214,7 +232,7 @@ def source_label(dsn: str) -> str:
     out, _ = split_password(dsn)
     try:
         params = conninfo_to_dict(out)
-    except Exception:  # noqa: BLE001 — malformed: connecting reports it
+    except Exception:
         return scrub(out)
     return make_conninfo(**{k: params[k] for k in sorted(params) if "password" not in k})
 

@@ -10,6 +10,7 @@ the cluster is found again from the state directory.
 Errors: :class:`PostgresNotFound` when no binaries are found (the message says how to install them);
 ``RuntimeError`` naming the log file when the server does not start.
 """
+
 from __future__ import annotations
 
 import glob
@@ -40,7 +41,10 @@ def find_pg_bin() -> Path:
     env = os.environ.get("MOONCAKE_PG_BIN")
     if env and (Path(env) / "initdb").exists():
         return Path(env)
-    cands = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[-3]) if p.split("/")[-3].isdigit() else 0)
+    cands = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(p.split("/")[-3]) if p.split("/")[-3].isdigit() else 0,
+    )
     if cands:
         return Path(cands[-1]).parent
     w = shutil.which("initdb")
@@ -153,8 +157,20 @@ class EmbeddedPostgres:
             if self.as_root:
                 shutil.chown(data, "postgres", "postgres")
             os.chmod(data, 0o700)
-            self._run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                       "-E", "UTF8", "--locale=C", "--no-sync"])
+            self._run(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ]
+            )
             self._run(["sh", "-c", f"cat > '{data}/pg_hba.conf'"], input=HBA)
         port = free_port()
         conf = {
@@ -178,7 +194,11 @@ class EmbeddedPostgres:
         proc = subprocess.run(
             (["runuser", "-u", "postgres", "--"] if self.as_root else [])
             + [str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data), "-l", str(log)],
-            capture_output=True, text=True, cwd="/", start_new_session=True, preexec_fn=reset_signals,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            start_new_session=True,
+            preexec_fn=reset_signals,
         )
         if proc.returncode != 0:
             tail = ""

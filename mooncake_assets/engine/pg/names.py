@@ -28,6 +28,7 @@ table may not differ only in ASCII case (``"id"`` and ``"ID"``; :func:`case_coll
 cannot tell apart. :func:`asset_key_part` maps any
 name to a Dagster asset key part (which allows only ``[A-Za-z0-9_]``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,18 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-__all__ = ["TableName", "InvalidName", "split_qualified_name", "quote_part", "format_name", "resolve_table",
-           "check_mirror_name", "asset_key_part", "case_collision", "MIRROR_NAME_RULE"]
+__all__ = [
+    "TableName",
+    "InvalidName",
+    "split_qualified_name",
+    "quote_part",
+    "format_name",
+    "resolve_table",
+    "check_mirror_name",
+    "asset_key_part",
+    "case_collision",
+    "MIRROR_NAME_RULE",
+]
 
 NAMEDATALEN = 64  # Postgres identifiers keep at most NAMEDATALEN - 1 = 63 bytes
 _SPACE = " \t\n\r\f\v"
@@ -116,7 +127,7 @@ def split_qualified_name(text: str) -> list[str]:
                 break
             name = "".join(part)
             if not name:
-                raise InvalidName(f"name {text!r} has an empty quoted part (\"\")")
+                raise InvalidName(f'name {text!r} has an empty quoted part ("")')
             out.append(name)
         elif i < n and _is_ident_start(text[i]):
             j = i + 1
@@ -126,8 +137,10 @@ def split_qualified_name(text: str) -> list[str]:
             i = j
         else:
             where = "after a dot" if after_dot else ("before a dot" if i < n and text[i] == "." else "")
-            raise InvalidName(f"name {text!r} has no valid identifier {where}".rstrip()
-                             + " (quote a part that is not a plain word: \"Sales Data\".\"Q1 Orders\")")
+            raise InvalidName(
+                f"name {text!r} has no valid identifier {where}".rstrip()
+                + ' (quote a part that is not a plain word: "Sales Data"."Q1 Orders")'
+            )
         while i < n and text[i] in _SPACE:
             i += 1
         if i < n and text[i] == ".":
@@ -138,8 +151,10 @@ def split_qualified_name(text: str) -> list[str]:
             continue
         if i >= n:
             return out
-        raise InvalidName(f"name {text!r} has invalid characters after {format_name(*out)} "
-                         "(quote a part that holds spaces or other characters: \"Sales Data\".\"Q1 Orders\")")
+        raise InvalidName(
+            f"name {text!r} has invalid characters after {format_name(*out)} "
+            '(quote a part that holds spaces or other characters: "Sales Data"."Q1 Orders")'
+        )
 
 
 def _parts_text(parts: list[str]) -> str:
@@ -168,44 +183,54 @@ def resolve_table(conn: psycopg.Connection, text: str) -> tuple[int, TableName]:
         except psycopg.Error as e:
             msg = (e.diag.message_primary or str(e)).strip()
             detail = (e.diag.message_detail or "").strip()
-            raise InvalidName(f"table name {text!r} does not parse as a qualified name: {msg}"
-                             + (f" {detail}" if detail else "")
-                             + " (quote parts with spaces, dots or capitals: '\"Sales Data\".\"Q1 Orders\"')") from None
+            raise InvalidName(
+                f"table name {text!r} does not parse as a qualified name: {msg}"
+                + (f" {detail}" if detail else "")
+                + ' (quote parts with spaces, dots or capitals: \'"Sales Data"."Q1 Orders"\')'
+            ) from None
         if len(parts) > 3:
-            raise InvalidName(f"table name {text!r} has too many dotted parts ({_parts_text(parts)}): "
-                             "use schema.table")
+            raise InvalidName(f"table name {text!r} has too many dotted parts ({_parts_text(parts)}): use schema.table")
         if len(parts) == 3:
             db = cur.execute("SELECT current_database()").fetchone()[0]
-            if parts[0][:NAMEDATALEN - 1] != db:
-                raise InvalidName(f"table name {text!r} names database \"{parts[0]}\", but the source DSN connects "
-                                 f"to database \"{db}\" (cross-database references are not possible)")
+            if parts[0][: NAMEDATALEN - 1] != db:
+                raise InvalidName(
+                    f'table name {text!r} names database "{parts[0]}", but the source DSN connects '
+                    f'to database "{db}" (cross-database references are not possible)'
+                )
             parts = parts[1:]
         quoted = sql.Identifier(*parts).as_string(conn)
         try:
             with conn.transaction():
-                row = cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c "
-                                  "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
-                                  (quoted,)).fetchone()
+                row = cur.execute(
+                    "SELECT c.oid, n.nspname, c.relname FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
+                    (quoted,),
+                ).fetchone()
         except psycopg.errors.InsufficientPrivilege:
             if len(parts) != 2:  # pragma: no cover — search_path leaves out schemas without USAGE
                 raise
             # no USAGE on the named schema (to_regclass checks it): the catalogs, which any role may
             # read, still tell which table it is, and the caller's checks name the missing GRANT
-            row = cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c "
-                              "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-                              tuple(_truncated(p) for p in parts)).fetchone()
+            row = cur.execute(
+                "SELECT c.oid, n.nspname, c.relname FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                tuple(_truncated(p) for p in parts),
+            ).fetchone()
         if row is not None:
             return int(row[0]), TableName(row[1], row[2])
         where = _parts_text(parts)
         hint = _case_hint(cur, parts)
-        raise InvalidName(f"table {text} does not exist (parsed as {where}"
-                         + (", looked up by search_path " + _search_path(cur) if len(parts) == 1 else "")
-                         + ")" + hint)
+        raise InvalidName(
+            f"table {text} does not exist (parsed as {where}"
+            + (", looked up by search_path " + _search_path(cur) if len(parts) == 1 else "")
+            + ")"
+            + hint
+        )
 
 
 def _truncated(part: str) -> str:
     """``part`` cut to the 63 bytes Postgres keeps of an identifier (never inside a UTF-8 character)."""
-    return part.encode("utf-8")[:NAMEDATALEN - 1].decode("utf-8", errors="ignore")
+    return part.encode("utf-8")[: NAMEDATALEN - 1].decode("utf-8", errors="ignore")
 
 
 def _search_path(cur) -> str:
@@ -222,20 +247,26 @@ def _case_hint(cur, parts: list[str]) -> str:
         rows = cur.execute(
             "SELECT n.nspname, c.relname, n.nspname = ANY(current_schemas(false)) FROM pg_class c "
             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE lower(c.relname) = lower(%s) "
-            "AND c.relkind IN ('r', 'p') ORDER BY 3 DESC, 1, 2 LIMIT 5", (parts[0],)).fetchall()
+            "AND c.relkind IN ('r', 'p') ORDER BY 3 DESC, 1, 2 LIMIT 5",
+            (parts[0],),
+        ).fetchall()
     else:
         rows = cur.execute(
             "SELECT n.nspname, c.relname, true FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE lower(c.relname) = lower(%s) AND lower(n.nspname) = lower(%s) AND c.relkind IN ('r', 'p') "
-            "ORDER BY 1, 2 LIMIT 5", (parts[1], parts[0])).fetchall()
+            "ORDER BY 1, 2 LIMIT 5",
+            (parts[1], parts[0]),
+        ).fetchall()
     if not rows:
         return ""
     forms = []
     for nsp, rel, visible in rows:
         forms.append(format_name(rel) if len(parts) == 1 and visible and len(rows) == 1 else format_name(nsp, rel))
-    return (f"; did you mean {' or '.join(forms)}? (unquoted names are folded to lower case; quote a name with "
-            "capitals, spaces or dots, and quote the whole argument for the shell: "
-            "'\"Sales Data\".\"Q1 Orders\"')")
+    return (
+        f"; did you mean {' or '.join(forms)}? (unquoted names are folded to lower case; quote a name with "
+        "capitals, spaces or dots, and quote the whole argument for the shell: "
+        '\'"Sales Data"."Q1 Orders"\')'
+    )
 
 
 def check_mirror_name(name: str) -> str:
@@ -246,8 +277,10 @@ def check_mirror_name(name: str) -> str:
     suggestion = re.sub(r"[^A-Za-z0-9_]+", "_", str(name)).strip("_")[:63] or "t"
     if suggestion[0].isdigit():
         suggestion = "t_" + suggestion[:61]
-    raise InvalidName(f"mirror name {name!r} is not valid: use {MIRROR_NAME_RULE} (e.g. {suggestion}); the "
-                     "source table's own name may be anything")
+    raise InvalidName(
+        f"mirror name {name!r} is not valid: use {MIRROR_NAME_RULE} (e.g. {suggestion}); the "
+        "source table's own name may be anything"
+    )
 
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")

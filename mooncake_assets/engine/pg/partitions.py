@@ -5,6 +5,7 @@ Queries: Recursive Queries"), not ``pg_partition_tree()``: that function opens a
 partition, and a catalog read the service runs while the user alters a table must take no lock on
 it (``pg_partition_tree`` deadlocked a user's ``ALTER TABLE``; see tests/cdc/test_catalog_locks.py).
 """
+
 from __future__ import annotations
 
 import psycopg
@@ -13,8 +14,10 @@ __all__ = ["TREE_CTE", "partition_tree"]
 
 #: The walk as a ``WITH RECURSIVE`` element for a query of its own: ``tree(relid, depth)``, the root
 #: (``{root}``: the SQL placeholder of its oid, e.g. ``%s`` or ``%(oid)s``) at depth 0.
-TREE_CTE = ("tree(relid, depth) AS (SELECT {root}::oid, 0 UNION ALL "
-            "SELECT i.inhrelid, t.depth + 1 FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid)")
+TREE_CTE = (
+    "tree(relid, depth) AS (SELECT {root}::oid, 0 UNION ALL "
+    "SELECT i.inhrelid, t.depth + 1 FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid)"
+)
 
 _TREE_SQL = "WITH RECURSIVE " + TREE_CTE.format(root="%s") + " SELECT relid FROM tree ORDER BY depth, relid"
 

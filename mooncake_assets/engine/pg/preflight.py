@@ -23,6 +23,7 @@ Configuration Settings, §31.9 Security, "Replication" server settings, ``CREATE
 Nothing here creates anything: catalog reads, ``current_setting`` and one replication connection
 that only runs ``IDENTIFY_SYSTEM``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,8 +41,16 @@ from .partitions import partition_tree
 if TYPE_CHECKING:
     from .schema import TableSchema
 
-__all__ = ["Check", "check_source", "server_checks", "check_table", "table_checks", "identity_todo", "set_identity_full",
-           "replication_check"]
+__all__ = [
+    "Check",
+    "check_source",
+    "server_checks",
+    "check_table",
+    "table_checks",
+    "identity_todo",
+    "set_identity_full",
+    "replication_check",
+]
 
 
 @dataclass
@@ -80,12 +89,19 @@ def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
     if wal_level == "logical":
         out.append(Check("ok", "wal_level", "logical"))
     else:
-        out.append(Check("error", "wal_level", f"is {wal_level}; logical decoding needs logical",
-                         "ALTER SYSTEM SET wal_level = logical; then restart the server (RDS/Aurora: "
-                         "rds.logical_replication = 1 in the parameter group; Cloud SQL: cloudsql.logical_decoding = on; "
-                         "Azure: wal_level = logical in the server parameters)"))
-    row = conn.execute("SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,)).fetchone()
+        out.append(
+            Check(
+                "error",
+                "wal_level",
+                f"is {wal_level}; logical decoding needs logical",
+                "ALTER SYSTEM SET wal_level = logical; then restart the server (RDS/Aurora: "
+                "rds.logical_replication = 1 in the parameter group; Cloud SQL: cloudsql.logical_decoding = on; "
+                "Azure: wal_level = logical in the server parameters)",
+            )
+        )
+    row = conn.execute(
+        "SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
     own_exists, own_active = row is not None, bool(row and row[0])
     max_slots = int(_setting(conn, "max_replication_slots") or 0)
     used = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
@@ -94,41 +110,81 @@ def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
     if free >= need:
         out.append(Check("ok", "replication slots", f"{free} of {max_slots} free (needs {need})"))
     else:
-        idle = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL "
-                                           "AND slot_name <> %s ORDER BY 1 LIMIT 3", (slot,)).fetchall()]
-        out.append(Check("error", "replication slots", f"{free} of {max_slots} free, {need} needed (the service's "
-                         "slot and a temporary one for the initial copy)",
-                         f"ALTER SYSTEM SET max_replication_slots = {used + need}; then restart the server"
-                         + (f"; or drop an unused slot: SELECT pg_drop_replication_slot('{idle[0]}');" if idle else "")))
+        idle = [
+            r[0]
+            for r in conn.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL "
+                "AND slot_name <> %s ORDER BY 1 LIMIT 3",
+                (slot,),
+            ).fetchall()
+        ]
+        out.append(
+            Check(
+                "error",
+                "replication slots",
+                f"{free} of {max_slots} free, {need} needed (the service's "
+                "slot and a temporary one for the initial copy)",
+                f"ALTER SYSTEM SET max_replication_slots = {used + need}; then restart the server"
+                + (f"; or drop an unused slot: SELECT pg_drop_replication_slot('{idle[0]}');" if idle else ""),
+            )
+        )
     max_senders = int(_setting(conn, "max_wal_senders") or 0)
     senders = conn.execute("SELECT count(*) FROM pg_stat_get_wal_senders()").fetchone()[0]
     need_s = (0 if own_active else 1) + 1
     if max_senders - senders >= need_s:
         out.append(Check("ok", "WAL senders", f"{max_senders - senders} of {max_senders} free (needs {need_s})"))
     else:
-        out.append(Check("error", "WAL senders", f"{max_senders - senders} of {max_senders} free, {need_s} needed",
-                         f"ALTER SYSTEM SET max_wal_senders = {senders + need_s}; then restart the server"))
+        out.append(
+            Check(
+                "error",
+                "WAL senders",
+                f"{max_senders - senders} of {max_senders} free, {need_s} needed",
+                f"ALTER SYSTEM SET max_wal_senders = {senders + need_s}; then restart the server",
+            )
+        )
     keep = _setting(conn, "max_slot_wal_keep_size")
     if keep in (None, "-1"):
-        out.append(Check("warning", "max_slot_wal_keep_size",
-                         "unlimited: a slot that stops advancing (service down, a stopped mirror) keeps WAL until "
-                         "the source's disk is full",
-                         "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();  (a size the "
-                         "disk can spare; PG 13+)" if keep is not None else "PostgreSQL 13 or later"))
+        out.append(
+            Check(
+                "warning",
+                "max_slot_wal_keep_size",
+                "unlimited: a slot that stops advancing (service down, a stopped mirror) keeps WAL until "
+                "the source's disk is full",
+                "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();  (a size the "
+                "disk can spare; PG 13+)"
+                if keep is not None
+                else "PostgreSQL 13 or later",
+            )
+        )
     else:
         out.append(Check("ok", "max_slot_wal_keep_size", keep))
     v = conn.info.server_version
     text = _setting(conn, "server_version")
     if v < 120000:
-        out.append(Check("error", "server version", f"PostgreSQL {text}: mooncake needs 12 or later",
-                         "upgrade the server"))
+        out.append(
+            Check("error", "server version", f"PostgreSQL {text}: mooncake needs 12 or later", "upgrade the server")
+        )
     else:
-        feats = [("streams large transactions" if v >= 140000 else
-                  "does not stream large transactions (needs 14; they are sent at commit)"),
-                 ("publishes generated columns" if v >= 180000 else
-                  "does not publish generated columns (needs 18; mooncake computes them on the source)")]
-        out.append(Check("ok" if v >= 140000 else "warning", "server version", f"PostgreSQL {text}: " + "; ".join(feats),
-                         None if v >= 140000 else "PostgreSQL 14 or later"))
+        feats = [
+            (
+                "streams large transactions"
+                if v >= 140000
+                else "does not stream large transactions (needs 14; they are sent at commit)"
+            ),
+            (
+                "publishes generated columns"
+                if v >= 180000
+                else "does not publish generated columns (needs 18; mooncake computes them on the source)"
+            ),
+        ]
+        out.append(
+            Check(
+                "ok" if v >= 140000 else "warning",
+                "server version",
+                f"PostgreSQL {text}: " + "; ".join(feats),
+                None if v >= 140000 else "PostgreSQL 14 or later",
+            )
+        )
     return out
 
 
@@ -143,54 +199,94 @@ def replication_check(dsn: str) -> Check:
         msg = connect_error(cause)  # the driver's error: one scrubbed line with the server's reason
         user = _user_of(dsn)
         if "replication role" in str(cause) or "permission denied to start WAL sender" in str(cause):
-            return Check("error", f"role {user}", "cannot open a replication connection: it lacks the REPLICATION "
-                         "attribute", f"ALTER ROLE {format_name(user)} WITH REPLICATION;  (RDS/Aurora: GRANT "
-                         f"rds_replication TO {format_name(user)};)")
-        return Check("error", f"role {user}", f"cannot open a replication connection: {msg}",
-                     "let the role connect for replication (pg_hba.conf: a line for this database and role, e.g. "
-                     "host <db> <role> <address> scram-sha-256)")
+            return Check(
+                "error",
+                f"role {user}",
+                "cannot open a replication connection: it lacks the REPLICATION attribute",
+                f"ALTER ROLE {format_name(user)} WITH REPLICATION;  (RDS/Aurora: GRANT "
+                f"rds_replication TO {format_name(user)};)",
+            )
+        return Check(
+            "error",
+            f"role {user}",
+            f"cannot open a replication connection: {msg}",
+            "let the role connect for replication (pg_hba.conf: a line for this database and role, e.g. "
+            "host <db> <role> <address> scram-sha-256)",
+        )
     try:
         # a walsender speaks only the simple query protocol: PQexec on psycopg's own libpq connection
         res = conn.pgconn.exec_(b"IDENTIFY_SYSTEM")
         if res.status != pq.ExecStatus.TUPLES_OK:
             err = (res.error_message or b"").decode(errors="replace").strip()
-            return Check("error", f"role {_user_of(dsn)}", f"IDENTIFY_SYSTEM failed on a replication connection: {err}",
-                         None)
+            return Check(
+                "error", f"role {_user_of(dsn)}", f"IDENTIFY_SYSTEM failed on a replication connection: {err}", None
+            )
     finally:
         conn.close()
-    return Check("ok", f"role {_user_of(dsn)}", "opens a replication connection (REPLICATION attribute or a role that "
-                 "grants it)")
+    return Check(
+        "ok", f"role {_user_of(dsn)}", "opens a replication connection (REPLICATION attribute or a role that grants it)"
+    )
 
 
 def _user_of(dsn: str) -> str:
-    from psycopg.conninfo import conninfo_to_dict
     import getpass
     import os
 
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         return conninfo_to_dict(dsn).get("user") or os.environ.get("PGUSER") or getpass.getuser()
-    except Exception:  # noqa: BLE001 — only for a message
+    except Exception:
         return "?"
 
 
-def check_table(conn: psycopg.Connection, src: str, *, publication: str | None, own_publication: str,
-                column_types: dict | None = None, exclude: list | None = None,
-                publication_info: pubs.PublicationInfo | None = None) -> list[Check]:
+def check_table(
+    conn: psycopg.Connection,
+    src: str,
+    *,
+    publication: str | None,
+    own_publication: str,
+    column_types: dict | None = None,
+    exclude: list | None = None,
+    publication_info: pubs.PublicationInfo | None = None,
+) -> list[Check]:
     """The checks of the source table named ``src`` (``schema.table``, ``table`` or
     ``db.schema.table``, parsed and found as Postgres does: :func:`~.names.resolve_table`): one error
     line saying how the name was parsed when it names no table, else :func:`table_checks`."""
     try:
         oid, name = resolve_table(conn, src)
     except InvalidName as e:
-        return [Check("error", f"table {src}", str(e),
-                      "name an existing table as schema.table, quoting parts as SQL does: '\"Sales Data\".\"Q1 Orders\"'")]
-    return table_checks(conn, name, oid, publication=publication, own_publication=own_publication,
-                        column_types=column_types, exclude=exclude, publication_info=publication_info)[0]
+        return [
+            Check(
+                "error",
+                f"table {src}",
+                str(e),
+                'name an existing table as schema.table, quoting parts as SQL does: \'"Sales Data"."Q1 Orders"\'',
+            )
+        ]
+    return table_checks(
+        conn,
+        name,
+        oid,
+        publication=publication,
+        own_publication=own_publication,
+        column_types=column_types,
+        exclude=exclude,
+        publication_info=publication_info,
+    )[0]
 
 
-def table_checks(conn: psycopg.Connection, name: TableName, oid: int, *, publication: str | None,
-                 own_publication: str, column_types: dict | None = None, exclude: list | None = None,
-                 publication_info: pubs.PublicationInfo | None = None) -> tuple[list[Check], TableSchema | None]:
+def table_checks(
+    conn: psycopg.Connection,
+    name: TableName,
+    oid: int,
+    *,
+    publication: str | None,
+    own_publication: str,
+    column_types: dict | None = None,
+    exclude: list | None = None,
+    publication_info: pubs.PublicationInfo | None = None,
+) -> tuple[list[Check], TableSchema | None]:
     """The checks of one source table: ``name`` and ``oid`` as :func:`~.names.resolve_table` found
     it. ``publication``: the administrator's publication (None: the service's own, named
     ``own_publication``); ``publication_info``: that publication as :func:`~.publication.describe`
@@ -200,54 +296,105 @@ def table_checks(conn: psycopg.Connection, name: TableName, oid: int, *, publica
 
     Returns ``(checks, schema)``: ``schema`` the table as ``describe_table`` read it with those
     options (create-table mirrors that), None when a check stopped before it could be read."""
-    from .schema import UnsupportedTypeError
     from .catalog import describe_table
+    from .schema import UnsupportedTypeError
 
     subj = f"table {name}"
     q = str(name)
     user = conn.execute("SELECT current_user").fetchone()[0]
     ru = format_name(user)
-    row = conn.execute("SELECT c.relkind, c.relpersistence, has_schema_privilege(c.relnamespace, 'USAGE'), "
-                       "pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = %s", (oid,)).fetchone()
+    row = conn.execute(
+        "SELECT c.relkind, c.relpersistence, has_schema_privilege(c.relnamespace, 'USAGE'), "
+        "pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
     if row is None or row[0] not in ("r", "p"):
-        return [Check("error", subj, "does not exist as a table" if row is not None else "does not exist",
-                      "name an existing table as schema.table, quoting parts as SQL does")], None
+        return [
+            Check(
+                "error",
+                subj,
+                "does not exist as a table" if row is not None else "does not exist",
+                "name an existing table as schema.table, quoting parts as SQL does",
+            )
+        ], None
     relkind, persistence, usage, owner = row
     out: list[Check] = []
     if not usage:
-        out.append(Check("error", subj, f"is in schema {name.schema}, on which role {user} has no USAGE",
-                         f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};"))
+        out.append(
+            Check(
+                "error",
+                subj,
+                f"is in schema {name.schema}, on which role {user} has no USAGE",
+                f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};",
+            )
+        )
         return out, None
     select_ok = conn.execute(
         "SELECT has_table_privilege(%s, 'SELECT') OR coalesce(bool_and(has_column_privilege(%s, a.attnum, 'SELECT')), "
         "false) FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
-        (oid, oid, oid)).fetchone()[0]
+        (oid, oid, oid),
+    ).fetchone()[0]
     if select_ok:
         out.append(Check("ok", subj, f"role {user} may SELECT it (the initial copy)"))
     else:
-        out.append(Check("error", subj, f"is not readable by role {user} (no SELECT; the initial copy reads it)",
-                         f"GRANT SELECT ON {q} TO {ru};"))
+        out.append(
+            Check(
+                "error",
+                subj,
+                f"is not readable by role {user} (no SELECT; the initial copy reads it)",
+                f"GRANT SELECT ON {q} TO {ru};",
+            )
+        )
     if persistence == "u":
-        out.append(Check("error", subj, "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
-                         f"ALTER TABLE {q} SET LOGGED;"))
+        out.append(
+            Check(
+                "error",
+                subj,
+                "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
+                f"ALTER TABLE {q} SET LOGGED;",
+            )
+        )
     try:
         schema_ = describe_table(conn, q, column_types=column_types, exclude=exclude)
     except (LookupError, UnsupportedTypeError) as e:  # the message names the column and the options past it
         out.append(Check("error", subj, str(e).strip("'\"")))
         return out, None
     except psycopg.errors.InsufficientPrivilege as e:
-        out.append(Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};"))
+        out.append(
+            Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};")
+        )
         return out, None
     out.append(_identity_check(conn, subj, q, schema_, owner))
     gen = [c.name for c in schema_.columns if c.generated]  # STORED ones (describe_table leaves virtual ones out)
     if gen:  # mirrored either way (engine/cdc/generated.py): Postgres < 18 does not send them, so the
         # service computes them on the source for each applied batch; 18 sends them (publish_generated_columns)
-        out.append(Check("ok", subj, f"generated column(s) {', '.join(gen)} are mirrored ("
-                         + ("sent by pgoutput with the publication's publish_generated_columns = stored)"
-                            if conn.info.server_version >= 180000 else
-                            "PostgreSQL before 18 does not send them: computed on the source for each applied batch)")))
-    out.extend(_publication_checks(conn, subj, name, oid, relkind, owner, [c.name for c in schema_.columns],
-                                   publication, publication_info, own_publication, user))
+        out.append(
+            Check(
+                "ok",
+                subj,
+                f"generated column(s) {', '.join(gen)} are mirrored ("
+                + (
+                    "sent by pgoutput with the publication's publish_generated_columns = stored)"
+                    if conn.info.server_version >= 180000
+                    else "PostgreSQL before 18 does not send them: computed on the source for each applied batch)"
+                ),
+            )
+        )
+    out.extend(
+        _publication_checks(
+            conn,
+            subj,
+            name,
+            oid,
+            relkind,
+            owner,
+            [c.name for c in schema_.columns],
+            publication,
+            publication_info,
+            own_publication,
+            user,
+        )
+    )
     return out, schema_
 
 
@@ -255,8 +402,12 @@ def _identity_check(conn, subj: str, q: str, schema_, owner: bool) -> Check:
     ri = schema_.replica_identity
     if schema_.has_primary_key or schema_.key_columns:
         if ri == "n":
-            return Check("error", subj, "has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry no key",
-                         f"ALTER TABLE {q} REPLICA IDENTITY DEFAULT;")
+            return Check(
+                "error",
+                subj,
+                "has REPLICA IDENTITY NOTHING: its UPDATEs and DELETEs would carry no key",
+                f"ALTER TABLE {q} REPLICA IDENTITY DEFAULT;",
+            )
         what = {"d": "its primary key", "i": "its replica identity index", "f": "FULL"}.get(ri, ri)
         return Check("ok", subj, f"replica identity is {what} (key: {', '.join(schema_.key_columns) or 'whole row'})")
     todo = identity_todo(conn, schema_)
@@ -264,9 +415,16 @@ def _identity_check(conn, subj: str, q: str, schema_, owner: bool) -> Check:
         return Check("ok", subj, "has no primary key; replica identity is FULL (the whole row is the key)")
     stmts = " ".join(f"ALTER TABLE {t} REPLICA IDENTITY FULL;" for t in todo)
     if owner:
-        return Check("ok", subj, f"has no primary key; create-table sets REPLICA IDENTITY FULL (the role owns it): {stmts}")
-    return Check("error", subj, "has no primary key and its replica identity is not FULL, so its UPDATEs and DELETEs "
-                 "would not carry the old row; the role does not own it, so an administrator must set it", stmts)
+        return Check(
+            "ok", subj, f"has no primary key; create-table sets REPLICA IDENTITY FULL (the role owns it): {stmts}"
+        )
+    return Check(
+        "error",
+        subj,
+        "has no primary key and its replica identity is not FULL, so its UPDATEs and DELETEs "
+        "would not carry the old row; the role does not own it, so an administrator must set it",
+        stmts,
+    )
 
 
 def identity_todo(conn: psycopg.Connection, schema: TableSchema) -> list[TableName]:
@@ -280,7 +438,8 @@ def identity_todo(conn: psycopg.Connection, schema: TableSchema) -> list[TableNa
     rows = conn.execute(
         "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.oid = ANY(%s) AND c.relreplident <> 'f' ORDER BY c.oid <> %s, 1, 2",
-        (partition_tree(conn, schema.oid), schema.oid)).fetchall()
+        (partition_tree(conn, schema.oid), schema.oid),
+    ).fetchall()
     return [TableName(a, b) for a, b in rows]
 
 
@@ -291,8 +450,9 @@ def set_identity_full(conn: psycopg.Connection, tables: list[TableName]) -> None
         conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(t.ident()))
 
 
-def _publication_checks(conn, subj, name: TableName, oid, relkind, owner, columns, publication, info, own,
-                        user) -> list[Check]:
+def _publication_checks(
+    conn, subj, name: TableName, oid, relkind, owner, columns, publication, info, own, user
+) -> list[Check]:
     q = str(name)
     if publication is not None:
         if info is None:
@@ -306,32 +466,56 @@ def _publication_checks(conn, subj, name: TableName, oid, relkind, owner, column
     if own_exists and pubs.membership(conn, own, oid) is not None:
         return [Check("ok", subj, f"is in the service's publication {own}")]
     out = []
-    admin_fix = (f"or have an administrator create one: CREATE PUBLICATION mooncake FOR TABLE {q}; and start mooncake "
-                 "with --publication mooncake")
-    if not own_exists and not conn.execute(
-            "SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
-        out.append(Check("error", subj, f"cannot be published by the service: creating its publication {own} needs "
-                         "CREATE on the database",
-                         f"GRANT CREATE ON DATABASE {format_name(conn.info.dbname)} TO {format_name(user)}; "
-                         + admin_fix))
+    admin_fix = (
+        f"or have an administrator create one: CREATE PUBLICATION mooncake FOR TABLE {q}; and start mooncake "
+        "with --publication mooncake"
+    )
+    if not own_exists and not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+        out.append(
+            Check(
+                "error",
+                subj,
+                f"cannot be published by the service: creating its publication {own} needs CREATE on the database",
+                f"GRANT CREATE ON DATABASE {format_name(conn.info.dbname)} TO {format_name(user)}; " + admin_fix,
+            )
+        )
     if not owner:
-        out.append(Check("error", subj, f"is not owned by role {user}, and adding it to the service's publication {own} "
-                         "needs ownership of it", admin_fix.removeprefix("or ")))
+        out.append(
+            Check(
+                "error",
+                subj,
+                f"is not owned by role {user}, and adding it to the service's publication {own} needs ownership of it",
+                admin_fix.removeprefix("or "),
+            )
+        )
     if not out:
         out.append(Check("ok", subj, f"create-table adds it to the service's publication {own}"))
     return out
 
 
-def check_source(dsn: str, tables: list[str], *, publication: str | None, own_publication: str, slot: str,
-                 table_options: dict | None = None) -> list[Check]:
+def check_source(
+    dsn: str,
+    tables: list[str],
+    *,
+    publication: str | None,
+    own_publication: str,
+    slot: str,
+    table_options: dict | None = None,
+) -> list[Check]:
     """Every check, in order: connection, server, replication connection, then each table. A DSN that
     does not connect gives one error line (the DSN shown without its password). ``table_options``:
     source -> ``{"column_types": …, "exclude": …}`` (a mirror's create-table options)."""
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        return [Check("error", "connection", f"cannot connect to {redact(dsn)}: {connect_error(e)}",
-                      "check host, port, database, role and password (and pg_hba.conf)")]
+        return [
+            Check(
+                "error",
+                "connection",
+                f"cannot connect to {redact(dsn)}: {connect_error(e)}",
+                "check host, port, database, role and password (and pg_hba.conf)",
+            )
+        ]
     with conn:
         out = [Check("ok", "connection", f"{redact(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
         out += server_checks(conn, slot)
@@ -340,17 +524,40 @@ def check_source(dsn: str, tables: list[str], *, publication: str | None, own_pu
         if publication is not None:
             info = pubs.describe(conn, publication)
             if info is None:
-                out.append(Check("error", f"publication {publication}", "does not exist",
-                                 f"CREATE PUBLICATION {format_name(publication)} FOR TABLE <schema.table>, …;  "
-                                 "(or FOR TABLES IN SCHEMA <schema>, or FOR ALL TABLES)"))
+                out.append(
+                    Check(
+                        "error",
+                        f"publication {publication}",
+                        "does not exist",
+                        f"CREATE PUBLICATION {format_name(publication)} FOR TABLE <schema.table>, …;  "
+                        "(or FOR TABLES IN SCHEMA <schema>, or FOR ALL TABLES)",
+                    )
+                )
             else:
-                kind = ("FOR ALL TABLES" if info.all_tables else
-                        "FOR TABLES IN SCHEMA " + ", ".join(info.schemas) if info.schemas else "FOR TABLE …")
-                out.append(Check("ok", f"publication {publication}",
-                                 f"{kind}, owned by {info.owner}, publishes {', '.join(info.actions)}"
-                                 + ("; publish_via_partition_root" if info.via_root else "")))
+                kind = (
+                    "FOR ALL TABLES"
+                    if info.all_tables
+                    else "FOR TABLES IN SCHEMA " + ", ".join(info.schemas)
+                    if info.schemas
+                    else "FOR TABLE …"
+                )
+                out.append(
+                    Check(
+                        "ok",
+                        f"publication {publication}",
+                        f"{kind}, owned by {info.owner}, publishes {', '.join(info.actions)}"
+                        + ("; publish_via_partition_root" if info.via_root else ""),
+                    )
+                )
         for src in tables:
             opts = (table_options or {}).get(src, {})
-            out += check_table(conn, src, publication=publication, own_publication=own_publication,
-                               column_types=opts.get("column_types"), exclude=opts.get("exclude"), publication_info=info)
+            out += check_table(
+                conn,
+                src,
+                publication=publication,
+                own_publication=own_publication,
+                column_types=opts.get("column_types"),
+                exclude=opts.get("exclude"),
+                publication_info=info,
+            )
     return out

@@ -23,6 +23,7 @@ publication to list its columns.
 Every function takes an open psycopg connection (autocommit) and sends only catalog reads, except
 :func:`add_table`, :func:`remove_table` and :func:`drop` (own mode only).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,9 +34,21 @@ from psycopg import sql
 from .names import TableName, format_name
 from .partitions import partition_tree
 
-__all__ = ["publish_generated_columns", "PublicationInfo", "Membership", "describe", "membership", "membership_of_partitions",
-           "published_oids", "table_problems", "add_table", "add_table_sql", "remove_table", "drop",
-           "REQUIRED_ACTIONS"]
+__all__ = [
+    "publish_generated_columns",
+    "PublicationInfo",
+    "Membership",
+    "describe",
+    "membership",
+    "membership_of_partitions",
+    "published_oids",
+    "table_problems",
+    "add_table",
+    "add_table_sql",
+    "remove_table",
+    "drop",
+    "REQUIRED_ACTIONS",
+]
 
 REQUIRED_ACTIONS = ("insert", "update", "delete", "truncate")  # a mirror needs every kind of change
 
@@ -65,16 +78,23 @@ def describe(conn: psycopg.Connection, name: str) -> PublicationInfo | None:
     """The publication ``name`` (exact, case-sensitive), or None when there is none."""
     row = conn.execute(
         "SELECT p.oid, p.puballtables, p.pubviaroot, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, "
-        "pg_get_userbyid(p.pubowner) FROM pg_publication p WHERE p.pubname = %s", (name,)).fetchone()
+        "pg_get_userbyid(p.pubowner) FROM pg_publication p WHERE p.pubname = %s",
+        (name,),
+    ).fetchone()
     if row is None:
         return None
     oid, alltables, viaroot, ins, upd, dele, trunc, owner = row
     actions = tuple(a for a, on in zip(REQUIRED_ACTIONS, (ins, upd, dele, trunc)) if on)
     schemas = []
     if conn.info.server_version >= 150000:
-        schemas = [r[0] for r in conn.execute(
-            "SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid "
-            "WHERE pn.pnpubid = %s ORDER BY 1", (oid,)).fetchall()]
+        schemas = [
+            r[0]
+            for r in conn.execute(
+                "SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_namespace n ON n.oid = pn.pnnspid "
+                "WHERE pn.pnpubid = %s ORDER BY 1",
+                (oid,),
+            ).fetchall()
+        ]
     return PublicationInfo(name, bool(alltables), bool(viaroot), actions, owner, schemas)
 
 
@@ -92,10 +112,18 @@ def _listed_expr(conn) -> str:
     ``pg_publication_rel`` row, or (PG 15+, ``FOR TABLES IN SCHEMA``) its schema in
     ``pg_publication_namespace``. Catalogs alone (``pg_publication_tables`` would open, and lock,
     every table of the publication)."""
-    schema_part = (" OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
-                   "AND pn.pnnspid = c.relnamespace)") if conn.info.server_version >= 150000 else ""
-    return ("(p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
-            f"AND r.prrelid = c.oid){schema_part})")
+    schema_part = (
+        (
+            " OR EXISTS (SELECT 1 FROM pg_publication_namespace pn WHERE pn.pnpubid = p.oid "
+            "AND pn.pnnspid = c.relnamespace)"
+        )
+        if conn.info.server_version >= 150000
+        else ""
+    )
+    return (
+        "(p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid "
+        f"AND r.prrelid = c.oid){schema_part})"
+    )
 
 
 def _member_expr(conn) -> str:
@@ -112,7 +140,8 @@ def membership(conn: psycopg.Connection, name: str, oid: int) -> Membership | No
     not a member either). Catalog reads only, no locks on the table."""
     row = conn.execute(
         f"SELECT c.oid FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = %s AND {_member_expr(conn)}",
-        (name, oid)).fetchone()
+        (name, oid),
+    ).fetchone()
     if row is None:
         return None
     if conn.info.server_version < 150000:
@@ -121,7 +150,8 @@ def membership(conn: psycopg.Connection, name: str, oid: int) -> Membership | No
         "SELECT pg_get_expr(r.prqual, r.prrelid), (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a "
         "WHERE a.attrelid = r.prrelid AND a.attnum = ANY(r.prattrs::int2[])), r.prattrs IS NULL "
         "FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = %s AND r.prrelid = %s",
-        (name, row[0])).fetchone()
+        (name, row[0]),
+    ).fetchone()
     if listed is None:  # published by FOR ALL TABLES / its schema: every row and column
         return Membership(None, None)
     qual, cols, no_list = listed
@@ -137,8 +167,11 @@ def published_oids(conn: psycopg.Connection, name: str, oids: list[int]) -> tupl
     lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone() is None:
         return int(lsn), None
-    rows = conn.execute(f"SELECT c.oid FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
-                        f"AND {_member_expr(conn)}", (name, list(oids))).fetchall()
+    rows = conn.execute(
+        f"SELECT c.oid FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
+        f"AND {_member_expr(conn)}",
+        (name, list(oids)),
+    ).fetchall()
     return int(lsn), {r[0] for r in rows}
 
 
@@ -147,8 +180,15 @@ def add_table_sql(name: str, schema: str, table: str) -> str:
     return f"ALTER PUBLICATION {format_name(name)} ADD TABLE {format_name(schema, table)};"
 
 
-def table_problems(conn: psycopg.Connection, name: str, info: PublicationInfo | None, oid: int, table: TableName,
-                   relkind: str, mirrored_columns: list[str]) -> list[tuple[str, str]]:
+def table_problems(
+    conn: psycopg.Connection,
+    name: str,
+    info: PublicationInfo | None,
+    oid: int,
+    table: TableName,
+    relkind: str,
+    mirrored_columns: list[str],
+) -> list[tuple[str, str]]:
     """Why the administrator's publication ``name`` cannot feed a mirror of ``table`` (``pg_class``
     oid ``oid``), as ``[(problem, statement that fixes it), …]`` (empty: it can). ``info``: the
     publication as :func:`describe` read it (None: it does not exist). ``relkind``: ``'r'`` or
@@ -157,34 +197,56 @@ def table_problems(conn: psycopg.Connection, name: str, info: PublicationInfo | 
     schema = table.schema
     q = str(table)
     if info is None:
-        return [(f"publication {name} does not exist",
-                 f"CREATE PUBLICATION {format_name(name)} FOR TABLE {q};  (or FOR TABLES IN SCHEMA "
-                 f"{format_name(schema)})")]
+        return [
+            (
+                f"publication {name} does not exist",
+                f"CREATE PUBLICATION {format_name(name)} FOR TABLE {q};  (or FOR TABLES IN SCHEMA "
+                f"{format_name(schema)})",
+            )
+        ]
     out = []
     if info.missing_actions:
-        out.append((f"publication {name} does not publish {', '.join(info.missing_actions)} (a mirror needs every "
-                    "kind of change)",
-                    f"ALTER PUBLICATION {format_name(name)} SET (publish = '{', '.join(REQUIRED_ACTIONS)}');"))
+        out.append(
+            (
+                f"publication {name} does not publish {', '.join(info.missing_actions)} (a mirror needs every "
+                "kind of change)",
+                f"ALTER PUBLICATION {format_name(name)} SET (publish = '{', '.join(REQUIRED_ACTIONS)}');",
+            )
+        )
     if relkind == "p" and not info.via_root:
-        out.append((f"table {q} is partitioned and publication {name} publishes its partitions under their own "
-                     "names (publish_via_partition_root is off)",
-                     f"ALTER PUBLICATION {format_name(name)} SET (publish_via_partition_root = true);"))
+        out.append(
+            (
+                f"table {q} is partitioned and publication {name} publishes its partitions under their own "
+                "names (publish_via_partition_root is off)",
+                f"ALTER PUBLICATION {format_name(name)} SET (publish_via_partition_root = true);",
+            )
+        )
         if membership_of_partitions(conn, name, oid):
             return out
     m = membership(conn, name, oid)
     if m is None:
         out.append((f"table {q} is not in publication {name}", add_table_sql(name, schema, table.name)))
         return out
-    readd = (f"ALTER PUBLICATION {format_name(name)} DROP TABLE {q}; "
-             f"ALTER PUBLICATION {format_name(name)} ADD TABLE {q};")
+    readd = (
+        f"ALTER PUBLICATION {format_name(name)} DROP TABLE {q}; ALTER PUBLICATION {format_name(name)} ADD TABLE {q};"
+    )
     if m.row_filter:
-        out.append((f"publication {name} publishes only the rows of {q} WHERE {m.row_filter} (a mirror needs "
-                    "every row)", readd))
+        out.append(
+            (
+                f"publication {name} publishes only the rows of {q} WHERE {m.row_filter} (a mirror needs every row)",
+                readd,
+            )
+        )
     if m.columns is not None:
         left_out = [c for c in mirrored_columns if c not in m.columns]
         if left_out:
-            out.append((f"publication {name} leaves column(s) {', '.join(left_out)} of {q} out (a column list; "
-                        "a mirror needs every column)", readd))
+            out.append(
+                (
+                    f"publication {name} leaves column(s) {', '.join(left_out)} of {q} out (a column list; "
+                    "a mirror needs every column)",
+                    readd,
+                )
+            )
     return out
 
 
@@ -192,8 +254,11 @@ def membership_of_partitions(conn: psycopg.Connection, name: str, oid: int) -> b
     """True when publication ``name`` lists the partitioned table ``oid`` or one of its partitions
     (walked through ``pg_inherits``: :func:`~.partitions.partition_tree`, no locks), so that, with
     ``publish_via_partition_root`` off, their changes are published under the partitions' own names."""
-    row = conn.execute(f"SELECT 1 FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
-                       f"AND {_listed_expr(conn)} LIMIT 1", (name, partition_tree(conn, oid))).fetchone()
+    row = conn.execute(
+        f"SELECT 1 FROM pg_class c, pg_publication p WHERE p.pubname = %s AND c.oid = ANY(%s) "
+        f"AND {_listed_expr(conn)} LIMIT 1",
+        (name, partition_tree(conn, oid)),
+    ).fetchone()
     return row is not None
 
 
@@ -206,8 +271,11 @@ def add_table(conn: psycopg.Connection, name: str, schema: str, table: str, oid:
     the role does not own the table."""
     ident = sql.Identifier(schema, table)
     if describe(conn, name) is None:
-        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
-                     .format(sql.Identifier(name), ident))
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
+                sql.Identifier(name), ident
+            )
+        )
         return "created"
     if membership(conn, name, oid) is not None:
         return "present"
@@ -220,8 +288,11 @@ def remove_table(conn: psycopg.Connection, name: str, schema: str, table: str) -
     it, or the table or publication is gone)."""
     try:
         with conn.transaction():
-            conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(sql.Identifier(name),
-                                                                              sql.Identifier(schema, table)))
+            conn.execute(
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                    sql.Identifier(name), sql.Identifier(schema, table)
+                )
+            )
     except psycopg.Error:
         pass
 

@@ -61,10 +61,11 @@ numbering: 1 BC is year 0). Values that cannot be represented raise ``ValueError
 column: ``numeric`` NaN in a ``decimal128`` column, ``time '24:00:00'``, timestamps past
 294247-01-10 (the int64 µs range from 1970).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import pyarrow as pa
 
@@ -107,8 +108,25 @@ _FIXED: dict[int, pa.DataType] = {
     TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
     MONEY: pa.decimal128(19, 2),
 }
-_TEXTUAL = {TEXT, VARCHAR, BPCHAR, CHAR, NAME, UUID, JSON, JSONB, XML, INTERVAL, TIMETZ, INET, CIDR,
-            MACADDR, MACADDR8, BIT, VARBIT}
+_TEXTUAL = {
+    TEXT,
+    VARCHAR,
+    BPCHAR,
+    CHAR,
+    NAME,
+    UUID,
+    JSON,
+    JSONB,
+    XML,
+    INTERVAL,
+    TIMETZ,
+    INET,
+    CIDR,
+    MACADDR,
+    MACADDR8,
+    BIT,
+    VARBIT,
+}
 _TEXTUAL_NAMES = {"citext"}  # extension types without a fixed oid, recognised by name
 
 #: Human-readable list used in :class:`UnsupportedTypeError` messages.
@@ -119,8 +137,8 @@ SUPPORTED_TYPES = (
     "arrays of these"
 )
 
-DATE_INFINITY = 2**31 - 1          # DuckDB's / Postgres's date 'infinity' (days)
-TIMESTAMP_INFINITY = 2**63 - 1     # DuckDB's timestamp 'infinity' (µs); '-infinity' is its negation
+DATE_INFINITY = 2**31 - 1  # DuckDB's / Postgres's date 'infinity' (days)
+TIMESTAMP_INFINITY = 2**63 - 1  # DuckDB's timestamp 'infinity' (µs); '-infinity' is its negation
 
 
 class ColumnValueError(ValueError):
@@ -164,7 +182,7 @@ class ColumnSpec:
     arrow_type: pa.DataType
     not_null: bool = False
     is_key: bool = False
-    element: "ColumnSpec | None" = None
+    element: ColumnSpec | None = None
     ndims: int = 0
     decl_oid: int = 0
     decl_typmod: int = -1
@@ -174,7 +192,7 @@ class ColumnSpec:
     initial_default: str | None = None
     generated: str | None = None  # a STORED generated column's expression (pg_get_expr of pg_attrdef.adbin)
     kind: str = ""
-    fields: "list[ColumnSpec] | None" = None
+    fields: list[ColumnSpec] | None = None
     delim: str = ","
     as_text: bool = False
     srid: int | None = None
@@ -226,7 +244,10 @@ def nested_field_count(t: pa.DataType) -> int:
 def _type_with_ids(t: pa.DataType, ids) -> pa.DataType:
     """``t`` with ``PARQUET:field_id`` on its nested fields, taken from ``ids`` in pre-order (list:
     element, then inside it; struct: each field, then inside it; map: key, value, then inside them)."""
-    def fid(): return {"PARQUET:field_id": str(next(ids))}
+
+    def fid():
+        return {"PARQUET:field_id": str(next(ids))}
+
     if pa.types.is_list(t):
         m = fid()
         return pa.list_(pa.field("element", _type_with_ids(t.value_type, ids), nullable=True, metadata=m))
@@ -234,7 +255,9 @@ def _type_with_ids(t: pa.DataType, ids) -> pa.DataType:
         km, vm = fid(), fid()
         kt = _type_with_ids(t.key_type, ids)
         vt = _type_with_ids(t.item_type, ids)
-        return pa.map_(pa.field("key", kt, nullable=False, metadata=km), pa.field("value", vt, nullable=True, metadata=vm))
+        return pa.map_(
+            pa.field("key", kt, nullable=False, metadata=km), pa.field("value", vt, nullable=True, metadata=vm)
+        )
     if pa.types.is_struct(t):
         out = []
         for i in range(t.num_fields):
@@ -308,6 +331,7 @@ class TableSchema:
 
 # -- mapping ----------------------------------------------------------------------------------------
 
+
 def numeric_precision_scale(typmod: int) -> tuple[int, int] | None:
     """``(precision, scale)`` of a ``numeric`` typmod, or None when unconstrained (``typmod < 0``).
     Layout (PG 15 ``numeric.c``): ``typmod - 4 = precision << 16 | (scale & 0x7ff)``, scale an 11-bit
@@ -336,6 +360,7 @@ def arrow_type_for(type_oid: int, typmod: int, type_name: str) -> pa.DataType:
         return pa.string()
     raise UnsupportedTypeError(f"type {type_name} cannot be mirrored (supported: {SUPPORTED_TYPES})")
 
+
 #: Types whose text Postgres cannot read back as the same value: their input function refuses every
 #: value (planner/statistics internals) or their output is ambiguous (``regproc``/``regoper`` print a
 #: bare name, which names several functions/operators once one is overloaded). Refused at
@@ -359,16 +384,22 @@ def column_options(types: Sequence[str] = (), exclude: Sequence[str] = ()) -> st
     spaces or quotes, and the options are printed for the user to paste into a shell."""
     import shlex
 
-    return " ".join([f"--column-type {shlex.quote(c + '=text')}" for c in types]
-                    + [f"--exclude-column {shlex.quote(c)}" for c in exclude])
+    return " ".join(
+        [f"--column-type {shlex.quote(c + '=text')}" for c in types]
+        + [f"--exclude-column {shlex.quote(c)}" for c in exclude]
+    )
 
 
 def column_option_hint(columns: Sequence[str]) -> str:
     """The create-table options that get past ``columns``: ``--column-type c=text … or
     --exclude-column c …`` (see :func:`column_options`)."""
-    return ("mirror them as their exact text with " + column_options(columns)
-            + ", or leave them out with " + column_options(exclude=columns)
-            + " (create-table options, recorded with the mirror)")
+    return (
+        "mirror them as their exact text with "
+        + column_options(columns)
+        + ", or leave them out with "
+        + column_options(exclude=columns)
+        + " (create-table options, recorded with the mirror)"
+    )
 
 
 def text_spec(c: ColumnSpec) -> ColumnSpec:
@@ -377,8 +408,18 @@ def text_spec(c: ColumnSpec) -> ColumnSpec:
     NOT NULL attributes, field id, attnum, initial default, generation expression (``generated``) —
     and nothing that is (no list element or dimensions, composite fields, decoder kind, SRID, nested
     field ids: a string has none). A new spec; ``c`` is not changed."""
-    return replace(c, arrow_type=pa.string(), as_text=True, element=None, ndims=0, kind="", fields=None,
-                   element_ids=[], delim=",", srid=None)
+    return replace(
+        c,
+        arrow_type=pa.string(),
+        as_text=True,
+        element=None,
+        ndims=0,
+        kind="",
+        fields=None,
+        element_ids=[],
+        delim=",",
+        srid=None,
+    )
 
 
 def _text_column(name: str, oid: int, typmod: int, type_name: str) -> ColumnSpec:
@@ -386,11 +427,14 @@ def _text_column(name: str, oid: int, typmod: int, type_name: str) -> ColumnSpec
     exact text (no structured mapping, or ``--column-type COL=text``)."""
     return ColumnSpec(name, oid, typmod, type_name, pa.string(), as_text=True)
 
+
 class UnsupportedTableError(UnsupportedTypeError):
     """The relation cannot be mirrored as named (e.g. a partition: mirror its partitioned root).
     Permanent; the message names the table and what to do."""
 
+
 # Mirrored signatures ---------------------------------------------------------------------------------
+
 
 def column_signature(schema: TableSchema) -> list[dict]:
     """What the mirror was built with, per column: ``{"name", "oid", "typmod", "ndims", "field_id",
@@ -398,9 +442,20 @@ def column_signature(schema: TableSchema) -> list[dict]:
     message carries it; Iceberg field ids). Saved with the mirror (the registry and the Iceberg table
     property ``mooncake.columns``) so a restart rebuilds the same columns even when the source changed
     meanwhile (the change then shows up, at its LSN, in the replayed stream)."""
-    return [{"name": c.name, "oid": c.decl_oid, "typmod": c.decl_typmod, "ndims": c.ndims,
-             "field_id": c.field_id, "element_ids": list(c.element_ids), "attnum": c.attnum,
-             "initial_default": c.initial_default, "not_null": c.not_null} for c in schema.columns]
+    return [
+        {
+            "name": c.name,
+            "oid": c.decl_oid,
+            "typmod": c.decl_typmod,
+            "ndims": c.ndims,
+            "field_id": c.field_id,
+            "element_ids": list(c.element_ids),
+            "attnum": c.attnum,
+            "initial_default": c.initial_default,
+            "not_null": c.not_null,
+        }
+        for c in schema.columns
+    ]
 
 
 def _apply_signature(c: ColumnSpec, sig: dict) -> ColumnSpec:

@@ -1,8 +1,9 @@
 """A source connection opened on first use and re-opened after it broke (shared by the service's
 catalog lookups and the generated-columns session)."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -33,5 +34,5 @@ class LazyConnection:
         if c is not None:
             try:
                 c.close()
-            except Exception:  # noqa: BLE001 — a broken connection may fail to close: it is gone anyway
+            except Exception:
                 pass

@@ -5,6 +5,7 @@ The slot itself is created over a replication connection (``CREATE_REPLICATION_S
 normal connection is here (PG docs, "System Administration Functions: Replication Management
 Functions", ``pg_replication_slots``).
 """
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,9 @@ def drop_slot(conn: psycopg.Connection, slot: str, tries: int = 50, pause_s: flo
     Returns whether the statement succeeded (also when there was no such slot)."""
     for _ in range(tries):
         try:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                         (slot,))
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
             return True
         except psycopg.Error:
             time.sleep(pause_s)

@@ -1,4 +1,4 @@
-"""How one data file with deletes is read (DESIGN.md §4): its deleted positions, its row groups, and
+"""How one data file with deletes is read (docs/architecture.md#union-read): its deleted positions, its row groups, and
 which row ranges need the positions applied at all.
 
 A ReadState carries each file's deleted positions as a 64-bit Roaring bitmap (on the wire: base64 of its
@@ -13,6 +13,7 @@ A file's row groups are classified by their deletes: *full* (every row deleted: 
 :class:`Segment`. Parquet footers are cached by path (data files are immutable and never reuse a
 name).
 """
+
 from __future__ import annotations
 
 import base64
@@ -85,7 +86,9 @@ def arrow_mask(mask: np.ndarray):
     """A numpy boolean array as an Arrow ``BooleanArray`` without a per-value conversion (packed bits)."""
     import pyarrow as pa
 
-    return pa.BooleanArray.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(np.packbits(mask, bitorder="little"))])
+    return pa.BooleanArray.from_buffers(
+        pa.bool_(), len(mask), [None, pa.py_buffer(np.packbits(mask, bitorder="little"))]
+    )
 
 
 @functools.lru_cache(maxsize=8192)
@@ -140,10 +143,10 @@ def cached_keep(path: str, num_rows: int, dv: FrozenBitMap64 | str):
     if sum(rgs) != num_rows:
         return None, arrow_mask(keep)
     starts = np.concatenate([[0], np.cumsum(rgs, dtype=np.int64)])
-    live = [k for k in range(len(rgs)) if keep[starts[k]:starts[k + 1]].any()]
+    live = [k for k in range(len(rgs)) if keep[starts[k] : starts[k + 1]].any()]
     if len(live) == len(rgs):
         return None, arrow_mask(keep)
-    m = np.concatenate([keep[starts[k]:starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
+    m = np.concatenate([keep[starts[k] : starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
     return tuple(live), arrow_mask(m)
 
 

@@ -30,6 +30,7 @@ follow Postgres's ``to_json`` (ISO 8601 with ``T``). Sources: the Postgres manua
 ``array_out``/``record_out``), the hstore module's "External Representation", and psql's aligned
 output format.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ from ..cdc.text_out import TextColumn
 from ..cdc.text_out import scale_to_us as _scale_to_us
 from ..cdc.text_out import timestamp_text as _timestamp_text
 from ..pg.schema import TIMESTAMP_INFINITY
+
 
 def _float_text(x: float, single: bool) -> str:
     if x != x:
@@ -57,7 +59,7 @@ class _Column(TextColumn):
 
     def __init__(self, typ: pa.DataType):
         super().__init__(typ)
-        self.numeric = (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ))
+        self.numeric = pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
 
     def float_text(self, v: float, single: bool) -> str:
         return _float_text(v, single)
@@ -119,11 +121,14 @@ def to_table(table: pa.Table) -> str:
     numeric = [c.numeric for _, c, _ in cols]
     cells = [["" if v is None else v for v in r] for r in rows]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
-    lines = [" " + " | ".join(n.center(w) for n, w in zip(names, widths)).rstrip(),
-             "-" + "-+-".join("-" * w for w in widths) + "-"]
+    lines = [
+        " " + " | ".join(n.center(w) for n, w in zip(names, widths)).rstrip(),
+        "-" + "-+-".join("-" * w for w in widths) + "-",
+    ]
     for r in cells:
-        lines.append(" " + " | ".join(v.rjust(w) if num else v.ljust(w)
-                                      for v, w, num in zip(r, widths, numeric)).rstrip())
+        lines.append(
+            " " + " | ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(r, widths, numeric)).rstrip()
+        )
     n = len(rows)
     lines.append(f"({n} row{'' if n == 1 else 's'})")
     return "\n".join(lines) + "\n"
@@ -150,8 +155,10 @@ def to_json(table: pa.Table) -> str:
     """A JSON array of one object per row (see the module table for the value forms)."""
     cols = _columns(table)
     keys = [json.dumps(n) for n, _, _ in cols]
-    rows = ["{" + ", ".join(f"{k}: {c.json(vals[i])}" for k, (_, c, vals) in zip(keys, cols)) + "}"
-            for i in range(table.num_rows)]
+    rows = [
+        "{" + ", ".join(f"{k}: {c.json(vals[i])}" for k, (_, c, vals) in zip(keys, cols)) + "}"
+        for i in range(table.num_rows)
+    ]
     return "[" + ", ".join(rows) + "]\n"
 
 

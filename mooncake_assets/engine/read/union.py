@@ -1,4 +1,4 @@
-"""Union read through DuckDB (DESIGN.md §4).
+"""Union read through DuckDB (docs/architecture.md#union-read).
 
 For each mirrored table the reader asks the service for a ReadState at one LSN — the data files
 (persisted in Iceberg or flushed and staged locally), each with its deleted positions as a portable
@@ -41,12 +41,12 @@ when it cannot connect, e.g. without the password only the service was given, th
 it from ``status``) and waits (``wait_timeout`` seconds, then ``TimeoutError`` naming both LSNs) until the service has
 applied every commit before it.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-
 from typing import Protocol
 
 import duckdb
@@ -119,8 +119,10 @@ def check_read_only(sql: str, con: duckdb.DuckDBPyConnection) -> None:
 
 def _raise_refused(kind: str | None) -> None:
     if kind is not None:
-        raise ReadOnlyError(f"queries are read-only: {kind} is refused (mirrors change "
-                            "only through their source table in Postgres; run SELECT or EXPLAIN)")
+        raise ReadOnlyError(
+            f"queries are read-only: {kind} is refused (mirrors change "
+            "only through their source table in Postgres; run SELECT or EXPLAIN)"
+        )
 
 
 class StatementInfo:
@@ -201,8 +203,14 @@ class UnionReader:
     applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``.
     """
 
-    def __init__(self, client: ReadStateSource | None, dsn: str | None = None, con: duckdb.DuckDBPyConnection | None = None,
-                 wait_timeout: float = 30.0, mode: str = "auto"):
+    def __init__(
+        self,
+        client: ReadStateSource | None,
+        dsn: str | None = None,
+        con: duckdb.DuckDBPyConnection | None = None,
+        wait_timeout: float = 30.0,
+        mode: str = "auto",
+    ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.client = client
@@ -211,10 +219,10 @@ class UnionReader:
         self.wait_timeout = wait_timeout
         self.mode = mode
         self.states: dict[str, ReadState] = {}
-        self._objects: dict[str, list[str]] = {}   # view -> Arrow objects registered for it
-        self._views: dict[str, str] = {}           # view -> the DDL it was created with
+        self._objects: dict[str, list[str]] = {}  # view -> Arrow objects registered for it
+        self._views: dict[str, str] = {}  # view -> the DDL it was created with
         self._infos: dict[str, StatementInfo] = {}
-        self._storage: dict | None = None          # the ReadState ``storage`` hints applied to ``con``
+        self._storage: dict | None = None  # the ReadState ``storage`` hints applied to ``con``
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
@@ -227,7 +235,7 @@ class UnionReader:
             # the service has it, and reports the source's current LSN in its status
             try:
                 lsn = self.client.status().get("source_lsn")
-            except Exception:  # noqa: BLE001 — the connection's own error says more
+            except Exception:
                 lsn = None
             if not lsn:
                 raise
@@ -235,8 +243,14 @@ class UnionReader:
         return lsn
 
     # ------------------------------------------------------------------ registration
-    def register(self, table: str, lsn: str | None = None, view: str | None = None,
-                 columns: list[str] | None = None, mode: str | None = None) -> ReadState:
+    def register(
+        self,
+        table: str,
+        lsn: str | None = None,
+        view: str | None = None,
+        columns: list[str] | None = None,
+        mode: str | None = None,
+    ) -> ReadState:
         """Create view ``view`` (default: the table's name) over the table's ReadState at ``lsn``.
 
         ``columns``: project to these columns only. ``mode``: ``lazy`` (default unless the reader was
@@ -248,8 +262,9 @@ class UnionReader:
         self.register_state(rs, mem, view or table, columns=columns, mode=mode)
         return rs
 
-    def register_state(self, rs: ReadState, mem: pa.Table, view: str, columns: list[str] | None = None,
-                       mode: str = "lazy") -> None:
+    def register_state(
+        self, rs: ReadState, mem: pa.Table, view: str, columns: list[str] | None = None, mode: str = "lazy"
+    ) -> None:
         """Create view ``view`` over a ReadState ``rs`` (its ``files`` and ``schema``) and its in-memory
         rows ``mem``, applying deletes the ``mode`` way (module docstring)."""
         if mode not in ("lazy", "arrow", "anti"):
@@ -276,8 +291,10 @@ class UnionReader:
                 name = f"__mc_del_{view}_{i}"
                 pos = deleted_positions(f.deleted)
                 objs[name] = pa.table({"pos": pa.array(pos.astype(np.int64))})
-                parts.append(f"SELECT {sel} FROM read_parquet({sql_str(f.path)}, file_row_number = true{opts}) d "
-                             f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos")
+                parts.append(
+                    f"SELECT {sel} FROM read_parquet({sql_str(f.path)}, file_row_number = true{opts}) d "
+                    f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos"
+                )
         elif mode == "lazy":
             plans = [cached_plan(f.path, f.rows, f.deleted) for f in dirty]
             parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs, opts))
@@ -366,8 +383,7 @@ def _schema_option(fields: tuple[ReadField, ...]) -> str:
     entries = []
     for f in fields:
         default = "CAST(NULL AS VARCHAR)" if f.default is None else sql_str(f.default)
-        entries.append(f"{int(f.id)}: {{name: {sql_str(f.name)}, type: {sql_str(f.type)}, "
-                       f"default_value: {default}}}")
+        entries.append(f"{int(f.id)}: {{name: {sql_str(f.name)}, type: {sql_str(f.type)}, default_value: {default}}}")
     return ", schema = MAP {" + ", ".join(entries) + "}"
 
 
@@ -383,16 +399,22 @@ def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict
     pos_in_shared = {i: k for k, i in enumerate(shared)}
     rows = [(i, pos_in_shared.get(i, -1), p.dv_bits) for i, p in enumerate(plans) if p.needs_bits]
     if rows:
-        objs[dv_name] = pa.table({"i": pa.array([r[0] for r in rows], pa.int32()),
-                                  "c": pa.array([r[1] for r in rows], pa.int32()),
-                                  "b": pa.array([r[2] for r in rows], pa.binary())})
+        objs[dv_name] = pa.table(
+            {
+                "i": pa.array([r[0] for r in rows], pa.int32()),
+                "c": pa.array([r[1] for r in rows], pa.int32()),
+                "b": pa.array([r[2] for r in rows], pa.binary()),
+            }
+        )
     dv = _ident(dv_name)
     out = []
     if shared:
         files = ", ".join(sql_str(plans[i].path) for i in shared)
-        out.append(f"SELECT {sel} FROM read_parquet([{files}], file_row_number = true{opts}) d "
-                   f"JOIN (SELECT c, b::BIT AS b FROM {dv} WHERE c >= 0) m ON d.file_index = m.c "
-                   f"WHERE get_bit(m.b, d.file_row_number::INTEGER) = 0")
+        out.append(
+            f"SELECT {sel} FROM read_parquet([{files}], file_row_number = true{opts}) d "
+            f"JOIN (SELECT c, b::BIT AS b FROM {dv} WHERE c >= 0) m ON d.file_index = m.c "
+            f"WHERE get_bit(m.b, d.file_row_number::INTEGER) = 0"
+        )
     for i, p in enumerate(plans):
         if i in pos_in_shared:
             continue

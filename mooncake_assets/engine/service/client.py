@@ -1,4 +1,4 @@
-"""Client of the replicator service: Arrow Flight over the service's Unix socket (DESIGN.md §2).
+"""Client of the replicator service: Arrow Flight over the service's Unix socket (docs/architecture.md#processes).
 
 Control calls are Flight *actions* whose body and result are JSON; the in-memory rows of a ReadState
 come back as an Arrow stream from ``do_get`` on the ticket the ReadState names.
@@ -6,6 +6,7 @@ come back as an Arrow stream from ``do_get`` on the ticket the ReadState names.
 Errors: :class:`ServiceUnavailable` when nothing answers on the socket (retrying after
 ``mooncake start`` helps); :class:`ServiceError` carrying the service's one-line message otherwise.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,8 +95,6 @@ class ServiceClient:
 def _clean(e: Exception) -> str:
     """Strip gRPC's decoration from a Flight error message."""
     msg = str(e)
-    for marker in ("Detail: ", ". gRPC client debug context"):
-        pass
     if "Python exception: " in msg:
         msg = msg.split("Python exception: ", 1)[1]
     msg = msg.split("\ngRPC client debug context")[0]

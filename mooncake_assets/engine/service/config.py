@@ -5,11 +5,13 @@ excepted: the storage layer reads them from the process environment, see ``engin
 application resolves its own settings (state directory, ``settings.json``, environment, command line)
 and hands the result over as a :class:`ServiceConfig` (the application's ``Settings.service_config()``).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..compaction.policy import MaintenancePolicy, table_policy
 

@@ -1,4 +1,5 @@
 """The service's user-facing error."""
+
 from __future__ import annotations
 
 __all__ = ["MooncakeError"]

@@ -1,4 +1,4 @@
-"""Arrow Flight front of the replicator service, on a Unix socket (DESIGN.md §2).
+"""Arrow Flight front of the replicator service, on a Unix socket (docs/architecture.md#processes).
 
 Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format, column_types, exclude[, publication]}``,
 ``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
@@ -6,6 +6,7 @@ Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, 
 ``shutdown``. The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
 expire after 10 minutes). Errors reach the client as one-line Flight errors.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,9 @@ import uuid
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from ..lsn import Lsn
 from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
-from ..lsn import Lsn
 from .config import ServiceConfig
 from .service import MooncakeError, ReplicatorService
 
@@ -45,32 +46,45 @@ class MooncakeFlightServer(flight.FlightServerBase):
         try:
             result = self._dispatch(action.type, body)
         except (MooncakeError, TimeoutError, ValueError, LookupError) as e:
-            raise flight.FlightServerError(scrub(str(e)))
+            raise flight.FlightServerError(scrub(str(e))) from e
         except Exception as e:
             log.exception("action %s failed", action.type)
-            raise flight.FlightServerError(scrub(f"{type(e).__name__}: {e}"))
+            raise flight.FlightServerError(scrub(f"{type(e).__name__}: {e}")) from e
         yield flight.Result(json.dumps(result, default=str).encode())
 
     def list_actions(self, context):
-        return [("ping", "liveness"), ("status", "list-tables document"), ("create_table", "mirror a table"),
-                ("drop_table", "stop mirroring"), ("flush", ""), ("persist", ""), ("merge_index", ""),
-                ("compact", ""), ("read_state", "ReadState + ticket"), ("wait_lsn", "read-your-writes barrier"),
-                ("verify_now", "the scheduled checksum verify, now"),
-                ("shutdown", "stop the service")]
+        return [
+            ("ping", "liveness"),
+            ("status", "list-tables document"),
+            ("create_table", "mirror a table"),
+            ("drop_table", "stop mirroring"),
+            ("flush", ""),
+            ("persist", ""),
+            ("merge_index", ""),
+            ("compact", ""),
+            ("read_state", "ReadState + ticket"),
+            ("wait_lsn", "read-your-writes barrier"),
+            ("verify_now", "the scheduled checksum verify, now"),
+            ("shutdown", "stop the service"),
+        ]
 
     def _dispatch(self, kind: str, b: dict):
         s = self.service
         if kind == "ping":
-            return {"ok": True, "pid": os.getpid(), "maintenance": s.config.maintenance,
-                    "source": source_label(s.dsn)}
+            return {"ok": True, "pid": os.getpid(), "maintenance": s.config.maintenance, "source": source_label(s.dsn)}
         if kind == "verify_now":  # the scheduled verify, now (see verifier.py); returns {table: result}
             return s.verifier.run_once(b.get("tables") or None)
         if kind == "status":
             return s.status()
         if kind == "create_table":
-            return s.create_table(b["dst"], b["src"], b.get("delete_format") or "deletion-vectors",
-                                  column_types=b.get("column_types"), exclude=b.get("exclude"),
-                                  **({"publication": b["publication"]} if "publication" in b else {}))
+            return s.create_table(
+                b["dst"],
+                b["src"],
+                b.get("delete_format") or "deletion-vectors",
+                column_types=b.get("column_types"),
+                exclude=b.get("exclude"),
+                **({"publication": b["publication"]} if "publication" in b else {}),
+            )
         if kind == "drop_table":
             return s.drop_table(b["table"])
         if kind in ("flush", "persist", "merge_index", "compact"):

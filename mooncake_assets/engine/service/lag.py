@@ -14,6 +14,7 @@ Postgres's walsender computes ``write_lag`` in ``pg_stat_replication`` (its LagT
 The oldest unapplied commit ends after the applied LSN, so the time since the WAL passed it is its
 age, to within the sampling interval (the stream delivers samples several times a second under load).
 """
+
 from __future__ import annotations
 
 import bisect

@@ -8,6 +8,7 @@ only to flush and to commit (:meth:`PersistScheduler.persist_unlocked`): the upl
 A storage or catalog failure keeps everything in the buffer, staging and the slot and is retried
 with a backoff (``faults``, shown by ``status``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,6 @@ log = logging.getLogger("mooncake.service")
 class PersistFault(MooncakeError):
     """A persist failed on storage or the catalog; the table keeps its data and is retried (see
     :meth:`PersistScheduler._persist`)."""
-
 
 
 class PersistScheduler:
@@ -58,7 +58,7 @@ class PersistScheduler:
             now = time.time()
             for t in list(self.reg.tables.values()):
                 if t.dirty_since is None and t.is_dirty():  # its changes wait for a persist from now on
-                    t.dirty_since = now                     # (persist clears it; status warns past warn_persist_age_s)
+                    t.dirty_since = now  # (persist clears it; status warns past warn_persist_age_s)
                 if t.error:
                     continue
                 try:
@@ -117,8 +117,10 @@ class PersistScheduler:
         fault = self.faults.setdefault(t.name, storage.Backoff())
         fault.failed(err or e)
         log.warning("table %s: %s", t.name, fault.describe())
-        raise PersistFault(f"table {t.name}: {fault.describe()}; its changes stay in the buffer, local "
-                            "staging and the replication slot until a persist succeeds") from e
+        raise PersistFault(
+            f"table {t.name}: {fault.describe()}; its changes stay in the buffer, local "
+            "staging and the replication slot until a persist succeeds"
+        ) from e
 
     def persist_unlocked(self, t: MirrorTable) -> dict:
         """A persist that holds the service lock only to flush and to commit: the staged files are copied
@@ -129,8 +131,9 @@ class PersistScheduler:
             if self.reg.tables.get(t.name) is not t:
                 raise MooncakeError(f"table {t.name} was dropped")
             if t.error:
-                raise MooncakeError(f"table {t.name} is stopped by an error, so it is not flushed or persisted: "
-                                    f"{t.error}")
+                raise MooncakeError(
+                    f"table {t.name} is stopped by an error, so it is not flushed or persisted: {t.error}"
+                )
             t.flush()
             todo, schemas = t.upload_plan()
         try:
@@ -150,6 +153,7 @@ class PersistScheduler:
 
     def _start_persist(self, t: MirrorTable) -> None:
         """Run :meth:`persist_unlocked` for ``t`` in a worker thread (``maintenance: auto``)."""
+
         def work():
             try:
                 self.persist_unlocked(t)

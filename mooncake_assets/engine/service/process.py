@@ -5,6 +5,7 @@ handlers, output to ``<state>/service.log``, mode ``0600``; a password the calle
 the child's environment, see :meth:`Settings.service_environment`) and waits until it answers a ping; ``stop_service`` asks it
 to shut down over Flight, then kills it by its own pid (``<state>/service.pid``) if it has not gone.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -13,15 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-
 from pathlib import Path
 from typing import Protocol
 
-from .client import ServiceClient, ServiceUnavailable
 from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
 from ..private import ensure_private_dir, open_private, write_private
 from ..timefmt import utc_now
+from .client import ServiceClient
 
 
 class ProcessSettings(Protocol):
@@ -77,12 +77,19 @@ def check_source(settings: ProcessSettings, info: dict) -> None:
         return
     mine = source_label(settings.dsn)
     if mine != info["source"]:
-        raise SourceMismatch(f"the running mooncake service (pid {info.get('pid')}) mirrors from {info['source']}, "
-                             f"not {mine}; stop it first (`mooncake stop`) to use another source")
+        raise SourceMismatch(
+            f"the running mooncake service (pid {info.get('pid')}) mirrors from {info['source']}, "
+            f"not {mine}; stop it first (`mooncake stop`) to use another source"
+        )
 
 
-def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool = False,
-                  maintenance: str | None = None, extra_env: dict[str, str] | None = None):
+def start_service(
+    settings: ProcessSettings,
+    timeout: float = 60.0,
+    report: bool = False,
+    maintenance: str | None = None,
+    extra_env: dict[str, str] | None = None,
+):
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.
@@ -103,7 +110,7 @@ def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool
             if client.ping():
                 try:
                     info = client.call("ping", timeout=5)
-                except Exception:  # noqa: BLE001 — it answered a moment ago; nothing to compare with
+                except Exception:
                     info = {}
                 client.close()
                 check_source(settings, info)
@@ -115,8 +122,13 @@ def start_service(settings: ProcessSettings, timeout: float = 60.0, report: bool
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn(settings: ProcessSettings, client: ServiceClient, timeout: float, maintenance: str | None = None,
-           extra_env: dict[str, str] | None = None) -> int:
+def _spawn(
+    settings: ProcessSettings,
+    client: ServiceClient,
+    timeout: float,
+    maintenance: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> int:
     settings.save()
     (settings.state_dir / "service.stopped").unlink(missing_ok=True)
     log = open_private(settings.state_dir / "service.log", "ab")
@@ -126,10 +138,17 @@ def _spawn(settings: ProcessSettings, client: ServiceClient, timeout: float, mai
     # environment only (readable by its owner alone), never through a file or its command line
     env.update(settings.service_environment())
     env.update(extra_env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"]
-                            + (["--maintenance", maintenance] if maintenance else []),
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True, preexec_fn=_reset_signals, cwd=str(settings.state_dir))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(settings.state_dir), "serve"]
+        + (["--maintenance", maintenance] if maintenance else []),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_reset_signals,
+        cwd=str(settings.state_dir),
+    )
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:

@@ -8,6 +8,7 @@ the request is checked (:meth:`~TableProvisioner._check_request`), the source ta
 copied at a temporary slot's exported snapshot (:meth:`~TableProvisioner._copy_at_snapshot`), and the
 changes queued meanwhile applied before the mirror goes live (:meth:`~TableProvisioner._go_live`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,15 +23,15 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..cdc import ReplicationConnection, initial_copy
-from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..iceberg import IcebergMirrorTable
+from ..lsn import Lsn
 from ..pg import preflight
 from ..pg import publication as pubs
 from ..pg.catalog import describe_table, estimate_rows, nan_columns
 from ..pg.conninfo import connect_error, with_options
 from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name, resolve_table
+from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..pg.slot import drop_slot
-from ..lsn import Lsn
 from ..table.mirror import MirrorTable
 from ..table.schema_change import on_relation
 from .errors import MooncakeError
@@ -49,8 +50,11 @@ def _refuse_nan_decimals(conn, schema: TableSchema) -> None:
     bad = nan_columns(conn, schema)
     if bad:
         raise MooncakeError(
-            f"table {schema.qualified_name}: column(s) " + ", ".join(f"{c.name} ({c.type_name})" for c in bad)
-            + " hold 'NaN', which the Iceberg decimal they map to cannot hold; " + column_option_hint([c.name for c in bad]))
+            f"table {schema.qualified_name}: column(s) "
+            + ", ".join(f"{c.name} ({c.type_name})" for c in bad)
+            + " hold 'NaN', which the Iceberg decimal they map to cannot hold; "
+            + column_option_hint([c.name for c in bad])
+        )
 
 
 @dataclass
@@ -81,8 +85,15 @@ class TableProvisioner:
         self.config = svc.config
         self.dsn = svc.config.dsn
 
-    def create_table(self, dst: str, src: str, delete_format: str = "deletion-vectors",
-                     column_types: dict | None = None, exclude: list | None = None, **kw) -> dict:
+    def create_table(
+        self,
+        dst: str,
+        src: str,
+        delete_format: str = "deletion-vectors",
+        column_types: dict | None = None,
+        exclude: list | None = None,
+        **kw,
+    ) -> dict:
         """Mirror Postgres table ``src`` as ``dst``: publication, consistent initial copy, then CDC.
 
         ``column_types``: column -> ``"text"`` (mirror it as Postgres's exact text whatever its type);
@@ -117,11 +128,17 @@ class TableProvisioner:
             self._publish(job, schema)
             rows, copy_lsn = self._copy_at_snapshot(job, table, schema)
             self._go_live(job, table, schema, copy_lsn)
-            return {"table": dst, "source": job.src, "rows": rows, "copy_lsn": str(Lsn(copy_lsn)),
-                    "seconds": round(time.time() - t0, 3), "key": schema.key_columns,
-                    "replica_identity": schema.replica_identity,
-                    "text_columns": [[c.name, c.type_name] for c in schema.columns if c.as_text],
-                    "excluded": exclude}
+            return {
+                "table": dst,
+                "source": job.src,
+                "rows": rows,
+                "copy_lsn": str(Lsn(copy_lsn)),
+                "seconds": round(time.time() - t0, 3),
+                "key": schema.key_columns,
+                "replica_identity": schema.replica_identity,
+                "text_columns": [[c.name, c.type_name] for c in schema.columns if c.as_text],
+                "excluded": exclude,
+            }
         except BaseException:
             self._undo(job)
             raise
@@ -135,9 +152,11 @@ class TableProvisioner:
         if delete_format not in ("deletion-vectors", "position-deletes"):
             raise MooncakeError(f"delete_format must be deletion-vectors or position-deletes, not {delete_format!r}")
         if "publication" in kw and (kw["publication"] or None) != self.config.publication:
-            raise MooncakeError(f"the running service reads {'publication ' + self.config.publication if self.config.publication else 'its own publication'}"
-                                f", not {'publication ' + kw['publication'] if kw['publication'] else 'its own'}: stop it "
-                                "(mooncake stop) and run the command again")
+            raise MooncakeError(
+                f"the running service reads {'publication ' + self.config.publication if self.config.publication else 'its own publication'}"
+                f", not {'publication ' + kw['publication'] if kw['publication'] else 'its own'}: stop it "
+                "(mooncake stop) and run the command again"
+            )
         self.reg.check_publication_setting()
         try:  # a missing bucket, rejected credentials or a dead endpoint: one clear line, nothing created
             storage.check_warehouse(self.config.warehouse_uri, storage.warehouse_store(self.config))
@@ -152,11 +171,13 @@ class TableProvisioner:
                 raise MooncakeError(f"a mirrored table named {dst!r} already exists")
             same = [n for n in list(self.reg.tables) + list(self.reg.doc["tables"]) if n.lower() == dst.lower()]
             if same:
-                raise MooncakeError(f"mirror name {dst!r} differs from the existing mirror {same[0]!r} only in case; "
-                                    "mirror names must differ in more than case")
+                raise MooncakeError(
+                    f"mirror name {dst!r} differs from the existing mirror {same[0]!r} only in case; "
+                    "mirror names must differ in more than case"
+                )
             self.reg.refuse_second_mirror(dst, src)
 
-    def _source_schema(self, job: "_Create") -> TableSchema:
+    def _source_schema(self, job: _Create) -> TableSchema:
         """The source table found (``job.src`` becomes its quoted name), checked (pre-flight, column
         names, NaN in decimal columns, one mirror per source) and, when it has no key, given
         ``REPLICA IDENTITY FULL``: the schema to mirror. Nothing is changed before the checks pass."""
@@ -170,8 +191,10 @@ class TableProvisioner:
         schema = self._preflight(conn, src_name, src_oid, job.column_types, job.exclude)
         clash = case_collision(c.name for c in schema.columns)
         if clash:
-            raise MooncakeError(f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
-                                "union reads (DuckDB) cannot tell apart; rename one of them on the source")
+            raise MooncakeError(
+                f'table {src}: columns "{clash[0]}" and "{clash[1]}" differ only in case, which '
+                "union reads (DuckDB) cannot tell apart; rename one of them on the source"
+            )
         _refuse_nan_decimals(conn, schema)
         with self.lock:  # the same table under another name (search_path, quoting, a concurrent create)
             self.reg.refuse_second_mirror(job.dst, src, schema.oid)
@@ -183,7 +206,7 @@ class TableProvisioner:
             schema = describe_table(conn, src, column_types=job.column_types, exclude=job.exclude)
         return schema
 
-    def _new_mirror(self, job: "_Create", schema: TableSchema) -> MirrorTable:
+    def _new_mirror(self, job: _Create, schema: TableSchema) -> MirrorTable:
         """The mirror's empty Iceberg table (replacing one an interrupted create-table left) and its
         :class:`MirrorTable`, registered as being copied: the stream queues its changes from now on."""
         dst, catalog = job.dst, self.svc.catalog
@@ -196,8 +219,13 @@ class TableProvisioner:
             log.warning("table %s: dropping the Iceberg table an interrupted create-table left", dst)
             self.reg.drop_iceberg(dst)
         shutil.rmtree(self.config.state_dir / "tables" / dst, ignore_errors=True)
-        job.ice = IcebergMirrorTable.create(catalog, ident, schema.arrow_schema(), delete_format=job.delete_format,
-                                            properties={"mooncake.source": job.src})
+        job.ice = IcebergMirrorTable.create(
+            catalog,
+            ident,
+            schema.arrow_schema(),
+            delete_format=job.delete_format,
+            properties={"mooncake.source": job.src},
+        )
         table = MirrorTable(dst, job.src, schema, job.ice, self.config.state_dir / "tables" / dst)
         with self.lock:
             job.cp = {"table": table, "copy_lsn": 0, "queue": []}  # queue all until the copy LSN is known
@@ -205,7 +233,7 @@ class TableProvisioner:
             self.reg.progress[dst] = {"rows": 0, "bytes": 0, "total_rows": estimate_rows(job.conn, schema.oid)}
         return table
 
-    def _publish(self, job: "_Create", schema: TableSchema) -> None:
+    def _publish(self, job: _Create, schema: TableSchema) -> None:
         """Add the table to the service's own publication (an administrator's is only read: the
         pre-flight check found the table in it); Postgres 18 is asked to send its stored generated
         columns."""
@@ -216,7 +244,7 @@ class TableProvisioner:
         if any(c.generated for c in schema.columns):
             pubs.publish_generated_columns(job.conn, self.reg.publication)
 
-    def _copy_at_snapshot(self, job: "_Create", table: MirrorTable, schema: TableSchema) -> tuple[int, int]:
+    def _copy_at_snapshot(self, job: _Create, table: MirrorTable, schema: TableSchema) -> tuple[int, int]:
         """The initial copy at the snapshot a temporary slot exports; its consistent point (the copy
         LSN) splits copy and stream. Returns ``(rows, copy LSN)``; a value a column's mapping cannot
         hold raises ``MooncakeError`` naming the options that get past it."""
@@ -237,7 +265,7 @@ class TableProvisioner:
         finally:
             tmp.close()
 
-    def _go_live(self, job: "_Create", table: MirrorTable, schema: TableSchema, copy_lsn: int) -> None:
+    def _go_live(self, job: _Create, table: MirrorTable, schema: TableSchema, copy_lsn: int) -> None:
         """Under the lock: apply the changes queued during the copy (those at or after the copy LSN, in
         commit order), route the source's changes to the mirror, persist the copy and record the mirror
         as ``ready`` in the registry."""
@@ -249,11 +277,13 @@ class TableProvisioner:
             if table.error:  # stopped while copying (its generated columns could not be computed)
                 raise MooncakeError(table.error)
             # changes that arrived during the copy, in commit order
-            for commit_lsn, end_lsn, ch, rel, xid in job.cp["queue"]:
+            for commit_lsn, _end_lsn, ch, rel, xid in job.cp["queue"]:
                 if commit_lsn < copy_lsn:
                     continue  # in the copy's snapshot
                 if ch.kind != "truncate":
-                    on_relation(table, ch.relation_oid, ch.relation or rel, commit_lsn, self.svc.source_catalog, xid=xid)
+                    on_relation(
+                        table, ch.relation_oid, ch.relation or rel, commit_lsn, self.svc.source_catalog, xid=xid
+                    )
                 table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
                 table.last_change_lsn = max(table.last_change_lsn, commit_lsn)
             self.reg.tables[job.dst] = table
@@ -262,17 +292,22 @@ class TableProvisioner:
             # persist the copy: the flush LSN is the copy's consistent point unless more was applied
             table.flush_lsn = 0
             table.persist()
-            self.reg.doc["tables"][job.dst] = {"source": job.src, "delete_format": job.delete_format, "state": "ready",
-                                               "oid": schema.oid, "columns": column_signature(schema),
-                                               "key": list(schema.key_columns),
-                                               **({"column_types": job.column_types} if job.column_types else {}),
-                                               **({"exclude": job.exclude} if job.exclude else {})}
+            self.reg.doc["tables"][job.dst] = {
+                "source": job.src,
+                "delete_format": job.delete_format,
+                "state": "ready",
+                "oid": schema.oid,
+                "columns": column_signature(schema),
+                "key": list(schema.key_columns),
+                **({"column_types": job.column_types} if job.column_types else {}),
+                **({"exclude": job.exclude} if job.exclude else {}),
+            }
             self.reg.doc["admin_publication"] = self.config.publication
             self.svc.stream.pub_seen[job.dst] = copy_lsn
             self.reg.save()
             self.reg.progress.pop(job.dst, None)
 
-    def _undo(self, job: "_Create") -> None:
+    def _undo(self, job: _Create) -> None:
         """What a failed create-table made, undone: registry entries, the Iceberg table, the publication
         change (best effort) and local staging."""
         dst, cp = job.dst, job.cp
@@ -293,17 +328,27 @@ class TableProvisioner:
             pass
         shutil.rmtree(self.config.state_dir / "tables" / dst, ignore_errors=True)
 
-    def _preflight(self, conn, src: TableName, oid: int, column_types: dict | None = None,
-                   exclude: list | None = None) -> TableSchema:
+    def _preflight(
+        self, conn, src: TableName, oid: int, column_types: dict | None = None, exclude: list | None = None
+    ) -> TableSchema:
         """The pre-flight checks create-table runs before it changes anything (slots, WAL senders,
         wal_level and the table's own checks, with its column options) on the table ``src`` (``oid``,
         as ``resolve_table`` found it). Returns the table's schema as the checks read it (with the
         column options); raises MooncakeError with every error and its fix, one line."""
-        checks = [c for c in preflight.server_checks(conn, self.reg.slot)
-                  if c.subject in ("wal_level", "replication slots", "WAL senders")]
-        table, schema = preflight.table_checks(conn, src, oid, publication=self.config.publication,
-                                               own_publication=self.reg.doc["publication"],
-                                               column_types=column_types, exclude=exclude)
+        checks = [
+            c
+            for c in preflight.server_checks(conn, self.reg.slot)
+            if c.subject in ("wal_level", "replication slots", "WAL senders")
+        ]
+        table, schema = preflight.table_checks(
+            conn,
+            src,
+            oid,
+            publication=self.config.publication,
+            own_publication=self.reg.doc["publication"],
+            column_types=column_types,
+            exclude=exclude,
+        )
         errors = [c for c in checks + table if c.level == "error"]
         if errors:
             raise MooncakeError(f"cannot mirror {src}: " + " | ".join(c.sentence() for c in errors))
@@ -323,8 +368,13 @@ class TableProvisioner:
                     table.add_copied_file(path, n, np.concatenate(hashes))
                 writer, path, n, hashes = None, None, 0, []
 
-            for rb, key_text in initial_copy(c, schema, snapshot, text_columns=table.key_names,
-                                             progress=lambda r, b: self.reg.progress.get(table.name, {}).update(rows=r, bytes=b)):
+            for rb, key_text in initial_copy(
+                c,
+                schema,
+                snapshot,
+                text_columns=table.key_names,
+                progress=lambda r, b: self.reg.progress.get(table.name, {}).update(rows=r, bytes=b),
+            ):
                 if writer is None:
                     path = table.dir / "staging" / f"{uuid.uuid4().hex}.parquet"
                     writer = pq.ParquetWriter(path, table.arrow_schema, compression="zstd")
@@ -351,8 +401,11 @@ class TableProvisioner:
             last = not self.reg.doc["tables"]
             # a state dir made before mirrors were one per source may hold two of one source: the source
             # leaves the publication only with its last mirror
-            shared = [n for n, m in self.reg.doc["tables"].items()
-                      if m.get("source") == t.source or (meta.get("oid") is not None and m.get("oid") == meta.get("oid"))]
+            shared = [
+                n
+                for n, m in self.reg.doc["tables"].items()
+                if m.get("source") == t.source or (meta.get("oid") is not None and m.get("oid") == meta.get("oid"))
+            ]
         with psycopg.connect(self.dsn, autocommit=True) as c:
             if self.reg.own_publication and not shared:  # an administrator's publication is never altered
                 pubs.remove_table(c, self.reg.publication, t.schema.schema, t.schema.name)

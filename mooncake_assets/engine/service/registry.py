@@ -8,8 +8,10 @@ a lasting error and the last scheduled verify. :class:`TableRegistry` keeps it w
 oid (``by_oid``: where the stream routes a change), and those being copied (``copying``) with their
 progress.
 """
+
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -56,8 +58,8 @@ class TableRegistry:
         self.doc = self._load()
         self.tables: dict[str, MirrorTable] = {}
         self.by_oid: dict[int, MirrorTable] = {}
-        self.copying: dict[int, dict] = {}        # oid -> {"table", "copy_lsn", "queue": [...]}
-        self.progress: dict[str, dict] = {}       # name -> the running copy's {"rows", "bytes", "total_rows"}
+        self.copying: dict[int, dict] = {}  # oid -> {"table", "copy_lsn", "queue": [...]}
+        self.progress: dict[str, dict] = {}  # name -> the running copy's {"rows", "bytes", "total_rows"}
 
     def restore(self, clean_start: bool) -> None:
         """Open every ``ready`` mirror from its Iceberg table (retrying storage and catalog blips); a
@@ -70,8 +72,11 @@ class TableRegistry:
                 self.doc["tables"].pop(name)
                 self.save()
                 continue
-            storage.retry_call(lambda: self.open_table(name, meta, clean_start), storage.RESTORE_POLICY,
-                               what=f"restoring table {name} from the warehouse")  # S3/catalog blips
+            storage.retry_call(
+                functools.partial(self.open_table, name, meta, clean_start),
+                storage.RESTORE_POLICY,
+                what=f"restoring table {name} from the warehouse",
+            )  # S3/catalog blips
 
     def mark_error(self, name: str, error: str) -> None:
         """Keep ``error`` with mirror ``name`` across restarts (nothing brings its changes back). Caller
@@ -109,9 +114,13 @@ class TableRegistry:
         recorded = self.doc.get("admin_publication")
         if self.doc["tables"] and recorded != self.config.publication:
             have = f"publication {recorded}" if recorded else f"the service's own publication {self.doc['publication']}"
-            want = f"publication {self.config.publication}" if self.config.publication else "the service's own publication"
-            raise MooncakeError(f"the mirrors of {self.config.state_dir} are fed by {have}, not {want}: start mooncake "
-                                "with the publication they were created with (--publication), or drop them first")
+            want = (
+                f"publication {self.config.publication}" if self.config.publication else "the service's own publication"
+            )
+            raise MooncakeError(
+                f"the mirrors of {self.config.state_dir} are fed by {have}, not {want}: start mooncake "
+                "with the publication they were created with (--publication), or drop them first"
+            )
 
     def ident(self, name: str) -> str:
         return f"{NAMESPACE}.{name}"
@@ -126,8 +135,9 @@ class TableRegistry:
             saved = json.loads(prop)
             cols, key, hash_ids = saved["columns"], saved["key"], saved.get("hash_field_ids")
         with psycopg.connect(with_options(self.dsn)) as conn:
-            schema = describe_mirrored(conn, meta["source"], cols, key, column_types=meta.get("column_types"),
-                                       exclude=meta.get("exclude"))
+            schema = describe_mirrored(
+                conn, meta["source"], cols, key, column_types=meta.get("column_types"), exclude=meta.get("exclude")
+            )
         schema.hash_field_ids = hash_ids
         t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
         t.restore()
@@ -137,10 +147,12 @@ class TableRegistry:
         self.tables[name] = t
         first = self.by_oid.get(schema.oid)
         if first is not None and first is not t:  # made before mirrors were one per source (see create_table)
-            t.error = t.error or (f"table {name}: {meta['source']} is mirrored as {first.name} too (an older version "
-                                  f"allowed that); its changes now go to {first.name} only, so {name} no longer "
-                                  f"follows it, and either may have missed changes before: drop-table {name}, then "
-                                  f"`mooncake verify {first.name}`")
+            t.error = t.error or (
+                f"table {name}: {meta['source']} is mirrored as {first.name} too (an older version "
+                f"allowed that); its changes now go to {first.name} only, so {name} no longer "
+                f"follows it, and either may have missed changes before: drop-table {name}, then "
+                f"`mooncake verify {first.name}`"
+            )
             log.error("%s", t.error)
         else:
             self.by_oid[schema.oid] = t
@@ -164,13 +176,14 @@ class TableRegistry:
         Raises ``MooncakeError`` naming the existing mirror. Caller holds the lock."""
         for name, meta in self.doc["tables"].items():
             if meta.get("source") == src or (oid is not None and meta.get("oid") == oid):
-                raise MooncakeError(f"{src} is already mirrored as {name}; a source table has one mirror (query "
-                                    f"{name}, or drop-table {name} before mirroring it as {dst})")
+                raise MooncakeError(
+                    f"{src} is already mirrored as {name}; a source table has one mirror (query "
+                    f"{name}, or drop-table {name} before mirroring it as {dst})"
+                )
         for cp in self.copying.values():
             t = cp["table"]
             if t.source == src or (oid is not None and t.schema.oid == oid):
-                raise MooncakeError(f"{src} is being mirrored as {t.name} (copying now); a source table has one "
-                                    "mirror")
+                raise MooncakeError(f"{src} is being mirrored as {t.name} (copying now); a source table has one mirror")
 
     def record_verify(self, name: str, res: dict) -> None:
         """Keep the scheduled verify's result of ``name`` (status shows it; the registry keeps it across

@@ -11,6 +11,7 @@ that left the publication stops with an error naming table, publication and LSN:
 sending its changes). A lost stream is reconnected with backoff; the slot resends what was not
 confirmed. A change a table cannot take stops that table only (:meth:`StreamLoop.stop_table`).
 """
+
 from __future__ import annotations
 
 import gc
@@ -22,14 +23,14 @@ import time
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
-from ..pg.schema import column_options
 from ..faults import fault
+from ..lsn import Lsn
 from ..pg import publication as pubs
 from ..pg.catalog import missing_relations
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 from ..pg.names import format_name
+from ..pg.schema import column_options
 from ..pg.slot import slot_exists
-from ..lsn import Lsn
 from ..table.mirror import MirrorTable
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..timefmt import utc_now
@@ -81,8 +82,8 @@ class StreamLoop:
         self.stream_error: str | None = None
         self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
-        self._pub_conn = None                        # the publication poll's connection (stream thread)
-        self.pub_seen: dict[str, int] = {}           # table -> LSN at which it was last seen published
+        self._pub_conn = None  # the publication poll's connection (stream thread)
+        self.pub_seen: dict[str, int] = {}  # table -> LSN at which it was last seen published
 
     @property
     def running(self) -> bool:
@@ -116,7 +117,7 @@ class StreamLoop:
         if self._pub_conn is not None:
             try:
                 self._pub_conn.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def ensure_slot(self) -> None:
@@ -132,10 +133,12 @@ class StreamLoop:
             with self.lock:  # the slot was dropped under mirrors: what it held after their flush LSNs is gone
                 for t in self.reg.tables.values():
                     if not t.error:
-                        t.error = (f"table {t.name}: replication slot {self.reg.slot} was gone (dropped while the service "
-                                   f"was down?), so the changes after its flush LSN {Lsn(t.flush_lsn)} up to LSN "
-                                   f"{Lsn(start_lsn)}, where a new slot starts, are lost; re-create the mirror "
-                                   "(drop-table, then create-table)")
+                        t.error = (
+                            f"table {t.name}: replication slot {self.reg.slot} was gone (dropped while the service "
+                            f"was down?), so the changes after its flush LSN {Lsn(t.flush_lsn)} up to LSN "
+                            f"{Lsn(start_lsn)}, where a new slot starts, are lost; re-create the mirror "
+                            "(drop-table, then create-table)"
+                        )
                         log.error("%s", t.error)
                         self.reg.doc["tables"].get(t.name, {})["error"] = t.error  # still stopped after a restart
                 self.reg.save()
@@ -157,8 +160,9 @@ class StreamLoop:
                 backoff = 0.5
             except Exception as e:  # reconnect with backoff; never confirm past what is durable
                 self.stream_error = f"{type(e).__name__}: {e}"
-                self.stream_faults = (self.stream_faults + [{"at": utc_now(),
-                                                             "error": self.stream_error.splitlines()[0]}])[-10:]
+                self.stream_faults = (
+                    self.stream_faults + [{"at": utc_now(), "error": self.stream_error.splitlines()[0]}]
+                )[-10:]
                 log.error("replication stream failed (%s); reconnecting in %.1fs", self.stream_error, backoff)
                 try:
                     if self.repl:
@@ -227,8 +231,11 @@ class StreamLoop:
             if missing:
                 gone = missing_relations(self._pub_conn, [t.schema.oid for t in missing])
         except psycopg.Error as e:
-            log.warning("could not check publication %s (%s); checking again later", self.reg.publication,
-                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            log.warning(
+                "could not check publication %s (%s); checking again later",
+                self.reg.publication,
+                str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+            )
             self._pub_conn = None
             return
         with self.lock:
@@ -238,8 +245,9 @@ class StreamLoop:
                 if not any(m is t for m in missing):
                     self.pub_seen[t.name] = lsn
                     continue
-                self._left_publication(t, lsn, "publication" if present is None else
-                                       "table" if t.schema.oid in gone else "member")
+                self._left_publication(
+                    t, lsn, "publication" if present is None else "table" if t.schema.oid in gone else "member"
+                )
 
     def _left_publication(self, t: MirrorTable, noticed: int, what: str) -> None:
         """Stop ``t``, which left the publication (caller holds the lock). ``what``: ``member`` (taken
@@ -249,21 +257,30 @@ class StreamLoop:
         seen = self.pub_seen.get(t.name, t.applied_lsn)
         stop = max(t.flushed_lsn, min(t.applied_lsn, seen))
         q = t.schema.qualified_name
-        cause = {"member": f"was removed from publication {self.reg.publication}",
-                 "publication": f"is no longer published: publication {self.reg.publication} does not exist",
-                 "table": "was dropped"}[what]
+        cause = {
+            "member": f"was removed from publication {self.reg.publication}",
+            "publication": f"is no longer published: publication {self.reg.publication} does not exist",
+            "table": "was dropped",
+        }[what]
         if what == "table":
             remedy = "drop the mirror (drop-table)"
         elif self.reg.own_publication:
             remedy = "re-create the mirror (drop-table, then create-table, which publishes it again)"
         else:
-            remedy = ("have an administrator publish it again ("
-                      + (pubs.add_table_sql(self.reg.publication, t.schema.schema, t.schema.name) if what == "member" else
-                         f"CREATE PUBLICATION {format_name(self.reg.publication)} FOR TABLE {q};")
-                      + "), then re-create the mirror (drop-table, then create-table)")
-        t.error = (f"table {t.name}: source table {q} {cause} (noticed at LSN {Lsn(noticed)}, last seen published at "
-                   f"LSN {Lsn(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {Lsn(stop)}; "
-                   f"{remedy}")
+            remedy = (
+                "have an administrator publish it again ("
+                + (
+                    pubs.add_table_sql(self.reg.publication, t.schema.schema, t.schema.name)
+                    if what == "member"
+                    else f"CREATE PUBLICATION {format_name(self.reg.publication)} FOR TABLE {q};"
+                )
+                + "), then re-create the mirror (drop-table, then create-table)"
+            )
+        t.error = (
+            f"table {t.name}: source table {q} {cause} (noticed at LSN {Lsn(noticed)}, last seen published at "
+            f"LSN {Lsn(seen)}), so its changes are no longer sent: the mirror is stopped at LSN {Lsn(stop)}; "
+            f"{remedy}"
+        )
         t.applied_lsn = stop
         log.error("%s", t.error)
         if t.name in self.reg.doc["tables"]:  # still stopped after a restart (nothing brings its changes back)
@@ -288,8 +305,11 @@ class StreamLoop:
         generated columns cannot be computed stops (the others go on); errors: ``ProtocolError``,
         ``psycopg.OperationalError`` (the source cannot be asked: the caller reconnects and the slot
         resends the batch)."""
-        txns = [txn for wal_start, payload in msgs
-                for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)]
+        txns = [
+            txn
+            for wal_start, payload in msgs
+            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)
+        ]
         if not txns:
             return 0
         with self.lock:
@@ -324,8 +344,9 @@ class StreamLoop:
                 if hit is _NOT_SEEN:
                     cp = self.reg.copying.get(oid)
                     t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
-                    hit = gen_schema[oid] = ((t, cp) if t is not None and any(c.generated for c in t.schema.columns)
-                                             else None)
+                    hit = gen_schema[oid] = (
+                        (t, cp) if t is not None and any(c.generated for c in t.schema.columns) else None
+                    )
                 if hit is None:
                     continue
                 t, cp = hit
@@ -352,8 +373,14 @@ class StreamLoop:
                     #           before a reconnect resent it), or stopped by an error
                 try:
                     if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
-                        on_relation(t, oid, ch.relation or assembler.relations[oid], txn.commit_lsn, self.svc.source_catalog,
-                                    xid=txn.xid)
+                        on_relation(
+                            t,
+                            oid,
+                            ch.relation or assembler.relations[oid],
+                            txn.commit_lsn,
+                            self.svc.source_catalog,
+                            xid=txn.xid,
+                        )
                     t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self.stop_table(t, e, txn.commit_lsn)
@@ -371,15 +398,20 @@ class StreamLoop:
         applied LSN stays below that commit and ``durable_lsn`` holds the slot at its flush LSN, so a
         restart replays everything from there."""
         lsn = getattr(e, "lsn", lsn)
-        t.error = (str(e) if isinstance(e, (SchemaChangeError, CatalogLookupError)) else
-                   f"table {t.name}: change at LSN {Lsn(lsn)} failed: {type(e).__name__}: {e}")
+        t.error = (
+            str(e)
+            if isinstance(e, (SchemaChangeError, CatalogLookupError))
+            else f"table {t.name}: change at LSN {Lsn(lsn)} failed: {type(e).__name__}: {e}"
+        )
         cols = getattr(e, "columns", None)
         if cols:  # a value the column's mapping cannot hold (numeric NaN in a decimal column, …)
             now = column_options([c for c in t.schema.column_types if c not in cols], t.schema.excluded)
             redo = f"mooncake create-table {t.name} {shlex.quote(t.source)}" + (f" {now}" if now else "")
-            t.error += (f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
-                        f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
-                        f"then {redo} {column_options(cols)} (or leave them out: {column_options(exclude=cols)})")
+            t.error += (
+                f"; this table stopped (the others go on) and holds the replication slot at its flush LSN; "
+                f"to resume, re-create it with the column(s) mirrored as text: mooncake drop-table {t.name}, "
+                f"then {redo} {column_options(cols)} (or leave them out: {column_options(exclude=cols)})"
+            )
         t.applied_lsn = min(t.applied_lsn, lsn)
         log.error("%s", t.error)
 
@@ -409,9 +441,11 @@ class StreamLoop:
             if self.stream_error is None and (self._thread is None or not self._thread.is_alive()):
                 raise MooncakeError("replication is not running (no mirrored table?)")
             if time.time() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for LSN {Lsn(lsn)}; "
-                                   f"applied up to {Lsn(self.applied_lsn)}"
-                                   + (f" (stream error: {self.stream_error})" if self.stream_error else ""))
+                raise TimeoutError(
+                    f"timed out after {timeout_s:g}s waiting for LSN {Lsn(lsn)}; "
+                    f"applied up to {Lsn(self.applied_lsn)}"
+                    + (f" (stream error: {self.stream_error})" if self.stream_error else "")
+                )
             self._want_reply.set()
             time.sleep(0.01)
         return self.applied_lsn

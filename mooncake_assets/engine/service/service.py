@@ -14,6 +14,7 @@ Publication (``engine/pg/publication.py``): the service's own (default; it adds 
 mirrored table) or the one an administrator created (``ServiceConfig.publication``, never altered).
 Everything the service runs with comes in one :class:`~.config.ServiceConfig`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,13 +25,13 @@ import psycopg
 
 from .. import storage
 from ..cdc.generated import GeneratedColumns
+from ..compaction import compact, merge_index
 from ..iceberg import make_catalog
+from ..lsn import Lsn
 from ..pg.catalog import SourceCatalog
 from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_options: re-exported)
 from ..pg.slot import current_wal_lsn
 from ..table.memslice import BadRowError
-from ..lsn import Lsn
-from ..compaction import compact, merge_index
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from ..timefmt import utc_now
@@ -67,7 +68,7 @@ class ReplicatorService:
         self.provisioner = TableProvisioner(self)
         self._clean_start = False
         self._status_conn = None
-        self._source_error: str | None = None     # why the source was not reachable at the last look
+        self._source_error: str | None = None  # why the source was not reachable at the last look
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
 
     # ------------------------------------------------------------------ the parts' state, by its old names
@@ -135,8 +136,15 @@ class ReplicatorService:
         """The open mirror ``name`` (``MooncakeError`` when there is none)."""
         return self.reg.table(name)
 
-    def create_table(self, dst: str, src: str, delete_format: str = "deletion-vectors",
-                     column_types: dict | None = None, exclude: list | None = None, **kw) -> dict:
+    def create_table(
+        self,
+        dst: str,
+        src: str,
+        delete_format: str = "deletion-vectors",
+        column_types: dict | None = None,
+        exclude: list | None = None,
+        **kw,
+    ) -> dict:
         """Mirror Postgres table ``src`` as ``dst`` (:meth:`.provision.TableProvisioner.create_table`)."""
         return self.provisioner.create_table(dst, src, delete_format, column_types=column_types, exclude=exclude, **kw)
 
@@ -184,7 +192,9 @@ class ReplicatorService:
         with self.lock:
             t = self.table(name)
             if t.error and op == "flush":  # its buffer may hold part of the failed transaction
-                raise MooncakeError(f"table {name} is stopped by an error, so it is not flushed or persisted: {t.error}")
+                raise MooncakeError(
+                    f"table {name} is stopped by an error, so it is not flushed or persisted: {t.error}"
+                )
             try:
                 if op == "flush":
                     return t.flush()
@@ -232,15 +242,22 @@ class ReplicatorService:
         if t.dirty_since is not None and s.warn_persist_age_s and not t.error:
             age = now - t.dirty_since
             if age > s.warn_persist_age_s:
-                why = ("maintenance is dagster: the Dagster assets persist it (is the sensor running?)"
-                       if s.maintenance == "dagster" else "see its maintenance and the service log")
-                out.append(f"no persist for {age:.0f}s (warn_persist_age_s {s.warn_persist_age_s:g}) with changes "
-                           f"waiting; {why}")
+                why = (
+                    "maintenance is dagster: the Dagster assets persist it (is the sensor running?)"
+                    if s.maintenance == "dagster"
+                    else "see its maintenance and the service log"
+                )
+                out.append(
+                    f"no persist for {age:.0f}s (warn_persist_age_s {s.warn_persist_age_s:g}) with changes "
+                    f"waiting; {why}"
+                )
         if src_lsn is not None and s.warn_slot_wal_bytes and (t.is_dirty() or t.error):
             held = max(0, src_lsn - t.flush_lsn)
             if held > s.warn_slot_wal_bytes:
-                out.append(f"holds {held:,} bytes of WAL in slot {self.slot} (warn_slot_wal_bytes "
-                           f"{s.warn_slot_wal_bytes:,}): its changes since LSN {Lsn(t.flush_lsn)} are not persisted")
+                out.append(
+                    f"holds {held:,} bytes of WAL in slot {self.slot} (warn_slot_wal_bytes "
+                    f"{s.warn_slot_wal_bytes:,}): its changes since LSN {Lsn(t.flush_lsn)} are not persisted"
+                )
         return out
 
     def status(self) -> dict:
@@ -276,21 +293,37 @@ class ReplicatorService:
                 st["warnings"] = self._warnings(t, src_lsn, now)
                 a = applied.get(name, t.applied_lsn)
                 st["lag_bytes"] = max(0, src_lsn - a) if src_lsn is not None else None
-                st["lag_seconds"] = round(self.stream.lag.seconds(a, now), 3) if src_lsn is not None and src_lsn > a else 0.0
+                st["lag_seconds"] = (
+                    round(self.stream.lag.seconds(a, now), 3) if src_lsn is not None and src_lsn > a else 0.0
+                )
                 st["maintenance"] = dict(getattr(t, "last_maintenance", None) or {})
                 if name in self.persister.background.errors:
                     st["maintenance"]["error"] = self.persister.background.errors[name]
                 tables.append(st)
-            for oid, cp in self.reg.copying.items():
+            for cp in self.reg.copying.values():
                 t = cp["table"]
-                tables.append({"name": t.name, "source": t.source, "state": "copying", "error": None,
-                               "progress": self.reg.progress.get(t.name)})
-            return {"tables": tables, "applied_lsn": str(Lsn(self.stream.applied_lsn)),
-                    "source_lsn": str(Lsn(src_lsn)) if src_lsn is not None else None,
-                    "confirmed_lsn": str(Lsn(self.stream.confirmed_lsn)), "slot": self.slot,
-                    "publication": self.publication, "stream_error": scrub(self.stream.stream_error),
-                    "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream.stream_faults],
-                    "streaming": self.stream.running,
-                    "maintenance": self.config.maintenance, "source": source_label(self.dsn),
-                    "source_reachable": src_lsn is not None, "source_error": scrub(self._source_error),
-                    "verify_interval_s": self.config.verify_interval_s}
+                tables.append(
+                    {
+                        "name": t.name,
+                        "source": t.source,
+                        "state": "copying",
+                        "error": None,
+                        "progress": self.reg.progress.get(t.name),
+                    }
+                )
+            return {
+                "tables": tables,
+                "applied_lsn": str(Lsn(self.stream.applied_lsn)),
+                "source_lsn": str(Lsn(src_lsn)) if src_lsn is not None else None,
+                "confirmed_lsn": str(Lsn(self.stream.confirmed_lsn)),
+                "slot": self.slot,
+                "publication": self.publication,
+                "stream_error": scrub(self.stream.stream_error),
+                "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream.stream_faults],
+                "streaming": self.stream.running,
+                "maintenance": self.config.maintenance,
+                "source": source_label(self.dsn),
+                "source_reachable": src_lsn is not None,
+                "source_error": scrub(self._source_error),
+                "verify_interval_s": self.config.verify_interval_s,
+            }

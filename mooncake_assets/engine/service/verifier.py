@@ -25,6 +25,7 @@ sensor's observations) and in the registry (it survives a restart). A mismatch s
 state as ``error``: the rows that differ are what the full comparison, ``mooncake verify TABLE``
 (on demand), prints. The check only reads: it takes the service lock only to take the ReadState.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,8 +61,10 @@ def checksum_sql(relation: str, columns: list[str], key: list[str]) -> str:
     so a user column named like an alias must not change the grouping."""
     cols = ", ".join(_ident(c) for c in columns)
     keys = ", ".join(_ident(c) for c in (key or columns))
-    return (f"SELECT CAST(hash({keys}) % {RANGES} AS INTEGER), count(*), "
-            f"sum(hash({cols})::HUGEINT) FROM {relation} GROUP BY 1")
+    return (
+        f"SELECT CAST(hash({keys}) % {RANGES} AS INTEGER), count(*), "
+        f"sum(hash({cols})::HUGEINT) FROM {relation} GROUP BY 1"
+    )
 
 
 def _add(acc: dict, rows) -> None:
@@ -84,8 +87,14 @@ def _sum_batches(batches, columns: list[str], key: list[str]) -> dict:
     return acc
 
 
-def source_checksums(conn: psycopg.Connection, source: str, snapshot: str, columns: list[str],
-                     key: list[str], options: dict | None = None) -> dict | None:
+def source_checksums(
+    conn: psycopg.Connection,
+    source: str,
+    snapshot: str,
+    columns: list[str],
+    key: list[str],
+    options: dict | None = None,
+) -> dict | None:
     """``{range: [rows, hash sum]}`` of the source table at ``snapshot`` (None when its columns are not
     ``columns``: a schema change that has not reached the mirror yet). ``conn``: an ordinary, idle
     connection; ``options``: the mirror's create-table column options (``column_types``, ``exclude``)."""
@@ -103,8 +112,9 @@ def mirror_checksums(rs: ReadState, mem: pa.Table, columns: list[str], key: list
     then the same aggregate as the source's runs on them, batch by batch."""
     reader = UnionReader(client=None)
     reader.register_state(rs, mem, "__mc_verify", columns=columns, mode="lazy")
-    return _sum_batches(reader.con.execute(f"SELECT * FROM {_ident('__mc_verify')}").fetch_record_batch(100_000),
-                        columns, key)
+    return _sum_batches(
+        reader.con.execute(f"SELECT * FROM {_ident('__mc_verify')}").fetch_record_batch(100_000), columns, key
+    )
 
 
 def describe_difference(src: dict, mir: dict) -> tuple[list[int], int, int]:
@@ -149,7 +159,7 @@ class Verifier:
                 return
             try:
                 self.run_once()
-            except Exception:  # noqa: BLE001 — a check that fails must never stop the service
+            except Exception:
                 log.exception("scheduled verify failed")
 
     def run_once(self, names: list[str] | None = None) -> dict:
@@ -184,22 +194,23 @@ class Verifier:
 
             try:
                 rc = ReplicationConnection(with_options(svc.dsn))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 return every({"result": "error", "detail": f"cannot reach the source: {_first_line(e)}"})
             try:
                 try:
-                    c_lsn, snap = rc.create_slot(f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True,
-                                                 temporary=True)
-                except Exception as e:  # noqa: BLE001
+                    c_lsn, snap = rc.create_slot(
+                        f"mooncake_verify_{uuid.uuid4().hex[:8]}", export_snapshot=True, temporary=True
+                    )
+                except Exception as e:
                     return every({"result": "error", "detail": f"{type(e).__name__}: {_first_line(e)}"})
                 base["lsn"] = str(Lsn(c_lsn))
                 try:
                     svc.wait_lsn(c_lsn, timeout_s=60)
-                except Exception as e:  # noqa: BLE001 — not caught up (a long backlog): try again next round
+                except Exception as e:
                     return every({"result": "skipped", "detail": f"the mirror had not reached LSN {Lsn(c_lsn)}: {e}"})
                 try:
                     conn = psycopg.connect(with_options(svc.dsn))
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     return every({"result": "error", "detail": f"cannot reach the source: {_first_line(e)}"})
                 with conn:  # the snapshot stays valid as long as ``rc`` is open and idle
                     for name in names:
@@ -242,7 +253,7 @@ class Verifier:
                 options = {"column_types": meta.get("column_types"), "exclude": meta.get("exclude")}
                 try:
                     rs = svc.read_state(name, lsn)
-                except Exception as e:  # noqa: BLE001 — e.g. flushed past the LSN meanwhile: next round
+                except Exception as e:
                     return {**base, "result": "skipped", "detail": f"cannot read at LSN {base['lsn']}: {e}"}
                 mem = rs.mem
             # the mirror first, while every file of its ReadState is surely there
@@ -252,20 +263,31 @@ class Verifier:
             finally:
                 conn.rollback()  # idle again for the next table (a failed read leaves it in a failed transaction)
             if src_sum is None:
-                return {**base, "result": "skipped",
-                        "detail": "the source's columns differ from the mirror's (a schema change reaches the "
-                                  "mirror with the table's next row change)"}
-        except Exception as e:  # noqa: BLE001
+                return {
+                    **base,
+                    "result": "skipped",
+                    "detail": "the source's columns differ from the mirror's (a schema change reaches the "
+                    "mirror with the table's next row change)",
+                }
+        except Exception as e:
             return {**base, "result": "error", "detail": f"{type(e).__name__}: {_first_line(e)}"}
         ranges, n_src, n_mir = describe_difference(src_sum, mir_sum)
         res = {**base, "source_rows": n_src, "mirror_rows": n_mir}
         if not ranges:
             return {**res, "result": "match", "detail": f"{n_src} rows match at LSN {base['lsn']}"}
         counts = [r for r in ranges if src_sum.get(r, [0, 0])[0] != mir_sum.get(r, [0, 0])[0]]
-        what = (f"row counts differ in {len(counts)} of {RANGES} key ranges" if counts else
-                f"values differ in {len(ranges)} of {RANGES} key ranges (same row counts)")
-        return {**res, "result": "mismatch", "differing_ranges": ranges,
-                "detail": (f"table {name}: the scheduled verify at LSN {base['lsn']} found the mirror differs from "
-                           f"{source}: source {n_src} rows, mirror {n_mir} rows; {what} (`mooncake verify {name}` "
-                           "shows the rows)")}
-
+        what = (
+            f"row counts differ in {len(counts)} of {RANGES} key ranges"
+            if counts
+            else f"values differ in {len(ranges)} of {RANGES} key ranges (same row counts)"
+        )
+        return {
+            **res,
+            "result": "mismatch",
+            "differing_ranges": ranges,
+            "detail": (
+                f"table {name}: the scheduled verify at LSN {base['lsn']} found the mirror differs from "
+                f"{source}: source {n_src} rows, mirror {n_mir} rows; {what} (`mooncake verify {name}` "
+                "shows the rows)"
+            ),
+        }

@@ -1,4 +1,4 @@
-"""Warehouse storage: local directories, S3, GCS and Azure (issues 9, 25; DESIGN.md §5; docs/storage.md).
+"""Warehouse storage: local directories, S3, GCS and Azure (docs/architecture.md#storage; docs/storage.md).
 
 - ``config.py``: ``S3Config`` and how it is resolved (settings, environment, service hints);
   PyIceberg FileIO properties; ``s3://`` URI parsing;
@@ -18,6 +18,7 @@ The rest of the engine does not know which store a warehouse is on: it gets a Fi
 Freshly flushed files are staged on local disk (``<state>/tables/<t>/staging``) and reach the
 warehouse only when a persist uploads them right before its Iceberg commit, as in pg_mooncake.
 """
+
 from .arrow_fs import arrow_source, s3_filesystem, store_filesystem, use_store
 from .config import (
     S3Config,
@@ -27,16 +28,6 @@ from .config import (
     resolve_s3,
 )
 from .duckdb_s3 import configure_duckdb_s3, configure_duckdb_store, ensure_duckdb_store, load_httpfs, sql_str
-from .stores import (
-    AzureConfig,
-    GCSConfig,
-    catalog_properties,
-    is_object_store,
-    resolve_store,
-    storage_hints,
-    store_kind,
-    warehouse_store,
-)
 from .errors import (
     AccessDenied,
     BucketNotFound,
@@ -50,6 +41,16 @@ from .errors import (
     is_retryable,
 )
 from .retry import RESTORE_POLICY, SERVICE_POLICY, Backoff, RetryPolicy, retry_call
+from .stores import (
+    AzureConfig,
+    GCSConfig,
+    catalog_properties,
+    is_object_store,
+    resolve_store,
+    storage_hints,
+    store_kind,
+    warehouse_store,
+)
 from .warehouse import check_warehouse, describe_warehouse
 
 __all__ = [

@@ -7,6 +7,7 @@ random-access file of PyArrow's own S3 filesystem (C++, the fastest reader of Pa
 ``gs://`` and ``abfs://``/``az://`` an open file of the store's fsspec filesystem (gcsfs, adlfs). One cached
 filesystem per configuration, so connections are reused.
 """
+
 from __future__ import annotations
 
 import functools

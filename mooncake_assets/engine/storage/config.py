@@ -18,6 +18,7 @@ credentials            ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,        
 saved file, as for the warehouse URI), so the background service sees what the command that started it
 saw. Credentials are read from the environment of each process and never written to settings.json.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -117,7 +118,9 @@ def check_endpoint(endpoint: str | None, what: str, allow_http: bool | None, htt
         return
     parts = urlsplit(endpoint)
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise WarehouseConfigError(f"{what} endpoint {endpoint!r}: expected a URL like http://host:port or https://host")
+        raise WarehouseConfigError(
+            f"{what} endpoint {endpoint!r}: expected a URL like http://host:port or https://host"
+        )
     if parts.scheme.lower() == "http" and not (allow_http if allow_http is not None else is_loopback(parts.hostname)):
         raise WarehouseConfigError(f"{what} endpoint {endpoint} is plain HTTP; {http_fix}")
 
@@ -173,8 +176,12 @@ class S3Config:
     def validate(self) -> S3Config:
         """Raise ``WarehouseConfigError`` for an endpoint that is no http(s) URL, or plain HTTP that is not
         allowed; returns self."""
-        check_endpoint(self.endpoint, "S3", self.allow_http,
-                       "set MOONCAKE_S3_ALLOW_HTTP=1 (or settings s3_allow_http) to allow it, or use https")
+        check_endpoint(
+            self.endpoint,
+            "S3",
+            self.allow_http,
+            "set MOONCAKE_S3_ALLOW_HTTP=1 (or settings s3_allow_http) to allow it, or use https",
+        )
         return self
 
     def describe(self) -> str:
@@ -210,13 +217,18 @@ class S3Config:
     def from_properties(cls, props: Mapping[str, str]) -> S3Config:
         """The config ``fileio_properties()`` describes."""
         fva = props.get("s3.force-virtual-addressing")
-        return cls(endpoint=props.get("s3.endpoint"), region=props.get("s3.region") or DEFAULT_REGION,
-                   access_key_id=props.get("s3.access-key-id"), secret_access_key=props.get("s3.secret-access-key"),
-                   session_token=props.get("s3.session-token"), profile=props.get("s3.profile-name"),
-                   allow_http=allow_http_property(props),
-                   path_style=None if fva is None else fva == "false",
-                   connect_timeout_s=float(props.get("s3.connect-timeout") or 0) or 5.0,
-                   request_timeout_s=float(props.get("s3.request-timeout") or 0))
+        return cls(
+            endpoint=props.get("s3.endpoint"),
+            region=props.get("s3.region") or DEFAULT_REGION,
+            access_key_id=props.get("s3.access-key-id"),
+            secret_access_key=props.get("s3.secret-access-key"),
+            session_token=props.get("s3.session-token"),
+            profile=props.get("s3.profile-name"),
+            allow_http=allow_http_property(props),
+            path_style=None if fva is None else fva == "false",
+            connect_timeout_s=float(props.get("s3.connect-timeout") or 0) or 5.0,
+            request_timeout_s=float(props.get("s3.request-timeout") or 0),
+        )
 
     def filesystem(self):
         """An ``s3fs.S3FileSystem`` for this config (keys, else the profile, else botocore's chain).
@@ -226,9 +238,12 @@ class S3Config:
         client_kwargs = {"region_name": self.region}
         if self.endpoint:
             client_kwargs["endpoint_url"] = self.endpoint
-        config_kwargs = {"connect_timeout": self.connect_timeout_s or 60, "read_timeout": self.request_timeout_s or 60,
-                         "s3": {"addressing_style": "path" if self.use_path_style else "virtual"},
-                         "retries": {"max_attempts": 3, "mode": "standard"}}
+        config_kwargs = {
+            "connect_timeout": self.connect_timeout_s or 60,
+            "read_timeout": self.request_timeout_s or 60,
+            "s3": {"addressing_style": "path" if self.use_path_style else "virtual"},
+            "retries": {"max_attempts": 3, "mode": "standard"},
+        }
         kw = dict(client_kwargs=client_kwargs, config_kwargs=config_kwargs, use_listings_cache=False)
         if self.access_key_id:
             kw.update(key=self.access_key_id, secret=self.secret_access_key, token=self.session_token)
@@ -240,9 +255,14 @@ class S3Config:
         """A ``pyarrow.fs.S3FileSystem`` for this config (the same one PyIceberg's FileIO builds)."""
         from pyarrow.fs import S3FileSystem
 
-        kw = dict(region=self.region, access_key=self.access_key_id, secret_key=self.secret_access_key,
-                  session_token=self.session_token, endpoint_override=self.endpoint,
-                  force_virtual_addressing=self.path_style is False)
+        kw = dict(
+            region=self.region,
+            access_key=self.access_key_id,
+            secret_key=self.secret_access_key,
+            session_token=self.session_token,
+            endpoint_override=self.endpoint,
+            force_virtual_addressing=self.path_style is False,
+        )
         if self.connect_timeout_s:
             kw["connect_timeout"] = self.connect_timeout_s
         if self.request_timeout_s:
@@ -251,8 +271,12 @@ class S3Config:
 
     def hints(self) -> dict:
         """The non-secret part, for another process (a union reader) to reach the same endpoint."""
-        return {"endpoint": self.endpoint, "region": self.region, "allow_http": self.allow_http,
-                "path_style": self.path_style}
+        return {
+            "endpoint": self.endpoint,
+            "region": self.region,
+            "allow_http": self.allow_http,
+            "path_style": self.path_style,
+        }
 
 
 def resolve_s3(settings=None, *, hints: Mapping | None = None, env: Mapping[str, str] | None = None) -> S3Config:
@@ -285,8 +309,14 @@ def resolve_s3(settings=None, *, hints: Mapping | None = None, env: Mapping[str,
     ).validate()
 
 
-def apply_s3_settings(settings, *, endpoint: str | None = None, region: str | None = None,
-                      allow_http=None, env: Mapping[str, str] | None = None) -> None:
+def apply_s3_settings(
+    settings,
+    *,
+    endpoint: str | None = None,
+    region: str | None = None,
+    allow_http=None,
+    env: Mapping[str, str] | None = None,
+) -> None:
     """Fold explicit values, then the environment, into ``settings.s3_*`` (explicit > environment > saved),
     the rule ``load_settings`` follows for every setting."""
     env = os.environ if env is None else env

@@ -5,6 +5,7 @@ for one DuckDB version; both are test extras of this project).
 Nothing is downloaded: the binaries are loaded from the installed packages. Their DuckDB version must be
 the running one (``duckdb==1.5.5`` here); otherwise a clear ``RuntimeError`` says what is installed.
 """
+
 from __future__ import annotations
 
 import importlib

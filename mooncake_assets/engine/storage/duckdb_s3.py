@@ -11,6 +11,7 @@
   endpoint and credentials as the service's FileIO, emulators included (httpfs reaches GCS only through
   HMAC keys on Google's S3-compatible endpoint, which emulators do not serve).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

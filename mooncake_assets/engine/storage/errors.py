@@ -9,6 +9,7 @@ credentials rejected, access denied, a bad URI) fails again until someone change
 google-auth), adlfs (azure-core) and SQLAlchemy raise into these classes (or None when the exception is not a storage failure), reading the AWS error code
 or HTTP status out of the message where the library gives no structured field.
 """
+
 from __future__ import annotations
 
 import errno
@@ -22,8 +23,9 @@ class StorageError(Exception):
     retryable: bool = False
     kind: str = "storage"
 
-    def __init__(self, message: str, *, location: str | None = None, endpoint: str | None = None,
-                 retryable: bool | None = None) -> None:
+    def __init__(
+        self, message: str, *, location: str | None = None, endpoint: str | None = None, retryable: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.location = location
         self.endpoint = endpoint
@@ -114,8 +116,10 @@ _CODES: dict[str, type[StorageError]] = {
     "OPERATION_TIMED_OUT": StorageUnavailable,
 }
 _AWS_CODE_RE = re.compile(r"AWS Error ([A-Z_]+)")
-_S3_CODE_RE = re.compile(r"\b(NoSuchBucket|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|AccessDenied|"
-                         r"SlowDown|ServiceUnavailable|InternalError|RequestTimeout)\b")
+_S3_CODE_RE = re.compile(
+    r"\b(NoSuchBucket|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|AccessDenied|"
+    r"SlowDown|ServiceUnavailable|InternalError|RequestTimeout)\b"
+)
 _HTTP_STATUS_RE = re.compile(r"(?:HTTP status |HTTP |status code:? ?)(\d{3})\b")
 _UNREACHABLE_RE = re.compile(
     r"curlCode: ?(6|7|28|35|52|56)\b|Could not connect|Couldn't connect|Connection refused|Failed to connect|"
@@ -158,8 +162,12 @@ def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
         return type(exc)
     mod = type(exc).__module__ or ""
     name = type(exc).__name__
-    if mod.startswith("sqlalchemy") and name in ("OperationalError", "InterfaceError", "DisconnectionError",
-                                                 "TimeoutError"):
+    if mod.startswith("sqlalchemy") and name in (
+        "OperationalError",
+        "InterfaceError",
+        "DisconnectionError",
+        "TimeoutError",
+    ):
         return CatalogUnavailable
     if mod.startswith("botocore"):
         if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"):
@@ -175,8 +183,13 @@ def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
             if cls is not None:
                 return cls
     if mod.startswith("azure"):  # adlfs: azure-core / azure-storage-blob exceptions
-        if name in ("ServiceRequestError", "ServiceRequestTimeoutError", "ServiceResponseError",
-                    "ServiceResponseTimeoutError", "IncompleteReadError"):
+        if name in (
+            "ServiceRequestError",
+            "ServiceRequestTimeoutError",
+            "ServiceResponseError",
+            "ServiceResponseTimeoutError",
+            "IncompleteReadError",
+        ):
             return StorageUnavailable
         if "failed to authenticate" in str(exc):  # a bad key/SAS signature (Azurite answers AuthorizationFailure)
             return CredentialsRejected
@@ -196,9 +209,15 @@ def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
         code = getattr(exc, "code", None)
         if code:  # 401 -> CredentialsRejected there too
             return _status_class(int(code))
-    if mod.startswith("aiohttp") and name in ("ClientConnectorError", "ClientConnectionError", "ClientOSError",
-                                              "ServerDisconnectedError", "ServerTimeoutError",
-                                              "ConnectionTimeoutError", "SocketTimeoutError"):
+    if mod.startswith("aiohttp") and name in (
+        "ClientConnectorError",
+        "ClientConnectionError",
+        "ClientOSError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        "ConnectionTimeoutError",
+        "SocketTimeoutError",
+    ):
         return StorageUnavailable
     if mod.startswith("pyiceberg") and name in ("ServerError", "ServiceUnavailableError"):
         return CatalogUnavailable
@@ -237,17 +256,18 @@ _HINTS = {
     CatalogUnavailable: "the catalog could not be reached; retrying may help",
     BucketNotFound: "the bucket (container) does not exist: create it or fix the warehouse URI",
     CredentialsRejected: "the credentials were rejected: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
-                         "(and AWS_SESSION_TOKEN) or AWS_PROFILE for S3, GOOGLE_APPLICATION_CREDENTIALS / "
-                         "MOONCAKE_GCS_TOKEN for GCS, AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT_KEY / "
-                         "AZURE_STORAGE_SAS_TOKEN for Azure",
+    "(and AWS_SESSION_TOKEN) or AWS_PROFILE for S3, GOOGLE_APPLICATION_CREDENTIALS / "
+    "MOONCAKE_GCS_TOKEN for GCS, AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT_KEY / "
+    "AZURE_STORAGE_SAS_TOKEN for Azure",
     AccessDenied: "access denied: the credentials lack permission on this bucket/prefix",
     WarehouseUnwritable: "the warehouse directory cannot be written (permissions, a read-only or full file "
-                         "system); retrying may help once it is writable again",
+    "system); retrying may help once it is writable again",
 }
 
 
-def classify(exc: BaseException, *, location: str | None = None, endpoint: str | None = None,
-             what: str | None = None) -> StorageError | None:
+def classify(
+    exc: BaseException, *, location: str | None = None, endpoint: str | None = None, what: str | None = None
+) -> StorageError | None:
     """A ``StorageError`` describing ``exc`` (or something in its cause chain), or None when it is not a
     storage or catalog failure. A ``StorageError`` passed in is returned as is. ``what``: the operation,
     for the message (``"upload of s3://…"``)."""
@@ -256,8 +276,9 @@ def classify(exc: BaseException, *, location: str | None = None, endpoint: str |
             return e
     # a bare 403 ("Forbidden", s3fs' PermissionError) only when nothing in the chain says more (e.g. the
     # botocore error behind it: InvalidAccessKeyId)
-    found = next(((e, c) for e in _chain(exc) if (c := _one(e, generic=False)) is not None), None) \
-        or next(((e, c) for e in _chain(exc) if (c := _one(e)) is not None), None)
+    found = next(((e, c) for e in _chain(exc) if (c := _one(e, generic=False)) is not None), None) or next(
+        ((e, c) for e in _chain(exc) if (c := _one(e)) is not None), None
+    )
     for e, cls in [found] if found else []:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = f" at {endpoint}" if endpoint else ""

@@ -8,11 +8,12 @@ through fsspec: ``s3fs`` for ``s3://``, ``gcsfs`` for ``gs://``, ``adlfs`` for `
 use (``StoreConfig.filesystem()``: timeouts, no listing cache, gcsfs's core filesystem for emulators),
 and ``az://`` is accepted as well.
 """
+
 from __future__ import annotations
 
 from pyiceberg.io.fsspec import FsspecFileIO
 
-from .stores import config_from_properties, kind_of_scheme  # noqa: F401 (kind_of_scheme: was here)
+from .stores import config_from_properties, kind_of_scheme
 
 
 class MooncakeFileIO(FsspecFileIO):

@@ -11,6 +11,7 @@ Two shapes:
 Delays: ``initial_s * multiplier**(n-1)`` for the n-th failure, capped at ``max_delay_s``, times a
 random factor in ``[1 - jitter, 1]`` so that many tables do not retry in lockstep.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,9 +64,14 @@ RESTORE_POLICY = RetryPolicy(initial_s=0.5, multiplier=2.0, max_delay_s=8.0, max
 """Restoring a table at service start: a few tries within 30 s, then the (classified) error stops the start."""
 
 
-def retry_call(fn: Callable[[], T], policy: RetryPolicy = RetryPolicy(), *,
-               retryable: Callable[[BaseException], bool] = is_retryable,
-               sleep: Callable[[float], None] = time.sleep, what: str = "operation") -> T:
+def retry_call(
+    fn: Callable[[], T],
+    policy: RetryPolicy = RetryPolicy(),
+    *,
+    retryable: Callable[[BaseException], bool] = is_retryable,
+    sleep: Callable[[float], None] = time.sleep,
+    what: str = "operation",
+) -> T:
     """Call ``fn()``; on an exception for which ``retryable`` is true, wait ``policy.delay(n)`` and call
     again, within ``policy.max_attempts`` and ``policy.deadline_s``. The last exception propagates
     (classified into a ``StorageError`` when it is a storage failure, with the original as its cause)."""
@@ -74,7 +80,7 @@ def retry_call(fn: Callable[[], T], policy: RetryPolicy = RetryPolicy(), *,
     while True:
         try:
             return fn()
-        except Exception as e:  # noqa: BLE001 - re-raised below unless retryable
+        except Exception as e:
             failures += 1
             wait = policy.delay(failures)
             out_of_tries = policy.max_attempts is not None and failures >= policy.max_attempts
@@ -84,8 +90,14 @@ def retry_call(fn: Callable[[], T], policy: RetryPolicy = RetryPolicy(), *,
                 if err is not None and err is not e:
                     raise err from e
                 raise
-            log.warning("%s failed (%s: %s); retry %d in %.2fs", what, type(e).__name__,
-                        str(e).splitlines()[0] if str(e) else "", failures, wait)
+            log.warning(
+                "%s failed (%s: %s); retry %d in %.2fs",
+                what,
+                type(e).__name__,
+                str(e).splitlines()[0] if str(e) else "",
+                failures,
+                wait,
+            )
             sleep(wait)
 
 
@@ -130,4 +142,3 @@ class Backoff:
         left = max(0.0, self.next_at - self.clock())
         kind = "temporary" if self.retryable else "permanent until fixed"
         return f"{self.error} ({kind}; failed {self.failures}x, next try in {left:.1f}s)"
-

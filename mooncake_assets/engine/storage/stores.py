@@ -1,4 +1,4 @@
-"""The three object stores a warehouse can live on, reached through fsspec (issue 25; docs/storage.md).
+"""The three object stores a warehouse can live on, reached through fsspec (docs/storage.md).
 
 =========  ======================================  ======================  ==========================
 store      warehouse URI                           fsspec filesystem       config class
@@ -30,6 +30,7 @@ memory only (never in settings.json nor in the ReadState hints, never in a messa
   identity, ``az login``). ``MOONCAKE_AZURE_ENDPOINT``: the blob endpoint (Azurite, sovereign clouds),
   else the connection string's ``BlobEndpoint``, else ``https://<account>.blob.core.windows.net``.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .config import ALLOW_HTTP_PROP, FILEIO_IMPL, S3Config, _first_env, allow_http_property, check_endpoint, is_loopback, is_s3, parse_s3_uri, resolve_s3
+from .config import (
+    ALLOW_HTTP_PROP,
+    FILEIO_IMPL,
+    S3Config,
+    _first_env,
+    allow_http_property,
+    check_endpoint,
+    is_loopback,
+    is_s3,
+    parse_s3_uri,
+    resolve_s3,
+)
 from .errors import WarehouseConfigError
 
 GCS_SCHEMES = ("gs", "gcs")
@@ -80,8 +92,9 @@ def store_kind(uri: str | None) -> str:
     kind = kind_of_scheme(s)
     if kind is not None:
         return kind
-    raise WarehouseConfigError(f"warehouse {uri!r}: expected file://, s3://, gs://, abfs:// or az:// "
-                               "(or a directory path)")
+    raise WarehouseConfigError(
+        f"warehouse {uri!r}: expected file://, s3://, gs://, abfs:// or az:// (or a directory path)"
+    )
 
 
 def is_object_store(uri: str | None) -> bool:
@@ -94,8 +107,10 @@ def parse_gcs_uri(uri: str) -> tuple[str, str]:
     name that breaks GCS's naming rules (3-222 characters: lower-case letters, digits, ``.``, ``-``, ``_``)."""
     bucket, _, prefix = uri.split("://", 1)[1].partition("/")
     if not _GCS_BUCKET_RE.match(bucket):
-        raise WarehouseConfigError(f"warehouse {uri!r}: {bucket!r} is not a valid GCS bucket name "
-                                   "(lower-case letters, digits, '.', '-' and '_')")
+        raise WarehouseConfigError(
+            f"warehouse {uri!r}: {bucket!r} is not a valid GCS bucket name "
+            "(lower-case letters, digits, '.', '-' and '_')"
+        )
     return bucket, prefix.strip("/")
 
 
@@ -110,8 +125,10 @@ def parse_azure_uri(uri: str) -> tuple[str, str | None, str]:
         container, host = netloc.split("@", 1)
         account = host.split(".", 1)[0] or None
     if not _AZ_CONTAINER_RE.match(container):
-        raise WarehouseConfigError(f"warehouse {uri!r}: {container!r} is not a valid Azure container name "
-                                   "(3-63 characters: lower-case letters, digits and single '-')")
+        raise WarehouseConfigError(
+            f"warehouse {uri!r}: {container!r} is not a valid Azure container name "
+            "(3-63 characters: lower-case letters, digits and single '-')"
+        )
     return container, account, prefix.strip("/")
 
 
@@ -129,8 +146,7 @@ def bucket_and_prefix(uri: str) -> tuple[str, str]:
 
 
 def _check_endpoint(endpoint: str | None, what: str, allow_http: bool | None) -> None:
-    check_endpoint(endpoint, what, allow_http,
-                   "only loopback endpoints may use http (or set MOONCAKE_ALLOW_HTTP=1)")
+    check_endpoint(endpoint, what, allow_http, "only loopback endpoints may use http (or set MOONCAKE_ALLOW_HTTP=1)")
 
 
 # --------------------------------------------------------------------------------------------- GCS
@@ -155,8 +171,10 @@ class GCSConfig:
         """``WarehouseConfigError`` for a bad endpoint or a credentials file that does not exist."""
         _check_endpoint(self.endpoint, "GCS", self.allow_http)
         if self.token not in ("anon", "google_default", "cloud", "cache") and not os.path.isfile(self.token):
-            raise WarehouseConfigError(f"GCS credentials file {self.token} does not exist (MOONCAKE_GCS_TOKEN / "
-                                       "GOOGLE_APPLICATION_CREDENTIALS)")
+            raise WarehouseConfigError(
+                f"GCS credentials file {self.token} does not exist (MOONCAKE_GCS_TOKEN / "
+                "GOOGLE_APPLICATION_CREDENTIALS)"
+            )
         return self
 
     def describe(self) -> str:
@@ -179,9 +197,12 @@ class GCSConfig:
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> GCSConfig:
         """The config :meth:`fileio_properties` wrote (token ``google_default`` when absent); not validated."""
-        return cls(endpoint=props.get("gcs.service.host"), project=props.get("gcs.project-id"),
-                   token=props.get("gcs.oauth2.token") or "google_default",
-                   allow_http=allow_http_property(props))
+        return cls(
+            endpoint=props.get("gcs.service.host"),
+            project=props.get("gcs.project-id"),
+            token=props.get("gcs.oauth2.token") or "google_default",
+            allow_http=allow_http_property(props),
+        )
 
     def filesystem(self):
         """A ``gcsfs`` filesystem. For a custom endpoint (an emulator) the core ``GCSFileSystem``: the
@@ -195,14 +216,24 @@ class GCSConfig:
 
             cls = gcsfs.GCSFileSystem
         # no listing cache: the service adds and removes files under a reader (DuckDB globs through it)
-        return cls(project=self.project, token=self.token, endpoint_url=self.endpoint, consistency="none",
-                   access="full_control", use_listings_cache=False)
+        return cls(
+            project=self.project,
+            token=self.token,
+            endpoint_url=self.endpoint,
+            consistency="none",
+            access="full_control",
+            use_listings_cache=False,
+        )
 
     def hints(self) -> dict:
         """What a union reader needs to reach the store, no credentials: ``{"endpoint", "project",
         "allow_http", "anon"}`` (``resolve_gcs(hints=...)`` takes it)."""
-        return {"endpoint": self.endpoint, "project": self.project, "allow_http": self.allow_http,
-                "anon": self.token == "anon"}
+        return {
+            "endpoint": self.endpoint,
+            "project": self.project,
+            "allow_http": self.allow_http,
+            "anon": self.token == "anon",
+        }
 
 
 def resolve_gcs(*, hints: Mapping | None = None, env: Mapping[str, str] | None = None) -> GCSConfig:
@@ -222,8 +253,9 @@ def resolve_gcs(*, hints: Mapping | None = None, env: Mapping[str, str] | None =
     from .config import ENV_ALLOW_HTTP, parse_bool
 
     allow_http = parse_bool(_first_env(("MOONCAKE_ALLOW_HTTP",) + ENV_ALLOW_HTTP, env), "MOONCAKE_ALLOW_HTTP")
-    return GCSConfig(endpoint=endpoint.rstrip("/") if endpoint else None, project=project, token=token,
-                     allow_http=allow_http).validate()
+    return GCSConfig(
+        endpoint=endpoint.rstrip("/") if endpoint else None, project=project, token=token, allow_http=allow_http
+    ).validate()
 
 
 # ------------------------------------------------------------------------------------------- Azure
@@ -261,8 +293,10 @@ class AzureConfig:
     def validate(self) -> AzureConfig:
         _check_endpoint(self.endpoint, "Azure", self.allow_http)
         if not (self.account or self.connection_string):
-            raise WarehouseConfigError("Azure warehouse: no storage account; set AZURE_STORAGE_CONNECTION_STRING or "
-                                       "AZURE_STORAGE_ACCOUNT_NAME (or use abfss://container@ACCOUNT.dfs.core.windows.net/…)")
+            raise WarehouseConfigError(
+                "Azure warehouse: no storage account; set AZURE_STORAGE_CONNECTION_STRING or "
+                "AZURE_STORAGE_ACCOUNT_NAME (or use abfss://container@ACCOUNT.dfs.core.windows.net/…)"
+            )
         return self
 
     def describe(self) -> str:
@@ -275,9 +309,13 @@ class AzureConfig:
         never saved), ``mooncake.azure-endpoint`` and ``mooncake.allow-http``, each only when set;
         :meth:`from_properties` reads them back."""
         props = {"py-io-impl": FILEIO_IMPL}
-        for k, v in (("adls.account-name", self.account), ("adls.connection-string", self.connection_string),
-                     ("adls.account-key", self.account_key), ("adls.sas-token", self.sas_token),
-                     ("mooncake.azure-endpoint", self.endpoint)):
+        for k, v in (
+            ("adls.account-name", self.account),
+            ("adls.connection-string", self.connection_string),
+            ("adls.account-key", self.account_key),
+            ("adls.sas-token", self.sas_token),
+            ("mooncake.azure-endpoint", self.endpoint),
+        ):
             if v:
                 props[k] = v
         if self.allow_http is not None:
@@ -287,9 +325,14 @@ class AzureConfig:
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> AzureConfig:
         """The config :meth:`fileio_properties` wrote; not validated."""
-        return cls(account=props.get("adls.account-name"), endpoint=props.get("mooncake.azure-endpoint"),
-                   connection_string=props.get("adls.connection-string"), account_key=props.get("adls.account-key"),
-                   sas_token=props.get("adls.sas-token"), allow_http=allow_http_property(props))
+        return cls(
+            account=props.get("adls.account-name"),
+            endpoint=props.get("mooncake.azure-endpoint"),
+            connection_string=props.get("adls.connection-string"),
+            account_key=props.get("adls.account-key"),
+            sas_token=props.get("adls.sas-token"),
+            allow_http=allow_http_property(props),
+        )
 
     def filesystem(self):
         """An ``adlfs.AzureBlobFileSystem`` (the connection string wins over account + key/SAS), without a
@@ -297,12 +340,23 @@ class AzureConfig:
         from adlfs import AzureBlobFileSystem
 
         if self.connection_string:
-            return AzureBlobFileSystem(connection_string=self.connection_string, connection_timeout=10,
-                                       read_timeout=30, use_listings_cache=False)
+            return AzureBlobFileSystem(
+                connection_string=self.connection_string,
+                connection_timeout=10,
+                read_timeout=30,
+                use_listings_cache=False,
+            )
         host = urlsplit(self.endpoint).netloc if self.endpoint else None
-        return AzureBlobFileSystem(account_name=self.account, account_key=self.account_key, sas_token=self.sas_token,
-                                   account_host=host, anon=False, connection_timeout=10, read_timeout=30,
-                                   use_listings_cache=False)
+        return AzureBlobFileSystem(
+            account_name=self.account,
+            account_key=self.account_key,
+            sas_token=self.sas_token,
+            account_host=host,
+            anon=False,
+            connection_timeout=10,
+            read_timeout=30,
+            use_listings_cache=False,
+        )
 
     def hints(self) -> dict:
         """What a union reader needs to reach the store, no secrets: ``{"account", "endpoint",
@@ -310,8 +364,9 @@ class AzureConfig:
         return {"account": self.account, "endpoint": self.endpoint, "allow_http": self.allow_http}
 
 
-def resolve_azure(uri: str | None = None, *, hints: Mapping | None = None,
-                  env: Mapping[str, str] | None = None) -> AzureConfig:
+def resolve_azure(
+    uri: str | None = None, *, hints: Mapping | None = None, env: Mapping[str, str] | None = None
+) -> AzureConfig:
     """The AzureConfig of this process (module docstring): ``hints`` > URI account > environment."""
     env = os.environ if env is None else env
     conn = env.get("AZURE_STORAGE_CONNECTION_STRING") or None
@@ -327,17 +382,23 @@ def resolve_azure(uri: str | None = None, *, hints: Mapping | None = None,
     from .config import ENV_ALLOW_HTTP, parse_bool
 
     allow_http = parse_bool(_first_env(("MOONCAKE_ALLOW_HTTP",) + ENV_ALLOW_HTTP, env), "MOONCAKE_ALLOW_HTTP")
-    return AzureConfig(account=account, endpoint=endpoint.rstrip("/") if endpoint else None, connection_string=conn,
-                       account_key=_first_env(ENV_AZ_KEY, env), sas_token=env.get("AZURE_STORAGE_SAS_TOKEN") or None,
-                       allow_http=allow_http).validate()
+    return AzureConfig(
+        account=account,
+        endpoint=endpoint.rstrip("/") if endpoint else None,
+        connection_string=conn,
+        account_key=_first_env(ENV_AZ_KEY, env),
+        sas_token=env.get("AZURE_STORAGE_SAS_TOKEN") or None,
+        allow_http=allow_http,
+    ).validate()
 
 
 # ------------------------------------------------------------------------------------- dispatch
 StoreConfig = S3Config | GCSConfig | AzureConfig
 
 
-def resolve_store(uri: str, settings=None, *, hints: Mapping | None = None,
-                  env: Mapping[str, str] | None = None) -> StoreConfig | None:
+def resolve_store(
+    uri: str, settings=None, *, hints: Mapping | None = None, env: Mapping[str, str] | None = None
+) -> StoreConfig | None:
     """The config of the store ``uri`` lives on (None for a local warehouse), validated. ``settings``:
     the saved S3 settings (``s3_endpoint`` …); ``hints``: a ReadState's ``storage`` hints."""
     kind = store_kind(uri)

@@ -6,6 +6,7 @@ stack trace from deep inside a commit. For an object store (S3, GCS, Azure, thro
 filesystem) it asks for the bucket or container, then writes and deletes a small probe object under the
 prefix (the permission a persist needs); for a local warehouse it creates the directory and a probe file.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,11 @@ PROBE_PREFIX = ".mooncake-probe-"
 def _raise_classified(e: BaseException, warehouse: str, cfg, what: str):
     err = classify(e, location=warehouse, endpoint=cfg.describe(), what=what)
     if err is None:
-        err = StorageError(f"{what} at {cfg.describe()}: {str(e).strip().splitlines()[0] if str(e) else type(e).__name__}",
-                           location=warehouse, endpoint=cfg.describe())
+        err = StorageError(
+            f"{what} at {cfg.describe()}: {str(e).strip().splitlines()[0] if str(e) else type(e).__name__}",
+            location=warehouse,
+            endpoint=cfg.describe(),
+        )
     raise err from e
 
 
@@ -55,7 +59,7 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
 
     kind = store_kind(warehouse)
     if kind == "file":
-        path = Path(warehouse[len("file://"):] if warehouse.startswith("file://") else warehouse)
+        path = Path(warehouse[len("file://") :] if warehouse.startswith("file://") else warehouse)
         try:
             path.mkdir(parents=True, exist_ok=True)
             if write_probe:
@@ -63,8 +67,9 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
                 probe.write_bytes(b"")
                 probe.unlink()
         except OSError as e:
-            raise StorageError(f"warehouse {warehouse}: cannot write to {path} ({e.strerror or e})",
-                               location=warehouse) from e
+            raise StorageError(
+                f"warehouse {warehouse}: cannot write to {path} ({e.strerror or e})", location=warehouse
+            ) from e
         return
     bucket, prefix = bucket_and_prefix(warehouse)
     cfg = (cfg or resolve_store(warehouse)).validate()
@@ -81,9 +86,10 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
     except FileNotFoundError as e:
         raise BucketNotFound(
             f"{what}: {noun} {bucket!r} does not exist at {cfg.describe()}; create it or fix the warehouse URI",
-            location=warehouse, endpoint=cfg.describe(),
+            location=warehouse,
+            endpoint=cfg.describe(),
         ) from e
-    except Exception as e:  # noqa: BLE001 - classified below
+    except Exception as e:
         if not isinstance(classify(e), AccessDenied) or not write_probe:
             _raise_classified(e, warehouse, cfg, what)
         denied = e  # HeadBucket answers a bare 403 for unknown keys too: the probe write tells which
@@ -93,7 +99,7 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
     try:
         fs.pipe_file(key, b"mooncake warehouse probe\n")
         fs.rm_file(key)
-    except Exception as e:  # noqa: BLE001 - classified
+    except Exception as e:
         _raise_classified(e, warehouse, cfg, what)
     if denied is not None:  # could write but not HeadBucket: fine for a persist, but say so in the log
         import logging
@@ -108,4 +114,4 @@ def describe_warehouse(warehouse: str, cfg=None) -> str:
     if is_object_store(warehouse):
         cfg = cfg or resolve_store(warehouse)
         return f"{warehouse} at {cfg.describe()}"
-    return warehouse[len("file://"):] if warehouse.startswith("file://") else os.path.abspath(warehouse)
+    return warehouse[len("file://") :] if warehouse.startswith("file://") else os.path.abspath(warehouse)

@@ -20,6 +20,7 @@ mean equal keys). A change whose row is not found is counted (``missing_keys``) 
 :class:`ChangeApplyRole` is one role of :class:`~.mirror.MirrorTable` (a mixin over the table's
 schema, ``mem``, ``disk`` and ``hasher``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -121,8 +122,16 @@ class ChangeApplyRole:
                     if typed is None:
                         typed = decode_text_columns(self.schema.columns, [[x] for x in old], column_major=True)
                     t = typed.column(i)[0]
-                    if not (v.scalar.equals(t) or (pa.types.is_floating(t.type) and t.is_valid and v.scalar.is_valid
-                                                   and t.as_py() != t.as_py() and v.value != v.value)):
+                    if not (
+                        v.scalar.equals(t)
+                        or (
+                            pa.types.is_floating(t.type)
+                            and t.is_valid
+                            and v.scalar.is_valid
+                            and t.as_py() != t.as_py()
+                            and v.value != v.value
+                        )
+                    ):
                         same = False
                         break
                 elif v != o:
@@ -155,8 +164,13 @@ class ChangeApplyRole:
 
     def _report_missing(self, what: str, key_vals, lsn: int) -> None:
         self.missing_keys += 1
-        log.error("table %s: %s of key %r at LSN %s found no live row (invariant violation; change skipped)",
-                  self.name, what, key_vals, str(Lsn(lsn)))
+        log.error(
+            "table %s: %s of key %r at LSN %s found no live row (invariant violation; change skipped)",
+            self.name,
+            what,
+            key_vals,
+            str(Lsn(lsn)),
+        )
 
     # ------------------------------------------------------------------ apply
     def apply(self, change, commit_lsn: int) -> None:
@@ -178,8 +192,11 @@ class ChangeApplyRole:
             new = self._values(change.new, change.relation_oid)
             old = self._values(change.old, change.relation_oid) if change.old is not None else None
             key = self._key(old) if old is not None else self._key(new)
-            found = (self._find_full(key, old) if old is not None and change.old_kind == "O" and self._match_full_row
-                     else self._find(key))
+            found = (
+                self._find_full(key, old)
+                if old is not None and change.old_kind == "O" and self._match_full_row
+                else self._find(key)
+            )
             if any(v is _UNCHANGED for v in new):
                 if old is not None and change.old_kind == "O":
                     src = old
@@ -208,7 +225,6 @@ class ChangeApplyRole:
             self.mem.deleted_rows += int(live.sum())
         self.mem.index = MemIndex()
         self.disk.truncate(lsn)
-
 
 
 def _same_value(a, b) -> bool:

@@ -7,6 +7,7 @@ and the deletes applied since (position → commit LSN), so a read at an LSN see
 committed before it. The :class:`DiskFileSet` holds them with the FileIndex (IndexBlocks: key hash →
 (file, row)) and writes, persists-in-memory, serializes and restores both.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ MAX_FILE_ROWS = 1_000_000  # rows per data file a flush writes
 
 def local_path_of(location: str) -> str:
     """A path DuckDB/PyArrow can open for a warehouse location (``file://`` stripped)."""
-    return location[len("file://"):] if location.startswith("file://") else location
+    return location[len("file://") :] if location.startswith("file://") else location
 
 
 @dataclass
@@ -81,7 +82,7 @@ class DiskFile:
             if lsn is None:
                 bm.update(self.pending.keys())
             else:
-                bm.update(p for p, l in self.pending.items() if l < lsn)
+                bm.update(p for p, at in self.pending.items() if at < lsn)
         if lsn is None:
             self._all_deleted = (key, BitMap64(bm))
         return bm
@@ -100,7 +101,6 @@ class DiskFile:
         if self.truncated_lsn:
             return self.num_rows
         return len(self.committed) + len(self.pending)
-
 
 
 class DiskFileSet:
@@ -146,8 +146,13 @@ class DiskFileSet:
         """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
         name = path.name
         self.files[name] = DiskFile(name=name, num_rows=num_rows, size_bytes=path.stat().st_size, local_path=str(path))
-        block = IndexBlock.build(self.new_block_path(), hashes, np.zeros(num_rows, dtype=np.uint32),
-                                 np.arange(num_rows, dtype=np.uint32), [name])
+        block = IndexBlock.build(
+            self.new_block_path(),
+            hashes,
+            np.zeros(num_rows, dtype=np.uint32),
+            np.arange(num_rows, dtype=np.uint32),
+            [name],
+        )
         self.index.add_block(block)
 
     # ------------------------------------------------------------------ deletes
@@ -219,17 +224,17 @@ class DiskFileSet:
     def blob_header(blob: bytes) -> dict:
         """The JSON header of :meth:`index_blob` bytes."""
         n = int.from_bytes(blob[:4], "little")
-        return json.loads(blob[4:4 + n])
+        return json.loads(blob[4 : 4 + n])
 
     def restore_index(self, blob: bytes) -> None:
         """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
         n = int.from_bytes(blob[:4], "little")
-        head = json.loads(blob[4:4 + n])
+        head = json.loads(blob[4 : 4 + n])
         off = 4 + n
         blocks = []
         for m in head["blocks"]:
             p = self.dir / "index" / m["name"]
-            p.write_bytes(blob[off:off + m["size"]])
+            p.write_bytes(blob[off : off + m["size"]])
             off += m["size"]
             blocks.append(IndexBlock.open(str(p)))
         self.index = FileIndex(blocks)
@@ -241,8 +246,13 @@ class DiskFileSet:
         self.files = {}
         for loc, df in data_files.items():
             name = loc.rsplit("/", 1)[-1]
-            self.files[name] = DiskFile(name=name, num_rows=df.record_count, size_bytes=df.file_size_in_bytes,
-                                        location=loc, committed=BitMap64(df.deleted))
+            self.files[name] = DiskFile(
+                name=name,
+                num_rows=df.record_count,
+                size_bytes=df.file_size_in_bytes,
+                location=loc,
+                committed=BitMap64(df.deleted),
+            )
         for p in (self.dir / "staging").glob("*.parquet"):
             if p.name not in self.files:
                 p.unlink()
@@ -250,8 +260,12 @@ class DiskFileSet:
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
         deleted = sum(f.deleted_count() for f in self.files.values())
-        return {"data_files": len(self.files), "data_bytes": sum(f.size_bytes for f in self.files.values()),
-                "index_blocks": len(self.index.blocks),
-                "pending_deletes": sum(len(f.pending) for f in self.files.values()),
-                "deletion_vectors": sum(1 for f in self.files.values() if len(f.committed)),
-                "deleted_rows": deleted, "file_rows": sum(f.num_rows for f in self.files.values())}
+        return {
+            "data_files": len(self.files),
+            "data_bytes": sum(f.size_bytes for f in self.files.values()),
+            "index_blocks": len(self.index.blocks),
+            "pending_deletes": sum(len(f.pending) for f in self.files.values()),
+            "deletion_vectors": sum(1 for f in self.files.values() if len(f.committed)),
+            "deleted_rows": deleted,
+            "file_rows": sum(f.num_rows for f in self.files.values()),
+        }

@@ -1,5 +1,5 @@
 """Schema evolution of a mirrored table: a source ``ALTER TABLE`` becomes an Iceberg schema change at
-the LSN where pgoutput shows it (issue 7; Iceberg spec "Schema Evolution", format v3 "Default values").
+the LSN where pgoutput shows it (Iceberg spec "Schema Evolution", format v3 "Default values").
 
 pgoutput sends a new Relation message before the first change made under the new schema; the
 mirror compares it with its own columns (:func:`plan_schema_change`, pure: the service looks the
@@ -30,24 +30,33 @@ Files keep the layout they were written with; every file carries ``PARQUET:field
 (PyIceberg, DuckDB's ``iceberg_scan``, the union read through ``read_parquet(schema=…)`` and
 :func:`project`) resolve columns by id.
 """
+
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pyarrow as pa
 
-from ..pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
 from ..lsn import Lsn
 from ..pg.catalog import CatalogColumn
 from ..pg.names import case_collision
+from ..pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError, assign_field_ids
 
 FIELD_ID = b"PARQUET:field_id"
 log = logging.getLogger("mooncake.table")
 
-__all__ = ["SchemaChangeError", "CatalogLookupError", "SchemaChange", "plan_schema_change", "promotable", "project", "field_id_of"]
+__all__ = [
+    "SchemaChangeError",
+    "CatalogLookupError",
+    "SchemaChange",
+    "plan_schema_change",
+    "promotable",
+    "project",
+    "field_id_of",
+]
 
 
 class SchemaChangeError(ValueError):
@@ -104,9 +113,17 @@ class SchemaChange:
         return not (self.added or self.dropped or self.renamed or self.retyped)
 
 
-def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, int]], catalog: list[CatalogColumn],
-                       resolve: Callable[[str, int, int, int], ColumnSpec], lsn: int, next_field_id: int,
-                       *, table: str, format_version: int = 3) -> SchemaChange:
+def plan_schema_change(
+    schema: TableSchema,
+    rel_columns: list[tuple[str, int, int]],
+    catalog: list[CatalogColumn],
+    resolve: Callable[[str, int, int, int], ColumnSpec],
+    lsn: int,
+    next_field_id: int,
+    *,
+    table: str,
+    format_version: int = 3,
+) -> SchemaChange:
     """Match a Relation message's columns (``rel_columns``: (name, type oid, typmod) in order) with the
     mirror's ``schema`` through the table's catalog rows now (``catalog``, dropped ones included);
     ``resolve(name, oid, typmod, ndims)`` gives the spec of a new or retyped column (raises
@@ -124,10 +141,11 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     def fail(what: str, undo: str | None = None) -> SchemaChangeError:
         # undo: a fix on the source after which a restart resumes the table (replaying the change from
         # the slot must then go through); without one, only a fresh copy gets past the change
-        how = (f"{undo} and restart the service, or re-create the mirror" if undo else "re-create the mirror")
+        how = f"{undo} and restart the service, or re-create the mirror" if undo else "re-create the mirror"
         return SchemaChangeError(
             f"{where}: {what} — this table stopped (the others go on) and holds the replication slot at its "
-            f"flush LSN, so nothing is lost; to resume, {how} (drop-table, then create-table: a fresh copy)")
+            f"flush LSN, so nothing is lost; to resume, {how} (drop-table, then create-table: a fresh copy)"
+        )
 
     alive = {c.name: c for c in catalog if not c.dropped}
     by_num = {c.attnum: c for c in catalog}
@@ -146,8 +164,7 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
         elif name in by_name and (by_name[name].attnum == 0 or cat is None):
             mine = by_name[name]  # no attnum known, or the name is gone from the catalogs again since
         if mine is not None and any(m is mine for m in pairs):
-            raise fail(f"column {name} cannot be told apart from column {mine.name} (the catalogs changed again "
-                       "since)")
+            raise fail(f"column {name} cannot be told apart from column {mine.name} (the catalogs changed again since)")
         pairs.append(mine)
     # 2. by position: a column renamed at this LSN and renamed again or dropped since (the change is
     # processed late, e.g. replayed after a restart) is known to the catalogs under neither name; a
@@ -172,8 +189,12 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
                 continue
             # a name the catalogs know is a candidate only for a column whose attnum is unknown (a column
             # dropped and re-added under the same name has a new attnum: not a rename)
-            same = [j for j in free if (rel_columns[j][1], rel_columns[j][2]) == (w.decl_oid, w.decl_typmod)
-                    and (rel_columns[j][0] not in alive or not w.attnum)]
+            same = [
+                j
+                for j in free
+                if (rel_columns[j][1], rel_columns[j][2]) == (w.decl_oid, w.decl_typmod)
+                and (rel_columns[j][0] not in alive or not w.attnum)
+            ]
             if same:
                 pairs[same[0]] = w
                 free = [j for j in free if j > same[0]]
@@ -190,25 +211,36 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
                 if cat is None or cat.dropped:  # dropped again since (a replayed change): its values are gone
                     change.ignored.append(name)  # from the source too, so it is left out
                     continue
-                raise fail(f"column {name} was added with a type that cannot be mirrored ({e})",
-                           undo=f"drop column {name} on the source") from None
+                raise fail(
+                    f"column {name} was added with a type that cannot be mirrored ({e})",
+                    undo=f"drop column {name} on the source",
+                ) from None
             if cat is None:  # no catalog row is this column: what older rows read is unknown, never "no default"
-                raise fail(f"column {name} was added, but the catalogs show no column it can be now (changed again "
-                           "since, in a way that cannot be told apart), so the value older rows read in it is "
-                           "unknown")
+                raise fail(
+                    f"column {name} was added, but the catalogs show no column it can be now (changed again "
+                    "since, in a way that cannot be told apart), so the value older rows read in it is "
+                    "unknown"
+                )
             spec.attnum = cat.attnum
             spec.initial_default = cat.missing
             if cat.dropped:
                 # dropped again since (a replayed change): Postgres clears attmissingval on DROP, so the value
                 # is gone; the mirror drops the column too when it reaches the DROP, and reads between the
                 # two LSNs are refused from then on
-                log.warning("table %s: column %s added at LSN %s has been dropped on the source since; older rows "
-                            "read NULL in it until the DROP is replayed", table, name, str(Lsn(lsn)))
+                log.warning(
+                    "table %s: column %s added at LSN %s has been dropped on the source since; older rows "
+                    "read NULL in it until the DROP is replayed",
+                    table,
+                    name,
+                    str(Lsn(lsn)),
+                )
             spec.not_null = False  # rows older than the column may read NULL
             if spec.initial_default is not None and format_version < 3:
-                raise fail(f"column {name} was added with a default; a format v2 table (delete format "
-                           "position-deletes) cannot give older rows that default (Iceberg initial-default needs "
-                           "format v3)")
+                raise fail(
+                    f"column {name} was added with a default; a format v2 table (delete format "
+                    "position-deletes) cannot give older rows that default (Iceberg initial-default needs "
+                    "format v3)"
+                )
             out.append(spec)
             change.added.append(name)
             continue
@@ -225,8 +257,10 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
             except UnsupportedTypeError as e:
                 raise fail(f"column {name} changed type to one that cannot be mirrored ({e})") from None
             if not promotable(mine.arrow_type, new.arrow_type) or new.ndims != mine.ndims:
-                raise fail(f"column {name} changed type from {mine.type_name} to {new.type_name}, which is not an "
-                           f"Iceberg type promotion ({mine.arrow_type} to {new.arrow_type})")
+                raise fail(
+                    f"column {name} changed type from {mine.type_name} to {new.type_name}, which is not an "
+                    f"Iceberg type promotion ({mine.arrow_type} to {new.arrow_type})"
+                )
             change.retyped.append((name, mine.type_name, new.type_name))
             for attr in ("type_oid", "typmod", "type_name", "arrow_type", "element", "decl_oid", "decl_typmod"):
                 setattr(spec, attr, getattr(new, attr))
@@ -235,8 +269,10 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     dropped = [c for c in schema.columns if id(c) not in matched]
     change.dropped = [c.name for c in dropped]
     if dropped and not schema.key_columns:
-        raise fail(f"column {', '.join(change.dropped)} was dropped from a table without a primary key; such a "
-                   "table is mirrored by its whole row, and dropping a column changes every row's identity")
+        raise fail(
+            f"column {', '.join(change.dropped)} was dropped from a table without a primary key; such a "
+            "table is mirrored by its whole row, and dropping a column changes every row's identity"
+        )
     keys = []
     for k in schema.key_columns:
         spec = matched.get(id(by_name[k]))
@@ -245,8 +281,10 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
         keys.append(spec.name)
     clash = case_collision(c.name for c in out)
     if clash:
-        raise fail(f'columns "{clash[0]}" and "{clash[1]}" differ only in case, which union reads (DuckDB) cannot '
-                   'tell apart', undo=f'rename column "{clash[1]}" on the source')
+        raise fail(
+            f'columns "{clash[0]}" and "{clash[1]}" differ only in case, which union reads (DuckDB) cannot tell apart',
+            undo=f'rename column "{clash[1]}" on the source',
+        )
     change.key_columns = keys
     change.next_field_id = assign_field_ids(out, next_field_id)
     for c in out:
@@ -254,8 +292,9 @@ def plan_schema_change(schema: TableSchema, rel_columns: list[tuple[str, int, in
     return change
 
 
-def _guess_added(catalog: list[CatalogColumn], out: list[ColumnSpec], by_attnum: dict, rel_names: set,
-                 oid: int, typmod: int) -> CatalogColumn | None:
+def _guess_added(
+    catalog: list[CatalogColumn], out: list[ColumnSpec], by_attnum: dict, rel_names: set, oid: int, typmod: int
+) -> CatalogColumn | None:
     """The catalog row of a column added at this LSN and renamed (or dropped) since: columns are added
     with growing attnums, so it is the first row after the previous column's attnum that no known
     column holds, whose name the Relation does not carry, and whose type matches (a dropped row's type
@@ -263,8 +302,11 @@ def _guess_added(catalog: list[CatalogColumn], out: list[ColumnSpec], by_attnum:
     Its ``missing`` value is the column's default for older rows. None: no row can be told to be it."""
     used = set(by_attnum) | {c.attnum for c in out if c.attnum}
     after = max([c.attnum for c in out if c.attnum] + [0])
-    free = [c for c in sorted(catalog, key=lambda c: c.attnum)
-            if c.attnum > after and c.attnum not in used and c.name not in rel_names]
+    free = [
+        c
+        for c in sorted(catalog, key=lambda c: c.attnum)
+        if c.attnum > after and c.attnum not in used and c.name not in rel_names
+    ]
     for c in free:
         if c.dropped or (c.type_oid, c.typmod) == (oid, typmod):
             return c

@@ -33,20 +33,21 @@ Keys of other types (hstore, PostGIS geometry, arrays of those) cannot be printe
 When: :meth:`~.mirror.MirrorTable.restore_index` calls :func:`rebuild_file_index` for index blobs
 written under an older key hash (see :func:`~..index.key_hash.blob_needs_rebuild`).
 """
+
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from decimal import Decimal
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..index import FileIndex, IndexBlock
 from ..cdc.text_out import TextColumn
+from ..index import FileIndex, IndexBlock
 
 __all__ = ["key_text_columns", "rebuild_file_index"]
 
@@ -70,8 +71,11 @@ class _KeyColumn(TextColumn):
         self.name, self.oid = name, type_oid
         if self.child is not None:
             self.child.name = name
-        elif (pa.types.is_map(typ) or pa.types.is_dictionary(typ)
-              or (pa.types.is_binary(typ) and type_oid not in (0, _BYTEA_OID))):
+        elif (
+            pa.types.is_map(typ)
+            or pa.types.is_dictionary(typ)
+            or (pa.types.is_binary(typ) and type_oid not in (0, _BYTEA_OID))
+        ):
             raise ValueError(f"key column {name!r} ({typ}) cannot be printed as Postgres text")
 
     def text(self, v) -> str | None:
@@ -125,11 +129,22 @@ def rebuild_file_index(table) -> FileIndex:
             texts = key_text_columns(data, [s.name for s in specs], [s.type_oid for s in specs])
             hashes = table.hasher.hash_columns(texts)
             n = len(hashes)
-            blocks.append(IndexBlock.build(str(table.dir / "index" / f"{uuid.uuid4().hex}.idx"), hashes,
-                                           np.zeros(n, dtype=np.uint32), np.arange(n, dtype=np.uint32), [f.name]))
+            blocks.append(
+                IndexBlock.build(
+                    str(table.dir / "index" / f"{uuid.uuid4().hex}.idx"),
+                    hashes,
+                    np.zeros(n, dtype=np.uint32),
+                    np.arange(n, dtype=np.uint32),
+                    [f.name],
+                )
+            )
     except ValueError as e:
-        log.error("table %s: cannot rebuild its index from the data files (%s); updates and deletes of "
-                  "rows persisted before this restart will find no row: drop and create the table", table.name, e)
+        log.error(
+            "table %s: cannot rebuild its index from the data files (%s); updates and deletes of "
+            "rows persisted before this restart will find no row: drop and create the table",
+            table.name,
+            e,
+        )
         for b in blocks:
             b.unlink()
         return FileIndex()

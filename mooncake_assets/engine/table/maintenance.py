@@ -10,6 +10,7 @@ work turns it into a result (:class:`CompactionResult`: new files, the old → n
 onto the new files, the index blob of the swapped index — nothing changed yet, so the Iceberg commit
 can fail harmlessly) and, once the commit landed, *applies* it (:func:`apply_compaction`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,18 @@ from .disk_files import DiskFile, DiskFileSet
 
 log = logging.getLogger("mooncake.compaction")
 
-__all__ = ["FileSnapshot", "CompactionInput", "CompactionResult", "PreparedSwap", "IndexMergeInput",
-           "compaction_input", "index_merge_input", "prepare_compaction", "apply_compaction", "apply_index_merge"]
+__all__ = [
+    "FileSnapshot",
+    "CompactionInput",
+    "CompactionResult",
+    "PreparedSwap",
+    "IndexMergeInput",
+    "compaction_input",
+    "index_merge_input",
+    "prepare_compaction",
+    "apply_compaction",
+    "apply_index_merge",
+]
 
 
 @dataclass(frozen=True)
@@ -92,10 +103,18 @@ class PreparedSwap:
 
 def compaction_input(disk: DiskFileSet, names: list[str], schema, defaults: dict) -> CompactionInput:
     """Snapshot the picked files ``names`` of ``disk`` (call under the lock)."""
-    files = tuple(FileSnapshot(n, f.read_path, f.num_rows, f.size_bytes, f.location, FrozenBitMap64(f.committed))
-                  for n in names for f in [disk.files[n]])
-    return CompactionInput(files=files, blocks=tuple(disk.index.blocks_for_files(names)),
-                           live=frozenset(disk.files), schema=schema, defaults=dict(defaults or {}))
+    files = tuple(
+        FileSnapshot(n, f.read_path, f.num_rows, f.size_bytes, f.location, FrozenBitMap64(f.committed))
+        for n in names
+        for f in [disk.files[n]]
+    )
+    return CompactionInput(
+        files=files,
+        blocks=tuple(disk.index.blocks_for_files(names)),
+        live=frozenset(disk.files),
+        schema=schema,
+        defaults=dict(defaults or {}),
+    )
 
 
 def index_merge_input(disk: DiskFileSet, blocks) -> IndexMergeInput:
@@ -145,15 +164,31 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
                 remapped += 1
     new_files, adds = [], {}
     for i, (name, rows, size, loc) in enumerate(res.outputs):
-        new_files.append(DiskFile(name=name, num_rows=rows, size_bytes=size, location=loc,
-                                  committed=committed[i], pending=pending[i], truncated_lsn=truncated))
+        new_files.append(
+            DiskFile(
+                name=name,
+                num_rows=rows,
+                size_bytes=size,
+                location=loc,
+                committed=committed[i],
+                pending=pending[i],
+                truncated_lsn=truncated,
+            )
+        )
         if len(committed[i]):
             adds[loc] = committed[i]
     staged = FileIndex(disk.index.blocks)
     if inp.blocks:
         staged.replace_blocks(list(inp.blocks), res.new_block)
-    return PreparedSwap(new_files=tuple(new_files), adds=adds, remove=tuple(remove), index_blob=disk.index_blob(staged),
-                        remapped=remapped, dropped=dropped, vanished=vanished)
+    return PreparedSwap(
+        new_files=tuple(new_files),
+        adds=adds,
+        remove=tuple(remove),
+        index_blob=disk.index_blob(staged),
+        remapped=remapped,
+        dropped=dropped,
+        vanished=vanished,
+    )
 
 
 def apply_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionResult, prep: PreparedSwap) -> None:

@@ -1,4 +1,4 @@
-"""MemSlice: the in-memory buffer of committed rows not yet flushed (DESIGN.md §3, seed 000 "MemSlice").
+"""MemSlice: the in-memory buffer of committed rows not yet flushed (docs/architecture.md#data-path).
 
 Rows arrive as Postgres text values (one list per row, in the table's column order) and are kept in
 an *open* row buffer; every ``batch_rows`` rows (or when a reader or a flush needs them) the buffer is
@@ -14,6 +14,7 @@ decoded column-wise into an Arrow ``RecordBatch`` with vectorized casts. Each ro
 Locations are ``(batch_id, row)``; the open buffer has ``batch_id == len(batches)``. The **MemIndex**
 maps key hash → locations (several for duplicate rows of key-less tables).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -174,8 +175,9 @@ class MemSlice:
         dl = np.zeros(n, dtype=np.uint64)
         for r, lsn in self._open_del.items():
             dl[r] = lsn
-        self.batches.append(Batch(rb, np.array(self._ins, dtype=np.uint64), dl,
-                                  np.array(self._hashes, dtype=np.uint64)))
+        self.batches.append(
+            Batch(rb, np.array(self._ins, dtype=np.uint64), dl, np.array(self._hashes, dtype=np.uint64))
+        )
         self._bytes += rb.nbytes
         self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
 
@@ -297,6 +299,15 @@ def _suspect_checks(schema: pa.Schema, specs: list | None = None) -> list:
             nd = 0
             while pa.types.is_list(t):
                 nd, t = nd + 1, t.value_type
-            out.append((i, lambda v, nd=nd: v.startswith("[") or "NaN" in v or "24:" in v
-                        or (v != "{}" and len(v) - len(v.lstrip("{")) != nd)))
+            out.append(
+                (
+                    i,
+                    lambda v, nd=nd: (
+                        v.startswith("[")
+                        or "NaN" in v
+                        or "24:" in v
+                        or (v != "{}" and len(v) - len(v.lstrip("{")) != nd)
+                    ),
+                )
+            )
     return out

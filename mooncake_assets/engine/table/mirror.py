@@ -20,6 +20,7 @@ LSN convention everywhere: a state "at L" holds exactly the transactions whose c
 before L (``commit_lsn < L``), the same rule Postgres uses for an exported snapshot and for
 ``confirmed_flush_lsn``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,9 +35,9 @@ from ..faults import fault
 from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
 from ..lsn import Lsn
+from . import maintenance
 from .apply import ChangeApplyRole
 from .disk_files import DiskFile, DiskFileSet
-from . import maintenance
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import MemSlice
 from .persist import PersistPayload, apply_persist, build_payload
@@ -148,8 +149,11 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         """(name, local path) of the live data files not in Iceberg yet, and the schema versions a commit
         would add — what :meth:`upload` may copy to the warehouse without the service lock (call this
         under it, after a :meth:`flush`)."""
-        todo = [(f.name, f.local_path) for f in self.files.values()
-                if not f.persisted and f.local_path and not self.disk.fully_deleted(f)]
+        todo = [
+            (f.name, f.local_path)
+            for f in self.files.values()
+            if not f.persisted and f.local_path and not self.disk.fully_deleted(f)
+        ]
         return todo, self._pending_schemas()
 
     def upload(self, todo: list[tuple[str, str]], schema) -> dict[str, str]:
@@ -180,9 +184,14 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         fl = self.flush()
         schemas = self._pending_schemas()
         payload = build_payload(
-            self.disk, self.applied_lsn, self.source, dict(uploaded or {}),
-            lambda path: self.iceberg.upload_data_file(path, overwrite=True, schema=schemas), schemas=schemas,
-            properties={"mooncake.columns": self.columns_property()} if self.schema_pending else None)
+            self.disk,
+            self.applied_lsn,
+            self.source,
+            dict(uploaded or {}),
+            lambda path: self.iceberg.upload_data_file(path, overwrite=True, schema=schemas),
+            schemas=schemas,
+            properties={"mooncake.columns": self.columns_property()} if self.schema_pending else None,
+        )
         if payload.add or payload.deletes or payload.remove or fl["rows"] or self.flush_lsn == 0 or self.schema_pending:
             self._commit(payload)
         rows_added = sum(self.files[name].num_rows for name, _ in payload.add)
@@ -190,9 +199,15 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         self.flush_lsn = payload.lsn
         self.last_persist = time.time()
         self.dirty_since = None
-        return {"rows": rows_added, "rows_flushed": fl["rows"], "files_added": len(payload.add),
-                "files_removed": len(payload.remove), "deleted_rows": payload.new_deletes,
-                "flush_lsn": str(payload.lsn), "seconds": self.last_persist - t0}
+        return {
+            "rows": rows_added,
+            "rows_flushed": fl["rows"],
+            "files_added": len(payload.add),
+            "files_removed": len(payload.remove),
+            "deleted_rows": payload.new_deletes,
+            "flush_lsn": str(payload.lsn),
+            "seconds": self.last_persist - t0,
+        }
 
     def _commit(self, payload: PersistPayload) -> None:
         """ONE Iceberg commit of ``payload`` (raises what the commit raises; then nothing changed)."""
@@ -269,28 +284,40 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         (``mem``). Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served
         exactly), :class:`BadRowError` when a buffered row cannot be decoded."""
         if lsn is not None and lsn < self.flushed_lsn:
-            raise ValueError(f"table {self.name}: cannot read at LSN {Lsn(lsn)}, it was flushed up to "
-                             f"{Lsn(self.flushed_lsn)}; read at a newer LSN")
+            raise ValueError(
+                f"table {self.name}: cannot read at LSN {Lsn(lsn)}, it was flushed up to "
+                f"{Lsn(self.flushed_lsn)}; read at a newer LSN"
+            )
         files = self.disk.file_states(lsn)
         mem = self.mem.visible(lsn)
         fields = self.read_fields()
-        return ReadState(table=self.name, lsn=Lsn(lsn if lsn is not None else self.applied_lsn), files=files,
-                         schema=tuple(f.name for f in self.arrow_schema),
-                         fields=tuple(ReadField(**d) for d in fields) if fields else None, mem=mem)
+        return ReadState(
+            table=self.name,
+            lsn=Lsn(lsn if lsn is not None else self.applied_lsn),
+            files=files,
+            schema=tuple(f.name for f in self.arrow_schema),
+            fields=tuple(ReadField(**d) for d in fields) if fields else None,
+            mem=mem,
+        )
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
         d = self.disk.stats()
         return {
-            "name": self.name, "source": self.source,
-            "applied_lsn": str(Lsn(self.applied_lsn)), "flush_lsn": str(Lsn(self.flush_lsn)),
+            "name": self.name,
+            "source": self.source,
+            "applied_lsn": str(Lsn(self.applied_lsn)),
+            "flush_lsn": str(Lsn(self.flush_lsn)),
             "last_change_lsn": str(Lsn(self.last_change_lsn or self.flush_lsn)),
-            "buffer_rows": self.mem.live_rows, "buffer_bytes": self.mem.nbytes,
-            "data_files": d["data_files"], "data_bytes": d["data_bytes"],
+            "buffer_rows": self.mem.live_rows,
+            "buffer_bytes": self.mem.nbytes,
+            "data_files": d["data_files"],
+            "data_bytes": d["data_bytes"],
             "index_blocks": d["index_blocks"],
             "pending_deletes": d["pending_deletes"],
             "deletion_vectors": d["deletion_vectors"],
-            "deleted_rows": d["deleted_rows"], "live_rows": d["file_rows"] - d["deleted_rows"] + self.mem.live_rows,
+            "deleted_rows": d["deleted_rows"],
+            "live_rows": d["file_rows"] - d["deleted_rows"] + self.mem.live_rows,
             "missing_keys": self.missing_keys,
             "columns": len(self._col_names),
             "last_schema_change": self.last_schema_change,

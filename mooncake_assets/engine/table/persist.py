@@ -10,11 +10,13 @@ table; the table's Iceberg side commits it; only then does :func:`apply_persist`
 state (locations set, pending deletes committed, dropped files
 retired), so a failed upload or commit leaves everything as it was and the next persist retries it.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pyroaring import BitMap64
 
@@ -53,8 +55,15 @@ class PersistPayload:
         return sum(len(b) for b in self.deletes.values())
 
 
-def build_payload(disk: DiskFileSet, lsn: int, source: str, uploaded: dict[str, str],
-                  upload: Callable[[str], str], schemas: Any = None, properties: dict | None = None) -> PersistPayload:
+def build_payload(
+    disk: DiskFileSet,
+    lsn: int,
+    source: str,
+    uploaded: dict[str, str],
+    upload: Callable[[str], str],
+    schemas: Any = None,
+    properties: dict | None = None,
+) -> PersistPayload:
     """The :class:`PersistPayload` of ``disk`` at ``lsn`` (changes nothing of ``disk``).
 
     ``uploaded``: staged files already copied to the warehouse (name → location); ``upload(local
@@ -73,10 +82,17 @@ def build_payload(disk: DiskFileSet, lsn: int, source: str, uploaded: dict[str, 
         if f.pending:
             deletes[loc] = BitMap64(f.pending.keys())
     gone = tuple(f.name for f in disk.files.values() if disk.fully_deleted(f))
-    return PersistPayload(lsn=Lsn(lsn), add=tuple(add), deletes=deletes, remove=tuple(remove), gone=gone,
-                          schemas=schemas, properties=properties,
-                          summary={"mooncake.flush-lsn": str(Lsn(lsn)), "mooncake.source": source},
-                          index_blob=disk.index_blob())
+    return PersistPayload(
+        lsn=Lsn(lsn),
+        add=tuple(add),
+        deletes=deletes,
+        remove=tuple(remove),
+        gone=gone,
+        schemas=schemas,
+        properties=properties,
+        summary={"mooncake.flush-lsn": str(Lsn(lsn)), "mooncake.source": source},
+        index_blob=disk.index_blob(),
+    )
 
 
 def apply_persist(disk: DiskFileSet, payload: PersistPayload, now: float | None = None) -> int:

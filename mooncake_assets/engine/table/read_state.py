@@ -12,6 +12,7 @@ socket it has one encoding, :meth:`ReadState.to_wire` / :meth:`ReadState.from_wi
 vector as base64 of the portable Roaring serialization, the format the Iceberg v3 deletion-vector
 blob carries in Puffin); only the Flight server and :class:`~..service.client.ServiceClient` call them.
 """
+
 from __future__ import annotations
 
 import base64
@@ -93,13 +94,14 @@ class ReadState:
         """JSON-ready dict: ``{"table", "lsn" ("X/Y"), "files": [{"name", "path", "rows", "deleted"
         (base64 of the portable Roaring bitmap, or None)}], "schema", ["fields"], ["storage"],
         ["ticket"], ["mem_rows"]}`` (optional keys only when set). ``mem`` does not travel."""
-        out: dict = {"table": self.table, "lsn": str(self.lsn),
-                     "files": [{"name": f.name, "path": f.path, "rows": f.rows, "deleted": _b64(f.deleted)}
-                               for f in self.files],
-                     "schema": list(self.schema)}
+        out: dict = {
+            "table": self.table,
+            "lsn": str(self.lsn),
+            "files": [{"name": f.name, "path": f.path, "rows": f.rows, "deleted": _b64(f.deleted)} for f in self.files],
+            "schema": list(self.schema),
+        }
         if self.fields:
-            out["fields"] = [{"id": f.id, "name": f.name, "type": f.type, "default": f.default}
-                             for f in self.fields]
+            out["fields"] = [{"id": f.id, "name": f.name, "type": f.type, "default": f.default} for f in self.fields]
         if self.storage:
             out["storage"] = self.storage
         if self.ticket is not None:
@@ -113,13 +115,22 @@ class ReadState:
         """The inverse of :meth:`to_wire`. Raises ``ValueError`` on a bad LSN or bitmap."""
         fields = d.get("fields")
         return cls(
-            table=d["table"], lsn=Lsn.parse(d["lsn"]),
-            files=tuple(FileState(name=f["name"], path=f["path"], rows=int(f["rows"]),
-                                  deleted=_from_b64(f.get("deleted"))) for f in d.get("files", [])),
+            table=d["table"],
+            lsn=Lsn.parse(d["lsn"]),
+            files=tuple(
+                FileState(name=f["name"], path=f["path"], rows=int(f["rows"]), deleted=_from_b64(f.get("deleted")))
+                for f in d.get("files", [])
+            ),
             schema=tuple(d.get("schema") or ()),
-            fields=tuple(ReadField(id=int(f["id"]), name=f["name"], type=f["type"], default=f.get("default"))
-                         for f in fields) if fields else None,
-            storage=d.get("storage") or None, ticket=d.get("ticket"), mem_rows=d.get("mem_rows"))
+            fields=tuple(
+                ReadField(id=int(f["id"]), name=f["name"], type=f["type"], default=f.get("default")) for f in fields
+            )
+            if fields
+            else None,
+            storage=d.get("storage") or None,
+            ticket=d.get("ticket"),
+            mem_rows=d.get("mem_rows"),
+        )
 
 
 # Both directions are memoized (bounded): an unchanged file's vector is the same FrozenBitMap64 on every
@@ -147,7 +158,7 @@ def _from_b64(text: str | None) -> FrozenBitMap64 | None:
 def _decode(text: str) -> FrozenBitMap64 | None:
     try:
         bm = FrozenBitMap64.deserialize(base64.b64decode(text))
-    except Exception as e:  # noqa: BLE001 — pyroaring raises several types for bad bytes
+    except Exception as e:
         raise ValueError(f"a ReadState deletion vector is not a portable 64-bit Roaring bitmap: {e}") from None
     return bm or None
 

@@ -16,6 +16,7 @@ a change that cannot be followed raises :class:`SchemaChangeError`, which the se
 error of that table only (list-tables shows it; the slot is held at the table's flush LSN so a resume
 after a fix replays everything from there).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,13 +29,42 @@ __all__ = ["SchemaChangeError", "CatalogLookupError", "on_relation", "describe_c
 
 #: format_type names of the built-in types a Relation message may name (others: "type oid N").
 _TYPE_NAMES = {
-    16: "boolean", 17: "bytea", 18: '"char"', 19: "name", 20: "bigint", 21: "smallint", 23: "integer",
-    25: "text", 26: "oid", 114: "json", 142: "xml", 650: "cidr", 700: "real", 701: "double precision",
-    790: "money", 829: "macaddr", 869: "inet", 1042: "character", 1043: "character varying", 1082: "date",
-    1083: "time without time zone", 1114: "timestamp without time zone", 1184: "timestamp with time zone",
-    1186: "interval", 1266: "time with time zone", 1560: "bit", 1562: "bit varying", 1700: "numeric",
-    2950: "uuid", 3614: "tsvector", 3802: "jsonb", 1007: "integer[]", 1009: "text[]", 1016: "bigint[]",
-    600: "point", 3904: "int4range",
+    16: "boolean",
+    17: "bytea",
+    18: '"char"',
+    19: "name",
+    20: "bigint",
+    21: "smallint",
+    23: "integer",
+    25: "text",
+    26: "oid",
+    114: "json",
+    142: "xml",
+    650: "cidr",
+    700: "real",
+    701: "double precision",
+    790: "money",
+    829: "macaddr",
+    869: "inet",
+    1042: "character",
+    1043: "character varying",
+    1082: "date",
+    1083: "time without time zone",
+    1114: "timestamp without time zone",
+    1184: "timestamp with time zone",
+    1186: "interval",
+    1266: "time with time zone",
+    1560: "bit",
+    1562: "bit varying",
+    1700: "numeric",
+    2950: "uuid",
+    3614: "tsvector",
+    3802: "jsonb",
+    1007: "integer[]",
+    1009: "text[]",
+    1016: "bigint[]",
+    600: "point",
+    3904: "int4range",
 }
 
 
@@ -54,10 +84,13 @@ def type_text(oid: int, typmod: int) -> str:
 
 def describe_change(table: Any, rel: Any, lsn: int) -> str:
     """One line naming the table, every column that changed and how, and the LSN."""
-    return (f"table {table.name} (source {table.source}): schema change at LSN {Lsn(lsn)}: "
-            + _change_parts(table, rel) + f" — this table stopped (the others go on) and holds the replication slot "
-            f"at its flush LSN {Lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, "
-            "then create-table: a fresh copy)")
+    return (
+        f"table {table.name} (source {table.source}): schema change at LSN {Lsn(lsn)}: "
+        + _change_parts(table, rel)
+        + f" — this table stopped (the others go on) and holds the replication slot "
+        f"at its flush LSN {Lsn(table.flush_lsn)}, so nothing is lost. To resume: re-create the mirror (drop-table, "
+        "then create-table: a fresh copy)"
+    )
 
 
 def _change_parts(table: Any, rel: Any) -> str:
@@ -69,8 +102,12 @@ def _change_parts(table: Any, rel: Any) -> str:
     removed = [o for o in old if o[0] not in new_names]
     added = [n for n in new if n[0] not in old_names]
     parts = []
-    if len(removed) == 1 and len(added) == 1 and (removed[0][1], removed[0][2]) == (added[0][1], added[0][2]) \
-            and old_names.index(removed[0][0]) == new_names.index(added[0][0]):
+    if (
+        len(removed) == 1
+        and len(added) == 1
+        and (removed[0][1], removed[0][2]) == (added[0][1], added[0][2])
+        and old_names.index(removed[0][0]) == new_names.index(added[0][0])
+    ):
         parts.append(f"column {removed[0][0]} was renamed to {added[0][0]}")
         removed, added = [], []
     for o in removed:
@@ -104,13 +141,15 @@ def _check_identity_of(name: str, source: str, key_columns: list, rel: Any, lsn:
         raise SchemaChangeError(
             f"table {name} (source {source}): at LSN {Lsn(lsn)} its replica identity changed "
             f"from FULL to {'NOTHING' if ident == 'n' else 'DEFAULT' if ident == 'd' else 'USING INDEX'}; "
-            "a table without a primary key is mirrored by whole rows and needs REPLICA IDENTITY FULL")
+            "a table without a primary key is mirrored by whole rows and needs REPLICA IDENTITY FULL"
+        )
     flagged = [c.name for c in rel.columns if c.is_key]
     if ident == "n" or (flagged and sorted(flagged) != sorted(key_columns)):
         raise SchemaChangeError(
             f"table {name} (source {source}): at LSN {Lsn(lsn)} its replica identity key "
             f"became ({', '.join(flagged) or 'nothing'}) but the mirror locates rows by "
-            f"({', '.join(key_columns)})")
+            f"({', '.join(key_columns)})"
+        )
 
 
 def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = None, xid: int | None = None) -> None:
@@ -132,17 +171,25 @@ def on_relation(table: Any, rel_oid: int, rel: Any, lsn: int, catalog: Any = Non
 
         try:
             columns = catalog.columns(table.schema.oid, xid=xid)
-        except Exception as e:  # noqa: BLE001 — never "no catalog rows", which would mean "no defaults"
+        except Exception as e:
             what = _change_parts(table, rel)
             raise CatalogLookupError(
                 f"table {table.name} (source {table.source}): schema change at LSN {Lsn(lsn)} ({what}): the "
                 f"source's catalogs gave no trustworthy answer ({type(e).__name__}: {str(e).splitlines()[0]}), so "
                 "what older rows read in the changed columns is unknown — this table stopped (the others go on) "
                 f"and holds the replication slot at its flush LSN {Lsn(table.flush_lsn)}, so nothing is lost; to "
-                "resume, restart the service (the change is replayed and looked up again)") from None
-        change = plan_schema_change(table.schema, sig, columns, catalog.resolve, lsn,
-                                    table.next_field_id, table=table.name,
-                                    format_version=getattr(table.iceberg, "format_version", 3))
+                "resume, restart the service (the change is replayed and looked up again)"
+            ) from None
+        change = plan_schema_change(
+            table.schema,
+            sig,
+            columns,
+            catalog.resolve,
+            lsn,
+            table.next_field_id,
+            table=table.name,
+            format_version=getattr(table.iceberg, "format_version", 3),
+        )
         _check_identity_of(table.name, table.source, change.key_columns, rel, lsn)
         if not change.is_noop():
             table.evolve(change)

@@ -9,6 +9,7 @@ makes the next persist commit the new schema.
 :class:`TableSchemaRole` is one role of :class:`~.mirror.MirrorTable` (a mixin over the table's
 state: ``schema``, ``mem``, ``iceberg``, the LSNs).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,10 @@ class TableSchemaRole:
                 ids = _nested_ids(f.field_type)
                 if ids:
                     c.element_ids = ids
-        return max([last] + [c.field_id for c in schema.columns]
-                   + [max(c.element_ids, default=0) for c in schema.columns]) + 1
+        return (
+            max([last] + [c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns])
+            + 1
+        )
 
     @staticmethod
     def _iceberg_has_columns(iceberg) -> bool:
@@ -83,14 +86,26 @@ class TableSchemaRole:
         persist commit the new Iceberg schema. Reads at LSNs before the change are refused afterwards.
         Raises :class:`BadRowError` (nothing changed) when a buffered row cannot be decoded."""
         hash_ids = self.hash_field_ids
-        new = TableSchema(schema=self.schema.schema, name=self.schema.name, oid=self.schema.oid, columns=change.columns,
-                          key_columns=change.key_columns, has_primary_key=self.schema.has_primary_key,
-                          replica_identity=self.schema.replica_identity, relkind=self.schema.relkind,
-                          excluded=list(self.schema.excluded), column_types=dict(self.schema.column_types))
+        new = TableSchema(
+            schema=self.schema.schema,
+            name=self.schema.name,
+            oid=self.schema.oid,
+            columns=change.columns,
+            key_columns=change.key_columns,
+            has_primary_key=self.schema.has_primary_key,
+            replica_identity=self.schema.replica_identity,
+            relkind=self.schema.relkind,
+            excluded=list(self.schema.excluded),
+            column_types=dict(self.schema.column_types),
+        )
         old_arrow, new_arrow = self.arrow_schema, new.arrow_schema()
         defaults = initial_defaults(new.columns)
-        self.mem.evolve(new_arrow, self._decode, lambda rb: project(
-            pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults), specs=new.columns)
+        self.mem.evolve(
+            new_arrow,
+            self._decode,
+            lambda rb: project(pa.RecordBatch.from_arrays(rb.columns, schema=old_arrow), new_arrow, defaults),
+            specs=new.columns,
+        )
         self._set_schema(new, hash_ids if not new.key_columns else None)
         self._relmap.clear()
         self._identity.clear()
@@ -108,8 +123,13 @@ class TableSchemaRole:
         """The Iceberg table property ``mooncake.columns``: the mirror's columns as a restart needs them."""
         from ..pg.schema import column_signature
 
-        return json.dumps({"columns": column_signature(self.schema), "key": list(self.schema.key_columns),
-                           "hash_field_ids": self.hash_field_ids})
+        return json.dumps(
+            {
+                "columns": column_signature(self.schema),
+                "key": list(self.schema.key_columns),
+                "hash_field_ids": self.hash_field_ids,
+            }
+        )
 
     def iceberg_schema(self):
         """The current schema as a PyIceberg ``Schema`` (our field ids; added columns carry their
@@ -129,9 +149,13 @@ class TableSchemaRole:
                     value = d.as_py()
                     to_json(f.field_type, value)  # checked here: the metadata writer would fail on it later
                     f = f.model_copy(update={"initial_default": value})
-                except Exception:  # noqa: BLE001 — e.g. timestamp 'infinity', a list: older rows read NULL there
-                    log.warning("table %s: column %s: its default cannot be an Iceberg initial-default; Iceberg "
-                                "readers show NULL for rows older than the column", self.name, f.name)
+                except Exception:
+                    log.warning(
+                        "table %s: column %s: its default cannot be an Iceberg initial-default; Iceberg "
+                        "readers show NULL for rows older than the column",
+                        self.name,
+                        f.name,
+                    )
             fields.append(f)
         return type(sch)(*fields, schema_id=sch.schema_id)
 
@@ -164,7 +188,6 @@ class TableSchemaRole:
         return decode_text_columns(self.schema.columns, cols, column_major=True)
 
 
-
 def _nested_ids(t) -> list[int]:
     """The field ids nested in an Iceberg type, in the pre-order :func:`~..pg.schema.assign_field_ids`
     gives them (list: element, then inside it; struct: each field, then inside it; map: key, value,
@@ -186,5 +209,8 @@ def _nested_ids(t) -> list[int]:
 def initial_defaults(columns) -> dict:
     """Field id → Arrow scalar of the value rows older than a column read (its ``initial_default``
     text decoded with the column's own decoder). Raises ``ValueError`` for a text the type rejects."""
-    return {c.field_id: decode_text_columns([c], [[c.initial_default]], column_major=True).column(0)[0]
-            for c in columns if c.initial_default is not None}
+    return {
+        c.field_id: decode_text_columns([c], [[c.initial_default]], column_major=True).column(0)[0]
+        for c in columns
+        if c.initial_default is not None
+    }
