@@ -15,10 +15,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 from .planner import plan_compaction
 from .policy import MaintenancePolicy
 from .runner import compact, expire_and_clean, file_stats, merge_index
+
+if TYPE_CHECKING:
+    from ..table.mirror import MirrorTable
 
 __all__ = ["BackgroundMaintenance"]
 
@@ -34,7 +39,7 @@ class BackgroundMaintenance:
     ``errors``: table name → last error text; ``runs``: table name → number of finished worker runs.
     """
 
-    def __init__(self, lock, policy_of: Callable[[str], MaintenancePolicy]):
+    def __init__(self, lock: AbstractContextManager[object], policy_of: Callable[[str], MaintenancePolicy]) -> None:
         self.lock = lock
         self.policy_of = policy_of
         self._busy: dict[str, threading.Thread] = {}
@@ -46,7 +51,7 @@ class BackgroundMaintenance:
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
 
-    def tick(self, table) -> None:
+    def tick(self, table: MirrorTable) -> None:
         """Look at ``table`` (caller holds the service lock) and start a worker if something is due."""
         if self._stop.is_set():
             return
@@ -78,7 +83,9 @@ class BackgroundMaintenance:
         self._busy[table.name] = th
         th.start()
 
-    def _work(self, table, policy: MaintenancePolicy, do_compact: bool, do_merge: bool, do_expire: bool) -> None:
+    def _work(
+        self, table: MirrorTable, policy: MaintenancePolicy, do_compact: bool, do_merge: bool, do_expire: bool
+    ) -> None:
         try:
             if do_compact and not self._stop.is_set():
                 # the service persists by its own policy; compaction takes what is persisted by now

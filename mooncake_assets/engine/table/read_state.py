@@ -80,7 +80,7 @@ class ReadState:
     files: tuple[FileState, ...] = ()
     schema: tuple[str, ...] = ()
     fields: tuple[ReadField, ...] | None = None
-    storage: dict | None = None
+    storage: dict[str, Any] | None = None
     ticket: str | None = None
     mem_rows: int | None = None
     mem: pa.Table | None = field(default=None, compare=False, repr=False)
@@ -90,11 +90,11 @@ class ReadState:
         return replace(self, **changes)
 
     # ------------------------------------------------------------------ the wire (Flight edge only)
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """JSON-ready dict: ``{"table", "lsn" ("X/Y"), "files": [{"name", "path", "rows", "deleted"
         (base64 of the portable Roaring bitmap, or None)}], "schema", ["fields"], ["storage"],
         ["ticket"], ["mem_rows"]}`` (optional keys only when set). ``mem`` does not travel."""
-        out: dict = {
+        out: dict[str, Any] = {
             "table": self.table,
             "lsn": str(self.lsn),
             "files": [{"name": f.name, "path": f.path, "rows": f.rows, "deleted": _b64(f.deleted)} for f in self.files],
@@ -111,7 +111,7 @@ class ReadState:
         return out
 
     @classmethod
-    def from_wire(cls, d: dict) -> ReadState:
+    def from_wire(cls, d: dict[str, Any]) -> ReadState:
         """The inverse of :meth:`to_wire`. Raises ``ValueError`` on a bad LSN or bitmap."""
         fields = d.get("fields")
         return cls(
