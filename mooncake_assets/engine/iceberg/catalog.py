@@ -28,10 +28,12 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
@@ -128,7 +130,7 @@ def new_metadata_location(metadata: TableMetadata, version: int) -> str:
     return load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(version)
 
 
-def write_metadata(table_io, metadata: TableMetadata, location: str) -> None:
+def write_metadata(table_io: FileIO, metadata: TableMetadata, location: str) -> None:
     """Write ``metadata`` as JSON to ``location`` (must not exist: metadata files are immutable)."""
     with table_io.new_output(location).create(overwrite=False) as out:
         out.write(compat.metadata_json(metadata))
@@ -182,7 +184,8 @@ def commit_metadata(
         if before_swap is not None:
             before_swap(location)
         try:
-            swap_sql_pointer(catalog, table.name(), table.metadata_location, location)
+            # uses_own_swap above: a SqlCatalog (compat.is_sql_catalog)
+            swap_sql_pointer(cast(SqlCatalog, catalog), table.name(), table.metadata_location, location)
         except compat.SQL_CATALOG_ERRORS as e:  # e.g. the connection dropped around COMMIT: outcome unknown
             raise CommitStateUnknown(f"SQL catalog error while swapping the pointer of {table.name()}: {e}") from e
         except SwapConflict:

@@ -9,12 +9,15 @@ id that disagrees with the table's id for that name is an error, because readers
 
 from __future__ import annotations
 
+from typing import cast
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.typedef import TableVersion
 
 from .compat import parquet_column_ids, parquet_statistics
 from .manifest import new_data_file
@@ -79,7 +82,7 @@ def data_file_from_parquet_metadata(
                     f"data file {location}: column {f.name!r} has Parquet field id {fid}, which the "
                     f"table never had{expected}"
                 )
-        schema = pyarrow_to_schema(file_arrow, format_version=format_version)
+        schema = pyarrow_to_schema(file_arrow, format_version=cast(TableVersion, format_version))
     else:
         check_parquet_schema(schema, file_arrow, location)
     mapping = parquet_column_ids(schema)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -82,7 +83,7 @@ def keep_mask(num_rows: int, positions: np.ndarray) -> np.ndarray:
     return m
 
 
-def arrow_mask(mask: np.ndarray):
+def arrow_mask(mask: np.ndarray) -> Any:
     """A numpy boolean array as an Arrow ``BooleanArray`` without a per-value conversion (packed bits)."""
     import pyarrow as pa
 
@@ -134,7 +135,7 @@ def cached_plan(path: str, num_rows: int, dv: FrozenBitMap64 | str) -> FilePlan:
 
 
 @functools.lru_cache(maxsize=128)
-def cached_keep(path: str, num_rows: int, dv: FrozenBitMap64 | str):
+def cached_keep(path: str, num_rows: int, dv: FrozenBitMap64 | str) -> tuple[tuple[int, ...] | None, Any]:
     """For reading a file with PyArrow: (row groups to read — None for all —, a keep mask over their
     rows as an Arrow ``BooleanArray``), memoized like :func:`cached_plan`. Row groups whose rows are all
     deleted are left out."""
@@ -161,7 +162,7 @@ def plan_file(path: str, num_rows: int, positions: np.ndarray, row_groups: tuple
         row_groups = (num_rows,)
     bounds = np.concatenate([[0], np.cumsum(row_groups, dtype=np.int64)])
     dels = np.searchsorted(positions, bounds[1:]) - np.searchsorted(positions, bounds[:-1])
-    segs: list[list] = []
+    segs: list[list[Any]] = []
     for k, n in enumerate(row_groups):
         if n == 0 or dels[k] >= n:
             continue  # empty or fully deleted: not read
