@@ -127,9 +127,9 @@ class MaintenancePolicy:
             raise ValueError(
                 f"maintenance policy: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in d.items():
-            default = known[k].default
+            default: Any = known[k].default  # every field has a default
             try:
                 out[k] = type(default)(v) if not isinstance(default, bool) else bool(v)
             except (TypeError, ValueError):
@@ -142,11 +142,11 @@ class MaintenancePolicy:
             return self
         return MaintenancePolicy.from_dict({**asdict(self), **dict(overrides)})
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def policy_for(settings, table: str) -> MaintenancePolicy:
+def policy_for(settings: object, table: str) -> MaintenancePolicy:
     """The policy of ``table`` under ``settings`` (an object whose ``extra`` mapping may hold
     ``maintenance`` and ``maintenance_tables``; see the module docstring for the precedence)."""
     extra = getattr(settings, "extra", None) or {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus
@@ -61,7 +61,7 @@ class SnapshotFiles:
     deletes: list[LiveEntry]
 
 
-def _cache_put(cache: OrderedDict, key: Any, value: Any, limit: int) -> None:
+def _cache_put(cache: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
     cache[key] = value
     cache.move_to_end(key)
     while len(cache) > limit:
@@ -83,7 +83,7 @@ class SnapshotReader:
     def __init__(self, identifier: str) -> None:
         self.identifier = identifier
         self._manifests: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
-        self._deletes: OrderedDict[tuple, BitMap64] = OrderedDict()
+        self._deletes: OrderedDict[tuple[Any, ...], BitMap64] = OrderedDict()
 
     def files(self, io: FileIO, md: TableMetadata, snapshot: Snapshot | None) -> SnapshotFiles:
         """The manifests and live entries of ``snapshot`` (empty for None). Raises ``ValueError`` for a data
@@ -133,7 +133,9 @@ class SnapshotReader:
                 out[id(live.entry)] = {ref}
             elif df.file_format == FileFormat.PUFFIN:
                 puffin = read_puffin(read_all(io, df.file_path))
-                out[id(live.entry)] = {b.properties.get("referenced-data-file") for b in puffin.blobs} - {None}
+                out[id(live.entry)] = cast(  # None is subtracted
+                    set[str], {b.properties.get("referenced-data-file") for b in puffin.blobs} - {None}
+                )
             else:
                 out[id(live.entry)] = set(decode_position_deletes(read_all(io, df.file_path)))
         return out

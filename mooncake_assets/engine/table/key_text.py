@@ -40,6 +40,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +49,10 @@ import pyarrow.parquet as pq
 
 from ..cdc.text_out import TextColumn
 from ..index import FileIndex, IndexBlock
+
+if TYPE_CHECKING:
+    from .disk_files import DiskFile
+    from .mirror import MirrorTable
 
 __all__ = ["key_text_columns", "rebuild_file_index"]
 
@@ -66,11 +71,11 @@ def _money_text(v: Decimal) -> str:
 class _KeyColumn(TextColumn):
     """:class:`~..cdc.text_out.TextColumn` with money; refuses types whose text it cannot reproduce."""
 
-    def __init__(self, typ: pa.DataType, name: str = "", type_oid: int = 0):
+    def __init__(self, typ: pa.DataType, name: str = "", type_oid: int = 0) -> None:
         super().__init__(typ)
         self.name, self.oid = name, type_oid
         if self.child is not None:
-            self.child.name = name
+            cast(_KeyColumn, self.child).name = name  # children are of type(self)
         elif (
             pa.types.is_map(typ)
             or pa.types.is_dictionary(typ)
@@ -78,7 +83,7 @@ class _KeyColumn(TextColumn):
         ):
             raise ValueError(f"key column {name!r} ({typ}) cannot be printed as Postgres text")
 
-    def text(self, v) -> str | None:
+    def text(self, v: Any) -> str | None:
         if v is None:
             return None
         if self.oid == _MONEY_OID:
@@ -106,7 +111,7 @@ def key_text_columns(table: pa.Table, names: Sequence[str], type_oids: Sequence[
     return out
 
 
-def _read_file(table, f) -> pa.Table:
+def _read_file(table: MirrorTable, f: DiskFile) -> pa.Table:
     path = f.read_path
     t = pq.read_table(table.iceberg.io.new_input(path).open() if "://" in path else path)
     if table.evolved:
@@ -116,7 +121,7 @@ def _read_file(table, f) -> pa.Table:
     return t
 
 
-def rebuild_file_index(table) -> FileIndex:
+def rebuild_file_index(table: MirrorTable) -> FileIndex:
     """A new FileIndex of a restored :class:`~.mirror.MirrorTable`: one IndexBlock per live data file,
     every row hashed from its key's Postgres text (reads each data file's key columns once). When a key
     column's text cannot be reproduced, logs an error and returns an empty FileIndex (changes to rows

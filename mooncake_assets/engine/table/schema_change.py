@@ -116,9 +116,9 @@ def _change_parts(table: Any, rel: Any) -> str:
         parts.append(f"column {n[0]} ({type_text(n[1], n[2])}) was added")
     by_new = {n[0]: n for n in new}
     for name, oid, typmod, tname in old:
-        n = by_new.get(name)
-        if n is not None and (n[1], n[2]) != (oid, typmod):
-            parts.append(f"column {name} changed type from {tname} to {type_text(n[1], n[2])}")
+        now = by_new.get(name)
+        if now is not None and (now[1], now[2]) != (oid, typmod):
+            parts.append(f"column {name} changed type from {tname} to {type_text(now[1], now[2])}")
     if not parts:
         kept = [n for n in new_names if n in old_names]
         if kept != [n for n in old_names if n in new_names]:
@@ -133,7 +133,7 @@ def _check_identity(table: Any, rel: Any, lsn: int) -> None:
     _check_identity_of(table.name, table.source, table.schema.key_columns, rel, lsn)
 
 
-def _check_identity_of(name: str, source: str, key_columns: list, rel: Any, lsn: int) -> None:
+def _check_identity_of(name: str, source: str, key_columns: list[str], rel: Any, lsn: int) -> None:
     ident = rel.replica_identity
     if ident == "f":
         return
