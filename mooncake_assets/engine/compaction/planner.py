@@ -28,6 +28,7 @@ single file that has no deleted row (rewriting it changes nothing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .policy import MaintenancePolicy
 
@@ -72,9 +73,9 @@ class CompactionPlan:
     def __bool__(self) -> bool:
         return bool(self.files)
 
-    def describe(self, stats: dict[str, FileStats]) -> list[dict]:
+    def describe(self, stats: dict[str, FileStats]) -> list[dict[str, Any]]:
         """Per picked file: name, rows, deleted, bytes, live_bytes, delete_ratio_percent, reasons."""
-        out = []
+        out: list[dict[str, Any]] = []
         for n in self.files:
             s = stats[n]
             out.append(
@@ -189,8 +190,8 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
     if len(plan.files) > policy.max_files_per_run:
         dropped = plan.files[policy.max_files_per_run :]
         plan.files = plan.files[: policy.max_files_per_run]
-        for n in dropped:
-            plan.reasons.pop(n, None)
+        for name in dropped:
+            plan.reasons.pop(name, None)
         plan.checks.append(f"capped at max_files_per_run = {policy.max_files_per_run} ({len(dropped)} left for later)")
     by_name = {f.name: f for f in files}
     if len(plan.files) == 1 and by_name[plan.files[0]].deleted == 0:

@@ -448,9 +448,11 @@ class IcebergMirrorTable:
                     table,
                     (
                         AssertTableUUID(uuid=table.metadata.table_uuid),
-                        AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),
+                        # PyIceberg's pydantic models take field names too (populate_by_name); without the pydantic
+                        # mypy plugin its types know only the aliases (snapshot-id)
+                        AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),  # type: ignore[call-arg]
                     ),
-                    (RemoveSnapshotsUpdate(snapshot_ids=plan.expired),),
+                    (RemoveSnapshotsUpdate(snapshot_ids=plan.expired),),  # type: ignore[call-arg]  # as above (snapshot-ids)
                     before_swap=self.before_swap,
                 )
             except SwapConflict as e:
