@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +65,7 @@ class _Column(TextColumn):
     def float_text(self, v: float, single: bool) -> str:
         return _float_text(v, single)
 
-    def json(self, v) -> str:
+    def json(self, v: Any) -> str:
         """The JSON text of one storage value."""
         if v is None:
             return "null"
@@ -82,28 +83,33 @@ class _Column(TextColumn):
             m, d = _scale_to_us(t.unit)
             us = v if abs(v) >= TIMESTAMP_INFINITY else v * m // d
             return json.dumps(_timestamp_text(us, t.tz is not None, iso_t=True))
+        # children are of type(self) (TextColumn builds them so): _Column
         if self.child is not None:
-            return "[" + ",".join(self.child.json(x) for x in v) + "]"
+            return "[" + ",".join(cast(_Column, self.child).json(x) for x in v) + "]"
         if self.fields is not None:
-            return "{" + ", ".join(f"{json.dumps(n)}: {c.json(x)}" for (n, c), x in zip(self.fields, v)) + "}"
+            return (
+                "{"
+                + ", ".join(f"{json.dumps(n)}: {cast(_Column, c).json(x)}" for (n, c), x in zip(self.fields, v))
+                + "}"
+            )
         if self.entry is not None:
             kc, vc = self.entry
-            return "{" + ", ".join(f"{json.dumps(kc.text(k))}: {vc.json(x)}" for k, x in v) + "}"
+            return "{" + ", ".join(f"{json.dumps(kc.text(k))}: {cast(_Column, vc).json(x)}" for k, x in v) + "}"
         return json.dumps(self.text(v))
 
 
-def _columns(table: pa.Table) -> list[tuple[str, _Column, list]]:
+def _columns(table: pa.Table) -> list[tuple[str, _Column, list[Any]]]:
     out = []
     for name, col in zip(table.column_names, table.columns):
         c = _Column(col.type)
-        vals: list = []
+        vals: list[Any] = []
         for chunk in col.chunks:
             vals.extend(c.storage(chunk))
         out.append((name, c, vals))
     return out
 
 
-def _text_rows(cols: list[tuple[str, _Column, list]], n: int) -> list[list[str | None]]:
+def _text_rows(cols: list[tuple[str, _Column, list[Any]]], n: int) -> list[list[str | None]]:
     return [[c.text(vals[i]) for _, c, vals in cols] for i in range(n)]
 
 
