@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyroaring import BitMap64
 
@@ -45,8 +45,8 @@ class PersistPayload:
     remove: tuple[str, ...] = ()
     gone: tuple[str, ...] = ()
     schemas: Any = None
-    properties: dict | None = None
-    summary: dict = field(default_factory=dict)
+    properties: dict[str, str] | None = None
+    summary: dict[str, str] = field(default_factory=dict)
     index_blob: bytes = b""
 
     @property
@@ -62,25 +62,27 @@ def build_payload(
     uploaded: dict[str, str],
     upload: Callable[[str], str],
     schemas: Any = None,
-    properties: dict | None = None,
+    properties: dict[str, str] | None = None,
 ) -> PersistPayload:
     """The :class:`PersistPayload` of ``disk`` at ``lsn`` (changes nothing of ``disk``).
 
     ``uploaded``: staged files already copied to the warehouse (name → location); ``upload(local
     path) -> location`` copies the others (overwriting: an earlier failed persist may have copied
     them, names are unique). Raises what ``upload`` raises."""
-    add, deletes, remove = [], {}, []
+    add: list[tuple[str, str]] = []
+    deletes: dict[str, BitMap64] = {}
+    remove: list[str] = []
     for f in list(disk.files.values()):
         if disk.fully_deleted(f):
             if f.persisted:
-                remove.append(f.location)
+                remove.append(cast(str, f.location))  # persisted: it has a location
             continue
         loc = f.location
         if not f.persisted:
-            loc = uploaded.get(f.name) or upload(f.local_path)
+            loc = uploaded.get(f.name) or upload(cast(str, f.local_path))  # staged: it has a local copy
             add.append((f.name, loc))
         if f.pending:
-            deletes[loc] = BitMap64(f.pending.keys())
+            deletes[cast(str, loc)] = BitMap64(f.pending.keys())
     gone = tuple(f.name for f in disk.files.values() if disk.fully_deleted(f))
     return PersistPayload(
         lsn=Lsn(lsn),
