@@ -14,8 +14,10 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -50,12 +52,14 @@ class DiskFile:
     local_path: str | None = None
     location: str | None = None
     committed: BitMap64 = field(default_factory=BitMap64)
-    pending: dict = field(default_factory=dict)
+    pending: dict[int, int] = field(default_factory=dict)
     truncated_lsn: int = 0
     # deleted_at(None), kept while the sizes of committed and pending are unchanged (both only grow,
     # and a persist moves positions from one to the other): union reads ask for it on every query
-    _all_deleted: tuple | None = field(default=None, repr=False, compare=False)
-    _frozen: tuple | None = field(default=None, repr=False, compare=False)  # deleted_vector(None), same rule
+    _all_deleted: tuple[tuple[int, int], BitMap64] | None = field(default=None, repr=False, compare=False)
+    _frozen: tuple[tuple[int, int], FrozenBitMap64 | None] | None = field(
+        default=None, repr=False, compare=False
+    )  # deleted_vector(None), same rule
 
     @property
     def persisted(self) -> bool:
@@ -63,7 +67,8 @@ class DiskFile:
 
     @property
     def read_path(self) -> str:
-        return local_path_of(self.location) if self.location else self.local_path
+        # a file has a warehouse location or a local copy (staged), or both
+        return local_path_of(self.location) if self.location else cast(str, self.local_path)
 
     def is_deleted(self, row: int) -> bool:
         return self.truncated_lsn != 0 or row in self.committed or row in self.pending
@@ -156,7 +161,7 @@ class DiskFileSet:
         self.index.add_block(block)
 
     # ------------------------------------------------------------------ deletes
-    def live_hits(self, h: int):
+    def live_hits(self, h: int) -> Iterator[tuple[str, int]]:
         """(file name, row) of the index entries for key hash ``h`` whose row is not deleted, newest first."""
         for fname, row in self.index.lookup(h):
             f = self.files.get(fname)
@@ -221,10 +226,10 @@ class DiskFileSet:
         return len(head).to_bytes(4, "little") + head + b"".join(blobs)
 
     @staticmethod
-    def blob_header(blob: bytes) -> dict:
+    def blob_header(blob: bytes) -> dict[str, Any]:
         """The JSON header of :meth:`index_blob` bytes."""
         n = int.from_bytes(blob[:4], "little")
-        return json.loads(blob[4 : 4 + n])
+        return cast(dict[str, Any], json.loads(blob[4 : 4 + n]))
 
     def restore_index(self, blob: bytes) -> None:
         """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
@@ -239,7 +244,7 @@ class DiskFileSet:
             blocks.append(IndexBlock.open(str(p)))
         self.index = FileIndex(blocks)
 
-    def load(self, data_files: dict) -> None:
+    def load(self, data_files: dict[str, Any]) -> None:
         """The persisted files after a restart: ``data_files``: location → an object with
         ``record_count``, ``file_size_in_bytes`` and ``deleted`` (committed positions); staged files
         not among them are deleted."""
@@ -258,7 +263,7 @@ class DiskFileSet:
                 p.unlink()
 
     # ------------------------------------------------------------------ stats
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         deleted = sum(f.deleted_count() for f in self.files.values())
         return {
             "data_files": len(self.files),
