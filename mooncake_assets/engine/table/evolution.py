@@ -37,6 +37,7 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -82,7 +83,7 @@ def promotable(old: pa.DataType, new: pa.DataType) -> bool:
     if old == pa.float32() and new == pa.float64():
         return True
     if pa.types.is_decimal(old) and pa.types.is_decimal(new):
-        return new.scale == old.scale and new.precision >= old.precision
+        return cast(bool, new.scale == old.scale and new.precision >= old.precision)
     return False
 
 
@@ -275,10 +276,10 @@ def plan_schema_change(
         )
     keys = []
     for k in schema.key_columns:
-        spec = matched.get(id(by_name[k]))
-        if spec is None:
+        kept = matched.get(id(by_name[k]))
+        if kept is None:
             raise fail(f"key column {k} was dropped")
-        keys.append(spec.name)
+        keys.append(kept.name)
     clash = case_collision(c.name for c in out)
     if clash:
         raise fail(
@@ -293,7 +294,12 @@ def plan_schema_change(
 
 
 def _guess_added(
-    catalog: list[CatalogColumn], out: list[ColumnSpec], by_attnum: dict, rel_names: set, oid: int, typmod: int
+    catalog: list[CatalogColumn],
+    out: list[ColumnSpec],
+    by_attnum: dict[int, ColumnSpec],
+    rel_names: set[str],
+    oid: int,
+    typmod: int,
 ) -> CatalogColumn | None:
     """The catalog row of a column added at this LSN and renamed (or dropped) since: columns are added
     with growing attnums, so it is the first row after the previous column's attnum that no known
@@ -331,7 +337,9 @@ def field_id_of(f: pa.Field) -> int | None:
     return None
 
 
-def project(data: pa.Table | pa.RecordBatch, target: pa.Schema, defaults: dict[int, pa.Scalar] | None = None):
+def project(
+    data: pa.Table | pa.RecordBatch, target: pa.Schema, defaults: dict[int, pa.Scalar] | None = None
+) -> pa.Table | pa.RecordBatch:
     """Rows of a file or batch written under an older schema, in the ``target`` layout: columns
     matched by field id (by name when ``data`` carries no ids), cast on a type promotion, and a
     column the data lacks filled with its initial default (``defaults``: field id → Arrow scalar) or
@@ -350,7 +358,7 @@ def project(data: pa.Table | pa.RecordBatch, target: pa.Schema, defaults: dict[i
             a = data.column(i)
             arrays.append(a if a.type.equals(f.type) else a.cast(f.type))
             continue
-        d = (defaults or {}).get(fid)
+        d = cast(dict[int | None, Any], defaults or {}).get(fid)  # None: no default
         arrays.append(pa.repeat(d.cast(f.type), n) if d is not None and d.is_valid else pa.nulls(n, f.type))
     if isinstance(data, pa.RecordBatch):
         arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
