@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from pydantic_core import to_json
 from pyiceberg.io import FileIO
@@ -59,7 +60,7 @@ def check_format_version(format_version: int) -> None:
         raise ValueError(f"manifest: expected table format version 2 or 3, found {format_version}")
 
 
-def data_file_field(data_file: DataFile, name: str, format_version: int):
+def data_file_field(data_file: DataFile, name: str, format_version: int) -> Any:
     """A ``data_file`` field by its spec name (e.g. ``"referenced_data_file"``); None if the version lacks it."""
     pos = _DATA_FILE_POS[format_version].get(name)
     if pos is None or pos >= len(data_file):
@@ -67,7 +68,7 @@ def data_file_field(data_file: DataFile, name: str, format_version: int):
     return data_file[pos]
 
 
-def set_data_file_field(data_file: DataFile, name: str, value, format_version: int) -> None:
+def set_data_file_field(data_file: DataFile, name: str, value: Any, format_version: int) -> None:
     """Set a ``data_file`` field by its spec name; raises ``KeyError`` if the version has no such field."""
     data_file[_DATA_FILE_POS[format_version][name]] = value
 
@@ -78,7 +79,7 @@ def manifest_file_first_row_id(manifest: ManifestFile, format_version: int) -> i
     return None if pos is None or pos >= len(manifest) else manifest[pos]
 
 
-def new_data_file(format_version: int, **fields) -> DataFile:
+def new_data_file(format_version: int, **fields: Any) -> DataFile:
     """A ``DataFile`` record in the layout of ``format_version``; missing fields take the spec default."""
     check_format_version(format_version)
     fields.setdefault("partition", Record())
@@ -294,6 +295,8 @@ def write_manifest_list(
         rec = info.record
         if format_version >= 3 and rec.content == ManifestContent.DATA and info.first_row_id is None:
             rec = ManifestFile(*(rec[i] for i in range(len(rec))))  # a copy: the base's record stays as read
+            # v3: the layout has first_row_id and the snapshot's first-row-id was checked above
+            assert pos is not None and next_row_id is not None
             rec[pos] = next_row_id
             info.first_row_id = next_row_id
             next_row_id += unassigned_rows
@@ -308,4 +311,4 @@ def write_manifest_list(
     if format_version >= 3:
         meta["first-row-id"] = str(first_row_id)
     write_avro(io.new_output(location), MANIFEST_LIST_FILE_SCHEMAS[format_version], "manifest_file", meta, records)
-    return 0 if first_row_id is None else next_row_id - first_row_id
+    return 0 if first_row_id is None else cast(int, next_row_id) - first_row_id  # counted up from it
