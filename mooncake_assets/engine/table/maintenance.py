@@ -14,13 +14,14 @@ can fail harmlessly) and, once the commit landed, *applies* it (:func:`apply_com
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pyroaring import BitMap64, FrozenBitMap64
 
-from ..index import FileIndex, PositionMap
+from ..index import FileIndex, IndexBlock, PositionMap
 from .disk_files import DiskFile, DiskFileSet
 
 log = logging.getLogger("mooncake.compaction")
@@ -59,18 +60,18 @@ class CompactionInput:
     ``defaults``: the layout the Iceberg table has (Arrow schema, field id → initial-default)."""
 
     files: tuple[FileSnapshot, ...]
-    blocks: tuple
-    live: frozenset
+    blocks: tuple[IndexBlock, ...]
+    live: frozenset[str]
     schema: Any
-    defaults: dict
+    defaults: dict[int, Any]
 
 
 @dataclass(frozen=True)
 class IndexMergeInput:
     """What an index merge works on: the picked IndexBlocks and the table's live file names."""
 
-    blocks: tuple
-    live: frozenset
+    blocks: tuple[IndexBlock, ...]
+    live: frozenset[str]
     blocks_before: int
 
 
@@ -93,7 +94,7 @@ class PreparedSwap:
     deletes whose row has no new position, ``vanished``: inputs a persist removed meanwhile)."""
 
     new_files: tuple[DiskFile, ...]
-    adds: dict
+    adds: dict[str, BitMap64]
     remove: tuple[str, ...]
     index_blob: bytes
     remapped: int
@@ -101,7 +102,7 @@ class PreparedSwap:
     vanished: int
 
 
-def compaction_input(disk: DiskFileSet, names: list[str], schema, defaults: dict) -> CompactionInput:
+def compaction_input(disk: DiskFileSet, names: list[str], schema: Any, defaults: dict[int, Any]) -> CompactionInput:
     """Snapshot the picked files ``names`` of ``disk`` (call under the lock)."""
     files = tuple(
         FileSnapshot(n, f.read_path, f.num_rows, f.size_bytes, f.location, FrozenBitMap64(f.committed))
@@ -117,7 +118,7 @@ def compaction_input(disk: DiskFileSet, names: list[str], schema, defaults: dict
     )
 
 
-def index_merge_input(disk: DiskFileSet, blocks) -> IndexMergeInput:
+def index_merge_input(disk: DiskFileSet, blocks: Iterable[IndexBlock]) -> IndexMergeInput:
     return IndexMergeInput(blocks=tuple(blocks), live=frozenset(disk.files), blocks_before=len(disk.index.blocks))
 
 
@@ -133,7 +134,7 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
     pm = res.position_map
     nout = len(res.outputs)
     committed = [BitMap64() for _ in range(nout)]
-    pending: list[dict] = [{} for _ in range(nout)]
+    pending: list[dict[int, int]] = [{} for _ in range(nout)]
     truncated = 0
     remove: list[str] = []
     remapped = dropped = vanished = 0
@@ -143,7 +144,7 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
             vanished += 1
             newly, pend = BitMap64(range(s.rows)) - BitMap64(s.committed), {}
         else:
-            remove.append(cur.location)
+            remove.append(cast(str, cur.location))  # the snapshot's location: a persisted file
             newly, pend = cur.committed - BitMap64(s.committed), cur.pending
             truncated = max(truncated, cur.truncated_lsn)
         if len(newly):
@@ -156,18 +157,19 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
                 committed[int(k)].update(fr[ok & (fi == k)].astype(np.uint64).tolist())
         if pend:
             fi, fr = pm.map_rows(s.name, np.fromiter(pend.keys(), dtype=np.int64, count=len(pend)))
-            for k, r, lsn in zip(fi.tolist(), fr.tolist(), list(pend.values())):
-                if k < 0:
+            for new_i, r, lsn in zip(fi.tolist(), fr.tolist(), list(pend.values())):
+                if new_i < 0:
                     dropped += 1
                     continue
-                pending[k][r] = lsn
+                pending[new_i][r] = lsn
                 remapped += 1
-    new_files, adds = [], {}
-    for i, (name, rows, size, loc) in enumerate(res.outputs):
+    new_files: list[DiskFile] = []
+    adds: dict[str, BitMap64] = {}
+    for i, (name, out_rows, size, loc) in enumerate(res.outputs):
         new_files.append(
             DiskFile(
                 name=name,
-                num_rows=rows,
+                num_rows=out_rows,
                 size_bytes=size,
                 location=loc,
                 committed=committed[i],
@@ -203,7 +205,7 @@ def apply_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionRes
         apply_index_merge(disk, inp.blocks, res.new_block)
 
 
-def apply_index_merge(disk: DiskFileSet, old_blocks, new_block) -> None:
+def apply_index_merge(disk: DiskFileSet, old_blocks: Sequence[IndexBlock], new_block: IndexBlock | None) -> None:
     """Under the lock: ``new_block`` replaces ``old_blocks`` in the FileIndex; their files are deleted."""
     disk.index.replace_blocks(list(old_blocks), new_block)
     for b in old_blocks:
