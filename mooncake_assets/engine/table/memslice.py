@@ -17,7 +17,9 @@ maps key hash → locations (several for duplicate rows of key-less tables).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +28,14 @@ from ..cdc.decode import ewkb_srid_suspect
 from ..index import MemIndex
 from ..lsn import Lsn
 
+if TYPE_CHECKING:
+    from ..pg.schema import ColumnSpec
+
+#: the table's text decoder: column-major value lists -> ``pa.RecordBatch``
+Decoder = Callable[[list[list[Any]]], Any]
+#: (column index, cheap text test) of :func:`_suspect_checks`
+Suspect = tuple[int, Callable[[str], bool]]
+
 LIVE = 0
 
 
@@ -33,7 +43,7 @@ class BadRowError(ValueError):
     """A buffered row whose text cannot be decoded to the table's Arrow types (found when the open
     buffer is sealed). ``lsn``: commit LSN of the transaction that wrote the row. Permanent."""
 
-    def __init__(self, message: str, lsn: int, columns: list | None = None):
+    def __init__(self, message: str, lsn: int, columns: list[Any] | None = None):
         super().__init__(f"{message} (a row committed at LSN {Lsn(lsn)})")
         self.lsn = lsn
         self.columns = list(columns or [])  # the columns whose values could not be decoded
@@ -50,10 +60,10 @@ class Carried:
         self.scalar = scalar
 
     @property
-    def value(self):
+    def value(self) -> Any:
         return self.scalar.as_py()
 
-    def __repr__(self):  # pragma: no cover
+    def __repr__(self) -> str:  # pragma: no cover
         return f"Carried({self.scalar!r})"
 
 
@@ -76,13 +86,15 @@ class MemSlice:
     types: a PostGIS column's SRID).
     """
 
-    def __init__(self, schema: pa.Schema, decode, batch_rows: int = 16384, specs: list | None = None):
+    def __init__(
+        self, schema: pa.Schema, decode: Decoder, batch_rows: int = 16384, specs: list[ColumnSpec] | None = None
+    ) -> None:
         self.schema = schema
         self._decode = decode
         self.batch_rows = batch_rows
         self.batches: list[Batch] = []
         self.index = MemIndex()
-        self._rows: list[list] = []
+        self._rows: list[list[Any]] = []
         self._ins: list[int] = []
         self._hashes: list[int] = []
         self._open_del: dict[int, int] = {}
@@ -91,7 +103,7 @@ class MemSlice:
         self._suspects = _suspect_checks(schema, specs)
 
     # -- writes -------------------------------------------------------------------------------
-    def append(self, values: list, h: int, lsn: int) -> tuple[int, int]:
+    def append(self, values: list[Any], h: int, lsn: int) -> tuple[int, int]:
         """Append one row (text values / None / Carried) with key hash ``h`` at commit LSN ``lsn``.
 
         A value that may not decode (``numeric`` NaN for a decimal column, ``time`` 24:00, …; see
@@ -120,7 +132,7 @@ class MemSlice:
         b, r = loc
         if b == len(self.batches):
             return r not in self._open_del
-        return self.batches[b].del_lsn[r] == LIVE
+        return cast(bool, self.batches[b].del_lsn[r] == LIVE)
 
     def delete(self, loc: tuple[int, int], h: int, lsn: int) -> None:
         """Mark the row at ``loc`` deleted by the commit at ``lsn`` and drop it from the MemIndex."""
@@ -136,7 +148,7 @@ class MemSlice:
         """Live locations whose key hash is ``h``."""
         return [loc for loc in self.index.lookup(h) if self.is_live(loc)]
 
-    def row_values(self, loc: tuple[int, int]) -> list:
+    def row_values(self, loc: tuple[int, int]) -> list[Any]:
         """The row's values: text/None/Carried for the open buffer, Carried for sealed batches."""
         b, r = loc
         if b == len(self.batches):
@@ -181,7 +193,13 @@ class MemSlice:
         self._bytes += rb.nbytes
         self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
 
-    def evolve(self, schema: pa.Schema, decode, convert, specs: list | None = None) -> None:
+    def evolve(
+        self,
+        schema: pa.Schema,
+        decode: Decoder,
+        convert: Callable[[pa.RecordBatch], pa.RecordBatch],
+        specs: list[ColumnSpec] | None = None,
+    ) -> None:
         """Switch to a new table schema (a source schema change): the open buffer is sealed with the old
         decoder, every sealed batch is converted with ``convert(RecordBatch) -> RecordBatch`` (see
         :func:`.evolution.project`), then rows decode with ``decode`` into ``schema``. LSN stamps,
@@ -194,7 +212,7 @@ class MemSlice:
         self._decode = decode
         self._suspects = _suspect_checks(schema, specs)
 
-    def _decodes(self, cols: list[list]) -> bool:
+    def _decodes(self, cols: list[list[Any]]) -> bool:
         try:
             self._decode(cols)
             return True
@@ -251,7 +269,7 @@ class MemSlice:
     @property
     def num_rows(self) -> int:
         """Rows held (live and deleted), sealed and open."""
-        return sum(b.rb.num_rows for b in self.batches) + len(self._rows)
+        return cast(int, sum(b.rb.num_rows for b in self.batches) + len(self._rows))
 
     @property
     def live_rows(self) -> int:
@@ -267,7 +285,7 @@ class MemSlice:
         return self.num_rows == 0
 
 
-def _scalars_to_array(scalars: list, t: pa.DataType) -> pa.Array:
+def _scalars_to_array(scalars: list[Any], t: pa.DataType) -> pa.Array:
     """Arrow scalars (of type ``t``) as one array, in Arrow (values Python cannot hold carry over).
     ``pa.array`` refuses a NULL map scalar among others, so nested types go one scalar at a time."""
     try:
@@ -276,14 +294,14 @@ def _scalars_to_array(scalars: list, t: pa.DataType) -> pa.Array:
         return pa.concat_arrays([pa.array([sc], type=t) if sc.is_valid else pa.nulls(1, t) for sc in scalars])
 
 
-def _suspect_checks(schema: pa.Schema, specs: list | None = None) -> list:
+def _suspect_checks(schema: pa.Schema, specs: list[ColumnSpec] | None = None) -> list[Suspect]:
     """(column index, cheap text test) for columns whose decoder can reject a value Postgres accepts:
     PostGIS columns (a value with another SRID than the column's, ``ColumnSpec.kind == "wkb"`` and
     ``srid``: :func:`~..cdc.decode.ewkb_srid_suspect`; only with ``specs``, the table's ColumnSpecs in
     ``schema``'s order), decimals (NaN), times (24:00:00), dates/timestamps (years past 9999 may exceed
     the range), arrays (explicit lower bounds, other dimensions, such elements). A hit only costs a
     one-row decode."""
-    out = []
+    out: list[Suspect] = []
     for i, f in enumerate(schema):
         t = f.type
         spec = specs[i] if specs is not None else None
@@ -302,11 +320,14 @@ def _suspect_checks(schema: pa.Schema, specs: list | None = None) -> list:
             out.append(
                 (
                     i,
-                    lambda v, nd=nd: (
-                        v.startswith("[")
-                        or "NaN" in v
-                        or "24:" in v
-                        or (v != "{}" and len(v) - len(v.lstrip("{")) != nd)
+                    cast(  # the default binds this column's nd; mypy cannot infer such a lambda
+                        Callable[[str], bool],
+                        lambda v, nd=nd: (
+                            v.startswith("[")
+                            or "NaN" in v
+                            or "24:" in v
+                            or (v != "{}" and len(v) - len(v.lstrip("{")) != nd)
+                        ),
                     ),
                 )
             )
