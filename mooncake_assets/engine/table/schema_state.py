@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
 from ..cdc import TableSchema, decode_text_columns
-from .evolution import field_id_of, project
+from .evolution import SchemaChange, field_id_of, project
+
+if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+
+    from ..iceberg.table import IcebergMirrorTable
+    from ..pg.schema import ColumnSpec
+    from .memslice import MemSlice
 
 log = logging.getLogger("mooncake.table")
 
@@ -28,8 +37,30 @@ __all__ = ["TableSchemaRole", "initial_defaults"]
 class TableSchemaRole:
     """Schema state and evolution of a :class:`~.mirror.MirrorTable` (module docstring)."""
 
+    # the table's state this role reads and sets (set up by MirrorTable.__init__; declared for the type checker)
+    name: str
+    schema: TableSchema
+    arrow_schema: pa.Schema
+    iceberg: Any  # its IcebergMirrorTable, or None (see MirrorTable); Any: MirrorTable uses it unchecked
+    mem: MemSlice
+    defaults: dict[int, pa.Scalar]
+    key_names: list[str]
+    flushed_lsn: int
+    next_field_id: int
+    schema_pending: bool
+    evolved: bool
+    last_schema_change: str | None
+    _col_names: list[str]
+    _key_idx: list[int]
+    _match_full_row: bool
+    _read_fields: list[dict[str, Any]] | None
+    _schema_versions: list[Schema]
+    _relmap: dict[int, list[int]]
+    _identity: dict[int, list[int]]
+    _row_cache: dict[str, pa.Table]
+
     @staticmethod
-    def _sync_field_ids(schema: TableSchema, iceberg) -> int:
+    def _sync_field_ids(schema: TableSchema, iceberg: IcebergMirrorTable | None) -> int:
         """Take the Iceberg table's field ids for our columns (by name, list elements too); returns the
         next free field id."""
         last = 0
@@ -45,16 +76,17 @@ class TableSchemaRole:
                 ids = _nested_ids(f.field_type)
                 if ids:
                     c.element_ids = ids
-        return (
+        return cast(
+            int,
             max([last] + [c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns])
-            + 1
+            + 1,
         )
 
     @staticmethod
-    def _iceberg_has_columns(iceberg) -> bool:
+    def _iceberg_has_columns(iceberg: IcebergMirrorTable) -> bool:
         return "mooncake.columns" in iceberg.table.metadata.properties
 
-    def _set_schema(self, schema: TableSchema, hash_field_ids: list | None = None) -> None:
+    def _set_schema(self, schema: TableSchema, hash_field_ids: list[int] | None = None) -> None:
         self.schema = schema
         self.arrow_schema = schema.arrow_schema()
         self._col_names = [c.name for c in schema.columns]
@@ -80,7 +112,7 @@ class TableSchemaRole:
         """Field ids of the columns row keys are hashed from (the key, or a key-less table's original row)."""
         return [self.schema.columns[i].field_id for i in self._key_idx]
 
-    def evolve(self, change) -> None:
+    def evolve(self, change: SchemaChange) -> None:
         """Follow a source schema change at ``change.lsn`` (a :class:`.evolution.SchemaChange`): seal the
         open buffer under the old schema, convert the buffered rows, switch decoding, and make the next
         persist commit the new Iceberg schema. Reads at LSNs before the change are refused afterwards.
@@ -131,7 +163,7 @@ class TableSchemaRole:
             }
         )
 
-    def iceberg_schema(self):
+    def iceberg_schema(self) -> Schema:
         """The current schema as a PyIceberg ``Schema`` (our field ids; added columns carry their
         ``initial-default``)."""
         from pyiceberg.io.pyarrow import pyarrow_to_schema
@@ -145,9 +177,13 @@ class TableSchemaRole:
             if d is not None and d.is_valid:
                 try:
                     from pyiceberg.conversions import to_json
+                    from pyiceberg.types import PrimitiveType
 
                     value = d.as_py()
-                    to_json(f.field_type, value)  # checked here: the metadata writer would fail on it later
+                    # to_json dispatches on the type (a nested one raises, caught below)
+                    to_json(
+                        cast(PrimitiveType, f.field_type), value
+                    )  # checked here: the metadata writer would fail on it later
                     f = f.model_copy(update={"initial_default": value})
                 except Exception:
                     log.warning(
@@ -159,7 +195,7 @@ class TableSchemaRole:
             fields.append(f)
         return type(sch)(*fields, schema_id=sch.schema_id)
 
-    def read_fields(self) -> list[dict] | None:
+    def read_fields(self) -> list[dict[str, Any]] | None:
         """For readers of a table whose files may have older layouts (None otherwise): per current column
         ``{"id", "name", "type" (DuckDB type), "default" (text DuckDB casts, or None)}``."""
         if not self.evolved:
@@ -173,22 +209,23 @@ class TableSchemaRole:
             out = []
             for f, t in zip(self.arrow_schema, types):
                 fid = field_id_of(f)
-                d = self.defaults.get(fid)
+                d = cast(dict[int | None, pa.Scalar], self.defaults).get(fid)  # None: no field id, no default
                 text = None
                 if d is not None and d.is_valid:
                     one = pa.Table.from_arrays([pa.repeat(d, 1)], names=["v"])
-                    text = con.from_arrow(one).project("CAST(v AS VARCHAR)").fetchone()[0]
+                    # one row in, one row out
+                    text = cast(tuple[Any, ...], con.from_arrow(one).project("CAST(v AS VARCHAR)").fetchone())[0]
                 out.append({"id": fid, "name": f.name, "type": str(t), "default": text})
             con.close()
             self._read_fields = out
         return self._read_fields
 
     # ------------------------------------------------------------------ decoding helpers
-    def _decode(self, cols: list[list]) -> pa.RecordBatch:
+    def _decode(self, cols: list[list[Any]]) -> pa.RecordBatch:
         return decode_text_columns(self.schema.columns, cols, column_major=True)
 
 
-def _nested_ids(t) -> list[int]:
+def _nested_ids(t: Any) -> list[int]:
     """The field ids nested in an Iceberg type, in the pre-order :func:`~..pg.schema.assign_field_ids`
     gives them (list: element, then inside it; struct: each field, then inside it; map: key, value,
     then inside them)."""
@@ -199,14 +236,14 @@ def _nested_ids(t) -> list[int]:
     if isinstance(t, MapType):
         return [t.key_id, t.value_id] + _nested_ids(t.key_type) + _nested_ids(t.value_type)
     if isinstance(t, StructType):
-        out = []
+        out: list[int] = []
         for f in t.fields:
             out += [f.field_id] + _nested_ids(f.field_type)
         return out
     return []
 
 
-def initial_defaults(columns) -> dict:
+def initial_defaults(columns: Iterable[ColumnSpec]) -> dict[int, pa.Scalar]:
     """Field id → Arrow scalar of the value rows older than a column read (its ``initial_default``
     text decoded with the column's own decoder). Raises ``ValueError`` for a text the type rejects."""
     return {
