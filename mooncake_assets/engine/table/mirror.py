@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +46,12 @@ from .persist import PersistPayload, apply_persist, build_payload
 from .read_state import ReadField, ReadState
 from .schema_state import TableSchemaRole
 
+if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+
+    from ..iceberg.table import IcebergMirrorTable
+    from ..index import IndexBlock
+
 log = logging.getLogger("mooncake.table")
 
 __all__ = ["MirrorTable", "DiskFile"]
@@ -58,7 +66,9 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
     ``table_dir``: local state (staged Parquet files, index blocks).
     """
 
-    def __init__(self, name: str, source: str, schema: TableSchema, iceberg, table_dir: Path):
+    def __init__(
+        self, name: str, source: str, schema: TableSchema, iceberg: IcebergMirrorTable | None, table_dir: Path
+    ) -> None:
         self.name = name
         self.source = source
         self.schema = schema
@@ -75,7 +85,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         self.schema_pending = iceberg is None or not self._iceberg_has_columns(iceberg)
         self.evolved = iceberg is not None and len(iceberg.table.metadata.schemas) > 1
         self._set_schema(schema, getattr(schema, "hash_field_ids", None))
-        self._schema_versions: list = []  # Iceberg schemas since the last commit, oldest first
+        self._schema_versions: list[Schema] = []  # Iceberg schemas since the last commit, oldest first
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
         self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
@@ -113,7 +123,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         self.disk.index = value
 
     # ------------------------------------------------------------------ flush
-    def flush(self) -> dict:
+    def flush(self) -> dict[str, Any]:
         """Write the MemSlice's live rows to Parquet in ``staging/`` plus one IndexBlock for them.
 
         Rows stay visible throughout (the caller holds the service lock). Returns
@@ -138,7 +148,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         """True when something applied is not yet durable in Iceberg."""
         return not self.mem.is_empty() or self.schema_pending or self.disk.is_dirty()
 
-    def _pending_schemas(self):
+    def _pending_schemas(self) -> list[Schema] | None:
         """The Iceberg schemas the next commit adds, oldest first (each evolve appended the then-current
         one, so the last is today's), or None when Iceberg has the current schema."""
         if not self.schema_pending:
@@ -156,7 +166,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         ]
         return todo, self._pending_schemas()
 
-    def upload(self, todo: list[tuple[str, str]], schema) -> dict[str, str]:
+    def upload(self, todo: list[tuple[str, str]], schema: object) -> dict[str, str]:
         """Copy staged files (immutable) to the warehouse; name → location, for :meth:`persist`'s
         ``uploaded``. Changes no state of the table, so it runs without the service lock; a failure
         raises (the next persist uploads again, overwriting)."""
@@ -166,7 +176,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
             out[name] = self.iceberg.upload_data_file(path, overwrite=True, schema=schema)
         return out
 
-    def persist(self, uploaded: dict[str, str] | None = None) -> dict:
+    def persist(self, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
         """Flush, then commit to Iceberg in ONE commit: new data files, merged deletes (one DV per file),
         files whose rows are all deleted removed, the FileIndex blob and ``mooncake.flush-lsn`` (the
         :class:`~.persist.PersistPayload`).
@@ -269,11 +279,11 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         maintenance.apply_compaction(self.disk, inp, res, prep)
         self._row_cache.clear()
 
-    def index_merge_input(self, blocks) -> IndexMergeInput:
+    def index_merge_input(self, blocks: Iterable[IndexBlock]) -> IndexMergeInput:
         """A frozen snapshot for merging ``blocks``: them and the live file names."""
         return maintenance.index_merge_input(self.disk, blocks)
 
-    def apply_index_merge(self, old_blocks, new_block) -> None:
+    def apply_index_merge(self, old_blocks: Sequence[IndexBlock], new_block: IndexBlock | None) -> None:
         """``new_block`` replaces ``old_blocks`` (their files are deleted)."""
         maintenance.apply_index_merge(self.disk, old_blocks, new_block)
 
@@ -301,7 +311,7 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         )
 
     # ------------------------------------------------------------------ stats
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         d = self.disk.stats()
         return {
             "name": self.name,
