@@ -24,6 +24,7 @@ schema, ``mem``, ``disk`` and ``hasher``).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +35,15 @@ from ..lsn import Lsn
 from .evolution import project
 from .memslice import Carried
 
+if TYPE_CHECKING:
+    from ..cdc import TableSchema, TupleData
+    from ..index import KeyHash
+    from .disk_files import DiskFileSet
+    from .memslice import MemSlice
+
+#: a located live row: ("mem", MemSlice location, key hash) | ("disk", (file name, row), key hash)
+_Found = tuple[str, Any, int]
+
 log = logging.getLogger("mooncake.table")
 
 __all__ = ["ChangeApplyRole"]
@@ -41,6 +51,24 @@ __all__ = ["ChangeApplyRole"]
 
 class ChangeApplyRole:
     """Apply and key lookup of a :class:`~.mirror.MirrorTable` (module docstring)."""
+
+    # the table's state this role reads and sets (set up by MirrorTable.__init__; declared for the type checker)
+    name: str
+    schema: TableSchema
+    arrow_schema: pa.Schema
+    iceberg: Any  # its IcebergMirrorTable, or None (see MirrorTable); Any: MirrorTable uses it unchecked
+    mem: MemSlice
+    disk: DiskFileSet
+    hasher: KeyHash
+    defaults: dict[int, pa.Scalar]
+    evolved: bool
+    missing_keys: int
+    _col_names: list[str]
+    _key_idx: list[int]
+    _match_full_row: bool
+    _relmap: dict[int, list[int]]
+    _identity: dict[int, list[int]]
+    _row_cache: dict[str, pa.Table]
 
     def column_map(self, rel_oid: int, rel_columns: list[str]) -> list[int]:
         """Indices of our columns in a Relation message's column list (-1 = not sent)."""
@@ -53,7 +81,7 @@ class ChangeApplyRole:
         return m
 
     @staticmethod
-    def _cell(v):
+    def _cell(v: tuple[str, Any]) -> Any:
         kind, data = v
         if kind == "n":
             return None
@@ -61,18 +89,18 @@ class ChangeApplyRole:
             return _UNCHANGED
         return bytes(data).decode("utf-8")
 
-    def _values(self, tup, rel_oid: int) -> list:
+    def _values(self, tup: TupleData, rel_oid: int) -> list[Any]:
         """Our columns' text values of a TupleData (None = NULL, _UNCHANGED = unchanged TOAST)."""
         m = self._relmap[rel_oid]
         if "u" not in tup.kinds and m is self._identity.get(rel_oid):
             return [None if v is None else v.decode() for v in tup.data]  # the hot path
         return [self._cell(tup[i]) if i >= 0 else None for i in m]
 
-    def _key(self, values: list) -> list:
+    def _key(self, values: list[Any]) -> list[Any]:
         return [values[i] for i in self._key_idx]
 
     # ------------------------------------------------------------------ locating rows
-    def _find(self, key_vals: list):
+    def _find(self, key_vals: list[Any]) -> _Found | None:
         """Locate a live row by key: ('mem', loc) | ('disk', file, row) | None. Newest first."""
         h = self.hasher.hash_one(key_vals)
         for loc in self.mem.find(h):
@@ -84,13 +112,13 @@ class ChangeApplyRole:
             return ("disk", (fname, row), h)
         return None
 
-    def _recheck(self, vals: list, key_vals: list) -> bool:
+    def _recheck(self, vals: list[Any], key_vals: list[Any]) -> bool:
         """Does a candidate row (text or Carried values) really hold this key (text values)?
 
         Hashed keys are re-checked on every hit (module docstring): a text value is compared as text, a
         typed value (sealed batch or data file) with the key decoded by the table's own decoder;
         NULL equals NULL and NaN equals NaN, as for a row identity."""
-        typed = None
+        typed: Any = None
         for j, (i, kv) in enumerate(zip(self._key_idx, key_vals)):
             v = vals[i]
             if isinstance(v, Carried):
@@ -104,16 +132,16 @@ class ChangeApplyRole:
                 return False
         return True
 
-    def _find_full(self, key_vals: list, old: list):
+    def _find_full(self, key_vals: list[Any], old: list[Any]) -> _Found | None:
         """Like :meth:`_find`, for a change that carries the whole old row (REPLICA IDENTITY FULL): when
         several live rows hold the key — a unique key under a DEFERRABLE constraint may, inside a
         transaction (a one-statement key swap) — take the one equal to the old row."""
         h = self.hasher.hash_one(key_vals)
-        cands = [("mem", loc, h) for loc in self.mem.find(h)]
+        cands: list[_Found] = [("mem", loc, h) for loc in self.mem.find(h)]
         cands += [("disk", (fname, row), h) for fname, row in self.disk.live_hits(h)]
         if len(cands) <= 1:
             return self._find(key_vals)
-        typed = None
+        typed: Any = None
         for c in cands:
             vals = self.mem.row_values(c[1]) if c[0] == "mem" else self._disk_row(*c[1])
             same = True
@@ -141,7 +169,7 @@ class ChangeApplyRole:
                 return c
         return self._find(key_vals)
 
-    def _disk_row(self, fname: str, row: int) -> list:
+    def _disk_row(self, fname: str, row: int) -> list[Any]:
         t = self._row_cache.get(fname)
         if t is None:
             path = self.disk.files[fname].read_path
@@ -154,7 +182,7 @@ class ChangeApplyRole:
             self._row_cache[fname] = t
         return [Carried(t.column(i)[row]) for i in range(t.num_columns)]
 
-    def _delete_found(self, found, lsn: int) -> None:
+    def _delete_found(self, found: _Found, lsn: int) -> None:
         kind, loc, h = found
         if kind == "mem":
             self.mem.delete(loc, h, lsn)
@@ -162,7 +190,7 @@ class ChangeApplyRole:
             fname, row = loc
             self.disk.delete(fname, row, lsn)
 
-    def _report_missing(self, what: str, key_vals, lsn: int) -> None:
+    def _report_missing(self, what: str, key_vals: list[Any], lsn: int) -> None:
         self.missing_keys += 1
         log.error(
             "table %s: %s of key %r at LSN %s found no live row (invariant violation; change skipped)",
@@ -173,10 +201,11 @@ class ChangeApplyRole:
         )
 
     # ------------------------------------------------------------------ apply
-    def apply(self, change, commit_lsn: int) -> None:
+    def apply(self, change: Any, commit_lsn: int) -> None:
         """Apply one decoded change of a committed transaction at ``commit_lsn`` (the apply rules in the
         module docstring). The caller keeps ``last_change_lsn`` (once per transaction, not per change)."""
         kind = change.kind
+        old: list[Any] | None  # the old row's values (None: the change carries no old row)
         if kind == "insert":
             vals = self._values(change.new, change.relation_oid)
             self.mem.append(vals, self.hasher.hash_one(self._key(vals)), commit_lsn)
@@ -227,7 +256,7 @@ class ChangeApplyRole:
         self.disk.truncate(lsn)
 
 
-def _same_value(a, b) -> bool:
+def _same_value(a: Any, b: Any) -> bool:
     if a == b:
         return True
     return isinstance(a, float) and isinstance(b, float) and a != a and b != b  # NaN
@@ -236,7 +265,7 @@ def _same_value(a, b) -> bool:
 class _Unchanged:
     __slots__ = ()
 
-    def __repr__(self):  # pragma: no cover
+    def __repr__(self) -> str:  # pragma: no cover
         return "UNCHANGED_TOAST"
 
 
