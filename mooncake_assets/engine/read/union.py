@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import duckdb
 import numpy as np
@@ -79,7 +79,7 @@ def _pool() -> ThreadPoolExecutor:
 def current_wal_lsn(dsn: str) -> str:
     """``pg_current_wal_lsn()`` of the source, as ``X/Y`` text."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        return cast(tuple[str], c.execute("SELECT pg_current_wal_lsn()::text").fetchone())[0]  # one row
 
 
 def _ident(s: str) -> str:
@@ -143,7 +143,7 @@ class StatementInfo:
         self.whole = True
         self.parsed = False
         try:
-            doc = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+            doc = json.loads(cast(tuple[str], con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone())[0])
         except duckdb.Error:
             doc = {"error": True}
         if doc.get("error"):
@@ -153,7 +153,7 @@ class StatementInfo:
         self.parsed = True
         self._walk(doc.get("statements", []))
 
-    def _walk(self, node) -> None:
+    def _walk(self, node: Any) -> None:
         if isinstance(node, list):
             for x in node:
                 self._walk(x)
@@ -188,9 +188,9 @@ class ReadStateSource(Protocol):
 
     def fetch(self, ticket: str) -> pa.Table: ...
 
-    def status(self) -> dict: ...
+    def status(self) -> dict[str, Any]: ...
 
-    def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict: ...
+    def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict[str, Any]: ...
 
 
 class UnionReader:
@@ -222,24 +222,26 @@ class UnionReader:
         self._objects: dict[str, list[str]] = {}  # view -> Arrow objects registered for it
         self._views: dict[str, str] = {}  # view -> the DDL it was created with
         self._infos: dict[str, StatementInfo] = {}
-        self._storage: dict | None = None  # the ReadState ``storage`` hints applied to ``con``
+        self._storage: dict[str, Any] | None = None  # the ReadState ``storage`` hints applied to ``con``
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
         if not self.dsn:
             return None
+        client = cast(ReadStateSource, self.client)  # a reader with a DSN reads through its client
+        lsn: str | None
         try:
             lsn = current_wal_lsn(self.dsn)
         except psycopg.OperationalError:
             # this process may lack the source's password (it is kept in no file; engine/pg/conninfo.py):
             # the service has it, and reports the source's current LSN in its status
             try:
-                lsn = self.client.status().get("source_lsn")
+                lsn = client.status().get("source_lsn")
             except Exception:
                 lsn = None
             if not lsn:
                 raise
-        self.client.wait_lsn(lsn, timeout=self.wait_timeout)
+        client.wait_lsn(lsn, timeout=self.wait_timeout)
         return lsn
 
     # ------------------------------------------------------------------ registration
@@ -255,8 +257,9 @@ class UnionReader:
 
         ``columns``: project to these columns only. ``mode``: ``lazy`` (default unless the reader was
         made with another fixed mode), ``arrow`` or ``anti``. Returns the :class:`ReadState`."""
-        rs = self.client.read_state(table, lsn)
-        mem = self.client.fetch(rs.ticket)
+        client = cast(ReadStateSource, self.client)  # None only for readers fed by register_state
+        rs = client.read_state(table, lsn)
+        mem = client.fetch(cast(str, rs.ticket))  # a service's ReadState carries a ticket
         if mode is None:
             mode = "lazy" if self.mode == "auto" else self.mode
         self.register_state(rs, mem, view or table, columns=columns, mode=mode)
@@ -329,7 +332,7 @@ class UnionReader:
         if lsn is None:
             self.barrier()
         else:
-            self.client.wait_lsn(lsn, timeout=self.wait_timeout)
+            cast(ReadStateSource, self.client).wait_lsn(lsn, timeout=self.wait_timeout)
 
     def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
         """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references).
@@ -345,12 +348,13 @@ class UnionReader:
                 self._infos.pop(next(iter(self._infos)))
         _raise_refused(info.refused)
         self._reach(lsn)
+        client = cast(ReadStateSource, self.client)  # None only for readers fed by register_state
         if tables is None:
-            names = [t["name"] for t in self.client.status()["tables"] if t.get("state") != "copying"]
+            names = [t["name"] for t in client.status()["tables"] if t.get("state") != "copying"]
             tables = [t for t in names if t.lower() in info.tables] if info.parsed else names
         for t in tables:
-            rs = self.client.read_state(t, lsn)
-            mem = self.client.fetch(rs.ticket)
+            rs = client.read_state(t, lsn)
+            mem = client.fetch(cast(str, rs.ticket))  # a service's ReadState carries a ticket
             mode, cols = self.mode, None
             if mode == "auto":
                 mode = "arrow" if info.whole else "lazy"
@@ -387,7 +391,9 @@ def _schema_option(fields: tuple[ReadField, ...]) -> str:
     return ", schema = MAP {" + ", ".join(entries) + "}"
 
 
-def _lazy_parts(plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict, opts: str = "") -> list[str]:
+def _lazy_parts(
+    plans: list[FilePlan], cols: list[str], dv_name: str, objs: dict[str, Any], opts: str = ""
+) -> list[str]:
     """SQL branches reading files with deletes the lazy way (see :func:`.plan.plan_file`).
 
     Files read whole (one segment, some deletes) share **one** ``read_parquet`` whose
@@ -433,7 +439,7 @@ def _read_masked(files: list[FileState], cols: list[str]) -> pa.Table:
     """Files with deletes read with PyArrow (columns ``cols``, row groups with live rows only, files in
     parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows."""
 
-    def one(f):
+    def one(f: FileState) -> pa.Table:
         live, keep = cached_keep(f.path, f.rows, f.deleted)
         pf = pq.ParquetFile(arrow_source(f.path))  # s3:// through PyArrow's S3 filesystem
         if live is None:
