@@ -26,13 +26,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, FileFormat, ManifestContent, ManifestEntry, ManifestEntryStatus
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import (
@@ -188,7 +189,8 @@ class SnapshotProducer:
         delete_files = self.write_delete_files(plan.new_sets)
         mooncake = self.mooncake_properties()
         manifest_list, first_row_id, added_rows = self.write_manifest_list(self.write_manifests(plan, delete_files))
-        snapshot = Snapshot(
+        # PyIceberg's pydantic models take field names (populate_by_name); without the pydantic mypy plugin their types know only the aliases
+        snapshot = Snapshot(  # type: ignore[call-arg]
             snapshot_id=self.snapshot_id,
             parent_snapshot_id=self.base_snapshot_id,
             sequence_number=self.sequence_number,
@@ -201,7 +203,8 @@ class SnapshotProducer:
         )
         updates = schema_changes + (
             AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=self.snapshot_id),
+            # as above, and pydantic validates "branch" into SnapshotRefType.BRANCH
+            SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=self.snapshot_id),  # type: ignore[call-arg, arg-type]
         )
         return ProducedSnapshot(self.snapshot_id, updates, self.requirements())
 
@@ -417,7 +420,7 @@ class SnapshotProducer:
         ``added-rows`` counts them (the metadata update then advances ``next-row-id`` by it)."""
         location = self.provider.new_metadata_location(f"snap-{self.snapshot_id}-{self.attempt}-{uuid.uuid4()}.avro")
         self.written.append(location)
-        first_row_id = (self.md.next_row_id or 0) if self.fv >= 3 else None
+        first_row_id = (cast(TableMetadataV3, self.md).next_row_id or 0) if self.fv >= 3 else None  # v3 metadata
         added_rows = write_manifest_list(
             self.io,
             location,
@@ -460,10 +463,11 @@ class SnapshotProducer:
     def requirements(self) -> tuple[TableRequirement, ...]:
         """What the catalog's swap checks (spec "Optimistic Concurrency"): same table, ``main`` still at the
         base snapshot, the current schema unchanged."""
+        # PyIceberg's pydantic models take field names (populate_by_name); without the pydantic mypy plugin their types know only the aliases
         return (
             AssertTableUUID(uuid=self.md.table_uuid),
-            AssertRefSnapshotId(ref="main", snapshot_id=self.base_snapshot_id),
-            AssertCurrentSchemaId(current_schema_id=self.md.current_schema_id),
+            AssertRefSnapshotId(ref="main", snapshot_id=self.base_snapshot_id),  # type: ignore[call-arg]
+            AssertCurrentSchemaId(current_schema_id=self.md.current_schema_id),  # type: ignore[call-arg]
         )
 
     # ------------------------------------------------------------------------------- clean up
@@ -513,10 +517,10 @@ def schema_updates(
             continue
         schema_id, next_id = next_id, next_id + 1
         new = Schema(*version.fields, schema_id=schema_id, identifier_field_ids=[])
-        updates.append(AddSchemaUpdate(schema_=new))
+        updates.append(AddSchemaUpdate(schema_=new))  # type: ignore[call-arg]  # by field name (populate_by_name): mypy sees the alias only
         last = tuple(version.fields)
     if schema_id != md.current_schema_id and new is not None:
-        updates.append(SetCurrentSchemaUpdate(schema_id=-1))
+        updates.append(SetCurrentSchemaUpdate(schema_id=-1))  # type: ignore[call-arg]  # by field name, as above
         props["schema.name-mapping.default"] = create_mapping_from_schema(new).model_dump_json()
     if props:
         updates.append(SetPropertiesUpdate(updates=props))
