@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -87,8 +89,8 @@ def rewrite_files(
     schema: pa.Schema,
     target_bytes: int,
     compression: str = "zstd",
-    open_input=None,
-    defaults=None,
+    open_input: Callable[[str], Any] | None = None,
+    defaults: dict[int, pa.Scalar] | None = None,
 ) -> RewriteResult:
     """Rewrite ``inputs`` into new files under ``out_dir`` (see the module docstring).
 
@@ -106,11 +108,11 @@ def rewrite_files(
     out_dir.mkdir(parents=True, exist_ok=True)
     res = RewriteResult()
     names: list[str] = []
-    maps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    writer = None
-    sink = None
+    maps: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}  # input name -> (new file index, new row)
+    writer: Any = None  # pq.ParquetWriter of the current file
+    sink: Any = None  # its pa.OSFile
     parts: list[pa.RecordBatch] = []  # rows of the current file not yet written (at most one row group)
-    cur = {"name": None, "path": None, "rows": 0, "written": 0, "buffered": 0}
+    cur: dict[str, Any] = {"name": None, "path": None, "rows": 0, "written": 0, "buffered": 0}
 
     def row_group_rows(per_row_input: float) -> int:
         """Rows the next row group of the current file should hold."""
