@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from enum import Enum
 from importlib.metadata import version as _installed_version
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -237,7 +237,8 @@ def record(cls: Callable[..., R], format_version: int, **fields: Any) -> R:
     """A PyIceberg manifest record (``DataFile``, ``ManifestEntry``, ``ManifestFile``) in the positional
     layout of ``format_version`` (v3: the v2 fields plus the v3 ones at the end); missing fields take
     the spec default. Through ``from_args(_table_format_version=…)``."""
-    return cls.from_args(_table_format_version=format_version, **fields)  # type: ignore[attr-defined]
+    # from_args: a classmethod of PyIceberg's record classes, which Callable[..., R] does not name
+    return cast(R, cls.from_args(_table_format_version=format_version, **fields))  # type: ignore[attr-defined]
 
 
 def read_avro(
@@ -248,6 +249,7 @@ def read_avro(
 ) -> list[Any]:
     """Every record of an Avro file, read with ``schema`` (field ids -> the record classes of
     ``read_types``, the enums of ``read_enums``), through PyIceberg's ``AvroFile``."""
+    reader: AvroFile[Any]
     with AvroFile(input_file, schema, read_types=read_types, read_enums=read_enums) as reader:
         return list(reader)
 
@@ -257,6 +259,7 @@ def write_avro(
 ) -> None:
     """Write ``records`` (positional, in ``schema``'s layout) as one Avro block with key-value ``metadata``
     (the codec under ``AVRO_CODEC_KEY``), through PyIceberg's ``AvroOutputFile``."""
+    writer: AvroOutputFile[Any]
     with AvroOutputFile(
         output_file=output_file, file_schema=schema, schema_name=schema_name, record_schema=schema, metadata=metadata
     ) as writer:
