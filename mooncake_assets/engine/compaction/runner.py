@@ -44,7 +44,10 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Hashable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from pyroaring import BitMap64
@@ -55,7 +58,16 @@ from ..index import FileIndex, PositionMap
 from ..table.maintenance import CompactionResult
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
-from .rewriter import RewriteInput, rewrite_files
+from .rewriter import RewriteInput, RewriteResult, rewrite_files
+
+if TYPE_CHECKING:
+    from ..index import IndexBlock
+    from ..table.maintenance import CompactionInput, IndexMergeInput, PreparedSwap
+    from ..table.mirror import MirrorTable
+    from .planner import CompactionPlan
+
+#: the service lock (or None: a private one)
+_Lock = AbstractContextManager[object]
 
 __all__ = ["compact", "merge_index", "expire_and_clean", "clean_local", "file_stats", "maintenance_lock"]
 
@@ -65,7 +77,7 @@ _locks: weakref.WeakKeyDictionary[object, threading.Lock] = weakref.WeakKeyDicti
 _locks_guard = threading.Lock()
 
 
-def maintenance_lock(table) -> threading.Lock:
+def maintenance_lock(table: MirrorTable) -> threading.Lock:
     """The per-table lock that lets one merge or compaction run at a time (both swap IndexBlocks)."""
     with _locks_guard:
         lk = _locks.get(table)
@@ -77,13 +89,13 @@ def maintenance_lock(table) -> threading.Lock:
 class _Timed:
     """A lock wrapper that adds up how long it was held (the apply loop's stall)."""
 
-    def __init__(self, lock):
-        self.lock = lock if lock is not None else threading.RLock()
+    def __init__(self, lock: _Lock | None) -> None:
+        self.lock: _Lock = lock if lock is not None else threading.RLock()
         self.held = 0.0
         self.longest = 0.0
 
     @contextlib.contextmanager
-    def __call__(self):
+    def __call__(self) -> Iterator[None]:
         with self.lock:
             t = time.perf_counter()
             try:
@@ -94,7 +106,7 @@ class _Timed:
                 self.longest = max(self.longest, d)
 
 
-def file_stats(table, committed_only: bool = True) -> dict[str, FileStats]:
+def file_stats(table: MirrorTable, committed_only: bool = True) -> dict[str, FileStats]:
     """Planner view of the table's persisted, not truncated files (call under the service lock).
 
     ``committed_only``: count only persisted deletes (what a rewrite drops); else pending ones too (what
@@ -106,7 +118,7 @@ def file_stats(table, committed_only: bool = True) -> dict[str, FileStats]:
     }
 
 
-def _record(table, op: str, report: dict) -> dict:
+def _record(table: MirrorTable, op: str, report: dict[str, Any]) -> dict[str, Any]:
     last = getattr(table, "last_maintenance", None)
     if not isinstance(last, dict):
         last = {}
@@ -119,7 +131,9 @@ def _record(table, op: str, report: dict) -> dict:
 # ------------------------------------------------------------------------------------ index helpers
 
 
-def _dead_file_maps(blocks, live: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _dead_file_maps(
+    blocks: Iterable[IndexBlock], live: frozenset[str] | set[str]
+) -> dict[Hashable, tuple[np.ndarray, np.ndarray]]:
     """PositionMap sources that drop every entry of files no longer in the table (their row count is
     taken from the entries themselves: the file is gone)."""
     longest: dict[str, int] = {}
@@ -135,14 +149,16 @@ def _dead_file_maps(blocks, live: set[str]) -> dict[str, tuple[np.ndarray, np.nd
     return {name: (np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.uint32)) for name, n in longest.items()}
 
 
-def _new_block_path(table) -> Path:
+def _new_block_path(table: MirrorTable) -> Path:
     return table.dir / "index" / f"{uuid.uuid4().hex}.idx"
 
 
 # ------------------------------------------------------------------------------------ index merge
 
 
-def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, full: bool = False) -> dict:
+def merge_index(
+    table: MirrorTable, *, lock: _Lock | None = None, policy: MaintenancePolicy | None = None, full: bool = False
+) -> dict[str, Any]:
     """Merge the table's IndexBlocks by policy (:class:`IndexMergePolicy`: more
     than ``index_max_blocks`` blocks → the smallest ``index_max_blocks_per_merge`` into one); ``full``:
     merge up to ``index_max_blocks_per_merge`` blocks whenever there are two or more.
@@ -224,7 +240,7 @@ def merge_index(table, *, lock=None, policy: MaintenancePolicy | None = None, fu
     )
 
 
-def _merged_block(inp, path: Path):
+def _merged_block(inp: IndexMergeInput, path: Path) -> IndexBlock:
     """The IndexBlock merging ``inp.blocks`` (no lock): a k-way merge by hash, or a rebuild dropping the
     entries of files that left the table when some block has them."""
     dead = _dead_file_maps(inp.blocks, inp.live)
@@ -236,7 +252,7 @@ def _merged_block(inp, path: Path):
 # ------------------------------------------------------------------------------------ compaction
 
 
-def _policy_summary(p: MaintenancePolicy) -> dict:
+def _policy_summary(p: MaintenancePolicy) -> dict[str, Any]:
     return {
         k: getattr(p, k)
         for k in (
@@ -252,15 +268,15 @@ def _policy_summary(p: MaintenancePolicy) -> dict:
 
 
 def compact(
-    table,
+    table: MirrorTable,
     *,
-    lock=None,
+    lock: _Lock | None = None,
     policy: MaintenancePolicy | None = None,
     full: bool = False,
     dry_run: bool = False,
     persist_first: bool | None = None,
     expire: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Compact the table's data files by policy (``full``: every persisted file) — see the module
     docstring for the steps, :mod:`.planner` for the choice.
 
@@ -343,7 +359,9 @@ def compact(
     return _record(table, "compact", report)
 
 
-def _work(table, policy, inp) -> tuple:
+def _work(
+    table: MirrorTable, policy: MaintenancePolicy, inp: CompactionInput
+) -> tuple[RewriteResult, CompactionResult, float, float]:
     """The heavy part, without the lock: rewrite the live rows of ``inp.files``, upload the new files,
     rebuild the IndexBlock of ``inp.blocks`` in one pass. Returns (RewriteResult, CompactionResult,
     upload seconds, index seconds); on failure deletes what it wrote and re-raises."""
@@ -359,6 +377,7 @@ def _work(table, policy, inp) -> tuple:
         open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
         defaults=inp.defaults,
     )
+    assert rw.position_map is not None  # rewrite_files always sets it
     try:
         t_up = time.perf_counter()
         for o in rw.outputs:
@@ -385,7 +404,7 @@ def _work(table, policy, inp) -> tuple:
     return rw, res, upload_s, index_s
 
 
-def _discard(ice, uploaded, new_block, rw) -> None:
+def _discard(ice: Any, uploaded: list[str], new_block: IndexBlock | None, rw: RewriteResult | None) -> None:
     for loc in uploaded:
         with contextlib.suppress(Exception):
             ice.io.delete(loc)
@@ -394,37 +413,42 @@ def _discard(ice, uploaded, new_block, rw) -> None:
     _drop_local(rw)
 
 
-def _drop_local(rw) -> None:
+def _drop_local(rw: RewriteResult | None) -> None:
     if rw is not None:
         for o in rw.outputs:
             with contextlib.suppress(OSError):
                 os.unlink(o.path)
 
 
-def _commit_swap(table, prep, res) -> int:
+def _commit_swap(table: MirrorTable, prep: PreparedSwap, res: CompactionResult) -> int:
     """ONE Iceberg commit (operation ``replace``) of a prepared swap; returns the snapshot id."""
     ice = table.iceberg
     previous_hook = ice.before_swap
 
-    def hook(location):
+    def hook(location: str | None) -> None:
         if previous_hook is not None:
             previous_hook(location)
         fault("compaction:before_commit")
 
     ice.before_swap = hook
     try:
-        return ice.commit(
-            add_files=[o[3] for o in res.outputs],
-            deletes=prep.adds,
-            remove_files=list(prep.remove),
-            index_blob=prep.index_blob,
-            operation="replace",
+        return cast(  # the new snapshot's id
+            int,
+            ice.commit(
+                add_files=[o[3] for o in res.outputs],
+                deletes=prep.adds,
+                remove_files=list(prep.remove),
+                index_blob=prep.index_blob,
+                operation="replace",
+            ),
         )
     finally:
         ice.before_swap = previous_hook
 
 
-def _work_and_swap(table, lk: _Timed, policy, plan, inp) -> dict:
+def _work_and_swap(
+    table: MirrorTable, lk: _Timed, policy: MaintenancePolicy, plan: CompactionPlan, inp: CompactionInput
+) -> dict[str, Any]:
     rw, res, upload_s, index_s = _work(table, policy, inp)
     committed = False
     try:
@@ -480,7 +504,7 @@ def _strip(loc: str) -> str:
     return loc[len("file://") :] if loc.startswith("file://") else loc
 
 
-def _referenced(ice) -> set[str]:
+def _referenced(ice: Any) -> set[str]:
     """Every file the table's current metadata needs: per snapshot its manifest list, manifests, live
     data and delete files and index Puffin; the current metadata JSON and the metadata log."""
     ice.refresh()
@@ -494,7 +518,7 @@ def _referenced(ice) -> set[str]:
     return refs
 
 
-def _list_files(ice, min_age_s: float) -> list[str]:
+def _list_files(ice: Any, min_age_s: float) -> list[str]:
     """Files under the table's ``data/``, ``index/`` and ``metadata/`` older than ``min_age_s``: local
     paths for a local warehouse (pyarrow's local filesystem), ``scheme://bucket/key`` otherwise (listed
     through the table's own fsspec FileIO, so an S3 endpoint and credentials are the ones the table
@@ -523,7 +547,7 @@ def _list_files(ice, min_age_s: float) -> list[str]:
     return out
 
 
-def _mtime(info: dict) -> float:
+def _mtime(info: dict[str, Any]) -> float:
     """Modification time (epoch seconds) of an fsspec ``info`` entry (s3fs ``LastModified``, gcsfs
     ``updated``, adlfs ``last_modified``); 0.0 when the store gives none."""
     import datetime as _dt
@@ -544,7 +568,7 @@ def _mtime(info: dict) -> float:
     return 0.0
 
 
-def _list_fsspec(io, loc: str, min_age_s: float, now: float) -> list[str]:
+def _list_fsspec(io: Any, loc: str, min_age_s: float, now: float) -> list[str]:
     """``_list_files`` through the FileIO's fsspec filesystem. Listed keys come back as ``bucket/key``;
     they are turned into URIs with the table location's own ``scheme://netloc`` (so an
     ``abfss://container@account…`` location matches the URIs its metadata references)."""
@@ -569,7 +593,7 @@ def _list_fsspec(io, loc: str, min_age_s: float, now: float) -> list[str]:
     return out
 
 
-def find_orphans(ice, min_age_s: float = 0.0) -> list[str]:
+def find_orphans(ice: Any, min_age_s: float = 0.0) -> list[str]:
     """Files under the table location (``data/``, ``index/``, ``metadata/``) that no snapshot of the
     current metadata references and that are older than ``min_age_s`` seconds: local paths for a local
     warehouse, URIs otherwise (delete them with the table's FileIO)."""
@@ -580,7 +604,7 @@ def find_orphans(ice, min_age_s: float = 0.0) -> list[str]:
     return sorted(p for p in listed if p not in refs and not p.endswith("version-hint.text"))
 
 
-def _delete_files(ice, paths) -> None:
+def _delete_files(ice: Any, paths: Iterable[str]) -> None:
     for p in paths:
         with contextlib.suppress(Exception):
             if "://" in p:
@@ -589,7 +613,9 @@ def _delete_files(ice, paths) -> None:
                 os.unlink(p)
 
 
-def expire_and_clean(table, *, policy: MaintenancePolicy | None = None, orphan_grace_s: float | None = None) -> dict:
+def expire_and_clean(
+    table: MirrorTable, *, policy: MaintenancePolicy | None = None, orphan_grace_s: float | None = None
+) -> dict[str, Any]:
     """Expire snapshots older than ``snapshot_retention_s`` (keeping the newest ``retain_snapshots``),
     delete the files only they referenced, then delete orphans older than ``orphan_grace_s`` (default:
     the policy's).
@@ -623,7 +649,7 @@ def expire_and_clean(table, *, policy: MaintenancePolicy | None = None, orphan_g
     return {"snapshots_expired": expired, "files_deleted": files, "orphans_deleted": len(orphans)}
 
 
-def clean_local(table) -> dict:
+def clean_local(table: MirrorTable) -> dict[str, Any]:
     """At service start (nothing in flight): delete leftovers of a crashed run — compaction outputs
     under ``<table>/compaction/`` and IndexBlock files under ``<table>/index/`` that the restored
     FileIndex does not use. Returns ``{"local_files_deleted"}``."""
@@ -642,7 +668,9 @@ def clean_local(table) -> dict:
     return {"local_files_deleted": n}
 
 
-def cleanup_after_restore(table, policy: MaintenancePolicy | None = None, interrupted: bool = True) -> dict:
+def cleanup_after_restore(
+    table: MirrorTable, policy: MaintenancePolicy | None = None, interrupted: bool = True
+) -> dict[str, Any]:
     """:func:`clean_local` plus warehouse orphans of any age (call at service start only).
     ``interrupted``: the last run did not stop cleanly (logged as a warning; else files left unused
     by a clean run, e.g. replaced index blocks, are removed with an info line)."""

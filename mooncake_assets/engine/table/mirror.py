@@ -66,6 +66,9 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
     ``table_dir``: local state (staged Parquet files, index blocks).
     """
 
+    #: the last report of each maintenance operation (set by ``compaction.runner``; absent before the first)
+    last_maintenance: dict[str, Any]
+
     def __init__(
         self, name: str, source: str, schema: TableSchema, iceberg: IcebergMirrorTable | None, table_dir: Path
     ) -> None:
