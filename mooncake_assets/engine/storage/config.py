@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from .errors import WarehouseConfigError
@@ -316,8 +316,16 @@ def resolve_s3(
     ).validate()
 
 
+class S3Settings(Protocol):
+    """The ``s3_*`` settings :func:`apply_s3_settings` folds values into (the application's settings)."""
+
+    s3_endpoint: str | None
+    s3_region: str | None
+    s3_allow_http: bool | None
+
+
 def apply_s3_settings(
-    settings: Any,
+    settings: S3Settings,
     *,
     endpoint: str | None = None,
     region: str | None = None,

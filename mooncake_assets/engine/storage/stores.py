@@ -37,7 +37,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .config import (
@@ -400,6 +400,14 @@ def resolve_azure(
 StoreConfig = S3Config | GCSConfig | AzureConfig
 
 
+class WarehouseSettings(Protocol):
+    """What the functions below read of a settings object (the service's config or the application's):
+    ``warehouse_uri``, and the ``s3_*`` settings when present (read with ``getattr``)."""
+
+    @property
+    def warehouse_uri(self) -> str: ...
+
+
 def resolve_store(
     uri: str, settings: object = None, *, hints: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> StoreConfig | None:
@@ -428,20 +436,20 @@ def config_from_properties(kind: str, props: Mapping[str, str]) -> StoreConfig:
     raise ValueError(f"no object store {kind!r}")
 
 
-def warehouse_store(settings: Any) -> StoreConfig | None:
+def warehouse_store(settings: WarehouseSettings) -> StoreConfig | None:
     """The store config (``S3Config``, ``stores.GCSConfig``, ``stores.AzureConfig``) of ``settings``'
     warehouse, or None for a local one. Raises ``WarehouseConfigError`` for a bad URI or settings."""
     return resolve_store(settings.warehouse_uri, settings)
 
 
-def catalog_properties(settings: Any) -> dict[str, str]:
+def catalog_properties(settings: WarehouseSettings) -> dict[str, str]:
     """Extra ``make_catalog`` properties for ``settings``' warehouse (``py-io-impl`` and ``s3.*`` /
     ``gcs.*`` / ``adls.*``; empty for local ones). They hold this process's credentials: never save them."""
     cfg = warehouse_store(settings)
     return cfg.fileio_properties() if cfg else {}
 
 
-def storage_hints(settings: Any) -> dict[str, Any] | None:
+def storage_hints(settings: WarehouseSettings) -> dict[str, Any] | None:
     """What a union reader needs to know to reach ``settings``' warehouse: None for local warehouses, else
     ``{"warehouse", "kind", ...the config's hints()}`` (endpoint, region/project/account; no credentials)."""
     cfg = warehouse_store(settings)
