@@ -127,7 +127,7 @@ def faults() -> dict[str, str]:
     return out
 
 
-def set_faults(path: str | os.PathLike, **faults) -> None:
+def set_faults(path: str | os.PathLike[str], **faults: object) -> None:
     """Write the fault file a service started with ``MOONCAKE_FAULTS=path`` reads (atomically)."""
     p = Path(path)
     tmp = p.with_suffix(".tmp")

@@ -32,7 +32,7 @@ class Lsn(int):
 
     __slots__ = ()
 
-    def __new__(cls, value: int = 0) -> Lsn:
+    def __new__(cls, value: int | str = 0) -> Lsn:
         if isinstance(value, str):  # Lsn("0/16B3748") reads the text, like int("12")
             return cls.parse(value)
         v = int.__new__(cls, value)

@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import IO, Any
 
 __all__ = ["ensure_private_dir", "warn_if_open", "write_private", "open_private", "DIR_MODE", "FILE_MODE"]
 
@@ -22,7 +23,7 @@ log = logging.getLogger("mooncake.state")
 _warned: set[str] = set()
 
 
-def ensure_private_dir(path: str | os.PathLike) -> Path:
+def ensure_private_dir(path: str | os.PathLike[str]) -> Path:
     """Create ``path`` (and missing parents) with mode ``0700`` when it does not exist; an existing one
     is checked by :func:`warn_if_open`. Returns the path."""
     p = Path(path)
@@ -38,7 +39,7 @@ def ensure_private_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def warn_if_open(path: str | os.PathLike) -> str | None:
+def warn_if_open(path: str | os.PathLike[str]) -> str | None:
     """Log (once per process and directory) a warning when ``path`` grants any permission to group or
     others; returns the warning text, or None when the directory is owner-only or absent."""
     p = Path(path)
@@ -59,7 +60,7 @@ def warn_if_open(path: str | os.PathLike) -> str | None:
     return msg
 
 
-def write_private(path: str | os.PathLike, text: str) -> None:
+def write_private(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically (a temporary file beside it, then rename) with mode
     ``0600`` from the start: the content is never readable by others, not even for a moment."""
     p = Path(path)
@@ -78,7 +79,7 @@ def write_private(path: str | os.PathLike, text: str) -> None:
             tmp.unlink()
 
 
-def open_private(path: str | os.PathLike, mode: str = "ab"):
+def open_private(path: str | os.PathLike[str], mode: str = "ab") -> IO[Any]:
     """``open(path, mode)`` for writing, creating the file ``0600`` (an existing file is made ``0600``)."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     fd = os.open(path, flags, FILE_MODE)

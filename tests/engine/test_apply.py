@@ -423,3 +423,22 @@ def test_compaction_takes_a_frozen_input_and_the_table_applies_its_result(tmp_pa
     commit(t, 50, delete((3, None, None)), update((9, "z", 0)))
     assert t.missing_keys == 0
     assert read(t) == sorted([r for r in expect if r[0] not in (3, 9)] + [(9, "z", 0)], key=repr)
+
+
+def test_an_index_that_cannot_be_rebuilt_stops_the_mirror(tmp_path, monkeypatch):
+    """Restoring a blob saved under the old key hash rebuilds the index from the data files; when a key
+    column's text cannot be reproduced (hstore, geometry), the table shows an error instead of following
+    with an index that misses its persisted rows."""
+    from mooncake_assets.engine.table import key_text
+
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1), insert(2, "b", 2))
+    t.flush()
+    assert len(key_text.rebuild_file_index(t).blocks) == 1 and t.error is None
+
+    def refuse(*_a, **_k):
+        raise ValueError("column id: its text cannot be reproduced")
+
+    monkeypatch.setattr(key_text, "key_text_columns", refuse)
+    assert len(key_text.rebuild_file_index(t).blocks) == 0
+    assert t.error is not None and "cannot rebuild its index" in t.error and "drop-table" in t.error, t.error

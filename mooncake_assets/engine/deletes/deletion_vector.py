@@ -158,6 +158,7 @@ def _portable32_size(data: bytes, start: int) -> int:
             )
 
     need(start + 4)
+    n: int
     (cookie,) = struct.unpack_from("<I", data, start)
     pos = start + 4
     if cookie == _SERIAL_COOKIE_NO_RUN:

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zstandard
+from pyroaring import BitMap64
 
 from .deletion_vector import _frame, _to_bitmap
 
@@ -115,7 +118,7 @@ def write_puffin(
             )
         )
         out += stored
-    footer: dict = {"blobs": [_blob_json(m) for m in metas]}
+    footer: dict[str, Any] = {"blobs": [_blob_json(m) for m in metas]}
     if properties:
         footer["properties"] = dict(properties)
     payload = json.dumps(footer, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -165,7 +168,7 @@ def read_puffin(data: bytes) -> PuffinFile:
     return PuffinFile(properties=properties, blobs=blobs, _data=data)
 
 
-def deletion_vector_blob(referenced_data_file: str, positions) -> PuffinBlob:
+def deletion_vector_blob(referenced_data_file: str, positions: Iterable[int] | BitMap64) -> PuffinBlob:
     """A ``deletion-vector-v1`` blob for one data file, as the spec requires it.
 
     ``positions``: iterable of ints or ``pyroaring.BitMap64``. The blob has fields [], snapshot-id and
@@ -181,8 +184,8 @@ def deletion_vector_blob(referenced_data_file: str, positions) -> PuffinBlob:
     )
 
 
-def _blob_json(meta: PuffinBlobMetadata) -> dict:
-    entry = {
+def _blob_json(meta: PuffinBlobMetadata) -> dict[str, Any]:
+    entry: dict[str, Any] = {
         "type": meta.type,
         "fields": meta.fields,
         "snapshot-id": meta.snapshot_id,
@@ -197,12 +200,12 @@ def _blob_json(meta: PuffinBlobMetadata) -> dict:
     return entry
 
 
-def _blob_from_json(i: int, entry, footer_start: int) -> PuffinBlobMetadata:
+def _blob_from_json(i: int, entry: object, footer_start: int) -> PuffinBlobMetadata:
     where = f"puffin: footer blob {i}"
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: expected an object, found {entry!r}")
 
-    def get(key: str, kind, required: bool = True, default=None):
+    def get(key: str, kind: type, required: bool = True, default: Any = None) -> Any:
         if key not in entry:
             if required:
                 raise ValueError(f"{where}: missing required {key!r}")
@@ -236,7 +239,7 @@ def _blob_from_json(i: int, entry, footer_start: int) -> PuffinBlobMetadata:
     return meta
 
 
-def _str_dict(value, what: str) -> dict[str, str]:
+def _str_dict(value: object, what: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError(f"puffin: expected {what} to map strings to strings, found {value!r}")
     return value

@@ -8,6 +8,7 @@ the end so that a field read never needs a bounds check.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,8 +48,10 @@ def pack_records(fields: Sequence[tuple[np.ndarray, int]], n: int) -> np.ndarray
         if offset < 64:
             lo |= v << _U64(offset)
             if offset + width > 64:
+                assert hi is not None  # the record is wider than 64 bits
                 hi |= v >> _U64(64 - offset)
         else:
+            assert hi is not None  # the record is wider than 64 bits
             hi |= v << _U64(offset - 64)
         offset += width
     pos = np.arange(n, dtype=np.uint64) * _U64(width_total)
@@ -88,14 +91,14 @@ def read_field(words: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     """Read a ``width``-bit field (1..64) at each bit position ``pos`` (uint64 array) of ``words``."""
     word = pos >> _U64(6)
     shift = pos & _U64(63)
-    v = words[word] >> shift
+    v: np.ndarray = words[word] >> shift
     v |= (words[word + _U64(1)] << _U64(1)) << (_U64(63) - shift)
     if width < 64:
         v &= _U64((1 << width) - 1)
     return v
 
 
-def unaligned_words(buf, offset: int, nbytes: int) -> np.ndarray:
+def unaligned_words(buf: bytes | bytearray | memoryview | mmap.mmap, offset: int, nbytes: int) -> np.ndarray:
     """Little-endian uint64 starting at every byte of ``buf[offset : offset + nbytes]`` (a strided,
     read-only view; the last 7 bytes start no word). For :func:`read_field_unaligned`."""
     return np.ndarray(shape=(max(nbytes - 7, 0),), dtype="<u8", buffer=buf, offset=offset, strides=(1,))
@@ -108,12 +111,12 @@ MAX_UNALIGNED_WIDTH = 57
 def read_field_unaligned(uwords: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     """Like :func:`read_field` with one gather per field (``uwords`` from :func:`unaligned_words`);
     ``width`` ≤ 57."""
-    v = uwords[pos >> _U64(3)] >> (pos & _U64(7))
+    v: np.ndarray = uwords[pos >> _U64(3)] >> (pos & _U64(7))
     v &= _U64((1 << width) - 1)
     return v
 
 
-def read_field_py(buf, byte_offset: int, bitpos: int, width: int) -> int:
+def read_field_py(buf: bytes | bytearray | memoryview | mmap.mmap, byte_offset: int, bitpos: int, width: int) -> int:
     """Scalar read of a ``width``-bit field at bit ``bitpos`` of the stream starting at ``byte_offset``
     of ``buf`` (bytes, mmap or memoryview)."""
     b0 = byte_offset + (bitpos >> 3)

@@ -28,13 +28,13 @@ import gc
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .block import IndexBlock
-from .file_index import FileIndex
+from .file_index import BatchLookup, FileIndex
 from .key_hash import int_key_hashes, splitmix64
 
 __all__ = ["run_index_bench", "QUICK_SIZES"]
@@ -43,7 +43,7 @@ QUICK_SIZES = (100_000, 1_000_000)
 NUM_BLOCKS = 16
 
 
-def best_time(fn, repeat: int) -> float:
+def best_time(fn: Callable[[], object], repeat: int) -> float:
     """Best wall time of ``repeat`` calls of ``fn`` (seconds; the least disturbed run on a noisy machine)."""
     best = float("inf")
     for _ in range(repeat):
@@ -77,12 +77,12 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> dict[str, float
 
     single_keys = qkeys[: (500 if quick else 2000)].tolist()
 
-    def single():
+    def single() -> None:
         lookup = fi.lookup
         for k in single_keys:
             lookup(splitmix64(k))
 
-    def batched():
+    def batched() -> BatchLookup:
         return fi.lookup_batch(splitmix64(qkeys))
 
     single_s = best_time(single, repeat)
@@ -97,7 +97,7 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> dict[str, float
     d = dict(zip(keys.tolist(), loc.tolist()))
     qlist = qkeys.tolist()
 
-    def dict_lookup():
+    def dict_lookup() -> None:
         get = d.get
         for k in qlist:
             get(k)
@@ -148,7 +148,7 @@ def run_index_bench(
     quick: bool = False,
     workdir: str | None = None,
     seed: int = 0,
-) -> dict:
+) -> dict[str, dict[str, dict[str, float]]]:
     """Run the index benchmark; returns ``{"index": {str(n): {figure: value}}}`` (module docstring).
 
     ``sizes``: entry counts (each ≥ 16); ``quick=True`` with the default sizes uses

@@ -51,8 +51,10 @@ import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._bits import (
     MAX_UNALIGNED_WIDTH,
@@ -75,7 +77,7 @@ _M64 = (1 << 64) - 1
 #: queries per vectorized step of :meth:`IndexBlock.lookup_batch` (keeps temporaries in cache)
 LOOKUP_CHUNK = 1 << 15
 
-PathLike = str | os.PathLike
+PathLike = str | os.PathLike[str]
 
 
 class IndexBlockFormatError(ValueError):
@@ -87,7 +89,7 @@ def next_power_of_two(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
-def block_layout(num_entries: int, num_files: int) -> dict:
+def block_layout(num_entries: int, num_files: int) -> dict[str, int]:
     """Bit widths of a block of ``num_entries`` entries over ``num_files`` files (docs/architecture.md#file-index).
 
     Returns ``{"num_buckets", "hash_upper_bits", "hash_lower_bits", "file_id_bits", "row_bits",
@@ -113,7 +115,7 @@ def block_layout(num_entries: int, num_files: int) -> dict:
     }
 
 
-def _as_hashes(hashes) -> np.ndarray:
+def _as_hashes(hashes: npt.ArrayLike) -> np.ndarray:
     if isinstance(hashes, (list, tuple)):
         return np.array([int(h) & _M64 for h in hashes], dtype=np.uint64)
     a = np.asarray(hashes)
@@ -135,7 +137,7 @@ def _encode_files(files: Sequence[str]) -> bytes:
     return b"".join(parts)
 
 
-def _decode_files(buf, num_files: int, nbytes: int) -> tuple[str, ...]:
+def _decode_files(buf: bytes | mmap.mmap, num_files: int, nbytes: int) -> tuple[str, ...]:
     files = []
     pos = HEADER_SIZE
     end = HEADER_SIZE + nbytes
@@ -225,7 +227,7 @@ def _write_atomic(path: Path, parts: Sequence[bytes]) -> None:
             tmp.unlink()
 
 
-def _parse_header(buf, size: int, verify_data: bool) -> dict:
+def _parse_header(buf: bytes | mmap.mmap, size: int, verify_data: bool) -> dict[str, Any]:
     if size < HEADER_SIZE:
         raise IndexBlockFormatError(f"index block: expected at least {HEADER_SIZE} bytes, found {size}")
     fields = _HEADER.unpack_from(buf, 0)
@@ -294,7 +296,7 @@ class IndexBlock:
     re-check rows (unless :attr:`~.key_hash.KeyHash.exact`).
     """
 
-    def __init__(self, path: Path, fh, mm: mmap.mmap, meta: dict):
+    def __init__(self, path: Path, fh: IO[bytes], mm: mmap.mmap, meta: dict[str, Any]):
         self.path = Path(path)
         self._fh = fh
         self._mm = mm
@@ -311,10 +313,15 @@ class IndexBlock:
         self.size_bytes: int = meta["size"]
         self._eoff = meta["entries_offset"]
         self._boff = meta["buckets_offset"]
-        self._entries = np.frombuffer(mm, dtype="<u8", count=meta["entries_nbytes"] // 8, offset=self._eoff)
-        self._buckets = np.frombuffer(mm, dtype="<u8", count=meta["buckets_nbytes"] // 8, offset=self._boff)
-        self._entries_u = unaligned_words(mm, self._eoff, meta["entries_nbytes"])
-        self._buckets_u = unaligned_words(mm, self._boff, meta["buckets_nbytes"])
+        # the four views of the mapping; None once closed
+        self._entries: np.ndarray | None = np.frombuffer(
+            mm, dtype="<u8", count=meta["entries_nbytes"] // 8, offset=self._eoff
+        )
+        self._buckets: np.ndarray | None = np.frombuffer(
+            mm, dtype="<u8", count=meta["buckets_nbytes"] // 8, offset=self._boff
+        )
+        self._entries_u: np.ndarray | None = unaligned_words(mm, self._eoff, meta["entries_nbytes"])
+        self._buckets_u: np.ndarray | None = unaligned_words(mm, self._boff, meta["buckets_nbytes"])
         self._lmask = (1 << self.hash_lower_bits) - 1
         self._fmask = (1 << self.file_id_bits) - 1
         self._closed = False
@@ -324,9 +331,9 @@ class IndexBlock:
     def build(
         cls,
         path: PathLike,
-        hashes,
-        file_ids,
-        rows,
+        hashes: npt.ArrayLike,
+        file_ids: npt.ArrayLike,
+        rows: npt.ArrayLike,
         files: Sequence[str],
     ) -> IndexBlock:
         """Write a block of the entries (hash, file id, row offset) to ``path`` and open it.
@@ -434,7 +441,7 @@ class IndexBlock:
             x >>= w
         return out
 
-    def lookup_batch(self, hashes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lookup_batch(self, hashes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorized lookup of many hashes.
 
         ``hashes``: uint64 (q,) (or int64 bits). Returns ``(query_index int64 (m,), file_id int32
@@ -457,11 +464,13 @@ class IndexBlock:
         return np.concatenate(out_q), np.concatenate(out_f), np.concatenate(out_r)
 
     def _read_entries(self, pos: np.ndarray, width: int) -> np.ndarray:
+        assert self._entries is not None and self._entries_u is not None  # open: callers ran _check_open
         if width <= MAX_UNALIGNED_WIDTH:
             return read_field_unaligned(self._entries_u, pos, width)
         return read_field(self._entries, pos, width)
 
     def _bucket_ranges(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert self._buckets is not None and self._buckets_u is not None  # open: callers ran _check_open
         bb = self.bucket_bits
         pos = b * _U64(bb)
         if 2 * bb <= MAX_UNALIGNED_WIDTH:
@@ -472,7 +481,7 @@ class IndexBlock:
             return v & _U64((1 << bb) - 1), v >> _U64(bb)
         return read_field(self._buckets, pos, bb), read_field(self._buckets, pos + _U64(bb), bb)
 
-    def _lookup_chunk(self, q: np.ndarray):
+    def _lookup_chunk(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         lower = self.hash_lower_bits
         start, end = self._bucket_ranges(q >> _U64(lower))
         cnt = (end - start).astype(np.intp)
@@ -495,6 +504,7 @@ class IndexBlock:
 
     def _read_locations(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(file id int32, row uint32) of the entries whose file id field starts at bit ``pos``."""
+        assert self._entries is not None and self._entries_u is not None  # open: callers ran _check_open
         fb = self.file_id_bits
         if fb + ROW_BITS <= MAX_UNALIGNED_WIDTH:
             v = read_field_unaligned(self._entries_u, pos, fb + ROW_BITS)
@@ -510,6 +520,7 @@ class IndexBlock:
         nb = self.num_buckets
         if n == 0:
             return np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.uint32)
+        assert self._buckets is not None  # open: _check_open above
         starts = read_field(
             self._buckets, np.arange(nb + 1, dtype=np.uint64) * _U64(self.bucket_bits), self.bucket_bits
         )
@@ -551,7 +562,7 @@ class IndexBlock:
     def __enter__(self) -> IndexBlock:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -561,7 +572,9 @@ class IndexBlock:
         )
 
 
-def _check_entries(n: int, file_ids, rows, files: Sequence[str]):
+def _check_entries(
+    n: int, file_ids: npt.ArrayLike, rows: npt.ArrayLike, files: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     files = _check_files(files)
     fid = np.asarray(file_ids)
     if fid.ndim == 0:

@@ -12,10 +12,11 @@ new data files are committed (one assignment, so a concurrent reader sees the ol
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from .block import IndexBlock, PathLike, _as_hashes
 from .position_map import PositionMap, as_position_map
@@ -56,7 +57,7 @@ class BatchLookup(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 
 
-def _merge_two(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
+def _merge_two(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     ah, ap = a
     bh, bp = b
     n, m = len(ah), len(bh)
@@ -113,7 +114,7 @@ def _union_files(blocks: Sequence[IndexBlock]) -> tuple[list[str], list[np.ndarr
     return files, remaps
 
 
-def _merged_entries(blocks: Sequence[IndexBlock]):
+def _merged_entries(blocks: Sequence[IndexBlock]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """All entries of ``blocks`` in hash order: (hashes, union file id, row), union file list."""
     files, remaps = _union_files(blocks)
     runs = []
@@ -195,11 +196,13 @@ class FileIndex:
         for b in self._blocks:
             if id(b) in ids:
                 if not placed:
+                    assert new is not None  # placed starts True when new is None
                     out.append(new)
                     placed = True
             else:
                 out.append(b)
         if not placed:
+            assert new is not None  # placed starts True when new is None
             out.insert(0, new)
         self._set(tuple(out))
 
@@ -216,7 +219,7 @@ class FileIndex:
             out.extend(b.lookup(h))
         return out
 
-    def lookup_batch(self, hashes) -> BatchLookup:
+    def lookup_batch(self, hashes: npt.ArrayLike) -> BatchLookup:
         """Vectorized :meth:`lookup` of many hashes (uint64 (q,)): a :class:`BatchLookup`."""
         q = _as_hashes(hashes)
         blocks, files, remaps = self._state
@@ -253,7 +256,7 @@ class FileIndex:
     @staticmethod
     def build_from_compaction(
         blocks: Sequence[IndexBlock],
-        position_map: PositionMap | dict,
+        position_map: PositionMap | dict[Hashable, tuple[Sequence[str], np.ndarray, np.ndarray]],
         path: PathLike,
         unmapped: str = "keep",
     ) -> IndexBlock:

@@ -53,8 +53,10 @@ from the data files (:mod:`mooncake_assets.engine.table.key_text`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast, overload
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -110,7 +112,7 @@ def _splitmix64_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _as_u64_array(x: np.ndarray) -> np.ndarray:
+def _as_u64_array(x: npt.ArrayLike) -> np.ndarray:
     """Integer array -> uint64 (two's complement for signed types). Raises TypeError otherwise."""
     x = np.asarray(x)
     if x.dtype == np.uint64:
@@ -134,7 +136,11 @@ def _splitmix64_array(x: np.ndarray) -> np.ndarray:
     return z
 
 
-def splitmix64(x: int | np.integer | np.ndarray | Sequence[int]):
+@overload
+def splitmix64(x: int | np.integer[Any]) -> int: ...
+@overload
+def splitmix64(x: np.ndarray | Sequence[int]) -> np.ndarray: ...
+def splitmix64(x: int | np.integer[Any] | np.ndarray | Sequence[int]) -> int | np.ndarray:
     """SplitMix64 finalizer of unsigned 64-bit integers (Steele, Lea & Flood, "Fast splittable
     pseudorandom number generators", OOPSLA 2014); the formula is in the module docstring.
 
@@ -192,7 +198,7 @@ def text_key_hash(values: Sequence[str | None]) -> int:
 # ------------------------------------------------------------------------------------ vectorised path
 
 
-def _string_array(col) -> pa.Array:
+def _string_array(col: pa.Array | pa.ChunkedArray | Sequence[str | None]) -> pa.Array:
     """A key column as one Arrow ``string``/``large_string`` array (lists of str/None are converted)."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
@@ -218,7 +224,7 @@ def _mod_p(x: np.ndarray) -> np.ndarray:
 
 def _rotl61(r: np.ndarray, k: np.ndarray) -> np.ndarray:
     """``r · 2ᵏ mod P61`` for ``r`` < 2⁶¹ and 0 ≤ k < 61: a rotation of the low 61 bits."""
-    return ((r << k) & _P_U) | (r >> (_U64(61) - k))
+    return cast(np.ndarray, ((r << k) & _P_U) | (r >> (_U64(61) - k)))
 
 
 def _value_hashes(arr: pa.Array) -> np.ndarray:
@@ -236,7 +242,7 @@ def _value_hashes(arr: pa.Array) -> np.ndarray:
     padded[: hi - lo] = data[lo:hi]
     words = np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
     nwords = (lengths + 7) >> 3
-    out = lengths.astype(np.uint64) * _K_LEN_U
+    out: np.ndarray = lengths.astype(np.uint64) * _K_LEN_U
     total = int(nwords.sum())
     if total:
         end = np.cumsum(nwords)
@@ -259,7 +265,7 @@ def _value_hashes(arr: pa.Array) -> np.ndarray:
     return out
 
 
-def text_key_hashes(columns: Sequence) -> np.ndarray:
+def text_key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray | Sequence[str | None]]) -> np.ndarray:
     """Key hashes of many non-exact keys given column-wise: ``np.ndarray[uint64]`` of shape (rows,).
 
     ``columns``: the key columns in key order, each a ``pyarrow`` string/large_string array (or
@@ -277,7 +283,7 @@ def text_key_hashes(columns: Sequence) -> np.ndarray:
     return _splitmix64_array(h)
 
 
-def int_key_hashes(column) -> np.ndarray:
+def int_key_hashes(column: npt.ArrayLike | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Key hashes of exact keys: ``splitmix64`` of one integer column's texts (or ints), uint64 (n,).
 
     Raises ``ValueError`` for a NULL or a text that is not an integer."""
@@ -309,7 +315,7 @@ class KeyHash:
 
     __slots__ = ("exact",)
 
-    def __init__(self, key_type_oids: Sequence[int], keyed: bool = True):
+    def __init__(self, key_type_oids: Sequence[int], keyed: bool = True) -> None:
         self.exact = bool(keyed) and len(key_type_oids) == 1 and key_type_oids[0] in INT_KEY_TYPES
 
     def hash_one(self, values: Sequence[str | None]) -> int:
@@ -323,7 +329,7 @@ class KeyHash:
             return _splitmix64_int(int(v) & M64)
         return text_key_hash(values)
 
-    def hash_columns(self, columns: Sequence) -> np.ndarray:
+    def hash_columns(self, columns: Sequence[Any]) -> np.ndarray:
         """Hashes of many keys given column-wise (per key column: a sequence of text values or a
         pyarrow string array). Returns ``np.ndarray[uint64]`` of length = rows; equal to
         :meth:`hash_one` per row."""

@@ -14,9 +14,10 @@ batch are also kept in insertion order, so the flush reads them back as arrays.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from .block import _as_hashes
 
@@ -26,7 +27,7 @@ _M64 = (1 << 64) - 1
 MAX_BATCH_ID = (1 << 31) - 1
 
 
-def _add(v: int | list, p: int) -> list:
+def _add(v: int | list[int], p: int) -> list[int]:
     if isinstance(v, list):
         v.append(p)
         return v
@@ -41,9 +42,9 @@ class MemIndex:
     """
 
     def __init__(self) -> None:
-        self._map: dict[int, int | list] = {}
+        self._map: dict[int, int | list[int]] = {}
         self._batches: dict[int, tuple[list[int], list[int]]] = {}  # batch -> (hashes, rows) as inserted
-        self._removed: dict[int, set] = {}
+        self._removed: dict[int, set[int]] = {}
         self._len = 0
 
     def __len__(self) -> int:
@@ -54,7 +55,7 @@ class MemIndex:
         """Batch ids with locations inserted (and not dropped), ascending."""
         return sorted(self._batches)
 
-    def insert(self, hashes, batch_id: int, rows=None) -> None:
+    def insert(self, hashes: npt.ArrayLike, batch_id: int, rows: npt.ArrayLike | None = None) -> None:
         """Add locations ``(batch_id, rows[i])`` under ``hashes[i]``.
 
         ``hashes``: uint64 (n,) (:class:`~.key_hash.KeyHash` of the batch's keys); ``rows``: int (n,) row
@@ -87,7 +88,7 @@ class MemIndex:
             if len(m) != before + n:  # repeated hashes inside the batch: rebuild them as lists
                 _, inv, cnt = np.unique(h, return_inverse=True, return_counts=True)
                 rep = cnt[inv] > 1
-                dups: dict[int, list] = {}
+                dups: dict[int, list[int]] = {}
                 for k, p in zip(h[rep].tolist(), packed[rep].tolist()):
                     dups.setdefault(k, []).append(p)
                 m.update(dups)
@@ -112,7 +113,7 @@ class MemIndex:
         self._map[k] = p if v is None else _add(v, p)
         self._len += 1
 
-    def _append(self, batch_id: int, hashes, rows) -> None:
+    def _append(self, batch_id: int, hashes: Sequence[int], rows: Sequence[int]) -> None:
         lists = self._batches.get(batch_id)
         if lists is None:
             lists = self._batches[batch_id] = ([], [])
@@ -131,7 +132,7 @@ class MemIndex:
             return [(p >> 32, p & 0xFFFFFFFF) for p in v]
         return [(v >> 32, v & 0xFFFFFFFF)]
 
-    def lookup_batch(self, hashes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lookup_batch(self, hashes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every location of many hashes: ``(query_index int64, batch_id int64, row uint32)`` (m,),
         ``query_index`` non-decreasing."""
         q = _as_hashes(hashes)

@@ -31,7 +31,7 @@ class PositionMap:
     files: tuple[str, ...]
     sources: dict[Hashable, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         files = tuple(self.files)
         if len(set(files)) != len(files):
             raise ValueError(f"new file names must be unique, found {list(files)}")
@@ -65,7 +65,7 @@ class PositionMap:
     def from_dict(cls, d: dict[Hashable, tuple[Sequence[str], np.ndarray, np.ndarray]]) -> PositionMap:
         """From ``{source: (new_file_names, new_file_idx, new_row)}``: the per-source name lists are
         united (first appearance order) and the indices rewritten into the union."""
-        files: list = []
+        files: list[str] = []
         pos: dict[str, int] = {}
         sources = {}
         for src, (names, idx, rows) in d.items():
@@ -93,7 +93,7 @@ class PositionMap:
         return idx[rows], new_rows[rows]
 
 
-def as_position_map(m: PositionMap | dict) -> PositionMap:
+def as_position_map(m: PositionMap | dict[Hashable, tuple[Sequence[str], np.ndarray, np.ndarray]]) -> PositionMap:
     """A PositionMap from a PositionMap or the dict form (see module docstring)."""
     if isinstance(m, PositionMap):
         return m

@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from .config import S3Config, is_s3, resolve_s3
 
+if TYPE_CHECKING:
+    import pyarrow.fs
+    from fsspec import AbstractFileSystem
+
+    from .stores import StoreConfig
+
 _lock = threading.Lock()
-_active: dict[str, object] = {}
+_active: dict[str, StoreConfig] = {}
 
 
-def use_store(cfg) -> None:
+def use_store(cfg: StoreConfig) -> None:
     """Make ``cfg`` (an ``S3Config``, ``GCSConfig`` or ``AzureConfig``) the configuration ``arrow_source``
     uses for paths on its store in this process."""
     with _lock:
@@ -27,22 +35,22 @@ def use_store(cfg) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _filesystem(cfg: S3Config):
+def _filesystem(cfg: S3Config) -> pyarrow.fs.S3FileSystem:
     return cfg.pyarrow_filesystem()
 
 
 @functools.lru_cache(maxsize=8)
-def _fsspec(cfg):
+def _fsspec(cfg: StoreConfig) -> AbstractFileSystem:
     return cfg.filesystem()
 
 
-def s3_filesystem(cfg: S3Config | None = None):
+def s3_filesystem(cfg: S3Config | None = None) -> pyarrow.fs.S3FileSystem:
     """The cached PyArrow ``S3FileSystem`` for ``cfg`` (default: the one set by ``use_store``, else the
     environment's)."""
-    return _filesystem(cfg or _active.get("s3") or resolve_s3())
+    return _filesystem(cfg or cast("S3Config | None", _active.get("s3")) or resolve_s3())
 
 
-def store_filesystem(kind: str, cfg=None):
+def store_filesystem(kind: str, cfg: StoreConfig | None = None) -> AbstractFileSystem:
     """The cached fsspec filesystem of store ``kind`` (``"s3"``, ``"gcs"``, ``"azure"``) for ``cfg``
     (default: the one set by ``use_store``, else the environment's)."""
     if cfg is None:
@@ -50,11 +58,11 @@ def store_filesystem(kind: str, cfg=None):
     if cfg is None:
         from .stores import resolve_azure, resolve_gcs
 
-        cfg = {"s3": resolve_s3, "gcs": resolve_gcs, "azure": resolve_azure}[kind]()
+        cfg = cast("Callable[[], StoreConfig]", {"s3": resolve_s3, "gcs": resolve_gcs, "azure": resolve_azure}[kind])()
     return _fsspec(cfg)
 
 
-def arrow_source(path: str):
+def arrow_source(path: str) -> Any:
     """``path`` unchanged when local; for an object-store URI an open random-access file."""
     if "://" not in path or path.startswith("file://"):
         return path

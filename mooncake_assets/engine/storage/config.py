@@ -26,9 +26,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from .errors import WarehouseConfigError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+    from fsspec import AbstractFileSystem
 
 # PyIceberg FileIO of every object store (fsspec: s3fs, gcsfs, adlfs); see fileio.py
 FILEIO_IMPL = "mooncake_assets.engine.storage.fileio.MooncakeFileIO"
@@ -46,7 +51,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 def is_s3(uri: str | None) -> bool:
     """True for ``s3://``, ``s3a://`` and ``s3n://`` URIs."""
-    return bool(uri) and uri.split("://", 1)[0].lower() in ("s3", "s3a", "s3n")
+    return bool(uri) and cast(str, uri).split("://", 1)[0].lower() in ("s3", "s3a", "s3n")
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -75,7 +80,7 @@ def _first_env(names: tuple[str, ...], env: Mapping[str, str]) -> str | None:
     return None
 
 
-def parse_bool(value, what: str = "value") -> bool | None:
+def parse_bool(value: object, what: str = "value") -> bool | None:
     """``True``/``False`` from a bool or the strings 1/true/yes/on and 0/false/no/off; None stays None."""
     if value is None or isinstance(value, bool):
         return value
@@ -230,32 +235,32 @@ class S3Config:
             request_timeout_s=float(props.get("s3.request-timeout") or 0),
         )
 
-    def filesystem(self):
+    def filesystem(self) -> AbstractFileSystem:
         """An ``s3fs.S3FileSystem`` for this config (keys, else the profile, else botocore's chain).
         Listings are not cached: another process (the service) changes the prefix under a reader."""
         from s3fs import S3FileSystem
 
-        client_kwargs = {"region_name": self.region}
+        client_kwargs: dict[str, Any] = {"region_name": self.region}
         if self.endpoint:
             client_kwargs["endpoint_url"] = self.endpoint
-        config_kwargs = {
+        config_kwargs: dict[str, Any] = {
             "connect_timeout": self.connect_timeout_s or 60,
             "read_timeout": self.request_timeout_s or 60,
             "s3": {"addressing_style": "path" if self.use_path_style else "virtual"},
             "retries": {"max_attempts": 3, "mode": "standard"},
         }
-        kw = dict(client_kwargs=client_kwargs, config_kwargs=config_kwargs, use_listings_cache=False)
+        kw: dict[str, Any] = dict(client_kwargs=client_kwargs, config_kwargs=config_kwargs, use_listings_cache=False)
         if self.access_key_id:
             kw.update(key=self.access_key_id, secret=self.secret_access_key, token=self.session_token)
         elif self.profile:
             kw["profile"] = self.profile
         return S3FileSystem(**kw)
 
-    def pyarrow_filesystem(self):
+    def pyarrow_filesystem(self) -> pyarrow.fs.S3FileSystem:
         """A ``pyarrow.fs.S3FileSystem`` for this config (the same one PyIceberg's FileIO builds)."""
         from pyarrow.fs import S3FileSystem
 
-        kw = dict(
+        kw: dict[str, Any] = dict(
             region=self.region,
             access_key=self.access_key_id,
             secret_key=self.secret_access_key,
@@ -269,7 +274,7 @@ class S3Config:
             kw["request_timeout"] = self.request_timeout_s
         return S3FileSystem(**kw)
 
-    def hints(self) -> dict:
+    def hints(self) -> dict[str, Any]:
         """The non-secret part, for another process (a union reader) to reach the same endpoint."""
         return {
             "endpoint": self.endpoint,
@@ -279,7 +284,9 @@ class S3Config:
         }
 
 
-def resolve_s3(settings=None, *, hints: Mapping | None = None, env: Mapping[str, str] | None = None) -> S3Config:
+def resolve_s3(
+    settings: object = None, *, hints: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> S3Config:
     """The S3Config of this process: ``hints`` (from the service) > ``settings`` > environment > defaults
     for endpoint/region/allow_http/path style; credentials from the environment. Validated."""
     env = os.environ if env is None else env
@@ -309,12 +316,20 @@ def resolve_s3(settings=None, *, hints: Mapping | None = None, env: Mapping[str,
     ).validate()
 
 
+class S3Settings(Protocol):
+    """The ``s3_*`` settings :func:`apply_s3_settings` folds values into (the application's settings)."""
+
+    s3_endpoint: str | None
+    s3_region: str | None
+    s3_allow_http: bool | None
+
+
 def apply_s3_settings(
-    settings,
+    settings: S3Settings,
     *,
     endpoint: str | None = None,
     region: str | None = None,
-    allow_http=None,
+    allow_http: bool | str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> None:
     """Fold explicit values, then the environment, into ``settings.s3_*`` (explicit > environment > saved),

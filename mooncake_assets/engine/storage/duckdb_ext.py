@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.resources
 from pathlib import Path
+from typing import Any, cast
 
 import duckdb
 
@@ -52,12 +53,12 @@ def connect_with_iceberg(extension_dir: str | None = None, database: str = ":mem
     switched off. Then ``SELECT * FROM iceberg_scan('<metadata json location>')`` reads a table.
     Raises ``RuntimeError`` when the extension packages are missing or built for another DuckDB.
     """
-    config = {"autoinstall_known_extensions": "false"}
+    config: dict[str, str | bool | int | float | list[str]] = {"autoinstall_known_extensions": "false"}
     if extension_dir is not None:
         Path(extension_dir).mkdir(parents=True, exist_ok=True)
         config["extension_directory"] = str(extension_dir)
     con = duckdb.connect(database, config=config)
-    version = con.sql("PRAGMA version").fetchone()[0]
+    version = cast(tuple[Any, ...], con.sql("PRAGMA version").fetchone())[0]  # one row, always
     try:
         for name in _EXTENSIONS:
             path = extension_file(name, version)

@@ -15,10 +15,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # imported lazily: loading settings must stay cheap
     import duckdb
+
+    from .stores import StoreConfig
 
 from .arrow_fs import store_filesystem, use_store
 from .config import S3Config, resolve_s3
@@ -57,13 +59,13 @@ def configure_duckdb_s3(con: duckdb.DuckDBPyConnection, cfg: S3Config, *, name: 
     if cfg.session_token:
         opts.append(f"SESSION_TOKEN {sql_str(cfg.session_token)}")
     if cfg.endpoint:
-        opts.append(f"ENDPOINT {sql_str(cfg.host_port)}")
+        opts.append(f"ENDPOINT {sql_str(cast(str, cfg.host_port))}")  # set with the endpoint
         opts.append(f"USE_SSL {'true' if cfg.scheme == 'https' else 'false'}")
     opts.append(f"URL_STYLE {sql_str('path' if cfg.use_path_style else 'vhost')}")
     con.execute(f"CREATE OR REPLACE TEMPORARY SECRET {name} ({', '.join(opts)})")
 
 
-def register_fsspec(con: duckdb.DuckDBPyConnection, cfg) -> None:
+def register_fsspec(con: duckdb.DuckDBPyConnection, cfg: StoreConfig) -> None:
     """Register ``cfg``'s fsspec filesystem (``GCSConfig``/``AzureConfig``) with ``con``, once."""
     fs = store_filesystem(cfg.kind, cfg)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
@@ -72,17 +74,17 @@ def register_fsspec(con: duckdb.DuckDBPyConnection, cfg) -> None:
     con.register_filesystem(fs)
 
 
-def configure_duckdb_store(con: duckdb.DuckDBPyConnection, cfg) -> None:
+def configure_duckdb_store(con: duckdb.DuckDBPyConnection, cfg: StoreConfig | None) -> None:
     """Make ``con`` read the warehouse files of ``cfg``'s store (module docstring); None: nothing."""
     if cfg is None:
         return
     if cfg.kind == "s3":
-        configure_duckdb_s3(con, cfg)
+        configure_duckdb_s3(con, cast(S3Config, cfg))  # the config of kind "s3"
     else:
         register_fsspec(con, cfg)
 
 
-def ensure_duckdb_store(con: duckdb.DuckDBPyConnection, hints: Mapping | None):
+def ensure_duckdb_store(con: duckdb.DuckDBPyConnection, hints: Mapping[str, Any] | None) -> StoreConfig | None:
     """For a ReadState's ``storage`` hints (None for local warehouses): configure ``con`` for the
     warehouse's store (S3: httpfs and a secret; GCS, Azure: the fsspec filesystem) with the endpoint the
     service uses and this process's credentials, and make it the process's configuration for PyArrow
@@ -95,5 +97,6 @@ def ensure_duckdb_store(con: duckdb.DuckDBPyConnection, hints: Mapping | None):
 
     cfg = resolve_store(hints["warehouse"], hints=hints) if hints.get("warehouse") else resolve_s3(hints=hints)
     configure_duckdb_store(con, cfg)
-    use_store(cfg)  # PyArrow reads of the same files (arrow_fs.arrow_source)
+    # PyArrow reads of the same files (arrow_fs.arrow_source); hints name object stores only
+    use_store(cast("StoreConfig", cfg))
     return cfg

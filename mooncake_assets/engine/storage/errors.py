@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import re
+from collections.abc import Iterator
 
 
 class StorageError(Exception):
@@ -138,7 +139,7 @@ def _snake(code: str) -> str:
     return _CAMEL_RE.sub("_", code).upper()
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

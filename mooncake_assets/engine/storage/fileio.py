@@ -11,9 +11,16 @@ and ``az://`` is accepted as well.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyiceberg.io.fsspec import FsspecFileIO
 
 from .stores import config_from_properties, kind_of_scheme
+
+if TYPE_CHECKING:
+    from urllib.parse import ParseResult
+
+    from fsspec import AbstractFileSystem
 
 
 class MooncakeFileIO(FsspecFileIO):
@@ -21,13 +28,13 @@ class MooncakeFileIO(FsspecFileIO):
     (every scheme :func:`~.stores.kind_of_scheme` knows, ``az://`` and ``wasb(s)://`` included: they
     never reach PyIceberg's own scheme table)."""
 
-    def _get_fs(self, scheme: str, hostname: str | None = None):
+    def _get_fs(self, scheme: str, hostname: str | None = None) -> AbstractFileSystem:
         kind = kind_of_scheme(scheme)
         if kind is None:
             return super()._get_fs(scheme, hostname)
         return config_from_properties(kind, self.properties).filesystem()
 
-    def _get_fs_from_uri(self, uri, location: str = ""):
+    def _get_fs_from_uri(self, uri: ParseResult, location: str = "") -> AbstractFileSystem:
         if kind_of_scheme(uri.scheme or "") == "azure":
             return self.get_fs(uri.scheme, None)  # the account comes from the properties
         return super()._get_fs_from_uri(uri, location)

@@ -43,7 +43,7 @@ class RetryPolicy:
     deadline_s: float | None = 60.0
     jitter: float = 0.5
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.initial_s <= 0 or self.multiplier < 1 or self.max_delay_s < self.initial_s:
             raise ValueError(f"RetryPolicy: need initial_s > 0, multiplier >= 1, max_delay_s >= initial_s; got {self}")
         if self.max_attempts is not None and self.max_attempts < 1:

@@ -37,6 +37,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .config import (
@@ -52,6 +53,9 @@ from .config import (
     resolve_s3,
 )
 from .errors import WarehouseConfigError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 GCS_SCHEMES = ("gs", "gcs")
 AZURE_SCHEMES = ("abfs", "abfss", "az", "wasb", "wasbs")
@@ -204,7 +208,7 @@ class GCSConfig:
             allow_http=allow_http_property(props),
         )
 
-    def filesystem(self):
+    def filesystem(self) -> AbstractFileSystem:
         """A ``gcsfs`` filesystem. For a custom endpoint (an emulator) the core ``GCSFileSystem``: the
         extended one probes a bucket's layout through Google's gRPC storage-control API, which no
         emulator serves (each probe would wait out its timeout)."""
@@ -225,7 +229,7 @@ class GCSConfig:
             use_listings_cache=False,
         )
 
-    def hints(self) -> dict:
+    def hints(self) -> dict[str, Any]:
         """What a union reader needs to reach the store, no credentials: ``{"endpoint", "project",
         "allow_http", "anon"}`` (``resolve_gcs(hints=...)`` takes it)."""
         return {
@@ -236,7 +240,7 @@ class GCSConfig:
         }
 
 
-def resolve_gcs(*, hints: Mapping | None = None, env: Mapping[str, str] | None = None) -> GCSConfig:
+def resolve_gcs(*, hints: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> GCSConfig:
     """The GCSConfig of this process (module docstring): ``hints`` (from the service) > environment."""
     env = os.environ if env is None else env
     endpoint = _first_env(ENV_GCS_ENDPOINT, env)
@@ -334,7 +338,7 @@ class AzureConfig:
             allow_http=allow_http_property(props),
         )
 
-    def filesystem(self):
+    def filesystem(self) -> AbstractFileSystem:
         """An ``adlfs.AzureBlobFileSystem`` (the connection string wins over account + key/SAS), without a
         listing cache."""
         from adlfs import AzureBlobFileSystem
@@ -358,14 +362,14 @@ class AzureConfig:
             use_listings_cache=False,
         )
 
-    def hints(self) -> dict:
+    def hints(self) -> dict[str, Any]:
         """What a union reader needs to reach the store, no secrets: ``{"account", "endpoint",
         "allow_http"}`` (``resolve_azure(hints=...)`` takes it)."""
         return {"account": self.account, "endpoint": self.endpoint, "allow_http": self.allow_http}
 
 
 def resolve_azure(
-    uri: str | None = None, *, hints: Mapping | None = None, env: Mapping[str, str] | None = None
+    uri: str | None = None, *, hints: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> AzureConfig:
     """The AzureConfig of this process (module docstring): ``hints`` > URI account > environment."""
     env = os.environ if env is None else env
@@ -396,8 +400,16 @@ def resolve_azure(
 StoreConfig = S3Config | GCSConfig | AzureConfig
 
 
+class WarehouseSettings(Protocol):
+    """What the functions below read of a settings object (the service's config or the application's):
+    ``warehouse_uri``, and the ``s3_*`` settings when present (read with ``getattr``)."""
+
+    @property
+    def warehouse_uri(self) -> str: ...
+
+
 def resolve_store(
-    uri: str, settings=None, *, hints: Mapping | None = None, env: Mapping[str, str] | None = None
+    uri: str, settings: object = None, *, hints: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> StoreConfig | None:
     """The config of the store ``uri`` lives on (None for a local warehouse), validated. ``settings``:
     the saved S3 settings (``s3_endpoint`` …); ``hints``: a ReadState's ``storage`` hints."""
@@ -424,20 +436,20 @@ def config_from_properties(kind: str, props: Mapping[str, str]) -> StoreConfig:
     raise ValueError(f"no object store {kind!r}")
 
 
-def warehouse_store(settings):
+def warehouse_store(settings: WarehouseSettings) -> StoreConfig | None:
     """The store config (``S3Config``, ``stores.GCSConfig``, ``stores.AzureConfig``) of ``settings``'
     warehouse, or None for a local one. Raises ``WarehouseConfigError`` for a bad URI or settings."""
     return resolve_store(settings.warehouse_uri, settings)
 
 
-def catalog_properties(settings) -> dict[str, str]:
+def catalog_properties(settings: WarehouseSettings) -> dict[str, str]:
     """Extra ``make_catalog`` properties for ``settings``' warehouse (``py-io-impl`` and ``s3.*`` /
     ``gcs.*`` / ``adls.*``; empty for local ones). They hold this process's credentials: never save them."""
     cfg = warehouse_store(settings)
     return cfg.fileio_properties() if cfg else {}
 
 
-def storage_hints(settings) -> dict | None:
+def storage_hints(settings: WarehouseSettings) -> dict[str, Any] | None:
     """What a union reader needs to know to reach ``settings``' warehouse: None for local warehouses, else
     ``{"warehouse", "kind", ...the config's hints()}`` (endpoint, region/project/account; no credentials)."""
     cfg = warehouse_store(settings)

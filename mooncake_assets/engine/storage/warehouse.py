@@ -13,13 +13,17 @@ import os
 import socket
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from .errors import AccessDenied, BucketNotFound, StorageError, classify
+
+if TYPE_CHECKING:
+    from .stores import StoreConfig
 
 PROBE_PREFIX = ".mooncake-probe-"
 
 
-def _raise_classified(e: BaseException, warehouse: str, cfg, what: str):
+def _raise_classified(e: BaseException, warehouse: str, cfg: StoreConfig, what: str) -> NoReturn:
     err = classify(e, location=warehouse, endpoint=cfg.describe(), what=what)
     if err is None:
         err = StorageError(
@@ -43,7 +47,7 @@ def _connect_probe(endpoint: str | None, timeout: float = 5.0) -> None:
         pass
 
 
-def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> None:
+def check_warehouse(warehouse: str, cfg: StoreConfig | None = None, *, write_probe: bool = True) -> None:
     """Raise a ``StorageError`` subclass saying what is wrong with ``warehouse``, or return None.
 
     ``warehouse``: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``abfs://container/prefix`` (``az://``,
@@ -72,7 +76,7 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
             ) from e
         return
     bucket, prefix = bucket_and_prefix(warehouse)
-    cfg = (cfg or resolve_store(warehouse)).validate()
+    cfg = cast("StoreConfig", cfg or resolve_store(warehouse)).validate()  # an object store: never None
     what = f"warehouse {warehouse}"
     noun = "container" if kind == "azure" else "bucket"
     denied: BaseException | None = None
@@ -107,11 +111,11 @@ def check_warehouse(warehouse: str, cfg=None, *, write_probe: bool = True) -> No
         logging.getLogger("mooncake.storage").warning("%s: HeadBucket denied but writes work (%s)", what, denied)
 
 
-def describe_warehouse(warehouse: str, cfg=None) -> str:
+def describe_warehouse(warehouse: str, cfg: StoreConfig | None = None) -> str:
     """``s3://bucket/prefix at http://endpoint`` (likewise gs://, abfs://) or the local path, for messages."""
     from .stores import is_object_store, resolve_store
 
     if is_object_store(warehouse):
-        cfg = cfg or resolve_store(warehouse)
+        cfg = cast("StoreConfig", cfg or resolve_store(warehouse))  # an object store: never None
         return f"{warehouse} at {cfg.describe()}"
     return warehouse[len("file://") :] if warehouse.startswith("file://") else os.path.abspath(warehouse)

@@ -124,8 +124,9 @@ def _read_file(table: MirrorTable, f: DiskFile) -> pa.Table:
 def rebuild_file_index(table: MirrorTable) -> FileIndex:
     """A new FileIndex of a restored :class:`~.mirror.MirrorTable`: one IndexBlock per live data file,
     every row hashed from its key's Postgres text (reads each data file's key columns once). When a key
-    column's text cannot be reproduced, logs an error and returns an empty FileIndex (changes to rows
-    persisted before then find no row and are counted in ``missing_keys``: recreate the table)."""
+    column's text cannot be reproduced, sets ``table.error`` (the mirror shows ``error`` and stops
+    following: an index missing its persisted rows would apply updates and deletes to nothing) and
+    returns an empty FileIndex."""
     specs = [table.schema.columns[i] for i in table._key_idx]
     blocks = []
     try:
@@ -144,12 +145,12 @@ def rebuild_file_index(table: MirrorTable) -> FileIndex:
                 )
             )
     except ValueError as e:
-        log.error(
-            "table %s: cannot rebuild its index from the data files (%s); updates and deletes of "
-            "rows persisted before this restart will find no row: drop and create the table",
-            table.name,
-            e,
+        # the mirror stops here rather than follow with an index that misses its persisted rows
+        table.error = (
+            f"table {table.name}: cannot rebuild its index from the data files ({e}); it was saved under "
+            "an older key hash: drop-table, then create-table"
         )
+        log.error("%s", table.error)
         for b in blocks:
             b.unlink()
         return FileIndex()
