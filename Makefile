@@ -54,7 +54,12 @@ lint: install
 	echo "== lint-imports"; $(BIN)/lint-imports --no-cache || rc=1; \
 	exit $$rc
 
-test: install lint
+# the lint gates first (each stops the run; `make lint` shows every finding at once)
+test: install
+	$(BIN)/ruff check --output-format concise .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/python -m pytest -q
 

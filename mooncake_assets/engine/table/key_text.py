@@ -40,7 +40,8 @@ import logging
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -51,8 +52,29 @@ from ..cdc.text_out import TextColumn
 from ..index import FileIndex, IndexBlock
 
 if TYPE_CHECKING:
+    from ..index.key_hash import KeyHash
+    from ..pg.schema import TableSchema
     from .disk_files import DiskFile
-    from .mirror import MirrorTable
+
+
+class RestoredTable(Protocol):
+    """What :func:`rebuild_file_index` reads of a restored :class:`~.mirror.MirrorTable` (a protocol, so
+    this module does not import the table it serves)."""
+
+    name: str
+    error: str | None
+    dir: Path
+    schema: TableSchema
+    _key_idx: list[int]
+    hasher: KeyHash
+    iceberg: Any
+    evolved: bool
+    arrow_schema: pa.Schema
+    defaults: dict[int, pa.Scalar]
+
+    @property
+    def files(self) -> dict[str, DiskFile]: ...
+
 
 __all__ = ["key_text_columns", "rebuild_file_index"]
 
@@ -111,7 +133,7 @@ def key_text_columns(table: pa.Table, names: Sequence[str], type_oids: Sequence[
     return out
 
 
-def _read_file(table: MirrorTable, f: DiskFile) -> pa.Table:
+def _read_file(table: RestoredTable, f: DiskFile) -> pa.Table:
     path = f.read_path
     t = pq.read_table(table.iceberg.io.new_input(path).open() if "://" in path else path)
     if table.evolved:
@@ -121,7 +143,7 @@ def _read_file(table: MirrorTable, f: DiskFile) -> pa.Table:
     return t
 
 
-def rebuild_file_index(table: MirrorTable) -> FileIndex:
+def rebuild_file_index(table: RestoredTable) -> FileIndex:
     """A new FileIndex of a restored :class:`~.mirror.MirrorTable`: one IndexBlock per live data file,
     every row hashed from its key's Postgres text (reads each data file's key columns once). When a key
     column's text cannot be reproduced, sets ``table.error`` (the mirror shows ``error`` and stops
