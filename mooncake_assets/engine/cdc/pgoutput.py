@@ -35,7 +35,7 @@ Malformed or unknown messages raise ``ValueError`` saying what was expected and 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -460,7 +460,7 @@ def _p_stream_abort(buf: bytes, in_stream: bool) -> StreamAbort:
     return StreamAbort(xid, sub)
 
 
-_PARSERS = {
+_PARSERS: dict[int, Callable[[bytes, bool], PgOutputMessage]] = {
     ord("B"): _p_begin,
     ord("C"): _p_commit,
     ord("O"): _p_origin,

@@ -18,9 +18,10 @@ caller may watch :attr:`TransactionAssembler.buffered_changes`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from .pgoutput import (
     Begin,
@@ -123,7 +124,7 @@ class TransactionAssembler:
         self._current: _Open | None = None
         self._stream_xid: int | None = None
         self._streams: dict[int, _Streamed] = {}
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any, int], list[Transaction]]] = {
             Insert: self._on_insert,
             Update: self._on_update,
             Delete: self._on_delete,
@@ -178,7 +179,7 @@ class TransactionAssembler:
         return handler(msg, wal_lsn)
 
     # -- handlers (one per message class) ----------------------------------------------------------------
-    def _append(self, msg, change: Change) -> None:
+    def _append(self, msg: Insert | Update | Delete | Truncate, change: Change) -> None:
         if self.in_stream:
             st = self._streams[self._stream_xid]  # type: ignore[index]
             st.tagged.append((msg.xid if msg.xid is not None else st.xid, change))

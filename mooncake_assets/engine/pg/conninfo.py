@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
+from typing import Any, cast
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -78,6 +79,7 @@ def split_password(dsn: str | None) -> tuple[str | None, str | None]:
     for :func:`scrub`. A DSN that libpq cannot parse comes back unchanged (connecting reports it)."""
     if not dsn:
         return dsn, None
+    m: re.Match[str] | None
     try:
         params = conninfo_to_dict(dsn)
     except Exception:
@@ -94,7 +96,7 @@ def split_password(dsn: str | None) -> tuple[str | None, str | None]:
     if password is None:
         return dsn, None
     remember_secret(str(password))
-    return make_conninfo(**params), str(password)
+    return make_conninfo(**cast("dict[str, Any]", params)), str(password)
 
 
 def strip_password(dsn: str | None) -> str | None:
@@ -219,7 +221,7 @@ def with_options(dsn: str, settings: dict[str, str] | None = None) -> str:
     tail = " ".join(have)
     add = [o for o in todo if not _ends_with_setting(tail, o)]
     d["options"] = (" ".join(have) + " " + " ".join(add)).strip()
-    return make_conninfo(**d)
+    return make_conninfo(**cast("dict[str, Any]", d))
 
 
 def source_label(dsn: str) -> str:
@@ -230,11 +232,12 @@ def source_label(dsn: str) -> str:
     A DSN libpq cannot parse comes back as its own text, scrubbed (:func:`split_password` blanks what
     looks like its password): it equals only a DSN written the same way."""
     out, _ = split_password(dsn)
+    assert out is not None  # split_password gives a str DSN back as a str
     try:
         params = conninfo_to_dict(out)
     except Exception:
         return scrub(out)
-    return make_conninfo(**{k: params[k] for k in sorted(params) if "password" not in k})
+    return make_conninfo(**cast("dict[str, Any]", {k: params[k] for k in sorted(params) if "password" not in k}))
 
 
 def _ends_with_setting(options: str, setting: str) -> bool:

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -179,7 +181,9 @@ def resolve_table(conn: psycopg.Connection, text: str) -> tuple[int, TableName]:
     with conn.transaction(), conn.cursor() as cur:
         try:
             with conn.transaction():
-                parts = cur.execute("SELECT parse_ident(%s)", (text,)).fetchone()[0]
+                row = cur.execute("SELECT parse_ident(%s)", (text,)).fetchone()
+                assert row is not None  # a SELECT without FROM returns one row
+                parts = row[0]
         except psycopg.Error as e:
             msg = (e.diag.message_primary or str(e)).strip()
             detail = (e.diag.message_detail or "").strip()
@@ -191,7 +195,9 @@ def resolve_table(conn: psycopg.Connection, text: str) -> tuple[int, TableName]:
         if len(parts) > 3:
             raise InvalidName(f"table name {text!r} has too many dotted parts ({_parts_text(parts)}): use schema.table")
         if len(parts) == 3:
-            db = cur.execute("SELECT current_database()").fetchone()[0]
+            db_row = cur.execute("SELECT current_database()").fetchone()
+            assert db_row is not None  # a SELECT without FROM returns one row
+            db = db_row[0]
             if parts[0][: NAMEDATALEN - 1] != db:
                 raise InvalidName(
                     f'table name {text!r} names database "{parts[0]}", but the source DSN connects '
@@ -233,14 +239,16 @@ def _truncated(part: str) -> str:
     return part.encode("utf-8")[: NAMEDATALEN - 1].decode("utf-8", errors="ignore")
 
 
-def _search_path(cur) -> str:
+def _search_path(cur: psycopg.Cursor[Any]) -> str:
     try:
-        return ", ".join(cur.execute("SELECT current_schemas(false)").fetchone()[0]) or "(empty)"
+        row = cur.execute("SELECT current_schemas(false)").fetchone()
+        assert row is not None  # a SELECT without FROM returns one row
+        return ", ".join(row[0]) or "(empty)"
     except psycopg.Error:  # pragma: no cover
         return "?"
 
 
-def _case_hint(cur, parts: list[str]) -> str:
+def _case_hint(cur: psycopg.Cursor[Any], parts: list[str]) -> str:
     """``; did you mean …?`` for tables whose name matches ``parts`` ignoring case (schema too when
     given), quoted as they must be written; '' when there is none."""
     if len(parts) == 1:
@@ -286,7 +294,7 @@ def check_mirror_name(name: str) -> str:
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def case_collision(names) -> tuple[str, str] | None:
+def case_collision(names: Iterable[str]) -> tuple[str, str] | None:
     """The first two of ``names`` that differ only in the case of ASCII letters (``"id"``, ``"ID"``), or
     None. Postgres tells such columns apart; DuckDB, which runs union reads, matches identifiers
     ignoring ASCII case and would read one for the other, so such a table is refused."""

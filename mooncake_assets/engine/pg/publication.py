@@ -27,6 +27,7 @@ Every function takes an open psycopg connection (autocommit) and sends only cata
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -107,7 +108,7 @@ class Membership:
     row_filter: str | None
 
 
-def _listed_expr(conn) -> str:
+def _listed_expr(conn: psycopg.Connection[Any]) -> str:
     """SQL that is true when publication ``p`` lists relation ``c``: ``FOR ALL TABLES``, a
     ``pg_publication_rel`` row, or (PG 15+, ``FOR TABLES IN SCHEMA``) its schema in
     ``pg_publication_namespace``. Catalogs alone (``pg_publication_tables`` would open, and lock,
@@ -126,7 +127,7 @@ def _listed_expr(conn) -> str:
     )
 
 
-def _member_expr(conn) -> str:
+def _member_expr(conn: psycopg.Connection[Any]) -> str:
     """SQL that is true when publication ``p`` publishes table ``c`` under ``c``'s own oid: it lists it
     (:func:`_listed_expr`); a partitioned table only with ``publish_via_partition_root``; never an
     unlogged or temporary one."""
@@ -164,7 +165,9 @@ def published_oids(conn: psycopg.Connection, name: str, oids: list[int]) -> tupl
     was already true at ``lsn``), and ``present`` the subset of ``oids`` the publication ``name``
     publishes under their own oid — or None when the publication does not exist. Catalog reads only:
     no lock on any table (it must never hold up the user's DDL)."""
-    lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
+    lsn_row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert lsn_row is not None  # a SELECT without FROM returns one row
+    lsn = lsn_row[0]
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone() is None:
         return int(lsn), None
     rows = conn.execute(

@@ -9,6 +9,7 @@ Functions", ``pg_replication_slots``).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import psycopg
 
@@ -21,7 +22,7 @@ def slot_exists(dsn: str, slot: str) -> bool:
         return c.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is not None
 
 
-def drop_slot(conn: psycopg.Connection, slot: str, tries: int = 50, pause_s: float = 0.1) -> bool:
+def drop_slot(conn: psycopg.Connection[Any], slot: str, tries: int = 50, pause_s: float = 0.1) -> bool:
     """Drop the slot ``slot`` if it exists (``pg_drop_replication_slot``). It cannot be dropped while
     a walsender still holds it (the stream just closed): tried ``tries`` times, ``pause_s`` apart.
     Returns whether the statement succeeded (also when there was no such slot)."""
@@ -36,6 +37,8 @@ def drop_slot(conn: psycopg.Connection, slot: str, tries: int = 50, pause_s: flo
     return False
 
 
-def current_wal_lsn(conn: psycopg.Connection) -> str:
+def current_wal_lsn(conn: psycopg.Connection[Any]) -> str:
     """The source's current WAL write position, ``pg_current_wal_lsn()``, as its ``X/Y`` text."""
-    return conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None  # a SELECT of one function call returns one row
+    return str(row[0])
