@@ -16,6 +16,7 @@ empty field): the reader uses ``null_values=['']`` with ``quoted_strings_can_be_
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import psycopg
 import pyarrow as pa
@@ -28,6 +29,8 @@ from .decode import decode_text_columns
 
 __all__ = ["initial_copy", "copy_statement"]
 
+_CopyRow = bytes | bytearray | memoryview  # one COPY row as psycopg's Copy yields it
+
 
 def copy_statement(table: TableSchema) -> sql.Composed:
     """``COPY (SELECT "c1", … FROM [ONLY] "schema"."name") TO STDOUT (FORMAT csv)``; ``ONLY`` for plain
@@ -39,7 +42,8 @@ def copy_statement(table: TableSchema) -> sql.Composed:
     )
 
 
-def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = None):
+def _parse_csv(chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] | None = None) -> Any:
+    # Any: a RecordBatch, or (RecordBatch, the text_idx columns' values) when text_idx is given
     names = [f"c{i}" for i in range(len(table.columns))]  # positional names, safe in CSV options
     # pyarrow's CSV reader drops a UTF-8 BOM at the start of its input: give it one of its own, so a
     # first value that starts with U+FEFF keeps it
@@ -59,7 +63,7 @@ def _parse_csv(chunks: list, table: TableSchema, text_idx: list[int] | None = No
     try:
         batch = decode_text_columns(table.columns, cols, column_major=True)
     except ValueError as e:
-        err = ValueError(f"table {table.qualified_name}: {e}")
+        err: Any = ValueError(f"table {table.qualified_name}: {e}")  # carries .columns
         err.columns = list(getattr(e, "columns", None) or [])  # which columns (create-table suggests options)
         raise err from None
     if text_idx is None:
@@ -76,7 +80,7 @@ def initial_copy(
     *,
     batch_bytes: int = 64 << 20,
     text_columns: Sequence[str] | None = None,
-) -> Iterator[pa.RecordBatch] | Iterator[tuple]:
+) -> Iterator[pa.RecordBatch] | Iterator[tuple[pa.RecordBatch, list[list[Any]]]]:
     """Stream a table's rows as RecordBatches (schema: ``table.arrow_schema()`` without metadata).
 
     ``conn``: an ordinary (not replication) connection with no transaction in progress; it is used
@@ -120,7 +124,7 @@ def initial_copy(
         for k, v in {**OUTPUT_SETTINGS, "client_encoding": "UTF8"}.items():
             conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(k), sql.Literal(v)))
         rows = nbytes = 0
-        chunks: list = []
+        chunks: list[_CopyRow] = []
         chunk_bytes = 0
         with conn.cursor() as cur, cur.copy(copy_statement(table)) as cp:
             for row in cp:
@@ -146,7 +150,11 @@ def initial_copy(
     finally:
         if not ok and not conn.closed:
             try:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                # cast: the IDLE check above narrows the property, but the COPY changed it since
+                if (
+                    cast(psycopg.pq.TransactionStatus, conn.info.transaction_status)
+                    != psycopg.pq.TransactionStatus.IDLE
+                ):
                     conn.execute("ROLLBACK")
             except psycopg.Error:
                 pass

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any, cast
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, pg_ctl) were not found. Install them with "
@@ -57,7 +58,7 @@ def free_port() -> int:
     """A free TCP port on 127.0.0.1 (bound then released; a race with another process is possible)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return cast(int, s.getsockname()[1])
 
 
 def reset_signals() -> None:  # pragma: no cover - runs in the child
@@ -94,7 +95,7 @@ class EmbeddedPostgres:
     and is authenticated with ``scram-sha-256``.
     """
 
-    def __init__(self, state_dir: str | os.PathLike, settings: dict | None = None):
+    def __init__(self, state_dir: str | os.PathLike[str], settings: dict[str, Any] | None = None):
         self.state_dir = Path(state_dir).resolve()
         self.meta_dir = self.state_dir / "pg"
         self.as_root = os.geteuid() == 0
@@ -115,12 +116,12 @@ class EmbeddedPostgres:
     def _conf_file(self) -> Path:
         return self.meta_dir / "server.json"
 
-    def _conf(self) -> dict:
-        return json.loads(self._conf_file.read_text()) if self._conf_file.exists() else {}
+    def _conf(self) -> dict[str, Any]:
+        return cast("dict[str, Any]", json.loads(self._conf_file.read_text())) if self._conf_file.exists() else {}
 
     @property
     def port(self) -> int | None:
-        return self._conf().get("port")
+        return cast("int | None", self._conf().get("port"))
 
     def dsn(self, dbname: str = "postgres") -> str:
         port = self.port
@@ -129,7 +130,7 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
 
     # -- process helpers -------------------------------------------------------------------
-    def _run(self, args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    def _run(self, args: list[str], check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
         if self.as_root:
             args = ["runuser", "-u", "postgres", "--", *args]
         return subprocess.run(args, check=check, capture_output=True, text=True, cwd="/", **kw)
