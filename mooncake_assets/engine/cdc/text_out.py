@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -142,7 +143,7 @@ def hstore_str(text: str) -> str:
 
 
 def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return cast(bool, pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 class TextColumn:
@@ -164,12 +165,12 @@ class TextColumn:
         self.entry = (kind(typ.key_type), kind(typ.item_type)) if pa.types.is_map(typ) else None
 
     # -- storage values: ints for dates/times/timestamps, so no datetime overflow ------------------
-    def storage(self, arr: pa.Array) -> list:
+    def storage(self, arr: pa.Array) -> list[Any]:
         """The storage values of one Arrow array (a chunk), None for NULL."""
         t = self.type
         if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t):
             width = pa.int32() if (pa.types.is_date32(t) or pa.types.is_time32(t)) else pa.int64()
-            return arr.view(width).to_pylist()
+            return cast("list[Any]", arr.view(width).to_pylist())
         if self.child is not None or self.entry is not None:
             if pa.types.is_fixed_size_list(t):
                 k = t.list_size
@@ -180,15 +181,16 @@ class TextColumn:
             if self.child is not None:
                 flat = self.child.storage(arr.values)
             else:  # map: the storage values of its keys and items, paired
+                assert self.entry is not None  # not a list (child is None), so a map
                 flat = list(zip(self.entry[0].storage(arr.keys), self.entry[1].storage(arr.items)))
             return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
         if self.fields is not None:
             valid = arr.is_valid().to_pylist()
             cols = [c.storage(arr.field(i)) for i, (_, c) in enumerate(self.fields)]
             return [tuple(col[i] for col in cols) if valid[i] else None for i in range(len(arr))]
-        return arr.to_pylist()
+        return cast("list[Any]", arr.to_pylist())
 
-    def text(self, v) -> str | None:
+    def text(self, v: Any) -> str | None:
         """Postgres's text output of one storage value (None for NULL)."""
         if v is None:
             return None
@@ -221,7 +223,9 @@ class TextColumn:
             nested = c.child is not None  # an inner dimension: its braces are not quoted
             return (
                 "{"
-                + ",".join(("NULL" if x is None else c.text(x)) if nested else array_elem(c.text(x)) for x in v)
+                + ",".join(
+                    ("NULL" if x is None else cast(str, c.text(x))) if nested else array_elem(c.text(x)) for x in v
+                )
                 + "}"
             )
         if self.fields is not None:
@@ -229,7 +233,8 @@ class TextColumn:
         if self.entry is not None:
             kc, vc = self.entry
             return ", ".join(
-                f"{hstore_str(kc.text(k))}=>{'NULL' if x is None else hstore_str(vc.text(x))}" for k, x in v
+                f"{hstore_str(cast(str, kc.text(k)))}=>{'NULL' if x is None else hstore_str(cast(str, vc.text(x)))}"
+                for k, x in v  # cast: text() is None only for None, and hstore keys are never NULL
             )
         if isinstance(v, (dict, list)):
             return json.dumps(v, default=str)
