@@ -115,6 +115,13 @@ class ChaosResult:
 
 
 class _Run:
+    """One seeded chaos run: the source tables, the service, the random steps and the checks.
+
+    The class is over 400 lines on purpose: it is the test harness of one run, and its steps, kills and
+    checks share one state (the seeded RNG, the connections, the service, the op log written to the case
+    file); split across classes they would pass that state around without making a run easier to read.
+    """
+
     def __init__(
         self,
         seed: int,
@@ -403,6 +410,43 @@ class _Run:
         self.txn(stmts + self.stmt_insert(t) + (self.stmt_update() if self.rng.random() < 0.5 else []))
         self.res.schema_changes += 1  # next row change: see docs/schema-changes.md)
 
+    def maintenance_step(self) -> None:
+        """One maintenance call (flush, persist, merge_index or compact) on a random table."""
+        op = self.rng.choice(["flush", "flush", "persist", "persist", "merge_index", "compact"])
+        t = self.rng.choice(TABLES)
+        self.ops.append(f"-- {op} {t}")
+        self.res.maintenance += 1
+        try:
+            self.client.call(op, table=t, timeout=120)
+        except Exception as e:  # a stopped table shows up in the next check
+            self.ops.append(f"--   {op} failed: {str(e).splitlines()[0][:200]}")
+
+    def kill_with_open_txn(self) -> None:
+        """SIGKILL the service while a streamed transaction is open, then commit or roll it back."""
+        c = psycopg.connect(self.plain_dsn)
+        stmts = self.big_txn_stmts()
+        self.ops.append("OPEN: " + " ; ".join(stmts))
+        for s in stmts:
+            c.execute(s)
+        time.sleep(0.3)
+        self.kill()
+        commit = self.rng.random() < 0.6
+        (c.commit if commit else c.rollback)()
+        self.ops.append("COMMIT (open txn)" if commit else "ROLLBACK (open txn)")
+        c.close()
+        self.res.transactions += 1
+
+    def kill_walsender(self) -> None:
+        """Terminate the slot's walsender (pg_terminate_backend); the service must reconnect."""
+        self.ops.append("-- pg_terminate_backend(walsender)")
+        with psycopg.connect(self.base_dsn, autocommit=True) as c:
+            c.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (self.client.status()["slot"],),
+            )
+        self.res.walsender_kills += 1
+
     def step(self, i: int):
         if self.schema_rate and self.rng.random() < self.schema_rate:
             return self.schema_step()
@@ -452,38 +496,13 @@ class _Run:
         elif r < 0.855:  # a schema change
             self.schema_step()
         elif r < 0.93:  # maintenance
-            op = self.rng.choice(["flush", "flush", "persist", "persist", "merge_index", "compact"])
-            t = self.rng.choice(TABLES)
-            self.ops.append(f"-- {op} {t}")
-            self.res.maintenance += 1
-            try:
-                self.client.call(op, table=t, timeout=120)
-            except Exception as e:  # a stopped table shows up in the next check
-                self.ops.append(f"--   {op} failed: {str(e).splitlines()[0][:200]}")
+            self.maintenance_step()
         elif r < 0.942:  # SIGKILL of the service
             self.kill(during=self.rng.choice([None, None, "persist", "flush", "compact"]))
         elif r < 0.949:  # SIGKILL while a streamed transaction is open
-            c = psycopg.connect(self.plain_dsn)
-            stmts = self.big_txn_stmts()
-            self.ops.append("OPEN: " + " ; ".join(stmts))
-            for s in stmts:
-                c.execute(s)
-            time.sleep(0.3)
-            self.kill()
-            commit = self.rng.random() < 0.6
-            (c.commit if commit else c.rollback)()
-            self.ops.append("COMMIT (open txn)" if commit else "ROLLBACK (open txn)")
-            c.close()
-            self.res.transactions += 1
+            self.kill_with_open_txn()
         elif r < 0.962:  # the walsender is killed; the service reconnects
-            self.ops.append("-- pg_terminate_backend(walsender)")
-            with psycopg.connect(self.base_dsn, autocommit=True) as c:
-                c.execute(
-                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                    "WHERE slot_name = %s AND active_pid IS NOT NULL",
-                    (self.client.status()["slot"],),
-                )
-            self.res.walsender_kills += 1
+            self.kill_walsender()
         else:
             stmts = self.stmt_insert_then_delete()
             self.txn(stmts)

@@ -449,6 +449,12 @@ def query(
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
     sys.stdout.write(FORMATS[fmt](res))
     sys.stdout.flush()
+    _query_notes(reader, no_wait)
+
+
+def _query_notes(reader, no_wait: bool) -> None:
+    """What ``mooncake query`` says on stderr after the rows: the LSN read at (``--no-wait``) and a
+    warning per stopped mirror it read."""
     from rich.markup import escape
 
     if no_wait:

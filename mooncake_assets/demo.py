@@ -35,10 +35,34 @@ def _pg_bin(name: str) -> str:
         return shutil.which(name) or name
 
 
+def _tick_line(client, reader, dsn: str, t0: float) -> str:
+    """One progress line: the lag now, and pgbench_branches' balances in Postgres and in the mirror at
+    one LSN (``same`` or ``DIFFERENT``)."""
+    from .engine.service import ServiceError
+
+    st = client.status()  # the lag as it is now, before the comparison waits for the mirror
+    row = next((t for t in st["tables"] if t["name"] == "pgbench_accounts"), {})
+    try:
+        lsn, src, mir = balances_at_one_lsn(dsn, reader)
+    except (ServiceError, TimeoutError, psycopg.Error) as e:
+        lsn, src, mir = "?", [], [{"error": str(e).splitlines()[0]}]
+    pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
+    mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if "bid" in r) or str(mir)
+    same = (
+        "same"
+        if [(r[0], int(r[1])) for r in src] == [(r.get("bid"), int(r.get("balance") or 0)) for r in mir]
+        else "DIFFERENT"
+    )
+    return (
+        f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
+        f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})"
+    )
+
+
 def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int = 4, dagster: bool = False) -> int:
     from .commands import create_with_progress, run_verify
     from .engine.read import UnionReader
-    from .engine.service import ServiceClient, ServiceError
+    from .engine.service import ServiceClient
     from .engine.service.process import start_service
 
     con = Console()
@@ -80,24 +104,7 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
         while bench.poll() is None:
             time.sleep(min(5.0, max(1.0, seconds / 6)))
             tick += 1
-            st = client.status()  # the lag as it is now, before the comparison waits for the mirror
-            row = next((t for t in st["tables"] if t["name"] == "pgbench_accounts"), {})
-            try:
-                lsn, src, mir = balances_at_one_lsn(dsn, reader)
-            except (ServiceError, TimeoutError, psycopg.Error) as e:
-                lsn, src, mir = "?", [], [{"error": str(e).splitlines()[0]}]
-            pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
-            mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if "bid" in r) or str(mir)
-            same = (
-                "same"
-                if [(r[0], int(r[1])) for r in src] == [(r.get("bid"), int(r.get("balance") or 0)) for r in mir]
-                else "DIFFERENT"
-            )
-            print(
-                f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
-                f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})",
-                flush=True,
-            )
+            print(_tick_line(client, reader, dsn, t0), flush=True)
             op = "flush" if tick % 2 else "persist"
             maint(op)
             maint_log.append(op)

@@ -110,6 +110,48 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
     return con.execute(f"SELECT * FROM iceberg_scan({sql_str(tbl.metadata_location)})").to_arrow_table()
 
 
+def _judge(name: str, src_name: str, src: pa.Table, mir: pa.Table, lsn: str, stopped: dict[str, str]) -> TableResult:
+    """The result for one table from its source and mirror rows at ``lsn`` (``stopped``: mirrors stopped by
+    an error, name -> error, which then explains a mismatch)."""
+    only_src = [c for c in src.column_names if c not in mir.column_names]
+    only_mir = [c for c in mir.column_names if c not in src.column_names]
+    if only_src or only_mir:
+        return TableResult(
+            name,
+            src_name,
+            False,
+            src.num_rows,
+            mir.num_rows,
+            0,
+            0,
+            error=f"columns differ at LSN {lsn}: source only {only_src}, mirror only {only_mir} (a "
+            "schema change reaches the mirror with the table's next row change)",
+        )
+    missing, extra = compare(src, mir)
+    if (missing or extra) and stopped.get(name):
+        return TableResult(
+            name,
+            src_name,
+            False,
+            src.num_rows,
+            mir.num_rows,
+            missing,
+            extra,
+            note=f"the mirror is stopped: {stopped[name]}",
+        )
+    # which columns differ, when no row is missing or extra (else every column would)
+    return TableResult(
+        name,
+        src_name,
+        missing == 0 and extra == 0,
+        src.num_rows,
+        mir.num_rows,
+        missing,
+        extra,
+        columns=differing_columns(src, mir) if (missing or extra) and missing == extra else None,
+    )
+
+
 def verify(
     settings: Settings, names: list[str] | None = None, reader: str = "union", client=None, attempts: int = 5
 ) -> tuple[list[TableResult], str]:
@@ -164,51 +206,7 @@ def verify(
                             break
                         results.append(TableResult(name, src_name, False, 0, 0, 0, 0, error=str(e).splitlines()[0]))
                         continue
-                    only_src = [c for c in src.column_names if c not in mir.column_names]
-                    only_mir = [c for c in mir.column_names if c not in src.column_names]
-                    if only_src or only_mir:
-                        results.append(
-                            TableResult(
-                                name,
-                                src_name,
-                                False,
-                                src.num_rows,
-                                mir.num_rows,
-                                0,
-                                0,
-                                error=f"columns differ at LSN {lsn}: source only {only_src}, mirror only {only_mir} (a "
-                                "schema change reaches the mirror with the table's next row change)",
-                            )
-                        )
-                        continue
-                    missing, extra = compare(src, mir)
-                    if (missing or extra) and stopped.get(name):
-                        results.append(
-                            TableResult(
-                                name,
-                                src_name,
-                                False,
-                                src.num_rows,
-                                mir.num_rows,
-                                missing,
-                                extra,
-                                note=f"the mirror is stopped: {stopped[name]}",
-                            )
-                        )
-                        continue
-                    # which columns differ, when no row is missing or extra (else every column would)
-                    results.append(
-                        TableResult(
-                            name,
-                            src_name,
-                            missing == 0 and extra == 0,
-                            src.num_rows,
-                            mir.num_rows,
-                            missing,
-                            extra,
-                            columns=differing_columns(src, mir) if (missing or extra) and missing == extra else None,
-                        )
-                    )
+                    results.append(_judge(name, src_name, src, mir, lsn, stopped))
             if not retry:
                 return results, lsn
         finally:

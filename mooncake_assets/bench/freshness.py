@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -27,6 +28,57 @@ import psycopg
 from .common import BenchDatabase, Sizes, pg_bin
 
 TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
+
+
+def _pgbench_load(sizes: Sizes, seconds: int, dsn: str) -> list[str]:
+    """The background load: pgbench's TPC-B-like script, 2 clients, rate-limited to ``fresh_load_tps``."""
+    return [
+        pg_bin("pgbench"),
+        "-n",
+        "-c",
+        "2",
+        "-j",
+        "2",
+        "-R",
+        str(sizes.fresh_load_tps),
+        "-T",
+        str(seconds),
+        dsn,
+    ]
+
+
+def _wait_visible(reader: Any, i: int, t0: float, timeout_s: float) -> int:
+    """Poll the union read every 2 ms until row ``i`` of ``fresh`` is visible; returns the polls taken.
+    Raises ``TimeoutError`` after ``timeout_s`` seconds from ``t0`` (``time.perf_counter()``)."""
+    n = 0
+    while True:
+        n += 1
+        reader.register("fresh")
+        if reader.con.execute("SELECT count(*) FROM fresh WHERE id = ?", [i]).fetchone()[0]:
+            return n
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"row {i} of fresh not visible after {timeout_s:.0f}s")
+        time.sleep(0.002)
+
+
+def _summary(lat: list[float], polls: list[int], sizes: Sizes, load_tps: float, st: dict[str, Any]) -> dict[str, Any]:
+    """The ``freshness`` section from the latencies (seconds) and poll counts of every commit."""
+    ms = np.array(lat) * 1000
+    out = {
+        "commits": len(lat),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "mean_ms": float(ms.mean()),
+        "polls_mean": float(np.mean(polls)),
+        "latencies_ms": [round(x, 3) for x in ms.tolist()],
+        "background_load": {"pgbench": f"-c 2 -j 2 -R {sizes.fresh_load_tps}", "tps": round(load_tps, 1)},
+        "missing_keys": sum(t.get("missing_keys", 0) or 0 for t in st.values()),
+        "method": "commit (autocommit INSERT) to visible in UnionReader.register + SELECT, polled every 2 ms, "
+        "service in maintenance: auto under pgbench load",
+    }
+    return out
 
 
 def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: float = 30.0) -> dict:
@@ -53,19 +105,7 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
                     client.call("create_table", dst=t, src=f"public.{t}")
                 seconds = max(30, int(sizes.fresh_commits * 0.25) + 30)
                 bench = subprocess.Popen(
-                    [
-                        pg_bin("pgbench"),
-                        "-n",
-                        "-c",
-                        "2",
-                        "-j",
-                        "2",
-                        "-R",
-                        str(sizes.fresh_load_tps),
-                        "-T",
-                        str(seconds),
-                        db.dsn,
-                    ],
+                    _pgbench_load(sizes, seconds, db.dsn),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -82,17 +122,8 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
                         time.sleep(rng.uniform(0.02, 0.06))
                         t0 = time.perf_counter()
                         c.execute("INSERT INTO fresh (id) VALUES (%s)", (i,))
-                        n = 0
-                        while True:
-                            n += 1
-                            reader.register("fresh")
-                            if reader.con.execute("SELECT count(*) FROM fresh WHERE id = ?", [i]).fetchone()[0]:
-                                break
-                            if time.perf_counter() - t0 > timeout_s:
-                                raise TimeoutError(f"row {i} of fresh not visible after {timeout_s:.0f}s")
-                            time.sleep(0.002)
+                        polls.append(_wait_visible(reader, i, t0, timeout_s))
                         lat.append(time.perf_counter() - t0)
-                        polls.append(n)
                         if bench.poll() is not None:
                             break
                 st = {t["name"]: t for t in client.status()["tables"]}
@@ -113,21 +144,7 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
                 stop_service(settings)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    ms = np.array(lat) * 1000
-    out = {
-        "commits": len(lat),
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p90_ms": float(np.percentile(ms, 90)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "max_ms": float(ms.max()),
-        "mean_ms": float(ms.mean()),
-        "polls_mean": float(np.mean(polls)),
-        "latencies_ms": [round(x, 3) for x in ms.tolist()],
-        "background_load": {"pgbench": f"-c 2 -j 2 -R {sizes.fresh_load_tps}", "tps": round(load_tps, 1)},
-        "missing_keys": sum(t.get("missing_keys", 0) or 0 for t in st.values()),
-        "method": "commit (autocommit INSERT) to visible in UnionReader.register + SELECT, polled every 2 ms, "
-        "service in maintenance: auto under pgbench load",
-    }
+    out = _summary(lat, polls, sizes, load_tps, st)
     log(
         f"  freshness: {out['commits']} commits, p50 {out['p50_ms']:.1f} ms, p99 {out['p99_ms']:.1f} ms "
         f"(pgbench {out['background_load']['tps']} tps)"

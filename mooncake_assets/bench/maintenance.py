@@ -57,6 +57,39 @@ def _lsn(dsn: str) -> str:
         return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
 
+def _compaction_summary(runs: list[dict]) -> dict:
+    """The ``compaction`` section: the policy runs' reports added up, with rates (rows/s, entries/s)."""
+    tot = {
+        k: sum(r[k] for r in runs)
+        for k in (
+            "files_in",
+            "files_out",
+            "rows_in",
+            "rows_out",
+            "bytes_in",
+            "bytes_out",
+            "deleted_rows_dropped",
+            "index_entries_in",
+            "index_entries_out",
+            "rewrite_seconds",
+            "upload_seconds",
+            "index_seconds",
+            "commit_seconds",
+            "lock_seconds",
+            "seconds",
+        )
+    }
+    data_s = tot["rewrite_seconds"] + tot["upload_seconds"]
+    return {
+        "runs": len(runs),
+        **{k: round(v, 4) if isinstance(v, float) else v for k, v in tot.items()},
+        "rows_per_s": round(tot["rows_in"] / data_s) if data_s else None,
+        "index_entries_per_s": round(tot["index_entries_in"] / tot["index_seconds"]) if tot["index_seconds"] else None,
+        "rows_per_s_with_index": round(tot["rows_in"] / (data_s + tot["index_seconds"])) if data_s else None,
+        "index_share_of_seconds": round(tot["index_seconds"] / tot["seconds"], 4) if tot["seconds"] else None,
+    }
+
+
 def run_maintenance_bench(settings, quick: bool) -> dict:
     """Run the maintenance benchmark (module docstring) against ``settings``' source Postgres.
 
@@ -68,6 +101,10 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
     ratio}, clean_ms {query: ms}}}, ``index_merge`` (the merge's report), ``compaction`` (the policy
     runs, see the module docstring), ``full_compaction``, ``ingest_seconds``, ``seconds``.
     Raises ``RuntimeError`` when the scratch service cannot start; scratch state is removed either way.
+
+    It stays one function on purpose: a linear script whose steps (ingest, reference copy, each
+    maintenance state measured in turn) share the scratch service, its client, the source table and the
+    clean reference, all torn down by the one ``finally``.
     """
     from ..engine.read import UnionReader
     from ..engine.service import ServiceClient
@@ -185,37 +222,7 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
         }
         states["compacted_full"] = measure()
         out["states"] = states
-        tot = {
-            k: sum(r[k] for r in runs)
-            for k in (
-                "files_in",
-                "files_out",
-                "rows_in",
-                "rows_out",
-                "bytes_in",
-                "bytes_out",
-                "deleted_rows_dropped",
-                "index_entries_in",
-                "index_entries_out",
-                "rewrite_seconds",
-                "upload_seconds",
-                "index_seconds",
-                "commit_seconds",
-                "lock_seconds",
-                "seconds",
-            )
-        }
-        data_s = tot["rewrite_seconds"] + tot["upload_seconds"]
-        out["compaction"] = {
-            "runs": len(runs),
-            **{k: round(v, 4) if isinstance(v, float) else v for k, v in tot.items()},
-            "rows_per_s": round(tot["rows_in"] / data_s) if data_s else None,
-            "index_entries_per_s": round(tot["index_entries_in"] / tot["index_seconds"])
-            if tot["index_seconds"]
-            else None,
-            "rows_per_s_with_index": round(tot["rows_in"] / (data_s + tot["index_seconds"])) if data_s else None,
-            "index_share_of_seconds": round(tot["index_seconds"] / tot["seconds"], 4) if tot["seconds"] else None,
-        }
+        out["compaction"] = _compaction_summary(runs)
         out["seconds"] = round(time.time() - t_start, 2)
         return out
     finally:

@@ -19,6 +19,62 @@ def _f(v, digits: int = 3) -> str:
     return str(v)
 
 
+def _ingest_section(ing: dict) -> list[str]:
+    """The ``## Ingest`` table (rows/s ours vs pg_recvlogical)."""
+    lines = [
+        "## Ingest (rows/s applied vs pg_recvlogical on the same WAL)",
+        "",
+        "| workload | rows | ours rows/s | pg_recvlogical rows/s | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for k in ("narrow", "wide", "narrow_large", "wide_large"):
+        v = ing.get(k)
+        if v:
+            lines.append(
+                f"| {k} ({'10-row transactions' if 'large' not in k else 'one streamed transaction'}) | "
+                f"{_f(v['rows'])} | {_f(v['rows_per_s'])} | {_f(v['recvlogical_rows_per_s'])} | {_f(v['ratio'])} |"
+            )
+    lines += [
+        "",
+        f"Both consumers: {ing.get('protocol')}, logical_decoding_work_mem {ing.get('logical_decoding_work_mem')}.",
+        "",
+    ]
+    return lines
+
+
+def _union_read_section(ur: dict) -> list[str]:
+    """The ``## Union read`` table (ms and ratios per query and delete share)."""
+    lines = [
+        f"## Union read ({_f(ur['rows'])} live rows)",
+        "",
+        f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.",
+        "",
+        "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
+        "speed-up vs equality deletes | rows & checksums equal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for q in ("scan", "filter"):
+        sec = ur.get(q, {})
+        for d, pct in SHARES:
+            s = sec.get("seconds", {}).get(d)
+            if not s:
+                continue
+            ck = ur.get("check", {}).get(d, {}).get(q, {})
+            same = (
+                ck.get("results_equal")
+                and len({(v["rows"], v["checksum"]) for k, v in ck.items() if isinstance(v, dict) and "rows" in v}) == 1
+            )
+            lines.append(
+                f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
+                f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
+                f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
+                f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
+                f"{'yes' if same else '**NO**'} |"
+            )
+    lines.append("")
+    return lines
+
+
 def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base: Path | None = None) -> None:
     m = doc.get("machine", {})
     lines = [
@@ -37,26 +93,8 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
         for k, t in doc["targets"].items():
             lines.append(f"| {t['what']} (`{k}`) | {_f(t['value'])} | {'yes' if t['met'] else '**no**'} |")
         lines.append("")
-    ing = doc.get("ingest")
-    if ing:
-        lines += [
-            "## Ingest (rows/s applied vs pg_recvlogical on the same WAL)",
-            "",
-            "| workload | rows | ours rows/s | pg_recvlogical rows/s | ratio |",
-            "|---|---|---|---|---|",
-        ]
-        for k in ("narrow", "wide", "narrow_large", "wide_large"):
-            v = ing.get(k)
-            if v:
-                lines.append(
-                    f"| {k} ({'10-row transactions' if 'large' not in k else 'one streamed transaction'}) | "
-                    f"{_f(v['rows'])} | {_f(v['rows_per_s'])} | {_f(v['recvlogical_rows_per_s'])} | {_f(v['ratio'])} |"
-                )
-        lines += [
-            "",
-            f"Both consumers: {ing.get('protocol')}, logical_decoding_work_mem {ing.get('logical_decoding_work_mem')}.",
-            "",
-        ]
+    if doc.get("ingest"):
+        lines += _ingest_section(doc["ingest"])
     ic = doc.get("initial_copy")
     if ic:
         lines += [
@@ -78,37 +116,8 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
             f"p99 {_f(fr['p99_ms'])} ms, max {_f(fr['max_ms'])} ms.",
             "",
         ]
-    ur = doc.get("union_read")
-    if ur:
-        lines += [
-            f"## Union read ({_f(ur['rows'])} live rows)",
-            "",
-            f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.",
-            "",
-            "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
-            "speed-up vs equality deletes | rows & checksums equal |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for q in ("scan", "filter"):
-            sec = ur.get(q, {})
-            for d, pct in SHARES:
-                s = sec.get("seconds", {}).get(d)
-                if not s:
-                    continue
-                ck = ur.get("check", {}).get(d, {}).get(q, {})
-                same = (
-                    ck.get("results_equal")
-                    and len({(v["rows"], v["checksum"]) for k, v in ck.items() if isinstance(v, dict) and "rows" in v})
-                    == 1
-                )
-                lines.append(
-                    f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
-                    f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
-                    f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
-                    f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
-                    f"{'yes' if same else '**NO**'} |"
-                )
-        lines.append("")
+    if doc.get("union_read"):
+        lines += _union_read_section(doc["union_read"])
     mt = doc.get("maintenance")
     if mt:
         lines += ["## Maintenance", "", "```", _short_json(mt), "```", ""]

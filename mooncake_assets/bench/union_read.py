@@ -43,6 +43,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -123,11 +124,89 @@ class _Built:
         self.stats = stats
 
 
+def _load_engine_view(table: Any, files: list[dict], mem_rows: pa.Table, mem_deleted: list[int], lsn: int) -> None:
+    """Give ``table`` the files (with their committed / pending DVs) and the MemSlice rows, at ``lsn``."""
+    from ..engine.table.disk_files import DiskFile
+    from ..engine.table.memslice import Batch
+
+    for f in files:
+        p = Path(f["path"])
+        df = DiskFile(name=p.name, num_rows=f["rows"], size_bytes=p.stat().st_size)
+        if f["kind"] == "persisted":
+            df.location = "file://" + str(p)
+        else:
+            df.local_path = str(p)
+        df.committed = BitMap64(f["committed"])
+        df.pending = {pos: lsn for pos in f["pending"]}
+        table.files[df.name] = df
+    n_mem = mem_rows.num_rows
+    dl = np.zeros(n_mem, dtype=np.uint64)
+    dl[mem_deleted] = lsn
+    for s in range(0, n_mem, table.mem.batch_rows):
+        e = min(s + table.mem.batch_rows, n_mem)
+        rb = mem_rows.slice(s, e - s).combine_chunks().to_batches()[0] if e > s else None
+        if rb is not None:
+            table.mem.batches.append(
+                Batch(rb, np.full(e - s, lsn - 1, dtype=np.uint64), dl[s:e], np.zeros(e - s, dtype=np.uint64))
+            )
+    table.applied_lsn = lsn + 1
+
+
+def _clean_copy(files: list[dict], mem_rows: pa.Table, mem_deleted: list[int]) -> pa.Table:
+    """The live rows: every file's rows less its deleted positions, then the undeleted in-memory rows."""
+    clean_parts = []
+    for f in files:
+        t = pq.read_table(f["path"])
+        keep = np.ones(t.num_rows, dtype=bool)
+        keep[np.array(f["committed"] + f["pending"], dtype=np.int64)] = False
+        clean_parts.append(t.filter(pa.array(keep)))
+    keep = np.ones(mem_rows.num_rows, dtype=bool)
+    keep[np.array(mem_deleted, dtype=np.int64)] = False
+    clean_parts.append(mem_rows.filter(pa.array(keep)))
+    return pa.concat_tables(clean_parts)
+
+
+def _equality_layout(
+    d: Path, base_files: list[tuple[str, int]], eq_chunks: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[str, int, int]:
+    """Write the equality-delete layout (base files at seq 1, then per commit one data file + one delete
+    file); returns (the SQL reading it, number of data parts, number of delete files)."""
+    data_parts = [f"SELECT *, 1 AS __seq FROM read_parquet([{', '.join(repr(p) for p, _ in base_files)}])"]
+    del_parts = []
+    eq_bytes = 0
+    for c, (ks, bs) in enumerate(eq_chunks):
+        seq = c + 2
+        # the writer keeps one version per key within a commit (the last), like Flink's insert map
+        _, last = np.unique(ks[::-1], return_index=True)
+        idx = np.sort(len(ks) - 1 - last)
+        dp, ep = d / f"eq_data_{c}.parquet", d / f"eq_del_{c}.parquet"
+        eq_bytes += _write(_rows(ks[idx], bs[idx]), dp)
+        pq.write_table(pa.table({"aid": pa.array(np.unique(ks), pa.int32())}), ep, compression="zstd")
+        eq_bytes += ep.stat().st_size
+        data_parts.append(f"SELECT *, {seq} AS __seq FROM read_parquet('{dp}')")
+        del_parts.append(f"SELECT aid, {seq} AS __seq FROM read_parquet('{ep}')")
+    eq_sql = (
+        f"SELECT d.* EXCLUDE (__seq) FROM ({' UNION ALL '.join(data_parts)}) d "
+        f"ANTI JOIN ({' UNION ALL '.join(del_parts)}) e ON d.aid = e.aid AND e.__seq > d.__seq"
+    )
+    return eq_sql, len(data_parts), len(del_parts)
+
+
+def _segments(u: int, n_persist: int, n_flush: int, chunk: int) -> list[tuple[int, int]]:
+    """The commits of the ``u`` updates, as [start, end) ranges: ``chunk``-sized up to ``n_persist``
+    (persisted), then up to ``n_flush`` (flushed), then the rest (in memory)."""
+    bounds = list(range(0, n_persist, chunk)) + list(range(n_persist, n_flush, chunk)) + [n_flush]
+    segments = []
+    for a in range(len(bounds) - 1):
+        if bounds[a] < bounds[a + 1]:
+            segments.append((bounds[a], bounds[a + 1]))
+    segments.append((n_flush, u))
+    return segments
+
+
 def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], seed: int) -> _Built:
     """Build the table for one delete share (module docstring). ``base_files``: the copy's files
     (path, rows), shared by every share."""
-    from ..engine.table.disk_files import DiskFile
-    from ..engine.table.memslice import Batch
     from ..engine.table.mirror import MirrorTable
 
     rng = np.random.default_rng(seed)
@@ -151,12 +230,7 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
     loc_row[1:] = (aids_all - 1) % base_rows
     mem_deleted: list[int] = []
     eq_chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (keys, balances) per commit, in order
-    bounds = list(range(0, n_persist, chunk)) + list(range(n_persist, n_flush, chunk)) + [n_flush]
-    segments = []
-    for a in range(len(bounds) - 1):
-        if bounds[a] < bounds[a + 1]:
-            segments.append((bounds[a], bounds[a + 1]))
-    segments.append((n_flush, u))
+    segments = _segments(u, n_persist, n_flush, chunk)
     for si, (a, b) in enumerate(segments):
         ks, bs = keys[a:b], balances[a:b]
         in_mem = si == len(segments) - 1
@@ -186,60 +260,15 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
         eq_chunks.append((ks, bs))
     # the engine's view of it
     lsn = 100
-    for f in files:
-        p = Path(f["path"])
-        df = DiskFile(name=p.name, num_rows=f["rows"], size_bytes=p.stat().st_size)
-        if f["kind"] == "persisted":
-            df.location = "file://" + str(p)
-        else:
-            df.local_path = str(p)
-        df.committed = BitMap64(f["committed"])
-        df.pending = {pos: lsn for pos in f["pending"]}
-        table.files[df.name] = df
     mks, mbs = keys[n_flush:], balances[n_flush:]
     mem_rows = _rows(mks, mbs)
-    dl = np.zeros(len(mks), dtype=np.uint64)
-    dl[mem_deleted] = lsn
-    for s in range(0, len(mks), table.mem.batch_rows):
-        e = min(s + table.mem.batch_rows, len(mks))
-        rb = mem_rows.slice(s, e - s).combine_chunks().to_batches()[0] if e > s else None
-        if rb is not None:
-            table.mem.batches.append(
-                Batch(rb, np.full(e - s, lsn - 1, dtype=np.uint64), dl[s:e], np.zeros(e - s, dtype=np.uint64))
-            )
-    table.applied_lsn = lsn + 1
+    _load_engine_view(table, files, mem_rows, mem_deleted, lsn)
     # the clean copy: live rows from this module's bookkeeping
-    clean_parts = []
-    for f in files:
-        t = pq.read_table(f["path"])
-        keep = np.ones(t.num_rows, dtype=bool)
-        keep[np.array(f["committed"] + f["pending"], dtype=np.int64)] = False
-        clean_parts.append(t.filter(pa.array(keep)))
-    keep = np.ones(len(mks), dtype=bool)
-    keep[np.array(mem_deleted, dtype=np.int64)] = False
-    clean_parts.append(mem_rows.filter(pa.array(keep)))
-    clean = pa.concat_tables(clean_parts)
+    clean = _clean_copy(files, mem_rows, mem_deleted)
     clean_path = d / "clean.parquet"
     _write(clean, clean_path)
     # the equality-delete layout: base files (seq 1), then per commit one data file + one delete file
-    data_parts = [f"SELECT *, 1 AS __seq FROM read_parquet([{', '.join(repr(p) for p, _ in base_files)}])"]
-    del_parts = []
-    eq_bytes = 0
-    for c, (ks, bs) in enumerate(eq_chunks):
-        seq = c + 2
-        # the writer keeps one version per key within a commit (the last), like Flink's insert map
-        _, last = np.unique(ks[::-1], return_index=True)
-        idx = np.sort(len(ks) - 1 - last)
-        dp, ep = d / f"eq_data_{c}.parquet", d / f"eq_del_{c}.parquet"
-        eq_bytes += _write(_rows(ks[idx], bs[idx]), dp)
-        pq.write_table(pa.table({"aid": pa.array(np.unique(ks), pa.int32())}), ep, compression="zstd")
-        eq_bytes += ep.stat().st_size
-        data_parts.append(f"SELECT *, {seq} AS __seq FROM read_parquet('{dp}')")
-        del_parts.append(f"SELECT aid, {seq} AS __seq FROM read_parquet('{ep}')")
-    eq_sql = (
-        f"SELECT d.* EXCLUDE (__seq) FROM ({' UNION ALL '.join(data_parts)}) d "
-        f"ANTI JOIN ({' UNION ALL '.join(del_parts)}) e ON d.aid = e.aid AND e.__seq > d.__seq"
-    )
+    eq_sql, n_eq_data, n_eq_del = _equality_layout(d, base_files, eq_chunks)
     stats = {
         "updates": u,
         "live_rows": clean.num_rows,
@@ -252,8 +281,8 @@ def _build(work: Path, n: int, share: float, base_files: list[tuple[str, int]], 
         "pending_deletes": sum(len(f["pending"]) for f in files),
         "memory_rows": len(mks),
         "memory_deleted": len(mem_deleted),
-        "equality_delete_files": len(del_parts),
-        "equality_data_files": len(data_parts) - 1 + len(base_files),
+        "equality_delete_files": n_eq_del,
+        "equality_data_files": n_eq_data - 1 + len(base_files),
     }
     return _Built(table, str(clean_path), eq_sql, clean.num_rows, stats)
 
@@ -267,9 +296,71 @@ def _serve(tables: dict, socket_path: str):
     return server, th
 
 
+def _measure(
+    con: Any, client: Any, b: _Built, k: str, qname: str, lo: int, hi: int, sizes: Sizes, out: dict, log: Any
+) -> None:
+    """Time query ``qname`` on table ``k`` for every contender (clean copy, union read, anti join,
+    equality deletes), interleaved; record times, ratios and checks in ``out`` (``out[qname]``, ``out["check"]``)."""
+    from ..engine.read import UnionReader
+
+    sec = out[qname]
+    where = "" if qname == "scan" else f" WHERE aid BETWEEN {lo} AND {hi}"
+    sql = SCAN_SQL if qname == "scan" else FILTER_SQL
+    clean_src = f"read_parquet('{b.clean_path}')"
+    eq_src = f"({b.eq_view_sql})"
+    reader = UnionReader(client)
+    anti = UnionReader(client, mode="anti")
+    q = dict(t=k, lo=lo, hi=hi)
+    contenders = {
+        "clean": lambda: con.execute(sql.format(**dict(q, t=clean_src))).fetchall(),
+        "union": lambda: [tuple(r.values()) for r in reader.query(sql.format(**q), tables=[k]).to_pylist()],
+        "anti_join": lambda: [tuple(r.values()) for r in anti.query(sql.format(**q), tables=[k]).to_pylist()],
+        "equality_deletes": lambda: con.execute(sql.format(**dict(q, t=eq_src))).fetchall(),
+    }
+    contenders["clean"]()  # warm the OS cache and DuckDB's metadata for every side alike
+    cpu: dict = {}
+    times, results = interleaved(contenders, sizes.union_rounds, cpu=cpu)
+    norm = {c: [tuple(_plain(x) for x in row) for row in v] for c, v in results.items()}
+    same = len({repr(v) for v in norm.values()}) == 1
+    m = {c: med(ts) for c, ts in times.items()}
+    best = {c: min(ts) for c, ts in times.items()}
+    sec.setdefault("seconds", {})[k] = m
+    sec.setdefault("ratio_vs_clean", {})[k] = m["union"] / m["clean"]
+    sec.setdefault("ratio_vs_clean_best", {})[k] = best["union"] / best["clean"]
+    mc = {c: med(ts) for c, ts in cpu.items()}
+    sec.setdefault("cpu_seconds", {})[k] = mc
+    sec.setdefault("cpu_ratio_vs_clean", {})[k] = mc["union"] / mc["clean"] if mc["clean"] else None
+    sec.setdefault("cpu_speedup_vs_equality_deletes", {})[k] = (
+        mc["equality_deletes"] / mc["union"] if mc["union"] else None
+    )
+    sec.setdefault("anti_join_ratio_vs_clean", {})[k] = m["anti_join"] / m["clean"]
+    sec.setdefault("speedup_vs_anti_join", {})[k] = m["anti_join"] / m["union"]
+    sec.setdefault("speedup_vs_equality_deletes", {})[k] = m["equality_deletes"] / m["union"]
+    sec.setdefault("equality_deletes_ratio_vs_clean", {})[k] = m["equality_deletes"] / m["clean"]
+    # what each side read: count + checksum of the rows the query ranges over
+    ck = {
+        "clean": con.execute(CHECK_SQL.format(t=clean_src, where=where)).fetchone(),
+        "union": tuple(reader.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()),
+        "anti_join": tuple(anti.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()),
+        "equality_deletes": con.execute(CHECK_SQL.format(t=eq_src, where=where)).fetchone(),
+    }
+    out["check"].setdefault(k, {})[qname] = {
+        **{c: {"rows": int(v[0]), "checksum": int(v[1] or 0)} for c, v in ck.items()},
+        "results_equal": same,
+        "results": {c: [list(r) for r in v] for c, v in norm.items()},
+    }
+    reader.con.close()
+    anti.con.close()
+    log(
+        f"  union_read {qname} {k}: clean {m['clean'] * 1000:.1f} ms, union {m['union'] * 1000:.1f} ms "
+        f"({m['union'] / m['clean']:.2f}x; CPU {sec['cpu_ratio_vs_clean'][k] or 0:.2f}x), "
+        f"anti join {m['anti_join'] * 1000:.1f} ms, "
+        f"equality deletes {m['equality_deletes'] * 1000:.1f} ms"
+    )
+
+
 def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) -> dict:
     """Run the union-read suite; returns the ``union_read`` section of the bench JSON."""
-    from ..engine.read import UnionReader
     from ..engine.service.client import ServiceClient
 
     n = sizes.union_rows
@@ -313,67 +404,9 @@ def run_union_read_bench(sizes: Sizes, workdir: str | None = None, log=print) ->
         }
         con = duckdb.connect()
         for qname in ("scan", "filter"):
-            sec = out.setdefault(qname, {})
+            out.setdefault(qname, {})
             for k, b in built.items():
-                where = "" if qname == "scan" else f" WHERE aid BETWEEN {lo} AND {hi}"
-                sql = SCAN_SQL if qname == "scan" else FILTER_SQL
-                clean_src = f"read_parquet('{b.clean_path}')"
-                eq_src = f"({b.eq_view_sql})"
-                reader = UnionReader(client)
-                anti = UnionReader(client, mode="anti")
-                q = dict(t=k, lo=lo, hi=hi)
-                contenders = {
-                    "clean": lambda: con.execute(sql.format(**dict(q, t=clean_src))).fetchall(),
-                    "union": lambda: [tuple(r.values()) for r in reader.query(sql.format(**q), tables=[k]).to_pylist()],
-                    "anti_join": lambda: [
-                        tuple(r.values()) for r in anti.query(sql.format(**q), tables=[k]).to_pylist()
-                    ],
-                    "equality_deletes": lambda: con.execute(sql.format(**dict(q, t=eq_src))).fetchall(),
-                }
-                contenders["clean"]()  # warm the OS cache and DuckDB's metadata for every side alike
-                cpu: dict = {}
-                times, results = interleaved(contenders, sizes.union_rounds, cpu=cpu)
-                norm = {c: [tuple(_plain(x) for x in row) for row in v] for c, v in results.items()}
-                same = len({repr(v) for v in norm.values()}) == 1
-                m = {c: med(ts) for c, ts in times.items()}
-                best = {c: min(ts) for c, ts in times.items()}
-                sec.setdefault("seconds", {})[k] = m
-                sec.setdefault("ratio_vs_clean", {})[k] = m["union"] / m["clean"]
-                sec.setdefault("ratio_vs_clean_best", {})[k] = best["union"] / best["clean"]
-                mc = {c: med(ts) for c, ts in cpu.items()}
-                sec.setdefault("cpu_seconds", {})[k] = mc
-                sec.setdefault("cpu_ratio_vs_clean", {})[k] = mc["union"] / mc["clean"] if mc["clean"] else None
-                sec.setdefault("cpu_speedup_vs_equality_deletes", {})[k] = (
-                    mc["equality_deletes"] / mc["union"] if mc["union"] else None
-                )
-                sec.setdefault("anti_join_ratio_vs_clean", {})[k] = m["anti_join"] / m["clean"]
-                sec.setdefault("speedup_vs_anti_join", {})[k] = m["anti_join"] / m["union"]
-                sec.setdefault("speedup_vs_equality_deletes", {})[k] = m["equality_deletes"] / m["union"]
-                sec.setdefault("equality_deletes_ratio_vs_clean", {})[k] = m["equality_deletes"] / m["clean"]
-                # what each side read: count + checksum of the rows the query ranges over
-                ck = {
-                    "clean": con.execute(CHECK_SQL.format(t=clean_src, where=where)).fetchone(),
-                    "union": tuple(
-                        reader.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()
-                    ),
-                    "anti_join": tuple(
-                        anti.query(CHECK_SQL.format(t=k, where=where), tables=[k]).to_pylist()[0].values()
-                    ),
-                    "equality_deletes": con.execute(CHECK_SQL.format(t=eq_src, where=where)).fetchone(),
-                }
-                out["check"].setdefault(k, {})[qname] = {
-                    **{c: {"rows": int(v[0]), "checksum": int(v[1] or 0)} for c, v in ck.items()},
-                    "results_equal": same,
-                    "results": {c: [list(r) for r in v] for c, v in norm.items()},
-                }
-                reader.con.close()
-                anti.con.close()
-                log(
-                    f"  union_read {qname} {k}: clean {m['clean'] * 1000:.1f} ms, union {m['union'] * 1000:.1f} ms "
-                    f"({m['union'] / m['clean']:.2f}x; CPU {sec['cpu_ratio_vs_clean'][k] or 0:.2f}x), "
-                    f"anti join {m['anti_join'] * 1000:.1f} ms, "
-                    f"equality deletes {m['equality_deletes'] * 1000:.1f} ms"
-                )
+                _measure(con, client, b, k, qname, lo, hi, sizes, out, log)
         client.close()
         return out
     finally:

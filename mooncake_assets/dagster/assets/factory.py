@@ -181,6 +181,31 @@ class FullConfig(dg.Config):
     )
 
 
+def _kind_metadata(kind: str, meta: dict, res: dict, before: dict, after: dict) -> None:
+    """Add to ``meta`` what a ``kind`` run reports: its output counts (``res``) and the table's status
+    ``before``/``after`` that matter for it."""
+    if kind == "flush":
+        meta["rows"] = dg.MetadataValue.int(int(res.get("rows", 0)))
+        meta["files"] = dg.MetadataValue.int(int(res.get("files", 0)))
+        meta["bytes"] = dg.MetadataValue.int(int(res.get("bytes", 0)))
+    elif kind == "deletion_vectors":
+        meta["rows"] = dg.MetadataValue.int(int(res.get("rows", 0)))
+        meta["files"] = dg.MetadataValue.int(int(res.get("files_added", 0)))
+        meta["deletion_vectors"] = dg.MetadataValue.int(int(after.get("deletion_vectors", 0)))
+        meta["pending_deletes_before"] = dg.MetadataValue.int(int(before.get("pending_deletes", 0)))
+    elif kind == "index_merge":
+        meta["index_blocks_before"] = dg.MetadataValue.int(int(before.get("index_blocks", 0)))
+        meta["index_blocks"] = dg.MetadataValue.int(int(after.get("index_blocks", 0)))
+        meta["rows"] = dg.MetadataValue.int(int(res.get("entries_out", 0)))  # index entries written
+    elif kind == "compaction":
+        meta["rows"] = dg.MetadataValue.int(int(res.get("rows_out", 0)))
+        meta["files"] = dg.MetadataValue.int(int(res.get("files_out", 0)))
+        meta["bytes"] = dg.MetadataValue.int(int(res.get("bytes_out", 0)))
+        meta["data_files_before"] = dg.MetadataValue.int(int(before.get("data_files", 0)))
+        meta["data_bytes_before"] = dg.MetadataValue.int(int(before.get("data_bytes", 0)))
+        meta["deleted_rows_before"] = dg.MetadataValue.int(int(before.get("deleted_rows", 0)))
+
+
 def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None) -> dg.AssetsDefinition:
     """``<kind>/<t>`` for kind in flush, deletion_vectors, index_merge, compaction (the last two take
     :class:`FullConfig`)."""
@@ -227,26 +252,7 @@ def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None
         meta["lsn"] = dg.MetadataValue.text(after.get("flush_lsn" if kind != "flush" else "applied_lsn", ""))
         meta["data_files"] = dg.MetadataValue.int(int(after.get("data_files", 0)))
         meta["data_bytes"] = dg.MetadataValue.int(int(after.get("data_bytes", 0)))
-        if kind == "flush":
-            meta["rows"] = dg.MetadataValue.int(int(res.get("rows", 0)))
-            meta["files"] = dg.MetadataValue.int(int(res.get("files", 0)))
-            meta["bytes"] = dg.MetadataValue.int(int(res.get("bytes", 0)))
-        elif kind == "deletion_vectors":
-            meta["rows"] = dg.MetadataValue.int(int(res.get("rows", 0)))
-            meta["files"] = dg.MetadataValue.int(int(res.get("files_added", 0)))
-            meta["deletion_vectors"] = dg.MetadataValue.int(int(after.get("deletion_vectors", 0)))
-            meta["pending_deletes_before"] = dg.MetadataValue.int(int(before.get("pending_deletes", 0)))
-        elif kind == "index_merge":
-            meta["index_blocks_before"] = dg.MetadataValue.int(int(before.get("index_blocks", 0)))
-            meta["index_blocks"] = dg.MetadataValue.int(int(after.get("index_blocks", 0)))
-            meta["rows"] = dg.MetadataValue.int(int(res.get("entries_out", 0)))  # index entries written
-        elif kind == "compaction":
-            meta["rows"] = dg.MetadataValue.int(int(res.get("rows_out", 0)))
-            meta["files"] = dg.MetadataValue.int(int(res.get("files_out", 0)))
-            meta["bytes"] = dg.MetadataValue.int(int(res.get("bytes_out", 0)))
-            meta["data_files_before"] = dg.MetadataValue.int(int(before.get("data_files", 0)))
-            meta["data_bytes_before"] = dg.MetadataValue.int(int(before.get("data_bytes", 0)))
-            meta["deleted_rows_before"] = dg.MetadataValue.int(int(before.get("deleted_rows", 0)))
+        _kind_metadata(kind, meta, res, before, after)
         meta.setdefault("bytes", dg.MetadataValue.int(int(after.get("data_bytes", 0))))
         meta.setdefault("rows", dg.MetadataValue.int(int(after.get("live_rows", 0))))
         meta.setdefault("files", dg.MetadataValue.int(int(after.get("data_files", 0))))

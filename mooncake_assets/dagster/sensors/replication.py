@@ -212,6 +212,36 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
     return dg.AssetObservation(asset_key=dg.AssetKey(["mirror", name]), metadata=meta)
 
 
+def _lag_check(
+    key: dg.AssetKey, name: str, st: Mapping, meta: dict, th: MaintenanceThresholds
+) -> dg.AssetCheckEvaluation:
+    """The ``replication_lag`` check from this tick's numbers (a stopped mirror fails)."""
+    nbytes = meta["lag_bytes"].value if "lag_bytes" in meta else None
+    seconds = float(st.get("lag_seconds") or (meta["lag_seconds"].value if "lag_seconds" in meta else 0.0) or 0.0)
+    stopped = st.get("state") == "error"
+    verdict = lag_verdict(nbytes, seconds, th)
+    fail = stopped or verdict == "fail"
+    warn = verdict == "warn"
+    lag_txt = (f"{nbytes:,} bytes" if nbytes is not None else "unknown bytes") + f", {seconds:.1f}s"
+    desc = (
+        f"{name} is stopped: {st.get('error')}"
+        if stopped
+        else f"{name} is {lag_txt} behind {st.get('source')} (applied LSN {st.get('applied_lsn')}; seen by {SENSOR_NAME})"
+    )
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name="replication_lag",
+        passed=not (fail or warn),
+        severity=dg.AssetCheckSeverity.ERROR if fail else dg.AssetCheckSeverity.WARN,
+        description=desc[:1000],
+        metadata={
+            "lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
+            "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
+            "applied_lsn": dg.MetadataValue.text(st.get("applied_lsn", "")),
+        },
+    )
+
+
 def first_sight(
     instance: dg.DagsterInstance,
     name: str,
@@ -254,32 +284,7 @@ def first_sight(
             )
         if tcur is not None:
             tcur["materialized"] = True
-    nbytes = meta["lag_bytes"].value if "lag_bytes" in meta else None
-    seconds = float(st.get("lag_seconds") or (meta["lag_seconds"].value if "lag_seconds" in meta else 0.0) or 0.0)
-    stopped = st.get("state") == "error"
-    verdict = lag_verdict(nbytes, seconds, th)
-    fail = stopped or verdict == "fail"
-    warn = verdict == "warn"
-    lag_txt = (f"{nbytes:,} bytes" if nbytes is not None else "unknown bytes") + f", {seconds:.1f}s"
-    desc = (
-        f"{name} is stopped: {st.get('error')}"
-        if stopped
-        else f"{name} is {lag_txt} behind {st.get('source')} (applied LSN {st.get('applied_lsn')}; seen by {SENSOR_NAME})"
-    )
-    out.append(
-        dg.AssetCheckEvaluation(
-            asset_key=key,
-            check_name="replication_lag",
-            passed=not (fail or warn),
-            severity=dg.AssetCheckSeverity.ERROR if fail else dg.AssetCheckSeverity.WARN,
-            description=desc[:1000],
-            metadata={
-                "lag_bytes": dg.MetadataValue.int(nbytes if nbytes is not None else -1),
-                "lag_seconds": dg.MetadataValue.float(round(seconds, 3)),
-                "applied_lsn": dg.MetadataValue.text(st.get("applied_lsn", "")),
-            },
-        )
-    )
+    out.append(_lag_check(key, name, st, meta, th))
     ver = st.get("verify") or {}
     if tcur is not None and ver.get("result") in ("match", "mismatch") and ver.get("at") != tcur.get("verify_at"):
         tcur["verify_at"] = ver.get("at")

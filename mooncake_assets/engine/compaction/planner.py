@@ -107,25 +107,27 @@ def _size_ratio_run(small: list[FileStats], start: int, ratio: float, count: int
     return n - start
 
 
-def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: bool = False) -> CompactionPlan:
-    """The files to rewrite now (see the module docstring). ``files``: the table's persisted files."""
-    plan = CompactionPlan(full=full)
-    if full:
-        plan.files = [f.name for f in files]
-        plan.reasons = {f.name: ["full compaction"] for f in files}
-        plan.checks.append(f"full: every one of {len(files)} persisted file(s)")
-        if len(files) == 1 and files[0].deleted == 0:
-            plan.checks.append("full: a single file without deletes; nothing to gain")
-            plan.files, plan.reasons = [], {}
-        return plan
+def _add(plan: CompactionPlan, f: FileStats, why: str) -> None:
+    """Pick ``f`` (once, in first-picked order) and record ``why``."""
+    if f.name not in plan.reasons:
+        plan.files.append(f.name)
+        plan.reasons[f.name] = []
+    plan.reasons[f.name].append(why)
 
-    def add(f: FileStats, why: str) -> None:
-        if f.name not in plan.reasons:
-            plan.files.append(f.name)
-            plan.reasons[f.name] = []
-        plan.reasons[f.name].append(why)
 
-    # 1. delete ratio
+def _plan_full(plan: CompactionPlan, files: list[FileStats]) -> CompactionPlan:
+    """``full``: every persisted file, unless that is a single file without deletes."""
+    plan.files = [f.name for f in files]
+    plan.reasons = {f.name: ["full compaction"] for f in files}
+    plan.checks.append(f"full: every one of {len(files)} persisted file(s)")
+    if len(files) == 1 and files[0].deleted == 0:
+        plan.checks.append("full: a single file without deletes; nothing to gain")
+        plan.files, plan.reasons = [], {}
+    return plan
+
+
+def _pick_delete_ratio(plan: CompactionPlan, files: list[FileStats], policy: MaintenancePolicy) -> None:
+    """1. Files whose delete ratio reaches ``policy.delete_ratio_percent`` (highest first)."""
     thr = policy.delete_ratio_percent
     if thr > 0:
         hot = sorted(
@@ -133,60 +135,71 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
             key=lambda f: (-f.delete_ratio_percent, f.name),
         )
         for f in hot:
-            add(f, f"delete ratio {f.delete_ratio_percent:.1f}% ≥ {thr:g}%")
+            _add(plan, f, f"delete ratio {f.delete_ratio_percent:.1f}% ≥ {thr:g}%")
         plan.checks.append(f"delete ratio ≥ {thr:g}%: {len(hot)} file(s)")
     else:
         plan.checks.append("delete ratio: off")
 
-    # universal checks over small files, smallest first
+
+def _pick_size_amplification(plan: CompactionPlan, small: list[FileStats], policy: MaintenancePolicy) -> bool:
+    """2. All small files when the others' live bytes exceed the largest's by the policy; True if picked."""
+    largest = small[-1].live_bytes
+    rest = sum(f.live_bytes for f in small[:-1])
+    amp = 100.0 * rest / largest if largest else float("inf")
+    if len(small) >= 2 and amp > policy.max_size_amplification_percent:
+        for f in small:
+            _add(
+                plan,
+                f,
+                f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}% "
+                f"({_mib(rest)} over the largest small file's {_mib(largest)})",
+            )
+        plan.checks.append(
+            f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}%: all {len(small)} small files"
+        )
+        return True
+    plan.checks.append(f"size amplification {amp:.0f}% ≤ {policy.max_size_amplification_percent:g}%")
+    return False
+
+
+def _pick_size_ratio(plan: CompactionPlan, small: list[FileStats], policy: MaintenancePolicy) -> None:
+    """3. Size ratio / file count: the smallest small files, grown within ``size_ratio_percent``."""
+    trig = policy.file_count_trigger
+    if len(small) < policy.min_files_per_run:
+        plan.checks.append(f"size ratio: {len(small)} small file(s) < min_files_per_run {policy.min_files_per_run}")
+        return
+    seed = max(policy.min_files_per_run, len(small) - trig + 1)
+    n = _size_ratio_run(small, 0, policy.size_ratio_percent, seed)
+    run = small[:n]
+    if len(small) > trig:
+        why = (
+            f"file count: {len(small)} small files > trigger {trig}; the {seed} smallest, grown to "
+            f"{n} by the {policy.size_ratio_percent:g}% size ratio"
+        )
+    else:
+        why = (
+            f"size ratio: the {seed} smallest small files grown to {n} within "
+            f"{policy.size_ratio_percent:g}% ({_mib(sum(x.live_bytes for x in run))})"
+        )
+    for f in run:
+        _add(plan, f, why)
+    plan.checks.append(why)
+
+
+def _pick_universal(plan: CompactionPlan, files: list[FileStats], policy: MaintenancePolicy) -> None:
+    """The universal checks over small files (live bytes < target), smallest first."""
     target = policy.target_file_bytes
     small = sorted((f for f in files if f.live_bytes < target), key=lambda f: (f.live_bytes, f.name))
     trig = policy.file_count_trigger
-    picked_universal = False
     if len(small) < trig:
         plan.checks.append(f"universal: {len(small)} small file(s) (< {_mib(target)} live) < trigger {trig}")
-    else:
-        # 2. size amplification
-        largest = small[-1].live_bytes
-        rest = sum(f.live_bytes for f in small[:-1])
-        amp = 100.0 * rest / largest if largest else float("inf")
-        if len(small) >= 2 and amp > policy.max_size_amplification_percent:
-            for f in small:
-                add(
-                    f,
-                    f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}% "
-                    f"({_mib(rest)} over the largest small file's {_mib(largest)})",
-                )
-            plan.checks.append(
-                f"size amplification {amp:.0f}% > {policy.max_size_amplification_percent:g}%: "
-                f"all {len(small)} small files"
-            )
-            picked_universal = True
-        else:
-            plan.checks.append(f"size amplification {amp:.0f}% ≤ {policy.max_size_amplification_percent:g}%")
-        # 3. size ratio / file count
-        if not picked_universal and len(small) < policy.min_files_per_run:
-            plan.checks.append(f"size ratio: {len(small)} small file(s) < min_files_per_run {policy.min_files_per_run}")
-        elif not picked_universal:
-            seed = max(policy.min_files_per_run, len(small) - trig + 1)
-            n = _size_ratio_run(small, 0, policy.size_ratio_percent, seed)
-            run = small[:n]
-            if len(small) > trig:
-                why = (
-                    f"file count: {len(small)} small files > trigger {trig}; the {seed} smallest, grown to "
-                    f"{n} by the {policy.size_ratio_percent:g}% size ratio"
-                )
-            else:
-                why = (
-                    f"size ratio: the {seed} smallest small files grown to {n} within "
-                    f"{policy.size_ratio_percent:g}% ({_mib(sum(x.live_bytes for x in run))})"
-                )
-            for f in run:
-                add(f, why)
-            plan.checks.append(why)
-            picked_universal = True
+        return
+    if not _pick_size_amplification(plan, small, policy):
+        _pick_size_ratio(plan, small, policy)
 
-    # cap, and nothing to gain from rewriting one clean file
+
+def _cap(plan: CompactionPlan, files: list[FileStats], policy: MaintenancePolicy) -> None:
+    """Cap at ``max_files_per_run``; drop a pick of one clean file (nothing to gain from rewriting it)."""
     if len(plan.files) > policy.max_files_per_run:
         dropped = plan.files[policy.max_files_per_run :]
         plan.files = plan.files[: policy.max_files_per_run]
@@ -197,4 +210,14 @@ def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: boo
     if len(plan.files) == 1 and by_name[plan.files[0]].deleted == 0:
         plan.checks.append("one file without deletes picked; nothing to gain")
         plan.files, plan.reasons = [], {}
+
+
+def plan_compaction(files: list[FileStats], policy: MaintenancePolicy, full: bool = False) -> CompactionPlan:
+    """The files to rewrite now (see the module docstring). ``files``: the table's persisted files."""
+    plan = CompactionPlan(full=full)
+    if full:
+        return _plan_full(plan, files)
+    _pick_delete_ratio(plan, files, policy)
+    _pick_universal(plan, files, policy)
+    _cap(plan, files, policy)
     return plan

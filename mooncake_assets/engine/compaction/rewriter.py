@@ -83,6 +83,144 @@ def _keep_mask(deleted_sorted: np.ndarray, start: int, n: int) -> np.ndarray:
     return keep
 
 
+class _Outputs:
+    """The output files being written: the current file's ParquetWriter, its unflushed batches and counts.
+
+    ``names``: every output opened so far (its index is the file index of the position map)."""
+
+    def __init__(
+        self, out_dir: Path, schema: pa.Schema, target_bytes: int, compression: str, res: RewriteResult
+    ) -> None:
+        self.out_dir = out_dir
+        self.schema = schema
+        self.target_bytes = target_bytes
+        self.compression = compression
+        self.res = res
+        self.names: list[str] = []
+        self.writer: Any = None  # pq.ParquetWriter of the current file
+        self.sink: Any = None  # its pa.OSFile
+        self.parts: list[pa.RecordBatch] = []  # rows of the current file not yet written (at most one row group)
+        self.cur: dict[str, Any] = {"name": None, "path": None, "rows": 0, "written": 0, "buffered": 0}
+
+    def row_group_rows(self, per_row_input: float) -> int:
+        """Rows the next row group of the current file should hold."""
+        cur = self.cur
+        size = self.sink.tell()
+        per_row = size / cur["written"] if cur["written"] else (per_row_input or 1.0)
+        want = int(np.ceil(max(self.target_bytes - size, 0) / max(per_row, 1e-9)))
+        return int(min(ROW_GROUP_ROWS, max(MIN_ROW_GROUP_ROWS, want)))
+
+    def write_parts(self) -> None:
+        if self.parts:
+            self.writer.write_table(
+                pa.Table.from_batches(self.parts, schema=self.schema), row_group_size=ROW_GROUP_ROWS
+            )
+            self.cur["written"] += self.cur["buffered"]
+            self.parts.clear()
+            self.cur["buffered"] = 0
+
+    def close_current(self) -> None:
+        if self.writer is None:
+            return
+        self.write_parts()
+        self.writer.close()
+        self.sink.close()
+        self.writer = self.sink = None
+        size = Path(self.cur["path"]).stat().st_size
+        self.res.outputs.append(RewriteOutput(self.cur["name"], self.cur["path"], self.cur["rows"], size))
+        self.res.bytes_out += size
+
+    def open_new(self) -> None:
+        name = f"{uuid.uuid4().hex}.parquet"
+        path = self.out_dir / name
+        self.sink = pa.OSFile(str(path), "wb")  # unbuffered: tell() is what the row groups written so far take
+        self.writer = pq.ParquetWriter(self.sink, self.schema, compression=self.compression)
+        self.names.append(name)
+        self.cur.update(name=name, path=str(path), rows=0, written=0, buffered=0)
+
+    def add_live(
+        self,
+        batch: pa.RecordBatch,
+        live: np.ndarray,
+        whole: bool,
+        start: int,
+        per_row: float,
+        idx: np.ndarray,
+        rows: np.ndarray,
+    ) -> None:
+        """Append the ``live`` rows of ``batch`` (rows ``start``.. of its input), filling ``idx``/``rows``."""
+        cur = self.cur
+        off = 0
+        while off < len(live):
+            if self.writer is None:
+                self.open_new()
+            want = self.row_group_rows(per_row)
+            take = int(max(1, min(len(live) - off, want - cur["buffered"])))
+            sel = live[off : off + take]
+            self.parts.append(batch.slice(off, take) if whole else batch.take(pa.array(sel)))
+            idx[start + sel] = len(self.names) - 1
+            rows[start + sel] = np.arange(cur["rows"], cur["rows"] + take, dtype=np.uint32)
+            cur["rows"] += take
+            cur["buffered"] += take
+            self.res.rows_out += take
+            off += take
+            if cur["buffered"] >= want:
+                self.write_parts()
+                if self.sink.tell() >= self.target_bytes:
+                    self.close_current()
+
+    def abandon(self) -> None:
+        """After an error: close what is open (ignoring errors) and delete every output written."""
+        self.parts.clear()
+        for closable in (self.writer, self.sink):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:
+                    pass
+        for n in self.names:
+            (self.out_dir / n).unlink(missing_ok=True)
+
+
+def _rewrite_one(
+    inp: RewriteInput,
+    out: _Outputs,
+    open_input: Callable[[str], Any] | None,
+    defaults: dict[int, pa.Scalar] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copy the live rows of one input into ``out``; returns its (new file index, new row) arrays."""
+    res = out.res
+    res.rows_in += inp.rows
+    res.bytes_in += inp.size_bytes
+    idx = np.full(inp.rows, -1, dtype=np.int32)
+    rows = np.zeros(inp.rows, dtype=np.uint32)
+    per_row = inp.size_bytes / inp.rows if inp.rows else 0.0
+    deleted = np.fromiter(inp.deleted, dtype=np.int64, count=len(inp.deleted))
+    if len(deleted) >= inp.rows:
+        res.rows_dropped += inp.rows
+        return idx, rows
+    src = open_input(inp.path) if open_input else inp.path
+    try:
+        pf = pq.ParquetFile(src)
+        if pf.metadata.num_rows != inp.rows:
+            raise ValueError(f"data file {inp.name}: expected {inp.rows} rows, found {pf.metadata.num_rows}")
+        start = 0
+        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
+            if not batch.schema.equals(out.schema, check_metadata=True):
+                batch = project(batch, out.schema, defaults)
+            n = batch.num_rows
+            keep = _keep_mask(deleted, start, n)
+            whole = bool(keep.all())
+            live = np.arange(n) if whole else np.flatnonzero(keep)
+            res.rows_dropped += n - len(live)
+            out.add_live(batch, live, whole, start, per_row, idx, rows)
+            start += n
+    finally:
+        if hasattr(src, "close"):
+            src.close()
+    return idx, rows
+
+
 def rewrite_files(
     inputs: list[RewriteInput],
     out_dir: str | Path,
@@ -107,108 +245,14 @@ def rewrite_files(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     res = RewriteResult()
-    names: list[str] = []
+    out = _Outputs(out_dir, schema, target_bytes, compression, res)
     maps: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}  # input name -> (new file index, new row)
-    writer: Any = None  # pq.ParquetWriter of the current file
-    sink: Any = None  # its pa.OSFile
-    parts: list[pa.RecordBatch] = []  # rows of the current file not yet written (at most one row group)
-    cur: dict[str, Any] = {"name": None, "path": None, "rows": 0, "written": 0, "buffered": 0}
-
-    def row_group_rows(per_row_input: float) -> int:
-        """Rows the next row group of the current file should hold."""
-        size = sink.tell()
-        per_row = size / cur["written"] if cur["written"] else (per_row_input or 1.0)
-        want = int(np.ceil(max(target_bytes - size, 0) / max(per_row, 1e-9)))
-        return int(min(ROW_GROUP_ROWS, max(MIN_ROW_GROUP_ROWS, want)))
-
-    def write_parts() -> None:
-        if parts:
-            writer.write_table(pa.Table.from_batches(parts, schema=schema), row_group_size=ROW_GROUP_ROWS)
-            cur["written"] += cur["buffered"]
-            parts.clear()
-            cur["buffered"] = 0
-
-    def close_current() -> None:
-        nonlocal writer, sink
-        if writer is None:
-            return
-        write_parts()
-        writer.close()
-        sink.close()
-        writer = sink = None
-        size = Path(cur["path"]).stat().st_size
-        res.outputs.append(RewriteOutput(cur["name"], cur["path"], cur["rows"], size))
-        res.bytes_out += size
-
-    def open_new() -> None:
-        nonlocal writer, sink
-        name = f"{uuid.uuid4().hex}.parquet"
-        path = out_dir / name
-        sink = pa.OSFile(str(path), "wb")  # unbuffered: tell() is what the row groups written so far take
-        writer = pq.ParquetWriter(sink, schema, compression=compression)
-        names.append(name)
-        cur.update(name=name, path=str(path), rows=0, written=0, buffered=0)
-
     try:
         for inp in inputs:
-            res.rows_in += inp.rows
-            res.bytes_in += inp.size_bytes
-            idx = np.full(inp.rows, -1, dtype=np.int32)
-            rows = np.zeros(inp.rows, dtype=np.uint32)
-            per_row = inp.size_bytes / inp.rows if inp.rows else 0.0
-            deleted = np.fromiter(inp.deleted, dtype=np.int64, count=len(inp.deleted))
-            if len(deleted) >= inp.rows:
-                res.rows_dropped += inp.rows
-                maps[inp.name] = (idx, rows)
-                continue
-            src = open_input(inp.path) if open_input else inp.path
-            try:
-                pf = pq.ParquetFile(src)
-                if pf.metadata.num_rows != inp.rows:
-                    raise ValueError(f"data file {inp.name}: expected {inp.rows} rows, found {pf.metadata.num_rows}")
-                start = 0
-                for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
-                    if not batch.schema.equals(schema, check_metadata=True):
-                        batch = project(batch, schema, defaults)
-                    n = batch.num_rows
-                    keep = _keep_mask(deleted, start, n)
-                    whole = bool(keep.all())
-                    live = np.arange(n) if whole else np.flatnonzero(keep)
-                    res.rows_dropped += n - len(live)
-                    off = 0
-                    while off < len(live):
-                        if writer is None:
-                            open_new()
-                        want = row_group_rows(per_row)
-                        take = int(max(1, min(len(live) - off, want - cur["buffered"])))
-                        sel = live[off : off + take]
-                        parts.append(batch.slice(off, take) if whole else batch.take(pa.array(sel)))
-                        idx[start + sel] = len(names) - 1
-                        rows[start + sel] = np.arange(cur["rows"], cur["rows"] + take, dtype=np.uint32)
-                        cur["rows"] += take
-                        cur["buffered"] += take
-                        res.rows_out += take
-                        off += take
-                        if cur["buffered"] >= want:
-                            write_parts()
-                            if sink.tell() >= target_bytes:
-                                close_current()
-                    start += n
-            finally:
-                if hasattr(src, "close"):
-                    src.close()
-            maps[inp.name] = (idx, rows)
-        close_current()
+            maps[inp.name] = _rewrite_one(inp, out, open_input, defaults)
+        out.close_current()
     except BaseException:
-        parts.clear()
-        for closable in (writer, sink):
-            if closable is not None:
-                try:
-                    closable.close()
-                except Exception:
-                    pass
-        for n in names:
-            (out_dir / n).unlink(missing_ok=True)
+        out.abandon()
         raise
     res.position_map = PositionMap(tuple(o.name for o in res.outputs), maps)
     res.seconds = time.time() - t0

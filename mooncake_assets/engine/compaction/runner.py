@@ -156,6 +156,25 @@ def _new_block_path(table: MirrorTable) -> Path:
 # ------------------------------------------------------------------------------------ index merge
 
 
+def _pick_blocks(table: MirrorTable, policy: MaintenancePolicy, full: bool) -> tuple[list[IndexBlock], str]:
+    """The IndexBlocks :func:`merge_index` merges now (under the service lock), and why."""
+    blocks_before = len(table.file_index.blocks)
+    pick: list[IndexBlock]
+    if full:
+        pick = list(table.file_index.blocks)[: policy.index_max_blocks_per_merge] if blocks_before > 1 else []
+        reason = (
+            f"full: {len(pick)} of {blocks_before} blocks" if pick else f"{blocks_before} block(s); nothing to merge"
+        )
+    else:
+        pick = policy.index_merge.pick(table.file_index)
+        reason = (
+            f"{blocks_before} blocks > index_max_blocks {policy.index_max_blocks}: merging {len(pick)}"
+            if pick
+            else f"{blocks_before} blocks ≤ index_max_blocks {policy.index_max_blocks}"
+        )
+    return pick, reason
+
+
 def merge_index(
     table: MirrorTable, *, lock: _Lock | None = None, policy: MaintenancePolicy | None = None, full: bool = False
 ) -> dict[str, Any]:
@@ -178,20 +197,7 @@ def merge_index(
     with maintenance_lock(table):
         with lk():
             blocks_before = len(table.file_index.blocks)
-            if full:
-                pick = list(table.file_index.blocks)[: policy.index_max_blocks_per_merge] if blocks_before > 1 else []
-                reason = (
-                    f"full: {len(pick)} of {blocks_before} blocks"
-                    if pick
-                    else f"{blocks_before} block(s); nothing to merge"
-                )
-            else:
-                pick = policy.index_merge.pick(table.file_index)
-                reason = (
-                    f"{blocks_before} blocks > index_max_blocks {policy.index_max_blocks}: merging {len(pick)}"
-                    if pick
-                    else f"{blocks_before} blocks ≤ index_max_blocks {policy.index_max_blocks}"
-                )
+            pick, reason = _pick_blocks(table, policy, full)
             inp = table.index_merge_input(pick)
         if not pick:
             return _record(
@@ -267,6 +273,39 @@ def _policy_summary(p: MaintenancePolicy) -> dict[str, Any]:
     }
 
 
+def _dry_run(
+    table: MirrorTable, lk: _Timed, policy: MaintenancePolicy, full: bool, persist_first: bool
+) -> dict[str, Any]:
+    """:func:`compact` with ``dry_run``: plan only (nothing persisted or written); its report shape."""
+    with lk():
+        stats = file_stats(table, committed_only=not persist_first)
+        unpersisted = sum(1 for f in table.files.values() if not f.persisted)
+    plan = plan_compaction(list(stats.values()), policy, full)
+    checks = list(plan.checks)
+    if unpersisted:
+        checks.append(
+            f"{unpersisted} unpersisted file(s) not considered"
+            + (" (a real run persists first)" if persist_first else "")
+        )
+    return {
+        "dry_run": True,
+        "full": full,
+        "picked": len(plan.files),
+        "files": plan.describe(stats),
+        "checks": checks,
+        "policy": _policy_summary(policy),
+    }
+
+
+def _expire_after(table: MirrorTable, policy: MaintenancePolicy) -> dict[str, Any]:
+    """Cleanup after a committed compaction, best effort: its counts, or ``{"error": ...}``."""
+    try:
+        return expire_and_clean(table, policy=policy)
+    except Exception as e:  # cleanup is best effort; the compaction itself is committed
+        log.warning("table %s: cleanup after compaction failed: %s", table.name, e)
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def compact(
     table: MirrorTable,
     *,
@@ -302,24 +341,7 @@ def compact(
     t0 = time.time()
     lk = _Timed(lock)
     if dry_run:
-        with lk():
-            stats = file_stats(table, committed_only=not persist_first)
-            unpersisted = sum(1 for f in table.files.values() if not f.persisted)
-        plan = plan_compaction(list(stats.values()), policy, full)
-        checks = list(plan.checks)
-        if unpersisted:
-            checks.append(
-                f"{unpersisted} unpersisted file(s) not considered"
-                + (" (a real run persists first)" if persist_first else "")
-            )
-        return {
-            "dry_run": True,
-            "full": full,
-            "picked": len(plan.files),
-            "files": plan.describe(stats),
-            "checks": checks,
-            "policy": _policy_summary(policy),
-        }
+        return _dry_run(table, lk, policy, full, persist_first)
 
     with maintenance_lock(table):
         persist_s = 0.0
@@ -349,11 +371,7 @@ def compact(
         report = _work_and_swap(table, lk, policy, plan, inp)
         report["persist_seconds"] = round(persist_s, 4)
     if expire:
-        try:
-            report["expired"] = expire_and_clean(table, policy=policy)
-        except Exception as e:  # cleanup is best effort; the compaction itself is committed
-            log.warning("table %s: cleanup after compaction failed: %s", table.name, e)
-            report["expired"] = {"error": f"{type(e).__name__}: {e}"}
+        report["expired"] = _expire_after(table, policy)
     report["seconds"] = round(time.time() - t0, 4)
     report["lock_seconds"] = round(lk.held, 4)
     return _record(table, "compact", report)

@@ -53,19 +53,51 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
-def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> dict[str, float]:
-    rng = np.random.default_rng(seed)
-    # n distinct pseudo-random int64 keys: an odd multiplier is a bijection mod 2**64
-    keys = (rng.permutation(n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(12345)).view(np.int64)
-    bounds = np.linspace(0, n, NUM_BLOCKS + 1).astype(np.int64)
-
+def _build_blocks(keys: np.ndarray, bounds: np.ndarray, workdir: Path) -> tuple[FileIndex, float]:
+    """One IndexBlock per flush (keys ``bounds[k]:bounds[k+1]`` -> ``data-k.parquet``); (index, seconds)."""
     fi = FileIndex()
     t = time.perf_counter()
     for k in range(NUM_BLOCKS):
         chunk = keys[bounds[k] : bounds[k + 1]]
         h = int_key_hashes(chunk)
         fi.add_block(IndexBlock.build(workdir / f"flush-{k}.idx", h, 0, np.arange(len(chunk)), [f"data-{k}.parquet"]))
-    build_s = time.perf_counter() - t
+    return fi, time.perf_counter() - t
+
+
+def _dict_baseline(keys: np.ndarray, bounds: np.ndarray, qkeys: np.ndarray, repeat: int) -> float:
+    """Best seconds to look ``qkeys`` up one by one in a Python dict key -> packed (file, row) (the reference).
+
+    The dict is freed before returning (the merge that follows needs the memory)."""
+    n = len(keys)
+    loc = (np.repeat(np.arange(NUM_BLOCKS, dtype=np.int64), np.diff(bounds)) << 32) | (
+        np.arange(n, dtype=np.int64) - np.repeat(bounds[:-1], np.diff(bounds))
+    )
+    d = dict(zip(keys.tolist(), loc.tolist()))
+    qlist = qkeys.tolist()
+
+    def dict_lookup() -> None:
+        get = d.get
+        for k in qlist:
+            get(k)
+
+    gc.disable()
+    try:
+        dict_s = best_time(dict_lookup, repeat)
+    finally:
+        gc.enable()
+    d.clear()  # free the reference dict before the merge (dict_lookup is not called again)
+    del loc
+    gc.collect()
+    return dict_s
+
+
+def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+    # n distinct pseudo-random int64 keys: an odd multiplier is a bijection mod 2**64
+    keys = (rng.permutation(n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(12345)).view(np.int64)
+    bounds = np.linspace(0, n, NUM_BLOCKS + 1).astype(np.int64)
+
+    fi, build_s = _build_blocks(keys, bounds, workdir)
     bytes_blocks = fi.size_bytes
 
     q = min(n, 1_000_000)
@@ -90,26 +122,7 @@ def _bench_one(n: int, workdir: Path, quick: bool, seed: int) -> dict[str, float
     res = batched()
     assert len(res.query_index) == q, "every key must be found exactly once"
 
-    # reference: a Python dict key -> packed (file, row)
-    loc = (np.repeat(np.arange(NUM_BLOCKS, dtype=np.int64), np.diff(bounds)) << 32) | (
-        np.arange(n, dtype=np.int64) - np.repeat(bounds[:-1], np.diff(bounds))
-    )
-    d = dict(zip(keys.tolist(), loc.tolist()))
-    qlist = qkeys.tolist()
-
-    def dict_lookup() -> None:
-        get = d.get
-        for k in qlist:
-            get(k)
-
-    gc.disable()
-    try:
-        dict_s = best_time(dict_lookup, repeat)
-    finally:
-        gc.enable()
-    d.clear()  # free the reference dict before the merge (dict_lookup is not called again)
-    del loc
-    gc.collect()
+    dict_s = _dict_baseline(keys, bounds, qkeys, repeat)
 
     t = time.perf_counter()
     merged = FileIndex.build_from_merge(fi.blocks, workdir / "merged.idx")

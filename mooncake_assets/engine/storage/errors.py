@@ -12,9 +12,11 @@ or HTTP status out of the message where the library gives no structured field.
 
 from __future__ import annotations
 
+import enum
 import errno
 import re
 from collections.abc import Iterator
+from typing import Final
 
 
 class StorageError(Exception):
@@ -158,82 +160,114 @@ def _status_class(status: int) -> type[StorageError] | None:
     return None
 
 
-def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
-    if isinstance(exc, StorageError):
-        return type(exc)
-    mod = type(exc).__module__ or ""
-    name = type(exc).__name__
-    if mod.startswith("sqlalchemy") and name in (
-        "OperationalError",
-        "InterfaceError",
-        "DisconnectionError",
-        "TimeoutError",
-    ):
+class _Undecided(enum.Enum):
+    """Sentinel of the per-library classifiers: this one has no answer, ask the next.
+
+    Distinct from None, which is a final answer ("not a storage failure") that stops the search."""
+
+    NEXT = enum.auto()
+
+
+_NEXT: Final = _Undecided.NEXT
+_Verdict = type[StorageError] | None | _Undecided
+
+_SQLALCHEMY_UNAVAILABLE = ("OperationalError", "InterfaceError", "DisconnectionError", "TimeoutError")
+_BOTOCORE_UNAVAILABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError")
+_AZURE_UNAVAILABLE = (
+    "ServiceRequestError",
+    "ServiceRequestTimeoutError",
+    "ServiceResponseError",
+    "ServiceResponseTimeoutError",
+    "IncompleteReadError",
+)
+_AIOHTTP_UNAVAILABLE = (
+    "ClientConnectorError",
+    "ClientConnectionError",
+    "ClientOSError",
+    "ServerDisconnectedError",
+    "ServerTimeoutError",
+    "ConnectionTimeoutError",
+    "SocketTimeoutError",
+)
+_REQUESTS_UNAVAILABLE = ("ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout")
+
+
+def _from_botocore(exc: BaseException, name: str) -> _Verdict:
+    """botocore/s3fs: connection failures by class name, then the AWS error code of ``exc.response``."""
+    if name in _BOTOCORE_UNAVAILABLE:
+        return StorageUnavailable
+    if name == "NoCredentialsError":
+        return CredentialsRejected
+    response = getattr(exc, "response", None) or {}
+    code = (response.get("Error") or {}).get("Code")
+    if code:
+        cls = _CODES.get(_snake(str(code)))
+        if cls is None and str(code) in ("404", "NoSuchBucket"):
+            cls = BucketNotFound
+        if cls is not None:
+            return cls
+    return _NEXT
+
+
+def _from_azure(exc: BaseException, name: str) -> _Verdict:
+    """adlfs: azure-core / azure-storage-blob exceptions (class name, ``error_code``, ``status_code``)."""
+    if name in _AZURE_UNAVAILABLE:
+        return StorageUnavailable
+    if "failed to authenticate" in str(exc):  # a bad key/SAS signature (Azurite answers AuthorizationFailure)
+        return CredentialsRejected
+    code = getattr(exc, "error_code", None)
+    if code:
+        cls = _CODES.get(_snake(str(code)))
+        if cls is not None:
+            return cls
+    if name == "ClientAuthenticationError" or name.startswith("CredentialUnavailable"):
+        return CredentialsRejected
+    status = getattr(exc, "status_code", None)
+    if status:
+        return _status_class(int(status))  # None here is final
+    return _NEXT
+
+
+def _from_library(exc: BaseException, mod: str, name: str) -> _Verdict:
+    """Structured fields of the client libraries, tried in order; ``_NEXT`` when none of them decides."""
+    if mod.startswith("sqlalchemy") and name in _SQLALCHEMY_UNAVAILABLE:
         return CatalogUnavailable
     if mod.startswith("botocore"):
-        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"):
-            return StorageUnavailable
-        if name == "NoCredentialsError":
-            return CredentialsRejected
-        response = getattr(exc, "response", None) or {}
-        code = (response.get("Error") or {}).get("Code")
-        if code:
-            cls = _CODES.get(_snake(str(code)))
-            if cls is None and str(code) in ("404", "NoSuchBucket"):
-                cls = BucketNotFound
-            if cls is not None:
-                return cls
-    if mod.startswith("azure"):  # adlfs: azure-core / azure-storage-blob exceptions
-        if name in (
-            "ServiceRequestError",
-            "ServiceRequestTimeoutError",
-            "ServiceResponseError",
-            "ServiceResponseTimeoutError",
-            "IncompleteReadError",
-        ):
-            return StorageUnavailable
-        if "failed to authenticate" in str(exc):  # a bad key/SAS signature (Azurite answers AuthorizationFailure)
-            return CredentialsRejected
-        code = getattr(exc, "error_code", None)
-        if code:
-            cls = _CODES.get(_snake(str(code)))
-            if cls is not None:
-                return cls
-        if name == "ClientAuthenticationError" or name.startswith("CredentialUnavailable"):
-            return CredentialsRejected
-        status = getattr(exc, "status_code", None)
-        if status:
-            return _status_class(int(status))
+        verdict = _from_botocore(exc, name)
+        if verdict is not _NEXT:
+            return verdict
+    if mod.startswith("azure"):
+        verdict = _from_azure(exc, name)
+        if verdict is not _NEXT:
+            return verdict
     if mod.startswith("google.auth"):  # gcsfs' credentials
         return StorageUnavailable if name == "TransportError" else CredentialsRejected
     if mod.startswith("gcsfs") and name == "HttpError":
         code = getattr(exc, "code", None)
-        if code:  # 401 -> CredentialsRejected there too
+        if code:  # 401 -> CredentialsRejected there too; None here is final
             return _status_class(int(code))
-    if mod.startswith("aiohttp") and name in (
-        "ClientConnectorError",
-        "ClientConnectionError",
-        "ClientOSError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",
-        "ConnectionTimeoutError",
-        "SocketTimeoutError",
-    ):
+    if mod.startswith("aiohttp") and name in _AIOHTTP_UNAVAILABLE:
         return StorageUnavailable
     if mod.startswith("pyiceberg") and name in ("ServerError", "ServiceUnavailableError"):
         return CatalogUnavailable
-    if mod.startswith("requests") and name in ("ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout"):
+    if mod.startswith("requests") and name in _REQUESTS_UNAVAILABLE:
         return CatalogUnavailable
-    text = str(exc)
+    return _NEXT
+
+
+def _from_message_code(text: str) -> _Verdict:
+    """An AWS error code written in the message (PyArrow's S3 filesystem, DuckDB's httpfs)."""
     m = _AWS_CODE_RE.search(text)
     if m and m.group(1) in _CODES:
         return _CODES[m.group(1)]
     m = _S3_CODE_RE.search(text)
     if m:
-        return _CODES.get(_snake(m.group(1)))
-    is_io = isinstance(exc, OSError) or mod.startswith("duckdb") or mod.startswith("_duckdb")
-    if not is_io:
-        return None
+        return _CODES.get(_snake(m.group(1)))  # None here is final
+    return _NEXT
+
+
+def _from_io_error(exc: BaseException, text: str, generic: bool) -> type[StorageError] | None:
+    """An OSError or DuckDB error without a code: read the HTTP status / errno / wording."""
     if generic and (text.startswith("Forbidden: ") or (isinstance(exc, PermissionError) and exc.errno is None)):
         return AccessDenied  # gcsfs' 403; s3fs/adlfs' translated 403 (a local EACCES has an errno)
     if _UNREACHABLE_RE.search(text):
@@ -250,6 +284,23 @@ def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
     if isinstance(exc, OSError) and exc.errno in _UNWRITABLE_ERRNOS:
         return WarehouseUnwritable
     return None
+
+
+def _one(exc: BaseException, generic: bool = True) -> type[StorageError] | None:
+    """Class of one exception of a chain (None: not a storage failure): library fields, then the message."""
+    if isinstance(exc, StorageError):
+        return type(exc)
+    mod = type(exc).__module__ or ""
+    verdict = _from_library(exc, mod, type(exc).__name__)
+    if verdict is not _NEXT:
+        return verdict
+    text = str(exc)
+    verdict = _from_message_code(text)
+    if verdict is not _NEXT:
+        return verdict
+    if not (isinstance(exc, OSError) or mod.startswith("duckdb") or mod.startswith("_duckdb")):
+        return None
+    return _from_io_error(exc, text, generic)
 
 
 _HINTS = {
