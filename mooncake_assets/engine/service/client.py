@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -30,10 +31,10 @@ class ServiceUnavailable(ServiceError):
 class ServiceClient:
     """Flight client bound to one service socket (``<state>/service.sock``)."""
 
-    def __init__(self, socket_path: str | os.PathLike, timeout: float = 600.0):
+    def __init__(self, socket_path: str | os.PathLike[str], timeout: float = 600.0) -> None:
         self.socket_path = Path(socket_path)
         self.timeout = timeout
-        self._client = None
+        self._client: Any = None  # a pyarrow FlightClient once connected (pyarrow has no type information)
 
     def _conn(self) -> flight.FlightClient:
         if self._client is None:
@@ -42,7 +43,7 @@ class ServiceClient:
             self._client = flight.connect(flight.Location.for_grpc_unix(str(self.socket_path)))
         return self._client
 
-    def call(self, action: str, timeout: float | None = None, **body) -> dict:
+    def call(self, action: str, timeout: float | None = None, **body: Any) -> dict[str, Any]:
         """Run one action; returns its JSON result as a dict."""
         opts = flight.FlightCallOptions(timeout=timeout or self.timeout)
         try:
@@ -54,7 +55,7 @@ class ServiceClient:
             raise ServiceError(_clean(e)) from None
         if not results:
             return {}
-        return json.loads(results[0].body.to_pybytes())
+        return cast(dict[str, Any], json.loads(results[0].body.to_pybytes()))
 
     def ping(self, timeout: float = 2.0) -> bool:
         try:
@@ -72,7 +73,7 @@ class ServiceClient:
             raise ServiceError(_clean(e)) from None
 
     # convenience wrappers (the Dagster resource and the CLI use these)
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return self.call("status")
 
     def read_state(self, table: str, lsn: str | None = None) -> ReadState:
@@ -80,7 +81,7 @@ class ServiceClient:
         :meth:`fetch` takes for its in-memory rows (once) and ``mem_rows``."""
         return ReadState.from_wire(self.call("read_state", table=table, lsn=lsn))
 
-    def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict:
+    def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict[str, Any]:
         return self.call("wait_lsn", lsn=lsn, timeout=timeout + 10, timeout_s=timeout)
 
     def close(self) -> None:

@@ -16,6 +16,9 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -29,8 +32,8 @@ from .service import MooncakeError, ReplicatorService
 log = logging.getLogger("mooncake.flight")
 
 
-class MooncakeFlightServer(flight.FlightServerBase):
-    def __init__(self, service: ReplicatorService, socket_path: str):
+class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow has no type information, so its base class is Any
+    def __init__(self, service: ReplicatorService, socket_path: str) -> None:
         if os.path.exists(socket_path):
             os.unlink(socket_path)
         super().__init__(flight.Location.for_grpc_unix(socket_path))
@@ -41,7 +44,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
         self._tlock = threading.Lock()
 
     # ------------------------------------------------------------------ actions
-    def do_action(self, context, action):
+    def do_action(self, context: Any, action: Any) -> Iterator[Any]:
         body = json.loads(action.body.to_pybytes() or b"{}")
         try:
             result = self._dispatch(action.type, body)
@@ -52,7 +55,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
             raise flight.FlightServerError(scrub(f"{type(e).__name__}: {e}")) from e
         yield flight.Result(json.dumps(result, default=str).encode())
 
-    def list_actions(self, context):
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [
             ("ping", "liveness"),
             ("status", "list-tables document"),
@@ -68,7 +71,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
             ("shutdown", "stop the service"),
         ]
 
-    def _dispatch(self, kind: str, b: dict):
+    def _dispatch(self, kind: str, b: dict[str, Any]) -> Any:
         s = self.service
         if kind == "ping":
             return {"ok": True, "pid": os.getpid(), "maintenance": s.config.maintenance, "source": source_label(s.dsn)}
@@ -97,6 +100,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
             lsn = Lsn.parse(b["lsn"]) if b.get("lsn") else None
             rs = s.read_state(b["table"], lsn)
             mem = rs.mem
+            assert mem is not None  # an in-process ReadState carries its in-memory rows
             ticket = uuid.uuid4().hex
             with self._tlock:
                 now = time.time()
@@ -109,13 +113,13 @@ class MooncakeFlightServer(flight.FlightServerBase):
             return {"ok": True}
         raise MooncakeError(f"unknown action {kind!r}")
 
-    def _shutdown_soon(self):
+    def _shutdown_soon(self) -> None:
         time.sleep(0.2)
         self.service.stop()
         self.shutdown()
 
     # ------------------------------------------------------------------ streams
-    def do_get(self, context, ticket):
+    def do_get(self, context: Any, ticket: Any) -> Any:
         key = ticket.ticket.decode()
         with self._tlock:
             item = self._tickets.pop(key, None)
@@ -124,7 +128,7 @@ class MooncakeFlightServer(flight.FlightServerBase):
         return flight.RecordBatchStream(item[1])
 
 
-def serve(config: ServiceConfig, ready_cb=None) -> None:
+def serve(config: ServiceConfig, ready_cb: Callable[[], object] | None = None) -> None:
     """Run the service of ``config`` in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
     os.umask(0o077)  # everything the service creates (state, staging, catalog, socket) is owner-only
     install_log_scrubber()
@@ -135,7 +139,7 @@ def serve(config: ServiceConfig, ready_cb=None) -> None:
     server = MooncakeFlightServer(service, str(config.socket_path))
     write_private(pidfile, str(os.getpid()))
 
-    def _term(signum, frame):
+    def _term(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server._shutdown_soon, daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

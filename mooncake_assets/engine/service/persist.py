@@ -14,17 +14,39 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any, Protocol
 
 from .. import storage
 from ..compaction import BackgroundMaintenance
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
+from .config import ServiceConfig
 from .errors import MooncakeError
+from .registry import TableRegistry
 
 __all__ = ["PersistFault", "PersistScheduler"]
 
 log = logging.getLogger("mooncake.service")
+
+
+class _StopsTables(Protocol):
+    """What the scheduler uses of the service's stream loop."""
+
+    def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
+
+
+class _Service(Protocol):
+    """What the scheduler uses of its :class:`~.service.ReplicatorService`."""
+
+    @property
+    def reg(self) -> TableRegistry: ...
+    @property
+    def lock(self) -> threading.RLock: ...
+    @property
+    def config(self) -> ServiceConfig: ...
+    @property
+    def stream(self) -> _StopsTables: ...
 
 
 class PersistFault(MooncakeError):
@@ -36,7 +58,7 @@ class PersistScheduler:
     """The persists and background maintenance of one service's mirrors. ``svc``: the
     :class:`~.service.ReplicatorService` (its lock, registry, config and stream loop)."""
 
-    def __init__(self, svc):
+    def __init__(self, svc: _Service) -> None:
         self.svc = svc
         self.reg = svc.reg
         self.lock = svc.lock
@@ -93,7 +115,7 @@ class PersistScheduler:
         log.error("table %s: maintenance failed", t.name, exc_info=e)
         t.error = f"maintenance: {type(e).__name__}: {e}"
 
-    def _persist(self, t: MirrorTable, uploaded: dict | None = None) -> dict:
+    def _persist(self, t: MirrorTable, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
         """``t.persist()``; a storage or catalog failure (unreachable endpoint, missing bucket, rejected
         credentials, lost catalog connection) keeps everything in the buffer, local staging and the slot
         (nothing is confirmed past ``t.flush_lsn``), is recorded with a backoff shown by ``status``, and
@@ -122,7 +144,7 @@ class PersistScheduler:
             "staging and the replication slot until a persist succeeds"
         ) from e
 
-    def persist_unlocked(self, t: MirrorTable) -> dict:
+    def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
         """A persist that holds the service lock only to flush and to commit: the staged files are copied
         to the warehouse (the slow part, seconds on S3) without it, so the replication thread keeps
         applying and readers keep reading meanwhile. Call WITHOUT holding the lock. Raises like
@@ -154,7 +176,7 @@ class PersistScheduler:
     def _start_persist(self, t: MirrorTable) -> None:
         """Run :meth:`persist_unlocked` for ``t`` in a worker thread (``maintenance: auto``)."""
 
-        def work():
+        def work() -> None:
             try:
                 self.persist_unlocked(t)
             except Exception as e:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
@@ -69,7 +69,7 @@ class SourceMismatch(RuntimeError):
     """The running service mirrors from another source than the command's ``--dsn`` (one line, no password)."""
 
 
-def check_source(settings: ProcessSettings, info: dict) -> None:
+def check_source(settings: ProcessSettings, info: dict[str, Any]) -> None:
     """Raise :class:`SourceMismatch` when ``settings`` name a DSN (``--dsn``, MOONCAKE_PG_DSN or
     settings.json) other than the source of the running service whose ``ping`` answer is ``info``.
     DSNs are compared as conninfo without passwords; no DSN (the embedded Postgres) is not checked."""
@@ -89,7 +89,7 @@ def start_service(
     report: bool = False,
     maintenance: str | None = None,
     extra_env: dict[str, str] | None = None,
-):
+) -> int | tuple[int, bool]:
     """Start the service unless it already answers; returns its pid (with ``report=True``:
     ``(pid, started)``). Callers that race (CLI, Dagster sensors and runs) are serialized by an
     exclusive lock on ``<state>/service.start.lock``: one starts it, the others find it answering.

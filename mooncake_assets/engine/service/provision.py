@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, cast
 
 import numpy as np
 import psycopg
 import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
 
 from .. import storage
 from ..cdc import ReplicationConnection, initial_copy
@@ -27,23 +31,41 @@ from ..iceberg import IcebergMirrorTable
 from ..lsn import Lsn
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.catalog import describe_table, estimate_rows, nan_columns
+from ..pg.catalog import SourceCatalog, describe_table, estimate_rows, nan_columns
 from ..pg.conninfo import connect_error, with_options
 from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name, resolve_table
 from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..pg.slot import drop_slot
 from ..table.mirror import MirrorTable
 from ..table.schema_change import on_relation
+from .config import ServiceConfig
 from .errors import MooncakeError
-from .registry import NAMESPACE
-from .replication import _Truncate
+from .registry import NAMESPACE, TableRegistry
+from .replication import StreamLoop, _Truncate
 
 __all__ = ["TableProvisioner"]
 
 log = logging.getLogger("mooncake.service")
 
 
-def _refuse_nan_decimals(conn, schema: TableSchema) -> None:
+class _Service(Protocol):
+    """What the provisioner uses of its :class:`~.service.ReplicatorService`."""
+
+    @property
+    def reg(self) -> TableRegistry: ...
+    @property
+    def lock(self) -> threading.RLock: ...
+    @property
+    def config(self) -> ServiceConfig: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def stream(self) -> StreamLoop: ...
+    @property
+    def source_catalog(self) -> SourceCatalog: ...
+
+
+def _refuse_nan_decimals(conn: psycopg.Connection[Any], schema: TableSchema) -> None:
     """Refuse a table whose ``numeric(p,s)`` columns (mapped to decimal128, which has no NaN) hold
     ``NaN`` now (:func:`~..pg.catalog.nan_columns`): the error names every such column and the
     create-table options that get past them (``MooncakeError``)."""
@@ -65,11 +87,11 @@ class _Create:
     dst: str
     src: str
     delete_format: str
-    column_types: dict
-    exclude: list
-    conn: psycopg.Connection
+    column_types: dict[str, str]
+    exclude: list[str]
+    conn: psycopg.Connection[Any]
     ice: IcebergMirrorTable | None = None
-    cp: dict | None = None
+    cp: dict[str, Any] | None = None
     created_pub: bool = False
     added_pub: bool = False
 
@@ -78,7 +100,7 @@ class TableProvisioner:
     """create-table and drop-table of one service. ``svc``: the :class:`~.service.ReplicatorService`
     (its lock, registry, Iceberg catalog, stream loop and source catalog)."""
 
-    def __init__(self, svc):
+    def __init__(self, svc: _Service) -> None:
         self.svc = svc
         self.reg = svc.reg
         self.lock = svc.lock
@@ -90,10 +112,10 @@ class TableProvisioner:
         dst: str,
         src: str,
         delete_format: str = "deletion-vectors",
-        column_types: dict | None = None,
-        exclude: list | None = None,
-        **kw,
-    ) -> dict:
+        column_types: dict[str, str] | None = None,
+        exclude: list[str] | None = None,
+        **kw: Any,
+    ) -> dict[str, Any]:
         """Mirror Postgres table ``src`` as ``dst``: publication, consistent initial copy, then CDC.
 
         ``column_types``: column -> ``"text"`` (mirror it as Postgres's exact text whatever its type);
@@ -145,7 +167,7 @@ class TableProvisioner:
         finally:
             conn.close()
 
-    def _check_request(self, dst: str, src: str, delete_format: str, kw: dict) -> None:
+    def _check_request(self, dst: str, src: str, delete_format: str, kw: dict[str, Any]) -> None:
         """What create-table refuses before it connects: a bad delete format, another publication than
         the running service reads, an unreachable warehouse, a bad or taken mirror name, a source that
         is mirrored already (``MooncakeError``)."""
@@ -253,7 +275,9 @@ class TableProvisioner:
         try:
             tmp_slot = f"mooncake_copy_{uuid.uuid4().hex[:8]}"
             copy_lsn, snap = tmp.create_slot(tmp_slot, export_snapshot=True, temporary=True)
+            assert snap is not None  # export_snapshot=True: the slot exported its snapshot
             with self.lock:
+                assert job.cp is not None  # _new_mirror registered the copy
                 job.cp["copy_lsn"] = copy_lsn
             self.svc.stream.ensure_stream()
             try:
@@ -261,7 +285,9 @@ class TableProvisioner:
             except ValueError as e:  # a value its column's mapping cannot hold: name the way past it
                 if not getattr(e, "columns", None):
                     raise
-                raise MooncakeError(f"table {job.src}: initial copy: {e}; {column_option_hint(e.columns)}") from None
+                raise MooncakeError(
+                    f"table {job.src}: initial copy: {e}; {column_option_hint(cast(Any, e).columns)}"
+                ) from None
         finally:
             tmp.close()
 
@@ -277,6 +303,7 @@ class TableProvisioner:
             if table.error:  # stopped while copying (its generated columns could not be computed)
                 raise MooncakeError(table.error)
             # changes that arrived during the copy, in commit order
+            assert job.cp is not None  # _new_mirror registered the copy
             for commit_lsn, _end_lsn, ch, rel, xid in job.cp["queue"]:
                 if commit_lsn < copy_lsn:
                     continue  # in the copy's snapshot
@@ -323,13 +350,19 @@ class TableProvisioner:
             if job.created_pub:
                 pubs.drop(job.conn, self.reg.publication)
             elif job.added_pub:
+                assert cp is not None  # the table was added to the publication after _new_mirror registered the copy
                 pubs.remove_table(job.conn, self.reg.publication, cp["table"].schema.schema, cp["table"].schema.name)
         except Exception:
             pass
         shutil.rmtree(self.config.state_dir / "tables" / dst, ignore_errors=True)
 
     def _preflight(
-        self, conn, src: TableName, oid: int, column_types: dict | None = None, exclude: list | None = None
+        self,
+        conn: psycopg.Connection[Any],
+        src: TableName,
+        oid: int,
+        column_types: dict[str, str] | None = None,
+        exclude: list[str] | None = None,
     ) -> TableSchema:
         """The pre-flight checks create-table runs before it changes anything (slots, WAL senders,
         wal_level and the table's own checks, with its column options) on the table ``src`` (``oid``,
@@ -355,16 +388,20 @@ class TableProvisioner:
         assert schema is not None  # table_checks reads it unless one of its checks failed
         return schema
 
-    def _copy(self, table: MirrorTable, schema, snapshot: str) -> int:
+    def _copy(self, table: MirrorTable, schema: TableSchema, snapshot: str) -> int:
         """Initial copy at the exported snapshot into Parquet files (≤ 1M rows each) with IndexBlocks."""
         total = 0
         with psycopg.connect(with_options(self.dsn)) as c:
+            writer: Any  # a pyarrow ParquetWriter while a file is open (pyarrow has no type information)
+            path: Path | None
+            hashes: list[np.ndarray]
             writer, path, n, hashes = None, None, 0, []
 
-            def close():
+            def close() -> None:
                 nonlocal writer, path, n, hashes
                 if writer is not None:
                     writer.close()
+                    assert path is not None  # opened together with the writer
                     table.add_copied_file(path, n, np.concatenate(hashes))
                 writer, path, n, hashes = None, None, 0, []
 
@@ -387,7 +424,7 @@ class TableProvisioner:
             close()
         return total
 
-    def drop_table(self, name: str) -> dict:
+    def drop_table(self, name: str) -> dict[str, Any]:
         """Stop mirroring ``name``: remove it from the service's own publication (an administrator's is
         left as it is), drop its Iceberg table and local state; drop the slot (and the own
         publication) when it was the last table."""

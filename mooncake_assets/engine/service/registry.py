@@ -16,8 +16,11 @@ import hashlib
 import json
 import logging
 import threading
+from os import PathLike
+from typing import Any, cast
 
 import psycopg
+from pyiceberg.catalog import Catalog
 
 from .. import storage
 from ..compaction import cleanup_after_restore
@@ -36,7 +39,7 @@ log = logging.getLogger("mooncake.service")
 NAMESPACE = "mooncake"  # the Iceberg namespace of every mirror
 
 
-def default_names(state_dir) -> dict:
+def default_names(state_dir: str | PathLike[str]) -> dict[str, str]:
     """``{"slot", "publication"}``: the names a new state directory's registry gives its replication
     slot and its own publication (``mooncake_<hash of the state dir>``)."""
     h = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
@@ -49,7 +52,7 @@ class TableRegistry:
     ``lock`` is the service lock: callers hold it around every change of ``tables``, ``by_oid``,
     ``copying`` and ``doc`` (the methods below that take it say so)."""
 
-    def __init__(self, config: ServiceConfig, catalog, lock: threading.RLock):
+    def __init__(self, config: ServiceConfig, catalog: Catalog, lock: threading.RLock) -> None:
         self.config = config
         self.dsn = config.dsn
         self.catalog = catalog
@@ -58,8 +61,8 @@ class TableRegistry:
         self.doc = self._load()
         self.tables: dict[str, MirrorTable] = {}
         self.by_oid: dict[int, MirrorTable] = {}
-        self.copying: dict[int, dict] = {}  # oid -> {"table", "copy_lsn", "queue": [...]}
-        self.progress: dict[str, dict] = {}  # name -> the running copy's {"rows", "bytes", "total_rows"}
+        self.copying: dict[int, dict[str, Any]] = {}  # oid -> {"table", "copy_lsn", "queue": [...]}
+        self.progress: dict[str, dict[str, Any]] = {}  # name -> the running copy's {"rows", "bytes", "total_rows"}
 
     def restore(self, clean_start: bool) -> None:
         """Open every ``ready`` mirror from its Iceberg table (retrying storage and catalog blips); a
@@ -85,9 +88,9 @@ class TableRegistry:
             self.doc["tables"][name]["error"] = error
             self.save()
 
-    def _load(self) -> dict:
+    def _load(self) -> dict[str, Any]:
         if self.path.exists():
-            return json.loads(self.path.read_text())
+            return cast(dict[str, Any], json.loads(self.path.read_text()))
         return {**default_names(self.config.state_dir), "tables": {}}
 
     def save(self) -> None:
@@ -95,13 +98,13 @@ class TableRegistry:
 
     @property
     def slot(self) -> str:
-        return self.doc["slot"]
+        return cast(str, self.doc["slot"])
 
     @property
     def publication(self) -> str:
         """The publication the stream reads: the administrator's (``ServiceConfig.publication``) or the
         service's own (``registry["publication"]``)."""
-        return self.config.publication or self.doc["publication"]
+        return self.config.publication or cast(str, self.doc["publication"])
 
     @property
     def own_publication(self) -> bool:
@@ -125,7 +128,7 @@ class TableRegistry:
     def ident(self, name: str) -> str:
         return f"{NAMESPACE}.{name}"
 
-    def open_table(self, name: str, meta: dict, clean_start: bool) -> MirrorTable:
+    def open_table(self, name: str, meta: dict[str, Any], clean_start: bool) -> MirrorTable:
         ice = IcebergMirrorTable.load(self.catalog, self.ident(name))
         # the columns the mirror was built with, as of its last persist (a change made while the service
         # was down, or not persisted yet, shows up again at its LSN in the replayed stream)
@@ -138,7 +141,7 @@ class TableRegistry:
             schema = describe_mirrored(
                 conn, meta["source"], cols, key, column_types=meta.get("column_types"), exclude=meta.get("exclude")
             )
-        schema.hash_field_ids = hash_ids
+        cast(Any, schema).hash_field_ids = hash_ids  # an extra attribute: MirrorTable reads it with getattr
         t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
         t.restore()
         # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
@@ -185,7 +188,7 @@ class TableRegistry:
             if t.source == src or (oid is not None and t.schema.oid == oid):
                 raise MooncakeError(f"{src} is being mirrored as {t.name} (copying now); a source table has one mirror")
 
-    def record_verify(self, name: str, res: dict) -> None:
+    def record_verify(self, name: str, res: dict[str, Any]) -> None:
         """Keep the scheduled verify's result of ``name`` (status shows it; the registry keeps it across
         restarts). A mismatch shows the table as ``error`` until a later check matches."""
         with self.lock:

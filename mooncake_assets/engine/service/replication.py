@@ -19,23 +19,28 @@ import logging
 import shlex
 import threading
 import time
+from typing import Any, Protocol, cast
 
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
+from ..cdc.generated import GeneratedColumns
+from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
 from ..pg import publication as pubs
-from ..pg.catalog import missing_relations
+from ..pg.catalog import SourceCatalog, missing_relations
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 from ..pg.names import format_name
-from ..pg.schema import column_options
+from ..pg.schema import TableSchema, column_options
 from ..pg.slot import slot_exists
 from ..table.mirror import MirrorTable
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..timefmt import utc_now
+from .config import ServiceConfig
 from .errors import MooncakeError
 from .lag import LagTracker
+from .registry import TableRegistry
 
 __all__ = ["StreamLoop", "tune_gc"]
 
@@ -54,10 +59,33 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
+class _Ticks(Protocol):
+    """What the stream loop uses of the service's persist scheduler."""
+
+    def tick(self) -> None: ...
+
+
+class _Service(Protocol):
+    """What the stream loop uses of its :class:`~.service.ReplicatorService`."""
+
+    @property
+    def reg(self) -> TableRegistry: ...
+    @property
+    def lock(self) -> threading.RLock: ...
+    @property
+    def config(self) -> ServiceConfig: ...
+    @property
+    def persister(self) -> _Ticks: ...
+    @property
+    def generated(self) -> GeneratedColumns: ...
+    @property
+    def source_catalog(self) -> SourceCatalog: ...
+
+
 class _Truncate:
     kind = "truncate"
 
-    def __init__(self, oid):
+    def __init__(self, oid: int) -> None:
         self.relation_oid = oid
 
 
@@ -67,7 +95,7 @@ class StreamLoop:
     :class:`~.service.ReplicatorService` it belongs to (its lock, registry, generated columns, source
     catalog and persist scheduler)."""
 
-    def __init__(self, svc):
+    def __init__(self, svc: _Service) -> None:
         self.svc = svc
         self.reg = svc.reg
         self.lock = svc.lock
@@ -80,9 +108,11 @@ class StreamLoop:
         self._thread: threading.Thread | None = None
         self.repl: ReplicationConnection | None = None
         self.stream_error: str | None = None
-        self.stream_faults: list[dict] = []  # the last few lost streams: {"at", "error"} (status reports them)
+        self.stream_faults: list[
+            dict[str, str]
+        ] = []  # the last few lost streams: {"at", "error"} (status reports them)
         self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
-        self._pub_conn = None  # the publication poll's connection (stream thread)
+        self._pub_conn: psycopg.Connection[Any] | None = None  # the publication poll's connection (stream thread)
         self.pub_seen: dict[str, int] = {}  # table -> LSN at which it was last seen published
 
     @property
@@ -227,7 +257,7 @@ class StreamLoop:
                 self._pub_conn.execute("SET lock_timeout = '500ms'; SET statement_timeout = '10s'")
             lsn, present = pubs.published_oids(self._pub_conn, self.reg.publication, [t.schema.oid for t in watched])
             missing = [t for t in watched if present is None or t.schema.oid not in present]
-            gone = set()
+            gone: set[int] = set()
             if missing:
                 gone = missing_relations(self._pub_conn, [t.schema.oid for t in missing])
         except psycopg.Error as e:
@@ -287,7 +317,7 @@ class StreamLoop:
             self.reg.doc["tables"][t.name]["error"] = t.error
             self.reg.save()
 
-    def generated_session(self) -> psycopg.Connection:
+    def generated_session(self) -> psycopg.Connection[Any]:
         """The generated-columns session (engine/cdc/generated.py): the walsender's output settings
         (``OUTPUT_SETTINGS``: its values parse and print as the stream's), autocommit, and a short
         ``lock_timeout`` (its catalog reads never hold up the user's DDL: a timeout is an
@@ -296,7 +326,7 @@ class StreamLoop:
         conn.execute("SET lock_timeout = '2s'")
         return conn
 
-    def apply_batch(self, msgs: list, assembler) -> int:
+    def apply_batch(self, msgs: list[tuple[int, memoryview]], assembler: TransactionAssembler) -> int:
         """Apply one batch read from the stream (``msgs``: ``(wal_start, payload)`` pairs); returns the
         number of transactions it completed. Parsing and assembling, and the batch's generated columns
         (one source round trip per table that has them, :class:`~..cdc.generated.GeneratedColumns`),
@@ -327,11 +357,14 @@ class StreamLoop:
                 self._apply_txn(txn, assembler)
         return len(txns)
 
-    def _generated_work(self, txns: list) -> tuple[list, dict, dict]:
+    def _generated_work(self, txns: list[Transaction]) -> tuple[list[Change], dict[int, TableSchema], dict[int, int]]:
         """The changes of ``txns`` whose generated columns are to be computed (caller holds the lock):
         those of mirrored tables (being copied or not) whose live schema has generated columns, unless
         :meth:`_apply_txn` will skip them (applied already, table stopped, before the copy's consistent
         point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
+        todo: list[Change]
+        schemas: dict[int, TableSchema]
+        first: dict[int, int]
         todo, schemas, first = [], {}, {}
         gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
         for txn in txns:
@@ -349,7 +382,7 @@ class StreamLoop:
                     )
                 if hit is None:
                     continue
-                t, cp = hit
+                t, cp = cast(tuple[MirrorTable, dict[str, Any] | None], hit)  # (not _NOT_SEEN: set above)
                 if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
                     continue
                 todo.append(ch)
@@ -357,8 +390,8 @@ class StreamLoop:
                 first.setdefault(oid, lsn)
         return todo, schemas, first
 
-    def _apply_txn(self, txn, assembler) -> None:
-        touched = set()
+    def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler) -> None:
+        touched: set[MirrorTable] = set()
         for ch in txn.changes:
             oids = ch.truncate_oids if ch.kind == "truncate" else [ch.relation_oid]
             for oid in oids:
@@ -430,6 +463,7 @@ class StreamLoop:
             durable = self.durable_lsn()
         if durable > self.confirmed_lsn:
             self.confirmed_lsn = durable
+        assert self.repl is not None  # called from the stream thread, which holds its connection
         self.repl.send_status(self.applied_lsn, self.confirmed_lsn, self.confirmed_lsn, reply=reply)
 
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any, cast
 
 import psycopg
 
@@ -51,7 +52,7 @@ log = logging.getLogger("mooncake.service")
 class ReplicatorService:
     """Owns the mirrored tables of one state directory. ``start()`` restores them and begins streaming."""
 
-    def __init__(self, config: ServiceConfig):
+    def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.dsn = config.dsn
         self.lock = threading.RLock()
@@ -67,13 +68,13 @@ class ReplicatorService:
         self.persister = PersistScheduler(self)
         self.provisioner = TableProvisioner(self)
         self._clean_start = False
-        self._status_conn = None
+        self._status_conn: psycopg.Connection[Any] | None = None
         self._source_error: str | None = None  # why the source was not reachable at the last look
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
 
     # ------------------------------------------------------------------ the parts' state, by its old names
     @property
-    def registry(self) -> dict:
+    def registry(self) -> dict[str, Any]:
         """The registry document (``tables.json``)."""
         return self.reg.doc
 
@@ -86,7 +87,7 @@ class ReplicatorService:
         return self.reg.by_oid
 
     @property
-    def copying(self) -> dict[int, dict]:
+    def copying(self) -> dict[int, dict[str, Any]]:
         return self.reg.copying
 
     @property
@@ -141,14 +142,14 @@ class ReplicatorService:
         dst: str,
         src: str,
         delete_format: str = "deletion-vectors",
-        column_types: dict | None = None,
-        exclude: list | None = None,
-        **kw,
-    ) -> dict:
+        column_types: dict[str, str] | None = None,
+        exclude: list[str] | None = None,
+        **kw: Any,
+    ) -> dict[str, Any]:
         """Mirror Postgres table ``src`` as ``dst`` (:meth:`.provision.TableProvisioner.create_table`)."""
         return self.provisioner.create_table(dst, src, delete_format, column_types=column_types, exclude=exclude, **kw)
 
-    def drop_table(self, name: str) -> dict:
+    def drop_table(self, name: str) -> dict[str, Any]:
         """Stop mirroring ``name`` (:meth:`.provision.TableProvisioner.drop_table`)."""
         return self.provisioner.drop_table(name)
 
@@ -160,18 +161,18 @@ class ReplicatorService:
         """The LSN the slot may be confirmed to (:meth:`.replication.StreamLoop.durable_lsn`)."""
         return self.stream.durable_lsn()
 
-    def persist_unlocked(self, t: MirrorTable) -> dict:
+    def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
         """Persist ``t``, holding the lock only to flush and commit (:meth:`.persist.PersistScheduler.persist_unlocked`)."""
         return self.persister.persist_unlocked(t)
 
-    def record_verify(self, name: str, res: dict) -> None:
+    def record_verify(self, name: str, res: dict[str, Any]) -> None:
         """Keep the scheduled verify's result of ``name`` (:meth:`.registry.TableRegistry.record_verify`)."""
         self.reg.record_verify(name, res)
 
     def _stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None:
         self.stream.stop_table(t, e, lsn)
 
-    def maintenance(self, op: str, name: str, **kw) -> dict:
+    def maintenance(self, op: str, name: str, **kw: Any) -> dict[str, Any]:
         """Run ``op`` (``flush``, ``persist``, ``merge_index``, ``compact``) on table ``name``; a
         buffered row that cannot be decoded stops the table (``MooncakeError``)."""
         if op in ("merge_index", "compact"):
@@ -238,6 +239,7 @@ class ReplicatorService:
         """What status warns about for one table: no persist for longer than ``warn_persist_age_s``,
         more WAL held in the slot than ``warn_slot_wal_bytes`` (its unpersisted changes: from its flush
         LSN to the source's current LSN)."""
+        out: list[str]
         s, out = self.config, []
         if t.dirty_since is not None and s.warn_persist_age_s and not t.error:
             age = now - t.dirty_since
@@ -260,7 +262,7 @@ class ReplicatorService:
                 )
         return out
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """The ``list-tables --json`` document (``docs/`` describes its fields) plus service-level fields.
 
         Lag (``lag_bytes``: the source's ``pg_current_wal_lsn()`` minus the table's applied LSN;
@@ -277,7 +279,7 @@ class ReplicatorService:
         if src_lsn is not None:
             self.stream.lag.record(src_lsn, now)
         with self.lock:
-            tables = []
+            tables: list[dict[str, Any]] = []
             for name, meta in self.registry["tables"].items():
                 t = self.tables.get(name)
                 if t is None:
@@ -285,7 +287,7 @@ class ReplicatorService:
                 st = t.stats()
                 fault = self.faults.get(name)
                 st["state"] = "error" if t.error else ("retrying" if fault else "ready")
-                st["error"] = scrub(t.error or (fault.describe() if fault else None))
+                st["error"] = scrub(cast(str, t.error or (fault.describe() if fault else None)))  # None passes through
                 ver = meta.get("last_verify")
                 st["verify"] = dict(ver) if ver else None
                 if ver and ver.get("result") == "mismatch" and not t.error:  # wrong, though it still applies
@@ -318,12 +320,12 @@ class ReplicatorService:
                 "confirmed_lsn": str(Lsn(self.stream.confirmed_lsn)),
                 "slot": self.slot,
                 "publication": self.publication,
-                "stream_error": scrub(self.stream.stream_error),
+                "stream_error": scrub(cast(str, self.stream.stream_error)),  # None passes through
                 "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream.stream_faults],
                 "streaming": self.stream.running,
                 "maintenance": self.config.maintenance,
                 "source": source_label(self.dsn),
                 "source_reachable": src_lsn is not None,
-                "source_error": scrub(self._source_error),
+                "source_error": scrub(cast(str, self._source_error)),  # None passes through
                 "verify_interval_s": self.config.verify_interval_s,
             }

@@ -31,6 +31,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import duckdb
 import psycopg
@@ -40,12 +42,34 @@ from ..cdc import ReplicationConnection, describe_table, initial_copy
 from ..lsn import Lsn
 from ..pg.conninfo import with_options
 from ..read.union import UnionReader, _ident
+from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from ..timefmt import utc_now
 
 log = logging.getLogger("mooncake.verify")
 
 RANGES = 16  # key ranges of the checksum (by the key's hash)
+
+Checksums = dict[int, list[int]]  # range -> [rows, hash sum]
+
+
+class _Service(Protocol):
+    """What the verifier uses of its :class:`~.service.ReplicatorService`."""
+
+    @property
+    def lock(self) -> threading.RLock: ...
+    @property
+    def dsn(self) -> str: ...
+    @property
+    def tables(self) -> dict[str, MirrorTable]: ...
+    @property
+    def registry(self) -> dict[str, Any]: ...
+
+    def record_verify(self, name: str, res: dict[str, Any]) -> None: ...
+
+    def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int: ...
+
+    def read_state(self, name: str, lsn: int | None = None) -> ReadState: ...
 
 
 def _first_line(e: BaseException) -> str:
@@ -67,18 +91,18 @@ def checksum_sql(relation: str, columns: list[str], key: list[str]) -> str:
     )
 
 
-def _add(acc: dict, rows) -> None:
+def _add(acc: Checksums, rows: Iterable[tuple[Any, Any, Any]]) -> None:
     for r, n, h in rows:
         c = acc.setdefault(int(r), [0, 0])
         c[0] += int(n)
         c[1] += int(h or 0)
 
 
-def _sum_batches(batches, columns: list[str], key: list[str]) -> dict:
+def _sum_batches(batches: Iterable[pa.RecordBatch], columns: list[str], key: list[str]) -> Checksums:
     """``{range: [rows, hash sum]}`` of an iterable of Arrow record batches (columns ``columns``), each
     batch reduced by :func:`checksum_sql` in DuckDB on its own: memory stays at one batch."""
     con = duckdb.connect()
-    acc: dict = {}
+    acc: Checksums = {}
     sql = checksum_sql("b", columns, key)
     for batch in batches:
         con.register("b", pa.Table.from_batches([batch]))
@@ -88,13 +112,13 @@ def _sum_batches(batches, columns: list[str], key: list[str]) -> dict:
 
 
 def source_checksums(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     source: str,
     snapshot: str,
     columns: list[str],
     key: list[str],
-    options: dict | None = None,
-) -> dict | None:
+    options: dict[str, Any] | None = None,
+) -> Checksums | None:
     """``{range: [rows, hash sum]}`` of the source table at ``snapshot`` (None when its columns are not
     ``columns``: a schema change that has not reached the mirror yet). ``conn``: an ordinary, idle
     connection; ``options``: the mirror's create-table column options (``column_types``, ``exclude``)."""
@@ -105,7 +129,7 @@ def source_checksums(
     return _sum_batches(initial_copy(conn, schema, snapshot), columns, key)
 
 
-def mirror_checksums(rs: ReadState, mem: pa.Table, columns: list[str], key: list[str]) -> dict:
+def mirror_checksums(rs: ReadState, mem: pa.Table, columns: list[str], key: list[str]) -> Checksums:
     """``{range: [rows, hash sum]}`` of a mirror's ReadState ``rs`` and its in-memory rows ``mem``.
 
     The rows go through Arrow exactly as ``mooncake verify`` reads them (DuckDB's union view → Arrow),
@@ -117,7 +141,7 @@ def mirror_checksums(rs: ReadState, mem: pa.Table, columns: list[str], key: list
     )
 
 
-def describe_difference(src: dict, mir: dict) -> tuple[list[int], int, int]:
+def describe_difference(src: Checksums, mir: Checksums) -> tuple[list[int], int, int]:
     """(ranges whose count or checksum differ, source rows, mirror rows)."""
     ranges = sorted(r for r in set(src) | set(mir) if src.get(r, [0, 0]) != mir.get(r, [0, 0]))
     return ranges, sum(v[0] for v in src.values()), sum(v[0] for v in mir.values())
@@ -129,7 +153,7 @@ class Verifier:
     ``service``: the :class:`~.service.ReplicatorService`; ``interval_s``: seconds between rounds (0:
     no thread, :meth:`run_once` still works)."""
 
-    def __init__(self, service, interval_s: float):
+    def __init__(self, service: _Service, interval_s: float) -> None:
         self.service = service
         self.interval_s = float(interval_s or 0)
         self._stop = threading.Event()
@@ -162,7 +186,7 @@ class Verifier:
             except Exception:
                 log.exception("scheduled verify failed")
 
-    def run_once(self, names: list[str] | None = None) -> dict:
+    def run_once(self, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Check ``names`` (default: every mirror) now; returns ``{table: result}`` (see :meth:`check`)
         and records each result (:meth:`ReplicatorService.record_verify`). One round at a time.
 
@@ -178,12 +202,14 @@ class Verifier:
                 if unknown:
                     raise LookupError(f"no mirrored table named {', '.join(unknown)} (see `mooncake list-tables`)")
                 names = list(names or svc.tables)
-            out: dict = {}
+            out: dict[str, dict[str, Any]] = {}
             if not names:
                 return out
-            base = {"at": utc_now(), "lsn": None, "ranges": RANGES}
+            base: dict[str, Any] = {"at": utc_now(), "lsn": None, "ranges": RANGES}
 
-            def every(res: dict) -> dict:  # one result for every table (dropped/stopped ones say so)
+            def every(
+                res: dict[str, Any],
+            ) -> dict[str, dict[str, Any]]:  # one result for every table (dropped/stopped ones say so)
                 for name in names:
                     out[name] = self._unchecked(name, base) or {**base, **res}
                     svc.record_verify(name, out[name])
@@ -203,6 +229,7 @@ class Verifier:
                     )
                 except Exception as e:
                     return every({"result": "error", "detail": f"{type(e).__name__}: {_first_line(e)}"})
+                assert snap is not None  # export_snapshot=True: the slot exported its snapshot
                 base["lsn"] = str(Lsn(c_lsn))
                 try:
                     svc.wait_lsn(c_lsn, timeout_s=60)
@@ -222,7 +249,7 @@ class Verifier:
                 rc.close()
             return out
 
-    def _unchecked(self, name: str, base: dict) -> dict | None:
+    def _unchecked(self, name: str, base: dict[str, Any]) -> dict[str, Any] | None:
         """The ``skipped`` result of a table that is gone or stopped by an error, else None."""
         svc = self.service
         with svc.lock:
@@ -233,7 +260,9 @@ class Verifier:
                 return {**base, "result": "skipped", "detail": "the mirror is stopped by an error"}
         return None
 
-    def check(self, name: str, lsn: int, snapshot: str, conn: psycopg.Connection, at: str | None = None) -> dict:
+    def check(
+        self, name: str, lsn: int, snapshot: str, conn: psycopg.Connection[Any], at: str | None = None
+    ) -> dict[str, Any]:
         """One table's check at ``lsn`` (the consistent point of the round's slot, which the service has
         applied up to) against the source at ``snapshot`` (that slot's exported snapshot), read over
         ``conn`` (an idle connection to the source; left idle). Returns ``{"result": "match"|"mismatch"|
@@ -241,7 +270,7 @@ class Verifier:
         one line saying what differs, or why the check was skipped or failed; ``at``: ISO-8601 UTC,
         default now)."""
         svc = self.service
-        base = {"at": at or utc_now(), "lsn": str(Lsn(lsn)), "ranges": RANGES}
+        base: dict[str, Any] = {"at": at or utc_now(), "lsn": str(Lsn(lsn)), "ranges": RANGES}
         try:
             with svc.lock:
                 skip = self._unchecked(name, base)

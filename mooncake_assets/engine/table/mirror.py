@@ -68,6 +68,8 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
 
     #: the last report of each maintenance operation (set by ``compaction.runner``; absent before the first)
     last_maintenance: dict[str, Any]
+    #: what the cleanup after the last restore found and removed (set by the registry when it opens the table)
+    last_cleanup: dict[str, Any]
 
     def __init__(
         self, name: str, source: str, schema: TableSchema, iceberg: IcebergMirrorTable | None, table_dir: Path
