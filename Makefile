@@ -3,10 +3,17 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EXT_SRC := $(shell find mooncake_assets -name '*.pyx' -o -name '*.pxd')
+EXT_STAMP := $(VENV)/.ext-built
 
 .PHONY: install demo lint test test-quick ui bench clean system-deps
 
-install: $(STAMP)
+install: $(STAMP) $(EXT_STAMP)
+
+# the compiled engine modules (Cython, setup.py): rebuilt in place when a .pyx/.pxd changes
+$(EXT_STAMP): $(STAMP) setup.py $(EXT_SRC)
+	$(BIN)/python setup.py -q build_ext --inplace
+	touch $@
 
 # Debian packages the tests need: PostgreSQL (initdb, pg_ctl, pgbench, pg_recvlogical; contrib for
 # hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests), Chromium
@@ -36,7 +43,7 @@ $(AZURITE):
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) system-deps
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade pip "setuptools>=77"
 	$(BIN)/pip install -q -e '.[test]'
 	$(MAKE) $(AZURITE)
 	touch $(STAMP)
