@@ -38,7 +38,7 @@ from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
 from ..lsn import Lsn
 from . import maintenance
-from .apply import ChangeApplyRole
+from .apply_run import RunApplyRole
 from .disk_files import DiskFile, DiskFileSet
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import MemSlice
@@ -57,7 +57,7 @@ log = logging.getLogger("mooncake.table")
 __all__ = ["MirrorTable", "DiskFile"]
 
 
-class MirrorTable(TableSchemaRole, ChangeApplyRole):
+class MirrorTable(TableSchemaRole, RunApplyRole):
     """The mirror of one Postgres table (see module docstring).
 
     ``name``: destination name (also the Iceberg table name in namespace ``mooncake``);
