@@ -179,6 +179,26 @@ class MemIndex:
         self._removed.setdefault(batch_id, set()).add(row)
         self._len -= 1
 
+    def remove_many(self, hashes: Sequence[int], locations: Sequence[tuple[int, int]]) -> None:
+        """:meth:`remove` of many locations (``hashes[i]``: the hash ``locations[i]`` is under). Raises
+        ``KeyError`` as :meth:`remove` (the locations before the bad one are removed)."""
+        m = self._map
+        removed = self._removed
+        for h, (batch_id, row) in zip(hashes, locations):
+            k = int(h) & _M64
+            p = (int(batch_id) << 32) | int(row)
+            v = m.get(k)
+            if v is not None and v.__class__ is int and v == p:
+                del m[k]
+            else:
+                self.remove(h, (batch_id, row))
+                continue
+            s = removed.get(batch_id)
+            if s is None:
+                s = removed[batch_id] = set()
+            s.add(row)
+            self._len -= 1
+
     def batch_entries(self, batch_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Live locations of one batch: ``(hashes uint64 (n,), rows uint32 (n,))`` in insertion order
         (removed locations left out)."""

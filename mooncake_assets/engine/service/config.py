@@ -51,8 +51,9 @@ class ServiceConfig:
 
     - ``apply_mode``: how committed transactions are applied — ``change`` (row-wise, one change at a
       time: ``MirrorTable.apply``), ``run`` (columnar runs: ``MirrorTable.apply_run``) or ``auto``
-      (runs for transactions of at least ``apply_run_min_rows`` changes, row-wise below). The results
-      are the same; only the CPU cost differs.
+      (the default: runs for a transaction whose runs hold ``apply_run_min_rows`` changes or more on
+      average, row-wise otherwise — a run's fixed cost makes short ones slower than row-wise, see
+      ``engine/table/apply_bench.py``). The results are the same; only the CPU cost differs.
     """
 
     state_dir: Path
@@ -76,7 +77,7 @@ class ServiceConfig:
     maintenance_policy: Mapping[str, Any] = field(default_factory=dict)
     maintenance_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     apply_mode: str = "auto"
-    apply_run_min_rows: int = 64
+    apply_run_min_rows: int = 512
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):

@@ -43,7 +43,7 @@ from .errors import MooncakeError
 from .lag import LagTracker
 from .registry import TableRegistry
 
-__all__ = ["StreamLoop", "tune_gc", "apply_item"]
+__all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
 log = logging.getLogger("mooncake.service")
 
@@ -88,6 +88,22 @@ class _Truncate:
 
     def __init__(self, oid: int) -> None:
         self.relation_oid = oid
+
+
+def long_runs(changes: list[Change], min_rows: int) -> bool:
+    """Do ``changes`` (one transaction) make runs of ``min_rows`` changes or more on average (a run:
+    consecutive changes of one kind on one relation, :mod:`~..cdc.columnar`)? ``apply_mode=auto``
+    applies such a transaction as runs: below that, a run's fixed cost (its Arrow arrays, its decode,
+    its vectorised hash) outweighs what it saves per row (``engine/table/apply_bench.py``)."""
+    n = len(changes)
+    if n < min_rows:
+        return False
+    runs, prev = 1, changes[0]
+    for c in changes:
+        if c.kind != prev.kind or c.relation_oid != prev.relation_oid:
+            runs += 1
+            prev = c
+    return n >= runs * min_rows
 
 
 def apply_item(
@@ -414,7 +430,7 @@ class StreamLoop:
         item stops only its table (:meth:`stop_table`)."""
         mode = self.config.apply_mode
         items: list[Change] | list[ChangeRun]
-        if mode == "run" or (mode == "auto" and len(txn.changes) >= self.config.apply_run_min_rows):
+        if mode == "run" or (mode == "auto" and long_runs(txn.changes, self.config.apply_run_min_rows)):
             items = columnar_transaction(txn).runs
         else:
             items = txn.changes

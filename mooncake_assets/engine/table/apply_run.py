@@ -78,7 +78,7 @@ class RunApplyRole(ChangeApplyRole):
     def _run_text(self, cells: tuple[CellColumn, ...], rel_oid: int, n: int) -> list[pa.Array]:
         """Our columns of a run's tuples as Arrow strings (NULL where not sent, NULL or unchanged)."""
         m = self._relmap[rel_oid]
-        return [cells[i].values.cast(pa.string()) if i >= 0 else pa.nulls(n, pa.string()) for i in m]
+        return [_text(cells[i].values) if i >= 0 else pa.nulls(n, pa.string()) for i in m]
 
     def _decode_run(self, cols: list[pa.Array], lsn: int) -> pa.RecordBatch:
         """Decode a run's columns; a value that cannot be decoded raises :class:`BadRowError` as the
@@ -126,13 +126,18 @@ class RunApplyRole(ChangeApplyRole):
         n, update = run.rows, run.kind == "update"
         assert run.old is not None and run.old_kinds is not None
         has_old = run.old_kinds != 0
-        old_cols = self._run_text(run.old, run.relation_oid, n)
+        m = self._relmap[run.relation_oid]
+        old_keys = [
+            _text(run.old[m[i]].values) if m[i] >= 0 else pa.nulls(n, pa.string()) for i in self._key_idx
+        ]
         new_cols = self._run_text(run.new, run.relation_oid, n) if update and run.new is not None else None
         if new_cols is None or has_old.all():
-            key_cols = [old_cols[i] for i in self._key_idx]
+            key_cols = old_keys
+        elif not has_old.any():
+            key_cols = [new_cols[i] for i in self._key_idx]
         else:
             mask = pa.array(has_old)
-            key_cols = [pc.if_else(mask, old_cols[i], new_cols[i]) for i in self._key_idx]
+            key_cols = [pc.if_else(mask, o, new_cols[i]) for o, i in zip(old_keys, self._key_idx)]
         rowwise = np.zeros(n, dtype=bool)  # rows the row-wise apply takes
         for cells in (run.new or ()) + run.old:
             rowwise |= cells.kinds == KIND_UNCHANGED
@@ -140,6 +145,10 @@ class RunApplyRole(ChangeApplyRole):
         hn = self._run_hashes([new_cols[i] for i in self._key_idx], rowwise) if new_cols is not None else None
         full = (run.old_kinds == ord("O")) & self._match_full_row
         key_py = None if self.hasher.exact else [c.to_pylist() for c in key_cols]
+        if not rowwise.any() and not full.any() and len(np.unique(hk)) == n and (hn is None or np.array_equal(hn, hk)):
+            # the common case (distinct keys, none changed): the whole run is one segment
+            self._apply_segment(run, list(range(n)), hk, hn, new_cols, key_cols, key_py, lsn)
+            return
         seg: list[int] = []
         seen: set[int] = set()
         hkl, hnl = hk.tolist(), (hn.tolist() if hn is not None else None)
@@ -194,11 +203,25 @@ class RunApplyRole(ChangeApplyRole):
             take = pa.array(idx)
             rb = self._decode_run([c if len(seg) == len(c) else c.take(take) for c in new_cols], lsn)
         what = "UPDATE" if run.kind == "update" else "DELETE"
+        mem_locs: list[tuple[int, int]] = []
+        mem_hashes: list[int] = []
         for i, f in zip(seg, founds):
             if f is None:
                 key = [c[i] for c in key_py] if key_py is not None else [c[i].as_py() for c in key_cols]
                 self._report_missing(what, key, lsn)
+            elif f[0] == "mem":
+                mem_locs.append(f[1])
+                mem_hashes.append(f[2])
             else:
-                self._delete_found(f, lsn)
+                self.disk.delete(f[1][0], f[1][1], lsn)
+        self.mem.delete_many(mem_locs, mem_hashes, lsn)
         if rb is not None and hn is not None:
             self.mem.append_batch(rb, hn[idx], lsn)
+
+
+def _text(values: pa.Array) -> pa.Array:
+    """A run's ``pa.binary()`` values as ``pa.string()`` (the same buffers), checked to be UTF-8 as the
+    row-wise apply's ``bytes.decode`` checks them (``pa.ArrowInvalid``, a ``ValueError``, otherwise)."""
+    out = values.view(pa.string())
+    out.validate(full=True)
+    return out

@@ -187,6 +187,17 @@ class MemSlice:
         self.index.remove(h, loc)
         self.deleted_rows += 1
 
+    def delete_many(self, locs: list[tuple[int, int]], hashes: list[int], lsn: int) -> None:
+        """:meth:`delete` of many rows (distinct live locations, their key hashes) by the commit at ``lsn``."""
+        nb = len(self.batches)
+        for b, r in locs:
+            if b == nb:
+                self._open_del[r] = lsn
+            else:
+                self.batches[b].del_lsn[r] = lsn
+        self.index.remove_many(hashes, locs)
+        self.deleted_rows += len(locs)
+
     def find(self, h: int) -> list[tuple[int, int]]:
         """Live locations whose key hash is ``h``."""
         return [loc for loc in self.index.lookup(h) if self.is_live(loc)]
