@@ -12,6 +12,7 @@ differ, so locations are compared as row ordinals.
 from __future__ import annotations
 
 import tempfile
+from decimal import Decimal
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def _specs(key: list[str]) -> list[ColumnSpec]:
         ColumnSpec("n", 23, -1, "integer", pa.int32()),
         ColumnSpec("d", 1700, (10 << 16 | 2) + 4, "numeric(10,2)", pa.decimal128(10, 2)),
     ]
+    for c in cols:  # as the Relation message declares them (on_relation compares)
+        c.decl_oid, c.decl_typmod = c.type_oid, c.typmod
     assign_field_ids(cols)
     return cols
 
@@ -336,3 +339,71 @@ def test_key_repeated_inside_a_run(tmp_path, kind):
     assert ea == eb
     assert state(a) == state(b) and visible(a) == visible(b)
     assert np.count_nonzero(b.mem.row_stamps()[1]) == 2 and b.missing_keys == 1
+
+
+def test_the_open_buffer_takes_text_rows_and_arrow_parts_in_row_order(tmp_path):
+    a, _, gen = _both(tmp_path)
+    m = a.mem
+    m.append(["1", "a", None, "1", None], a.hasher.hash_one(["1"]), 10)
+    rb = a._decode([pa.array(["2", "3"]), pa.array(["b", "c"]), pa.nulls(2, pa.string()),
+                    pa.array(["2", "3"]), pa.nulls(2, pa.string())])
+    assert m.append_batch(rb, a.hasher.hash_columns([pa.array(["2", "3"])]), 20) == 1
+    m.append(["4", "d", None, "4", None], a.hasher.hash_one(["4"]), 30)
+    assert m.num_rows == 4 and [r for r, _ in enumerate(m._parts)] == [0, 1]
+    assert m.row_values((0, 0))[:2] == ["1", "a"]
+    assert [c.value for c in m.row_values((0, 2))[:2]] == [3, "c"]  # an Arrow part: typed values
+    assert m.row_values((0, 3))[:2] == ["4", "d"]
+    m.delete((0, 2), a.hasher.hash_one(["3"]), 40)
+    ins, dl, _ = m.row_stamps()
+    assert ins.tolist() == [10, 20, 20, 30] and dl.tolist() == [0, 0, 40, 0]
+    assert [(r["id"], r["k"]) for r in m.visible().to_pylist()] == [(1, "a"), (2, "b"), (4, "d")]
+    assert len(m.batches) == 1 and m.batches[0].ins_lsn.tolist() == [10, 20, 20, 30]
+    assert m.find(a.hasher.hash_one(["4"])) == [(0, 3)] and m.find(a.hasher.hash_one(["3"])) == []
+
+
+def test_the_batched_lookup_answers_as_the_scalar_one(tmp_path):
+    a, _, gen = _both(tmp_path, batch_rows=8)
+    for lsn, ids in ((100, range(0, 20)), (200, range(20, 40))):
+        for i in ids:
+            a.apply(_ins(gen, i), lsn)
+        if lsn == 100:
+            a.flush()
+    for i in (3, 25, 27):
+        a.apply(Change("delete", OID, old=gen.tup({"id": str(i)}, ["id"]), old_kind="K", relation=gen.relation), 300)
+    keys = [str(i) for i in range(45)]
+    hs = a.hasher.hash_columns([pa.array(keys)])
+    assert a.find_exact_batch(hs) == [a._find([k]) for k in keys]
+    with pytest.raises(ValueError, match="exact"):
+        make_table(tmp_path / "t", "text", list(OUR), 8).find_exact_batch(hs)
+
+
+def test_auto_mode_takes_runs_only_for_long_runs():
+    from mooncake_assets.engine.service.replication import long_runs
+
+    gen = Gen("int", list(OUR))
+    ins = [_ins(gen, i) for i in range(600)]
+    dele = Change("delete", OID, old=gen.tup({"id": "1"}, ["id"]), old_kind="K", relation=gen.relation)
+    assert long_runs(ins, 512) and not long_runs(ins[:10], 512)
+    assert not long_runs([c for i in ins for c in (i, dele)], 512)  # 1200 changes in runs of one
+
+
+def test_service_apply_mode_is_checked():
+    from mooncake_assets.engine.service.config import ServiceConfig
+
+    kw = dict(state_dir="/tmp/x", dsn="dbname=x", socket_path="/tmp/x.sock", catalog_uri="sqlite://", warehouse_uri="file:///tmp/w")
+    assert ServiceConfig(**kw).apply_mode == "auto"
+    assert ServiceConfig(**kw, apply_mode="run").apply_mode == "run"
+    with pytest.raises(ValueError, match="apply_mode"):
+        ServiceConfig(**kw, apply_mode="fast")
+
+
+def test_apply_item_routes_runs_and_changes_alike(tmp_path):
+    from mooncake_assets.engine.service.replication import apply_item
+
+    a, b, gen = _both(tmp_path)
+    txn = _txn(100, [_ins(gen, i) for i in range(5)] + [Change("truncate", OID, truncate_oids=[OID])] + [_ins(gen, 9)])
+    for ch in txn.changes:
+        apply_item(a, OID, ch, gen.relation, 100, 1, None)
+    for run in columnar_transaction(txn).runs:
+        apply_item(b, OID, run, gen.relation, 100, 1, None)
+    assert state(a) == state(b) and visible(a) == visible(b) == [{"id": 9, "k": "k9", "v": "v9", "n": 9, "d": Decimal("1.00")}]
