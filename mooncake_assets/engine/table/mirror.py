@@ -13,7 +13,8 @@ State of a table (all owned by the replicator service, the single writer):
   Iceberg: snapshot summary ``mooncake.flush-lsn``).
 
 The roles: :mod:`.schema_state` (columns, key, field ids, evolution), :mod:`.apply` (changes into
-the MemSlice and the files' deletes), :mod:`.disk_files` (the file set and its index),
+the MemSlice and the files' deletes), :mod:`.apply_run` (the same for whole columnar runs),
+:mod:`.lookup` (locating live rows by key), :mod:`.disk_files` (the file set and its index),
 :mod:`.persist` (the payload of one Iceberg commit), :mod:`.read_state` (what a union read gets).
 
 LSN convention everywhere: a state "at L" holds exactly the transactions whose commit record starts
