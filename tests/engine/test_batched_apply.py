@@ -12,8 +12,8 @@ differ, so locations are compared as row ordinals.
 from __future__ import annotations
 
 import tempfile
+from datetime import UTC, datetime
 from decimal import Decimal
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ from mooncake_assets.engine.table.mirror import MirrorTable
 
 OID = 16384
 U = object()  # an unchanged TOAST value in a row image
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 # table kinds: (key columns, replica identity)
 KINDS = {
@@ -179,9 +179,7 @@ def state(t: MirrorTable) -> dict[str, object]:
     ins, dl, hs = t.mem.row_stamps()
     ords = _ordinals(t)
     index = {h: [ords[loc] for loc in t.mem.index.lookup(h)] for h in sorted(set(hs.tolist()))}
-    files = [
-        (f.num_rows, sorted(f.pending.items()), f.truncated_lsn, sorted(f.committed)) for f in t.files.values()
-    ]
+    files = [(f.num_rows, sorted(f.pending.items()), f.truncated_lsn, sorted(f.committed)) for f in t.files.values()]
     return {
         "ins": ins.tolist(),
         "del": dl.tolist(),
@@ -311,12 +309,18 @@ def test_updates_and_deletes_of_a_large_run_hit_memory_and_files(tmp_path):
     a.flush(), b.flush()
     apply_both(a, b, _txn(200, [_ins(gen, i) for i in range(300, 400)]))
     ups = [
-        Change("update", OID, new=gen.tup({"id": str(i), "k": "z", "v": U if i % 7 == 0 else "w", "n": "9"}),
-               relation=gen.relation)
+        Change(
+            "update",
+            OID,
+            new=gen.tup({"id": str(i), "k": "z", "v": U if i % 7 == 0 else "w", "n": "9"}),
+            relation=gen.relation,
+        )
         for i in range(0, 400, 3)
     ]
-    dels = [Change("delete", OID, old=gen.tup({"id": str(i)}, ["id"]), old_kind="K", relation=gen.relation)
-            for i in range(1, 420, 5)]
+    dels = [
+        Change("delete", OID, old=gen.tup({"id": str(i)}, ["id"]), old_kind="K", relation=gen.relation)
+        for i in range(1, 420, 5)
+    ]
     ea, eb = apply_both(a, b, _txn(300, ups + dels))
     assert ea is None and eb is None
     assert state(a) == state(b) and visible(a) == visible(b)
@@ -331,8 +335,13 @@ def test_key_repeated_inside_a_run(tmp_path, kind):
     full = gen.identity == "f"
     old = rows[0]
     dels = [
-        Change("delete", OID, old=gen.tup(old, None if full else gen.key), old_kind="O" if full else "K",
-               relation=gen.relation)
+        Change(
+            "delete",
+            OID,
+            old=gen.tup(old, None if full else gen.key),
+            old_kind="O" if full else "K",
+            relation=gen.relation,
+        )
         for _ in range(3)
     ]
     ea, eb = apply_both(a, b, _txn(200, dels))
@@ -345,8 +354,15 @@ def test_the_open_buffer_takes_text_rows_and_arrow_parts_in_row_order(tmp_path):
     a, _, gen = _both(tmp_path)
     m = a.mem
     m.append(["1", "a", None, "1", None], a.hasher.hash_one(["1"]), 10)
-    rb = a._decode([pa.array(["2", "3"]), pa.array(["b", "c"]), pa.nulls(2, pa.string()),
-                    pa.array(["2", "3"]), pa.nulls(2, pa.string())])
+    rb = a._decode(
+        [
+            pa.array(["2", "3"]),
+            pa.array(["b", "c"]),
+            pa.nulls(2, pa.string()),
+            pa.array(["2", "3"]),
+            pa.nulls(2, pa.string()),
+        ]
+    )
     assert m.append_batch(rb, a.hasher.hash_columns([pa.array(["2", "3"])]), 20) == 1
     m.append(["4", "d", None, "4", None], a.hasher.hash_one(["4"]), 30)
     assert m.num_rows == 4 and [r for r, _ in enumerate(m._parts)] == [0, 1]
@@ -390,7 +406,13 @@ def test_auto_mode_takes_runs_only_for_long_runs():
 def test_service_apply_mode_is_checked():
     from mooncake_assets.engine.service.config import ServiceConfig
 
-    kw = dict(state_dir="/tmp/x", dsn="dbname=x", socket_path="/tmp/x.sock", catalog_uri="sqlite://", warehouse_uri="file:///tmp/w")
+    kw = dict(
+        state_dir="/tmp/x",
+        dsn="dbname=x",
+        socket_path="/tmp/x.sock",
+        catalog_uri="sqlite://",
+        warehouse_uri="file:///tmp/w",
+    )
     assert ServiceConfig(**kw).apply_mode == "auto"
     assert ServiceConfig(**kw, apply_mode="run").apply_mode == "run"
     with pytest.raises(ValueError, match="apply_mode"):
@@ -406,4 +428,6 @@ def test_apply_item_routes_runs_and_changes_alike(tmp_path):
         apply_item(a, OID, ch, gen.relation, 100, 1, None)
     for run in columnar_transaction(txn).runs:
         apply_item(b, OID, run, gen.relation, 100, 1, None)
-    assert state(a) == state(b) and visible(a) == visible(b) == [{"id": 9, "k": "k9", "v": "v9", "n": 9, "d": Decimal("1.00")}]
+    assert state(a) == state(b) and visible(a) == visible(b) == [
+        {"id": 9, "k": "k9", "v": "v9", "n": 9, "d": Decimal("1.00")}
+    ]

@@ -448,7 +448,9 @@ class StreamLoop:
                     continue  # not mirrored, applied already (durable before a restart, or in memory
                     #           before a reconnect resent it), or stopped by an error
                 try:
-                    apply_item(t, oid, item, assembler.relations.get(oid), txn.commit_lsn, txn.xid, self.svc.source_catalog)
+                    apply_item(
+                        t, oid, item, assembler.relations.get(oid), txn.commit_lsn, txn.xid, self.svc.source_catalog
+                    )
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self.stop_table(t, e, txn.commit_lsn)
                 touched.add(t)

@@ -25,7 +25,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from .mirror import MirrorTable
 __all__ = ["run_apply_bench"]
 
 OID = 16384
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NUMERIC = (1700, (12 << 16 | 2) + 4)
 
 
@@ -95,12 +95,23 @@ def _table(path: Path, cols: list[ColumnSpec]) -> MirrorTable:
 
 
 def _tup(vals: list[str | None]) -> TupleData:
-    return TupleData("".join("n" if v is None else "t" for v in vals), [None if v is None else v.encode() for v in vals])
+    return TupleData(
+        "".join("n" if v is None else "t" for v in vals), [None if v is None else v.encode() for v in vals]
+    )
 
 
-def _txns(cols: list[ColumnSpec], row: Callable[[int, int], list[str | None]], workload: str, size: int, total: int) -> tuple[list[Transaction], list[Transaction]]:
+def _txns(
+    cols: list[ColumnSpec], row: Callable[[int, int], list[str | None]], workload: str, size: int, total: int
+) -> tuple[list[Transaction], list[Transaction]]:
     """(setup transactions, measured transactions): ``total`` rows in transactions of ``size`` changes."""
-    rel = Relation(None, OID, "public", "t", "d", [RelationColumn(1 if c.is_key else 0, c.name, c.type_oid, c.typmod) for c in cols])
+    rel = Relation(
+        None,
+        OID,
+        "public",
+        "t",
+        "d",
+        [RelationColumn(1 if c.is_key else 0, c.name, c.type_oid, c.typmod) for c in cols],
+    )
     lsn = 1000
 
     def txn(changes: list[Change]) -> Transaction:
@@ -118,14 +129,18 @@ def _txns(cols: list[ColumnSpec], row: Callable[[int, int], list[str | None]], w
             if workload == "insert":
                 chs.append(Change("insert", OID, new=_tup(row(i, 0)), relation=rel))
             elif workload == "mixed" and i % 10 == 9:
-                chs.append(Change("delete", OID, old=_tup([str(i)] + [None] * (len(cols) - 1)), old_kind="K", relation=rel))
+                chs.append(
+                    Change("delete", OID, old=_tup([str(i)] + [None] * (len(cols) - 1)), old_kind="K", relation=rel)
+                )
             else:
                 chs.append(Change("update", OID, new=_tup(row(i, 1)), relation=rel))
         out.append(txn(chs))
     return setup, out
 
 
-def _measure(cols: list[ColumnSpec], setup: list[Transaction], txns: list[Transaction], mode: str, repeat: int) -> float:
+def _measure(
+    cols: list[ColumnSpec], setup: list[Transaction], txns: list[Transaction], mode: str, repeat: int
+) -> float:
     best = float("inf")
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as d:
@@ -168,7 +183,10 @@ def run_apply_bench(quick: bool = False, repeat: int = 3) -> dict[str, Any]:
             for size in (10, 100_000):
                 total = (5_000 if quick else 20_000) if size == 10 else (20_000 if quick else 100_000)
                 setup, txns = _txns(cols, row, workload, size, total)
-                res = {m: round(_measure(cols, setup, txns, m, repeat) / total * 1e6, 2) for m in ("change", "run", "run_only")}
+                res = {
+                    m: round(_measure(cols, setup, txns, m, repeat) / total * 1e6, 2)
+                    for m in ("change", "run", "run_only")
+                }
                 out.setdefault(shape, {}).setdefault(workload, {})[str(size)] = res
     return out
 

@@ -34,6 +34,7 @@ earlier segments of an UPDATE/DELETE run may have been applied, as earlier chang
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +55,9 @@ __all__ = ["RunApplyRole"]
 
 class RunApplyRole(ChangeApplyRole):
     """The batched apply of columnar runs (module docstring), over the row-wise apply rules."""
+
+    # the table's text decoder (:class:`~.schema_state.TableSchemaRole`; declared for the type checker)
+    _decode: Callable[[list[Any]], pa.RecordBatch]
 
     def apply_run(self, run: ChangeRun, commit_lsn: int) -> None:
         """Apply one run of a committed transaction at ``commit_lsn``: the same results as applying its
@@ -127,9 +131,7 @@ class RunApplyRole(ChangeApplyRole):
         assert run.old is not None and run.old_kinds is not None
         has_old = run.old_kinds != 0
         m = self._relmap[run.relation_oid]
-        old_keys = [
-            _text(run.old[m[i]].values) if m[i] >= 0 else pa.nulls(n, pa.string()) for i in self._key_idx
-        ]
+        old_keys = [_text(run.old[m[i]].values) if m[i] >= 0 else pa.nulls(n, pa.string()) for i in self._key_idx]
         new_cols = self._run_text(run.new, run.relation_oid, n) if update and run.new is not None else None
         if new_cols is None or has_old.all():
             key_cols = old_keys
