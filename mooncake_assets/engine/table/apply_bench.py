@@ -120,7 +120,7 @@ def _txns(
         return Transaction(lsn, lsn, lsn + 8, T0, changes)
 
     setup: list[Transaction] = []
-    if workload == "update":  # the rows to update and delete, loaded first (not measured)
+    if workload in ("update", "mixed"):  # the rows to update and delete, loaded first (not measured)
         setup = [txn([Change("insert", OID, new=_tup(row(i, 0)), relation=rel) for i in range(total)])]
     out = []
     for start in range(0, total, size):
