@@ -300,6 +300,9 @@ class TableSchema:
     ``'n'`` nothing). ``relkind``: ``'r'`` table or ``'p'`` partitioned table. ``excluded``: source
     columns left out of the mirror (``create-table --exclude-column``); ``column_types``: column name
     -> ``"text"`` for columns mirrored as their exact text whatever their type (``--column-type``).
+    Set by the catalog reads (:mod:`.catalog`), not compared: ``current_columns``, the names of every
+    column the source table has now (unmirrored ones included); ``catalog_lsn``, a WAL position after
+    every commit the catalogs read showed (0 when unknown).
     """
 
     schema: str
@@ -313,6 +316,8 @@ class TableSchema:
     column_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     excluded: list[str] = field(default_factory=list)
     column_types: dict[str, str] = field(default_factory=dict)
+    current_columns: set[str] = field(default_factory=set, repr=False, compare=False)
+    catalog_lsn: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.column_index = {c.name: i for i, c in enumerate(self.columns)}
