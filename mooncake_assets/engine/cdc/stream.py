@@ -31,15 +31,17 @@ import re
 import select
 import struct
 import time
+from typing import TypedDict
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq.abc import PGconn, PGresult
 
 from ..lsn import Lsn
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 
-__all__ = ["ReplicationConnection", "ReplicationError"]
+__all__ = ["ReplicationConnection", "ReplicationError", "SystemIdentity"]
 
 _XLOG_HDR = struct.Struct(">QQq")  # after 'w': wal start, wal end, send time
 _KEEPALIVE = struct.Struct(">QqB")  # after 'k': wal end, send time, reply requested
@@ -73,7 +75,7 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _result_error(res: pq.PGresult | None, pgconn: pq.PGconn) -> tuple[str, str | None]:
+def _result_error(res: PGresult | None, pgconn: PGconn) -> tuple[str, str | None]:
     if res is not None:
         msg = res.error_message.decode(errors="replace").strip()
         code = res.error_field(pq.DiagnosticField.SQLSTATE)
@@ -100,6 +102,17 @@ def _classify(msg: str, sqlstate: str | None, slot: str | None = None) -> Replic
     return ReplicationError(msg, temporary, sqlstate)
 
 
+class SystemIdentity(TypedDict):
+    """``IDENTIFY_SYSTEM``'s answer (PG docs, "Streaming Replication Protocol"): ``systemid`` (the
+    cluster's system identifier, decimal text), ``timeline``, ``xlogpos`` (the current WAL flush
+    position, an LSN as an int), ``dbname`` (the database connected to)."""
+
+    systemid: str
+    timeline: int
+    xlogpos: int
+    dbname: str
+
+
 class ReplicationConnection:
     """One walsender connection (``replication=database``) for one logical slot.
 
@@ -123,10 +136,10 @@ class ReplicationConnection:
         params.setdefault("connect_timeout", connect_timeout)
         params["replication"] = "database"
         try:
-            self._conn = psycopg.connect(autocommit=True, **params)
+            self._conn = psycopg.connect(make_conninfo("", **params), autocommit=True)
         except psycopg.OperationalError as e:
             raise ReplicationError(f"cannot open a replication connection: {e}".strip(), True) from e
-        self.pgconn: pq.PGconn = self._conn.pgconn
+        self.pgconn: PGconn = self._conn.pgconn
         self.status_interval = status_interval
         self.server_wal_end = 0
         self.reply_requested = False
@@ -144,7 +157,7 @@ class ReplicationConnection:
         """Server version number, e.g. 150018."""
         return self.pgconn.server_version
 
-    def _command(self, sql: str) -> pq.PGresult:
+    def _command(self, sql: str) -> PGresult:
         if self.streaming_slot is not None:
             raise ReplicationError("the connection is streaming; replication commands are not allowed now")
         if self._closed:
@@ -157,21 +170,32 @@ class ReplicationConnection:
         return res
 
     @staticmethod
-    def _row(res: pq.PGresult) -> dict[str, str | None]:
-        return {
-            res.fname(i).decode(): (None if res.get_value(0, i) is None else res.get_value(0, i).decode())
-            for i in range(res.nfields)
-        }
+    def _row(res: PGresult) -> dict[str, str | None]:
+        """The first row of a command's result: column name -> text (None for NULL)."""
+        row: dict[str, str | None] = {}
+        for i in range(res.nfields):
+            value = res.get_value(0, i)
+            row[(res.fname(i) or b"").decode()] = None if value is None else value.decode()
+        return row
 
-    def identify_system(self) -> dict:
+    @staticmethod
+    def _text(row: dict[str, str | None], name: str) -> str:
+        """Column ``name`` of a command's row, which the protocol never leaves NULL
+        (:class:`ReplicationError` when it is)."""
+        value = row.get(name)
+        if value is None:
+            raise ReplicationError(f"the server's answer has no {name}")
+        return value
+
+    def identify_system(self) -> SystemIdentity:
         """``IDENTIFY_SYSTEM`` → ``{'systemid': str, 'timeline': int, 'xlogpos': int (LSN),
-        'dbname': str}``."""
+        'dbname': str}`` (:class:`SystemIdentity`)."""
         row = self._row(self._command("IDENTIFY_SYSTEM"))
         return {
-            "systemid": row["systemid"],
-            "timeline": int(row["timeline"]),
-            "xlogpos": Lsn.parse(row["xlogpos"]),
-            "dbname": row["dbname"],
+            "systemid": self._text(row, "systemid"),
+            "timeline": int(self._text(row, "timeline")),
+            "xlogpos": Lsn.parse(self._text(row, "xlogpos")),
+            "dbname": self._text(row, "dbname"),
         }
 
     def create_slot(self, name: str, export_snapshot: bool = True, temporary: bool = False) -> tuple[int, str | None]:
@@ -188,7 +212,7 @@ class ReplicationConnection:
         snap = "EXPORT_SNAPSHOT" if export_snapshot else "NOEXPORT_SNAPSHOT"
         tmp = " TEMPORARY" if temporary else ""
         row = self._row(self._command(f"CREATE_REPLICATION_SLOT {name}{tmp} LOGICAL pgoutput {snap}"))
-        return Lsn.parse(row["consistent_point"]), row.get("snapshot_name") or None
+        return Lsn.parse(self._text(row, "consistent_point")), row.get("snapshot_name") or None
 
     def drop_slot(self, name: str, wait: bool = False) -> None:
         """``DROP_REPLICATION_SLOT name [WAIT]``. ``wait``: wait for a consumer that holds the slot to
@@ -351,5 +375,5 @@ class ReplicationConnection:
     def __enter__(self) -> ReplicationConnection:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
