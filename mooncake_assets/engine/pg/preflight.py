@@ -26,12 +26,14 @@ that only runs ``IDENTIFY_SYSTEM``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import psycopg
 from psycopg import pq, sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.abc import Params
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import publication as pubs
 from .conninfo import connect_error, redact
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Check",
+    "TableOptions",
     "check_source",
     "server_checks",
     "check_table",
@@ -77,8 +80,24 @@ class Check:
         return f"{msg}; run: {self.fix}" if self.fix else msg
 
 
-def _setting(conn, name: str) -> str | None:
-    return conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()[0]
+class TableOptions(TypedDict, total=False):
+    """A mirror's create-table column options: ``column_types`` (column -> ``"text"``, mirrored as its
+    exact text) and ``exclude`` (columns left out)."""
+
+    column_types: dict[str, str]
+    exclude: list[str]
+
+
+def _one(conn: psycopg.Connection, query: str, params: Params | None = None) -> tuple[Any, ...]:
+    """The one row of ``query`` (a SELECT without FROM, or an aggregate without GROUP BY)."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None  # such a SELECT returns one row
+    return row
+
+
+def _setting(conn: psycopg.Connection, name: str) -> str | None:
+    value = _one(conn, "SELECT current_setting(%s, true)", (name,))[0]
+    return None if value is None else str(value)
 
 
 def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
@@ -104,7 +123,7 @@ def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
     ).fetchone()
     own_exists, own_active = row is not None, bool(row and row[0])
     max_slots = int(_setting(conn, "max_replication_slots") or 0)
-    used = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
+    used = int(_one(conn, "SELECT count(*) FROM pg_replication_slots")[0])
     need = (0 if own_exists else 1) + 1  # the service's slot + a temporary one for a copy or verify
     free = max_slots - used
     if free >= need:
@@ -129,7 +148,7 @@ def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
             )
         )
     max_senders = int(_setting(conn, "max_wal_senders") or 0)
-    senders = conn.execute("SELECT count(*) FROM pg_stat_get_wal_senders()").fetchone()[0]
+    senders = int(_one(conn, "SELECT count(*) FROM pg_stat_get_wal_senders()")[0])
     need_s = (0 if own_active else 1) + 1
     if max_senders - senders >= need_s:
         out.append(Check("ok", "WAL senders", f"{max_senders - senders} of {max_senders} free (needs {need_s})"))
@@ -194,7 +213,7 @@ def replication_check(dsn: str) -> Check:
     params = conninfo_to_dict(dsn)
     params.update(replication="database", connect_timeout=params.get("connect_timeout") or 10)
     try:
-        conn = psycopg.connect(autocommit=True, **params)
+        conn = psycopg.connect(make_conninfo("", **params), autocommit=True)
     except psycopg.OperationalError as cause:
         msg = connect_error(cause)  # the driver's error: one scrubbed line with the server's reason
         user = _user_of(dsn)
@@ -235,7 +254,8 @@ def _user_of(dsn: str) -> str:
     from psycopg.conninfo import conninfo_to_dict
 
     try:
-        return conninfo_to_dict(dsn).get("user") or os.environ.get("PGUSER") or getpass.getuser()
+        user = conninfo_to_dict(dsn).get("user")
+        return str(user) if user else os.environ.get("PGUSER") or getpass.getuser()
     except Exception:
         return "?"
 
@@ -246,8 +266,8 @@ def check_table(
     *,
     publication: str | None,
     own_publication: str,
-    column_types: dict | None = None,
-    exclude: list | None = None,
+    column_types: dict[str, str] | None = None,
+    exclude: list[str] | None = None,
     publication_info: pubs.PublicationInfo | None = None,
 ) -> list[Check]:
     """The checks of the source table named ``src`` (``schema.table``, ``table`` or
@@ -283,8 +303,8 @@ def table_checks(
     *,
     publication: str | None,
     own_publication: str,
-    column_types: dict | None = None,
-    exclude: list | None = None,
+    column_types: dict[str, str] | None = None,
+    exclude: list[str] | None = None,
     publication_info: pubs.PublicationInfo | None = None,
 ) -> tuple[list[Check], TableSchema | None]:
     """The checks of one source table: ``name`` and ``oid`` as :func:`~.names.resolve_table` found
@@ -301,7 +321,7 @@ def table_checks(
 
     subj = f"table {name}"
     q = str(name)
-    user = conn.execute("SELECT current_user").fetchone()[0]
+    user = str(_one(conn, "SELECT current_user")[0])
     ru = format_name(user)
     row = conn.execute(
         "SELECT c.relkind, c.relpersistence, has_schema_privilege(c.relnamespace, 'USAGE'), "
@@ -329,11 +349,12 @@ def table_checks(
             )
         )
         return out, None
-    select_ok = conn.execute(
+    select_ok = _one(
+        conn,
         "SELECT has_table_privilege(%s, 'SELECT') OR coalesce(bool_and(has_column_privilege(%s, a.attnum, 'SELECT')), "
         "false) FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
         (oid, oid, oid),
-    ).fetchone()[0]
+    )[0]
     if select_ok:
         out.append(Check("ok", subj, f"role {user} may SELECT it (the initial copy)"))
     else:
@@ -398,7 +419,7 @@ def table_checks(
     return out, schema_
 
 
-def _identity_check(conn, subj: str, q: str, schema_, owner: bool) -> Check:
+def _identity_check(conn: psycopg.Connection, subj: str, q: str, schema_: TableSchema, owner: bool) -> Check:
     ri = schema_.replica_identity
     if schema_.has_primary_key or schema_.key_columns:
         if ri == "n":
@@ -451,7 +472,17 @@ def set_identity_full(conn: psycopg.Connection, tables: list[TableName]) -> None
 
 
 def _publication_checks(
-    conn, subj, name: TableName, oid, relkind, owner, columns, publication, info, own, user
+    conn: psycopg.Connection,
+    subj: str,
+    name: TableName,
+    oid: int,
+    relkind: str,
+    owner: bool,
+    columns: list[str],
+    publication: str | None,
+    info: pubs.PublicationInfo | None,
+    own: str,
+    user: str,
 ) -> list[Check]:
     q = str(name)
     if publication is not None:
@@ -470,7 +501,7 @@ def _publication_checks(
         f"or have an administrator create one: CREATE PUBLICATION mooncake FOR TABLE {q}; and start mooncake "
         "with --publication mooncake"
     )
-    if not own_exists and not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+    if not own_exists and not _one(conn, "SELECT has_database_privilege(current_database(), 'CREATE')")[0]:
         out.append(
             Check(
                 "error",
@@ -500,7 +531,7 @@ def check_source(
     publication: str | None,
     own_publication: str,
     slot: str,
-    table_options: dict | None = None,
+    table_options: Mapping[str, TableOptions] | None = None,
 ) -> list[Check]:
     """Every check, in order: connection, server, replication connection, then each table. A DSN that
     does not connect gives one error line (the DSN shown without its password). ``table_options``:
@@ -517,7 +548,7 @@ def check_source(
             )
         ]
     with conn:
-        out = [Check("ok", "connection", f"{redact(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
+        out = [Check("ok", "connection", f"{redact(dsn)} as {_one(conn, 'SELECT current_user')[0]}")]
         out += server_checks(conn, slot)
         out.append(replication_check(dsn))
         info = None
