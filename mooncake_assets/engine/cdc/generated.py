@@ -46,6 +46,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 from psycopg.abc import Params
+from psycopg.rows import TupleRow
 
 from ..pg.schema import TableSchema
 from ..pg.session import LazyConnection
@@ -111,7 +112,7 @@ class GeneratedColumns:
     and the caller stops those tables. Raises ``psycopg.OperationalError`` when the source cannot be
     asked (the batch is then not applied: the stream reconnects and the slot resends it)."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]):
+    def __init__(self, connect: Callable[[], psycopg.Connection[TupleRow]]):
         self._conn = LazyConnection(connect)
         # (id of the sent Relation, id of the mirror's schema) -> (Relation, schema, plan): both are kept
         # alive, so their ids are not reused while cached

@@ -27,6 +27,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import psycopg
 import pyarrow as pa
 from psycopg import sql
+from psycopg.rows import TupleRow
 
 from ..faults import fault
 from .conninfo import with_options
@@ -169,7 +170,7 @@ def describe_table(
     return out
 
 
-def _find_table(cur: psycopg.Cursor[Any], qualified_name: str) -> tuple[int, str, str, str, str]:
+def _find_table(cur: psycopg.Cursor[TupleRow], qualified_name: str) -> tuple[int, str, str, str, str]:
     """``(oid, schema, name, relkind, relreplident)`` of the table ``qualified_name`` names
     (``to_regclass``). ``LookupError`` when there is none or it is not a table (view, sequence…);
     :class:`UnsupportedTableError` for a partition (its root is what is published)."""
@@ -271,7 +272,7 @@ def _key_columns(keys: list[tuple[Any, ...]], replident: str) -> tuple[list[str]
     return [], False
 
 
-def _format_type(cur: psycopg.Cursor[Any], oid: int, typmod: int) -> str:
+def _format_type(cur: psycopg.Cursor[TupleRow], oid: int, typmod: int) -> str:
     """``format_type(oid, typmod)`` in this session: the type's SQL name (``numeric(5,2)``)."""
     row = cur.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()
     assert row is not None  # a SELECT without FROM returns one row
@@ -286,7 +287,7 @@ class _TypeResolver:
     other type to its exact text (``as_text``); :data:`REFUSED_TYPES` and pseudo-types raise
     :class:`UnsupportedTypeError`."""
 
-    def __init__(self, cur: psycopg.Cursor[Any]):
+    def __init__(self, cur: psycopg.Cursor[TupleRow]):
         self.cur = cur
         self._info: dict[int, _TypeRow] = {}
 
@@ -543,7 +544,7 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int, xid: int | None = 
     return out
 
 
-def _immutable_default(cur: psycopg.Cursor[Any], expr: str, tree: str, typid: int, typmod: int) -> str | None:
+def _immutable_default(cur: psycopg.Cursor[TupleRow], expr: str, tree: str, typid: int, typmod: int) -> str | None:
     """The text (the column type's output form, as the replication stream carries values) of a default
     expression's value when every function and operator in it is immutable (and it reads no table),
     else None."""
