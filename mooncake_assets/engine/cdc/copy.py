@@ -42,8 +42,11 @@ def copy_statement(table: TableSchema) -> sql.Composed:
     )
 
 
-def _parse_csv(chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] | None = None) -> Any:
-    # Any: a RecordBatch, or (RecordBatch, the text_idx columns' values) when text_idx is given
+def _parse_csv(
+    chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] | None = None
+) -> tuple[pa.RecordBatch, list[list[Any]] | None]:
+    """COPY rows (CSV) -> ``(RecordBatch, texts)``: ``texts`` the text values of the ``text_idx``
+    columns, one list per column (None when ``text_idx`` is None)."""
     names = [f"c{i}" for i in range(len(table.columns))]  # positional names, safe in CSV options
     # pyarrow's CSV reader drops a UTF-8 BOM at the start of its input: give it one of its own, so a
     # first value that starts with U+FEFF keeps it
@@ -66,9 +69,7 @@ def _parse_csv(chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] |
         err: Any = ValueError(f"table {table.qualified_name}: {e}")  # carries .columns
         err.columns = list(getattr(e, "columns", None) or [])  # which columns (create-table suggests options)
         raise err from None
-    if text_idx is None:
-        return batch
-    return batch, [cols[i].to_pylist() for i in text_idx]
+    return batch, None if text_idx is None else [cols[i].to_pylist() for i in text_idx]
 
 
 def initial_copy(
@@ -149,10 +150,10 @@ def _copy_batches(
     batch_rows: int,
     batch_bytes: int,
     progress: Callable[[int, int], None] | None,
-) -> Iterator[Any]:
+) -> Iterator[pa.RecordBatch | tuple[pa.RecordBatch, list[list[Any]]]]:
     """The table's COPY, its rows cut into batches of ``batch_rows`` rows or ``batch_bytes`` bytes of
-    CSV text, each parsed (:func:`_parse_csv`; Any as there) and ``progress`` called with the running
-    totals before it is yielded. Closing it early cancels the COPY."""
+    CSV text, each parsed (:func:`_parse_csv`) and ``progress`` called with the running totals before
+    it is yielded (with its text values when ``text_idx`` is given). Closing it early cancels the COPY."""
     rows = nbytes = 0
     chunks: list[_CopyRow] = []
     chunk_bytes = 0
@@ -161,20 +162,20 @@ def _copy_batches(
             chunks.append(row)
             chunk_bytes += len(row)
             if len(chunks) >= batch_rows or chunk_bytes >= batch_bytes:
-                batch = _parse_csv(chunks, table, text_idx)
-                rows += (batch[0] if text_idx is not None else batch).num_rows
+                batch, texts = _parse_csv(chunks, table, text_idx)
+                rows += batch.num_rows
                 nbytes += chunk_bytes
                 chunks, chunk_bytes = [], 0
                 if progress:
                     progress(rows, nbytes)
-                yield batch
+                yield batch if texts is None else (batch, texts)
         if chunks:
-            batch = _parse_csv(chunks, table, text_idx)
-            rows += (batch[0] if text_idx is not None else batch).num_rows
+            batch, texts = _parse_csv(chunks, table, text_idx)
+            rows += batch.num_rows
             nbytes += chunk_bytes
             if progress:
                 progress(rows, nbytes)
-            yield batch
+            yield batch if texts is None else (batch, texts)
 
 
 def _end_copy_transaction(conn: psycopg.Connection, ok: bool, saved_autocommit: bool) -> None:
