@@ -10,7 +10,6 @@ committed before it. The :class:`DiskFileSet` holds them with the FileIndex (Ind
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -24,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64, FrozenBitMap64
 
-from ..index import KEY_HASH_VERSION, FileIndex, IndexBlock
+from ..index import FileIndex, IndexBlock
+from ..index.saved import IndexBlob, encode_index_blob
 from .read_state import FileState, frozen
 
 __all__ = ["DiskFile", "DiskFileSet", "MAX_FILE_ROWS", "local_path_of"]
@@ -214,33 +214,18 @@ class DiskFileSet:
 
     # ------------------------------------------------------------------ index persistence
     def index_blob(self, index: FileIndex | None = None) -> bytes:
-        """The FileIndex (``index``, default ours) as bytes: 4-byte LE header length, JSON header
-        {"blocks": [{"name","size"}], "key_hash": KEY_HASH_VERSION}, then each IndexBlock file's bytes,
-        newest first."""
-        blobs, meta = [], []
-        for b in (index or self.index).blocks:
-            data = Path(b.path).read_bytes()
-            blobs.append(data)
-            meta.append({"name": Path(b.path).name, "size": len(data)})
-        head = json.dumps({"blocks": meta, "key_hash": KEY_HASH_VERSION}).encode()
-        return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+        """The FileIndex (``index``, default ours) as index blob bytes (layout: :mod:`~..index.saved`):
+        each IndexBlock file's bytes, newest first, under today's key hash version."""
+        return encode_index_blob((Path(b.path).name, Path(b.path).read_bytes()) for b in (index or self.index).blocks)
 
-    @staticmethod
-    def blob_header(blob: bytes) -> dict[str, Any]:
-        """The JSON header of :meth:`index_blob` bytes."""
-        n = int.from_bytes(blob[:4], "little")
-        return cast(dict[str, Any], json.loads(blob[4 : 4 + n]))
-
-    def restore_index(self, blob: bytes) -> None:
-        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
-        n = int.from_bytes(blob[:4], "little")
-        head = json.loads(blob[4 : 4 + n])
-        off = 4 + n
+    def restore_index(self, saved: IndexBlob) -> None:
+        """Rebuild the FileIndex from a decoded index blob (:func:`~..index.saved.decode_index_blob`):
+        each block is written under ``<table dir>/index/`` and memory-mapped; no data file is read.
+        Raises :class:`~..index.IndexBlockFormatError` for a block whose bytes are not a block."""
         blocks = []
-        for m in head["blocks"]:
-            p = self.dir / "index" / m["name"]
-            p.write_bytes(blob[off : off + m["size"]])
-            off += m["size"]
+        for name, data in saved.blocks:
+            p = self.dir / "index" / name
+            p.write_bytes(data)
             blocks.append(IndexBlock.open(str(p)))
         self.index = FileIndex(blocks)
 
