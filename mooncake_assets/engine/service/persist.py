@@ -56,6 +56,11 @@ class PersistScheduler:
             th.join(timeout=10)
 
     def tick(self) -> None:
+        """One scheduling round over every mirror (stream thread, about twice a second; takes the lock):
+        mark when a table became dirty, flush a buffer past ``flush_rows``/``flush_bytes``, and in
+        ``auto`` mode start a persist (big, or dirty for ``persist_interval_s``; not while one runs or a
+        fault's backoff is due) and tick background maintenance. A failure goes to
+        :meth:`maintenance_failed`."""
         s = self.config
         with self.lock:
             now = time.time()

@@ -434,6 +434,10 @@ class StreamLoop:
         return lsn
 
     def send_status(self, reply: bool = False) -> None:
+        """Send a Standby Status Update: written = ``applied_lsn``, flushed = applied = ``confirmed_lsn``,
+        raised to :meth:`durable_lsn` first (the slot may drop WAL below it). ``reply``: ask the server
+        to answer at once. Called from the stream thread. Source: PostgreSQL docs, "Streaming Replication
+        Protocol" (Standby status update, ``r``)."""
         with self.lock:
             durable = self.durable_lsn()
         if durable > self.confirmed_lsn:

@@ -63,14 +63,19 @@ class DiskFile:
 
     @property
     def persisted(self) -> bool:
+        """Is the file in the Iceberg table (it has a warehouse ``location``)? Staged files are not."""
         return self.location is not None
 
     @property
     def read_path(self) -> str:
+        """Where readers open the file: its warehouse location (``file://`` stripped) once persisted,
+        else its staged local path."""
         # a file has a warehouse location or a local copy (staged), or both
         return local_path_of(self.location) if self.location else cast(str, self.local_path)
 
     def is_deleted(self, row: int) -> bool:
+        """Is position ``row`` (0-based) deleted by anything applied: the committed DV, a pending delete
+        or a TRUNCATE?"""
         return self.truncated_lsn != 0 or row in self.committed or row in self.pending
 
     def deleted_at(self, lsn: int | None) -> BitMap64:
@@ -103,6 +108,7 @@ class DiskFile:
         return self._frozen[1]
 
     def deleted_count(self) -> int:
+        """Deleted positions, committed plus pending (every row after a TRUNCATE)."""
         if self.truncated_lsn:
             return self.num_rows
         return len(self.committed) + len(self.pending)
@@ -125,6 +131,7 @@ class DiskFileSet:
 
     # ------------------------------------------------------------------ adding files
     def new_block_path(self) -> str:
+        """A fresh IndexBlock file path, ``<table dir>/index/<uuid>.idx``."""
         return str(self.dir / "index" / f"{uuid.uuid4().hex}.idx")
 
     def write(self, table: pa.Table, hashes: np.ndarray) -> tuple[int, int]:
@@ -169,6 +176,8 @@ class DiskFileSet:
                 yield fname, row
 
     def delete(self, fname: str, row: int, lsn: int) -> None:
+        """Delete position ``row`` of file ``fname`` by a change committed at ``lsn`` (pending until the
+        next persist writes it into the file's deletion vector); ``KeyError`` for an unknown file."""
         self.files[fname].pending[row] = lsn
 
     def truncate(self, lsn: int) -> None:
@@ -179,6 +188,8 @@ class DiskFileSet:
 
     @staticmethod
     def fully_deleted(f: DiskFile) -> bool:
+        """Is every row of ``f`` deleted (a TRUNCATE, or as many deletes as rows)? A persist drops such a
+        file from the snapshot instead of writing its deletion vector."""
         return bool(f.truncated_lsn) or f.deleted_count() >= f.num_rows
 
     def file_states(self, lsn: int | None) -> tuple[FileState, ...]:
@@ -197,6 +208,8 @@ class DiskFileSet:
         return any(not f.persisted or f.pending or f.truncated_lsn for f in self.files.values())
 
     def retire(self, path: str, now: float) -> None:
+        """Schedule the staged file at ``path`` for deletion (``now``: seconds since the epoch) once
+        readers are done with it (:meth:`gc_retired`)."""
         self.retired.append((now, path))
 
     def gc_retired(self, grace_s: float = 120.0) -> None:
@@ -249,6 +262,8 @@ class DiskFileSet:
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, int]:
+        """Counts for ``status``: ``data_files``, ``data_bytes``, ``index_blocks``, ``pending_deletes``,
+        ``deletion_vectors`` (files with a committed DV), ``deleted_rows``, ``file_rows``."""
         deleted = sum(f.deleted_count() for f in self.files.values())
         return {
             "data_files": len(self.files),

@@ -320,6 +320,10 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
+        """The table's part of ``list-tables --json``: name, source, LSNs as ``X/Y`` text (applied, flush,
+        last change), ``buffer_rows``/``buffer_bytes`` of the MemSlice, the file counts of
+        :meth:`DiskFileSet.stats`, ``live_rows`` (files minus deletes plus buffer), ``missing_keys``,
+        ``columns`` and ``last_schema_change`` (docs/ describes each field)."""
         d = self.disk.stats()
         return {
             "name": self.name,
