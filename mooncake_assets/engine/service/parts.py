@@ -1,20 +1,21 @@
 """What the parts of a :class:`~.service.ReplicatorService` see of it: one set of role Protocols.
 
-The service is composed of parts (``registry.py``, ``replication.py``, ``persist.py``,
-``provision.py``, ``verifier.py``) that each keep a back-reference to it. Each part is typed with the
+The service is composed of parts; the table registry (``registry.py``) is handed its config,
+catalog and lock, the others (``replication.py``, ``persist.py``, ``provision.py``, ``verifier.py``)
+keep a back-reference to the service. Each part is typed with the
 role below that names exactly the service attributes it uses, so a part's file reads on its own and
 mypy checks that :class:`~.service.ReplicatorService` (which hands ``self`` to every part) has them:
 
 ================================  ===========================================================  =====================
 role                              attributes                                                   used by
 ================================  ===========================================================  =====================
-:class:`SharedState`              ``reg`` (TableRegistry), ``lock`` (the service's RLock),      every part below
+:class:`SharedState`              ``reg`` (TableRegistry), ``lock`` (the service's RLock),      the other ``*Host``s
                                   ``config`` (ServiceConfig)
 :class:`SchedulerHost`            SharedState + ``stream`` (:class:`StopsTables`)               ``PersistScheduler``
-:class:`StreamHost`               SharedState + ``persister`` (:class:`Ticks`), ``generated``,  ``StreamLoop``
-                                  ``source_catalog``
-:class:`ProvisionerHost`          SharedState + ``catalog`` (Iceberg), ``stream``               ``TableProvisioner``
-                                  (:class:`StreamControl`), ``source_catalog``
+:class:`SourceState`              SharedState + ``source_catalog`` (SourceCatalog)              the two below
+:class:`StreamHost`               SourceState + ``persister`` (:class:`Ticks`), ``generated``   ``StreamLoop``
+:class:`ProvisionerHost`          SourceState + ``catalog`` (Iceberg), ``stream``               ``TableProvisioner``
+                                  (:class:`StreamControl`)
 :class:`VerifierHost`             the service's public face: ``lock``, ``dsn``, ``tables``,     ``Verifier``
                                   ``registry``, ``record_verify``, ``wait_lsn``, ``read_state``
 ================================  ===========================================================  =====================
@@ -43,6 +44,7 @@ __all__ = [
     "ProvisionerHost",
     "SchedulerHost",
     "SharedState",
+    "SourceState",
     "StopsTables",
     "StreamControl",
     "StreamHost",
@@ -96,20 +98,25 @@ class SchedulerHost(SharedState, Protocol):
     def stream(self) -> StopsTables: ...
 
 
-class StreamHost(SharedState, Protocol):
+class SourceState(SharedState, Protocol):
+    """SharedState plus the source catalog (``engine/pg/catalog.py``: the catalog reads that schema
+    changes and new mirrors are checked against)."""
+
+    @property
+    def source_catalog(self) -> SourceCatalog: ...
+
+
+class StreamHost(SourceState, Protocol):
     """What :class:`~.replication.StreamLoop` uses of the service: the persist scheduler to tick, the
-    STORED generated columns to fill (``engine/cdc/generated.py``) and the source catalog that schema
-    changes are checked against (``engine/pg/catalog.py``)."""
+    STORED generated columns to fill (``engine/cdc/generated.py``) and the source catalog."""
 
     @property
     def persister(self) -> Ticks: ...
     @property
     def generated(self) -> GeneratedColumns: ...
-    @property
-    def source_catalog(self) -> SourceCatalog: ...
 
 
-class ProvisionerHost(SharedState, Protocol):
+class ProvisionerHost(SourceState, Protocol):
     """What :class:`~.provision.TableProvisioner` uses of the service: the Iceberg catalog new
     mirrors are created in, the stream loop and the source catalog."""
 
@@ -117,8 +124,6 @@ class ProvisionerHost(SharedState, Protocol):
     def catalog(self) -> Catalog: ...
     @property
     def stream(self) -> StreamControl: ...
-    @property
-    def source_catalog(self) -> SourceCatalog: ...
 
 
 class VerifierHost(Protocol):
