@@ -4,7 +4,7 @@ The service is composed of parts; the table registry (``registry.py``) is handed
 catalog and lock, the others (``replication.py``, ``persist.py``, ``provision.py``, ``verifier.py``)
 keep a back-reference to the service. Each part is typed with the
 role below that names exactly the service attributes it uses, so a part's file reads on its own and
-mypy checks that :class:`~.service.ReplicatorService` (which hands ``self`` to every part) has them:
+mypy checks that :class:`~.service.ReplicatorService` (which hands ``self`` to those parts) has them:
 
 ================================  ===========================================================  =====================
 role                              attributes                                                   used by
