@@ -42,6 +42,8 @@ class ProcessSettings(Protocol):
 
 
 def service_pid(settings: ProcessSettings) -> int | None:
+    """The pid in ``<state>/service.pid`` when that process is alive (signal 0 reaches it, or it exists
+    under another user); None when there is no file, it is unreadable, or the process is gone."""
     f = settings.state_dir / "service.pid"
     try:
         pid = int(f.read_text().strip())
@@ -197,7 +199,8 @@ def stop_service(settings: ProcessSettings, timeout: float = 15.0, mark: bool = 
 
 
 def kill_service(settings: ProcessSettings) -> None:
-    """SIGKILL the service (crash tests)."""
+    """SIGKILL the service (crash tests) and wait up to 5 s until it is gone (reaped when it is our
+    child); nothing when no service runs."""
     pid = service_pid(settings)
     if pid:
         os.kill(pid, signal.SIGKILL)

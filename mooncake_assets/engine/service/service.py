@@ -80,30 +80,38 @@ class ReplicatorService:
 
     @property
     def tables(self) -> dict[str, MirrorTable]:
+        """Mirror name -> its open :class:`MirrorTable` (ready or stopped; copying ones are in ``copying``)."""
         return self.reg.tables
 
     @property
     def by_oid(self) -> dict[int, MirrorTable]:
+        """Source relation oid -> the mirror the stream routes its changes to."""
         return self.reg.by_oid
 
     @property
     def copying(self) -> dict[int, dict[str, Any]]:
+        """Source relation oid -> the create-table in its initial copy (``table``, ``copy_lsn``, the queue
+        of changes that arrive meanwhile)."""
         return self.reg.copying
 
     @property
     def slot(self) -> str:
+        """The name of the state directory's logical replication slot."""
         return self.reg.slot
 
     @property
     def publication(self) -> str:
+        """The publication the stream reads (:attr:`.registry.TableRegistry.publication`)."""
         return self.reg.publication
 
     @property
     def applied_lsn(self) -> int:
+        """Every commit with a commit LSN below this (int) is applied to the mirrors."""
         return self.stream.applied_lsn
 
     @property
     def faults(self) -> dict[str, storage.Backoff]:
+        """Table -> the backoff of its failing persists (storage or catalog faults; ``status`` shows them)."""
         return self.persister.faults
 
     # ------------------------------------------------------------------ lifecycle

@@ -103,6 +103,7 @@ class SchemaChange:
     ignored: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
+        """One line for logs and errors: ``schema change at LSN X/Y: added a; renamed b to c; d: int4 -> int8``."""
         parts = [f"added {a}" for a in self.added] + [f"dropped {d}" for d in self.dropped]
         parts += [f"renamed {a} to {b}" for a, b in self.renamed]
         parts += [f"{c}: {a} -> {b}" for c, a, b in self.retyped]

@@ -36,6 +36,7 @@ from ..cdc import TableSchema
 from ..faults import fault
 from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
+from ..index.saved import decode_index_blob
 from ..lsn import Lsn
 from . import maintenance
 from .apply import ChangeApplyRole
@@ -248,13 +249,15 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
     def restore_index(self, blob: bytes) -> None:
         """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read). Blocks hashed
         under an older key hash (header without ``"key_hash"``) are rebuilt from the data files instead
-        when the table's key is not exact (:func:`~..index.key_hash.blob_needs_rebuild`)."""
-        if blob_needs_rebuild(DiskFileSet.blob_header(blob).get("key_hash"), self.hasher.exact):
+        when the table's key is not exact (:func:`~..index.key_hash.blob_needs_rebuild`). The blob is
+        parsed once (:func:`~..index.saved.decode_index_blob`; ``IndexBlockFormatError`` when it is not one)."""
+        saved = decode_index_blob(blob)
+        if blob_needs_rebuild(saved.key_hash, self.hasher.exact):
             from .key_text import rebuild_file_index
 
             self.file_index = rebuild_file_index(self)
             return
-        self.disk.restore_index(blob)
+        self.disk.restore_index(saved)
 
     def restore(self) -> None:
         """Load the persisted state (data files, DVs, index, flush LSN) after a restart (the caller then
@@ -317,6 +320,10 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
+        """The table's part of ``list-tables --json``: name, source, LSNs as ``X/Y`` text (applied, flush,
+        last change), ``buffer_rows``/``buffer_bytes`` of the MemSlice, the file counts of
+        :meth:`DiskFileSet.stats`, ``live_rows`` (files minus deletes plus buffer), ``missing_keys``,
+        ``columns`` and ``last_schema_change`` (docs/ describes each field)."""
         d = self.disk.stats()
         return {
             "name": self.name,
