@@ -126,6 +126,9 @@ cdef class MemIndex:
     Locations are ``(batch_id, row)``: ``batch_id`` an int in ``[0, 2³¹)``, ``row`` in ``[0, 2³²)``.
     ``len(m)`` is the number of locations. Memory: 16 bytes per slot at a load of 0.67–0.875 distinct
     hashes per slot, plus 8 bytes (×≤2 for vector growth) per location of a hash with several.
+    Measured (``python -m mooncake_assets.engine.index.mem_index_bench --sizes 1000000 10000000``,
+    tracemalloc / RSS growth per entry): 23.6 / 24.1 bytes at 1M entries, 19.2 / 19.3 at 10M; the
+    dict version it replaces: 153 / 408 and 145 / 399 (table in :mod:`.mem_index`).
     """
 
     cdef Slot *slots

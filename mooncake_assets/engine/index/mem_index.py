@@ -12,10 +12,22 @@ locations (tables without a primary key holding equal rows, a key deleted and in
 keys sharing a non-exact hash) keeps them in an overflow vector in insertion order. No hash value is
 reserved: the empty-slot marker lives in the location word, which a real location never takes.
 
-Measured (``python -m mooncake_assets.engine.index.mem_index_bench``, distinct random hashes, one
-batch per 16384 rows; tracemalloc of the build, and the process's RSS growth):
+Bytes per entry, measured (2026-12-01, x86-64, CPython 3.11; distinct random hashes inserted in
+batches of 16384; each size in a fresh process; tracemalloc of the build / growth of VmRSS):
+``python -m mooncake_assets.engine.index.mem_index_bench --sizes 1000000 10000000`` (this table) and
+the same with ``--impl`` naming the previous ``dict`` version's file (``git show b7b0187:mooncake_assets/engine/index/mem_index.py``):
 
-MEASUREMENTS_PLACEHOLDER
+==========  ===================  ======================  ==================
+entries     this table (load)    dict version            ratio (RSS)
+==========  ===================  ======================  ==================
+1,000,000   23.6 / 24.1 (0.678)  153.2 / 407.8           17x
+10,000,000  19.2 / 19.3 (0.832)  144.9 / 399.3           21x
+==========  ===================  ======================  ==================
+
+The load factor stays in [0.67, 0.875], so the table holds 18.3–23.8 bytes per distinct hash.
+Per-row calls from Python (CPU time per call, best of 7 interleaved rounds of 100,000 random hashes,
+a 100,000-entry table): ``insert_one`` 421 ns (dict version 1396 ns), ``lookup`` 293 ns (642 ns),
+``remove`` 439 ns (1195 ns).
 """
 
 from __future__ import annotations

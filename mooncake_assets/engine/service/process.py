@@ -9,6 +9,7 @@ to shut down over Flight, then kills it by its own pid (``<state>/service.pid``)
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -17,11 +18,40 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from ..pg.conninfo import scrub, source_label
 from ..pg.embedded import reset_signals as _reset_signals
 from ..private import ensure_private_dir, open_private, write_private
 from ..timefmt import utc_now
 from .client import ServiceClient
+
+log = logging.getLogger(__name__)
+
+#: the Arrow memory pool of the service process (see :func:`select_memory_pool`)
+SERVICE_MEMORY_POOL = "system"
+#: Arrow's own variable naming the default pool (jemalloc, mimalloc or system); set, it wins
+ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
+
+
+def select_memory_pool(name: str | None = None) -> str:
+    """Make ``name`` (default: ``$ARROW_DEFAULT_MEMORY_POOL`` when set, else :data:`SERVICE_MEMORY_POOL`)
+    pyarrow's default memory pool in this process; returns the pool's ``backend_name``. A backend
+    this pyarrow build lacks (``pa.supported_memory_backends()``) falls back to ``system`` with a
+    warning; a name that is no backend raises ``ValueError``.
+
+    MEASUREMENTS_PLACEHOLDER
+    """
+    want = (name or os.environ.get(ARROW_POOL_ENV) or SERVICE_MEMORY_POOL).strip().lower()
+    makers = {"jemalloc": pa.jemalloc_memory_pool, "mimalloc": pa.mimalloc_memory_pool, "system": pa.system_memory_pool}
+    if want not in makers:
+        raise ValueError(f"unknown Arrow memory pool {want!r} (jemalloc, mimalloc or system)")
+    if want not in pa.supported_memory_backends():
+        log.warning("Arrow memory pool %s is not in this pyarrow build; using system", want)
+        want = "system"
+    pool = makers[want]()
+    pa.set_memory_pool(pool)
+    return str(pool.backend_name)
 
 
 class ProcessSettings(Protocol):
@@ -134,6 +164,7 @@ def _spawn(
     log = open_private(settings.state_dir / "service.log", "ab")
     env = dict(os.environ)
     env["MOONCAKE_STATE_DIR"] = str(settings.state_dir)
+    env.setdefault(ARROW_POOL_ENV, SERVICE_MEMORY_POOL)  # the child's pool from its first allocation
     # a password given to this process (--dsn, the resource's dsn) reaches the service through its
     # environment only (readable by its owner alone), never through a file or its command line
     env.update(settings.service_environment())
