@@ -16,8 +16,8 @@ Open addressing with linear probing in Robin Hood order (a resident further from
 never displaced by a newcomer closer to its own), home slot ``(key × capacity) >> 64`` (any
 capacity, no power of two), deletion by backward shift (no tombstones). The table grows by ×1.3 when
 its distinct hashes pass 7/8 of the capacity, so its load stays in [0.67, 0.875]: 18.3–23.8 bytes per
-distinct hash. Every method holds the GIL for its whole run, so a call is atomic for other Python
-threads (as the dict version's were for the apply thread and readers).
+distinct hash. The C loops hold the GIL (no other Python thread runs during one); callers that share
+a MemIndex between threads serialize their calls (the table's lock), as with the dict version.
 """
 
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc, PyMem_RawRealloc
@@ -531,12 +531,12 @@ cdef class MemIndex:
         cdef uint64_t[::1] hv = hs
         cdef uint64_t[::1] pv = ps
         cdef Py_ssize_t o = 0
-        for i in range(self.cap):
+        for i in range(self.cap):  # (the bounds checks keep memory safe should the table change between passes)
             v = self.slots[i].val
             if v == EMPTY:
                 continue
             if not v & LIST:
-                if all_ or v >> 32 == want:
+                if (all_ or v >> 32 == want) and o < m:
                     hv[o] = mc_unmix(self.slots[i].key)
                     pv[o] = v
                     o += 1
@@ -544,12 +544,12 @@ cdef class MemIndex:
                 ls = &self.lists[v & ~LIST]
                 for j in range(ls.n):
                     p = ls.data[j]
-                    if all_ or p >> 32 == want:
+                    if (all_ or p >> 32 == want) and o < m:
                         hv[o] = mc_unmix(self.slots[i].key)
                         pv[o] = p
                         o += 1
-        order = np.argsort(ps, kind="stable")
-        return hs[order], ps[order]
+        order = np.argsort(ps[:o], kind="stable")
+        return hs[:o][order], ps[:o][order]
 
     def batch_entries(self, batch_id):
         """Live locations of one batch: ``(hashes uint64 (n,), rows uint32 (n,))`` in row order (the
