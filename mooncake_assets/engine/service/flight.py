@@ -27,6 +27,7 @@ from ..lsn import Lsn
 from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
 from .config import ServiceConfig
+from .process import select_memory_pool
 from .service import MooncakeError, ReplicatorService
 
 log = logging.getLogger("mooncake.flight")
@@ -145,6 +146,7 @@ def serve(config: ServiceConfig, ready_cb: Callable[[], object] | None = None) -
     """Run the service of ``config`` in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
     os.umask(0o077)  # everything the service creates (state, staging, catalog, socket) is owner-only
     install_log_scrubber()
+    select_memory_pool()
     ensure_private_dir(config.state_dir)
     pidfile = config.state_dir / "service.pid"
     service = ReplicatorService(config)

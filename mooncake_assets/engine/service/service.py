@@ -23,6 +23,7 @@ import time
 from typing import Any, cast
 
 import psycopg
+import pyarrow as pa
 
 from .. import storage
 from ..cdc.generated import GeneratedColumns
@@ -280,7 +281,8 @@ class ReplicatorService:
         Per table also: ``verify`` (the last scheduled verify: ``result``, ``lsn``, ``at``, ``detail``…;
         a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
         level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
-        ``source_reachable`` and ``source_error``, ``verify_interval_s``."""
+        ``source_reachable`` and ``source_error``, ``verify_interval_s``, ``memory_pool`` (the Arrow pool's
+        backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now)."""
         src_lsn = self._source_lsn()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
@@ -336,4 +338,6 @@ class ReplicatorService:
                 "source_reachable": src_lsn is not None,
                 "source_error": scrub(cast(str, self._source_error)),  # None passes through
                 "verify_interval_s": self.config.verify_interval_s,
+                "memory_pool": pa.default_memory_pool().backend_name,
+                "arrow_allocated_bytes": pa.total_allocated_bytes(),
             }

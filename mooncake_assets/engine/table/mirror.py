@@ -132,8 +132,9 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
     def flush(self) -> dict[str, Any]:
         """Write the MemSlice's live rows to Parquet in ``staging/`` plus one IndexBlock for them.
 
-        Rows stay visible throughout (the caller holds the service lock). Returns
-        ``{"rows", "files", "bytes", "seconds"}``.
+        Rows stay visible throughout (the caller holds the service lock). The Arrow pool's unused memory
+        is released afterwards (``MemoryPool.release_unused``). Returns ``{"rows", "files", "bytes",
+        "seconds"}``.
         """
         t0 = time.time()
         table, hashes, horizon = self.mem.drain()
@@ -143,7 +144,12 @@ class MirrorTable(TableSchemaRole, ChangeApplyRole):
         if table.num_rows == 0:
             return {"rows": 0, "files": 0, "bytes": 0, "seconds": time.time() - t0}
         files, nbytes = self.disk.write(table, hashes)
-        return {"rows": table.num_rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
+        rows = table.num_rows
+        del table, hashes
+        # hand the drained buffers' free pages back to the OS (the system pool: malloc_trim, which also
+        # trims the numpy arrays and the MemIndex of the slice; see service.process.select_memory_pool)
+        pa.default_memory_pool().release_unused()
+        return {"rows": rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
 
     def add_copied_file(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:
         """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
