@@ -11,20 +11,29 @@ then times, best of ``R``:
 - ``native``: :class:`~..engine.cdc.native.NativeDecoder` ``feed`` (same output).
 
 Prints one JSON object: µs of CPU per row for each, and the ratio. Not a test (no thresholds).
+
+``--receive`` adds the receive loop on a real stream (:func:`receive`; ``--dsn`` an admin DSN, else a
+throwaway embedded cluster): three slots made before one workload (the ingest suite's narrow or wide
+rows in transactions of 10), read to the same end LSN by ``pg_recvlogical`` (to ``/dev/null``), by
+:meth:`~..engine.cdc.stream.ReplicationConnection.read_transactions` + the native decoder, and by
+``read()`` + the reference assembler + ``columnar_transaction``: wall seconds and CPU µs per row.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import struct
+import tempfile
 import time
+from pathlib import Path
 
 from ..engine.cdc.columnar import columnar_transaction
 from ..engine.cdc.native import NativeDecoder
 from ..engine.cdc.txn import TransactionAssembler
 
-__all__ = ["generated_wal", "measure"]
+__all__ = ["generated_wal", "measure", "receive"]
 
 
 def _s(t: str) -> bytes:
@@ -109,9 +118,93 @@ def measure(rows: int = 200_000, repeat: int = 3) -> dict:
     return out
 
 
+def _consume(dsn: str, slot: str, pub: str, end_lsn: int, native: bool) -> tuple[float, float, int]:
+    """Read ``slot`` until a transaction ends at or past ``end_lsn``: (wall s, CPU s, rows)."""
+    from ..engine.cdc.stream import ReplicationConnection
+
+    rows = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    rc = ReplicationConnection(dsn)
+    try:
+        rc.start(slot, [pub])
+        dec, asm = NativeDecoder(), TransactionAssembler()
+        last = 0
+        while last < end_lsn:
+            if native:
+                txns = rc.read_transactions(dec, 1.0)
+            else:
+                txns = [columnar_transaction(t) for w, p in rc.read(1.0) for t in asm.feed_payload(p, w)]
+            for t in txns:
+                rows += t.rows
+                last = max(last, t.end_lsn)
+            if txns:
+                rc.send_status(last, last, last)
+    finally:
+        rc.close()
+    return time.perf_counter() - t0, time.process_time() - c0, rows
+
+
+def receive(admin_dsn: str, rows: int = 200_000, shape: str = "narrow") -> dict:
+    """The receive loops against ``pg_recvlogical`` on one WAL (module docstring)."""
+    from ..engine.lsn import Lsn
+    from .common import BenchDatabase
+    from .ingest import DECODING_MEM, NARROW_DDL, WIDE_DDL, _dsn_with, _recvlogical, _workload
+
+    with BenchDatabase(admin_dsn, "mooncake_nat") as db:
+        db.execute((NARROW_DDL if shape == "narrow" else WIDE_DDL).format(t="t"))
+        db.execute("CREATE PUBLICATION p FOR TABLE t")
+        for slot in ("s_recv", "s_nat", "s_ref"):
+            db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _workload(db.dsn, "t", shape, "small", rows)
+        with psycopg_connect(db.dsn) as c:
+            end = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        recv_s = _recvlogical(db.dsn, "s_recv", "p", str(end), 600)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        recv_cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        dsn = _dsn_with(db.dsn, DECODING_MEM)
+        nat_s, nat_cpu, n1 = _consume(dsn, "s_nat", "p", end, True)
+        ref_s, ref_cpu, n2 = _consume(dsn, "s_ref", "p", end, False)
+    assert n1 == n2 == rows, (n1, n2, rows)
+    return {
+        "shape": shape,
+        "rows": rows,
+        "recvlogical_s": round(recv_s, 3),
+        "recvlogical_cpu_us_per_row": round(recv_cpu / rows * 1e6, 3),
+        "native_s": round(nat_s, 3),
+        "native_cpu_us_per_row": round(nat_cpu / rows * 1e6, 3),
+        "native_ratio_vs_recvlogical": round(recv_s / nat_s, 2),
+        "reference_s": round(ref_s, 3),
+        "reference_cpu_us_per_row": round(ref_cpu / rows * 1e6, 3),
+        "reference_ratio_vs_recvlogical": round(recv_s / ref_s, 2),
+    }
+
+
+def psycopg_connect(dsn: str):
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--receive", action="store_true", help="also the receive loops vs pg_recvlogical")
+    ap.add_argument("--dsn", help="admin DSN of the source cluster for --receive (default: a throwaway one)")
     a = ap.parse_args()
-    print(json.dumps(measure(a.rows, a.repeat), indent=2))
+    doc: dict = {"decode": measure(a.rows, a.repeat)}
+    if a.receive:
+        from ..engine.pg.embedded import EmbeddedPostgres
+
+        pg = None
+        admin = a.dsn
+        if admin is None:
+            pg = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="mooncake-nat-bench-", dir="/var/tmp")) / "state")
+            admin = pg.start()
+        try:
+            doc["receive"] = [receive(admin, a.rows, shape) for shape in ("narrow", "wide")]
+        finally:
+            if pg is not None:
+                pg.destroy()
+    print(json.dumps(doc, indent=2))

@@ -55,7 +55,9 @@ from mooncake_assets.engine.cdc.pgoutput import (
     StreamStop,
     Truncate,
     Type,
+    PG_EPOCH,
     parse_message,
+    pg_time_to_datetime,
 )
 from mooncake_assets.engine.cdc.txn import ProtocolError
 
@@ -92,6 +94,12 @@ cdef inline uint64_t _be64(const uint8_t* p) noexcept nogil:
 
 cdef inline int16_t _be16(const uint8_t* p) noexcept nogil:
     return <int16_t>((<uint32_t>p[0] << 8) | <uint32_t>p[1])
+
+
+def _pg_us(dt):
+    """An aware datetime → µs since 2000-01-01 UTC (the inverse of ``pg_time_to_datetime``)."""
+    d = dt - PG_EPOCH
+    return (d.days * 86400 + d.seconds) * 1000000 + d.microseconds
 
 
 def _lsn_text(uint64_t lsn):
@@ -366,66 +374,65 @@ cdef object _lsn_array(_TxnBuf b, Py_ssize_t start, Py_ssize_t end):
 
 
 cdef tuple _columns(_TxnBuf b, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ncols, bint old):
-    """The run ``rows[start:end]``'s new (or old) tuples as ``ncols`` CellColumns: two passes over the
-    rows (value bytes per column, then gather), buffers in numpy arrays handed to Arrow as they are."""
-    cdef Py_ssize_t n = end - start, i, c, have
+    """The run ``rows[start:end]``'s new (or old) tuples as ``ncols`` CellColumns.
+
+    One pass sums the value bytes, a second gathers the cells column after column into one Arrow
+    ``binary`` array of ``ncols * rows`` values (validity bitmap, int32 offsets and bytes in numpy
+    arrays handed to ``pa.Array.from_buffers`` as they are) and one ``(ncols, rows)`` kinds array;
+    each column is a slice / row view of those (a small transaction's runs cost a few Python objects
+    per column, not a set of buffers per column)."""
+    cdef Py_ssize_t n = end - start, i, c, have, j
+    cdef Py_ssize_t total_cells = n * ncols
     cdef RowRec* r
     cdef CellRec* cell
     cdef CellRec* cells
-    cdef int64_t[::1] tot = np.zeros(ncols, dtype=np.int64)
-    cdef int64_t[::1] nulls = np.zeros(ncols, dtype=np.int64)
+    cdef int64_t total = 0, nulls = 0
+    cdef int32_t off = 0
     for i in range(start, end):
         r = b.rows + i
         have = r.nold if old else r.nnew
         cells = b.cells + r.cell0 + (r.nnew if old else 0)
         for c in range(have if have < ncols else ncols):
             if cells[c].kind == 116 or cells[c].kind == 98:
-                tot[c] += cells[c].len
-    kinds_l, offs_l, data_l, valid_l = [], [], [], []
+                total += cells[c].len
+    if total > 0x7FFFFFFF:
+        raise OverflowError(f"native decoder: a run's tuples hold {total} value bytes (> 2 GiB)")
+    kinds = np.empty((ncols, n), dtype=np.uint8)
+    offs = np.empty(total_cells + 1, dtype=np.int32)
+    data = np.empty(total, dtype=np.uint8)
+    valid = np.zeros((total_cells + 7) // 8, dtype=np.uint8)
+    cdef uint8_t[:, ::1] kv = kinds
+    cdef int32_t[::1] ov = offs
+    cdef uint8_t[::1] dv = data
+    cdef uint8_t[::1] vv = valid
+    ov[0] = 0
+    j = 0
     for c in range(ncols):
-        if tot[c] > 0x7FFFFFFF:
-            raise OverflowError(f"native decoder: column {c} of a run holds {tot[c]} bytes (> 2 GiB)")
-        kinds_l.append(np.empty(n, dtype=np.uint8))
-        offs_l.append(np.empty(n + 1, dtype=np.int32))
-        data_l.append(np.empty(tot[c], dtype=np.uint8))
-        valid_l.append(np.zeros((n + 7) // 8, dtype=np.uint8))
-    cdef uint8_t[::1] kv, dv, vv
-    cdef int32_t[::1] ov
-    cdef int32_t off
-    for c in range(ncols):
-        kv = kinds_l[c]
-        ov = offs_l[c]
-        dv = data_l[c]
-        vv = valid_l[c]
-        off = 0
-        ov[0] = 0
         for i in range(start, end):
             r = b.rows + i
             have = r.nold if old else r.nnew
             if c < have:
                 cell = b.cells + r.cell0 + (r.nnew if old else 0) + c
-                kv[i - start] = cell.kind
+                kv[c, i - start] = cell.kind
                 if cell.kind == 116 or cell.kind == 98:
                     if cell.len:
                         memcpy(&dv[off], b.data + r.data0 + cell.off, cell.len)
                     off += cell.len
-                    vv[(i - start) >> 3] |= <uint8_t>(1 << ((i - start) & 7))
+                    vv[j >> 3] |= <uint8_t>(1 << (j & 7))
                 else:
-                    nulls[c] += 1
+                    nulls += 1
             else:
-                kv[i - start] = 110  # 'n': no such tuple (or column) on this row
-                nulls[c] += 1
-            ov[i - start + 1] = off
-    out = []
-    for c in range(ncols):
-        values = pa.Array.from_buffers(
-            pa.binary(),
-            n,
-            [pa.py_buffer(valid_l[c]) if nulls[c] else None, pa.py_buffer(offs_l[c]), pa.py_buffer(data_l[c])],
-            null_count=nulls[c],
-        )
-        out.append(CellColumn(kinds_l[c], values))
-    return tuple(out)
+                kv[c, i - start] = 110  # 'n': no such tuple (or column) on this row
+                nulls += 1
+            j += 1
+            ov[j] = off
+    values = pa.Array.from_buffers(
+        pa.binary(),
+        total_cells,
+        [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offs), pa.py_buffer(data)],
+        null_count=nulls,
+    )
+    return tuple([CellColumn(kinds[c], values.slice(c * n, n)) for c in range(ncols)])
 
 
 cdef object _make_run(_TxnBuf b, Py_ssize_t start, Py_ssize_t end):
@@ -576,6 +583,10 @@ cdef class NativeDecoder:
         cdef uint8_t t = p[0] if n > 0 else 0
         if t == K_INSERT or t == K_UPDATE or t == K_DELETE:
             return self._data(p, n, lsn, t)
+        if t == 66 and n >= 21:  # 'B' Begin: Int64 final LSN, Int64 commit time, Int32 xid
+            return self._begin(_be32(p + 17), _be64(p + 1))
+        if t == 67 and n >= 26:  # 'C' Commit: Int8 flags, Int64 commit LSN, Int64 end LSN, Int64 commit time
+            return self._commit(_be64(p + 2), _be64(p + 10), <int64_t>_be64(p + 18))
         self._control(PyBytes_FromStringAndSize(<const char*>p, n), lsn)
         return 0
 
@@ -634,9 +645,9 @@ cdef class NativeDecoder:
             raise ValueError(f"{e} (XLogData at LSN {_lsn_text(lsn)})") from None
         t = type(msg)
         if t is Begin:
-            self._on_begin(msg)
+            self._begin(msg.xid, msg.final_lsn)
         elif t is Commit:
-            self._on_commit(msg)
+            self._commit(msg.commit_lsn, msg.end_lsn, _pg_us(msg.commit_time))
         elif t is Relation:
             self.relations[msg.oid] = msg
             self._c_oid = -1
@@ -664,24 +675,26 @@ cdef class NativeDecoder:
             raise ProtocolError(f"unexpected message {t.__name__}")
         return 0
 
-    cdef _on_begin(self, msg):
+    cdef int _begin(self, uint32_t xid, uint64_t final_lsn) except -1:
         if self._current is not None:
-            raise ProtocolError(f"Begin of xid {msg.xid} while xid {self._current.xid} is open")
+            raise ProtocolError(f"Begin of xid {xid} while xid {self._current.xid} is open")
         if self.in_stream:
-            raise ProtocolError(f"Begin of xid {msg.xid} inside the stream of xid {self._stream_xid}")
+            raise ProtocolError(f"Begin of xid {xid} inside the stream of xid {self._stream_xid}")
         b = _TxnBuf()
-        b.xid = msg.xid
-        b.final_lsn = msg.final_lsn
+        b.xid = xid
+        b.final_lsn = final_lsn
         self._current = b
+        return 0
 
-    cdef _on_commit(self, msg):
+    cdef int _commit(self, uint64_t commit_lsn, uint64_t end_lsn, int64_t ts) except -1:
         cur = self._current
         if cur is None:
-            raise ProtocolError(f"Commit at {msg.commit_lsn:X} without a Begin")
+            raise ProtocolError(f"Commit at {commit_lsn:X} without a Begin")
         self._current = None
         self._out.append(
-            ColumnarTransaction(cur.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, _runs(cur), False, cur.origin)
+            ColumnarTransaction(cur.xid, commit_lsn, end_lsn, pg_time_to_datetime(ts), _runs(cur), False, cur.origin)
         )
+        return 0
 
     cdef _on_truncate(self, msg, uint64_t lsn):
         cdef uint32_t xid = 0
