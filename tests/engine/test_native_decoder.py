@@ -59,7 +59,9 @@ def m_origin(lsn: int, name: str) -> bytes:
     return b"O" + struct.pack(">Q", lsn) + _s(name)
 
 
-def m_relation(xid: int | None, oid: int, nsp: str, name: str, ident: str, cols: list[tuple[int, str, int, int]]) -> bytes:
+def m_relation(
+    xid: int | None, oid: int, nsp: str, name: str, ident: str, cols: list[tuple[int, str, int, int]]
+) -> bytes:
     out = b"R" + _x(xid) + struct.pack(">I", oid) + _s(nsp) + _s(name) + ident.encode() + struct.pack(">h", len(cols))
     for flags, cname, typ, typmod in cols:
         out += bytes([flags]) + _s(cname) + struct.pack(">Ii", typ, typmod)
@@ -100,7 +102,15 @@ def m_truncate(xid: int | None, oids: list[int], options: int) -> bytes:
 
 
 def m_message(xid: int | None, transactional: bool, lsn: int, prefix: str, content: bytes) -> bytes:
-    return b"M" + _x(xid) + bytes([1 if transactional else 0]) + struct.pack(">Q", lsn) + _s(prefix) + struct.pack(">i", len(content)) + content
+    return (
+        b"M"
+        + _x(xid)
+        + bytes([1 if transactional else 0])
+        + struct.pack(">Q", lsn)
+        + _s(prefix)
+        + struct.pack(">i", len(content))
+        + content
+    )
 
 
 def m_stream_start(xid: int, first: bool) -> bytes:
@@ -139,7 +149,10 @@ def cells(rng: random.Random, ncols: int, allow_u: bool = True) -> list[tuple[st
             if r < 0.5:
                 v = rng.choice(SAMPLES[:-2])
             elif r < 0.975:
-                v = "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0x2FFF)])) for _ in range(rng.randrange(12)))
+                v = "".join(
+                    chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0x2FFF)]))
+                    for _ in range(rng.randrange(12))
+                )
             else:
                 v = rng.choice(SAMPLES[-2:])
             out.append(("t", v.encode()))
@@ -223,7 +236,11 @@ class StreamBuilder:
             self.relation(None, oid)
         streams: dict[int, list[int]] = {}  # open streamed xid -> its subxids
         for _ in range(d(st.integers(1, 14))):
-            act = d(st.sampled_from(["plain", "plain", "chunk", "chunk", "chunk", "commit", "abort_sub", "abort_top", "rel"]))
+            act = d(
+                st.sampled_from(
+                    ["plain", "plain", "chunk", "chunk", "chunk", "commit", "abort_sub", "abort_top", "rel"]
+                )
+            )
             if act == "plain":
                 self.plain()
             elif act == "chunk":
@@ -305,7 +322,8 @@ def run_reference(msgs):
     for i, (lsn, payload) in enumerate(msgs):
         try:
             txns = asm.feed_payload(payload, lsn)
-        except (ProtocolError, ValueError, KeyError) as e:  # KeyError: a change in a chunk whose stream was aborted mid-chunk
+        # KeyError: a change in a chunk whose stream was aborted mid-chunk (both decoders raise it)
+        except (ProtocolError, ValueError, KeyError) as e:
             err = (i, e)
             break
         try:
@@ -321,7 +339,8 @@ def run_native(msgs):
     for i, (lsn, payload) in enumerate(msgs):
         try:
             out += dec.feed(payload, lsn)
-        except (ProtocolError, ValueError, KeyError) as e:  # KeyError: a change in a chunk whose stream was aborted mid-chunk
+        # KeyError: a change in a chunk whose stream was aborted mid-chunk (both decoders raise it)
+        except (ProtocolError, ValueError, KeyError) as e:
             err = (i, e)
             break
     return dec, out, err
@@ -339,7 +358,11 @@ def assert_same_transactions(ref, nat) -> None:
             b.origin,
             b.rows,
         )
-        assert len(a.runs) == len(b.runs), (a.xid, [(r.kind, r.rows) for r in a.runs], [(r.kind, r.rows) for r in b.runs])
+        assert len(a.runs) == len(b.runs), (
+            a.xid,
+            [(r.kind, r.rows) for r in a.runs],
+            [(r.kind, r.rows) for r in b.runs],
+        )
         for ra, rb in zip(a.runs, b.runs):
             assert ra.equals(rb), (ra, rb)
 
@@ -380,14 +403,20 @@ LIMITS = st.sampled_from([(65536, 64 << 20), (3, 64 << 20), (1, 64 << 20), (5, 6
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(msgs=streams(), limits=LIMITS)
 def test_native_matches_reference(msgs, limits):
-    with mock.patch.object(columnar, "MAX_RUN_ROWS", limits[0]), mock.patch.object(columnar, "MAX_RUN_BYTES", limits[1]):
+    with (
+        mock.patch.object(columnar, "MAX_RUN_ROWS", limits[0]),
+        mock.patch.object(columnar, "MAX_RUN_BYTES", limits[1]),
+    ):
         compare(msgs)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(msgs=broken_streams(), limits=LIMITS)
 def test_native_matches_reference_on_broken_streams(msgs, limits):
-    with mock.patch.object(columnar, "MAX_RUN_ROWS", limits[0]), mock.patch.object(columnar, "MAX_RUN_BYTES", limits[1]):
+    with (
+        mock.patch.object(columnar, "MAX_RUN_ROWS", limits[0]),
+        mock.patch.object(columnar, "MAX_RUN_BYTES", limits[1]),
+    ):
         compare(msgs)
 
 
@@ -395,7 +424,10 @@ def test_long_runs_split_at_max_run_rows():
     """70000 inserts in one transaction: two runs at the real MAX_RUN_ROWS, as the reference cuts them."""
     msgs = [(1, m_relation(None, 1, "public", "t", "d", [(1, "id", 23, -1), (0, "v", 25, -1)]))]
     msgs.append((2, m_begin(100, 0, 9)))
-    msgs += [(3 + i, m_insert(None, 1, [("t", str(i).encode()), ("n", None) if i % 7 == 0 else ("t", b"v\xc3\xa9")])) for i in range(70000)]
+    msgs += [
+        (3 + i, m_insert(None, 1, [("t", str(i).encode()), ("n", None) if i % 7 == 0 else ("t", b"v\xc3\xa9")]))
+        for i in range(70000)
+    ]
     msgs.append((80000, m_commit(80001, 80002, 5)))
     asm, ref, err = run_reference(msgs)
     dec, nat, nerr = run_native(msgs)

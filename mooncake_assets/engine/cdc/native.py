@@ -18,7 +18,8 @@ This module is also the one place that leans on psycopg's packaging: which share
 libpq that owns psycopg's ``PGconn`` (:func:`libpq_path`). psycopg[binary] loads a libpq of its own
 (``psycopg_binary.libs/libpq-<hash>.so.5…``), the pure-Python implementation the system's; the
 compiled loop must call the same one (a ``PGconn`` is private to the libpq build that made it), so
-it looks the functions up at run time in the library found here instead of linking against one.
+it looks the functions up at run time in the library found here instead of linking against one;
+and the ``PGconn*`` address, ``PGconn.pgconn_ptr`` (documented, but not in ``psycopg.pq.abc``).
 Version gate: :data:`PSYCOPG_RANGE` (where this was verified); outside it :func:`libpq_path` raises
 :class:`UnsupportedLibraryVersion` unless ``MOONCAKE_UNCHECKED_LIBRARIES=1`` (then it warns);
 tests/engine/test_native_decoder.py fails, naming the assumption, when a release changes it.
@@ -35,6 +36,7 @@ from importlib.metadata import version as _installed_version
 
 import psycopg
 from psycopg import pq
+from psycopg.pq.abc import PGconn
 
 from ._native import READ_END, READ_LOST, READ_OK, READ_POLL_ERROR, NativeDecoder, Receiver
 
@@ -110,6 +112,11 @@ def libpq_path() -> str:
     raise OSError(f"no loaded libpq answers PQlibVersion() == {want} (psycopg impl {pq.__impl__}; mapped: {cands})")
 
 
-def receiver_for(pgconn: pq.PGconn) -> Receiver:
-    """A :class:`Receiver` on psycopg's ``pgconn`` (its ``pgconn_ptr``, the libpq of :func:`libpq_path`)."""
-    return Receiver(pgconn.pgconn_ptr, libpq_path())
+def receiver_for(pgconn: PGconn) -> Receiver:
+    """A :class:`Receiver` on psycopg's ``pgconn``: its ``pgconn_ptr`` (the ``PGconn*`` address; every
+    psycopg implementation has it, the ``pq.abc.PGconn`` protocol does not declare it) and the libpq
+    of :func:`libpq_path`. Raises ``OSError`` for a closed connection."""
+    ptr = getattr(pgconn, "pgconn_ptr", None)
+    if not isinstance(ptr, int) or ptr == 0:
+        raise OSError("psycopg's PGconn has no pgconn_ptr (closed connection, or psycopg changed)")
+    return Receiver(ptr, libpq_path())

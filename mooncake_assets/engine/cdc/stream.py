@@ -32,6 +32,7 @@ import re
 import select
 import struct
 import time
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import pq
@@ -39,6 +40,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ..lsn import Lsn
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
+
+if TYPE_CHECKING:
+    from .columnar import ColumnarTransaction
+    from .native import NativeDecoder, Receiver
 
 __all__ = ["ReplicationConnection", "ReplicationError"]
 
@@ -138,7 +143,7 @@ class ReplicationConnection:
         self._write_lsn = self._flush_lsn = self._apply_lsn = 0
         self._last_status = 0.0
         self._closed = False
-        self._receiver = None  # the compiled receive loop, made by read_transactions()
+        self._receiver: Receiver | None = None  # the compiled receive loop, made by read_transactions()
         self.messages_read = 0  # XLogData messages read by read_transactions()
 
     # -- commands -------------------------------------------------------------------------------------
@@ -302,7 +307,9 @@ class ReplicationConnection:
         self._maybe_status()
         return out
 
-    def read_transactions(self, decoder, timeout: float, max_messages: int = 10_000) -> list:
+    def read_transactions(
+        self, decoder: NativeDecoder, timeout: float, max_messages: int = 10_000
+    ) -> list[ColumnarTransaction]:
         """The compiled path's :meth:`read`: wait up to ``timeout`` seconds for XLogData, feed what is
         available at once (at most ``max_messages``) to ``decoder`` (a :class:`~.native.NativeDecoder`)
         inside the C receive loop (:class:`~.native.Receiver`: libpq's ``PQgetCopyData`` on this
