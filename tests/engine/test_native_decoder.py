@@ -555,3 +555,16 @@ def test_receive_loop_matches_read_on_the_same_wal(pg_dsn):
 def test_receiver_needs_a_loaded_libpq():
     with pytest.raises(OSError, match="not loaded"):
         Receiver(1, "/nonexistent/libpq.so.5")
+
+
+def test_change_of_a_relation_never_described():
+    """No Relation seen for the OID (the reference's columnar form cannot be built then): the run's
+    relation is None and its columns take the tuples' own width (NULL where a row has fewer)."""
+    dec = NativeDecoder()
+    dec.feed(m_begin(10, 0, 5), 1)
+    dec.feed(m_insert(None, 77, [("t", b"a"), ("t", b"b")]), 2)
+    dec.feed(m_insert(None, 77, [("t", b"c")]), 3)
+    (txn,) = dec.feed(m_commit(11, 12, 0), 4)
+    (run,) = txn.runs
+    assert (run.relation, run.rows, len(run.new)) == (None, 2, 2)
+    assert run.new[1].values.to_pylist() == [b"b", None] and run.new[1].kinds.tolist() == [ord("t"), ord("n")]
