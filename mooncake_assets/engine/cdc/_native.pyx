@@ -4,9 +4,11 @@
 :class:`NativeDecoder` turns the XLogData payloads of one replication stream into
 :class:`~.columnar.ColumnarTransaction` objects with no Python object per row. It implements, for
 data messages, the PG docs "Logical Replication Message Formats" (PG 15 §55.9: Insert, Update,
-Delete and TupleData, with the leading Int32 xid inside a stream chunk) in C; control messages
-(Begin, Commit, Origin, Relation, Type, Truncate, Message, Stream Start/Stop/Commit/Abort; one per
-transaction, not per row) go through the reference parser :func:`~.pgoutput.parse_message`. The
+Delete and TupleData, with the leading Int32 xid inside a stream chunk) in C, and Begin and Commit
+too (one pair per transaction, the commonest control messages with small transactions); the other
+control messages (Origin, Relation, Type, Truncate, Message, Stream Start/Stop/Commit/Abort; a few
+per transaction, not per row, and a Begin/Commit too short to parse, for the reference's error) go
+through the reference parser :func:`~.pgoutput.parse_message`. The
 message flow is that of "Logical Replication Message Flow" / "Logical Streaming Replication
 Protocol" (protocol version 2 streaming) exactly as :class:`~.txn.TransactionAssembler` handles it
 (the differential test, tests/engine/test_native_decoder.py, holds the two to the same output).
