@@ -568,3 +568,39 @@ def test_change_of_a_relation_never_described():
     (run,) = txn.runs
     assert (run.relation, run.rows, len(run.new)) == (None, 2, 2)
     assert run.new[1].values.to_pylist() == [b"b", None] and run.new[1].kinds.tolist() == [ord("t"), ord("n")]
+
+
+def test_receive_loop_keepalives_and_lost_connection(pg_dsn):
+    """As read(): with a short wal_sender_timeout the server asks for replies and read_transactions
+    answers them (the walsender stays); a terminated walsender is a temporary ReplicationError."""
+    from mooncake_assets.engine.cdc.stream import ReplicationError
+
+    with psycopg.connect(pg_dsn, autocommit=True) as w:
+        w.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        w.execute("CREATE PUBLICATION p FOR TABLE t")
+        dsn = pg_dsn + ("&" if "?" in pg_dsn else "?") + "options=-c%20wal_sender_timeout%3D2s"
+        rc = ReplicationConnection(dsn, status_interval=60)
+        try:
+            rc.create_slot("main", export_snapshot=False)
+            rc.start("main", ["p"])
+            w.execute("INSERT INTO t VALUES (1)")
+            dec = NativeDecoder()
+            (txn,) = _pump(lambda t: len(t) == 1, lambda: rc.read_transactions(dec, 0.2))
+            assert txn.runs[0].new[0].values.to_pylist() == [b"1"]
+            rc.send_status(txn.end_lsn, txn.end_lsn, txn.end_lsn)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                assert rc.read_transactions(dec, 0.3) == []
+            assert rc.keepalive_replies >= 1 and rc.keepalives >= 1 and rc.server_wal_end >= txn.end_lsn
+            active = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'main' AND active"
+            assert w.execute(active).fetchone()[0] == 1
+            w.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'main'")
+            with pytest.raises(ReplicationError) as ei:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    rc.read_transactions(dec, 0.2)
+            assert ei.value.temporary
+            with pytest.raises(ReplicationError, match="before start"):
+                rc.read_transactions(dec, 0.1)  # the PGconn is not touched once the stream is gone
+        finally:
+            rc.close()
