@@ -27,11 +27,12 @@ Errors raise :class:`ReplicationError`; ``temporary`` says whether reconnecting 
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import struct
 import time
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import psycopg
 from psycopg import pq
@@ -40,6 +41,10 @@ from psycopg.pq.abc import PGconn, PGresult
 
 from ..lsn import Lsn
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
+
+if TYPE_CHECKING:
+    from .columnar import ColumnarTransaction
+    from .native import NativeDecoder, Receiver
 
 __all__ = ["ReplicationConnection", "ReplicationError", "SystemIdentity"]
 
@@ -150,6 +155,8 @@ class ReplicationConnection:
         self._write_lsn = self._flush_lsn = self._apply_lsn = 0
         self._last_status = 0.0
         self._closed = False
+        self._receiver: Receiver | None = None  # the compiled receive loop, made by read_transactions()
+        self.messages_read = 0  # XLogData messages read by read_transactions()
 
     # -- commands -------------------------------------------------------------------------------------
     @property
@@ -322,6 +329,62 @@ class ReplicationConnection:
             self._maybe_status()
         self._maybe_status()
         return out
+
+    def read_transactions(
+        self, decoder: NativeDecoder, timeout: float, max_messages: int = 10_000
+    ) -> list[ColumnarTransaction]:
+        """The compiled path's :meth:`read`: wait up to ``timeout`` seconds for XLogData, feed what is
+        available at once (at most ``max_messages``) to ``decoder`` (a :class:`~.native.NativeDecoder`)
+        inside the C receive loop (:class:`~.native.Receiver`: libpq's ``PQgetCopyData`` on this
+        connection, no Python object per message) and return the
+        :class:`~.columnar.ColumnarTransaction` objects completed. Returns ``[]`` on timeout and when
+        the messages read completed no transaction (:attr:`messages_read` counts XLogData).
+
+        Keepalives, :attr:`server_wal_end`, status updates and errors as :meth:`read`; a decoder error
+        (``ProtocolError``, ``ValueError``) propagates, nothing of an open transaction emitted."""
+        from .native import READ_END, READ_LOST, receiver_for
+
+        if self.streaming_slot is None:
+            raise ReplicationError("read_transactions() before start()")
+        rx = self._receiver
+        if rx is None:
+            rx = self._receiver = receiver_for(self.pgconn)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            remaining = deadline - time.monotonic()
+            wait = remaining
+            if self.status_interval:
+                wait = min(remaining, max(self.status_interval - (time.monotonic() - self._last_status), 0.01))
+            before, keep = rx.messages, rx.keepalives
+            rc = rx.read(decoder, wait, max_messages)
+            self.keepalives += rx.keepalives - keep
+            self.messages_read += rx.messages - before
+            if rx.wal_end > self.server_wal_end:
+                self.server_wal_end = rx.wal_end
+            if rc == READ_END:
+                self._end_of_copy()
+            elif rc == READ_LOST:
+                raise self._lost(self.pgconn.error_message.decode(errors="replace"))
+            elif rc < 0:
+                raise self._lost(f"poll() failed: {os.strerror(rx.os_errno)}")
+            if rx.reply_requested:
+                rx.reply_requested = False
+                self.reply_requested = True
+                self._send_status(False)
+                self.keepalive_replies += 1
+            self._maybe_status()
+            if rc > 0 or time.monotonic() >= deadline:
+                return decoder.take()
+
+    def _end_of_copy(self) -> None:
+        """The server ended COPY: collect its error and raise it (as :meth:`read` does)."""
+        pgconn = self.pgconn
+        res = pgconn.get_result()
+        msg, code = _result_error(res, pgconn)
+        while pgconn.get_result() is not None:
+            pass
+        self.streaming_slot = None
+        raise _classify(msg or "the server ended the replication stream", code)
 
     def _lost(self, detail: str) -> ReplicationError:
         slot = self.streaming_slot
