@@ -451,32 +451,6 @@ def test_crash_between_writing_files_and_swap_keeps_previous_snapshot(catalog, t
     assert pyiceberg_ids(catalog) == [3, 4, 5] and reopened.state().index_blob == b"v2"
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_postgres_catalog_commits_and_conflicts(pg_dsn, tmp_path, duck, fmt):
-    def pg_catalog():
-        return make_catalog(pg_dsn, str(tmp_path / "warehouse"))
-
-    t = IcebergMirrorTable.create(pg_catalog(), "ns.t", SCHEMA, delete_format=fmt)
-    files = Files(t, tmp_path)
-    a = files.add("a", list(range(8)))
-    t.commit(add_files=[a])
-    other = IcebergMirrorTable.load(pg_catalog(), "ns.t")
-    once = []
-
-    def interfere(_location):
-        if not once:
-            once.append(1)
-            other.commit(deletes={a: [0]})
-
-    t.before_swap = interfere
-    t.commit(deletes={a: [1]})
-    state = IcebergMirrorTable.load(pg_catalog(), "ns.t").state()
-    assert set(state.data_files[a].deleted) == {0, 1} and len(live_delete_entries(t)[a]) == 1
-    assert pyiceberg_ids(pg_catalog()) == duckdb_ids(duck, t) == list(range(2, 8))
-    with pytest.raises(TableAlreadyExistsError):
-        IcebergMirrorTable.create(pg_catalog(), "ns.t", SCHEMA, delete_format=fmt)
-
-
 # --------------------------------------------------------------------------------------- maintenance
 
 

@@ -617,3 +617,27 @@ def test_run_index_bench_tiny():
         "merge_entries_per_s",
     ):
         assert fig[key] > 0, key
+
+
+def test_index_blob_layout_and_one_parser():
+    """The index blob (engine/index/saved.py): 4-byte LE header length, JSON header, block bytes in
+    order; decode_index_blob is its one parser, and blobs written before key hash versions decode
+    with key_hash None."""
+    from mooncake_assets.engine.index import KEY_HASH_VERSION
+    from mooncake_assets.engine.index.saved import decode_index_blob, encode_index_blob
+
+    blob = encode_index_blob([("b.idx", b"\x01\x02\x03"), ("a.idx", b"xy")])
+    head = b'{"blocks": [{"name": "b.idx", "size": 3}, {"name": "a.idx", "size": 2}], "key_hash": %d}' % (
+        KEY_HASH_VERSION
+    )
+    assert blob == len(head).to_bytes(4, "little") + head + b"\x01\x02\x03xy"
+    saved = decode_index_blob(blob)
+    assert saved.key_hash == KEY_HASH_VERSION
+    assert saved.blocks == (("b.idx", b"\x01\x02\x03"), ("a.idx", b"xy"))
+    old_head = b'{"blocks": [{"name": "a.idx", "size": 2}]}'
+    old = decode_index_blob(len(old_head).to_bytes(4, "little") + old_head + b"xy")
+    assert old.key_hash is None and old.blocks == (("a.idx", b"xy"),)
+    assert decode_index_blob(encode_index_blob([])).blocks == ()
+    for bad in (b"", b"\x05\x00", blob[:-1], b"\x03\x00\x00\x00{x}", b"\x02\x00\x00\x00[]"):
+        with pytest.raises(IndexBlockFormatError):
+            decode_index_blob(bad)

@@ -57,3 +57,13 @@ def test_compare_and_arithmetic():
     assert {a: 1}[0xFFFFFFFF] == 1  # hashes as its position
     assert repr(b) == "Lsn('1/0')"
     assert f"{b:d}" == str(1 << 32)  # a numeric format spec formats the byte position
+
+
+def test_lsn_text():
+    assert str(Lsn(0)) == "0/0"
+    assert str(Lsn(0x1_0000_00AB)) == "1/AB"
+    assert Lsn.parse("16/B374D848") == 0x16_B374D848
+    for v in (0, 1, 0xFFFFFFFF, 1 << 32, (1 << 64) - 1):
+        assert Lsn.parse(str(Lsn(v))) == v
+    with pytest.raises(ValueError, match="expected an LSN"):
+        Lsn.parse("12345")

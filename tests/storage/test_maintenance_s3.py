@@ -1,4 +1,4 @@
-"""Compaction and index merge (tests/test_maintenance.py) with the warehouse on moto's S3 server.
+"""Compaction and index merge (tests/integration/test_maintenance.py) with the warehouse on moto's S3 server.
 
 The tests are run from there with ``make_settings`` patched to put the warehouse in a fresh bucket and
 the endpoint given the way a user would: ``MOONCAKE_S3_ENDPOINT`` in the environment (the service and
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import test_maintenance as maintenance
+from tests.integration import test_maintenance as maintenance
 
 
 @pytest.fixture()

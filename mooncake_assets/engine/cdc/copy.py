@@ -16,7 +16,7 @@ empty field): the reader uses ``null_values=['']`` with ``quoted_strings_can_be_
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -42,8 +42,11 @@ def copy_statement(table: TableSchema) -> sql.Composed:
     )
 
 
-def _parse_csv(chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] | None = None) -> Any:
-    # Any: a RecordBatch, or (RecordBatch, the text_idx columns' values) when text_idx is given
+def _parse_csv(
+    chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] | None = None
+) -> tuple[pa.RecordBatch, list[list[Any]] | None]:
+    """COPY rows (CSV) -> ``(RecordBatch, texts)``: ``texts`` the text values of the ``text_idx``
+    columns, one list per column (None when ``text_idx`` is None)."""
     names = [f"c{i}" for i in range(len(table.columns))]  # positional names, safe in CSV options
     # pyarrow's CSV reader drops a UTF-8 BOM at the start of its input: give it one of its own, so a
     # first value that starts with U+FEFF keeps it
@@ -66,9 +69,7 @@ def _parse_csv(chunks: list[_CopyRow], table: TableSchema, text_idx: list[int] |
         err: Any = ValueError(f"table {table.qualified_name}: {e}")  # carries .columns
         err.columns = list(getattr(e, "columns", None) or [])  # which columns (create-table suggests options)
         raise err from None
-    if text_idx is None:
-        return batch
-    return batch, [cols[i].to_pylist() for i in text_idx]
+    return batch, None if text_idx is None else [cols[i].to_pylist() for i in text_idx]
 
 
 def initial_copy(
@@ -104,12 +105,7 @@ def initial_copy(
     column, the rows' Postgres text values (``list[str | None]``, e.g. to hash keys exactly as the
     stream's text values are hashed). Raises ``ValueError`` for a name that is not a column.
     """
-    text_idx = None
-    if text_columns is not None:
-        unknown = [n for n in text_columns if n not in table.column_index]
-        if unknown:
-            raise ValueError(f"text_columns {unknown} are not columns of {table.qualified_name}")
-        text_idx = [table.column_index[n] for n in text_columns]
+    text_idx = _text_indexes(table, text_columns)
     if not table.columns:
         raise ValueError(f"table {table.qualified_name} has no columns to mirror")
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -118,45 +114,78 @@ def initial_copy(
     conn.autocommit = True
     ok = False
     try:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        if snapshot_name:
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-        for k, v in {**OUTPUT_SETTINGS, "client_encoding": "UTF8"}.items():
-            conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(k), sql.Literal(v)))
-        rows = nbytes = 0
-        chunks: list[_CopyRow] = []
-        chunk_bytes = 0
-        with conn.cursor() as cur, cur.copy(copy_statement(table)) as cp:
-            for row in cp:
-                chunks.append(row)
-                chunk_bytes += len(row)
-                if len(chunks) >= batch_rows or chunk_bytes >= batch_bytes:
-                    batch = _parse_csv(chunks, table, text_idx)
-                    rows += (batch[0] if text_idx is not None else batch).num_rows
-                    nbytes += chunk_bytes
-                    chunks, chunk_bytes = [], 0
-                    if progress:
-                        progress(rows, nbytes)
-                    yield batch
-            if chunks:
-                batch = _parse_csv(chunks, table, text_idx)
-                rows += (batch[0] if text_idx is not None else batch).num_rows
-                nbytes += chunk_bytes
-                if progress:
-                    progress(rows, nbytes)
-                yield batch
+        _begin_copy_transaction(conn, snapshot_name)
+        yield from _copy_batches(conn, table, text_idx, batch_rows, batch_bytes, progress)
         conn.execute("COMMIT")
         ok = True
     finally:
-        if not ok and not conn.closed:
-            try:
-                # cast: the IDLE check above narrows the property, but the COPY changed it since
-                if (
-                    cast(psycopg.pq.TransactionStatus, conn.info.transaction_status)
-                    != psycopg.pq.TransactionStatus.IDLE
-                ):
-                    conn.execute("ROLLBACK")
-            except psycopg.Error:
-                pass
-        if not conn.closed:
-            conn.autocommit = saved_autocommit
+        _end_copy_transaction(conn, ok, saved_autocommit)
+
+
+def _text_indexes(table: TableSchema, text_columns: Sequence[str] | None) -> list[int] | None:
+    """The column indexes of ``text_columns`` (None: none asked for); ``ValueError`` for a name that is
+    not a column."""
+    if text_columns is None:
+        return None
+    unknown = [n for n in text_columns if n not in table.column_index]
+    if unknown:
+        raise ValueError(f"text_columns {unknown} are not columns of {table.qualified_name}")
+    return [table.column_index[n] for n in text_columns]
+
+
+def _begin_copy_transaction(conn: psycopg.Connection, snapshot_name: str | None) -> None:
+    """``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``, the slot's snapshot imported (``SET
+    TRANSACTION SNAPSHOT``, when there is one) and the text output settings pinned (``SET LOCAL``)."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    if snapshot_name:
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+    for k, v in {**OUTPUT_SETTINGS, "client_encoding": "UTF8"}.items():
+        conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(k), sql.Literal(v)))
+
+
+def _copy_batches(
+    conn: psycopg.Connection,
+    table: TableSchema,
+    text_idx: list[int] | None,
+    batch_rows: int,
+    batch_bytes: int,
+    progress: Callable[[int, int], None] | None,
+) -> Iterator[pa.RecordBatch | tuple[pa.RecordBatch, list[list[Any]]]]:
+    """The table's COPY, its rows cut into batches of ``batch_rows`` rows or ``batch_bytes`` bytes of
+    CSV text, each parsed (:func:`_parse_csv`) and ``progress`` called with the running totals before
+    it is yielded (with its text values when ``text_idx`` is given). Closing it early cancels the COPY."""
+    rows = nbytes = 0
+    chunks: list[_CopyRow] = []
+    chunk_bytes = 0
+    with conn.cursor() as cur, cur.copy(copy_statement(table)) as cp:
+        for row in cp:
+            chunks.append(row)
+            chunk_bytes += len(row)
+            if len(chunks) >= batch_rows or chunk_bytes >= batch_bytes:
+                batch, texts = _parse_csv(chunks, table, text_idx)
+                rows += batch.num_rows
+                nbytes += chunk_bytes
+                chunks, chunk_bytes = [], 0
+                if progress:
+                    progress(rows, nbytes)
+                yield batch if texts is None else (batch, texts)
+        if chunks:
+            batch, texts = _parse_csv(chunks, table, text_idx)
+            rows += batch.num_rows
+            nbytes += chunk_bytes
+            if progress:
+                progress(rows, nbytes)
+            yield batch if texts is None else (batch, texts)
+
+
+def _end_copy_transaction(conn: psycopg.Connection, ok: bool, saved_autocommit: bool) -> None:
+    """After the copy: unless it committed (``ok``), roll back what is left of its transaction; then
+    restore the connection's autocommit setting (a closed connection is left alone)."""
+    if not ok and not conn.closed:
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass
+    if not conn.closed:
+        conn.autocommit = saved_autocommit

@@ -15,8 +15,8 @@ represented raise :class:`~.schema.ColumnValueError` (a ``ValueError``) naming t
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -241,9 +241,9 @@ def _decode_bytea(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
             f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} is not in hex "
             "format ('\\x…'); the session needs bytea_output=hex"
         )
-    out, i = _unhex(arr, 2)
+    out, bad_at = _unhex(arr, 2)
     if out is None:
-        raise ValueError(f"column {spec.name} (bytea): value {arr[i].as_py()[:40]!r} has a non-hex digit")
+        raise ValueError(f"column {spec.name} (bytea): value {arr[bad_at].as_py()[:40]!r} has a non-hex digit")
     return out
 
 
@@ -363,30 +363,34 @@ def _decode_time(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
 
 _ARRAY_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|([{},])|([^{},"]+)', re.S)
 _UNESCAPE = re.compile(r"\\(.)", re.S)
-_ARRAY_TOKENS: dict[str, re.Pattern] = {",": _ARRAY_TOKEN}
+_ARRAY_TOKENS: dict[str, re.Pattern[str]] = {",": _ARRAY_TOKEN}
+
+#: one array value parsed (:func:`_parse_array_text`): per dimension a list, element texts (None for
+#: NULL) at the innermost one
+_ArrayNode: TypeAlias = list["_ArrayNode | str | None"]
 
 
-def _array_token(delim: str) -> re.Pattern:
+def _array_token(delim: str) -> re.Pattern[str]:
     if delim not in _ARRAY_TOKENS:
         d = re.escape(delim)
         _ARRAY_TOKENS[delim] = re.compile(r'"((?:[^"\\]|\\.)*)"|([{}]|' + d + r")|([^{}" + d + r'"]+)', re.S)
     return _ARRAY_TOKENS[delim]
 
 
-def _parse_array_text(text: str, spec: ColumnSpec):
+def _parse_array_text(text: str, spec: ColumnSpec) -> _ArrayNode:
     """One array value's text -> nested Python lists of element texts (None for NULL)."""
     if text.startswith("["):
         raise ValueError(
             f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has explicit "
             "lower bounds, which a list cannot keep"
         )
-    stack: list[list] = []
-    root = None
+    stack: list[_ArrayNode] = []
+    root: _ArrayNode | None = None
     delim = spec.delim or ","
     for m in _array_token(delim).finditer(text):
         quoted, punct, bare = m.group(1), m.group(2), m.group(3)
         if punct == "{":
-            node: list = []
+            node: _ArrayNode = []
             if stack:
                 stack[-1].append(node)
             elif root is not None:
@@ -416,18 +420,21 @@ def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     """Array texts -> ``list<…>`` nested ``spec.ndims`` times; elements decoded column-wise (one
     vectorized :func:`decode_text_column` over every element of every value)."""
     nd = spec.ndims
+    element = spec.element
+    assert element is not None  # an array column's spec carries its element's (catalog._TypeResolver)
     offsets: list[list[int]] = [[0] for _ in range(nd)]
-    flat: list = []
+    flat: list[str | None] = []
     valid: list[bool] = []
 
-    def add(node: list, level: int, text: str) -> None:
+    def add(node: _ArrayNode, level: int, text: str) -> None:
         if level == nd - 1:
-            if any(isinstance(x, list) for x in node):
+            leaves = [x for x in node if not isinstance(x, list)]
+            if len(leaves) != len(node):
                 raise ValueError(
                     f"column {spec.name} ({spec.type_name}): array value {text[:60]!r} has more "
                     f"than the column's {nd} dimension(s)"
                 )
-            flat.extend(node)
+            flat.extend(leaves)
         else:
             for child in node:
                 if not isinstance(child, list):
@@ -445,7 +452,7 @@ def _decode_array(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
             continue
         valid.append(True)
         add(_parse_array_text(v, spec), 0, v)
-    out: pa.Array = decode_text_column(spec.element, flat)
+    out: pa.Array = decode_text_column(element, flat)
     types = [spec.arrow_type]
     for _ in range(nd - 1):
         types.append(types[-1].value_type)
@@ -467,14 +474,15 @@ _RECORD_FIELD = re.compile(r'"((?:[^"\\]|\\.|"")*)"|([^,()"\\]*)', re.S)
 _RECORD_UNESCAPE = re.compile(r'\\(.)|""', re.S)
 
 
-def _parse_record_text(text: str, n: int, spec: ColumnSpec) -> list:
+def _parse_record_text(text: str, n: int, spec: ColumnSpec) -> list[str | None]:
     """One composite value's text -> its ``n`` field texts (None for NULL)."""
     if len(text) < 2 or text[0] != "(" or text[-1] != ")":
         raise ValueError(f"column {spec.name} ({spec.type_name}): cannot parse composite value {text[:60]!r}")
-    out: list = []
+    out: list[str | None] = []
     pos, end = 1, len(text) - 1
     while True:
         m = _RECORD_FIELD.match(text, pos)
+        assert m is not None  # its unquoted alternative matches the empty string
         quoted, bare = m.group(1), m.group(2)
         if quoted is not None:
             out.append(_RECORD_UNESCAPE.sub(lambda x: x.group(1) if x.group(1) is not None else '"', quoted))
@@ -496,9 +504,11 @@ def _parse_record_text(text: str, n: int, spec: ColumnSpec) -> list:
 
 def _decode_composite(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     """Composite texts -> ``struct``; each field decoded column-wise by its own decoder."""
-    n = len(spec.fields)
-    cols: list[list] = [[] for _ in range(n)]
-    valid = []
+    fields = spec.fields
+    assert fields is not None  # a composite column's spec carries its fields' (catalog._TypeResolver)
+    n = len(fields)
+    cols: list[list[str | None]] = [[] for _ in range(n)]
+    valid: list[bool] = []
     for v in arr.to_pylist():
         if v is None:
             valid.append(False)
@@ -508,7 +518,7 @@ def _decode_composite(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
         valid.append(True)
         for c, x in zip(cols, _parse_record_text(v, n, spec)):
             c.append(x)
-    children = [decode_text_column(f, c) for f, c in zip(spec.fields, cols)]
+    children = [decode_text_column(f, c) for f, c in zip(fields, cols)]
     mask = pa.array([not x for x in valid]) if not all(valid) else None
     return pa.StructArray.from_arrays(children, fields=list(spec.arrow_type), mask=mask)
 
@@ -601,7 +611,7 @@ def _ewkb_walk(b: bytes, pos: int, out: bytearray, spec: ColumnSpec) -> int:
     return pos + n
 
 
-def ewkb_srid_suspect(srid: int):
+def ewkb_srid_suspect(srid: int) -> Callable[[str], bool]:
     """A cheap test of one hex EWKB text (PostGIS ``geometry_out``) for a column whose values must have
     SRID ``srid`` (``ColumnSpec.srid``): a callable ``str -> bool``, False only when the text's header
     is little-endian and carries exactly that SRID (``srid`` 0: no SRID flag), the way
@@ -633,7 +643,7 @@ def _decode_wkb(arr: pa.Array, spec: ColumnSpec) -> pa.Array:
     raw, bad = _unhex(arr, 0)
     if raw is None:
         raise ValueError(f"column {spec.name} ({spec.type_name}): value {arr[bad].as_py()[:40]!r} is not hex EWKB")
-    out = []
+    out: list[bytes | None] = []
     for i, b in enumerate(raw.to_pylist()):
         if b is None:
             out.append(None)

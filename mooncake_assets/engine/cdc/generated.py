@@ -39,14 +39,19 @@ UPDATE changed (a known limit: Postgres does not send the TOASTed value).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Sequence
 from dataclasses import replace
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Params
+from psycopg.rows import TupleRow
 
 from ..pg.schema import TableSchema
 from ..pg.session import LazyConnection
 from .pgoutput import Relation, RelationColumn, TupleData
+from .txn import Change
 
 __all__ = ["GeneratedColumns", "GeneratedColumnError"]
 
@@ -81,7 +86,15 @@ class _Plan:
 
     __slots__ = ("relation", "exprs", "base", "reads", "order", "error")
 
-    def __init__(self, relation, exprs, base, reads, order, error):
+    def __init__(
+        self,
+        relation: Relation,
+        exprs: list[tuple[str, str]],
+        base: list[tuple[int, str, str]],
+        reads: list[list[int]],
+        order: list[int],
+        error: str | None,
+    ):
         self.relation, self.exprs, self.base, self.reads = relation, exprs, base, reads
         self.order, self.error = order, error
 
@@ -99,7 +112,7 @@ class GeneratedColumns:
     and the caller stops those tables. Raises ``psycopg.OperationalError`` when the source cannot be
     asked (the batch is then not applied: the stream reconnects and the slot resends it)."""
 
-    def __init__(self, connect):
+    def __init__(self, connect: Callable[[], psycopg.Connection[TupleRow]]):
         self._conn = LazyConnection(connect)
         # (id of the sent Relation, id of the mirror's schema) -> (Relation, schema, plan): both are kept
         # alive, so their ids are not reused while cached
@@ -110,7 +123,7 @@ class GeneratedColumns:
     def close(self) -> None:
         self._conn.close()
 
-    def _query(self, q, params) -> list[tuple]:
+    def _query(self, q: str | sql.Composed, params: Params) -> list[tuple[Any, ...]]:
         """``q`` with ``params`` on the session: its rows. A lost connection is re-opened and the query
         tried once more (``psycopg.OperationalError`` when that fails too)."""
         for attempt in range(2):
@@ -123,17 +136,18 @@ class GeneratedColumns:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ one batch
-    def fill(self, changes: list, schemas: dict[int, TableSchema]) -> dict[int, Exception]:
-        groups: dict[tuple[int, int], list] = {}  # by table and Relation sent (one, unless a DDL is in the batch)
+    def fill(self, changes: list[Change], schemas: dict[int, TableSchema]) -> dict[int, Exception]:
+        # by table and Relation sent (one, unless a DDL is in the batch): the Relation and its changes
+        groups: dict[tuple[int, int], tuple[Relation, list[Change]]] = {}
         for ch in changes:
             if ch.kind != "truncate" and ch.relation is not None and ch.relation_oid in schemas:
-                groups.setdefault((ch.relation_oid, id(ch.relation)), []).append(ch)
+                groups.setdefault((ch.relation_oid, id(ch.relation)), (ch.relation, []))[1].append(ch)
         failed: dict[int, Exception] = {}
-        for (oid, _), chs in groups.items():
+        for (oid, _), (rel, chs) in groups.items():
             if oid in failed:
                 continue
             try:
-                plan = self._plan(schemas[oid], chs[0].relation)
+                plan = self._plan(schemas[oid], rel)
                 if plan is None:
                     continue  # nothing to compute (none left, or the server sent them itself: Postgres 18)
                 if plan.error:
@@ -219,46 +233,54 @@ class GeneratedColumns:
                 self._type_names[(int(o), int(t))] = name
         return [self._type_names[p] for p in pairs]
 
-    def _fill_group(self, plan: _Plan, changes: list) -> None:
+    def _fill_group(self, plan: _Plan, changes: list[Change]) -> None:
         base = plan.base
         rows: list[list[str | None]] = []  # the read columns' values of every row image to compute
-        slots: list[tuple] = []  # (change, "new"/"old", row index, generated columns left unchanged)
+        # (change, "new"/"old", its row image, row index, generated columns left unchanged)
+        slots: list[tuple[Change, Literal["new", "old"], TupleData, int, Container[int]]] = []
         for ch in changes:
-            whole_old = ch.old is not None and ch.old_kind == "O"
+            whole_old = ch.old if ch.old is not None and ch.old_kind == "O" else None
+            which: Literal["new", "old"]
             for which in ("new", "old"):
-                tup = getattr(ch, which)
-                if tup is None or (which == "old" and not whole_old):
+                tup = ch.new if which == "new" else whole_old
+                if tup is None:
                     continue
                 kinds, data = tup.kinds, tup.data
                 row: list[str | None] = []
                 toasted: set[int] = set()
                 for b, (i, _, _) in enumerate(base):
                     k = kinds[i]
-                    if k == "u" and whole_old:  # an unchanged TOAST value: the whole old row has it
-                        k, v = ch.old.kinds[i], ch.old.data[i]
+                    if k == "u" and whole_old is not None:  # an unchanged TOAST value: the whole old row has it
+                        k, v = whole_old.kinds[i], whole_old.data[i]
                     else:
                         v = data[i]
                     if k == "u":
                         toasted.add(b)
-                    row.append(bytes(v).decode() if k in "tb" else None)
-                unknown = {j for j, rd in enumerate(plan.reads) if toasted.intersection(rd)} if toasted else ()
+                    # a 't'/'b' value is always sent (bytes, or a buffer of them)
+                    row.append(bytes(v).decode() if k in "tb" and v is not None else None)
+                unknown: Container[int] = (
+                    {j for j, rd in enumerate(plan.reads) if toasted.intersection(rd)} if toasted else ()
+                )
                 rows.append(row)
-                slots.append((ch, which, len(rows) - 1, unknown))
+                slots.append((ch, which, tup, len(rows) - 1, unknown))
         values = self._evaluate(plan, rows) if rows else []
-        for ch, which, i, unknown in slots:
+        for ch, which, tup, i, unknown in slots:
             out = values[i]
             extra = [
                 ("u", None) if j in unknown else ("n", None) if v is None else ("t", v.encode())
                 for j, v in enumerate(out)
             ]
-            setattr(ch, which, _widen(getattr(ch, which), plan.order, extra))
+            if which == "new":
+                ch.new = _widen(tup, plan.order, extra)
+            else:
+                ch.old = _widen(tup, plan.order, extra)
         nulls = [("n", None)] * len(plan.exprs)
         for ch in changes:
             if ch.old is not None and ch.old_kind != "O":  # key-only old row: NULL like its other columns
                 ch.old = _widen(ch.old, plan.order, nulls)
             ch.relation = plan.relation
 
-    def _evaluate(self, plan: _Plan, rows: list[list[str | None]]) -> list[list[str | None]]:
+    def _evaluate(self, plan: _Plan, rows: list[list[str | None]]) -> list[tuple[str | None, ...]]:
         """One round trip: the generated columns' text values for ``rows`` (the read columns' text)."""
         n = max(len(plan.base), 1)  # no column read (a constant expression): one array of NULLs for the rows
         raw = [sql.Identifier(f"__mc_{i}") for i in range(n)]
@@ -281,7 +303,7 @@ class GeneratedColumns:
         return [r[1:] for r in res]
 
 
-def _widen(tup: TupleData, order: list[int], extra: list) -> TupleData:
+def _widen(tup: TupleData, order: list[int], extra: Sequence[tuple[str, bytes | None]]) -> TupleData:
     """``tup`` laid out by ``order`` (``i >= 0``: its column ``i``; ``-1 - j``: ``extra[j]``, a (kind,
     value) pair)."""
     kinds, data = tup.kinds, tup.data

@@ -127,6 +127,7 @@ class TupleData:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TupleData) and self.kinds == other.kinds and self.data == other.data
 
+    # unhashable (mutable, compared by value); typeshed declares object.__hash__ a method, not Optional
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:

@@ -27,19 +27,26 @@ Errors raise :class:`ReplicationError`; ``temporary`` says whether reconnecting 
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import struct
 import time
+from typing import TYPE_CHECKING, TypedDict
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq.abc import PGconn, PGresult
 
 from ..lsn import Lsn
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 
-__all__ = ["ReplicationConnection", "ReplicationError"]
+if TYPE_CHECKING:
+    from .columnar import ColumnarTransaction
+    from .native import NativeDecoder, Receiver
+
+__all__ = ["ReplicationConnection", "ReplicationError", "SystemIdentity"]
 
 _XLOG_HDR = struct.Struct(">QQq")  # after 'w': wal start, wal end, send time
 _KEEPALIVE = struct.Struct(">QqB")  # after 'k': wal end, send time, reply requested
@@ -73,7 +80,7 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _result_error(res: pq.PGresult | None, pgconn: pq.PGconn) -> tuple[str, str | None]:
+def _result_error(res: PGresult | None, pgconn: PGconn) -> tuple[str, str | None]:
     if res is not None:
         msg = res.error_message.decode(errors="replace").strip()
         code = res.error_field(pq.DiagnosticField.SQLSTATE)
@@ -100,6 +107,17 @@ def _classify(msg: str, sqlstate: str | None, slot: str | None = None) -> Replic
     return ReplicationError(msg, temporary, sqlstate)
 
 
+class SystemIdentity(TypedDict):
+    """``IDENTIFY_SYSTEM``'s answer (PG docs, "Streaming Replication Protocol"): ``systemid`` (the
+    cluster's system identifier, decimal text), ``timeline``, ``xlogpos`` (the current WAL flush
+    position, an LSN as an int), ``dbname`` (the database connected to)."""
+
+    systemid: str
+    timeline: int
+    xlogpos: int
+    dbname: str
+
+
 class ReplicationConnection:
     """One walsender connection (``replication=database``) for one logical slot.
 
@@ -123,10 +141,10 @@ class ReplicationConnection:
         params.setdefault("connect_timeout", connect_timeout)
         params["replication"] = "database"
         try:
-            self._conn = psycopg.connect(autocommit=True, **params)
+            self._conn = psycopg.connect(make_conninfo("", **params), autocommit=True)
         except psycopg.OperationalError as e:
             raise ReplicationError(f"cannot open a replication connection: {e}".strip(), True) from e
-        self.pgconn: pq.PGconn = self._conn.pgconn
+        self.pgconn: PGconn = self._conn.pgconn
         self.status_interval = status_interval
         self.server_wal_end = 0
         self.reply_requested = False
@@ -137,6 +155,8 @@ class ReplicationConnection:
         self._write_lsn = self._flush_lsn = self._apply_lsn = 0
         self._last_status = 0.0
         self._closed = False
+        self._receiver: Receiver | None = None  # the compiled receive loop, made by read_transactions()
+        self.messages_read = 0  # XLogData messages read by read_transactions()
 
     # -- commands -------------------------------------------------------------------------------------
     @property
@@ -144,7 +164,7 @@ class ReplicationConnection:
         """Server version number, e.g. 150018."""
         return self.pgconn.server_version
 
-    def _command(self, sql: str) -> pq.PGresult:
+    def _command(self, sql: str) -> PGresult:
         if self.streaming_slot is not None:
             raise ReplicationError("the connection is streaming; replication commands are not allowed now")
         if self._closed:
@@ -157,21 +177,32 @@ class ReplicationConnection:
         return res
 
     @staticmethod
-    def _row(res: pq.PGresult) -> dict[str, str | None]:
-        return {
-            res.fname(i).decode(): (None if res.get_value(0, i) is None else res.get_value(0, i).decode())
-            for i in range(res.nfields)
-        }
+    def _row(res: PGresult) -> dict[str, str | None]:
+        """The first row of a command's result: column name -> text (None for NULL)."""
+        row: dict[str, str | None] = {}
+        for i in range(res.nfields):
+            value = res.get_value(0, i)
+            row[(res.fname(i) or b"").decode()] = None if value is None else value.decode()
+        return row
 
-    def identify_system(self) -> dict:
+    @staticmethod
+    def _text(row: dict[str, str | None], name: str) -> str:
+        """Column ``name`` of a command's row, which the protocol never leaves NULL
+        (:class:`ReplicationError` when it is)."""
+        value = row.get(name)
+        if value is None:
+            raise ReplicationError(f"the server's answer has no {name}")
+        return value
+
+    def identify_system(self) -> SystemIdentity:
         """``IDENTIFY_SYSTEM`` → ``{'systemid': str, 'timeline': int, 'xlogpos': int (LSN),
-        'dbname': str}``."""
+        'dbname': str}`` (:class:`SystemIdentity`)."""
         row = self._row(self._command("IDENTIFY_SYSTEM"))
         return {
-            "systemid": row["systemid"],
-            "timeline": int(row["timeline"]),
-            "xlogpos": Lsn.parse(row["xlogpos"]),
-            "dbname": row["dbname"],
+            "systemid": self._text(row, "systemid"),
+            "timeline": int(self._text(row, "timeline")),
+            "xlogpos": Lsn.parse(self._text(row, "xlogpos")),
+            "dbname": self._text(row, "dbname"),
         }
 
     def create_slot(self, name: str, export_snapshot: bool = True, temporary: bool = False) -> tuple[int, str | None]:
@@ -188,7 +219,7 @@ class ReplicationConnection:
         snap = "EXPORT_SNAPSHOT" if export_snapshot else "NOEXPORT_SNAPSHOT"
         tmp = " TEMPORARY" if temporary else ""
         row = self._row(self._command(f"CREATE_REPLICATION_SLOT {name}{tmp} LOGICAL pgoutput {snap}"))
-        return Lsn.parse(row["consistent_point"]), row.get("snapshot_name") or None
+        return Lsn.parse(self._text(row, "consistent_point")), row.get("snapshot_name") or None
 
     def drop_slot(self, name: str, wait: bool = False) -> None:
         """``DROP_REPLICATION_SLOT name [WAIT]``. ``wait``: wait for a consumer that holds the slot to
@@ -299,6 +330,62 @@ class ReplicationConnection:
         self._maybe_status()
         return out
 
+    def read_transactions(
+        self, decoder: NativeDecoder, timeout: float, max_messages: int = 10_000
+    ) -> list[ColumnarTransaction]:
+        """The compiled path's :meth:`read`: wait up to ``timeout`` seconds for XLogData, feed what is
+        available at once (at most ``max_messages``) to ``decoder`` (a :class:`~.native.NativeDecoder`)
+        inside the C receive loop (:class:`~.native.Receiver`: libpq's ``PQgetCopyData`` on this
+        connection, no Python object per message) and return the
+        :class:`~.columnar.ColumnarTransaction` objects completed. Returns ``[]`` on timeout and when
+        the messages read completed no transaction (:attr:`messages_read` counts XLogData).
+
+        Keepalives, :attr:`server_wal_end`, status updates and errors as :meth:`read`; a decoder error
+        (``ProtocolError``, ``ValueError``) propagates, nothing of an open transaction emitted."""
+        from .native import READ_END, READ_LOST, receiver_for
+
+        if self.streaming_slot is None:
+            raise ReplicationError("read_transactions() before start()")
+        rx = self._receiver
+        if rx is None:
+            rx = self._receiver = receiver_for(self.pgconn)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            remaining = deadline - time.monotonic()
+            wait = remaining
+            if self.status_interval:
+                wait = min(remaining, max(self.status_interval - (time.monotonic() - self._last_status), 0.01))
+            before, keep = rx.messages, rx.keepalives
+            rc = rx.read(decoder, wait, max_messages)
+            self.keepalives += rx.keepalives - keep
+            self.messages_read += rx.messages - before
+            if rx.wal_end > self.server_wal_end:
+                self.server_wal_end = rx.wal_end
+            if rc == READ_END:
+                self._end_of_copy()
+            elif rc == READ_LOST:
+                raise self._lost(self.pgconn.error_message.decode(errors="replace"))
+            elif rc < 0:
+                raise self._lost(f"poll() failed: {os.strerror(rx.os_errno)}")
+            if rx.reply_requested:
+                rx.reply_requested = False
+                self.reply_requested = True
+                self._send_status(False)
+                self.keepalive_replies += 1
+            self._maybe_status()
+            if rc > 0 or time.monotonic() >= deadline:
+                return decoder.take()
+
+    def _end_of_copy(self) -> None:
+        """The server ended COPY: collect its error and raise it (as :meth:`read` does)."""
+        pgconn = self.pgconn
+        res = pgconn.get_result()
+        msg, code = _result_error(res, pgconn)
+        while pgconn.get_result() is not None:
+            pass
+        self.streaming_slot = None
+        raise _classify(msg or "the server ended the replication stream", code)
+
     def _lost(self, detail: str) -> ReplicationError:
         slot = self.streaming_slot
         self.streaming_slot = None
@@ -351,5 +438,5 @@ class ReplicationConnection:
     def __enter__(self) -> ReplicationConnection:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -181,6 +181,7 @@ class TransactionAssembler:
     # -- handlers (one per message class) ----------------------------------------------------------------
     def _append(self, msg: Insert | Update | Delete | Truncate, change: Change) -> None:
         if self.in_stream:
+            # in_stream is True only between Stream Start and Stream Stop, which set and clear _stream_xid
             st = self._streams[self._stream_xid]  # type: ignore[index]
             st.tagged.append((msg.xid if msg.xid is not None else st.xid, change))
         elif self._current is not None:

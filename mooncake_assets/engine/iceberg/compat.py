@@ -150,6 +150,7 @@ def iceberg_schema(arrow_schema: pa.Schema, format_version: int) -> Schema:
     """The Iceberg schema ``catalog.create_table`` would derive from ``arrow_schema``: non-nullable fields
     required, field ids still unassigned (``new_table_metadata`` assigns 1..n). Through PyIceberg's
     ``Catalog._convert_schema_if_needed``."""
+    # PyIceberg types format_version as the Literal TableVersion (1, 2 or 3); this function takes a plain int
     return Catalog._convert_schema_if_needed(arrow_schema, format_version)  # type: ignore[arg-type]
 
 
@@ -216,6 +217,7 @@ def swap_sql_pointer(catalog: SqlCatalog, namespace: str, name: str, base_locati
                 .where(*where)
                 .values(metadata_location=new_location, previous_metadata_location=base_location)
             )
+            # an UPDATE's result is a CursorResult (rowcount); Session.execute is typed as the generic Result
             if result.rowcount < 1:  # type: ignore[attr-defined]
                 session.rollback()
                 return False

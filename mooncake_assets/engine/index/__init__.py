@@ -7,6 +7,8 @@
 * :class:`FileIndex` — a table's blocks, lookups newest first, ``build_from_merge`` and
   ``build_from_compaction`` (``file_index``), with :class:`PositionMap` (``position_map``);
 * :class:`IndexMergePolicy` — when to merge (``policy``); ``bench.run_index_bench`` — the benchmark.
+* :func:`~.saved.encode_index_blob`, :func:`~.saved.decode_index_blob` — a table's FileIndex as the one
+  byte string saved with each Iceberg snapshot, and the one parser of its header (``saved``).
 
 Pure core: no I/O but the block files themselves. Puffin blob type for saved blocks:
 :data:`PUFFIN_BLOB_TYPE`.

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
+from psycopg.rows import TupleRow
 
 from ..faults import fault
 from .conninfo import with_options
@@ -34,6 +36,7 @@ from .schema import (
     INT2VECTOR,
     OIDVECTOR,
     REFUSED_TYPES,
+    ColumnSignature,
     ColumnSpec,
     TableSchema,
     UnsupportedTableError,
@@ -62,6 +65,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("mooncake.catalog")
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+#: a ``pg_type`` row of ``_TYPE_SQL``: typtype, typbasetype, typtypmod, typelem, typcategory, typlen,
+#: typndims, typname, typrelid, typdelim
+_TypeRow = tuple[str, int, int, int, str, int, int, str, int, str]
 
 
 _DESCRIBE_SQL = """
@@ -100,7 +110,7 @@ def describe_table(
     qualified_name: str,
     *,
     skip_unsupported: bool = False,
-    column_types: dict | None = None,
+    column_types: dict[str, str] | None = None,
     exclude: Sequence[str] | None = None,
 ) -> TableSchema:
     """Read a table's mirror schema from the catalogs (``pg_class``, ``pg_attribute``, ``pg_index``,
@@ -124,9 +134,11 @@ def describe_table(
             oid, nsp, rel, relkind, replident = _find_table(cur, qualified_name)
             attrs = cur.execute(_DESCRIBE_SQL, {"oid": oid}).fetchall()
             keys = cur.execute(_KEY_SQL, {"oid": oid}).fetchall()
-            catalog_lsn = cur.execute(
+            lsn_row = cur.execute(
                 "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn() - '0/0'::pg_lsn END"
-            ).fetchone()[0]
+            ).fetchone()
+            assert lsn_row is not None  # a SELECT without FROM returns one row
+            catalog_lsn = lsn_row[0]
             column_types = dict(column_types or {})
             excluded = list(exclude or [])
             _check_column_options(f"{nsp}.{rel}", {a[0] for a in attrs}, column_types, excluded)
@@ -158,7 +170,7 @@ def describe_table(
     return out
 
 
-def _find_table(cur, qualified_name: str) -> tuple:
+def _find_table(cur: psycopg.Cursor[TupleRow], qualified_name: str) -> tuple[int, str, str, str, str]:
     """``(oid, schema, name, relkind, relreplident)`` of the table ``qualified_name`` names
     (``to_regclass``). ``LookupError`` when there is none or it is not a table (view, sequence…);
     :class:`UnsupportedTableError` for a partition (its root is what is published)."""
@@ -192,10 +204,10 @@ def _find_table(cur, qualified_name: str) -> tuple:
             f"table {nsp}.{rel} is a partition of {parent[0]}: changes of a partition are published "
             f"under its partitioned root (publish_via_partition_root), so mirror {parent[0]} instead"
         )
-    return row
+    return int(oid), nsp, rel, relkind, replident
 
 
-def _check_column_options(table: str, names: set, column_types: dict, excluded: list) -> None:
+def _check_column_options(table: str, names: set[str], column_types: dict[str, str], excluded: list[str]) -> None:
     """``LookupError`` when ``--column-type``/``--exclude-column`` name a column ``table`` does not
     have, or ask for a column type other than ``text``."""
     unknown = [c for c in list(column_types) + excluded if c not in names]
@@ -210,7 +222,12 @@ def _check_column_options(table: str, names: set, column_types: dict, excluded: 
 
 
 def _column_specs(
-    types: _TypeResolver, table: str, attrs: list, column_types: dict, excluded: list, skip_unsupported: bool
+    types: _TypeResolver,
+    table: str,
+    attrs: list[tuple[Any, ...]],
+    column_types: dict[str, str],
+    excluded: list[str],
+    skip_unsupported: bool,
 ) -> list[ColumnSpec]:
     """The :class:`ColumnSpec` of each column of ``attrs`` (rows of ``_DESCRIBE_SQL``) that is not
     excluded, without field ids. A column that cannot be mirrored is left out with
@@ -243,7 +260,7 @@ def _column_specs(
     return columns
 
 
-def _key_columns(keys: list, replident: str) -> tuple[list[str], bool]:
+def _key_columns(keys: list[tuple[Any, ...]], replident: str) -> tuple[list[str], bool]:
     """``(key columns, has a primary key)`` from the rows of ``_KEY_SQL``: the replica identity index
     when the table uses one (what UPDATE/DELETE old tuples carry), else the primary key, else none."""
     pk = next((list(k[2]) for k in keys if k[0]), None)
@@ -255,6 +272,13 @@ def _key_columns(keys: list, replident: str) -> tuple[list[str], bool]:
     return [], False
 
 
+def _format_type(cur: psycopg.Cursor[TupleRow], oid: int, typmod: int) -> str:
+    """``format_type(oid, typmod)`` in this session: the type's SQL name (``numeric(5,2)``)."""
+    row = cur.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()
+    assert row is not None  # a SELECT without FROM returns one row
+    return str(row[0])
+
+
 class _TypeResolver:
     """Resolves a column's type to a :class:`ColumnSpec` (``pg_type``: typtype, typbasetype,
     typtypmod, typelem, typcategory, typlen, typndims, typname, typrelid, typdelim): domains to their
@@ -263,11 +287,11 @@ class _TypeResolver:
     other type to its exact text (``as_text``); :data:`REFUSED_TYPES` and pseudo-types raise
     :class:`UnsupportedTypeError`."""
 
-    def __init__(self, cur):
+    def __init__(self, cur: psycopg.Cursor[TupleRow]):
         self.cur = cur
-        self._info: dict[int, tuple] = {}
+        self._info: dict[int, _TypeRow] = {}
 
-    def info(self, oid: int) -> tuple:
+    def info(self, oid: int) -> _TypeRow:
         if oid not in self._info:
             row = self.cur.execute(_TYPE_SQL, (oid,)).fetchone()
             if row is None:
@@ -276,7 +300,7 @@ class _TypeResolver:
         return self._info[oid]
 
     def format_type(self, oid: int, typmod: int) -> str:
-        return self.cur.execute("SELECT format_type(%s, %s)", (oid, typmod)).fetchone()[0]
+        return _format_type(self.cur, oid, typmod)
 
     def spec(self, name: str, oid: int, typmod: int, decl_name: str, attndims: int = 0, _depth: int = 0) -> ColumnSpec:
         """Spec for a column ``name`` of type ``oid``/``typmod`` (``decl_name``: its ``format_type``)."""
@@ -350,10 +374,10 @@ class _TypeResolver:
 def describe_mirrored(
     conn: psycopg.Connection,
     qualified_name: str,
-    signature: list[dict] | None,
+    signature: list[ColumnSignature] | None,
     key: list[str] | None = None,
     *,
-    column_types: dict | None = None,
+    column_types: dict[str, str] | None = None,
     exclude: Sequence[str] | None = None,
 ) -> TableSchema:
     """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
@@ -381,7 +405,7 @@ def describe_mirrored(
                 cols.append(_apply_signature(c, sig))
                 continue
             try:
-                name_sql = cur.execute("SELECT format_type(%s, %s)", (sig["oid"], sig["typmod"])).fetchone()[0]
+                name_sql = types.format_type(sig["oid"], sig["typmod"])
                 if column_types.get(sig["name"]) == "text":  # whatever the type: its text
                     spec = _text_column(sig["name"], sig["oid"], sig["typmod"], name_sql)
                 else:
@@ -486,7 +510,9 @@ def xid_visible(conn: psycopg.Connection, xid: int) -> bool:
     """Does a new snapshot of the source see transaction ``xid`` (32-bit, as pgoutput's Begin and
     Stream Start carry it) as committed? A transaction logical decoding sent is committed, so False
     means "not visible *yet*" (see :class:`CatalogNotCurrent`)."""
-    return bool(conn.execute(_VISIBLE_SQL, {"xid": int(xid) & 0xFFFFFFFF}).fetchone()[0])
+    row = conn.execute(_VISIBLE_SQL, {"xid": int(xid) & 0xFFFFFFFF}).fetchone()
+    assert row is not None  # a SELECT without FROM returns one row
+    return bool(row[0])
 
 
 def catalog_columns(conn: psycopg.Connection, table_oid: int, xid: int | None = None) -> list[CatalogColumn]:
@@ -518,7 +544,7 @@ def catalog_columns(conn: psycopg.Connection, table_oid: int, xid: int | None = 
     return out
 
 
-def _immutable_default(cur, expr: str, tree: str, typid: int, typmod: int) -> str | None:
+def _immutable_default(cur: psycopg.Cursor[TupleRow], expr: str, tree: str, typid: int, typmod: int) -> str | None:
     """The text (the column type's output form, as the replication stream carries values) of a default
     expression's value when every function and operator in it is immutable (and it reads no table),
     else None."""
@@ -536,8 +562,10 @@ def _immutable_default(cur, expr: str, tree: str, typid: int, typmod: int) -> st
             return None
     try:
         with cur.connection.transaction():  # format's %s uses the type's output function: 't', not 'true'
-            tname = cur.execute("SELECT format_type(%s, %s)", (typid, typmod)).fetchone()[0]
-            return cur.execute(f"SELECT format('%s', ({expr})::{tname})").fetchone()[0]
+            tname = _format_type(cur, typid, typmod)
+            row = cur.execute(f"SELECT format('%s', ({expr})::{tname})").fetchone()
+            assert row is not None  # a SELECT without FROM returns one row
+            return None if row[0] is None else str(row[0])
     except psycopg.OperationalError:
         raise  # a lock timeout, a cancel, a lost connection: no answer yet, not "no default" (the caller retries)
     except psycopg.Error:
@@ -582,9 +610,9 @@ class SourceCatalog:
         conn.execute("SET lock_timeout = '500ms'")
         return conn
 
-    def _call(self, fn, *args, **kw):
+    def _call(self, fn: Callable[Concatenate[psycopg.Connection, _P], _T], *args: _P.args, **kw: _P.kwargs) -> _T:
         attempt = 0
-        waiting_since = None
+        waiting_since: float | None = None
         pause = 0.01
         while True:
             fault("catalog:lookup")
@@ -606,10 +634,10 @@ class SourceCatalog:
                 time.sleep(0.5 * 2**attempt)
                 attempt += 1
 
-    def columns(self, table_oid: int, xid: int | None = None):
+    def columns(self, table_oid: int, xid: int | None = None) -> list[CatalogColumn]:
         return self._call(catalog_columns, table_oid, xid)
 
-    def resolve(self, name: str, type_oid: int, typmod: int, ndims: int = 0):
+    def resolve(self, name: str, type_oid: int, typmod: int, ndims: int = 0) -> ColumnSpec:
         return self._call(resolve_column, name, type_oid, typmod, ndims)
 
     def close(self) -> None:
@@ -658,4 +686,5 @@ def nan_columns(conn: psycopg.Connection, schema: TableSchema) -> list[ColumnSpe
     ]
     q = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(tests), sql.Identifier(schema.schema, schema.name))
     row = conn.execute(q).fetchone()
+    assert row is not None  # an aggregate without GROUP BY returns one row
     return [c for c, hit in zip(cols, row) if hit]

@@ -26,12 +26,14 @@ that only runs ``IDENTIFY_SYSTEM``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import psycopg
 from psycopg import pq, sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.abc import Params
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import publication as pubs
 from .conninfo import connect_error, redact
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Check",
+    "TableOptions",
     "check_source",
     "server_checks",
     "check_table",
@@ -77,115 +80,142 @@ class Check:
         return f"{msg}; run: {self.fix}" if self.fix else msg
 
 
-def _setting(conn, name: str) -> str | None:
-    return conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()[0]
+class TableOptions(TypedDict, total=False):
+    """A mirror's create-table column options: ``column_types`` (column -> ``"text"``, mirrored as its
+    exact text) and ``exclude`` (columns left out)."""
+
+    column_types: dict[str, str]
+    exclude: list[str]
+
+
+def _one(conn: psycopg.Connection, query: str, params: Params | None = None) -> tuple[Any, ...]:
+    """The one row of ``query`` (a SELECT without FROM, or an aggregate without GROUP BY)."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None  # such a SELECT returns one row
+    return row
+
+
+def _setting(conn: psycopg.Connection, name: str) -> str | None:
+    value = _one(conn, "SELECT current_setting(%s, true)", (name,))[0]
+    return None if value is None else str(value)
 
 
 def server_checks(conn: psycopg.Connection, slot: str) -> list[Check]:
     """wal_level, slots, WAL senders, max_slot_wal_keep_size, version. ``slot``: the service's slot
     name (when it exists already, one slot and, while it streams, one WAL sender fewer are needed)."""
-    out = []
-    wal_level = _setting(conn, "wal_level")
-    if wal_level == "logical":
-        out.append(Check("ok", "wal_level", "logical"))
-    else:
-        out.append(
-            Check(
-                "error",
-                "wal_level",
-                f"is {wal_level}; logical decoding needs logical",
-                "ALTER SYSTEM SET wal_level = logical; then restart the server (RDS/Aurora: "
-                "rds.logical_replication = 1 in the parameter group; Cloud SQL: cloudsql.logical_decoding = on; "
-                "Azure: wal_level = logical in the server parameters)",
-            )
-        )
     row = conn.execute(
         "SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,)
     ).fetchone()
     own_exists, own_active = row is not None, bool(row and row[0])
+    return [
+        _wal_level_check(conn),
+        _slot_check(conn, slot, own_exists),
+        _wal_sender_check(conn, own_active),
+        _wal_keep_check(conn),
+        _version_check(conn),
+    ]
+
+
+def _wal_level_check(conn: psycopg.Connection) -> Check:
+    """``wal_level`` must be ``logical``: no logical decoding otherwise."""
+    wal_level = _setting(conn, "wal_level")
+    if wal_level == "logical":
+        return Check("ok", "wal_level", "logical")
+    return Check(
+        "error",
+        "wal_level",
+        f"is {wal_level}; logical decoding needs logical",
+        "ALTER SYSTEM SET wal_level = logical; then restart the server (RDS/Aurora: "
+        "rds.logical_replication = 1 in the parameter group; Cloud SQL: cloudsql.logical_decoding = on; "
+        "Azure: wal_level = logical in the server parameters)",
+    )
+
+
+def _slot_check(conn: psycopg.Connection, slot: str, own_exists: bool) -> Check:
+    """Free replication slots: the service's own (unless ``own_exists``) and a temporary one for an
+    initial copy or a verify; the fix names an idle slot to drop when there is one."""
     max_slots = int(_setting(conn, "max_replication_slots") or 0)
-    used = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
+    used = int(_one(conn, "SELECT count(*) FROM pg_replication_slots")[0])
     need = (0 if own_exists else 1) + 1  # the service's slot + a temporary one for a copy or verify
     free = max_slots - used
     if free >= need:
-        out.append(Check("ok", "replication slots", f"{free} of {max_slots} free (needs {need})"))
-    else:
-        idle = [
-            r[0]
-            for r in conn.execute(
-                "SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL "
-                "AND slot_name <> %s ORDER BY 1 LIMIT 3",
-                (slot,),
-            ).fetchall()
-        ]
-        out.append(
-            Check(
-                "error",
-                "replication slots",
-                f"{free} of {max_slots} free, {need} needed (the service's "
-                "slot and a temporary one for the initial copy)",
-                f"ALTER SYSTEM SET max_replication_slots = {used + need}; then restart the server"
-                + (f"; or drop an unused slot: SELECT pg_drop_replication_slot('{idle[0]}');" if idle else ""),
-            )
-        )
+        return Check("ok", "replication slots", f"{free} of {max_slots} free (needs {need})")
+    idle = [
+        r[0]
+        for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE active_pid IS NULL "
+            "AND slot_name <> %s ORDER BY 1 LIMIT 3",
+            (slot,),
+        ).fetchall()
+    ]
+    return Check(
+        "error",
+        "replication slots",
+        f"{free} of {max_slots} free, {need} needed (the service's slot and a temporary one for the initial copy)",
+        f"ALTER SYSTEM SET max_replication_slots = {used + need}; then restart the server"
+        + (f"; or drop an unused slot: SELECT pg_drop_replication_slot('{idle[0]}');" if idle else ""),
+    )
+
+
+def _wal_sender_check(conn: psycopg.Connection, own_active: bool) -> Check:
+    """Free WAL senders: one for the service's stream (unless it is streaming now, ``own_active``) and
+    one for the temporary slot's connection."""
     max_senders = int(_setting(conn, "max_wal_senders") or 0)
-    senders = conn.execute("SELECT count(*) FROM pg_stat_get_wal_senders()").fetchone()[0]
+    senders = int(_one(conn, "SELECT count(*) FROM pg_stat_get_wal_senders()")[0])
     need_s = (0 if own_active else 1) + 1
     if max_senders - senders >= need_s:
-        out.append(Check("ok", "WAL senders", f"{max_senders - senders} of {max_senders} free (needs {need_s})"))
-    else:
-        out.append(
-            Check(
-                "error",
-                "WAL senders",
-                f"{max_senders - senders} of {max_senders} free, {need_s} needed",
-                f"ALTER SYSTEM SET max_wal_senders = {senders + need_s}; then restart the server",
-            )
-        )
+        return Check("ok", "WAL senders", f"{max_senders - senders} of {max_senders} free (needs {need_s})")
+    return Check(
+        "error",
+        "WAL senders",
+        f"{max_senders - senders} of {max_senders} free, {need_s} needed",
+        f"ALTER SYSTEM SET max_wal_senders = {senders + need_s}; then restart the server",
+    )
+
+
+def _wal_keep_check(conn: psycopg.Connection) -> Check:
+    """``max_slot_wal_keep_size``: unlimited (or a server before 13, which has no such setting) is a
+    warning, a slot that stops advancing keeps WAL until the disk is full."""
     keep = _setting(conn, "max_slot_wal_keep_size")
-    if keep in (None, "-1"):
-        out.append(
-            Check(
-                "warning",
-                "max_slot_wal_keep_size",
-                "unlimited: a slot that stops advancing (service down, a stopped mirror) keeps WAL until "
-                "the source's disk is full",
-                "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();  (a size the "
-                "disk can spare; PG 13+)"
-                if keep is not None
-                else "PostgreSQL 13 or later",
-            )
-        )
-    else:
-        out.append(Check("ok", "max_slot_wal_keep_size", keep))
+    if keep not in (None, "-1"):
+        return Check("ok", "max_slot_wal_keep_size", keep)
+    return Check(
+        "warning",
+        "max_slot_wal_keep_size",
+        "unlimited: a slot that stops advancing (service down, a stopped mirror) keeps WAL until "
+        "the source's disk is full",
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();  (a size the "
+        "disk can spare; PG 13+)"
+        if keep is not None
+        else "PostgreSQL 13 or later",
+    )
+
+
+def _version_check(conn: psycopg.Connection) -> Check:
+    """The server version: 12+ needed; before 14 large transactions are not streamed (a warning);
+    before 18 generated columns are not published (mooncake computes them)."""
     v = conn.info.server_version
     text = _setting(conn, "server_version")
     if v < 120000:
-        out.append(
-            Check("error", "server version", f"PostgreSQL {text}: mooncake needs 12 or later", "upgrade the server")
-        )
-    else:
-        feats = [
-            (
-                "streams large transactions"
-                if v >= 140000
-                else "does not stream large transactions (needs 14; they are sent at commit)"
-            ),
-            (
-                "publishes generated columns"
-                if v >= 180000
-                else "does not publish generated columns (needs 18; mooncake computes them on the source)"
-            ),
-        ]
-        out.append(
-            Check(
-                "ok" if v >= 140000 else "warning",
-                "server version",
-                f"PostgreSQL {text}: " + "; ".join(feats),
-                None if v >= 140000 else "PostgreSQL 14 or later",
-            )
-        )
-    return out
+        return Check("error", "server version", f"PostgreSQL {text}: mooncake needs 12 or later", "upgrade the server")
+    feats = [
+        (
+            "streams large transactions"
+            if v >= 140000
+            else "does not stream large transactions (needs 14; they are sent at commit)"
+        ),
+        (
+            "publishes generated columns"
+            if v >= 180000
+            else "does not publish generated columns (needs 18; mooncake computes them on the source)"
+        ),
+    ]
+    return Check(
+        "ok" if v >= 140000 else "warning",
+        "server version",
+        f"PostgreSQL {text}: " + "; ".join(feats),
+        None if v >= 140000 else "PostgreSQL 14 or later",
+    )
 
 
 def replication_check(dsn: str) -> Check:
@@ -194,7 +224,7 @@ def replication_check(dsn: str) -> Check:
     params = conninfo_to_dict(dsn)
     params.update(replication="database", connect_timeout=params.get("connect_timeout") or 10)
     try:
-        conn = psycopg.connect(autocommit=True, **params)
+        conn = psycopg.connect(make_conninfo("", **params), autocommit=True)
     except psycopg.OperationalError as cause:
         msg = connect_error(cause)  # the driver's error: one scrubbed line with the server's reason
         user = _user_of(dsn)
@@ -235,7 +265,8 @@ def _user_of(dsn: str) -> str:
     from psycopg.conninfo import conninfo_to_dict
 
     try:
-        return conninfo_to_dict(dsn).get("user") or os.environ.get("PGUSER") or getpass.getuser()
+        user = conninfo_to_dict(dsn).get("user")
+        return str(user) if user else os.environ.get("PGUSER") or getpass.getuser()
     except Exception:
         return "?"
 
@@ -246,8 +277,8 @@ def check_table(
     *,
     publication: str | None,
     own_publication: str,
-    column_types: dict | None = None,
-    exclude: list | None = None,
+    column_types: dict[str, str] | None = None,
+    exclude: list[str] | None = None,
     publication_info: pubs.PublicationInfo | None = None,
 ) -> list[Check]:
     """The checks of the source table named ``src`` (``schema.table``, ``table`` or
@@ -283,8 +314,8 @@ def table_checks(
     *,
     publication: str | None,
     own_publication: str,
-    column_types: dict | None = None,
-    exclude: list | None = None,
+    column_types: dict[str, str] | None = None,
+    exclude: list[str] | None = None,
     publication_info: pubs.PublicationInfo | None = None,
 ) -> tuple[list[Check], TableSchema | None]:
     """The checks of one source table: ``name`` and ``oid`` as :func:`~.names.resolve_table` found
@@ -295,91 +326,24 @@ def table_checks(
     is not refused).
 
     Returns ``(checks, schema)``: ``schema`` the table as ``describe_table`` read it with those
-    options (create-table mirrors that), None when a check stopped before it could be read."""
-    from .catalog import describe_table
-    from .schema import UnsupportedTypeError
+    options (create-table mirrors that), None when a check stopped before it could be read.
 
+    In order: the relation (a table, in a schema the role may use), its access (SELECT, logged), its
+    schema (columns that can be mirrored), its replica identity, its generated columns, its publication."""
     subj = f"table {name}"
     q = str(name)
-    user = conn.execute("SELECT current_user").fetchone()[0]
-    ru = format_name(user)
-    row = conn.execute(
-        "SELECT c.relkind, c.relpersistence, has_schema_privilege(c.relnamespace, 'USAGE'), "
-        "pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = %s",
-        (oid,),
-    ).fetchone()
-    if row is None or row[0] not in ("r", "p"):
-        return [
-            Check(
-                "error",
-                subj,
-                "does not exist as a table" if row is not None else "does not exist",
-                "name an existing table as schema.table, quoting parts as SQL does",
-            )
-        ], None
-    relkind, persistence, usage, owner = row
-    out: list[Check] = []
-    if not usage:
-        out.append(
-            Check(
-                "error",
-                subj,
-                f"is in schema {name.schema}, on which role {user} has no USAGE",
-                f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};",
-            )
-        )
-        return out, None
-    select_ok = conn.execute(
-        "SELECT has_table_privilege(%s, 'SELECT') OR coalesce(bool_and(has_column_privilege(%s, a.attnum, 'SELECT')), "
-        "false) FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
-        (oid, oid, oid),
-    ).fetchone()[0]
-    if select_ok:
-        out.append(Check("ok", subj, f"role {user} may SELECT it (the initial copy)"))
-    else:
-        out.append(
-            Check(
-                "error",
-                subj,
-                f"is not readable by role {user} (no SELECT; the initial copy reads it)",
-                f"GRANT SELECT ON {q} TO {ru};",
-            )
-        )
-    if persistence == "u":
-        out.append(
-            Check(
-                "error",
-                subj,
-                "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
-                f"ALTER TABLE {q} SET LOGGED;",
-            )
-        )
-    try:
-        schema_ = describe_table(conn, q, column_types=column_types, exclude=exclude)
-    except (LookupError, UnsupportedTypeError) as e:  # the message names the column and the options past it
-        out.append(Check("error", subj, str(e).strip("'\"")))
-        return out, None
-    except psycopg.errors.InsufficientPrivilege as e:
-        out.append(
-            Check("error", subj, str(e).splitlines()[0], f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {ru};")
-        )
+    user = str(_one(conn, "SELECT current_user")[0])
+    found = _relation_check(conn, subj, name, oid, user)
+    if isinstance(found, Check):
+        return [found], None
+    relkind, persistence, owner = found
+    out = _access_checks(conn, subj, q, oid, user, persistence)
+    schema_ = _schema_check(conn, subj, name, user, column_types, exclude)
+    if isinstance(schema_, Check):
+        out.append(schema_)
         return out, None
     out.append(_identity_check(conn, subj, q, schema_, owner))
-    gen = [c.name for c in schema_.columns if c.generated]  # STORED ones (describe_table leaves virtual ones out)
-    if gen:  # mirrored either way (engine/cdc/generated.py): Postgres < 18 does not send them, so the
-        # service computes them on the source for each applied batch; 18 sends them (publish_generated_columns)
-        out.append(
-            Check(
-                "ok",
-                subj,
-                f"generated column(s) {', '.join(gen)} are mirrored ("
-                + (
-                    "sent by pgoutput with the publication's publish_generated_columns = stored)"
-                    if conn.info.server_version >= 180000
-                    else "PostgreSQL before 18 does not send them: computed on the source for each applied batch)"
-                ),
-            )
-        )
+    out.extend(_generated_check(conn, subj, schema_))
     out.extend(
         _publication_checks(
             conn,
@@ -398,7 +362,111 @@ def table_checks(
     return out, schema_
 
 
-def _identity_check(conn, subj: str, q: str, schema_, owner: bool) -> Check:
+def _relation_check(
+    conn: psycopg.Connection, subj: str, name: TableName, oid: int, user: str
+) -> tuple[str, str, bool] | Check:
+    """The relation ``oid``: ``(relkind, relpersistence, the role owns it)`` when it is a table in a
+    schema the role has ``USAGE`` on, else the error (no such table, not a table, no USAGE)."""
+    row = conn.execute(
+        "SELECT c.relkind, c.relpersistence, has_schema_privilege(c.relnamespace, 'USAGE'), "
+        "pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
+    if row is None or row[0] not in ("r", "p"):
+        return Check(
+            "error",
+            subj,
+            "does not exist as a table" if row is not None else "does not exist",
+            "name an existing table as schema.table, quoting parts as SQL does",
+        )
+    relkind, persistence, usage, owner = row
+    if not usage:
+        return Check(
+            "error",
+            subj,
+            f"is in schema {name.schema}, on which role {user} has no USAGE",
+            f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {format_name(user)};",
+        )
+    return relkind, persistence, owner
+
+
+def _access_checks(conn: psycopg.Connection, subj: str, q: str, oid: int, user: str, persistence: str) -> list[Check]:
+    """The role may SELECT the table (the initial copy reads it: the table, or every column), and the
+    table is not UNLOGGED (its changes would not be in the WAL)."""
+    out: list[Check] = []
+    select_ok = _one(
+        conn,
+        "SELECT has_table_privilege(%s, 'SELECT') OR coalesce(bool_and(has_column_privilege(%s, a.attnum, 'SELECT')), "
+        "false) FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
+        (oid, oid, oid),
+    )[0]
+    if select_ok:
+        out.append(Check("ok", subj, f"role {user} may SELECT it (the initial copy)"))
+    else:
+        out.append(
+            Check(
+                "error",
+                subj,
+                f"is not readable by role {user} (no SELECT; the initial copy reads it)",
+                f"GRANT SELECT ON {q} TO {format_name(user)};",
+            )
+        )
+    if persistence == "u":
+        out.append(
+            Check(
+                "error",
+                subj,
+                "is UNLOGGED: its changes are not in the WAL, so they cannot be replicated",
+                f"ALTER TABLE {q} SET LOGGED;",
+            )
+        )
+    return out
+
+
+def _schema_check(
+    conn: psycopg.Connection,
+    subj: str,
+    name: TableName,
+    user: str,
+    column_types: dict[str, str] | None,
+    exclude: list[str] | None,
+) -> TableSchema | Check:
+    """The table's schema as ``describe_table`` reads it with the column options, or the error: a
+    column that cannot be mirrored (the message names it and the options past it), an unknown column
+    in the options, or a privilege the catalog read lacks."""
+    from .catalog import describe_table
+    from .schema import UnsupportedTypeError
+
+    try:
+        return describe_table(conn, str(name), column_types=column_types, exclude=exclude)
+    except (LookupError, UnsupportedTypeError) as e:  # the message names the column and the options past it
+        return Check("error", subj, str(e).strip("'\""))
+    except psycopg.errors.InsufficientPrivilege as e:
+        return Check(
+            "error",
+            subj,
+            str(e).splitlines()[0],
+            f"GRANT USAGE ON SCHEMA {format_name(name.schema)} TO {format_name(user)};",
+        )
+
+
+def _generated_check(conn: psycopg.Connection, subj: str, schema_: TableSchema) -> list[Check]:
+    """One ok line naming the table's STORED generated columns and how they are mirrored (none
+    without them; ``describe_table`` leaves virtual ones out)."""
+    gen = [c.name for c in schema_.columns if c.generated]
+    if not gen:
+        return []
+    # mirrored either way (engine/cdc/generated.py): Postgres < 18 does not send them, so the service
+    # computes them on the source for each applied batch; 18 sends them (publish_generated_columns)
+    how = (
+        "sent by pgoutput with the publication's publish_generated_columns = stored)"
+        if conn.info.server_version >= 180000
+        else "PostgreSQL before 18 does not send them: computed on the source for each applied batch)"
+    )
+    return [Check("ok", subj, f"generated column(s) {', '.join(gen)} are mirrored (" + how)]
+
+
+def _identity_check(conn: psycopg.Connection, subj: str, q: str, schema_: TableSchema, owner: bool) -> Check:
     ri = schema_.replica_identity
     if schema_.has_primary_key or schema_.key_columns:
         if ri == "n":
@@ -451,7 +519,17 @@ def set_identity_full(conn: psycopg.Connection, tables: list[TableName]) -> None
 
 
 def _publication_checks(
-    conn, subj, name: TableName, oid, relkind, owner, columns, publication, info, own, user
+    conn: psycopg.Connection,
+    subj: str,
+    name: TableName,
+    oid: int,
+    relkind: str,
+    owner: bool,
+    columns: list[str],
+    publication: str | None,
+    info: pubs.PublicationInfo | None,
+    own: str,
+    user: str,
 ) -> list[Check]:
     q = str(name)
     if publication is not None:
@@ -470,7 +548,7 @@ def _publication_checks(
         f"or have an administrator create one: CREATE PUBLICATION mooncake FOR TABLE {q}; and start mooncake "
         "with --publication mooncake"
     )
-    if not own_exists and not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+    if not own_exists and not _one(conn, "SELECT has_database_privilege(current_database(), 'CREATE')")[0]:
         out.append(
             Check(
                 "error",
@@ -500,7 +578,7 @@ def check_source(
     publication: str | None,
     own_publication: str,
     slot: str,
-    table_options: dict | None = None,
+    table_options: Mapping[str, TableOptions] | None = None,
 ) -> list[Check]:
     """Every check, in order: connection, server, replication connection, then each table. A DSN that
     does not connect gives one error line (the DSN shown without its password). ``table_options``:
@@ -517,7 +595,7 @@ def check_source(
             )
         ]
     with conn:
-        out = [Check("ok", "connection", f"{redact(dsn)} as {conn.execute('SELECT current_user').fetchone()[0]}")]
+        out = [Check("ok", "connection", f"{redact(dsn)} as {_one(conn, 'SELECT current_user')[0]}")]
         out += server_checks(conn, slot)
         out.append(replication_check(dsn))
         info = None

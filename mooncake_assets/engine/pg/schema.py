@@ -64,12 +64,14 @@ column: ``numeric`` NaN in a ``decimal128`` column, ``time '24:00:00'``, timesta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NotRequired, TypedDict
 
 import pyarrow as pa
 
 __all__ = [
+    "ColumnSignature",
     "ColumnSpec",
     "ColumnValueError",
     "TableSchema",
@@ -187,7 +189,7 @@ class ColumnSpec:
     decl_oid: int = 0
     decl_typmod: int = -1
     field_id: int = 0
-    element_ids: list = field(default_factory=list)
+    element_ids: list[int] = field(default_factory=list)
     attnum: int = 0
     initial_default: str | None = None
     generated: str | None = None  # a STORED generated column's expression (pg_get_expr of pg_attrdef.adbin)
@@ -241,11 +243,11 @@ def nested_field_count(t: pa.DataType) -> int:
     return 0
 
 
-def _type_with_ids(t: pa.DataType, ids) -> pa.DataType:
+def _type_with_ids(t: pa.DataType, ids: Iterator[int]) -> pa.DataType:
     """``t`` with ``PARQUET:field_id`` on its nested fields, taken from ``ids`` in pre-order (list:
     element, then inside it; struct: each field, then inside it; map: key, value, then inside them)."""
 
-    def fid():
+    def fid() -> dict[str, str]:
         return {"PARQUET:field_id": str(next(ids))}
 
     if pa.types.is_list(t):
@@ -259,7 +261,7 @@ def _type_with_ids(t: pa.DataType, ids) -> pa.DataType:
             pa.field("key", kt, nullable=False, metadata=km), pa.field("value", vt, nullable=True, metadata=vm)
         )
     if pa.types.is_struct(t):
-        out = []
+        out: list[pa.Field] = []
         for i in range(t.num_fields):
             f = t.field(i)
             m = fid()
@@ -268,7 +270,7 @@ def _type_with_ids(t: pa.DataType, ids) -> pa.DataType:
     return t
 
 
-def assign_field_ids(columns: list, next_id: int = 1) -> int:
+def assign_field_ids(columns: list[ColumnSpec], next_id: int = 1) -> int:
     """Give every column without one a field id (and its nested fields ids: list elements, struct
     fields, map keys/values), in column order, from ``next_id``; returns the next free id. Top-level
     ids first, then nested ids column by column (pre-order, see :func:`_type_with_ids`)."""
@@ -298,6 +300,9 @@ class TableSchema:
     ``'n'`` nothing). ``relkind``: ``'r'`` table or ``'p'`` partitioned table. ``excluded``: source
     columns left out of the mirror (``create-table --exclude-column``); ``column_types``: column name
     -> ``"text"`` for columns mirrored as their exact text whatever their type (``--column-type``).
+    Set by the catalog reads (:mod:`.catalog`), not compared: ``current_columns``, the names of every
+    column the source table has now (unmirrored ones included); ``catalog_lsn``, a WAL position after
+    every commit the catalogs read showed (0 when unknown).
     """
 
     schema: str
@@ -309,8 +314,10 @@ class TableSchema:
     replica_identity: str
     relkind: str = "r"
     column_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
-    excluded: list = field(default_factory=list)
-    column_types: dict = field(default_factory=dict)
+    excluded: list[str] = field(default_factory=list)
+    column_types: dict[str, str] = field(default_factory=dict)
+    current_columns: set[str] = field(default_factory=set, repr=False, compare=False)
+    catalog_lsn: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.column_index = {c.name: i for i, c in enumerate(self.columns)}
@@ -436,7 +443,26 @@ class UnsupportedTableError(UnsupportedTypeError):
 # Mirrored signatures ---------------------------------------------------------------------------------
 
 
-def column_signature(schema: TableSchema) -> list[dict]:
+class ColumnSignature(TypedDict):
+    """One column of a mirrored signature (:func:`column_signature`, saved as JSON): ``name``;
+    ``oid``/``typmod``: the declared type as pgoutput's Relation message carries it; ``ndims``: array
+    dimensions; ``field_id``/``element_ids``: the Iceberg field ids of the column and its nested fields;
+    ``attnum``: ``pg_attribute.attnum``; ``initial_default``: the default older rows read (SQL text);
+    ``not_null``. Only ``name``, ``oid`` and ``typmod`` are always there: a signature saved by an
+    earlier version may lack the others (read with their defaults, :func:`_apply_signature`)."""
+
+    name: str
+    oid: int
+    typmod: int
+    ndims: NotRequired[int]
+    field_id: NotRequired[int]
+    element_ids: NotRequired[list[int]]
+    attnum: NotRequired[int]
+    initial_default: NotRequired[str | None]
+    not_null: NotRequired[bool]
+
+
+def column_signature(schema: TableSchema) -> list[ColumnSignature]:
     """What the mirror was built with, per column: ``{"name", "oid", "typmod", "ndims", "field_id",
     "element_ids", "attnum", "initial_default", "not_null"}`` (declared type as pgoutput's Relation
     message carries it; Iceberg field ids). Saved with the mirror (the registry and the Iceberg table
@@ -458,7 +484,7 @@ def column_signature(schema: TableSchema) -> list[dict]:
     ]
 
 
-def _apply_signature(c: ColumnSpec, sig: dict) -> ColumnSpec:
+def _apply_signature(c: ColumnSpec, sig: ColumnSignature) -> ColumnSpec:
     """Carry the saved identity of a mirrored column (field ids, attnum, initial default) onto ``c``."""
     c.field_id = int(sig.get("field_id") or 0)
     c.element_ids = list(sig.get("element_ids") or [])

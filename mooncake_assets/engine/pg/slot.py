@@ -17,7 +17,9 @@ __all__ = ["current_wal_lsn", "drop_slot", "slot_exists"]
 
 
 def slot_exists(dsn: str, slot: str) -> bool:
-    """Does the source have a replication slot named ``slot`` (``pg_replication_slots``)?"""
+    """Does the source have a replication slot named ``slot``? One short connection to ``dsn``
+    (autocommit) reads the ``pg_replication_slots`` view (PG docs, "System Views:
+    pg_replication_slots"); a connection failure raises ``psycopg.OperationalError``."""
     with psycopg.connect(dsn, autocommit=True) as c:
         return c.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is not None
 
@@ -25,7 +27,10 @@ def slot_exists(dsn: str, slot: str) -> bool:
 def drop_slot(conn: psycopg.Connection[Any], slot: str, tries: int = 50, pause_s: float = 0.1) -> bool:
     """Drop the slot ``slot`` if it exists (``pg_drop_replication_slot``). It cannot be dropped while
     a walsender still holds it (the stream just closed): tried ``tries`` times, ``pause_s`` apart.
-    Returns whether the statement succeeded (also when there was no such slot)."""
+    Returns whether the statement succeeded (also when there was no such slot); False after the last
+    try (the slot is still active, or the role may not drop it). ``conn`` must be in autocommit mode
+    (a failed statement would otherwise abort its transaction). PG docs, "Replication Management
+    Functions": ``pg_drop_replication_slot`` fails on an active slot."""
     for _ in range(tries):
         try:
             conn.execute(
@@ -38,7 +43,9 @@ def drop_slot(conn: psycopg.Connection[Any], slot: str, tries: int = 50, pause_s
 
 
 def current_wal_lsn(conn: psycopg.Connection[Any]) -> str:
-    """The source's current WAL write position, ``pg_current_wal_lsn()``, as its ``X/Y`` text."""
+    """The source's current WAL write position, ``pg_current_wal_lsn()`` (PG docs, "Backup Control
+    Functions"), as its ``pg_lsn`` text ``X/Y`` (hex high/low 32 bits; ``engine.lsn.Lsn.parse`` reads
+    it). Raises ``psycopg`` errors as they come (e.g. on a standby during recovery)."""
     row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None  # a SELECT of one function call returns one row
     return str(row[0])

@@ -58,6 +58,8 @@ class ServiceClient:
         return cast(dict[str, Any], json.loads(results[0].body.to_pybytes()))
 
     def ping(self, timeout: float = 2.0) -> bool:
+        """Is a service answering on the socket within ``timeout`` seconds? (False on a Flight error;
+        ``ServiceUnavailable`` when there is no socket file.)"""
         try:
             self.call("ping", timeout=timeout)
             return True
@@ -74,6 +76,8 @@ class ServiceClient:
 
     # convenience wrappers (the Dagster resource and the CLI use these)
     def status(self) -> dict[str, Any]:
+        """The service's ``status`` document (:meth:`~.service.ReplicatorService.status`: ``tables``,
+        LSNs as ``X/Y`` text, slot, publication, stream and source fields)."""
         return self.call("status")
 
     def read_state(self, table: str, lsn: str | None = None) -> ReadState:
@@ -82,9 +86,12 @@ class ServiceClient:
         return ReadState.from_wire(self.call("read_state", table=table, lsn=lsn))
 
     def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Block until every commit below ``lsn`` (``X/Y`` text) is applied, at most ``timeout`` seconds
+        (the Flight call gets 10 s more); ``ServiceError`` with the service's ``TimeoutError`` text otherwise."""
         return self.call("wait_lsn", lsn=lsn, timeout=timeout + 10, timeout_s=timeout)
 
     def close(self) -> None:
+        """Close the Flight connection (the next call reconnects); errors while closing are ignored."""
         if self._client is not None:
             try:
                 self._client.close()

@@ -27,12 +27,20 @@ from ..lsn import Lsn
 from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
 from .config import ServiceConfig
+from .process import select_memory_pool
 from .service import MooncakeError, ReplicatorService
 
 log = logging.getLogger("mooncake.flight")
 
 
 class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow has no type information, so its base class is Any
+    """The Arrow Flight front of one :class:`ReplicatorService` on a Unix socket (mode 0600).
+
+    Actions (``do_action``, JSON body in, one JSON result out): ``list_actions`` names them. A
+    ``read_state`` result carries a ticket; ``do_get`` with it streams that ReadState's in-memory rows
+    once (a ticket not taken within 600 s is dropped). Errors reach the client as ``FlightServerError`` with the message scrubbed
+    of secrets (``engine/pg/conninfo.scrub``). Source: Arrow Flight RPC, "Actions" and "DoGet"."""
+
     def __init__(self, service: ReplicatorService, socket_path: str) -> None:
         if os.path.exists(socket_path):
             os.unlink(socket_path)
@@ -45,6 +53,9 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
 
     # ------------------------------------------------------------------ actions
     def do_action(self, context: Any, action: Any) -> Iterator[Any]:
+        """Run one action: ``action.type`` names it, ``action.body`` is its JSON arguments; yields one
+        ``flight.Result`` of JSON. ``MooncakeError``/``TimeoutError``/``ValueError``/``LookupError`` become
+        ``FlightServerError`` with their text; anything else is logged and sent as ``Type: text``."""
         body = json.loads(action.body.to_pybytes() or b"{}")
         try:
             result = self._dispatch(action.type, body)
@@ -56,6 +67,7 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         yield flight.Result(json.dumps(result, default=str).encode())
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        """``(action name, description)`` of every action :meth:`do_action` takes."""
         return [
             ("ping", "liveness"),
             ("status", "list-tables document"),
@@ -120,6 +132,8 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
 
     # ------------------------------------------------------------------ streams
     def do_get(self, context: Any, ticket: Any) -> Any:
+        """Stream the Arrow rows behind a ``read_state`` ticket (each ticket is taken once);
+        ``FlightServerError`` for an unknown or expired one."""
         key = ticket.ticket.decode()
         with self._tlock:
             item = self._tickets.pop(key, None)
@@ -132,6 +146,7 @@ def serve(config: ServiceConfig, ready_cb: Callable[[], object] | None = None) -
     """Run the service of ``config`` in the foreground until ``shutdown`` or SIGTERM/SIGINT."""
     os.umask(0o077)  # everything the service creates (state, staging, catalog, socket) is owner-only
     install_log_scrubber()
+    select_memory_pool()
     ensure_private_dir(config.state_dir)
     pidfile = config.state_dir / "service.pid"
     service = ReplicatorService(config)

@@ -37,6 +37,8 @@ class LagTracker:
         self._mu = threading.Lock()
 
     def record(self, lsn: int, at: float | None = None) -> None:
+        """Keep the sample (``lsn``, ``at``: seconds since the epoch, default now) unless ``lsn`` is 0 or
+        does not pass the newest sample."""
         if not lsn:
             return
         with self._mu:
@@ -58,6 +60,8 @@ class LagTracker:
         return t0 + (t1 - t0) * (lsn - l0) / (l1 - l0)
 
     def seconds(self, applied_lsn: int, now: float | None = None) -> float:
+        """Seconds (>= 0.0) from when the WAL first passed ``applied_lsn`` (:meth:`passed_at`) to ``now``
+        (default: the current time); 0.0 when no sample is past it."""
         at = self.passed_at(applied_lsn)
         if at is None:
             return 0.0

@@ -14,39 +14,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from .. import storage
 from ..compaction import BackgroundMaintenance
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
-from .config import ServiceConfig
 from .errors import MooncakeError
-from .registry import TableRegistry
+from .parts import SchedulerHost
 
 __all__ = ["PersistFault", "PersistScheduler"]
 
 log = logging.getLogger("mooncake.service")
-
-
-class _StopsTables(Protocol):
-    """What the scheduler uses of the service's stream loop."""
-
-    def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
-
-
-class _Service(Protocol):
-    """What the scheduler uses of its :class:`~.service.ReplicatorService`."""
-
-    @property
-    def reg(self) -> TableRegistry: ...
-    @property
-    def lock(self) -> threading.RLock: ...
-    @property
-    def config(self) -> ServiceConfig: ...
-    @property
-    def stream(self) -> _StopsTables: ...
 
 
 class PersistFault(MooncakeError):
@@ -56,9 +36,10 @@ class PersistFault(MooncakeError):
 
 class PersistScheduler:
     """The persists and background maintenance of one service's mirrors. ``svc``: the
-    :class:`~.service.ReplicatorService` (its lock, registry, config and stream loop)."""
+    :class:`~.service.ReplicatorService` as a :class:`~.parts.SchedulerHost` (its lock, registry,
+    config and stream loop)."""
 
-    def __init__(self, svc: _Service) -> None:
+    def __init__(self, svc: SchedulerHost) -> None:
         self.svc = svc
         self.reg = svc.reg
         self.lock = svc.lock
@@ -75,6 +56,11 @@ class PersistScheduler:
             th.join(timeout=10)
 
     def tick(self) -> None:
+        """One scheduling round over every mirror (stream thread, about twice a second; takes the lock):
+        mark when a table became dirty, flush a buffer past ``flush_rows``/``flush_bytes``, and in
+        ``auto`` mode start a persist (big, or dirty for ``persist_interval_s``; not while one runs or a
+        fault's backoff is due) and tick background maintenance. A failure goes to
+        :meth:`maintenance_failed`."""
         s = self.config
         with self.lock:
             now = time.time()

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import logging
 import shutil
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import psycopg
 import pyarrow.parquet as pq
-from pyiceberg.catalog import Catalog
 
 from .. import storage
 from ..cdc import ReplicationConnection, initial_copy
@@ -31,37 +29,20 @@ from ..iceberg import IcebergMirrorTable
 from ..lsn import Lsn
 from ..pg import preflight
 from ..pg import publication as pubs
-from ..pg.catalog import SourceCatalog, describe_table, estimate_rows, nan_columns
+from ..pg.catalog import describe_table, estimate_rows, nan_columns
 from ..pg.conninfo import connect_error, with_options
 from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name, resolve_table
 from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..pg.slot import drop_slot
 from ..table.mirror import MirrorTable
-from .config import ServiceConfig
 from .errors import MooncakeError
-from .registry import NAMESPACE, TableRegistry
-from .replication import StreamLoop, apply_item
+from .parts import ProvisionerHost
+from .registry import NAMESPACE
+from .replication import apply_item
 
 __all__ = ["TableProvisioner"]
 
 log = logging.getLogger("mooncake.service")
-
-
-class _Service(Protocol):
-    """What the provisioner uses of its :class:`~.service.ReplicatorService`."""
-
-    @property
-    def reg(self) -> TableRegistry: ...
-    @property
-    def lock(self) -> threading.RLock: ...
-    @property
-    def config(self) -> ServiceConfig: ...
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
-    def stream(self) -> StreamLoop: ...
-    @property
-    def source_catalog(self) -> SourceCatalog: ...
 
 
 def _refuse_nan_decimals(conn: psycopg.Connection[Any], schema: TableSchema) -> None:
@@ -97,9 +78,10 @@ class _Create:
 
 class TableProvisioner:
     """create-table and drop-table of one service. ``svc``: the :class:`~.service.ReplicatorService`
-    (its lock, registry, Iceberg catalog, stream loop and source catalog)."""
+    as a :class:`~.parts.ProvisionerHost` (its lock, registry, Iceberg catalog, stream loop and source
+    catalog)."""
 
-    def __init__(self, svc: _Service) -> None:
+    def __init__(self, svc: ProvisionerHost) -> None:
         self.svc = svc
         self.reg = svc.reg
         self.lock = svc.lock

@@ -94,10 +94,13 @@ class TableRegistry:
         return {**default_names(self.config.state_dir), "tables": {}}
 
     def save(self) -> None:
+        """Write the registry document to ``<state>/tables.json`` (owner-only, replaced atomically:
+        ``engine/private.write_private``)."""
         write_private(self.path, json.dumps(self.doc, indent=1))
 
     @property
     def slot(self) -> str:
+        """The logical replication slot's name (``tables.json`` ``slot``)."""
         return cast(str, self.doc["slot"])
 
     @property
@@ -126,9 +129,14 @@ class TableRegistry:
             )
 
     def ident(self, name: str) -> str:
+        """The Iceberg identifier of mirror ``name`` (``mooncake.<name>``)."""
         return f"{NAMESPACE}.{name}"
 
     def open_table(self, name: str, meta: dict[str, Any], clean_start: bool) -> MirrorTable:
+        """Open the ready mirror ``name`` from its registry entry ``meta`` and its Iceberg table after a
+        restart (``clean_start``: the last run stopped cleanly) and route its source oid to it. Catalog,
+        storage and source errors propagate (:meth:`restore` retries them with
+        ``storage.RESTORE_POLICY``)."""
         ice = IcebergMirrorTable.load(self.catalog, self.ident(name))
         # the columns the mirror was built with, as of its last persist (a change made while the service
         # was down, or not persisted yet, shows up again at its LSN in the replayed stream)
@@ -162,12 +170,15 @@ class TableRegistry:
         return t
 
     def drop_iceberg(self, name: str) -> None:
+        """Drop mirror ``name``'s Iceberg table and purge its files; a table that is already gone, or any
+        error doing so, is ignored (undo of a create-table that failed)."""
         try:
             IcebergMirrorTable.load(self.catalog, self.ident(name)).drop()
         except Exception:
             pass
 
     def table(self, name: str) -> MirrorTable:
+        """The open mirror ``name``; ``MooncakeError`` naming it when there is none."""
         t = self.tables.get(name)
         if t is None:
             raise MooncakeError(f"no mirrored table named {name!r} (see `mooncake list-tables`)")

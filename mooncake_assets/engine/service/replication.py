@@ -19,18 +19,17 @@ import logging
 import shlex
 import threading
 import time
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
 from ..cdc.columnar import ChangeRun, columnar_transaction
-from ..cdc.generated import GeneratedColumns
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
 from ..pg import publication as pubs
-from ..pg.catalog import SourceCatalog, missing_relations
+from ..pg.catalog import missing_relations
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 from ..pg.names import format_name
 from ..pg.schema import TableSchema, column_options
@@ -38,10 +37,9 @@ from ..pg.slot import slot_exists
 from ..table.mirror import MirrorTable
 from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
 from ..timefmt import utc_now
-from .config import ServiceConfig
 from .errors import MooncakeError
 from .lag import LagTracker
-from .registry import TableRegistry
+from .parts import StreamHost
 
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
@@ -58,29 +56,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 50)
-
-
-class _Ticks(Protocol):
-    """What the stream loop uses of the service's persist scheduler."""
-
-    def tick(self) -> None: ...
-
-
-class _Service(Protocol):
-    """What the stream loop uses of its :class:`~.service.ReplicatorService`."""
-
-    @property
-    def reg(self) -> TableRegistry: ...
-    @property
-    def lock(self) -> threading.RLock: ...
-    @property
-    def config(self) -> ServiceConfig: ...
-    @property
-    def persister(self) -> _Ticks: ...
-    @property
-    def generated(self) -> GeneratedColumns: ...
-    @property
-    def source_catalog(self) -> SourceCatalog: ...
 
 
 class _Truncate:
@@ -124,10 +99,10 @@ def apply_item(
 class StreamLoop:
     """The replication thread of one service and the LSNs it keeps (``applied_lsn``: every commit
     below it is applied; ``confirmed_lsn``: what the slot was told is durable). ``svc``: the
-    :class:`~.service.ReplicatorService` it belongs to (its lock, registry, generated columns, source
-    catalog and persist scheduler)."""
+    :class:`~.service.ReplicatorService` it belongs to, seen as a :class:`~.parts.StreamHost` (its
+    lock, registry, generated columns, source catalog and persist scheduler)."""
 
-    def __init__(self, svc: _Service) -> None:
+    def __init__(self, svc: StreamHost) -> None:
         self.svc = svc
         self.reg = svc.reg
         self.lock = svc.lock
@@ -495,6 +470,10 @@ class StreamLoop:
         return lsn
 
     def send_status(self, reply: bool = False) -> None:
+        """Send a Standby Status Update: written = ``applied_lsn``, flushed = applied = ``confirmed_lsn``,
+        raised to :meth:`durable_lsn` first (the slot may drop WAL below it). ``reply``: ask the server
+        to answer at once. Called from the stream thread. Source: PostgreSQL docs, "Streaming Replication
+        Protocol" (Standby status update, ``r``)."""
         with self.lock:
             durable = self.durable_lsn()
         if durable > self.confirmed_lsn:

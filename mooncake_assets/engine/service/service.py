@@ -23,6 +23,7 @@ import time
 from typing import Any, cast
 
 import psycopg
+import pyarrow as pa
 
 from .. import storage
 from ..cdc.generated import GeneratedColumns
@@ -80,30 +81,38 @@ class ReplicatorService:
 
     @property
     def tables(self) -> dict[str, MirrorTable]:
+        """Mirror name -> its open :class:`MirrorTable` (ready or stopped; copying ones are in ``copying``)."""
         return self.reg.tables
 
     @property
     def by_oid(self) -> dict[int, MirrorTable]:
+        """Source relation oid -> the mirror the stream routes its changes to."""
         return self.reg.by_oid
 
     @property
     def copying(self) -> dict[int, dict[str, Any]]:
+        """Source relation oid -> the create-table in its initial copy (``table``, ``copy_lsn``, the queue
+        of changes that arrive meanwhile)."""
         return self.reg.copying
 
     @property
     def slot(self) -> str:
+        """The name of the state directory's logical replication slot."""
         return self.reg.slot
 
     @property
     def publication(self) -> str:
+        """The publication the stream reads (:attr:`.registry.TableRegistry.publication`)."""
         return self.reg.publication
 
     @property
     def applied_lsn(self) -> int:
+        """Every commit with a commit LSN below this (int) is applied to the mirrors."""
         return self.stream.applied_lsn
 
     @property
     def faults(self) -> dict[str, storage.Backoff]:
+        """Table -> the backoff of its failing persists (storage or catalog faults; ``status`` shows them)."""
         return self.persister.faults
 
     # ------------------------------------------------------------------ lifecycle
@@ -272,7 +281,8 @@ class ReplicatorService:
         Per table also: ``verify`` (the last scheduled verify: ``result``, ``lsn``, ``at``, ``detail``…;
         a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
         level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
-        ``source_reachable`` and ``source_error``, ``verify_interval_s``."""
+        ``source_reachable`` and ``source_error``, ``verify_interval_s``, ``memory_pool`` (the Arrow pool's
+        backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now)."""
         src_lsn = self._source_lsn()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
@@ -328,4 +338,6 @@ class ReplicatorService:
                 "source_reachable": src_lsn is not None,
                 "source_error": scrub(cast(str, self._source_error)),  # None passes through
                 "verify_interval_s": self.config.verify_interval_s,
+                "memory_pool": pa.default_memory_pool().backend_name,
+                "arrow_allocated_bytes": pa.total_allocated_bytes(),
             }

@@ -32,7 +32,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 import duckdb
 import psycopg
@@ -42,34 +42,15 @@ from ..cdc import ReplicationConnection, describe_table, initial_copy
 from ..lsn import Lsn
 from ..pg.conninfo import with_options
 from ..read.union import UnionReader, _ident
-from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from ..timefmt import utc_now
+from .parts import VerifierHost
 
 log = logging.getLogger("mooncake.verify")
 
 RANGES = 16  # key ranges of the checksum (by the key's hash)
 
 Checksums = dict[int, list[int]]  # range -> [rows, hash sum]
-
-
-class _Service(Protocol):
-    """What the verifier uses of its :class:`~.service.ReplicatorService`."""
-
-    @property
-    def lock(self) -> threading.RLock: ...
-    @property
-    def dsn(self) -> str: ...
-    @property
-    def tables(self) -> dict[str, MirrorTable]: ...
-    @property
-    def registry(self) -> dict[str, Any]: ...
-
-    def record_verify(self, name: str, res: dict[str, Any]) -> None: ...
-
-    def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int: ...
-
-    def read_state(self, name: str, lsn: int | None = None) -> ReadState: ...
 
 
 def _first_line(e: BaseException) -> str:
@@ -150,10 +131,10 @@ def describe_difference(src: Checksums, mir: Checksums) -> tuple[list[int], int,
 class Verifier:
     """The scheduled check of one service's mirrors (see the module docstring).
 
-    ``service``: the :class:`~.service.ReplicatorService`; ``interval_s``: seconds between rounds (0:
+    ``service``: the :class:`~.service.ReplicatorService` (a :class:`~.parts.VerifierHost`); ``interval_s``: seconds between rounds (0:
     no thread, :meth:`run_once` still works)."""
 
-    def __init__(self, service: _Service, interval_s: float) -> None:
+    def __init__(self, service: VerifierHost, interval_s: float) -> None:
         self.service = service
         self.interval_s = float(interval_s or 0)
         self._stop = threading.Event()

@@ -10,7 +10,6 @@ committed before it. The :class:`DiskFileSet` holds them with the FileIndex (Ind
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -24,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64, FrozenBitMap64
 
-from ..index import KEY_HASH_VERSION, FileIndex, IndexBlock
+from ..index import FileIndex, IndexBlock
+from ..index.saved import IndexBlob, encode_index_blob
 from .read_state import FileState, frozen
 
 __all__ = ["DiskFile", "DiskFileSet", "MAX_FILE_ROWS", "local_path_of"]
@@ -63,14 +63,19 @@ class DiskFile:
 
     @property
     def persisted(self) -> bool:
+        """Is the file in the Iceberg table (it has a warehouse ``location``)? Staged files are not."""
         return self.location is not None
 
     @property
     def read_path(self) -> str:
+        """Where readers open the file: its warehouse location (``file://`` stripped) once persisted,
+        else its staged local path."""
         # a file has a warehouse location or a local copy (staged), or both
         return local_path_of(self.location) if self.location else cast(str, self.local_path)
 
     def is_deleted(self, row: int) -> bool:
+        """Is position ``row`` (0-based) deleted by anything applied: the committed DV, a pending delete
+        or a TRUNCATE?"""
         return self.truncated_lsn != 0 or row in self.committed or row in self.pending
 
     def deleted_at(self, lsn: int | None) -> BitMap64:
@@ -103,6 +108,7 @@ class DiskFile:
         return self._frozen[1]
 
     def deleted_count(self) -> int:
+        """Deleted positions, committed plus pending (every row after a TRUNCATE)."""
         if self.truncated_lsn:
             return self.num_rows
         return len(self.committed) + len(self.pending)
@@ -125,6 +131,7 @@ class DiskFileSet:
 
     # ------------------------------------------------------------------ adding files
     def new_block_path(self) -> str:
+        """A fresh IndexBlock file path, ``<table dir>/index/<uuid>.idx``."""
         return str(self.dir / "index" / f"{uuid.uuid4().hex}.idx")
 
     def write(self, table: pa.Table, hashes: np.ndarray) -> tuple[int, int]:
@@ -169,6 +176,8 @@ class DiskFileSet:
                 yield fname, row
 
     def delete(self, fname: str, row: int, lsn: int) -> None:
+        """Delete position ``row`` of file ``fname`` by a change committed at ``lsn`` (pending until the
+        next persist writes it into the file's deletion vector); ``KeyError`` for an unknown file."""
         self.files[fname].pending[row] = lsn
 
     def truncate(self, lsn: int) -> None:
@@ -179,6 +188,8 @@ class DiskFileSet:
 
     @staticmethod
     def fully_deleted(f: DiskFile) -> bool:
+        """Is every row of ``f`` deleted (a TRUNCATE, or as many deletes as rows)? A persist drops such a
+        file from the snapshot instead of writing its deletion vector."""
         return bool(f.truncated_lsn) or f.deleted_count() >= f.num_rows
 
     def file_states(self, lsn: int | None) -> tuple[FileState, ...]:
@@ -197,6 +208,8 @@ class DiskFileSet:
         return any(not f.persisted or f.pending or f.truncated_lsn for f in self.files.values())
 
     def retire(self, path: str, now: float) -> None:
+        """Schedule the staged file at ``path`` for deletion (``now``: seconds since the epoch) once
+        readers are done with it (:meth:`gc_retired`)."""
         self.retired.append((now, path))
 
     def gc_retired(self, grace_s: float = 120.0) -> None:
@@ -214,33 +227,18 @@ class DiskFileSet:
 
     # ------------------------------------------------------------------ index persistence
     def index_blob(self, index: FileIndex | None = None) -> bytes:
-        """The FileIndex (``index``, default ours) as bytes: 4-byte LE header length, JSON header
-        {"blocks": [{"name","size"}], "key_hash": KEY_HASH_VERSION}, then each IndexBlock file's bytes,
-        newest first."""
-        blobs, meta = [], []
-        for b in (index or self.index).blocks:
-            data = Path(b.path).read_bytes()
-            blobs.append(data)
-            meta.append({"name": Path(b.path).name, "size": len(data)})
-        head = json.dumps({"blocks": meta, "key_hash": KEY_HASH_VERSION}).encode()
-        return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+        """The FileIndex (``index``, default ours) as index blob bytes (layout: :mod:`~..index.saved`):
+        each IndexBlock file's bytes, newest first, under today's key hash version."""
+        return encode_index_blob((Path(b.path).name, Path(b.path).read_bytes()) for b in (index or self.index).blocks)
 
-    @staticmethod
-    def blob_header(blob: bytes) -> dict[str, Any]:
-        """The JSON header of :meth:`index_blob` bytes."""
-        n = int.from_bytes(blob[:4], "little")
-        return cast(dict[str, Any], json.loads(blob[4 : 4 + n]))
-
-    def restore_index(self, blob: bytes) -> None:
-        """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read)."""
-        n = int.from_bytes(blob[:4], "little")
-        head = json.loads(blob[4 : 4 + n])
-        off = 4 + n
+    def restore_index(self, saved: IndexBlob) -> None:
+        """Rebuild the FileIndex from a decoded index blob (:func:`~..index.saved.decode_index_blob`):
+        each block is written under ``<table dir>/index/`` and memory-mapped; no data file is read.
+        Raises :class:`~..index.IndexBlockFormatError` for a block whose bytes are not a block."""
         blocks = []
-        for m in head["blocks"]:
-            p = self.dir / "index" / m["name"]
-            p.write_bytes(blob[off : off + m["size"]])
-            off += m["size"]
+        for name, data in saved.blocks:
+            p = self.dir / "index" / name
+            p.write_bytes(data)
             blocks.append(IndexBlock.open(str(p)))
         self.index = FileIndex(blocks)
 
@@ -264,6 +262,8 @@ class DiskFileSet:
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, int]:
+        """Counts for ``status``: ``data_files``, ``data_bytes``, ``index_blocks``, ``pending_deletes``,
+        ``deletion_vectors`` (files with a committed DV), ``deleted_rows``, ``file_rows``."""
         deleted = sum(f.deleted_count() for f in self.files.values())
         return {
             "data_files": len(self.files),

@@ -103,6 +103,7 @@ class SchemaChange:
     ignored: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
+        """One line for logs and errors: ``schema change at LSN X/Y: added a; renamed b to c; d: int4 -> int8``."""
         parts = [f"added {a}" for a in self.added] + [f"dropped {d}" for d in self.dropped]
         parts += [f"renamed {a} to {b}" for a, b in self.renamed]
         parts += [f"{c}: {a} -> {b}" for c, a, b in self.retyped]
@@ -137,25 +138,70 @@ def plan_schema_change(
     column: no catalog row can be told to be it, so its default for older rows is unknown). An added column
     whose type cannot be mirrored but which the source has dropped again since is left out
     (``ignored``): that is how undoing such an ADD COLUMN and restarting resumes the table."""
-    where = f"table {table} (source {schema.qualified_name}): schema change at LSN {Lsn(lsn)}"
-
-    def fail(what: str, undo: str | None = None) -> SchemaChangeError:
-        # undo: a fix on the source after which a restart resumes the table (replaying the change from
-        # the slot must then go through); without one, only a fresh copy gets past the change
-        how = f"{undo} and restart the service, or re-create the mirror" if undo else "re-create the mirror"
-        return SchemaChangeError(
-            f"{where}: {what} — this table stopped (the others go on) and holds the replication slot at its "
-            f"flush LSN, so nothing is lost; to resume, {how} (drop-table, then create-table: a fresh copy)"
-        )
-
+    fail = _Failure(f"table {table} (source {schema.qualified_name}): schema change at LSN {Lsn(lsn)}")
     alive = {c.name: c for c in catalog if not c.dropped}
-    by_num = {c.attnum: c for c in catalog}
     by_attnum = {c.attnum: c for c in schema.columns if c.attnum}
     by_name = {c.name: c for c in schema.columns}
+    rel_names = {n for n, _, _ in rel_columns}
+    pairs = _pair_by_identity(rel_columns, alive, by_attnum, by_name, fail)
+    _pair_by_position(schema, rel_columns, catalog, alive, rel_names, pairs)
     matched: dict[int, ColumnSpec] = {}  # id(mine) -> new spec
     out: list[ColumnSpec] = []
     change = SchemaChange(columns=out, key_columns=[], lsn=lsn, next_field_id=next_field_id)
-    # 1. by attnum (the catalogs now), else by name
+    for (name, oid, typmod), mine in zip(rel_columns, pairs):
+        cat = alive.get(name)
+        if mine is None and cat is None:
+            cat = _guess_added(catalog, out, by_attnum, rel_names, oid, typmod)
+        if mine is None:  # a new column
+            spec = _added_column(name, oid, typmod, cat, resolve, fail, table, lsn, format_version)
+            if spec is None:  # dropped again since (a replayed change): its values are gone
+                change.ignored.append(name)  # from the source too, so it is left out
+                continue
+            out.append(spec)
+            change.added.append(name)
+            continue
+        spec = _kept_column(name, oid, typmod, mine, cat, resolve, fail, change)
+        matched[id(mine)] = spec
+        out.append(spec)
+    keys = _kept_keys(schema, matched, by_name, change, fail)
+    clash = case_collision(c.name for c in out)
+    if clash:
+        raise fail(
+            f'columns "{clash[0]}" and "{clash[1]}" differ only in case, which union reads (DuckDB) cannot tell apart',
+            undo=f'rename column "{clash[1]}" on the source',
+        )
+    change.key_columns = keys
+    change.next_field_id = assign_field_ids(out, next_field_id)
+    for c in out:
+        c.is_key = c.name in keys
+    return change
+
+
+class _Failure:
+    """The :class:`SchemaChangeError` of one change: ``where`` (table, source, LSN) and ``what``
+    happened; ``undo``: a fix on the source after which a restart resumes the table (replaying the
+    change from the slot must then go through); without one, only a fresh copy gets past the change."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def __call__(self, what: str, undo: str | None = None) -> SchemaChangeError:
+        how = f"{undo} and restart the service, or re-create the mirror" if undo else "re-create the mirror"
+        return SchemaChangeError(
+            f"{self.where}: {what} — this table stopped (the others go on) and holds the replication slot at its "
+            f"flush LSN, so nothing is lost; to resume, {how} (drop-table, then create-table: a fresh copy)"
+        )
+
+
+def _pair_by_identity(
+    rel_columns: list[tuple[str, int, int]],
+    alive: dict[str, CatalogColumn],
+    by_attnum: dict[int, ColumnSpec],
+    by_name: dict[str, ColumnSpec],
+    fail: _Failure,
+) -> list[ColumnSpec | None]:
+    """Step 1: the mirror's column each Relation column is (None: none yet), by attnum (the catalogs
+    now), else by name. Raises when two Relation columns would be the same mirror column."""
     pairs: list[ColumnSpec | None] = []
     for name, _oid, _typmod in rel_columns:
         cat = alive.get(name)
@@ -167,10 +213,22 @@ def plan_schema_change(
         if mine is not None and any(m is mine for m in pairs):
             raise fail(f"column {name} cannot be told apart from column {mine.name} (the catalogs changed again since)")
         pairs.append(mine)
-    # 2. by position: a column renamed at this LSN and renamed again or dropped since (the change is
-    # processed late, e.g. replayed after a restart) is known to the catalogs under neither name; a
-    # rename keeps the column's place, so pair such columns in order between their matched neighbours
-    rel_names = {n for n, _, _ in rel_columns}
+    return pairs
+
+
+def _pair_by_position(
+    schema: TableSchema,
+    rel_columns: list[tuple[str, int, int]],
+    catalog: list[CatalogColumn],
+    alive: dict[str, CatalogColumn],
+    rel_names: set[str],
+    pairs: list[ColumnSpec | None],
+) -> None:
+    """Step 2, filling in ``pairs``: a column renamed at this LSN and renamed again or dropped since
+    (the change is processed late, e.g. replayed after a restart) is known to the catalogs under
+    neither name; a rename keeps the column's place, so such columns are paired in order (same
+    declared type) between their matched neighbours."""
+    by_num = {c.attnum: c for c in catalog}
 
     def maybe_renamed(m: ColumnSpec) -> bool:
         c = by_num.get(m.attnum) if m.attnum else None
@@ -201,72 +259,107 @@ def plan_schema_change(
                 free = [j for j in free if j > same[0]]
         window = []
         prev = nxt
-    for (name, oid, typmod), mine in zip(rel_columns, pairs):
-        cat = alive.get(name)
-        if mine is None and cat is None:
-            cat = _guess_added(catalog, out, by_attnum, rel_names, oid, typmod)
-        if mine is None:  # a new column
-            try:
-                spec = resolve(name, oid, typmod, cat.ndims if cat is not None else 0)
-            except UnsupportedTypeError as e:
-                if cat is None or cat.dropped:  # dropped again since (a replayed change): its values are gone
-                    change.ignored.append(name)  # from the source too, so it is left out
-                    continue
-                raise fail(
-                    f"column {name} was added with a type that cannot be mirrored ({e})",
-                    undo=f"drop column {name} on the source",
-                ) from None
-            if cat is None:  # no catalog row is this column: what older rows read is unknown, never "no default"
-                raise fail(
-                    f"column {name} was added, but the catalogs show no column it can be now (changed again "
-                    "since, in a way that cannot be told apart), so the value older rows read in it is "
-                    "unknown"
-                )
-            spec.attnum = cat.attnum
-            spec.initial_default = cat.missing
-            if cat.dropped:
-                # dropped again since (a replayed change): Postgres clears attmissingval on DROP, so the value
-                # is gone; the mirror drops the column too when it reaches the DROP, and reads between the
-                # two LSNs are refused from then on
-                log.warning(
-                    "table %s: column %s added at LSN %s has been dropped on the source since; older rows "
-                    "read NULL in it until the DROP is replayed",
-                    table,
-                    name,
-                    str(Lsn(lsn)),
-                )
-            spec.not_null = False  # rows older than the column may read NULL
-            if spec.initial_default is not None and format_version < 3:
-                raise fail(
-                    f"column {name} was added with a default; a format v2 table (delete format "
-                    "position-deletes) cannot give older rows that default (Iceberg initial-default needs "
-                    "format v3)"
-                )
-            out.append(spec)
-            change.added.append(name)
-            continue
-        spec = copy.copy(mine)
-        spec.element_ids = list(mine.element_ids)
-        if not spec.attnum and cat is not None:
-            spec.attnum = cat.attnum
-        if name != mine.name:
-            spec.name = name
-            change.renamed.append((mine.name, name))
-        if (oid, typmod) != (mine.decl_oid, mine.decl_typmod):
-            try:
-                new = resolve(name, oid, typmod, mine.ndims)
-            except UnsupportedTypeError as e:
-                raise fail(f"column {name} changed type to one that cannot be mirrored ({e})") from None
-            if not promotable(mine.arrow_type, new.arrow_type) or new.ndims != mine.ndims:
-                raise fail(
-                    f"column {name} changed type from {mine.type_name} to {new.type_name}, which is not an "
-                    f"Iceberg type promotion ({mine.arrow_type} to {new.arrow_type})"
-                )
-            change.retyped.append((name, mine.type_name, new.type_name))
-            for attr in ("type_oid", "typmod", "type_name", "arrow_type", "element", "decl_oid", "decl_typmod"):
-                setattr(spec, attr, getattr(new, attr))
-        matched[id(mine)] = spec
-        out.append(spec)
+
+
+def _added_column(
+    name: str,
+    oid: int,
+    typmod: int,
+    cat: CatalogColumn | None,
+    resolve: Callable[[str, int, int, int], ColumnSpec],
+    fail: _Failure,
+    table: str,
+    lsn: int,
+    format_version: int,
+) -> ColumnSpec | None:
+    """The spec of a column the Relation adds (``cat``: its catalog row, None when none can be told to
+    be it): optional, its initial default the catalogs' ``missing`` value. None: its type cannot be
+    mirrored but the source has dropped it again since (left out). Raises when its type cannot be
+    mirrored, when no catalog row is it (older rows' value unknown), or for a default on format v2."""
+    try:
+        spec = resolve(name, oid, typmod, cat.ndims if cat is not None else 0)
+    except UnsupportedTypeError as e:
+        if cat is None or cat.dropped:
+            return None
+        raise fail(
+            f"column {name} was added with a type that cannot be mirrored ({e})",
+            undo=f"drop column {name} on the source",
+        ) from None
+    if cat is None:  # no catalog row is this column: what older rows read is unknown, never "no default"
+        raise fail(
+            f"column {name} was added, but the catalogs show no column it can be now (changed again "
+            "since, in a way that cannot be told apart), so the value older rows read in it is "
+            "unknown"
+        )
+    spec.attnum = cat.attnum
+    spec.initial_default = cat.missing
+    if cat.dropped:
+        # dropped again since (a replayed change): Postgres clears attmissingval on DROP, so the value
+        # is gone; the mirror drops the column too when it reaches the DROP, and reads between the
+        # two LSNs are refused from then on
+        log.warning(
+            "table %s: column %s added at LSN %s has been dropped on the source since; older rows "
+            "read NULL in it until the DROP is replayed",
+            table,
+            name,
+            str(Lsn(lsn)),
+        )
+    spec.not_null = False  # rows older than the column may read NULL
+    if spec.initial_default is not None and format_version < 3:
+        raise fail(
+            f"column {name} was added with a default; a format v2 table (delete format "
+            "position-deletes) cannot give older rows that default (Iceberg initial-default needs "
+            "format v3)"
+        )
+    return spec
+
+
+def _kept_column(
+    name: str,
+    oid: int,
+    typmod: int,
+    mine: ColumnSpec,
+    cat: CatalogColumn | None,
+    resolve: Callable[[str, int, int, int], ColumnSpec],
+    fail: _Failure,
+    change: SchemaChange,
+) -> ColumnSpec:
+    """The new spec of the mirror's column ``mine`` (a copy: same field ids), renamed to ``name`` and
+    promoted to the Relation's type ``oid``/``typmod`` when they differ (recorded in ``change``).
+    Raises when the new type cannot be mirrored or is not an Iceberg type promotion."""
+    spec = copy.copy(mine)
+    spec.element_ids = list(mine.element_ids)
+    if not spec.attnum and cat is not None:
+        spec.attnum = cat.attnum
+    if name != mine.name:
+        spec.name = name
+        change.renamed.append((mine.name, name))
+    if (oid, typmod) != (mine.decl_oid, mine.decl_typmod):
+        try:
+            new = resolve(name, oid, typmod, mine.ndims)
+        except UnsupportedTypeError as e:
+            raise fail(f"column {name} changed type to one that cannot be mirrored ({e})") from None
+        if not promotable(mine.arrow_type, new.arrow_type) or new.ndims != mine.ndims:
+            raise fail(
+                f"column {name} changed type from {mine.type_name} to {new.type_name}, which is not an "
+                f"Iceberg type promotion ({mine.arrow_type} to {new.arrow_type})"
+            )
+        change.retyped.append((name, mine.type_name, new.type_name))
+        for attr in ("type_oid", "typmod", "type_name", "arrow_type", "element", "decl_oid", "decl_typmod"):
+            setattr(spec, attr, getattr(new, attr))
+    return spec
+
+
+def _kept_keys(
+    schema: TableSchema,
+    matched: dict[int, ColumnSpec],
+    by_name: dict[str, ColumnSpec],
+    change: SchemaChange,
+    fail: _Failure,
+) -> list[str]:
+    """The mirror's columns no Relation column is are dropped (recorded in ``change``); returns the key
+    columns under their new names. Raises for a dropped key column, and for any drop on a table
+    without a key (mirrored by its whole row, which a drop changes for every row)."""
     dropped = [c for c in schema.columns if id(c) not in matched]
     change.dropped = [c.name for c in dropped]
     if dropped and not schema.key_columns:
@@ -280,17 +373,7 @@ def plan_schema_change(
         if kept is None:
             raise fail(f"key column {k} was dropped")
         keys.append(kept.name)
-    clash = case_collision(c.name for c in out)
-    if clash:
-        raise fail(
-            f'columns "{clash[0]}" and "{clash[1]}" differ only in case, which union reads (DuckDB) cannot tell apart',
-            undo=f'rename column "{clash[1]}" on the source',
-        )
-    change.key_columns = keys
-    change.next_field_id = assign_field_ids(out, next_field_id)
-    for c in out:
-        c.is_key = c.name in keys
-    return change
+    return keys
 
 
 def _guess_added(

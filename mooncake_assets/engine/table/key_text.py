@@ -73,7 +73,9 @@ class RestoredTable(Protocol):
     defaults: dict[int, pa.Scalar]
 
     @property
-    def files(self) -> dict[str, DiskFile]: ...
+    def files(self) -> dict[str, DiskFile]:
+        """The table's data files by name (rows are read from their ``read_path``)."""
+        ...
 
 
 __all__ = ["key_text_columns", "rebuild_file_index"]

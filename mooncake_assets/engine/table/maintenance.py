@@ -119,6 +119,9 @@ def compaction_input(disk: DiskFileSet, names: list[str], schema: Any, defaults:
 
 
 def index_merge_input(disk: DiskFileSet, blocks: Iterable[IndexBlock]) -> IndexMergeInput:
+    """The frozen input of an index merge: the IndexBlocks to merge (``blocks``, newest first), the
+    names of the live data files (entries of other files are dropped) and how many blocks the index
+    had when the input was taken."""
     return IndexMergeInput(blocks=tuple(blocks), live=frozenset(disk.files), blocks_before=len(disk.index.blocks))
 
 

@@ -195,7 +195,9 @@ class MemSlice:
                 self._open_del[r] = lsn
             else:
                 self.batches[b].del_lsn[r] = lsn
-        self.index.remove_many(hashes, locs)
+        remove = self.index.remove
+        for h, loc in zip(hashes, locs):
+            remove(h, loc)
         self.deleted_rows += len(locs)
 
     def find(self, h: int) -> list[tuple[int, int]]:

@@ -37,6 +37,7 @@ from ..cdc import TableSchema
 from ..faults import fault
 from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
+from ..index.saved import decode_index_blob
 from ..lsn import Lsn
 from . import maintenance
 from .apply_run import RunApplyRole
@@ -132,8 +133,9 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
     def flush(self) -> dict[str, Any]:
         """Write the MemSlice's live rows to Parquet in ``staging/`` plus one IndexBlock for them.
 
-        Rows stay visible throughout (the caller holds the service lock). Returns
-        ``{"rows", "files", "bytes", "seconds"}``.
+        Rows stay visible throughout (the caller holds the service lock). The Arrow pool's unused memory
+        is released afterwards (``MemoryPool.release_unused``). Returns ``{"rows", "files", "bytes",
+        "seconds"}``.
         """
         t0 = time.time()
         table, hashes, horizon = self.mem.drain()
@@ -143,7 +145,12 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         if table.num_rows == 0:
             return {"rows": 0, "files": 0, "bytes": 0, "seconds": time.time() - t0}
         files, nbytes = self.disk.write(table, hashes)
-        return {"rows": table.num_rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
+        rows = table.num_rows
+        del table, hashes
+        # hand the drained buffers' free pages back to the OS (the system pool: malloc_trim, which also
+        # trims the numpy arrays and the MemIndex of the slice; see service.process.select_memory_pool)
+        pa.default_memory_pool().release_unused()
+        return {"rows": rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
 
     def add_copied_file(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:
         """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
@@ -249,13 +256,15 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
     def restore_index(self, blob: bytes) -> None:
         """Rebuild the FileIndex from :meth:`index_blob` bytes (no data file is read). Blocks hashed
         under an older key hash (header without ``"key_hash"``) are rebuilt from the data files instead
-        when the table's key is not exact (:func:`~..index.key_hash.blob_needs_rebuild`)."""
-        if blob_needs_rebuild(DiskFileSet.blob_header(blob).get("key_hash"), self.hasher.exact):
+        when the table's key is not exact (:func:`~..index.key_hash.blob_needs_rebuild`). The blob is
+        parsed once (:func:`~..index.saved.decode_index_blob`; ``IndexBlockFormatError`` when it is not one)."""
+        saved = decode_index_blob(blob)
+        if blob_needs_rebuild(saved.key_hash, self.hasher.exact):
             from .key_text import rebuild_file_index
 
             self.file_index = rebuild_file_index(self)
             return
-        self.disk.restore_index(blob)
+        self.disk.restore_index(saved)
 
     def restore(self) -> None:
         """Load the persisted state (data files, DVs, index, flush LSN) after a restart (the caller then
@@ -318,6 +327,10 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
+        """The table's part of ``list-tables --json``: name, source, LSNs as ``X/Y`` text (applied, flush,
+        last change), ``buffer_rows``/``buffer_bytes`` of the MemSlice, the file counts of
+        :meth:`DiskFileSet.stats`, ``live_rows`` (files minus deletes plus buffer), ``missing_keys``,
+        ``columns`` and ``last_schema_change`` (docs/ describes each field)."""
         d = self.disk.stats()
         return {
             "name": self.name,

@@ -51,7 +51,7 @@ class PersistPayload:
 
     @property
     def new_deletes(self) -> int:
-        """Positions newly in deletion vectors."""
+        """Positions newly in deletion vectors: the sum over ``deletes`` (data file location -> positions)."""
         return sum(len(b) for b in self.deletes.values())
 
 

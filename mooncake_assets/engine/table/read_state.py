@@ -44,10 +44,12 @@ class FileState:
 
     @property
     def deleted_count(self) -> int:
+        """Positions deleted as of the ReadState's LSN (0 when none)."""
         return len(self.deleted) if self.deleted is not None else 0
 
     @property
     def live_rows(self) -> int:
+        """Rows a reader sees in the file: ``rows`` minus the deleted positions."""
         return self.rows - self.deleted_count
 
 

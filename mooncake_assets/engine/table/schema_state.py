@@ -76,10 +76,9 @@ class TableSchemaRole:
                 ids = _nested_ids(f.field_type)
                 if ids:
                     c.element_ids = ids
-        return cast(
-            int,
+        return (
             max([last] + [c.field_id for c in schema.columns] + [max(c.element_ids, default=0) for c in schema.columns])
-            + 1,
+            + 1
         )
 
     @staticmethod

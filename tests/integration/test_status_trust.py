@@ -173,7 +173,7 @@ def test_checksum_verify_matches_every_type_and_no_key(pg_dsn, state_dir):
     """No false alarm: the checksum of the source (decoded COPY) and of the mirror (Parquet + deletion
     vectors + memory) agree for every mapped type, with and without a primary key; one changed value is
     found (same row counts, values differ)."""
-    from tests.engine.test_types import ALL_TYPES_DDL, ALL_TYPES_ROWS
+    from tests.pg.all_types import ALL_TYPES_DDL, ALL_TYPES_ROWS
 
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(ALL_TYPES_DDL)

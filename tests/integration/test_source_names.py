@@ -26,7 +26,7 @@ from mooncake_assets.engine.pg.names import (
 from mooncake_assets.engine.service import ServiceClient
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, mooncake
+from ..helpers import make_settings, mooncake
 
 LONG = "A" + "b" * 61 + "Z"  # 63 bytes, mixed case: the longest name Postgres keeps
 UMLAUT = "Größe €"  # non-ASCII with a space
@@ -303,7 +303,7 @@ def test_columns_differing_only_in_case_are_refused_by_schema_evolution():
     from mooncake_assets.engine.pg.names import case_collision
     from mooncake_assets.engine.table.schema_change import SchemaChangeError
 
-    from .engine.test_evolution import INT4, cat, plan, schema, spec
+    from ..engine.test_evolution import INT4, cat, plan, schema, spec
 
     assert case_collision(["id", "ärger", "Ärger", "createdAt"]) is None  # DuckDB folds ASCII letters only
     assert case_collision(["id", "createdAt", "CreatedAt"]) == ("createdAt", "CreatedAt")

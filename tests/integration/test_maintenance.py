@@ -27,7 +27,7 @@ from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.service.process import start_service, stop_service
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, mooncake, running_service
+from ..helpers import make_settings, mooncake, running_service
 
 #: small files and eager triggers so that every check of the policy fires within a few steps
 SMALL_POLICY = {

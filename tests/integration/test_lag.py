@@ -20,7 +20,7 @@ import pytest
 from mooncake_assets.demo import _pg_bin
 from mooncake_assets.engine.lsn import Lsn
 
-from .helpers import make_settings, mooncake, running_service
+from ..helpers import make_settings, mooncake, running_service
 
 PG_SIDE = (
     "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, r.write_lsn - '0/0'::pg_lsn FROM pg_stat_replication r "

@@ -1,4 +1,5 @@
-"""The replication connection, the transaction assembler and the initial copy against a real Postgres.
+"""The replication connection, with the transaction assembler and the initial copy, against a real Postgres
+(the assembler alone: tests/engine/test_txn.py).
 
 Oracle for the stream: a second slot created at the same moment and read through the SQL interface
 with protocol version 1 (no streaming), assembled by the same code: both must give the same
@@ -7,7 +8,6 @@ transactions (xid, commit LSN, end LSN, changes). Contents are also checked dire
 from __future__ import annotations
 
 import time
-from datetime import UTC
 from decimal import Decimal
 
 import psycopg
@@ -111,16 +111,6 @@ def key(txns) -> list:
 
 def marker_done(mark_oid: int):
     return lambda txns: any(c.relation_oid == mark_oid for t in txns for c in t.changes)
-
-
-def test_lsn_text():
-    assert str(Lsn(0)) == "0/0"
-    assert str(Lsn(0x1_0000_00AB)) == "1/AB"
-    assert Lsn.parse("16/B374D848") == 0x16_B374D848
-    for v in (0, 1, 0xFFFFFFFF, 1 << 32, (1 << 64) - 1):
-        assert Lsn.parse(str(Lsn(v))) == v
-    with pytest.raises(ValueError, match="expected an LSN"):
-        Lsn.parse("12345")
 
 
 def test_identify_and_slots(pg_dsn, repl):
@@ -424,7 +414,7 @@ def test_status_keepalive_and_lost_connection(pg_dsn, repl):
 
 def test_decode_streamed_tuples_matches_copy(pg_dsn, repl):
     """The same rows through pgoutput (TupleData bytes) and through COPY decode to the same Arrow."""
-    from tests.engine.test_types import ALL_TYPES_DDL, ALL_TYPES_ROWS  # the shared all-types fixture rows
+    from tests.pg.all_types import ALL_TYPES_DDL, ALL_TYPES_ROWS  # the shared all-types fixture rows
 
     with psycopg.connect(pg_dsn, autocommit=True) as w:
         w.execute(ALL_TYPES_DDL)
@@ -453,78 +443,3 @@ def test_decode_streamed_tuples_matches_copy(pg_dsn, repl):
 
 
 # -- the assembler alone (hand-made message sequences) --------------------------------------------
-
-
-def _ins(xid, oid, v):
-    from mooncake_assets.engine.cdc import Insert, TupleData
-
-    return Insert(xid, oid, TupleData("t", [v]))
-
-
-def test_assembler_stream_bookkeeping():
-    from datetime import datetime
-
-    from mooncake_assets.engine.cdc import (
-        Begin,
-        Commit,
-        ProtocolError,
-        Relation,
-        RelationColumn,
-        StreamStop,
-        Truncate,
-    )
-
-    now = datetime.now(UTC)
-    asm = TransactionAssembler()
-    rel = Relation(100, 7, "public", "t", "d", [RelationColumn(1, "v", 25, -1)])
-    feed = lambda m: asm.feed(m, 1)
-    assert feed(StreamStart(100, True)) == [] and asm.in_stream
-    feed(rel)
-    feed(_ins(100, 7, b"a"))
-    feed(_ins(101, 7, b"sub1"))
-    feed(_ins(102, 7, b"sub2"))
-    feed(StreamStop())
-    # a plain transaction between chunks
-    feed(Begin(50, now, 200))
-    feed(_ins(None, 7, b"plain"))
-    feed(Truncate(None, [7, 8], 1))
-    (plain,) = feed(Commit(0, 50, 60, now))
-    assert [c.kind for c in plain.changes] == ["insert", "truncate"]
-    tr = plain.changes[1]
-    assert (tr.relation_oid, tr.truncate_oids, tr.truncate_cascade, tr.truncate_restart_identity) == (
-        7,
-        [7, 8],
-        True,
-        False,
-    )
-    assert plain.changes[0].relation is rel  # relation cached from inside the stream
-    feed(StreamStart(100, False))
-    feed(_ins(101, 7, b"sub1-more"))
-    feed(_ins(100, 7, b"b"))
-    feed(StreamStop())
-    assert asm.buffered_changes == 5 and asm.open_streams == [100]
-    feed(StreamAbort(100, 101))
-    feed(StreamAbort(100, 999))  # a subxact that never streamed anything
-    (t,) = feed(StreamCommit(100, 0, 70, 80, now))
-    assert [c.new.data[0] for c in t.changes] == [b"a", b"sub2", b"b"] and t.streamed
-    assert (t.xid, t.commit_lsn, t.end_lsn) == (100, 70, 80) and asm.idle
-
-    # a re-sent first segment restarts the buffer (the server re-streams after a reconnect)
-    feed(StreamStart(300, True))
-    feed(_ins(300, 7, b"x"))
-    feed(StreamStop())
-    feed(StreamStart(300, True))
-    feed(_ins(300, 7, b"x"))
-    feed(StreamStop())
-    feed(StreamAbort(300, 300))
-    assert asm.idle
-
-    with pytest.raises(ProtocolError, match="outside any transaction"):
-        feed(_ins(None, 7, b"orphan"))
-    with pytest.raises(ProtocolError, match="first segment"):
-        feed(StreamStart(400, False))
-    feed(Begin(1, now, 1))
-    with pytest.raises(ProtocolError, match="while xid 1 is open"):
-        feed(Begin(2, now, 2))
-    with pytest.raises(ProtocolError, match="never streamed"):
-        asm.reset() or feed(StreamCommit(5, 0, 1, 2, now))

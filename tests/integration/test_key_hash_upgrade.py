@@ -18,7 +18,7 @@ from mooncake_assets.engine.index import IndexBlock, splitmix64
 from mooncake_assets.engine.pg.conninfo import OUTPUT_SETTINGS
 from mooncake_assets.verify import verify
 
-from .helpers import make_settings, running_service
+from ..helpers import make_settings, running_service
 
 
 def _old_hash(texts: list, exact: bool) -> int:

@@ -1,0 +1,36 @@
+"""Type stub of the compiled module ``_native.pyx`` (the compiled pgoutput decoder and receive loop)."""
+
+from .columnar import ColumnarTransaction
+from .pgoutput import Relation, Type
+
+READ_OK: int
+READ_END: int
+READ_LOST: int
+READ_POLL_ERROR: int
+
+class NativeDecoder:
+    relations: dict[int, Relation]
+    types: dict[int, Type]
+    in_stream: bool
+    def __init__(self) -> None: ...
+    @property
+    def in_transaction(self) -> bool: ...
+    @property
+    def open_streams(self) -> list[int]: ...
+    @property
+    def buffered_changes(self) -> int: ...
+    @property
+    def idle(self) -> bool: ...
+    def reset(self) -> None: ...
+    def feed(self, payload: bytes | bytearray | memoryview, wal_lsn: int) -> list[ColumnarTransaction]: ...
+    def take(self) -> list[ColumnarTransaction]: ...
+
+class Receiver:
+    wal_end: int
+    reply_requested: bool
+    keepalives: int
+    messages: int
+    lib_version: int
+    os_errno: int
+    def __init__(self, pgconn_ptr: int, libpq_path: str) -> None: ...
+    def read(self, decoder: NativeDecoder, timeout: float, max_messages: int = 10000) -> int: ...

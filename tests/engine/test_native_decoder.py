@@ -1,0 +1,606 @@
+"""The compiled pgoutput decoder against the reference, message stream by message stream.
+
+Differential: hypothesis builds random pgoutput streams byte by byte (PG docs, "Logical Replication
+Message Formats": Begin/Commit, Origin, Relation (also mid-transaction), Type, Message, Insert,
+Update with and without an old tuple 'K'/'O', Delete, Truncate; tuples with NULL 'n', unchanged
+TOAST 'u', text 't' and binary 'b' values, empty, multibyte and long ones; protocol v2 streamed
+transactions interleaved with plain ones, Stream Abort of subtransactions and of the top xid,
+first_segment restarts) and feeds them to the reference (:class:`TransactionAssembler` +
+:func:`columnar_transaction`) and to :class:`NativeDecoder`: same transactions, same runs
+(``ChangeRun.equals``; run limits patched small so runs split), same relation and type caches,
+and the same error at the same message for broken sequences. Then a real stream: two slots over
+the same WAL, one read by the reference ``read()``, one by the C receive loop.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+from unittest import mock
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from mooncake_assets.engine.cdc import columnar
+from mooncake_assets.engine.cdc.columnar import columnar_transaction
+from mooncake_assets.engine.cdc.native import (
+    PSYCOPG_RANGE,
+    NativeDecoder,
+    Receiver,
+    libpq_path,
+    receiver_for,
+)
+from mooncake_assets.engine.cdc.stream import ReplicationConnection
+from mooncake_assets.engine.cdc.txn import ProtocolError, TransactionAssembler
+
+# -- pgoutput message bytes (big-endian; String = UTF-8 + NUL) -------------------------------------------
+
+
+def _s(text: str) -> bytes:
+    return text.encode() + b"\0"
+
+
+def _x(xid: int | None) -> bytes:
+    return b"" if xid is None else struct.pack(">I", xid)
+
+
+def m_begin(final_lsn: int, ts: int, xid: int) -> bytes:
+    return b"B" + struct.pack(">QqI", final_lsn, ts, xid)
+
+
+def m_commit(commit_lsn: int, end_lsn: int, ts: int) -> bytes:
+    return b"C" + struct.pack(">BQQq", 0, commit_lsn, end_lsn, ts)
+
+
+def m_origin(lsn: int, name: str) -> bytes:
+    return b"O" + struct.pack(">Q", lsn) + _s(name)
+
+
+def m_relation(
+    xid: int | None, oid: int, nsp: str, name: str, ident: str, cols: list[tuple[int, str, int, int]]
+) -> bytes:
+    out = b"R" + _x(xid) + struct.pack(">I", oid) + _s(nsp) + _s(name) + ident.encode() + struct.pack(">h", len(cols))
+    for flags, cname, typ, typmod in cols:
+        out += bytes([flags]) + _s(cname) + struct.pack(">Ii", typ, typmod)
+    return out
+
+
+def m_type(xid: int | None, oid: int, nsp: str, name: str) -> bytes:
+    return b"Y" + _x(xid) + struct.pack(">I", oid) + _s(nsp) + _s(name)
+
+
+def tuple_data(cells: list[tuple[str, bytes | None]]) -> bytes:
+    out = struct.pack(">h", len(cells))
+    for kind, value in cells:
+        out += kind.encode()
+        if kind in "tb":
+            assert value is not None
+            out += struct.pack(">i", len(value)) + value
+    return out
+
+
+def m_insert(xid: int | None, oid: int, new) -> bytes:
+    return b"I" + _x(xid) + struct.pack(">I", oid) + b"N" + tuple_data(new)
+
+
+def m_update(xid: int | None, oid: int, old_kind: str | None, old, new) -> bytes:
+    head = b"U" + _x(xid) + struct.pack(">I", oid)
+    if old_kind is not None:
+        head += old_kind.encode() + tuple_data(old)
+    return head + b"N" + tuple_data(new)
+
+
+def m_delete(xid: int | None, oid: int, old_kind: str, old) -> bytes:
+    return b"D" + _x(xid) + struct.pack(">I", oid) + old_kind.encode() + tuple_data(old)
+
+
+def m_truncate(xid: int | None, oids: list[int], options: int) -> bytes:
+    return b"T" + _x(xid) + struct.pack(">iB", len(oids), options) + struct.pack(f">{len(oids)}I", *oids)
+
+
+def m_message(xid: int | None, transactional: bool, lsn: int, prefix: str, content: bytes) -> bytes:
+    return (
+        b"M"
+        + _x(xid)
+        + bytes([1 if transactional else 0])
+        + struct.pack(">Q", lsn)
+        + _s(prefix)
+        + struct.pack(">i", len(content))
+        + content
+    )
+
+
+def m_stream_start(xid: int, first: bool) -> bytes:
+    return b"S" + struct.pack(">IB", xid, 1 if first else 0)
+
+
+def m_stream_stop() -> bytes:
+    return b"E"
+
+
+def m_stream_commit(xid: int, commit_lsn: int, end_lsn: int, ts: int) -> bytes:
+    return b"c" + struct.pack(">IBQQq", xid, 0, commit_lsn, end_lsn, ts)
+
+
+def m_stream_abort(xid: int, subxid: int) -> bytes:
+    return b"A" + struct.pack(">II", xid, subxid)
+
+
+# -- random streams ----------------------------------------------------------------------------------------
+
+OIDS = [16384, 16385, 16390]
+SAMPLES = ["", "é", "日本語", "🦆", "a\u0301", "NULL", "\\x00", "plain text", "ü" * 2000, "x" * 70000]
+
+
+def cells(rng: random.Random, ncols: int, allow_u: bool = True) -> list[tuple[str, bytes | None]]:
+    """One tuple's cells. The values come from ``rng`` (seeded by hypothesis: the stream's structure
+    shrinks, the bulk of its bytes does not need to): NULL, unchanged TOAST, empty, multibyte, long
+    (one in ~40 is 70 kB, past a small MAX_RUN_BYTES) and random text, and binary."""
+    out = []
+    for _ in range(ncols):
+        k = rng.choice("ttttnub" if allow_u else "tttnb")
+        if k in "nu":
+            out.append((k, None))
+        elif k == "t":
+            r = rng.random()
+            if r < 0.5:
+                v = rng.choice(SAMPLES[:-2])
+            elif r < 0.975:
+                v = "".join(
+                    chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0x2FFF)]))
+                    for _ in range(rng.randrange(12))
+                )
+            else:
+                v = rng.choice(SAMPLES[-2:])
+            out.append(("t", v.encode()))
+        else:
+            out.append(("b", rng.randbytes(rng.randrange(20))))
+    return out
+
+
+class StreamBuilder:
+    """Draws one pgoutput stream: ``msgs`` = [(wal_lsn, payload)] in arrival order."""
+
+    def __init__(self, draw):
+        self.draw = draw
+        self.rng = random.Random(draw(st.integers(0, 2**32)))
+        self.lsn = 0x1_0000_0000
+        self.ts = 800_000_000_000_000
+        self.next_xid = 700
+        self.ncols: dict[int, int] = {}
+        self.msgs: list[tuple[int, bytes]] = []
+
+    def emit(self, payload: bytes) -> None:
+        self.lsn += self.draw(st.integers(0, 300))  # 0: several messages at one WAL position
+        self.msgs.append((self.lsn, payload))
+
+    def xid(self) -> int:
+        self.next_xid += self.draw(st.integers(1, 3))
+        return self.next_xid
+
+    def relation(self, xid: int | None, oid: int | None = None) -> None:
+        oid = oid if oid is not None else self.draw(st.sampled_from(OIDS))
+        n = self.draw(st.one_of(st.integers(1, 5), st.integers(20, 40)))
+        ident = self.draw(st.sampled_from("dfin"))
+        cols = [(1 if i == 0 or ident == "f" else 0, f"c{i}_ü", 25, -1) for i in range(n)]
+        nsp = self.draw(st.sampled_from(["public", "", "Sch é"]))
+        self.ncols[oid] = n
+        self.emit(m_relation(xid, oid, nsp, f"t{oid}", ident, cols))
+
+    def change(self, xid: int | None) -> None:
+        d = self.draw
+        what = d(st.sampled_from(["ins"] * 6 + ["upd", "upd_old", "del", "trunc", "rel", "type", "msg"]))
+        oid = d(st.sampled_from(OIDS))
+        n = self.ncols[oid]
+        if what == "ins":
+            for _ in range(d(st.integers(1, 8))):  # bursts: runs long enough to split
+                self.emit(m_insert(xid, oid, cells(self.rng, n, allow_u=False)))
+        elif what == "upd":
+            self.emit(m_update(xid, oid, None, None, cells(self.rng, n)))
+        elif what == "upd_old":
+            k = d(st.sampled_from("KO"))
+            self.emit(m_update(xid, oid, k, cells(self.rng, n, allow_u=False), cells(self.rng, n)))
+        elif what == "del":
+            self.emit(m_delete(xid, oid, d(st.sampled_from("KO")), cells(self.rng, n, allow_u=False)))
+        elif what == "trunc":
+            oids = d(st.lists(st.sampled_from(OIDS), min_size=0, max_size=3, unique=True))
+            self.emit(m_truncate(xid, oids, d(st.integers(0, 3))))
+        elif what == "rel":
+            self.relation(xid)  # a schema change in the middle of a transaction
+        elif what == "type":
+            self.emit(m_type(xid, d(st.integers(20000, 20003)), "public", d(st.sampled_from(["mood", "ü"]))))
+        else:
+            self.emit(m_message(xid, d(st.booleans()), self.lsn, "pfx", d(st.binary(max_size=8))))
+
+    def commit_times(self) -> tuple[int, int, int]:
+        self.ts += self.draw(st.integers(0, 10**6))
+        commit = self.lsn + 1
+        return commit, commit + self.draw(st.integers(1, 64)), self.ts
+
+    def plain(self) -> None:
+        d = self.draw
+        xid = self.xid()
+        self.emit(m_begin(self.lsn + 1000, self.ts, xid))
+        if d(st.booleans()):
+            self.emit(m_origin(self.lsn, d(st.sampled_from(["", "node_ü", "o1"]))))
+        for _ in range(d(st.integers(0, 6))):
+            self.change(None)
+        self.emit(m_commit(*self.commit_times()))
+
+    def build(self) -> list[tuple[int, bytes]]:
+        d = self.draw
+        for oid in OIDS:
+            self.relation(None, oid)
+        streams: dict[int, list[int]] = {}  # open streamed xid -> its subxids
+        for _ in range(d(st.integers(1, 14))):
+            act = d(
+                st.sampled_from(
+                    ["plain", "plain", "chunk", "chunk", "chunk", "commit", "abort_sub", "abort_top", "rel"]
+                )
+            )
+            if act == "plain":
+                self.plain()
+            elif act == "chunk":
+                if streams and d(st.booleans()):
+                    xid = d(st.sampled_from(sorted(streams)))
+                    first = d(st.integers(0, 5)) == 0  # a restart of a known xid
+                    if first:
+                        streams[xid] = []
+                else:
+                    xid, first = self.xid(), True
+                    streams[xid] = []
+                self.emit(m_stream_start(xid, first))
+                for _ in range(d(st.integers(0, 5))):
+                    if d(st.booleans()):
+                        sub = self.xid() if d(st.booleans()) or not streams[xid] else d(st.sampled_from(streams[xid]))
+                        if sub not in streams[xid]:
+                            streams[xid].append(sub)
+                    else:
+                        sub = xid
+                    self.change(sub)
+                self.emit(m_stream_stop())
+            elif act == "commit" and streams:
+                xid = d(st.sampled_from(sorted(streams)))
+                del streams[xid]
+                self.emit(m_stream_commit(xid, *self.commit_times()))
+            elif act == "abort_sub" and streams:
+                xid = d(st.sampled_from(sorted(streams)))
+                sub = d(st.sampled_from(streams[xid] + [12345]))  # also a subxid that streamed nothing
+                self.emit(m_stream_abort(xid, sub))
+            elif act == "abort_top" and streams:
+                xid = d(st.sampled_from(sorted(streams)))
+                del streams[xid]
+                self.emit(m_stream_abort(xid, xid))
+            elif act == "rel":
+                self.relation(None)
+        for xid in sorted(streams):
+            if d(st.booleans()):
+                self.emit(m_stream_commit(xid, *self.commit_times()))
+        return self.msgs
+
+
+@st.composite
+def streams(draw):
+    return StreamBuilder(draw).build()
+
+
+CONTROL = set(b"BCSEcA")
+
+
+@st.composite
+def broken_streams(draw):
+    """A valid stream with one control message dropped, duplicated or moved, or one message cut short."""
+    msgs = list(draw(streams()))
+    ctl = [i for i, (_, p) in enumerate(msgs) if p[0] in CONTROL]
+    how = draw(st.sampled_from(["drop", "dup", "cut"]))
+    if how == "cut":
+        i = draw(st.integers(0, len(msgs) - 1))
+        lsn, p = msgs[i]
+        msgs[i] = (lsn, p[: draw(st.integers(0, len(p) - 1))])
+    elif ctl:
+        i = draw(st.sampled_from(ctl))
+        if how == "drop":
+            del msgs[i]
+        else:
+            msgs.insert(draw(st.integers(0, len(msgs))), msgs[i])
+    return msgs
+
+
+# -- the comparison ----------------------------------------------------------------------------------------
+
+
+class _RefUndefined(Exception):
+    """The reference's columnar conversion itself fails (e.g. a change of a relation never described)."""
+
+
+def run_reference(msgs):
+    asm = TransactionAssembler()
+    out, err = [], None
+    for i, (lsn, payload) in enumerate(msgs):
+        try:
+            txns = asm.feed_payload(payload, lsn)
+        # KeyError: a change in a chunk whose stream was aborted mid-chunk (both decoders raise it)
+        except (ProtocolError, ValueError, KeyError) as e:
+            err = (i, e)
+            break
+        try:
+            out += [columnar_transaction(t) for t in txns]
+        except (AssertionError, IndexError) as e:
+            raise _RefUndefined() from e
+    return asm, out, err
+
+
+def run_native(msgs):
+    dec = NativeDecoder()
+    out, err = [], None
+    for i, (lsn, payload) in enumerate(msgs):
+        try:
+            out += dec.feed(payload, lsn)
+        # KeyError: a change in a chunk whose stream was aborted mid-chunk (both decoders raise it)
+        except (ProtocolError, ValueError, KeyError) as e:
+            err = (i, e)
+            break
+    return dec, out, err
+
+
+def assert_same_transactions(ref, nat) -> None:
+    assert len(ref) == len(nat)
+    for a, b in zip(ref, nat):
+        assert (a.xid, a.commit_lsn, a.end_lsn, a.commit_time, a.streamed, a.origin, a.rows) == (
+            b.xid,
+            b.commit_lsn,
+            b.end_lsn,
+            b.commit_time,
+            b.streamed,
+            b.origin,
+            b.rows,
+        )
+        assert len(a.runs) == len(b.runs), (
+            a.xid,
+            [(r.kind, r.rows) for r in a.runs],
+            [(r.kind, r.rows) for r in b.runs],
+        )
+        for ra, rb in zip(a.runs, b.runs):
+            assert ra.equals(rb), (ra, rb)
+
+
+def compare(msgs) -> None:
+    try:
+        asm, ref, ref_err = run_reference(msgs)
+    except _RefUndefined:
+        event("reference undefined")
+        return
+    dec, nat, nat_err = run_native(msgs)
+    assert_same_transactions(ref, nat)
+    if ref_err is None:
+        assert nat_err is None, nat_err
+        assert (dec.in_stream, dec.in_transaction, dec.open_streams, dec.buffered_changes, dec.idle) == (
+            asm.in_stream,
+            asm.in_transaction,
+            asm.open_streams,
+            asm.buffered_changes,
+            asm.idle,
+        )
+    else:
+        event(f"error {type(ref_err[1]).__name__}")
+        assert nat_err is not None, f"reference failed at message {ref_err[0]}: {ref_err[1]}"
+        assert nat_err[0] == ref_err[0]
+        assert type(nat_err[1]) is type(ref_err[1])
+        if isinstance(ref_err[1], (ProtocolError, KeyError)):
+            assert str(nat_err[1]) == str(ref_err[1])
+        elif isinstance(ref_err[1], ValueError):
+            assert "at LSN" in str(nat_err[1])  # the malformed message's XLogData is named
+    assert dec.relations == asm.relations
+    assert dec.types == asm.types
+
+
+LIMITS = st.sampled_from([(65536, 64 << 20), (3, 64 << 20), (1, 64 << 20), (5, 64), (65536, 1), (65536, 100_000)])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(msgs=streams(), limits=LIMITS)
+def test_native_matches_reference(msgs, limits):
+    with (
+        mock.patch.object(columnar, "MAX_RUN_ROWS", limits[0]),
+        mock.patch.object(columnar, "MAX_RUN_BYTES", limits[1]),
+    ):
+        compare(msgs)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(msgs=broken_streams(), limits=LIMITS)
+def test_native_matches_reference_on_broken_streams(msgs, limits):
+    with (
+        mock.patch.object(columnar, "MAX_RUN_ROWS", limits[0]),
+        mock.patch.object(columnar, "MAX_RUN_BYTES", limits[1]),
+    ):
+        compare(msgs)
+
+
+def test_long_runs_split_at_max_run_rows():
+    """70000 inserts in one transaction: two runs at the real MAX_RUN_ROWS, as the reference cuts them."""
+    msgs = [(1, m_relation(None, 1, "public", "t", "d", [(1, "id", 23, -1), (0, "v", 25, -1)]))]
+    msgs.append((2, m_begin(100, 0, 9)))
+    msgs += [
+        (3 + i, m_insert(None, 1, [("t", str(i).encode()), ("n", None) if i % 7 == 0 else ("t", b"v\xc3\xa9")]))
+        for i in range(70000)
+    ]
+    msgs.append((80000, m_commit(80001, 80002, 5)))
+    asm, ref, err = run_reference(msgs)
+    dec, nat, nerr = run_native(msgs)
+    assert err is None and nerr is None
+    assert [r.rows for r in nat[0].runs] == [columnar.MAX_RUN_ROWS, 70000 - columnar.MAX_RUN_ROWS]
+    assert_same_transactions(ref, nat)
+
+
+def test_errors_name_the_lsn_and_emit_nothing():
+    """A malformed Insert in an open transaction: ValueError naming its XLogData's LSN; the transaction
+    is not emitted (its Commit, fed after the error, finds it still open: no partial row kept)."""
+    rel = m_relation(None, 1, "public", "t", "d", [(1, "id", 23, -1)])
+    dec = NativeDecoder()
+    dec.feed(rel, 1)
+    dec.feed(m_begin(10, 0, 5), 2)
+    dec.feed(m_insert(None, 1, [("t", b"1")]), 3)
+    bad = m_insert(None, 1, [("t", b"22")])[:-1]
+    with pytest.raises(ValueError, match=r"at LSN 1/23456789"):
+        dec.feed(bad, 0x1_23456789)
+    assert dec.buffered_changes == 1
+    with pytest.raises(ProtocolError, match="Insert for relation 1 outside any transaction"):
+        NativeDecoder().feed(m_insert(None, 1, [("t", b"1")]), 4)
+    (txn,) = dec.feed(m_commit(11, 12, 0), 4)
+    assert txn.rows == 1
+
+
+# -- the library lookup and the receive loop on a real stream ---------------------------------------------
+
+
+def test_libpq_is_psycopgs_own(pg_dsn):
+    """The compatibility assumption: the libpq found is loaded, is psycopg's (same PQlibVersion), with
+    the binary wheel it is the wheel's copy (not the system's), and a Receiver binds to it."""
+    from mooncake_assets.engine.cdc.native import _check_version
+
+    _check_version()
+    path = libpq_path()
+    assert psycopg.pq.__impl__ != "binary" or "psycopg_binary" in path, path
+    lo, hi = PSYCOPG_RANGE
+    assert lo <= tuple(int(x) for x in psycopg.__version__.split(".")[:2]) < hi
+    with psycopg.connect(pg_dsn) as c:
+        rx = receiver_for(c.pgconn)
+        assert rx.lib_version == psycopg.pq.version()
+
+
+SMALL_MEM = "options=-c%20logical_decoding_work_mem%3D64kB"
+
+
+def _workload(w: psycopg.Connection, w2: psycopg.Connection) -> None:
+    w.execute("INSERT INTO t SELECT g, 'row ' || g, NULL FROM generate_series(1, 300) g")
+    w.execute("UPDATE t SET v = 'é' || v WHERE id % 3 = 0")
+    w.execute("UPDATE t SET id = id + 10000 WHERE id % 50 = 0")  # key change: old 'K' tuple
+    w.execute("DELETE FROM t WHERE id % 7 = 0")
+    w.execute("UPDATE t SET big = repeat('toast', 5000) WHERE id = 1")
+    w.execute("UPDATE t SET v = 'toast kept' WHERE id = 1")  # unchanged TOAST 'u'
+    with w.transaction():  # streamed (64kB work mem), with a rolled-back savepoint
+        w.execute("INSERT INTO t SELECT g, repeat('s', 300), NULL FROM generate_series(20001, 21000) g")
+        w.execute("SAVEPOINT a")
+        w.execute("INSERT INTO t SELECT g, repeat('d', 300), NULL FROM generate_series(30001, 30500) g")
+        w.execute("ROLLBACK TO SAVEPOINT a")
+        w2.execute("INSERT INTO t VALUES (-1, 'small', NULL)")
+        w.execute("INSERT INTO t2 VALUES (1, 'other table')")
+        w.execute("ALTER TABLE t2 ADD COLUMN extra text DEFAULT 'x'")
+        w.execute("INSERT INTO t2 VALUES (2, 'after ddl', 'y')")
+    w.execute("TRUNCATE t2")
+    w.execute("INSERT INTO mark VALUES (1)")
+
+
+def _pump(until, read, timeout=30.0):
+    got = []
+    deadline = time.monotonic() + timeout
+    while not until(got):
+        assert time.monotonic() < deadline, f"timed out with {len(got)} transactions"
+        got += read()
+    return got
+
+
+def test_receive_loop_matches_read_on_the_same_wal(pg_dsn):
+    """Two slots made at one moment over the same WAL: slot ``ref`` read by ``read()`` and assembled by
+    the reference, slot ``nat`` by the C receive loop and the native decoder — same transactions."""
+    dsn = pg_dsn + ("&" if "?" in pg_dsn else "?") + SMALL_MEM
+    with psycopg.connect(pg_dsn, autocommit=True) as w, psycopg.connect(pg_dsn, autocommit=True) as w2:
+        w.execute("CREATE TABLE t (id int PRIMARY KEY, v text, big text)")
+        w.execute("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+        w.execute("CREATE TABLE mark (id int PRIMARY KEY)")
+        w.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+        w.execute("CREATE PUBLICATION p FOR TABLE t, t2, mark")
+        mark_oid = w.execute("SELECT 'mark'::regclass::oid").fetchone()[0]
+        ref_rc, nat_rc = ReplicationConnection(dsn), ReplicationConnection(dsn)
+        try:
+            ref_rc.create_slot("ref", export_snapshot=False)
+            nat_rc.create_slot("nat", export_snapshot=False)
+            _workload(w, w2)
+            ref_rc.start("ref", ["p"])
+            nat_rc.start("nat", ["p"])
+            asm, dec = TransactionAssembler(), NativeDecoder()
+
+            def done(txns):
+                return any(r.relation_oid == mark_oid for t in txns for r in t.runs)
+
+            ref = _pump(
+                done,
+                lambda: [columnar_transaction(t) for wal, p in ref_rc.read(0.2) for t in asm.feed_payload(p, wal)],
+            )
+            nat = _pump(done, lambda: nat_rc.read_transactions(dec, 0.2))
+            assert nat_rc.messages_read > 0 and nat_rc.server_wal_end >= nat[-1].end_lsn
+            nat_rc.send_status(nat[-1].end_lsn, nat[-1].end_lsn, nat[-1].end_lsn, reply=True)
+            assert nat_rc.read_transactions(dec, 0.3) == []  # the keepalive answering the status
+        finally:
+            ref_rc.close()
+            nat_rc.close()
+            deadline = time.monotonic() + 10
+            while w.execute("SELECT count(*) FROM pg_replication_slots WHERE active").fetchone()[0]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            w.execute("SELECT pg_drop_replication_slot(s) FROM unnest(ARRAY['ref', 'nat']) s")
+    assert any(t.streamed for t in nat)
+    assert_same_transactions(ref, nat)
+    assert dec.relations == asm.relations
+    kinds = {r.kind for t in nat for r in t.runs}
+    assert kinds == {"insert", "update", "delete", "truncate"}
+    assert any(r.old_kinds is not None and (r.old_kinds == ord("K")).any() for t in nat for r in t.runs)
+    assert any((c.kinds == ord("u")).any() for t in nat for r in t.runs if r.new for c in r.new)
+
+
+def test_receiver_needs_a_loaded_libpq():
+    with pytest.raises(OSError, match="not loaded"):
+        Receiver(1, "/nonexistent/libpq.so.5")
+
+
+def test_change_of_a_relation_never_described():
+    """No Relation seen for the OID (the reference's columnar form cannot be built then): the run's
+    relation is None and its columns take the tuples' own width (NULL where a row has fewer)."""
+    dec = NativeDecoder()
+    dec.feed(m_begin(10, 0, 5), 1)
+    dec.feed(m_insert(None, 77, [("t", b"a"), ("t", b"b")]), 2)
+    dec.feed(m_insert(None, 77, [("t", b"c")]), 3)
+    (txn,) = dec.feed(m_commit(11, 12, 0), 4)
+    (run,) = txn.runs
+    assert (run.relation, run.rows, len(run.new)) == (None, 2, 2)
+    assert run.new[1].values.to_pylist() == [b"b", None] and run.new[1].kinds.tolist() == [ord("t"), ord("n")]
+
+
+def test_receive_loop_keepalives_and_lost_connection(pg_dsn):
+    """As read(): with a short wal_sender_timeout the server asks for replies and read_transactions
+    answers them (the walsender stays); a terminated walsender is a temporary ReplicationError."""
+    from mooncake_assets.engine.cdc.stream import ReplicationError
+
+    with psycopg.connect(pg_dsn, autocommit=True) as w:
+        w.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        w.execute("CREATE PUBLICATION p FOR TABLE t")
+        dsn = pg_dsn + ("&" if "?" in pg_dsn else "?") + "options=-c%20wal_sender_timeout%3D2s"
+        rc = ReplicationConnection(dsn, status_interval=60)
+        try:
+            rc.create_slot("main", export_snapshot=False)
+            rc.start("main", ["p"])
+            w.execute("INSERT INTO t VALUES (1)")
+            dec = NativeDecoder()
+            (txn,) = _pump(lambda t: len(t) == 1, lambda: rc.read_transactions(dec, 0.2))
+            assert txn.runs[0].new[0].values.to_pylist() == [b"1"]
+            rc.send_status(txn.end_lsn, txn.end_lsn, txn.end_lsn)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                assert rc.read_transactions(dec, 0.3) == []
+            assert rc.keepalive_replies >= 1 and rc.keepalives >= 1 and rc.server_wal_end >= txn.end_lsn
+            active = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'main' AND active"
+            assert w.execute(active).fetchone()[0] == 1
+            w.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'main'")
+            with pytest.raises(ReplicationError) as ei:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    rc.read_transactions(dec, 0.2)
+            assert ei.value.temporary
+            with pytest.raises(ReplicationError, match="before start"):
+                rc.read_transactions(dec, 0.1)  # the PGconn is not touched once the stream is gone
+        finally:
+            rc.close()
