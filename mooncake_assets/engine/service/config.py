@@ -46,6 +46,14 @@ class ServiceConfig:
     - ``publication_check_s``: how often the stream checks every mirrored table is still published.
     - ``maintenance_policy`` / ``maintenance_tables``: the compaction and index-merge policy (field
       name → value) and per-table overrides (table → field name → value), see :meth:`policy`.
+
+    Apply:
+
+    - ``apply_mode``: how committed transactions are applied — ``change`` (row-wise, one change at a
+      time: ``MirrorTable.apply``), ``run`` (columnar runs: ``MirrorTable.apply_run``) or ``auto``
+      (the default: runs for a transaction whose runs hold ``apply_run_min_rows`` changes or more on
+      average, row-wise otherwise — a run's fixed cost makes short ones slower than row-wise, see
+      ``engine/table/apply_bench.py``). The results are the same; only the CPU cost differs.
     """
 
     state_dir: Path
@@ -68,8 +76,12 @@ class ServiceConfig:
     publication_check_s: float = 2.0
     maintenance_policy: Mapping[str, Any] = field(default_factory=dict)
     maintenance_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    apply_mode: str = "auto"
+    apply_run_min_rows: int = 512
 
     def __post_init__(self) -> None:
+        if self.apply_mode not in ("change", "run", "auto"):
+            raise ValueError(f"apply_mode must be change, run or auto, found {self.apply_mode!r}")
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "socket_path", Path(self.socket_path))
 

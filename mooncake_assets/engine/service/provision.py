@@ -35,11 +35,10 @@ from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name
 from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..pg.slot import drop_slot
 from ..table.mirror import MirrorTable
-from ..table.schema_change import on_relation
 from .errors import MooncakeError
 from .parts import ProvisionerHost
 from .registry import NAMESPACE
-from .replication import _Truncate
+from .replication import apply_item
 
 __all__ = ["TableProvisioner"]
 
@@ -286,14 +285,10 @@ class TableProvisioner:
                 raise MooncakeError(table.error)
             # changes that arrived during the copy, in commit order
             assert job.cp is not None  # _new_mirror registered the copy
-            for commit_lsn, _end_lsn, ch, rel, xid in job.cp["queue"]:
+            for commit_lsn, _end_lsn, item, rel, xid in job.cp["queue"]:  # changes or columnar runs
                 if commit_lsn < copy_lsn:
                     continue  # in the copy's snapshot
-                if ch.kind != "truncate":
-                    on_relation(
-                        table, ch.relation_oid, ch.relation or rel, commit_lsn, self.svc.source_catalog, xid=xid
-                    )
-                table.apply(ch if ch.kind != "truncate" else _Truncate(schema.oid), commit_lsn)
+                apply_item(table, schema.oid, item, rel, commit_lsn, xid, self.svc.source_catalog)
                 table.last_change_lsn = max(table.last_change_lsn, commit_lsn)
             self.reg.tables[job.dst] = table
             self.reg.by_oid[schema.oid] = table

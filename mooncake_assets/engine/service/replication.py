@@ -24,6 +24,7 @@ from typing import Any, cast
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
+from ..cdc.columnar import ChangeRun, columnar_transaction
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
@@ -40,7 +41,7 @@ from .errors import MooncakeError
 from .lag import LagTracker
 from .parts import StreamHost
 
-__all__ = ["StreamLoop", "tune_gc"]
+__all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
 log = logging.getLogger("mooncake.service")
 
@@ -62,6 +63,37 @@ class _Truncate:
 
     def __init__(self, oid: int) -> None:
         self.relation_oid = oid
+
+
+def long_runs(changes: list[Change], min_rows: int) -> bool:
+    """Do ``changes`` (one transaction) make runs of ``min_rows`` changes or more on average (a run:
+    consecutive changes of one kind on one relation, :mod:`~..cdc.columnar`)? ``apply_mode=auto``
+    applies such a transaction as runs: below that, a run's fixed cost (its Arrow arrays, its decode,
+    its vectorised hash) outweighs what it saves per row (``engine/table/apply_bench.py``)."""
+    n = len(changes)
+    if n < min_rows:
+        return False
+    runs, prev = 1, changes[0]
+    for c in changes:
+        if c.kind != prev.kind or c.relation_oid != prev.relation_oid:
+            runs += 1
+            prev = c
+    return n >= runs * min_rows
+
+
+def apply_item(
+    t: MirrorTable, oid: int, item: Change | ChangeRun, rel: Any, commit_lsn: int, xid: int, catalog: Any
+) -> None:
+    """Apply one change or columnar run of relation ``oid`` to ``t`` at ``commit_lsn`` of transaction
+    ``xid``: the Relation in effect (the item's own, else ``rel``, the assembler's latest) checked
+    first — a schema change shows up here (:func:`~..table.schema_change.on_relation` with ``catalog``)
+    —, then :meth:`~..table.mirror.MirrorTable.apply_run` or ``apply``. Raises what they raise."""
+    if item.kind != "truncate":
+        on_relation(t, oid, item.relation or rel, commit_lsn, catalog, xid=xid)
+    if isinstance(item, ChangeRun):
+        t.apply_run(item, commit_lsn)
+    else:
+        t.apply(item if item.kind != "truncate" else _Truncate(oid), commit_lsn)
 
 
 class StreamLoop:
@@ -366,30 +398,34 @@ class StreamLoop:
         return todo, schemas, first
 
     def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler) -> None:
+        """Apply one committed transaction to its tables (caller holds the lock): change by change or
+        as columnar runs (``ServiceConfig.apply_mode``; same results). Per item (a change or a run) of a
+        table being copied: queued for the copy when at or after its consistent point; of a mirrored
+        table: the Relation in effect checked (a schema change shows up here), then applied; a failing
+        item stops only its table (:meth:`stop_table`)."""
+        mode = self.config.apply_mode
+        items: list[Change] | list[ChangeRun]
+        if mode == "run" or (mode == "auto" and long_runs(txn.changes, self.config.apply_run_min_rows)):
+            items = columnar_transaction(txn).runs
+        else:
+            items = txn.changes
         touched: set[MirrorTable] = set()
-        for ch in txn.changes:
-            oids = ch.truncate_oids if ch.kind == "truncate" else [ch.relation_oid]
+        for item in items:
+            oids = item.truncate_oids if item.kind == "truncate" else [item.relation_oid]
             for oid in oids:
                 cp = self.reg.copying.get(oid)
                 if cp is not None:
                     if txn.commit_lsn >= cp["copy_lsn"]:
-                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, ch, assembler.relations.get(oid), txn.xid))
+                        cp["queue"].append((txn.commit_lsn, txn.end_lsn, item, assembler.relations.get(oid), txn.xid))
                     continue
                 t = self.reg.by_oid.get(oid)
                 if t is None or txn.commit_lsn < t.applied_lsn or t.error:
                     continue  # not mirrored, applied already (durable before a restart, or in memory
                     #           before a reconnect resent it), or stopped by an error
                 try:
-                    if ch.kind != "truncate":  # the Relation in effect: a schema change shows up here
-                        on_relation(
-                            t,
-                            oid,
-                            ch.relation or assembler.relations[oid],
-                            txn.commit_lsn,
-                            self.svc.source_catalog,
-                            xid=txn.xid,
-                        )
-                    t.apply(ch if ch.kind != "truncate" else _Truncate(oid), txn.commit_lsn)
+                    apply_item(
+                        t, oid, item, assembler.relations.get(oid), txn.commit_lsn, txn.xid, self.svc.source_catalog
+                    )
                 except Exception as e:  # a bad change stops only its table; its slot position is held
                     self.stop_table(t, e, txn.commit_lsn)
                 touched.add(t)

@@ -15,7 +15,9 @@ transaction's commit LSN; PostgreSQL documentation "Logical Replication Message 
 With ``REPLICA IDENTITY FULL`` the old row image carries every column; when several live rows hold
 the key (a key-less table's equal rows, or a DEFERRABLE key inside a transaction) the one equal to
 the old row is taken. A hashed key is re-checked against the row on every hit (equal hashes need not
-mean equal keys). A change whose row is not found is counted (``missing_keys``) and logged.
+mean equal keys); locating rows is :mod:`.lookup`'s. A change whose row is not found is counted
+(``missing_keys``) and logged. :meth:`~.apply_run.RunApplyRole.apply_run` applies a whole columnar
+run with the same results.
 
 :class:`ChangeApplyRole` is one role of :class:`~.mirror.MirrorTable` (a mixin over the table's
 schema, ``mem``, ``disk`` and ``hasher``).
@@ -27,12 +29,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ..cdc import decode_text_columns
 from ..index import MemIndex
 from ..lsn import Lsn
-from .evolution import project
+from .lookup import KeyLookup
 from .memslice import Carried
 
 if TYPE_CHECKING:
@@ -41,16 +41,14 @@ if TYPE_CHECKING:
     from .disk_files import DiskFileSet
     from .memslice import MemSlice
 
-#: a located live row: ("mem", MemSlice location, key hash) | ("disk", (file name, row), key hash)
-_Found = tuple[str, Any, int]
-
 log = logging.getLogger("mooncake.table")
 
 __all__ = ["ChangeApplyRole"]
 
 
-class ChangeApplyRole:
-    """Apply and key lookup of a :class:`~.mirror.MirrorTable` (module docstring)."""
+class ChangeApplyRole(KeyLookup):
+    """The apply rules of a :class:`~.mirror.MirrorTable` (module docstring); locating rows by key is
+    :class:`~.lookup.KeyLookup`'s."""
 
     # the table's state this role reads and sets (set up by MirrorTable.__init__; declared for the type checker)
     name: str
@@ -99,97 +97,6 @@ class ChangeApplyRole:
     def _key(self, values: list[Any]) -> list[Any]:
         return [values[i] for i in self._key_idx]
 
-    # ------------------------------------------------------------------ locating rows
-    def _find(self, key_vals: list[Any]) -> _Found | None:
-        """Locate a live row by key: ('mem', loc) | ('disk', file, row) | None. Newest first."""
-        h = self.hasher.hash_one(key_vals)
-        for loc in self.mem.find(h):
-            if self.hasher.exact or self._recheck(self.mem.row_values(loc), key_vals):
-                return ("mem", loc, h)
-        for fname, row in self.disk.live_hits(h):
-            if not self.hasher.exact and not self._recheck(self._disk_row(fname, row), key_vals):
-                continue
-            return ("disk", (fname, row), h)
-        return None
-
-    def _recheck(self, vals: list[Any], key_vals: list[Any]) -> bool:
-        """Does a candidate row (text or Carried values) really hold this key (text values)?
-
-        Hashed keys are re-checked on every hit (module docstring): a text value is compared as text, a
-        typed value (sealed batch or data file) with the key decoded by the table's own decoder;
-        NULL equals NULL and NaN equals NaN, as for a row identity."""
-        typed: Any = None
-        for j, (i, kv) in enumerate(zip(self._key_idx, key_vals)):
-            v = vals[i]
-            if isinstance(v, Carried):
-                if typed is None:
-                    specs = [self.schema.columns[k] for k in self._key_idx]
-                    typed = decode_text_columns(specs, [[x] for x in key_vals], column_major=True).to_pylist()[0]
-                    typed = [typed[c.name] for c in specs]
-                if not _same_value(v.value, typed[j]):
-                    return False
-            elif v != kv:
-                return False
-        return True
-
-    def _find_full(self, key_vals: list[Any], old: list[Any]) -> _Found | None:
-        """Like :meth:`_find`, for a change that carries the whole old row (REPLICA IDENTITY FULL): when
-        several live rows hold the key — a unique key under a DEFERRABLE constraint may, inside a
-        transaction (a one-statement key swap) — take the one equal to the old row."""
-        h = self.hasher.hash_one(key_vals)
-        cands: list[_Found] = [("mem", loc, h) for loc in self.mem.find(h)]
-        cands += [("disk", (fname, row), h) for fname, row in self.disk.live_hits(h)]
-        if len(cands) <= 1:
-            return self._find(key_vals)
-        typed: Any = None
-        for c in cands:
-            vals = self.mem.row_values(c[1]) if c[0] == "mem" else self._disk_row(*c[1])
-            same = True
-            for i, (v, o) in enumerate(zip(vals, old)):
-                if isinstance(v, Carried):
-                    if typed is None:
-                        typed = decode_text_columns(self.schema.columns, [[x] for x in old], column_major=True)
-                    t = typed.column(i)[0]
-                    if not (
-                        v.scalar.equals(t)
-                        or (
-                            pa.types.is_floating(t.type)
-                            and t.is_valid
-                            and v.scalar.is_valid
-                            and t.as_py() != t.as_py()
-                            and v.value != v.value
-                        )
-                    ):
-                        same = False
-                        break
-                elif v != o:
-                    same = False
-                    break
-            if same:
-                return c
-        return self._find(key_vals)
-
-    def _disk_row(self, fname: str, row: int) -> list[Any]:
-        t = self._row_cache.get(fname)
-        if t is None:
-            path = self.disk.files[fname].read_path
-            # a persisted file in an object store is read through the table's FileIO (same endpoint/credentials)
-            t = pq.read_table(self.iceberg.io.new_input(path).open() if "://" in path else path)
-            if self.evolved:  # written under an older schema: in today's layout
-                t = project(t, self.arrow_schema, self.defaults)
-            if len(self._row_cache) > 4:
-                self._row_cache.pop(next(iter(self._row_cache)))
-            self._row_cache[fname] = t
-        return [Carried(t.column(i)[row]) for i in range(t.num_columns)]
-
-    def _delete_found(self, found: _Found, lsn: int) -> None:
-        kind, loc, h = found
-        if kind == "mem":
-            self.mem.delete(loc, h, lsn)
-        else:
-            fname, row = loc
-            self.disk.delete(fname, row, lsn)
-
     def _report_missing(self, what: str, key_vals: list[Any], lsn: int) -> None:
         self.missing_keys += 1
         log.error(
@@ -230,7 +137,7 @@ class ChangeApplyRole:
                 if old is not None and change.old_kind == "O":
                     src = old
                 elif found is not None:
-                    src = self.mem.row_values(found[1]) if found[0] == "mem" else self._disk_row(*found[1])
+                    src = self._found_values(found)
                 else:
                     src = [None] * len(new)
                 new = [src[i] if v is _UNCHANGED else v for i, v in enumerate(new)]
@@ -254,12 +161,6 @@ class ChangeApplyRole:
             self.mem.deleted_rows += int(live.sum())
         self.mem.index = MemIndex()
         self.disk.truncate(lsn)
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if a == b:
-        return True
-    return isinstance(a, float) and isinstance(b, float) and a != a and b != b  # NaN
 
 
 class _Unchanged:

@@ -1,8 +1,11 @@
 """MemSlice: the in-memory buffer of committed rows not yet flushed (docs/architecture.md#data-path).
 
-Rows arrive as Postgres text values (one list per row, in the table's column order) and are kept in
-an *open* row buffer; every ``batch_rows`` rows (or when a reader or a flush needs them) the buffer is
-decoded column-wise into an Arrow ``RecordBatch`` with vectorized casts. Each row carries:
+Rows arrive as Postgres text values (one list per row, in the table's column order, :meth:`MemSlice.append`)
+or as whole decoded Arrow batches (a columnar run of inserts, :meth:`MemSlice.append_batch`) and are
+kept in an *open* buffer — parts in row order, each a list of text rows or a decoded RecordBatch;
+every ``batch_rows`` rows (or when a reader or a flush needs them) the open buffer is sealed: its text
+rows decoded column-wise with vectorized casts and every part concatenated into one Arrow
+``RecordBatch``. Each row carries:
 
 - ``ins_lsn`` (uint64): the commit LSN of the transaction that inserted it;
 - ``del_lsn`` (uint64): the commit LSN of the transaction that deleted it, 0 while live — this is the
@@ -17,6 +20,7 @@ maps key hash → locations (several for duplicate rows of key-less tables).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -94,13 +98,24 @@ class MemSlice:
         self.batch_rows = batch_rows
         self.batches: list[Batch] = []
         self.index = MemIndex()
-        self._rows: list[list[Any]] = []
-        self._ins: list[int] = []
-        self._hashes: list[int] = []
-        self._open_del: dict[int, int] = {}
+        self._rows: list[list[Any]] = []  # the open buffer's tail: rows appended one by one
+        self._reset_open()
         self.deleted_rows = 0
         self._bytes = 0
         self._suspects = _suspect_checks(schema, specs)
+
+    def _reset_open(self) -> None:
+        # the open buffer: ``_parts`` (text-row lists and decoded RecordBatches, in row order, starting at
+        # ``_part_starts``) then the tail ``_rows`` from row ``_rows_start``; ``_ins``/``_hashes``/``_open_del``
+        # cover all of it (open-buffer row offsets)
+        self._parts: list[list[list[Any]] | pa.RecordBatch] = []
+        self._part_starts: list[int] = []
+        self._rows = []
+        self._rows_start = 0
+        self._ins: list[int] = []
+        self._hashes: list[int] = []
+        self._open_del: dict[int, int] = {}
+        self._open_arrow_bytes = 0
 
     # -- writes -------------------------------------------------------------------------------
     def append(self, values: list[Any], h: int, lsn: int) -> tuple[int, int]:
@@ -119,14 +134,42 @@ class MemSlice:
                 except Exception:
                     pass
                 break
-        loc = (len(self.batches), len(self._rows))
+        loc = (len(self.batches), self._rows_start + len(self._rows))
         self._rows.append(values)
         self._ins.append(lsn)
         self._hashes.append(h)
         self.index.insert_one(h, loc[0], loc[1])
-        if len(self._rows) >= self.batch_rows:
+        if loc[1] + 1 >= self.batch_rows:
             self.seal()
         return loc
+
+    def append_batch(self, rb: pa.RecordBatch, hashes: np.ndarray, lsn: int) -> int:
+        """Append decoded rows (``rb``: the table's decoder's output, ``schema``'s columns) with their key
+        hashes (uint64, one per row) inserted at commit LSN ``lsn``: they become one part of the open
+        buffer after every row appended before them (locations ``(len(batches), start + i)``), and
+        the MemIndex takes them in one batch insert. Returns ``start`` (the first row's open-buffer
+        offset). Raises ``ValueError`` when ``hashes`` and ``rb`` differ in length."""
+        n = rb.num_rows
+        if len(hashes) != n:
+            raise ValueError(f"{n} rows and {len(hashes)} key hashes")
+        if self._rows:  # the tail of text rows becomes a part of its own (decoded when sealed)
+            self._parts.append(self._rows)
+            self._part_starts.append(self._rows_start)
+            self._rows_start += len(self._rows)
+            self._rows = []
+        start = self._rows_start
+        if n == 0:
+            return start
+        self._parts.append(rb)
+        self._part_starts.append(start)
+        self._rows_start = start + n
+        self._ins.extend([lsn] * n)
+        self._hashes.extend(hashes.tolist())
+        self._open_arrow_bytes += rb.nbytes
+        self.index.insert(hashes, len(self.batches), np.arange(start, start + n, dtype=np.uint64))
+        if self._rows_start >= self.batch_rows:
+            self.seal()
+        return start
 
     def is_live(self, loc: tuple[int, int]) -> bool:
         b, r = loc
@@ -144,6 +187,17 @@ class MemSlice:
         self.index.remove(h, loc)
         self.deleted_rows += 1
 
+    def delete_many(self, locs: list[tuple[int, int]], hashes: list[int], lsn: int) -> None:
+        """:meth:`delete` of many rows (distinct live locations, their key hashes) by the commit at ``lsn``."""
+        nb = len(self.batches)
+        for b, r in locs:
+            if b == nb:
+                self._open_del[r] = lsn
+            else:
+                self.batches[b].del_lsn[r] = lsn
+        self.index.remove_many(hashes, locs)
+        self.deleted_rows += len(locs)
+
     def find(self, h: int) -> list[tuple[int, int]]:
         """Live locations whose key hash is ``h``."""
         return [loc for loc in self.index.lookup(h) if self.is_live(loc)]
@@ -152,16 +206,56 @@ class MemSlice:
         """The row's values: text/None/Carried for the open buffer, Carried for sealed batches."""
         b, r = loc
         if b == len(self.batches):
-            return list(self._rows[r])
-        rb = self.batches[b].rb
+            if r >= self._rows_start:
+                return list(self._rows[r - self._rows_start])
+            p = bisect_right(self._part_starts, r) - 1
+            part, r = self._parts[p], r - self._part_starts[p]
+            if isinstance(part, list):
+                return list(part[r])
+            rb = part
+        else:
+            rb = self.batches[b].rb
         return [Carried(rb.column(i)[r]) for i in range(rb.num_columns)]
+
+    def row_stamps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every row's ``(ins_lsn, del_lsn, hash)`` (uint64 (num_rows,) each) in location order —
+        sealed batches, then the open buffer — without sealing."""
+        n_open = self._rows_start + len(self._rows)
+        dl = np.zeros(n_open, dtype=np.uint64)
+        for r, lsn in self._open_del.items():
+            dl[r] = lsn
+        ins = [b.ins_lsn for b in self.batches] + [np.array(self._ins, dtype=np.uint64)]
+        dels = [b.del_lsn for b in self.batches] + [dl]
+        hs = [b.hashes for b in self.batches] + [np.array(self._hashes, dtype=np.uint64)]
+        return np.concatenate(ins), np.concatenate(dels), np.concatenate(hs)
 
     # -- sealing ------------------------------------------------------------------------------
     def seal(self) -> None:
-        """Decode the open row buffer into a sealed Arrow batch (no-op when it is empty)."""
-        if not self._rows:
+        """Decode the open buffer into one sealed Arrow batch (no-op when it is empty). Raises
+        :class:`BadRowError` naming the commit of the first row that cannot be decoded (the open
+        buffer then stays as it was)."""
+        parts = self._parts + ([self._rows] if self._rows else [])
+        if not parts:
             return
-        cols = [list(c) for c in zip(*self._rows)]
+        starts = self._part_starts + ([self._rows_start] if self._rows else [])
+        rbs = [p if isinstance(p, pa.RecordBatch) else self._decode_rows(p, s) for p, s in zip(parts, starts)]
+        if len(rbs) == 1:
+            rb = rbs[0]
+        else:
+            rb = pa.Table.from_batches(rbs, schema=rbs[0].schema).combine_chunks().to_batches()[0]
+        n = rb.num_rows
+        dl = np.zeros(n, dtype=np.uint64)
+        for r, lsn in self._open_del.items():
+            dl[r] = lsn
+        self.batches.append(
+            Batch(rb, np.array(self._ins, dtype=np.uint64), dl, np.array(self._hashes, dtype=np.uint64))
+        )
+        self._bytes += rb.nbytes
+        self._reset_open()
+
+    def _decode_rows(self, rows: list[list[Any]], start: int) -> pa.RecordBatch:
+        """Text rows (open-buffer offsets from ``start``) decoded into one batch, Carried values spliced in."""
+        cols = [list(c) for c in zip(*rows)]
         patches = []
         for ci, col in enumerate(cols):
             idx = [i for i, v in enumerate(col) if isinstance(v, Carried)]
@@ -172,8 +266,8 @@ class MemSlice:
         try:
             rb = self._decode(cols)
         except ValueError as e:  # name the commit that brought the value (the open buffer stays as it was)
-            bad = next((i for i in range(len(self._rows)) if not self._decodes([[c[i]] for c in cols])), 0)
-            raise BadRowError(str(e), self._ins[bad], getattr(e, "columns", None)) from None
+            bad = next((i for i in range(len(rows)) if not self._decodes([[c[i]] for c in cols])), 0)
+            raise BadRowError(str(e), self._ins[start + bad], getattr(e, "columns", None)) from None
         if patches:
             arrays = list(rb.columns)
             for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
@@ -183,15 +277,7 @@ class MemSlice:
                 pick[idx] = len(base) + np.arange(len(idx), dtype=np.int64)
                 arrays[ci] = pa.concat_arrays([base, carried]).take(pa.array(pick))
             rb = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-        n = len(self._rows)
-        dl = np.zeros(n, dtype=np.uint64)
-        for r, lsn in self._open_del.items():
-            dl[r] = lsn
-        self.batches.append(
-            Batch(rb, np.array(self._ins, dtype=np.uint64), dl, np.array(self._hashes, dtype=np.uint64))
-        )
-        self._bytes += rb.nbytes
-        self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
+        return rb
 
     def evolve(
         self,
@@ -262,14 +348,14 @@ class MemSlice:
     def clear(self) -> None:
         self.batches = []
         self.index = MemIndex()
-        self._rows, self._ins, self._hashes, self._open_del = [], [], [], {}
+        self._reset_open()
         self.deleted_rows = 0
         self._bytes = 0
 
     @property
     def num_rows(self) -> int:
         """Rows held (live and deleted), sealed and open."""
-        return cast(int, sum(b.rb.num_rows for b in self.batches) + len(self._rows))
+        return cast(int, sum(b.rb.num_rows for b in self.batches) + self._rows_start + len(self._rows))
 
     @property
     def live_rows(self) -> int:
@@ -277,9 +363,11 @@ class MemSlice:
 
     @property
     def nbytes(self) -> int:
-        """Approximate bytes held: sealed Arrow buffers plus ~64 bytes per value in the open buffer."""
+        """Approximate bytes held: Arrow buffers (sealed and open) plus ~64 bytes per text value in the open
+        buffer."""
         ncols = len(self.schema)
-        return self._bytes + len(self._rows) * ncols * 64
+        text_rows = len(self._rows) + sum(len(p) for p in self._parts if isinstance(p, list))
+        return self._bytes + self._open_arrow_bytes + text_rows * ncols * 64
 
     def is_empty(self) -> bool:
         return self.num_rows == 0

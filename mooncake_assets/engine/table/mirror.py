@@ -13,7 +13,8 @@ State of a table (all owned by the replicator service, the single writer):
   Iceberg: snapshot summary ``mooncake.flush-lsn``).
 
 The roles: :mod:`.schema_state` (columns, key, field ids, evolution), :mod:`.apply` (changes into
-the MemSlice and the files' deletes), :mod:`.disk_files` (the file set and its index),
+the MemSlice and the files' deletes), :mod:`.apply_run` (the same for whole columnar runs),
+:mod:`.lookup` (locating live rows by key), :mod:`.disk_files` (the file set and its index),
 :mod:`.persist` (the payload of one Iceberg commit), :mod:`.read_state` (what a union read gets).
 
 LSN convention everywhere: a state "at L" holds exactly the transactions whose commit record starts
@@ -39,7 +40,7 @@ from ..index.key_hash import blob_needs_rebuild
 from ..index.saved import decode_index_blob
 from ..lsn import Lsn
 from . import maintenance
-from .apply import ChangeApplyRole
+from .apply_run import RunApplyRole
 from .disk_files import DiskFile, DiskFileSet
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import MemSlice
@@ -58,7 +59,7 @@ log = logging.getLogger("mooncake.table")
 __all__ = ["MirrorTable", "DiskFile"]
 
 
-class MirrorTable(TableSchemaRole, ChangeApplyRole):
+class MirrorTable(TableSchemaRole, RunApplyRole):
     """The mirror of one Postgres table (see module docstring).
 
     ``name``: destination name (also the Iceberg table name in namespace ``mooncake``);

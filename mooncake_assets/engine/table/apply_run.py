@@ -1,0 +1,229 @@
+"""The batched apply of a mirrored table: one columnar run of changes at a time.
+
+:meth:`RunApplyRole.apply_run` takes a :class:`~..cdc.columnar.ChangeRun` (consecutive changes of one
+kind on one relation, tuples column by column) and leaves the table exactly as applying the run's
+changes one by one with :meth:`~.apply.ChangeApplyRole.apply` would (the same visible rows, per-row
+insert and delete LSNs, file deletes, MemIndex entries in the same row order, ``missing_keys``); only
+the MemSlice's batch boundaries may differ (its open buffer takes whole Arrow parts, and is sealed
+when it reaches ``batch_rows`` after a part).
+
+- INSERT runs: the relation's columns are mapped to ours (columns the Relation does not send are
+  NULL), the values cast to Arrow strings, decoded column-major by the table's decoder, the key
+  columns hashed vectorised (:meth:`~..index.KeyHash.hash_columns`, equal to ``hash_one`` per row)
+  and the whole run appended as one Arrow part (:meth:`~.memslice.MemSlice.append_batch`). All or
+  nothing: a value that cannot be decoded raises :class:`~.memslice.BadRowError` with the commit LSN
+  and the columns of the first row that fails (as the row-wise apply raises it for the change that
+  brought it) before anything of the run is applied. Unlike the row-wise apply, which decodes at
+  once only values its suspect checks flag, every value of the run is decoded here, so a bad value
+  is always reported by its own change.
+- UPDATE and DELETE runs: the lookup keys (old key, or the new row's key when no old tuple was
+  sent) and the new rows' keys are hashed vectorised; rows are then taken in commit order in
+  segments with no key hash repeated (a row whose lookup hash an earlier row of the segment looked
+  up or wrote starts a new segment, so every lookup sees the state the row-wise apply would). A
+  segment is located in one batch (:meth:`~.lookup.KeyLookup.find_exact_batch` for an exact key;
+  per row with the precomputed hash and the re-check otherwise), its new rows decoded before any of
+  its deletes, then deleted and appended as one Arrow part. Rows the row-wise path must take —
+  unchanged TOAST values (``'u'``), a NULL in an exact key, a whole old row (``'O'``) of a table that
+  matches full rows when several live rows hold its key — are applied one by one with
+  :meth:`~.apply.ChangeApplyRole.apply`, in their place in the order.
+- TRUNCATE runs: as :meth:`~.apply.ChangeApplyRole.truncate`.
+
+A run that raises stops the table as the row-wise apply does (the service's ``stop_table``); rows of
+earlier segments of an UPDATE/DELETE run may have been applied, as earlier changes are row-wise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..cdc.columnar import KIND_UNCHANGED, CellColumn, ChangeRun
+from ..cdc.pgoutput import TupleData
+from ..cdc.txn import Change
+from .apply import ChangeApplyRole
+from .memslice import BadRowError
+
+if TYPE_CHECKING:
+    from .lookup import Found
+
+__all__ = ["RunApplyRole"]
+
+
+class RunApplyRole(ChangeApplyRole):
+    """The batched apply of columnar runs (module docstring), over the row-wise apply rules."""
+
+    # the table's text decoder (:class:`~.schema_state.TableSchemaRole`; declared for the type checker)
+    _decode: Callable[[list[Any]], pa.RecordBatch]
+
+    def apply_run(self, run: ChangeRun, commit_lsn: int) -> None:
+        """Apply one run of a committed transaction at ``commit_lsn``: the same results as applying its
+        changes one by one with :meth:`apply` (module docstring). The Relation of the run must have
+        been mapped (:meth:`column_map`, done by the service's schema check). Raises what the row-wise
+        apply raises (:class:`~.memslice.BadRowError` for a value that cannot be decoded, ``ValueError``
+        for a NULL exact key); the caller keeps ``last_change_lsn``."""
+        if run.kind == "truncate":
+            self.truncate(commit_lsn)
+        elif run.rows == 0:
+            return
+        elif run.kind == "insert":
+            assert run.new is not None
+            cols = self._run_text(run.new, run.relation_oid, run.rows)
+            rb = self._decode_run(cols, commit_lsn)
+            hashes = self.hasher.hash_columns([cols[i] for i in self._key_idx])
+            self.mem.append_batch(rb, hashes, commit_lsn)
+        else:
+            self._apply_keyed_run(run, commit_lsn)
+
+    # ------------------------------------------------------------------ columns of a run
+    def _run_text(self, cells: tuple[CellColumn, ...], rel_oid: int, n: int) -> list[pa.Array]:
+        """Our columns of a run's tuples as Arrow strings (NULL where not sent, NULL or unchanged)."""
+        m = self._relmap[rel_oid]
+        return [_text(cells[i].values) if i >= 0 else pa.nulls(n, pa.string()) for i in m]
+
+    def _decode_run(self, cols: list[pa.Array], lsn: int) -> pa.RecordBatch:
+        """Decode a run's columns; a value that cannot be decoded raises :class:`BadRowError` as the
+        row-wise apply raises it for the first change that brings one (its row decoded alone)."""
+        try:
+            return self._decode(cols)
+        except ValueError:
+            pass
+        lo, hi = 0, len(cols[0])  # the shortest failing prefix: decoding a prefix fails from the bad row on
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                self._decode([c.slice(0, mid) for c in cols])
+                lo = mid
+            except ValueError:
+                hi = mid
+        try:
+            self._decode([c.slice(hi - 1, 1) for c in cols])
+        except ValueError as e:
+            raise BadRowError(str(e), lsn, getattr(e, "columns", None)) from None
+        raise BadRowError("a run of rows cannot be decoded", lsn)  # pragma: no cover (no single bad row)
+
+    def _row_change(self, run: ChangeRun, i: int) -> Change:
+        """Row ``i`` of a run as the reference's :class:`Change` (for the row-wise fallback)."""
+
+        def tup(cells: tuple[CellColumn, ...] | None) -> TupleData | None:
+            if cells is None:
+                return None
+            kinds = "".join(chr(int(c.kinds[i])) for c in cells)
+            return TupleData(kinds, [c.values[i].as_py() for c in cells])
+
+        ok = int(run.old_kinds[i]) if run.old_kinds is not None else 0
+        return Change(
+            run.kind,
+            run.relation_oid,
+            new=tup(run.new),
+            old=tup(run.old) if ok else None,
+            old_kind=chr(ok) if ok else None,
+            relation=run.relation,
+        )
+
+    # ------------------------------------------------------------------ updates and deletes
+    def _apply_keyed_run(self, run: ChangeRun, lsn: int) -> None:
+        """An UPDATE or DELETE run (module docstring)."""
+        n, update = run.rows, run.kind == "update"
+        assert run.old is not None and run.old_kinds is not None
+        has_old = run.old_kinds != 0
+        m = self._relmap[run.relation_oid]
+        old_keys = [_text(run.old[m[i]].values) if m[i] >= 0 else pa.nulls(n, pa.string()) for i in self._key_idx]
+        new_cols = self._run_text(run.new, run.relation_oid, n) if update and run.new is not None else None
+        if new_cols is None or has_old.all():
+            key_cols = old_keys
+        elif not has_old.any():
+            key_cols = [new_cols[i] for i in self._key_idx]
+        else:
+            mask = pa.array(has_old)
+            key_cols = [pc.if_else(mask, o, new_cols[i]) for o, i in zip(old_keys, self._key_idx)]
+        rowwise = np.zeros(n, dtype=bool)  # rows the row-wise apply takes
+        for cells in (run.new or ()) + run.old:
+            rowwise |= cells.kinds == KIND_UNCHANGED
+        hk = self._run_hashes(key_cols, rowwise)
+        hn = self._run_hashes([new_cols[i] for i in self._key_idx], rowwise) if new_cols is not None else None
+        full = (run.old_kinds == ord("O")) & self._match_full_row
+        key_py = None if self.hasher.exact else [c.to_pylist() for c in key_cols]
+        if not rowwise.any() and not full.any() and len(np.unique(hk)) == n and (hn is None or np.array_equal(hn, hk)):
+            # the common case (distinct keys, none changed): the whole run is one segment
+            self._apply_segment(run, list(range(n)), hk, hn, new_cols, key_cols, key_py, lsn)
+            return
+        seg: list[int] = []
+        seen: set[int] = set()
+        hkl, hnl = hk.tolist(), (hn.tolist() if hn is not None else None)
+        for i in range(n):
+            h = hkl[i]
+            if rowwise[i] or h in seen:
+                self._apply_segment(run, seg, hk, hn, new_cols, key_cols, key_py, lsn)
+                seg, seen = [], set()
+            if rowwise[i] or (full[i] and len(self._candidates(h)) > 1):
+                self._apply_segment(run, seg, hk, hn, new_cols, key_cols, key_py, lsn)
+                seg, seen = [], set()
+                self.apply(self._row_change(run, i), lsn)
+                continue
+            seg.append(i)
+            seen.add(h)
+            if hnl is not None:
+                seen.add(hnl[i])
+        self._apply_segment(run, seg, hk, hn, new_cols, key_cols, key_py, lsn)
+
+    def _run_hashes(self, key_cols: list[pa.Array], rowwise: np.ndarray) -> np.ndarray:
+        """Key hashes of a run's rows (uint64 (n,)); for an exact key, rows with a NULL key are marked in
+        ``rowwise`` (the row-wise apply raises for them, in their place) and hashed as 0."""
+        if self.hasher.exact and key_cols[0].null_count:
+            rowwise |= ~key_cols[0].is_valid().to_numpy(zero_copy_only=False)
+            key_cols = [pc.fill_null(key_cols[0], "0")]
+        return self.hasher.hash_columns(key_cols)
+
+    def _apply_segment(
+        self,
+        run: ChangeRun,
+        seg: list[int],
+        hk: np.ndarray,
+        hn: np.ndarray | None,
+        new_cols: list[pa.Array] | None,
+        key_cols: list[pa.Array],
+        key_py: list[list[Any]] | None,
+        lsn: int,
+    ) -> None:
+        """Rows ``seg`` of a run (no key hash repeated among them): located in one batch, their new rows
+        decoded first, then their deletes and one Arrow part of new rows."""
+        if not seg:
+            return
+        idx = np.asarray(seg, dtype=np.int64)
+        hs = hk[idx]
+        founds: list[Found | None]
+        if key_py is None:
+            founds = self.find_exact_batch(hs)
+        else:
+            founds = [self._find([c[i] for c in key_py], h) for i, h in zip(seg, hs.tolist())]
+        rb = None
+        if new_cols is not None:
+            take = pa.array(idx)
+            rb = self._decode_run([c if len(seg) == len(c) else c.take(take) for c in new_cols], lsn)
+        what = "UPDATE" if run.kind == "update" else "DELETE"
+        mem_locs: list[tuple[int, int]] = []
+        mem_hashes: list[int] = []
+        for i, f in zip(seg, founds):
+            if f is None:
+                key = [c[i] for c in key_py] if key_py is not None else [c[i].as_py() for c in key_cols]
+                self._report_missing(what, key, lsn)
+            elif f[0] == "mem":
+                mem_locs.append(f[1])
+                mem_hashes.append(f[2])
+            else:
+                self.disk.delete(f[1][0], f[1][1], lsn)
+        self.mem.delete_many(mem_locs, mem_hashes, lsn)
+        if rb is not None and hn is not None:
+            self.mem.append_batch(rb, hn[idx], lsn)
+
+
+def _text(values: pa.Array) -> pa.Array:
+    """A run's ``pa.binary()`` values as ``pa.string()`` (the same buffers), checked to be UTF-8 as the
+    row-wise apply's ``bytes.decode`` checks them (``pa.ArrowInvalid``, a ``ValueError``, otherwise)."""
+    out = values.view(pa.string())
+    out.validate(full=True)
+    return out

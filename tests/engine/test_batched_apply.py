@@ -1,0 +1,433 @@
+"""The batched apply of columnar runs against the row-wise apply, in-process without Postgres.
+
+Two :class:`MirrorTable` (no Iceberg table) of one schema take the same random transactions: one
+change by change (:meth:`MirrorTable.apply`), the other run by run (``columnar_transaction(txn).runs``
+and :meth:`MirrorTable.apply_run`). After every step both must hold the same rows with the same
+per-row insert/delete LSNs and key hashes, the same MemIndex entries (in row order), the same file
+deletes and the same ``missing_keys``; a change that cannot be applied must fail the same way
+(``BadRowError`` with the same LSN, message and columns). Only the MemSlice's batch boundaries may
+differ, so locations are compared as row ordinals.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mooncake_assets.engine.cdc.columnar import ChangeRun, columnar_transaction
+from mooncake_assets.engine.cdc.pgoutput import Relation, RelationColumn, TupleData
+from mooncake_assets.engine.cdc.txn import Change, Transaction
+from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, assign_field_ids
+from mooncake_assets.engine.table.memslice import BadRowError
+from mooncake_assets.engine.table.mirror import MirrorTable
+
+OID = 16384
+U = object()  # an unchanged TOAST value in a row image
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+# table kinds: (key columns, replica identity)
+KINDS = {
+    "int": (["id"], "d"),
+    "int_full": (["id"], "f"),
+    "text": (["k"], "d"),
+    "composite": (["k", "id"], "d"),
+    "keyless": ([], "f"),
+}
+
+
+def _specs(key: list[str]) -> list[ColumnSpec]:
+    cols = [
+        ColumnSpec("id", 20, -1, "bigint", pa.int64(), not_null="id" in key, is_key="id" in key),
+        ColumnSpec("k", 25, -1, "text", pa.string(), not_null="k" in key, is_key="k" in key),
+        ColumnSpec("v", 25, -1, "text", pa.string()),
+        ColumnSpec("n", 23, -1, "integer", pa.int32()),
+        ColumnSpec("d", 1700, (10 << 16 | 2) + 4, "numeric(10,2)", pa.decimal128(10, 2)),
+    ]
+    for c in cols:  # as the Relation message declares them (on_relation compares)
+        c.decl_oid, c.decl_typmod = c.type_oid, c.typmod
+    assign_field_ids(cols)
+    return cols
+
+
+OUR = ["id", "k", "v", "n", "d"]
+TYPES = {"id": (20, -1), "k": (25, -1), "v": (25, -1), "n": (23, -1), "d": (1700, (10 << 16 | 2) + 4)}
+
+
+def make_table(path: Path, kind: str, rel_cols: list[str], batch_rows: int) -> MirrorTable:
+    key, identity = KINDS[kind]
+    schema = TableSchema(
+        schema="public",
+        name="t",
+        oid=OID,
+        columns=_specs(key),
+        key_columns=key,
+        has_primary_key=bool(key),
+        replica_identity=identity,
+    )
+    t = MirrorTable("t", "public.t", schema, None, path)
+    t.column_map(OID, rel_cols)
+    t.mem.batch_rows = batch_rows
+    return t
+
+
+# ---------------------------------------------------------------------------------------- changes
+
+IDS = st.sampled_from(["1", "2", "3", "-4", "5"])
+KS = st.sampled_from(["a", "b", "", "é", "a long key that takes more than eight bytes"])
+VS = st.sampled_from([None, "x", "y", "", U])
+NS = st.sampled_from([None, "1", "2"])
+DS = st.sampled_from([None, "1.50", "-2.00"])
+#: change kinds drawn (an insert of a value that cannot be decoded: rare, it stops the table)
+WHAT = ["insert"] * 12 + ["update"] * 12 + ["delete"] * 8 + ["truncate"] + ["bad"]
+BAD_D = "NaN"  # numeric NaN: Postgres takes it, a decimal column cannot hold it
+
+
+class Gen:
+    """Random row images of one table kind and Relation column list."""
+
+    def __init__(self, kind: str, rel_cols: list[str]):
+        self.kind = kind
+        self.key, self.identity = KINDS[kind]
+        self.rel_cols = rel_cols
+        self.relation = Relation(
+            None,
+            OID,
+            "public",
+            "t",
+            self.identity,
+            [
+                RelationColumn(1 if c in self.key or self.identity == "f" else 0, c, *TYPES.get(c, (25, -1)))
+                for c in rel_cols
+            ],
+        )
+
+    def row(self, data: st.DataObject, bad: bool = False, toast: bool = False) -> dict[str, object]:
+        r: dict[str, object] = {
+            "id": data.draw(IDS),
+            "k": data.draw(KS),
+            "v": data.draw(VS if toast else VS.filter(lambda x: x is not U)),
+            "n": data.draw(NS),
+            "d": BAD_D if bad else data.draw(DS),
+            "x": data.draw(st.sampled_from(["p", "q"])),
+        }
+        if self.kind == "keyless" and data.draw(st.booleans()):
+            r["k"] = None
+        return r
+
+    def tup(self, row: dict[str, object], only: list[str] | None = None) -> TupleData:
+        kinds, vals = [], []
+        for c in self.rel_cols:
+            v = row.get(c) if only is None or c in only else None
+            if v is None:
+                kinds.append("n")
+                vals.append(None)
+            elif v is U:
+                kinds.append("u")
+                vals.append(None)
+            else:
+                kinds.append("t")
+                vals.append(str(v).encode())
+        return TupleData("".join(kinds), vals)
+
+    def change(self, data: st.DataObject) -> Change:
+        what = data.draw(st.sampled_from(WHAT))
+        rel = self.relation
+        if what == "truncate":
+            return Change("truncate", OID, truncate_oids=[OID])
+        if what in ("insert", "bad"):
+            return Change("insert", OID, new=self.tup(self.row(data, bad=what == "bad")), relation=rel)
+        old = self.row(data)
+        if what == "delete":
+            if self.identity == "f":
+                return Change("delete", OID, old=self.tup(old), old_kind="O", relation=rel)
+            return Change("delete", OID, old=self.tup(old, self.key), old_kind="K", relation=rel)
+        new = self.row(data, toast=True, bad=data.draw(st.integers(0, 59)) == 0)
+        keep_key = data.draw(st.booleans())
+        if keep_key:
+            for c in self.key:
+                new[c] = old[c]
+        if self.identity == "f":
+            return Change("update", OID, new=self.tup(new), old=self.tup(old), old_kind="O", relation=rel)
+        if keep_key and data.draw(st.booleans()):  # key unchanged: no old tuple
+            return Change("update", OID, new=self.tup(new), relation=rel)
+        return Change("update", OID, new=self.tup(new), old=self.tup(old, self.key), old_kind="K", relation=rel)
+
+
+# ---------------------------------------------------------------------------------------- comparison
+
+
+def _ordinals(t: MirrorTable) -> dict[tuple[int, int], int]:
+    out, base = {}, 0
+    sizes = [b.rb.num_rows for b in t.mem.batches] + [t.mem.num_rows - sum(b.rb.num_rows for b in t.mem.batches)]
+    for b, n in enumerate(sizes):
+        for r in range(n):
+            out[(b, r)] = base + r
+        base += n
+    return out
+
+
+def state(t: MirrorTable) -> dict[str, object]:
+    """What both apply paths must leave alike (locations as row ordinals)."""
+    ins, dl, hs = t.mem.row_stamps()
+    ords = _ordinals(t)
+    index = {h: [ords[loc] for loc in t.mem.index.lookup(h)] for h in sorted(set(hs.tolist()))}
+    files = [(f.num_rows, sorted(f.pending.items()), f.truncated_lsn, sorted(f.committed)) for f in t.files.values()]
+    return {
+        "ins": ins.tolist(),
+        "del": dl.tolist(),
+        "hash": hs.tolist(),
+        "index": index,
+        "index_len": len(t.mem.index),
+        "files": files,
+        "missing": t.missing_keys,
+        "deleted_rows": t.mem.deleted_rows,
+        "num_rows": t.mem.num_rows,
+    }
+
+
+def visible(t: MirrorTable) -> list[dict[str, object]]:
+    return t.mem.visible().to_pylist()
+
+
+def _err(e: BaseException | None) -> object:
+    if e is None:
+        return None
+    return (type(e).__name__, str(e), getattr(e, "lsn", None), getattr(e, "columns", None))
+
+
+def apply_both(a: MirrorTable, b: MirrorTable, txn: Transaction) -> tuple[object, object]:
+    ea = eb = None
+    try:
+        for ch in txn.changes:
+            a.apply(ch, txn.commit_lsn)
+    except (BadRowError, ValueError) as e:
+        ea = e
+    try:
+        for run in columnar_transaction(txn).runs:
+            b.apply_run(run, txn.commit_lsn)
+    except (BadRowError, ValueError) as e:
+        eb = e
+    return _err(ea), _err(eb)
+
+
+# ---------------------------------------------------------------------------------------- the test
+
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+
+
+@SETTINGS
+@given(
+    kind=st.sampled_from(sorted(KINDS)),
+    order=st.permutations(OUR),
+    extra=st.booleans(),
+    absent=st.sampled_from([None, "n", "v"]),
+    batch_rows=st.sampled_from([3, 5, 16384]),
+    data=st.data(),
+)
+def test_runs_apply_like_changes(kind, order, extra, absent, batch_rows, data):
+    rel_cols = [c for c in order if c != absent] + (["x"] if extra else [])
+    gen = Gen(kind, rel_cols)
+    with tempfile.TemporaryDirectory() as d:
+        a = make_table(Path(d) / "a", kind, rel_cols, batch_rows)
+        b = make_table(Path(d) / "b", kind, rel_cols, batch_rows)
+        lsn = 100
+        for _ in range(data.draw(st.integers(1, 8))):
+            step = data.draw(st.sampled_from(["txn", "txn", "txn", "flush", "seal", "read"]))
+            if step == "flush":
+                a.flush(), b.flush()
+            elif step == "seal":
+                a.mem.seal(), b.mem.seal()
+            elif step == "read":
+                assert visible(a) == visible(b)
+            else:
+                lsn += 16
+                changes = [gen.change(data) for _ in range(data.draw(st.integers(1, 12)))]
+                txn = Transaction(lsn, lsn, lsn + 8, T0, changes)
+                ea, eb = apply_both(a, b, txn)
+                assert ea == eb
+                if ea is not None:
+                    return  # the table stops here (both paths raised alike)
+            assert state(a) == state(b)
+        assert visible(a) == visible(b)
+        assert state(a) == state(b)
+
+
+# ---------------------------------------------------------------------------------------- examples
+
+
+def _txn(lsn: int, changes: list[Change]) -> Transaction:
+    return Transaction(lsn, lsn, lsn + 8, T0, changes)
+
+
+def _both(tmp_path: Path, kind: str = "int", batch_rows: int = 16384) -> tuple[MirrorTable, MirrorTable, Gen]:
+    gen = Gen(kind, list(OUR))
+    return (
+        make_table(tmp_path / "a", kind, list(OUR), batch_rows),
+        make_table(tmp_path / "b", kind, list(OUR), batch_rows),
+        gen,
+    )
+
+
+def _ins(gen: Gen, i: int, **kw: object) -> Change:
+    row = {"id": str(i), "k": f"k{i}", "v": f"v{i}", "n": str(i), "d": "1.00", **kw}
+    return Change("insert", OID, new=gen.tup(row), relation=gen.relation)
+
+
+def test_an_insert_run_is_one_arrow_part_and_one_index_batch(tmp_path):
+    a, b, gen = _both(tmp_path)
+    txn = _txn(100, [_ins(gen, i) for i in range(50)])
+    (run,) = columnar_transaction(txn).runs
+    assert isinstance(run, ChangeRun) and run.rows == 50
+    apply_both(a, b, txn)
+    assert state(a) == state(b)
+    assert len(b.mem._parts) == 1 and isinstance(b.mem._parts[0], pa.RecordBatch)  # not sealed yet
+    assert b.mem.find(b.hasher.hash_one(["7"])) == [(0, 7)]
+    assert visible(a) == visible(b)
+
+
+def test_a_bad_value_fails_the_run_with_its_commit_and_column_and_applies_nothing(tmp_path):
+    a, b, gen = _both(tmp_path)
+    txn = _txn(200, [_ins(gen, 1), _ins(gen, 2, d="NaN"), _ins(gen, 3, d="NaN")])
+    ea, eb = apply_both(a, b, txn)
+    assert ea == eb and ea[0] == "BadRowError" and ea[2] == 200 and ea[3] == ["d"]
+    assert b.mem.num_rows == 0 and len(b.mem.index) == 0  # all or nothing per run
+
+
+def test_updates_and_deletes_of_a_large_run_hit_memory_and_files(tmp_path):
+    a, b, gen = _both(tmp_path, batch_rows=64)
+    apply_both(a, b, _txn(100, [_ins(gen, i) for i in range(300)]))
+    a.flush(), b.flush()
+    apply_both(a, b, _txn(200, [_ins(gen, i) for i in range(300, 400)]))
+    ups = [
+        Change(
+            "update",
+            OID,
+            new=gen.tup({"id": str(i), "k": "z", "v": U if i % 7 == 0 else "w", "n": "9"}),
+            relation=gen.relation,
+        )
+        for i in range(0, 400, 3)
+    ]
+    dels = [
+        Change("delete", OID, old=gen.tup({"id": str(i)}, ["id"]), old_kind="K", relation=gen.relation)
+        for i in range(1, 420, 5)
+    ]
+    ea, eb = apply_both(a, b, _txn(300, ups + dels))
+    assert ea is None and eb is None
+    assert state(a) == state(b) and visible(a) == visible(b)
+    assert a.missing_keys == 4  # deletes of 400..419 found nothing
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_key_repeated_inside_a_run(tmp_path, kind):
+    a, b, gen = _both(tmp_path, kind)
+    rows = [{"id": "1", "k": "a", "v": "x", "n": "1", "d": None}, {"id": "1", "k": "a", "v": "x", "n": "1", "d": None}]
+    apply_both(a, b, _txn(100, [Change("insert", OID, new=gen.tup(r), relation=gen.relation) for r in rows]))
+    full = gen.identity == "f"
+    old = rows[0]
+    dels = [
+        Change(
+            "delete",
+            OID,
+            old=gen.tup(old, None if full else gen.key),
+            old_kind="O" if full else "K",
+            relation=gen.relation,
+        )
+        for _ in range(3)
+    ]
+    ea, eb = apply_both(a, b, _txn(200, dels))
+    assert ea == eb
+    assert state(a) == state(b) and visible(a) == visible(b)
+    assert np.count_nonzero(b.mem.row_stamps()[1]) == 2 and b.missing_keys == 1
+
+
+def test_the_open_buffer_takes_text_rows_and_arrow_parts_in_row_order(tmp_path):
+    a, _, gen = _both(tmp_path)
+    m = a.mem
+    m.append(["1", "a", None, "1", None], a.hasher.hash_one(["1"]), 10)
+    rb = a._decode(
+        [
+            pa.array(["2", "3"]),
+            pa.array(["b", "c"]),
+            pa.nulls(2, pa.string()),
+            pa.array(["2", "3"]),
+            pa.nulls(2, pa.string()),
+        ]
+    )
+    assert m.append_batch(rb, a.hasher.hash_columns([pa.array(["2", "3"])]), 20) == 1
+    m.append(["4", "d", None, "4", None], a.hasher.hash_one(["4"]), 30)
+    assert m.num_rows == 4 and [r for r, _ in enumerate(m._parts)] == [0, 1]
+    assert m.row_values((0, 0))[:2] == ["1", "a"]
+    assert [c.value for c in m.row_values((0, 2))[:2]] == [3, "c"]  # an Arrow part: typed values
+    assert m.row_values((0, 3))[:2] == ["4", "d"]
+    m.delete((0, 2), a.hasher.hash_one(["3"]), 40)
+    ins, dl, _ = m.row_stamps()
+    assert ins.tolist() == [10, 20, 20, 30] and dl.tolist() == [0, 0, 40, 0]
+    assert [(r["id"], r["k"]) for r in m.visible().to_pylist()] == [(1, "a"), (2, "b"), (4, "d")]
+    assert len(m.batches) == 1 and m.batches[0].ins_lsn.tolist() == [10, 20, 20, 30]
+    assert m.find(a.hasher.hash_one(["4"])) == [(0, 3)] and m.find(a.hasher.hash_one(["3"])) == []
+
+
+def test_the_batched_lookup_answers_as_the_scalar_one(tmp_path):
+    a, _, gen = _both(tmp_path, batch_rows=8)
+    for lsn, ids in ((100, range(0, 20)), (200, range(20, 40))):
+        for i in ids:
+            a.apply(_ins(gen, i), lsn)
+        if lsn == 100:
+            a.flush()
+    for i in (3, 25, 27):
+        a.apply(Change("delete", OID, old=gen.tup({"id": str(i)}, ["id"]), old_kind="K", relation=gen.relation), 300)
+    keys = [str(i) for i in range(45)]
+    hs = a.hasher.hash_columns([pa.array(keys)])
+    assert a.find_exact_batch(hs) == [a._find([k]) for k in keys]
+    with pytest.raises(ValueError, match="exact"):
+        make_table(tmp_path / "t", "text", list(OUR), 8).find_exact_batch(hs)
+
+
+def test_auto_mode_takes_runs_only_for_long_runs():
+    from mooncake_assets.engine.service.replication import long_runs
+
+    gen = Gen("int", list(OUR))
+    ins = [_ins(gen, i) for i in range(600)]
+    dele = Change("delete", OID, old=gen.tup({"id": "1"}, ["id"]), old_kind="K", relation=gen.relation)
+    assert long_runs(ins, 512) and not long_runs(ins[:10], 512)
+    assert not long_runs([c for i in ins for c in (i, dele)], 512)  # 1200 changes in runs of one
+
+
+def test_service_apply_mode_is_checked():
+    from mooncake_assets.engine.service.config import ServiceConfig
+
+    kw = dict(
+        state_dir="/tmp/x",
+        dsn="dbname=x",
+        socket_path="/tmp/x.sock",
+        catalog_uri="sqlite://",
+        warehouse_uri="file:///tmp/w",
+    )
+    assert ServiceConfig(**kw).apply_mode == "auto"
+    assert ServiceConfig(**kw, apply_mode="run").apply_mode == "run"
+    with pytest.raises(ValueError, match="apply_mode"):
+        ServiceConfig(**kw, apply_mode="fast")
+
+
+def test_apply_item_routes_runs_and_changes_alike(tmp_path):
+    from mooncake_assets.engine.service.replication import apply_item
+
+    a, b, gen = _both(tmp_path)
+    txn = _txn(100, [_ins(gen, i) for i in range(5)] + [Change("truncate", OID, truncate_oids=[OID])] + [_ins(gen, 9)])
+    for ch in txn.changes:
+        apply_item(a, OID, ch, gen.relation, 100, 1, None)
+    for run in columnar_transaction(txn).runs:
+        apply_item(b, OID, run, gen.relation, 100, 1, None)
+    assert state(a) == state(b) and visible(a) == visible(b) == [
+        {"id": 9, "k": "k9", "v": "v9", "n": 9, "d": Decimal("1.00")}
+    ]
