@@ -11,7 +11,9 @@ service (its own state directory, slot and publication; everything is dropped at
    ``no_maintenance``; ``index_merge_only`` (``merge_index --all``); ``compacted`` (policy compaction
    run to its fixpoint, default policy: here the 20-odd update files are rewritten, the large initial
    copy keeps its deletion vector); ``compacted_full`` (``compact --full`` after that);
-3. the reference: the same rows written once to a clean Parquet file (ZSTD) and the same SQL run by
+3. the reference: the same rows (read once by the union reader) written to a clean Parquet file by the
+   mirror's own writer (``engine.table.disk_files.write_parquet``: PyArrow, ZSTD, row groups of 128 Ki
+   rows, as the mirror's data files) and the same SQL run by
    DuckDB over ``read_parquet`` of it (``clean_ms``), timed beside each state (runs interleaved with
    the union reads, best of each) so both sides see the same machine load. Every state reports
    ``ratio_vs_clean`` = union ms / clean ms.
@@ -43,6 +45,7 @@ import duckdb
 import psycopg
 
 from ..engine.index.bench import best_time
+from ..engine.table.disk_files import write_parquet
 
 __all__ = ["run_maintenance_bench"]
 
@@ -163,8 +166,8 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
         # the reference: the same rows, once, in a clean Parquet file
         reader = UnionReader(client)
         clean = scratch / "clean.parquet"
-        reader.query("SELECT 1 FROM bench LIMIT 1", tables=["bench"], lsn=None)
-        reader.con.execute(f"COPY (SELECT * FROM bench) TO '{clean}' (FORMAT parquet, COMPRESSION zstd)")
+        # written by the mirror's own writer (PyArrow, its codec and row groups), not by DuckDB's COPY
+        write_parquet(reader.query("SELECT * FROM bench", tables=["bench"], lsn=None), clean)
         ref = duckdb.connect()
         ref.execute(f"CREATE VIEW bench AS SELECT * FROM read_parquet('{clean}')")
         expected = {q: ref.execute(sql.format(t="bench")).fetchall() for q, sql in QUERIES.items()}

@@ -42,16 +42,37 @@ def _ingest_section(ing: dict) -> list[str]:
     return lines
 
 
+_SHORT = {
+    "clean": "clean",
+    "union": "union",
+    "anti_join": "anti join",
+    "equality_deletes_model": "eq. model",
+    "duckdb_iceberg_v2_equality_deletes": "DuckDB v2 eq.",
+    "duckdb_iceberg_v3": "DuckDB v3",
+}
+
+
+def _same_rows(ck: dict) -> bool:
+    sides = {(v["rows"], v["checksum"]) for v in ck.values() if isinstance(v, dict) and "rows" in v}
+    return bool(ck.get("results_equal")) and len(sides) == 1
+
+
 def _union_read_section(ur: dict) -> list[str]:
-    """The ``## Union read`` table (ms and ratios per query and delete share)."""
+    """The ``## Union read`` tables: per query and delete share the readers' median ms and the ratios."""
+    readers = [r for r in ur.get("readers") or _SHORT if r in _SHORT]
     lines = [
-        f"## Union read ({_f(ur['rows'])} live rows)",
+        f"## Union read ({_f(ur['rows'])} live rows, {ur.get('rounds')} rotated rounds, medians)",
         "",
         f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.",
         "",
-        "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
-        "speed-up vs equality deletes | rows & checksums equal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Readers: "
+        + "; ".join(f"**{_SHORT[r]}** = {ur['readers'][r]}" for r in readers if r in (ur.get("readers") or {}))
+        + ".",
+        "",
+        "| query | deletes | "
+        + " | ".join(f"{_SHORT[r]} ms" for r in readers)
+        + " | union / clean (CPU) | **DuckDB v2 eq. / DuckDB v3** | eq. model / union | rows & checksums equal |",
+        "|---|---|" + "---|" * len(readers) + "---|---|---|---|",
     ]
     for q in ("scan", "filter"):
         sec = ur.get(q, {})
@@ -60,18 +81,28 @@ def _union_read_section(ur: dict) -> list[str]:
             if not s:
                 continue
             ck = ur.get("check", {}).get(d, {}).get(q, {})
-            same = (
-                ck.get("results_equal")
-                and len({(v["rows"], v["checksum"]) for k, v in ck.items() if isinstance(v, dict) and "rows" in v}) == 1
-            )
+            ms = " | ".join(f"{s[r] * 1000:.1f}" if r in s else "—" for r in readers)
             lines.append(
-                f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
-                f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
-                f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
-                f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
-                f"{'yes' if same else '**NO**'} |"
+                f"| {q} | {pct}% | {ms} | {_f(sec['ratio_vs_clean'][d])} ({_f(sec.get('cpu_ratio_vs_clean', {}).get(d))}) | "
+                f"{_f(sec.get('speedup_vs_duckdb_iceberg_equality_deletes', {}).get(d))} | "
+                f"{_f(sec.get('speedup_vs_equality_deletes_model', {}).get(d))} | {'yes' if _same_rows(ck) else '**NO**'} |"
             )
     lines.append("")
+    fixed = ur.get("fixed")
+    if fixed:
+        lines += [
+            f"Fixed cost per query ({_f(fixed['rows'])}-row table, {fixed['rounds']} rounds, median ms): "
+            + "; ".join(
+                f"{q}: "
+                + ", ".join(
+                    f"{_SHORT.get(r, r)} {_f(v)}" for r, v in ur[q].get("fixed_ms_per_query_by_reader", {}).items()
+                )
+                for q in ("scan", "filter")
+                if q in ur
+            )
+            + ".",
+            "",
+        ]
     return lines
 
 
@@ -204,28 +235,66 @@ def write_plots(doc: dict, out_dir: Path) -> list[Path]:
         written.append(p)
     ur = doc.get("union_read")
     if ur and ur.get("scan", {}).get("ratio_vs_clean"):
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        for ax, q in zip(axes, ("scan", "filter")):
-            sec = ur.get(q, {})
-            xs = [pct for d, pct in SHARES if d in sec.get("ratio_vs_clean", {})]
-            ds = [d for d, _ in SHARES if d in sec.get("ratio_vs_clean", {})]
-            for key, label, style in (
-                ("ratio_vs_clean", "union read (DVs)", "o-"),
-                ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
-                ("equality_deletes_ratio_vs_clean", "equality deletes (Flink CDC)", "^-"),
-            ):
-                if key in sec:
-                    ax.plot(xs, [sec[key][d] for d in ds], style, label=label)
-            ax.axhline(1.0, color="gray", linewidth=0.8)
-            ax.set_xlabel("rows deleted (%)")
-            ax.set_title(f"{q}: time ÷ clean Parquet")
-            ax.set_xticks(xs)
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("ratio (lower is better)")
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        p = out_dir / "union_read_ratios.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_union_read_ratio_plot(plt, ur, out_dir / "union_read_ratios.png"))
+        written.append(_union_read_time_plot(plt, ur, out_dir / "union_read_times.png"))
     return written
+
+
+def _shares(sec: dict, key: str) -> tuple[list[int], list[str]]:
+    ds = [d for d, _ in SHARES if d in sec.get(key, {})]
+    return [pct for d, pct in SHARES if d in ds], ds
+
+
+def _union_read_ratio_plot(plt, ur: dict, path: Path) -> Path:
+    """Each reader's time ÷ the clean copy's, against the delete share (log scale), scan and filter."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, q in zip(axes, ("scan", "filter")):
+        sec = ur.get(q, {})
+        xs, ds = _shares(sec, "ratio_vs_clean")
+        for key, label, style in (
+            ("ratio_vs_clean", "mooncake union read (DVs)", "o-"),
+            ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
+            ("duckdb_iceberg_v3_ratio_vs_clean", "DuckDB iceberg_scan, our v3 table", "D-"),
+            ("duckdb_iceberg_v2_ratio_vs_clean", "DuckDB iceberg_scan, Flink v2 equality deletes", "^-"),
+            ("equality_deletes_model_ratio_vs_clean", "equality-delete model (engine-optimal)", "v:"),
+        ):
+            if key in sec:
+                ax.plot(xs, [sec[key][d] for d in ds], style, label=label)
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("rows deleted (%)")
+        ax.set_title(f"{q}: time ÷ clean Parquet ({_f(ur.get('rows'))} rows)")
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("ratio (log scale, lower is better)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _union_read_time_plot(plt, ur: dict, path: Path) -> Path:
+    """Each reader's median read time (ms, log scale) against the delete share, scan and filter, with
+    the fixed cost per query of the union read as a dotted line."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, q in zip(axes, ("scan", "filter")):
+        sec = ur.get(q, {})
+        xs, ds = _shares(sec, "seconds")
+        for r, style in zip(ur.get("readers") or _SHORT, ("k.-", "o-", "s--", "v:", "^-", "D-")):
+            ys = [sec["seconds"][d].get(r) for d in ds]
+            if all(y is not None for y in ys):
+                ax.plot(xs, [1000 * y for y in ys], style, label=(ur.get("readers") or {}).get(r, r))
+        if sec.get("fixed_ms_per_query"):
+            ax.axhline(sec["fixed_ms_per_query"], color="gray", linestyle=":", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("rows deleted (%)")
+        ax.set_ylabel("median read time (ms, log scale)")
+        ax.set_title(f"{q} ({_f(ur.get('rows'))} rows)")
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
