@@ -57,37 +57,60 @@ def _same_rows(ck: dict) -> bool:
     return bool(ck.get("results_equal")) and len(sides) == 1
 
 
-def _union_read_section(ur: dict) -> list[str]:
-    """The ``## Union read`` tables: per query and delete share the readers' median ms and the ratios."""
-    readers = [r for r in ur.get("readers") or _SHORT if r in _SHORT]
+def _union_read_table(ur: dict, sec_root: dict, readers: list[str], ratio_key: str, ratio_label: str) -> list[str]:
+    """One table of median ms per reader, query and delete share, with the union/clean and one more ratio."""
+    shown = [
+        r
+        for r in readers
+        if any(r in s for q in ("scan", "filter") for s in sec_root.get(q, {}).get("seconds", {}).values())
+    ]
     lines = [
-        f"## Union read ({_f(ur['rows'])} live rows, {ur.get('rounds')} rotated rounds, medians)",
-        "",
-        f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.",
-        "",
-        "Readers: "
-        + "; ".join(f"**{_SHORT[r]}** = {ur['readers'][r]}" for r in readers if r in (ur.get("readers") or {}))
-        + ".",
-        "",
         "| query | deletes | "
-        + " | ".join(f"{_SHORT[r]} ms" for r in readers)
-        + " | union / clean (CPU) | **DuckDB v2 eq. / DuckDB v3** | eq. model / union | rows & checksums equal |",
-        "|---|---|" + "---|" * len(readers) + "---|---|---|---|",
+        + " | ".join(f"{_SHORT[r]} ms" for r in shown)
+        + f" | union / clean (CPU) | {ratio_label} | eq. model / union | rows & checksums equal |",
+        "|---|---|" + "---|" * len(shown) + "---|---|---|---|",
     ]
     for q in ("scan", "filter"):
-        sec = ur.get(q, {})
+        sec = sec_root.get(q, {})
         for d, pct in SHARES:
             s = sec.get("seconds", {}).get(d)
             if not s:
                 continue
-            ck = ur.get("check", {}).get(d, {}).get(q, {})
-            ms = " | ".join(f"{s[r] * 1000:.1f}" if r in s else "—" for r in readers)
+            ck = sec_root.get("check", {}).get(d, {}).get(q, {})
+            ms = " | ".join(f"{s[r] * 1000:.1f}" if r in s else "—" for r in shown)
             lines.append(
                 f"| {q} | {pct}% | {ms} | {_f(sec['ratio_vs_clean'][d])} ({_f(sec.get('cpu_ratio_vs_clean', {}).get(d))}) | "
-                f"{_f(sec.get('speedup_vs_duckdb_iceberg_equality_deletes', {}).get(d))} | "
-                f"{_f(sec.get('speedup_vs_equality_deletes_model', {}).get(d))} | {'yes' if _same_rows(ck) else '**NO**'} |"
+                f"{_f(sec.get(ratio_key, {}).get(d))} | {_f(sec.get('speedup_vs_equality_deletes_model', {}).get(d))} | "
+                f"{'yes' if _same_rows(ck) else '**NO**'} |"
             )
-    lines.append("")
+    return lines + [""]
+
+
+def _union_read_section(ur: dict) -> list[str]:
+    """The ``## Union read`` tables: per query and delete share the readers' median ms and the ratios, at
+    the main size and on the DuckDB-iceberg comparison tables; the fixed cost per query."""
+    names = ur.get("readers") or {}
+    readers = [r for r in (names or _SHORT) if r in _SHORT]
+    lines = [
+        f"## Union read ({_f(ur['rows'])} live rows, {ur.get('rounds')} rotated rounds, medians)",
+        "",
+        f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`. Readers: "
+        + "; ".join(f"**{_SHORT[r]}** = {names[r]}" for r in readers if r in names)
+        + ".",
+        "",
+    ]
+    lines += _union_read_table(ur, ur, readers, "duckdb_iceberg_v3_ratio_vs_clean", "DuckDB v3 / clean")
+    comp = ur.get("duckdb_iceberg_comparison")
+    if comp:
+        lines += [
+            f"DuckDB `iceberg_scan` on the Flink-style v2 table (equality deletes) vs on our v3 table — the "
+            f"comparison users make — at {_f(comp['rows'])} rows ({comp.get('rounds')} rounds; the v2 read's cost "
+            "grows with rows × deletes, so it is not timed at the size above):",
+            "",
+        ]
+        lines += _union_read_table(
+            ur, comp, readers, "speedup_vs_duckdb_iceberg_equality_deletes", "**DuckDB v2 eq. / DuckDB v3**"
+        )
     fixed = ur.get("fixed")
     if fixed:
         lines += [
@@ -245,29 +268,41 @@ def _shares(sec: dict, key: str) -> tuple[list[int], list[str]]:
     return [pct for d, pct in SHARES if d in ds], ds
 
 
+def _sections(ur: dict) -> list[tuple[str, dict]]:
+    """(title, section) of the main tables and, when measured, the DuckDB-iceberg comparison tables."""
+    out = [(f"{_f(ur.get('rows'))} rows", ur)]
+    comp = ur.get("duckdb_iceberg_comparison")
+    if comp and comp.get("scan"):
+        out.append((f"{_f(comp.get('rows'))} rows, with the Flink v2 table", comp))
+    return out
+
+
 def _union_read_ratio_plot(plt, ur: dict, path: Path) -> Path:
-    """Each reader's time ÷ the clean copy's, against the delete share (log scale), scan and filter."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, q in zip(axes, ("scan", "filter")):
-        sec = ur.get(q, {})
-        xs, ds = _shares(sec, "ratio_vs_clean")
-        for key, label, style in (
-            ("ratio_vs_clean", "mooncake union read (DVs)", "o-"),
-            ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
-            ("duckdb_iceberg_v3_ratio_vs_clean", "DuckDB iceberg_scan, our v3 table", "D-"),
-            ("duckdb_iceberg_v2_ratio_vs_clean", "DuckDB iceberg_scan, Flink v2 equality deletes", "^-"),
-            ("equality_deletes_model_ratio_vs_clean", "equality-delete model (engine-optimal)", "v:"),
-        ):
-            if key in sec:
-                ax.plot(xs, [sec[key][d] for d in ds], style, label=label)
-        ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_xlabel("rows deleted (%)")
-        ax.set_title(f"{q}: time ÷ clean Parquet ({_f(ur.get('rows'))} rows)")
-        ax.set_xticks(xs)
-        ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel("ratio (log scale, lower is better)")
-    axes[0].legend(fontsize=7)
+    """Each reader's time ÷ the clean copy's against the delete share (log scale): scan and filter, one
+    row of plots per table size."""
+    secs = _sections(ur)
+    fig, axes = plt.subplots(len(secs), 2, figsize=(11, 4.2 * len(secs)), squeeze=False)
+    for row, (title, root) in zip(axes, secs):
+        for ax, q in zip(row, ("scan", "filter")):
+            sec = root.get(q, {})
+            xs, ds = _shares(sec, "ratio_vs_clean")
+            for key, label, style in (
+                ("ratio_vs_clean", "mooncake union read (DVs)", "o-"),
+                ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
+                ("duckdb_iceberg_v3_ratio_vs_clean", "DuckDB iceberg_scan, our v3 table", "D-"),
+                ("duckdb_iceberg_v2_ratio_vs_clean", "DuckDB iceberg_scan, Flink v2 equality deletes", "^-"),
+                ("equality_deletes_model_ratio_vs_clean", "equality-delete model (engine-optimal)", "v:"),
+            ):
+                if key in sec:
+                    ax.plot(xs, [sec[key][d] for d in ds], style, label=label)
+            ax.axhline(1.0, color="gray", linewidth=0.8)
+            ax.set_yscale("log")
+            ax.set_xlabel("rows deleted (%)")
+            ax.set_ylabel("time ÷ clean Parquet (log, lower is better)")
+            ax.set_title(f"{q}, {title}")
+            ax.set_xticks(xs)
+            ax.grid(alpha=0.3, which="both")
+        row[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -275,25 +310,31 @@ def _union_read_ratio_plot(plt, ur: dict, path: Path) -> Path:
 
 
 def _union_read_time_plot(plt, ur: dict, path: Path) -> Path:
-    """Each reader's median read time (ms, log scale) against the delete share, scan and filter, with
-    the fixed cost per query of the union read as a dotted line."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, q in zip(axes, ("scan", "filter")):
-        sec = ur.get(q, {})
-        xs, ds = _shares(sec, "seconds")
-        for r, style in zip(ur.get("readers") or _SHORT, ("k.-", "o-", "s--", "v:", "^-", "D-")):
-            ys = [sec["seconds"][d].get(r) for d in ds]
-            if all(y is not None for y in ys):
-                ax.plot(xs, [1000 * y for y in ys], style, label=(ur.get("readers") or {}).get(r, r))
-        if sec.get("fixed_ms_per_query"):
-            ax.axhline(sec["fixed_ms_per_query"], color="gray", linestyle=":", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_xlabel("rows deleted (%)")
-        ax.set_ylabel("median read time (ms, log scale)")
-        ax.set_title(f"{q} ({_f(ur.get('rows'))} rows)")
-        ax.set_xticks(xs)
-        ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=6)
+    """Each reader's median read time (ms, log scale) against the delete share: scan and filter, one row
+    of plots per table size; the union read's fixed cost per query as a dotted line."""
+    secs = _sections(ur)
+    names = ur.get("readers") or {r: r for r in _SHORT}
+    styles = dict(zip(_SHORT, ("k.-", "o-", "s--", "v:", "^-", "D-")))
+    colors = dict(zip(_SHORT, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    fig, axes = plt.subplots(len(secs), 2, figsize=(11, 4.2 * len(secs)), squeeze=False)
+    for row, (title, root) in zip(axes, secs):
+        for ax, q in zip(row, ("scan", "filter")):
+            sec = root.get(q, {})
+            xs, ds = _shares(sec, "seconds")
+            for r in names:
+                ys = [sec["seconds"][d].get(r) for d in ds]
+                if ys and all(y is not None for y in ys):
+                    ax.plot(xs, [1000 * y for y in ys], styles.get(r, "o-"), color=colors.get(r), label=names[r])
+            fixed = ur.get(q, {}).get("fixed_ms_per_query")
+            if fixed:
+                ax.axhline(fixed, color="gray", linestyle=":", linewidth=0.8, label="union read, fixed cost per query")
+            ax.set_yscale("log")
+            ax.set_xlabel("rows deleted (%)")
+            ax.set_ylabel("median read time (ms, log scale)")
+            ax.set_title(f"{q}, {title}")
+            ax.set_xticks(xs)
+            ax.grid(alpha=0.3, which="both")
+        row[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

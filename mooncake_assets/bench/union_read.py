@@ -541,8 +541,10 @@ def _record(sec: dict, k: str, m: dict, mc: dict, best: dict) -> None:
         put("speedup_vs_duckdb_iceberg_equality_deletes", m[v2] / m[v3])
         put("cpu_speedup_vs_duckdb_iceberg_equality_deletes", _ratio(mc[v2], mc[v3]))
         put("union_speedup_vs_duckdb_iceberg_equality_deletes", m[v2] / m["union"])
-        put("duckdb_iceberg_v2_ratio_vs_clean", m[v2] / m["clean"])
-        put("duckdb_iceberg_v3_ratio_vs_clean", m[v3] / m["clean"])
+    for r in (v2, v3):
+        if r in m:
+            put(f"{r.replace('_equality_deletes', '')}_ratio_vs_clean", m[r] / m["clean"])
+            put(f"{r.replace('_equality_deletes', '')}_cpu_ratio_vs_clean", _ratio(mc[r], mc["clean"]))
 
 
 def _measure(
@@ -679,7 +681,6 @@ _FROM_COMPARISON = (
     "speedup_vs_duckdb_iceberg_equality_deletes",
     "cpu_speedup_vs_duckdb_iceberg_equality_deletes",
     "union_speedup_vs_duckdb_iceberg_equality_deletes",
-    "duckdb_iceberg_v2_ratio_vs_clean",
 )
 
 
