@@ -314,7 +314,7 @@ def _union_read_time_plot(plt, ur: dict, path: Path) -> Path:
     of plots per table size; the union read's fixed cost per query as a dotted line."""
     secs = _sections(ur)
     names = ur.get("readers") or {r: r for r in _SHORT}
-    styles = dict(zip(_SHORT, ("k.-", "o-", "s--", "v:", "^-", "D-")))
+    styles = dict(zip(_SHORT, (".-", "o-", "s--", "v:", "^-", "D-")))
     colors = dict(zip(_SHORT, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     fig, axes = plt.subplots(len(secs), 2, figsize=(11, 4.2 * len(secs)), squeeze=False)
     for row, (title, root) in zip(axes, secs):
