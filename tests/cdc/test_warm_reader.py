@@ -34,7 +34,10 @@ def _pg(m, sql: str) -> list[dict]:
 
 
 def _plain(rows: list[dict]) -> list[dict]:
-    return [{k: (int(v) if hasattr(v, "as_integer_ratio") and not isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+    return [
+        {k: (int(v) if hasattr(v, "as_integer_ratio") and not isinstance(v, float) else v) for k, v in r.items()}
+        for r in rows
+    ]
 
 
 def _equal(m, r: UnionReader, step: str) -> None:
@@ -64,7 +67,9 @@ def test_one_long_lived_reader_equals_postgres_across_every_change(m):
     try:
         _equal(m, r, "the initial copy")
 
-        m.sql("INSERT INTO wr SELECT g, g, 'mem' FROM generate_series(301, 340) g", "DELETE FROM wr WHERE id IN (305, 7)")
+        m.sql(
+            "INSERT INTO wr SELECT g, g, 'mem' FROM generate_series(301, 340) g", "DELETE FROM wr WHERE id IN (305, 7)"
+        )
         _equal(m, r, "in-memory rows inserted and deleted")
 
         _applied(m)
@@ -101,7 +106,9 @@ def test_one_long_lived_reader_equals_postgres_across_every_change(m):
         _equal(m, r, "a full compaction")
         assert {f.path for f in r.states["wr"].files}.isdisjoint(before)  # every file rewritten
 
-        m.sql("INSERT INTO wr (id, a, c) SELECT g, g, g FROM generate_series(500, 520) g", "DELETE FROM wr WHERE id < 100")
+        m.sql(
+            "INSERT INTO wr (id, a, c) SELECT g, g, g FROM generate_series(500, 520) g", "DELETE FROM wr WHERE id < 100"
+        )
         _equal(m, r, "deletes of compacted files and new in-memory rows")
     finally:
         r.close()

@@ -550,7 +550,9 @@ def _read_masked(files: list[FileState], cols: list[str], cache: ReadCache) -> p
     """Files with deletes read with PyArrow (columns ``cols``, row groups with live rows only, files in
     parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows. Footers and masks
     come from ``cache`` (looked up here, before the parallel reads: the cache is single-threaded)."""
-    known = {f.path: (cache.keep(f.path, f.rows, cast(FrozenBitMap64, f.deleted)), cache.metadata(f.path)) for f in files}
+    known = {
+        f.path: (cache.keep(f.path, f.rows, cast(FrozenBitMap64, f.deleted)), cache.metadata(f.path)) for f in files
+    }
 
     def one(f: FileState) -> pa.Table:
         (live, keep), md = known[f.path]
