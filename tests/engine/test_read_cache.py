@@ -101,6 +101,8 @@ def test_read_states_is_one_round_trip_with_the_rows(tmp_path):
         assert one.with_(ticket=None) == got.with_(mem=None) and client.fetch(one.ticket).equals(mem)
         r = UnionReader(client)
         assert r.query("SELECT count(*) AS n FROM t")["n"][0].as_py() == 500 - 2 + 2
+        r.register("t", view="t2", wait_lsn="0/21")  # the wait rides along with the ReadState
+        assert svc.waited[-1] == Lsn.parse("0/21") and r.states["t2"].lsn == Lsn.parse("0/20")
         r.close()
     finally:
         client.close()

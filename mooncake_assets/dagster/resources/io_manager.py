@@ -137,10 +137,10 @@ class MirrorDbClient(DbClient):
         key = _step_key(context)
         pinned = self._pins.get(key) if key else None
         if pinned is None:
-            barrier = reader.barrier()
+            barrier = reader.barrier_lsn()  # waited for in the same round trip as the ReadState
+            rs = reader.register(table, lsn=None, view=view, columns=columns, wait_lsn=barrier)
             if barrier:
                 context.log.debug(f"read-your-writes: the service has applied the source up to {barrier}")
-            rs = reader.register(table, lsn=None, view=view, columns=columns)
             if key:
                 self._pins[key] = str(rs.lsn)
             return rs

@@ -295,6 +295,11 @@ class UnionReader:
         self._close_pg()
         self.con.close()
 
+    def barrier_lsn(self) -> str | None:
+        """The LSN the read-your-writes barrier waits for, without waiting: the source's current LSN
+        (``X/Y``; None without a DSN). Pass it as :meth:`register`'s ``wait_lsn``."""
+        return self._barrier_lsn()
+
     def _barrier_lsn(self) -> str | None:
         """The LSN the read-your-writes barrier waits for: the source's current LSN (None without a DSN)."""
         if not self.dsn:
@@ -346,12 +351,15 @@ class UnionReader:
         view: str | None = None,
         columns: list[str] | None = None,
         mode: str | None = None,
+        wait_lsn: str | None = None,
     ) -> ReadState:
         """Create view ``view`` (default: the table's name) over the table's ReadState at ``lsn``.
 
         ``columns``: project to these columns only. ``mode``: ``lazy`` (default unless the reader was
-        made with another fixed mode), ``arrow`` or ``anti``. Returns the :class:`ReadState`."""
-        return self._register(table, lsn, None, view, columns, mode)
+        made with another fixed mode), ``arrow`` or ``anti``. ``wait_lsn``: first wait until the
+        service has applied this LSN (in the same round trip; :meth:`barrier_lsn` gives the barrier's).
+        Returns the :class:`ReadState`."""
+        return self._register(table, lsn, wait_lsn, view, columns, mode)
 
     def _register(
         self,
