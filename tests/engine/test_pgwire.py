@@ -112,3 +112,33 @@ def test_result_types_and_text():
         ["1", "t", "1.00", "1970-01-01 00:00:00+00", "{1,NULL}", "\\x00ff", "1 year 2 mons 3 days 00:00:04"],
         [None, "f", None, "infinity", "{}", "\\x", "00:00:00"],
     ]
+
+
+def test_binary_parameters_decode_what_psycopg_sends():
+    """psycopg's own binary dumpers are the oracle for the layouts."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import psycopg
+    from psycopg.adapt import PyFormat
+
+    from mooncake_assets.engine.read.pgwire.binary import decode
+
+    values = [
+        7,
+        -(2**40),
+        1.5,
+        True,
+        b"\x00\xff",
+        dt.date(2024, 2, 29),
+        dt.date(1999, 12, 31),
+        dt.datetime(2024, 1, 31, 12, 0, 0, 250000, tzinfo=dt.timezone.utc),
+        dt.datetime(1970, 1, 1, 0, 0, 1),
+        Decimal("-12.30"),
+        Decimal("123456789.000001"),
+        Decimal("0"),
+    ]
+    for v in values:
+        dumper = psycopg.adapters.get_dumper(type(v), PyFormat.BINARY)(type(v))
+        dumper = dumper.upgrade(v, PyFormat.BINARY)
+        assert decode(dumper.oid, bytes(dumper.dump(v))) == v, (v, dumper.oid)

@@ -124,6 +124,8 @@ class SessionSettings:
             raise SqlError("22023", f"client_encoding {value!r} is not supported: the server sends UTF8 only")
         if key == "client_encoding":
             value = "UTF8"
+        if key == "DateStyle" and value:
+            value = _datestyle(value, self.values["DateStyle"])
         if key == "mooncake.read" and value not in READ_MODES:
             if value == "persisted":
                 raise SqlError("0A000", "mooncake.read = 'persisted' is not supported yet", "use 'latest' or 'applied'")
@@ -135,6 +137,34 @@ class SessionSettings:
         if key not in self.values:
             raise SqlError("42704", f'unrecognized configuration parameter "{name}"')
         return self.values[key]
+
+
+_STYLES = {"ISO": "ISO", "SQL": "SQL", "POSTGRES": "Postgres", "GERMAN": "German"}
+_ORDERS = {
+    "MDY": "MDY",
+    "DMY": "DMY",
+    "YMD": "YMD",
+    "US": "MDY",
+    "NONEURO": "MDY",
+    "NONEUROPEAN": "MDY",
+    "EUROPEAN": "DMY",
+    "EURO": "DMY",
+}
+
+
+def _datestyle(value: str, current: str) -> str:
+    """``DateStyle`` as Postgres keeps it: the output style and the field order, each kept from
+    ``current`` when ``value`` names only the other ("SET DateStyle = ISO" shows ``ISO, MDY``)."""
+    style, order = (p.strip() for p in current.split(",", 1))
+    for tok in re.split(r"[\s,]+", value.strip()):
+        up = tok.upper()
+        if up in _STYLES:
+            style = _STYLES[up]
+        elif up in _ORDERS:
+            order = _ORDERS[up]
+        elif up:
+            raise SqlError("22023", f'invalid value for parameter "DateStyle": "{value}"')
+    return f"{style}, {order}"
 
 
 _SET = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?([A-Za-z_][\w.]*)\s*(?:=|\s+TO\s+)\s*(.*?)\s*$", re.I | re.S)
@@ -185,7 +215,7 @@ def local_statement(sql: str, s: SessionSettings) -> Result | None:
             return _text_result(["name", "setting"], [[k, v] for k, v in sorted(s.values.items())], "SHOW")
         if m:
             name = m.group(1)
-            return _text_result([name.lower()], [[s.get(name)]], "SHOW")
+            return _text_result([_CANON.get(name.lower(), name.lower())], [[s.get(name)]], "SHOW")
         raise SqlError("42601", "syntax error: SHOW takes one setting name (or ALL)")
     if head in ("DISCARD", "DEALLOCATE", "UNLISTEN", "CLOSE"):
         return Result(" ".join(w[:2]) if head == "DISCARD" else head)

@@ -12,7 +12,6 @@ skipped); Termination.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import socket
 from decimal import Decimal
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ from ..union import ReadOnlyError
 from . import protocol as p
 from .auth import MECHANISM, AuthFailed, ScramExchange, Verifier
 from .backend import Backend
+from .binary import decode as decode_binary
 from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statement, rewrite_functions
 from .psql import catalog_answer
 from .sqltext import max_param, replace_params, split_statements
@@ -309,12 +309,13 @@ class Session:
             n = b.int32()
             raw.append(None if n < 0 else b.take(n))
         result_formats = [b.int16() for _ in range(b.int16())]
-        if any(formats) or any(result_formats):
-            raise SqlError("0A000", "binary format is not supported yet: use text format for parameters and results")
+        if any(result_formats):
+            raise SqlError("0A000", "binary result format is not supported yet: request text results")
         if stmt not in self.statements:
             raise SqlError("26000", f'prepared statement "{stmt}" does not exist')
         sql, oids = self.statements[stmt]
-        sql, values = bind_params(sql, oids, raw)
+        binary = [(formats[i] if len(formats) > 1 else (formats[0] if formats else 0)) == 1 for i in range(len(raw))]
+        sql, values = bind_params(sql, oids, raw, binary)
         self.portals[portal] = Portal(sql, values)
         self.send(p.bind_complete())
 
@@ -388,24 +389,26 @@ def local_statement_kind(sql: str) -> bool:
     )
 
 
-def bind_params(sql: str, oids: list[int], raw: list[bytes | None]) -> tuple[str, list[Any]]:
-    """Text-format parameter values as DuckDB prepared-statement parameters: each ``$n`` whose type
-    is known becomes ``CAST($n AS type)``, its value the Python value of its text (``PARAM_TYPES``);
-    unknown (OID 0) and text types stay strings. Values never enter the SQL text."""
+def bind_params(
+    sql: str, oids: list[int], raw: list[bytes | None], binary: list[bool] | None = None
+) -> tuple[str, list[Any]]:
+    """Parameter values as DuckDB prepared-statement parameters: each ``$n`` whose type is known
+    becomes ``CAST($n AS type)``, its value the Python value of its text (``PARAM_TYPES``) or of its
+    binary form (:mod:`.binary`, where ``binary[i]``); unknown (OID 0) and text types stay strings.
+    Values never enter the SQL text."""
     values: list[Any] = []
     casts: dict[int, str] = {}
     for i, v in enumerate(raw):
         oid = oids[i] if i < len(oids) else 0
         spec = PARAM_TYPES.get(oid)
-        text = None if v is None else v.decode()
         if spec is not None:
             casts[i + 1] = f"CAST(${i + 1} AS {spec[0]})"
-            values.append(None if text is None else spec[1](text))
+        if v is None:
+            values.append(None)
+        elif binary and binary[i]:
+            values.append(decode_binary(oid, v))
         else:
-            values.append(text)
+            values.append(spec[1](v.decode()) if spec is not None else v.decode())
     if casts:
         sql = replace_params(sql, casts)
     return sql, values
-
-
-_ = dt  # date/time parameters travel as text and are cast by DuckDB
