@@ -47,7 +47,7 @@ def _psql() -> str:
 class SqlServer:
     """A running ``mooncake sql-server`` subprocess."""
 
-    def __init__(self, settings, users: Path, *extra: str):
+    def __init__(self, settings, users: Path | None, *extra: str, env: dict | None = None):
         self.log = Path(settings.state_dir) / f"sql-server-{time.time_ns()}.log"
         cmd = [
             sys.executable,
@@ -58,8 +58,10 @@ class SqlServer:
             "--dsn",
             settings.dsn,
         ]
-        cmd += ["sql-server", "--port", "0", "--users", str(users), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log.open("w"), start_new_session=True)
+        cmd += ["sql-server", "--port", "0", *(["--users", str(users)] if users else []), *extra]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=self.log.open("w"), start_new_session=True, env=env
+        )
         m = wait_until(lambda: self._port(), timeout=120, what="sql-server to listen")
         self.port = int(m)
 
@@ -215,3 +217,52 @@ def test_two_clients_at_once(served):
     finally:
         a.close()
         b.close()
+
+
+def test_cancel_tls_refusal_trust_loopback_and_env_password(served, state_dir):
+    s, server = served
+    # CancelRequest: the running statement is interrupted (57014) and the session goes on
+    with psycopg.connect(server.dsn(), autocommit=True) as c:
+        got: dict[str, BaseException] = {}
+
+        def slow():
+            try:
+                c.execute("SELECT count(*) FROM range(1000000000000) t(i) WHERE i % 7 = 3")
+            except BaseException as e:
+                got["e"] = e
+
+        t = threading.Thread(target=slow)
+        t.start()
+
+        def canceled():
+            c.cancel()
+            return not t.is_alive()
+
+        wait_until(canceled, timeout=120, what="the slow statement to be canceled", step=0.5)
+        assert isinstance(got.get("e"), psycopg.errors.QueryCanceled), got
+        assert c.execute("SELECT count(*) FROM q").fetchone() == (4,)
+    # no TLS yet: a client requiring it is refused cleanly; one preferring it goes on in plain text
+    tls = _run_psql(server.dsn().replace("sslmode=prefer", "sslmode=require"), "-c", "SELECT 1")
+    assert tls.returncode != 0 and "SSL" in tls.stderr, tls.stderr
+    # a users file readable by others is refused at start
+    loose = Path(state_dir) / "loose-users"
+    write_user(loose, "ana", PASSWORD)
+    os.chmod(loose, 0o644)
+    r = mooncake(s, "sql-server", "--port", "0", "--users", str(loose))
+    assert r.returncode == 2 and "chmod 600" in r.stderr, r.stderr
+    # MOONCAKE_SQL_PASSWORD for one user; --trust-loopback lets loopback clients in without one
+    env = dict(os.environ, MOONCAKE_SQL_PASSWORD="env-pw", MOONCAKE_SQL_USER="envuser")
+    other = SqlServer(s, None, env=env)
+    trusting = SqlServer(s, None, "--trust-loopback", env=dict(os.environ, MOONCAKE_SQL_PASSWORD=""))
+    try:
+        with psycopg.connect(other.dsn(user="envuser", password="env-pw")) as c:
+            assert c.execute("SELECT count(*) FROM owner").fetchone() == (4,)
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(other.dsn(user="envuser", password="nope"))
+        ok = _run_psql(
+            f"host=127.0.0.1 port={trusting.port} user=anyone dbname=x", "-At", "-c", "SELECT count(*) FROM q"
+        )
+        assert ok.returncode == 0 and ok.stdout.strip() == "4", ok
+    finally:
+        other.stop()
+        trusting.stop()

@@ -138,10 +138,12 @@ class Session:
                 pass
         finally:
             self.server.forget(self)
-            try:
-                self.sock.close()
+            try:  # the socket's file object holds the descriptor open too: close both, and say so
+                self.rf.close()
+                self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            self.sock.close()
 
     # ---------------------------------------------------------------- start-up
     def _startup(self) -> bool:
