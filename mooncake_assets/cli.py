@@ -477,6 +477,7 @@ def sql_server(
     unless the session says SET mooncake.read = 'applied'. Authentication: SCRAM-SHA-256.
     Connect with: psql "host=127.0.0.1 port=5433 user=NAME dbname=mooncake". See docs/sql-server.md."""
     import os
+    import signal
 
     from .engine.read import UnionReader
     from .engine.read.pgwire import Backend, SqlServer, UsersFileError, load_users, make_verifier
@@ -501,10 +502,20 @@ def sql_server(
         fail(f"cannot listen on {host}:{port}: {e.strerror}")
     err.print(f"mooncake sql-server listening on {server.host}:{server.port}", highlight=False)
     sys.stderr.flush()
+
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
         server.close()
+        close = getattr(reader, "close", None)  # a long-lived reader keeps connections: end them
+        if close is not None:
+            close()
 
 
 @app.command("sql-server-user")

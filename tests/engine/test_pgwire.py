@@ -132,7 +132,7 @@ def test_binary_parameters_decode_what_psycopg_sends():
         b"\x00\xff",
         dt.date(2024, 2, 29),
         dt.date(1999, 12, 31),
-        dt.datetime(2024, 1, 31, 12, 0, 0, 250000, tzinfo=dt.timezone.utc),
+        dt.datetime(2024, 1, 31, 12, 0, 0, 250000, tzinfo=dt.UTC),
         dt.datetime(1970, 1, 1, 0, 0, 1),
         Decimal("-12.30"),
         Decimal("123456789.000001"),
