@@ -90,6 +90,8 @@ def test_session_settings_and_transactions():
     assert e.value.code == "42704"
     assert local_statement("SELECT 1", s) is None
     assert rewrite_functions("SELECT version(), current_setting('DateStyle')", s).endswith("'ISO, DMY'")
+    sql = "SELECT 'version()', current_user, current_database(), current_schema() -- version()"
+    assert rewrite_functions(sql, s, "ana", "db") == "SELECT 'version()', 'ana', 'db', 'public' -- version()"
 
 
 def test_result_types_and_text():

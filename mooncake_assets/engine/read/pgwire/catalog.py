@@ -240,12 +240,32 @@ _FUNC_VERSION = re.compile(r"\b(?:pg_catalog\.)?version\s*\(\s*\)", re.I)
 _FUNC_SETTING = re.compile(r"\b(?:pg_catalog\.)?current_setting\s*\(\s*'((?:[^']|'')*)'\s*(?:,\s*\w+\s*)?\)", re.I)
 
 
-def rewrite_functions(sql: str, s: SessionSettings) -> str:
-    """``version()`` and ``current_setting('name')`` replaced by their values as SQL literals (the
-    session's, not DuckDB's)."""
+_FUNC_SESSION = re.compile(
+    r"\b(?:pg_catalog\.)?(current_database|current_schema)\s*\(\s*\)|\b(current_user|session_user|user)\b(?!\s*\()",
+    re.I,
+)
+
+
+def rewrite_functions(sql: str, s: SessionSettings, user: str = "", database: str = "") -> str:
+    """``version()``, ``current_setting('name')``, ``current_database()``, ``current_schema()`` and
+    ``current_user``/``session_user`` replaced by their values as SQL literals (the session's, not
+    DuckDB's), outside string literals and comments."""
+    from .sqltext import rewrite_code
 
     def lit(v: str) -> str:
         return "'" + v.replace("'", "''") + "'"
 
-    sql = _FUNC_VERSION.sub(lit(VERSION_TEXT), sql)
-    return _FUNC_SETTING.sub(lambda m: lit(s.get(m.group(1).replace("''", "'"))), sql)
+    def session_value(m: re.Match[str]) -> str:
+        name = (m.group(1) or m.group(2)).lower()
+        if name == "current_database":
+            return lit(database or "mooncake")
+        if name == "current_schema":
+            return lit("public")
+        return lit(user)
+
+    def one(code: str) -> str:
+        return _FUNC_SESSION.sub(session_value, _FUNC_VERSION.sub(lit(VERSION_TEXT), code))
+
+    # current_setting's argument is a literal: matched over the whole text
+    sql = _FUNC_SETTING.sub(lambda m: lit(s.get(m.group(1).replace("''", "'"))), sql)
+    return rewrite_code(sql, one)

@@ -113,6 +113,7 @@ class Session:
         self.statements: dict[str, tuple[str, list[int]]] = {}
         self.portals: dict[str, Portal] = {}
         self.user = ""
+        self.database = ""
 
     # ---------------------------------------------------------------- io
     def send(self, *msgs: bytes) -> None:
@@ -157,6 +158,7 @@ class Session:
                 return False
             break
         self.user = st.params.get("user", "")
+        self.database = st.params.get("database", self.user)
         try:
             self.settings = SessionSettings(st.params)
         except SqlError as e:
@@ -273,7 +275,7 @@ class Session:
         res = catalog_answer(sql, self.server.backend)
         if res is not None:
             return res
-        sql = rewrite_functions(sql, self.settings)
+        sql = rewrite_functions(sql, self.settings, self.user, self.database)
         table = self.server.backend.run(sql, params or None, self.settings.values["mooncake.read"], owner=self)
         return self._result(sql, table)
 

@@ -6,7 +6,7 @@ dollar-quoted strings and comments (PostgreSQL manual, "Lexical Structure").
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
 _PARAM = re.compile(r"\$(\d+)")
@@ -109,6 +109,11 @@ def replace_params(sql: str, repl: dict[int, str]) -> str:
             seg = _PARAM.sub(lambda m: repl.get(int(m.group(1)), m.group(0)), seg)
         out.append(seg)
     return "".join(out)
+
+
+def rewrite_code(sql: str, f: Callable[[str], str]) -> str:
+    """``sql`` with ``f`` applied to each run of code (literals, identifiers and comments kept)."""
+    return "".join(f(sql[a:b]) if code else sql[a:b] for a, b, code in _scan(sql))
 
 
 def words(sql: str, n: int = 3) -> list[str]:
