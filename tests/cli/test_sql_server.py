@@ -153,6 +153,12 @@ def test_psycopg_server_side_parameters_equal_postgres(served, pg_dsn):
         assert tx.execute("SELECT count(*) FROM q WHERE id >= %s", (1,)).fetchone() == (4,)
         tx.rollback()
         assert tx.execute("SHOW mooncake.read").fetchone() == ("latest",)
+        tx.execute("SET TimeZone = 'Europe/Paris'")  # announced; timestamptz stays the same instant
+        assert tx.info.parameter_status("TimeZone") == "Europe/Paris"
+        with psycopg.connect(pg_dsn) as src:
+            src.execute("SET TimeZone = 'Europe/Paris'")
+            sql = "SELECT tsz FROM q WHERE id IN (3, 4) ORDER BY id"
+            assert tx.execute(sql).fetchall() == src.execute(sql).fetchall()
         tx.execute("SET mooncake.read = 'applied'")
         assert tx.execute("SELECT count(*) FROM owner").fetchone() == (4,)
     # read-your-writes: a row committed in Postgres is visible to the next statement

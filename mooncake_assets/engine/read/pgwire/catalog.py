@@ -159,6 +159,10 @@ def _datestyle(value: str, current: str) -> str:
     for tok in re.split(r"[\s,]+", value.strip()):
         up = tok.upper()
         if up in _STYLES:
+            if up != "ISO":  # values are printed in ISO style only (render.py)
+                raise SqlError(
+                    "0A000", f"DateStyle {_STYLES[up]} is not supported: dates and times are output in ISO style"
+                )
             style = _STYLES[up]
         elif up in _ORDERS:
             order = _ORDERS[up]

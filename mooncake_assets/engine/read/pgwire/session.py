@@ -269,8 +269,12 @@ class Session:
     def execute(self, sql: str, params: list[Any]) -> Result:
         """Answer one statement: locally (settings, transactions, psql's catalog) or through the reader."""
         assert self.settings is not None
+        before = {k: self.settings.values[k] for k in REPORTED}
         res = local_statement(sql, self.settings)
         if res is not None:
+            for k in REPORTED:  # "Asynchronous Operations": a reported setting's change is announced
+                if self.settings.values[k] != before[k]:
+                    self.send(p.parameter_status(k, self.settings.values[k]))
             return res
         res = catalog_answer(sql, self.server.backend)
         if res is not None:
