@@ -239,6 +239,13 @@ def test_cancel_tls_refusal_trust_loopback_and_env_password(served, state_dir):
 
         t = threading.Thread(target=slow)
         t.start()
+        # meanwhile another client connects, authenticates, sets and shows settings and lists the mirrors
+        with psycopg.connect(server.dsn(), autocommit=True) as other:
+            other.execute("SET application_name = 'second'")
+            assert other.execute("SHOW application_name").fetchone() == ("second",)
+        dt = _run_psql(server.dsn(), "-c", r"\dt")
+        assert dt.returncode == 0 and "owner" in dt.stdout, dt
+        assert t.is_alive()  # the slow statement runs until canceled
 
         def canceled():
             c.cancel()
