@@ -144,3 +144,25 @@ def test_binary_parameters_decode_what_psycopg_sends():
         dumper = psycopg.adapters.get_dumper(type(v), PyFormat.BINARY)(type(v))
         dumper = dumper.upgrade(v, PyFormat.BINARY)
         assert decode(dumper.oid, bytes(dumper.dump(v))) == v, (v, dumper.oid)
+
+
+def test_framing_reads_what_it_writes_and_refuses_short_messages():
+    import io
+    import struct
+
+    from mooncake_assets.engine.read.pgwire import protocol as p
+
+    startup = struct.pack("!i", p.PROTOCOL_3_0) + b"user\x00ana\x00database\x00db\x00\x00"
+    st = p.read_startup(io.BytesIO(struct.pack("!i", len(startup) + 4) + startup))
+    assert st.kind == "startup" and st.params == {"user": "ana", "database": "db"}
+    cancel = p.read_startup(io.BytesIO(struct.pack("!iiii", 16, p.CANCEL_REQUEST, 7, 9)))
+    assert (cancel.kind, cancel.pid, cancel.key) == ("cancel", 7, 9)
+    assert p.read_startup(io.BytesIO(struct.pack("!ii", 8, p.SSL_REQUEST))).kind == "ssl"
+    with pytest.raises(p.ProtocolError, match="2.0"):
+        p.read_startup(io.BytesIO(struct.pack("!ii", 8, 2 << 16)))
+    kind, body = p.read_message(io.BytesIO(p.msg(b"Q", b"SELECT 1\x00")))
+    assert kind == b"Q" and p.Body(body).cstr() == "SELECT 1"
+    row = p.data_row(["a", None, ""])
+    assert row == b"D" + struct.pack("!ih", 4 + 2 + 5 + 4 + 4, 3) + b"\x00\x00\x00\x01a\xff\xff\xff\xff\x00\x00\x00\x00"
+    with pytest.raises(p.ProtocolError):
+        p.Body(b"\x00").int16()

@@ -112,19 +112,15 @@ class Body:
         return s
 
     def int16(self) -> int:
-        (v,) = struct.unpack_from("!h", self.data, self.pos)
-        self.pos += 2
+        (v,) = struct.unpack("!h", self.take(2))
         return int(v)
 
     def int32(self) -> int:
-        (v,) = struct.unpack_from("!i", self.data, self.pos)
-        self.pos += 4
+        (v,) = struct.unpack("!i", self.take(4))
         return int(v)
 
     def byte(self) -> bytes:
-        b = self.data[self.pos : self.pos + 1]
-        self.pos += 1
-        return b
+        return self.take(1)
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):

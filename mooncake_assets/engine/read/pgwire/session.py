@@ -232,6 +232,8 @@ class Session:
                 continue
             try:
                 self._extended(kind, p.Body(body))
+            except p.ProtocolError:
+                raise  # the framing is broken: FATAL 08P01, connection closed (run)
             except Exception as e:
                 self._error(e)
                 skipping = True
