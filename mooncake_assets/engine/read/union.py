@@ -461,13 +461,16 @@ class UnionReader:
         else:
             cast(ReadStateSource, self.client).wait_lsn(lsn, timeout=self.wait_timeout)
 
-    def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
+    def query(
+        self, sql: str, tables: list[str] | None = None, lsn: str | None = None, params: list[Any] | None = None
+    ) -> pa.Table:
         """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references).
 
         ``sql``: SELECT/EXPLAIN statements only (else :class:`ReadOnlyError`, before anything is read).
         ``lsn``: read at this LSN (``X/Y``), once the service has applied it (``TimeoutError`` after
         ``wait_timeout`` s); None: the barrier first (when the reader has a DSN), then each table at
-        what is applied."""
+        what is applied. ``params``: values of the statement's ``$1``/``?`` placeholders (DuckDB
+        prepared-statement parameters, never spliced into the text)."""
         info = self._infos.get(sql)
         if info is None:  # parsed once per statement text: its read-only verdict and what it reads
             info = self._infos[sql] = StatementInfo(sql, self.con)
@@ -483,6 +486,8 @@ class UnionReader:
             if mode == "arrow" and info.columns is not None:
                 cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
             self.register_state(rs, mem, t, columns=cols, mode=mode)
+        if params:
+            return self.con.execute(sql, params).to_arrow_table()
         return self.con.execute(sql).to_arrow_table()
 
     def read_table(self, table: str, lsn: str | None = None, columns: list[str] | None = None) -> pa.Table:
