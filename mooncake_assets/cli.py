@@ -452,6 +452,91 @@ def query(
     _query_notes(reader, no_wait)
 
 
+@app.command("sql-server")
+def sql_server(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface; no TLS yet)"),
+    port: int = typer.Option(5433, help="TCP port (0: any free port, printed on stderr)"),
+    users: Path | None = typer.Option(
+        None,
+        "--users",
+        metavar="FILE",
+        help="Users file: one name:SCRAM-SHA-256$… verifier per line, mode 0600 "
+        "(write one with `mooncake sql-server-user FILE NAME`). Without it: env MOONCAKE_SQL_PASSWORD "
+        "for the one user MOONCAKE_SQL_USER (default: mooncake)",
+    ),
+    trust_loopback: bool = typer.Option(
+        False, "--trust-loopback", help="Let clients on 127.0.0.1/::1 connect without a password"
+    ),
+    max_wait: float = typer.Option(
+        30.0, "--max-wait", metavar="SECONDS", min=0.0, help="How long a read waits for read-your-writes"
+    ),
+):
+    """A read-only PostgreSQL-wire endpoint over the mirrors (psql, psycopg, BI tools).
+
+    Every statement is a union read (SELECT/EXPLAIN; writes get SQLSTATE 25006), read-your-writes
+    unless the session says SET mooncake.read = 'applied'. Authentication: SCRAM-SHA-256.
+    Connect with: psql "host=127.0.0.1 port=5433 user=NAME dbname=mooncake". See docs/sql-server.md."""
+    import os
+    import signal
+
+    from .engine.read import UnionReader
+    from .engine.read.pgwire import Backend, SqlServer, UsersFileError, load_users, make_verifier
+
+    verifiers = {}
+    if users is not None:
+        try:
+            verifiers = load_users(users)
+        except UsersFileError as e:
+            fail(str(e), code=2)
+    elif os.environ.get("MOONCAKE_SQL_PASSWORD"):
+        verifiers = {
+            os.environ.get("MOONCAKE_SQL_USER", "mooncake"): make_verifier(os.environ["MOONCAKE_SQL_PASSWORD"])
+        }
+    if not verifiers and not trust_loopback:
+        fail("no users: give --users FILE, set MOONCAKE_SQL_PASSWORD, or allow --trust-loopback", code=2)
+    _refuse_if_stopped()
+    reader = UnionReader(service_client(), CTX.settings.source_dsn(), wait_timeout=max_wait)
+    try:
+        server = SqlServer(Backend(reader), host, port, verifiers, trust_loopback=trust_loopback)
+    except OSError as e:
+        fail(f"cannot listen on {host}:{port}: {e.strerror}")
+    err.print(f"mooncake sql-server listening on {server.host}:{server.port}", highlight=False)
+    sys.stderr.flush()
+
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.close()
+        close = getattr(reader, "close", None)  # a long-lived reader keeps connections: end them
+        if close is not None:
+            close()
+
+
+@app.command("sql-server-user")
+def sql_server_user(
+    file: Path = typer.Argument(..., help="The users file (created with mode 0600)"),
+    name: str = typer.Argument(..., help="User name"),
+    password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin"),
+):
+    """Add or replace a user of `mooncake sql-server`: its password stored as a SCRAM-SHA-256 verifier."""
+    from .engine.read.pgwire import write_user
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+    if not password:
+        fail("empty password", code=2)
+    write_user(file, name, password)
+    console.print(f"{name}: verifier written to {file}", highlight=False)
+
+
 def _query_notes(reader, no_wait: bool) -> None:
     """What ``mooncake query`` says on stderr after the rows: the LSN read at (``--no-wait``) and a
     warning per stopped mirror it read."""

@@ -15,7 +15,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -37,6 +37,9 @@ class Sizes:
     memory_rows: int  # rows buffered by the memory suite
     index_sizes: tuple  # sizes for the index bench
     maintenance_quick: bool  # passed to run_maintenance_bench
+    union_fixed_rounds: int = 30  # rounds of the union-read fixed cost (a tiny table queried this many times)
+    iceberg_rows: int = 100_000  # rows of the union-read tables also read as a Flink-style v2 table by DuckDB
+    iceberg_rounds: int = 5  # rounds on those (DuckDB's equality-delete read costs rows × deletes)
 
 
 SIZES = {
@@ -46,6 +49,13 @@ SIZES = {
     "quick": Sizes("quick", 500_000, 9, 100_000, 200_000, 0.5, 500_000, 100, 300, 500_000, (100_000, 1_000_000), True),
     "tiny": Sizes("tiny", 30_000, 2, 2_000, 5_000, 0.5, 5_000, 8, 50, 20_000, (20_000,), True),
 }
+# the union-read suite's fixed-cost rounds and its DuckDB-iceberg comparison tables (rows, rounds), by size
+for _size, (_fixed, _rows, _rounds) in {
+    "full": (40, 100_000, 3),
+    "quick": (30, 20_000, 5),
+    "tiny": (5, 3_000, 2),
+}.items():
+    SIZES[_size] = replace(SIZES[_size], union_fixed_rounds=_fixed, iceberg_rows=_rows, iceberg_rounds=_rounds)
 
 
 def interleaved(

@@ -6,15 +6,18 @@ service (its own state directory, slot and publication; everything is dropped at
 
 1. ``rows`` rows are copied, then ``batches`` update batches each update ``updates_per_batch`` random
    keys and are persisted (one new data file, its IndexBlock and the DVs of the older files each);
-2. union reads (``UnionReader.query``: ReadState over Flight, view, DuckDB), each timed as the best of
-   ``repeat`` runs, end to end, in three states of the same rows:
+2. union reads (``UnionReader.query``: ReadState over Flight, view, DuckDB), each timed end to end as
+   the median of ``repeat`` rotated rounds (wall time; CPU time too, :func:`.common.interleaved`), in
+   four states of the same rows:
    ``no_maintenance``; ``index_merge_only`` (``merge_index --all``); ``compacted`` (policy compaction
    run to its fixpoint, default policy: here the 20-odd update files are rewritten, the large initial
    copy keeps its deletion vector); ``compacted_full`` (``compact --full`` after that);
-3. the reference: the same rows written once to a clean Parquet file (ZSTD) and the same SQL run by
-   DuckDB over ``read_parquet`` of it (``clean_ms``), timed beside each state (runs interleaved with
-   the union reads, best of each) so both sides see the same machine load. Every state reports
-   ``ratio_vs_clean`` = union ms / clean ms.
+3. the reference: the same rows (read once by the union reader) written to a clean Parquet file by the
+   mirror's own writer (``engine.table.disk_files.write_parquet``: PyArrow, ZSTD, row groups of 128 Ki
+   rows, as the mirror's data files) and the same SQL run by
+   DuckDB over ``read_parquet`` of it (``clean_ms``), timed beside each state (rounds interleaved with
+   the union reads, medians of each) so both sides see the same machine load. Every state reports
+   ``ratio_vs_clean`` = union ms / clean ms and ``cpu_ratio_vs_clean`` (the same of CPU times).
 
 Queries: ``scan`` — an aggregate over every row (``SELECT count(*), sum(v), max(pad) …``: whole-table
 reads, the reader's ``arrow`` mode); ``filter`` — a selective one (``WHERE k < 50``: ``lazy`` mode).
@@ -42,7 +45,8 @@ from pathlib import Path
 import duckdb
 import psycopg
 
-from ..engine.index.bench import best_time
+from ..engine.table.disk_files import write_parquet
+from .common import interleaved, med
 
 __all__ = ["run_maintenance_bench"]
 
@@ -98,7 +102,7 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
     ``MOONCAKE_BENCH_SIZE=tiny`` in the environment: 20k rows, 4 batches of 1k updates, 2 repetitions.
     Returns a JSON-serializable dict: ``rows``, ``batches``, ``updates_per_batch``, ``states`` {no_maintenance | index_merge_only | compacted | compacted_full:
     {data_files, index_blocks, deleted_rows, live_rows, union_ms {query: ms}, ratio_vs_clean {query:
-    ratio}, clean_ms {query: ms}}}, ``index_merge`` (the merge's report), ``compaction`` (the policy
+    ratio}, cpu_ratio_vs_clean {query: ratio}, clean_ms {query: ms}}}, ``index_merge`` (the merge's report), ``compaction`` (the policy
     runs, see the module docstring), ``full_compaction``, ``ingest_seconds``, ``seconds``.
     Raises ``RuntimeError`` when the scratch service cannot start; scratch state is removed either way.
 
@@ -163,8 +167,8 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
         # the reference: the same rows, once, in a clean Parquet file
         reader = UnionReader(client)
         clean = scratch / "clean.parquet"
-        reader.query("SELECT 1 FROM bench LIMIT 1", tables=["bench"], lsn=None)
-        reader.con.execute(f"COPY (SELECT * FROM bench) TO '{clean}' (FORMAT parquet, COMPRESSION zstd)")
+        # written by the mirror's own writer (PyArrow, its codec and row groups), not by DuckDB's COPY
+        write_parquet(reader.query("SELECT * FROM bench", tables=["bench"], lsn=None), clean)
         ref = duckdb.connect()
         ref.execute(f"CREATE VIEW bench AS SELECT * FROM read_parquet('{clean}')")
         expected = {q: ref.execute(sql.format(t="bench")).fetchall() for q, sql in QUERIES.items()}
@@ -172,17 +176,21 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
         def measure() -> dict:
             st = {t["name"]: t for t in client.status()["tables"]}["bench"]
             r = UnionReader(client)
-            union, ref_ms = {}, {}
+            union, ref_ms, cpu_ratio = {}, {}, {}
             for q, sql in QUERIES.items():
                 sql = sql.format(t="bench")
                 got = r.query(sql, tables=["bench"])
                 if [tuple(x.values()) for x in got.to_pylist()] != expected[q]:
                     raise RuntimeError(f"maintenance bench: union read {q} differs from the clean copy")
-                u = c = float("inf")
-                for _ in range(repeat):  # interleaved, so both sides see the same machine load
-                    u = min(u, best_time(lambda: r.query(sql, tables=["bench"]), 1))
-                    c = min(c, best_time(lambda: ref.execute(sql).fetchall(), 1))
-                union[q], ref_ms[q] = round(1000 * u, 2), round(1000 * c, 2)
+                # rotated rounds, so both sides see the same machine load; medians, wall and CPU
+                cpu: dict = {}
+                times, _ = interleaved(
+                    {"union": lambda: r.query(sql, tables=["bench"]), "clean": lambda: ref.execute(sql).fetchall()},
+                    repeat,
+                    cpu=cpu,
+                )
+                union[q], ref_ms[q] = round(1000 * med(times["union"]), 2), round(1000 * med(times["clean"]), 2)
+                cpu_ratio[q] = round(med(cpu["union"]) / med(cpu["clean"]), 2) if med(cpu["clean"]) else None
             return {
                 "data_files": st["data_files"],
                 "index_blocks": st["index_blocks"],
@@ -191,6 +199,7 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
                 "union_ms": union,
                 "clean_ms": ref_ms,
                 "ratio_vs_clean": {q: round(union[q] / max(ref_ms[q], 1e-3), 2) for q in QUERIES},
+                "cpu_ratio_vs_clean": cpu_ratio,
             }
 
         states = {"no_maintenance": measure()}

@@ -42,36 +42,90 @@ def _ingest_section(ing: dict) -> list[str]:
     return lines
 
 
-def _union_read_section(ur: dict) -> list[str]:
-    """The ``## Union read`` table (ms and ratios per query and delete share)."""
+_SHORT = {
+    "clean": "clean",
+    "union": "union",
+    "anti_join": "anti join",
+    "equality_deletes_model": "eq. model",
+    "duckdb_iceberg_v2_equality_deletes": "DuckDB v2 eq.",
+    "duckdb_iceberg_v3": "DuckDB v3",
+}
+
+
+def _same_rows(ck: dict) -> bool:
+    sides = {(v["rows"], v["checksum"]) for v in ck.values() if isinstance(v, dict) and "rows" in v}
+    return bool(ck.get("results_equal")) and len(sides) == 1
+
+
+def _union_read_table(ur: dict, sec_root: dict, readers: list[str], ratio_key: str, ratio_label: str) -> list[str]:
+    """One table of median ms per reader, query and delete share, with the union/clean and one more ratio."""
+    shown = [
+        r
+        for r in readers
+        if any(r in s for q in ("scan", "filter") for s in sec_root.get(q, {}).get("seconds", {}).values())
+    ]
     lines = [
-        f"## Union read ({_f(ur['rows'])} live rows)",
-        "",
-        f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`.",
-        "",
-        "| query | deletes | clean ms | union ms | union / clean | (CPU) | anti join / clean | equality deletes / clean | "
-        "speed-up vs equality deletes | rows & checksums equal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| query | deletes | "
+        + " | ".join(f"{_SHORT[r]} ms" for r in shown)
+        + f" | union / clean (CPU) | {ratio_label} | eq. model / union | rows & checksums equal |",
+        "|---|---|" + "---|" * len(shown) + "---|---|---|---|",
     ]
     for q in ("scan", "filter"):
-        sec = ur.get(q, {})
+        sec = sec_root.get(q, {})
         for d, pct in SHARES:
             s = sec.get("seconds", {}).get(d)
             if not s:
                 continue
-            ck = ur.get("check", {}).get(d, {}).get(q, {})
-            same = (
-                ck.get("results_equal")
-                and len({(v["rows"], v["checksum"]) for k, v in ck.items() if isinstance(v, dict) and "rows" in v}) == 1
-            )
+            ck = sec_root.get("check", {}).get(d, {}).get(q, {})
+            ms = " | ".join(f"{s[r] * 1000:.1f}" if r in s else "—" for r in shown)
             lines.append(
-                f"| {q} | {pct}% | {s['clean'] * 1000:.1f} | {s['union'] * 1000:.1f} | "
-                f"{_f(sec['ratio_vs_clean'][d])} | {_f(sec.get('cpu_ratio_vs_clean', {}).get(d))} | "
-                f"{_f(sec['anti_join_ratio_vs_clean'][d])} | "
-                f"{_f(sec['equality_deletes_ratio_vs_clean'][d])} | {_f(sec['speedup_vs_equality_deletes'][d])} | "
-                f"{'yes' if same else '**NO**'} |"
+                f"| {q} | {pct}% | {ms} | {_f(sec['ratio_vs_clean'][d])} ({_f(sec.get('cpu_ratio_vs_clean', {}).get(d))}) | "
+                f"{_f(sec.get(ratio_key, {}).get(d))} | {_f(sec.get('speedup_vs_equality_deletes_model', {}).get(d))} | "
+                f"{'yes' if _same_rows(ck) else '**NO**'} |"
             )
-    lines.append("")
+    return lines + [""]
+
+
+def _union_read_section(ur: dict) -> list[str]:
+    """The ``## Union read`` tables: per query and delete share the readers' median ms and the ratios, at
+    the main size and on the DuckDB-iceberg comparison tables; the fixed cost per query."""
+    names = ur.get("readers") or {}
+    readers = [r for r in (names or _SHORT) if r in _SHORT]
+    lines = [
+        f"## Union read ({_f(ur['rows'])} live rows, {ur.get('rounds')} rotated rounds, medians)",
+        "",
+        f"scan: `{ur['queries']['scan']}`; filter: `{ur['queries']['filter']}`. Readers: "
+        + "; ".join(f"**{_SHORT[r]}** = {names[r]}" for r in readers if r in names)
+        + ".",
+        "",
+    ]
+    lines += _union_read_table(ur, ur, readers, "duckdb_iceberg_v3_ratio_vs_clean", "DuckDB v3 / clean")
+    comp = ur.get("duckdb_iceberg_comparison")
+    if comp:
+        lines += [
+            f"DuckDB `iceberg_scan` on the Flink-style v2 table (equality deletes) vs on our v3 table — the "
+            f"comparison users make — at {_f(comp['rows'])} rows ({comp.get('rounds')} rounds; the v2 read's cost "
+            "grows with rows × deletes, so it is not timed at the size above):",
+            "",
+        ]
+        lines += _union_read_table(
+            ur, comp, readers, "speedup_vs_duckdb_iceberg_equality_deletes", "**DuckDB v2 eq. / DuckDB v3**"
+        )
+    fixed = ur.get("fixed")
+    if fixed:
+        lines += [
+            f"Fixed cost per query ({_f(fixed['rows'])}-row table, {fixed['rounds']} rounds, median ms): "
+            + "; ".join(
+                f"{q}: "
+                + ", ".join(
+                    f"{_SHORT.get(r, r)} {_f(v)}" for r, v in ur[q].get("fixed_ms_per_query_by_reader", {}).items()
+                )
+                for q in ("scan", "filter")
+                if q in ur
+            )
+            + ".",
+            "",
+        ]
     return lines
 
 
@@ -204,28 +258,84 @@ def write_plots(doc: dict, out_dir: Path) -> list[Path]:
         written.append(p)
     ur = doc.get("union_read")
     if ur and ur.get("scan", {}).get("ratio_vs_clean"):
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        for ax, q in zip(axes, ("scan", "filter")):
-            sec = ur.get(q, {})
-            xs = [pct for d, pct in SHARES if d in sec.get("ratio_vs_clean", {})]
-            ds = [d for d, _ in SHARES if d in sec.get("ratio_vs_clean", {})]
+        written.append(_union_read_ratio_plot(plt, ur, out_dir / "union_read_ratios.png"))
+        written.append(_union_read_time_plot(plt, ur, out_dir / "union_read_times.png"))
+    return written
+
+
+def _shares(sec: dict, key: str) -> tuple[list[int], list[str]]:
+    ds = [d for d, _ in SHARES if d in sec.get(key, {})]
+    return [pct for d, pct in SHARES if d in ds], ds
+
+
+def _sections(ur: dict) -> list[tuple[str, dict]]:
+    """(title, section) of the main tables and, when measured, the DuckDB-iceberg comparison tables."""
+    out = [(f"{_f(ur.get('rows'))} rows", ur)]
+    comp = ur.get("duckdb_iceberg_comparison")
+    if comp and comp.get("scan"):
+        out.append((f"{_f(comp.get('rows'))} rows, with the Flink v2 table", comp))
+    return out
+
+
+def _union_read_ratio_plot(plt, ur: dict, path: Path) -> Path:
+    """Each reader's time ÷ the clean copy's against the delete share (log scale): scan and filter, one
+    row of plots per table size."""
+    secs = _sections(ur)
+    fig, axes = plt.subplots(len(secs), 2, figsize=(11, 4.2 * len(secs)), squeeze=False)
+    for row, (title, root) in zip(axes, secs):
+        for ax, q in zip(row, ("scan", "filter")):
+            sec = root.get(q, {})
+            xs, ds = _shares(sec, "ratio_vs_clean")
             for key, label, style in (
-                ("ratio_vs_clean", "union read (DVs)", "o-"),
+                ("ratio_vs_clean", "mooncake union read (DVs)", "o-"),
                 ("anti_join_ratio_vs_clean", "union read, anti join per file", "s--"),
-                ("equality_deletes_ratio_vs_clean", "equality deletes (Flink CDC)", "^-"),
+                ("duckdb_iceberg_v3_ratio_vs_clean", "DuckDB iceberg_scan, our v3 table", "D-"),
+                ("duckdb_iceberg_v2_ratio_vs_clean", "DuckDB iceberg_scan, Flink v2 equality deletes", "^-"),
+                ("equality_deletes_model_ratio_vs_clean", "equality-delete model (engine-optimal)", "v:"),
             ):
                 if key in sec:
                     ax.plot(xs, [sec[key][d] for d in ds], style, label=label)
             ax.axhline(1.0, color="gray", linewidth=0.8)
+            ax.set_yscale("log")
             ax.set_xlabel("rows deleted (%)")
-            ax.set_title(f"{q}: time ÷ clean Parquet")
+            ax.set_ylabel("time ÷ clean Parquet (log, lower is better)")
+            ax.set_title(f"{q}, {title}")
             ax.set_xticks(xs)
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("ratio (lower is better)")
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        p = out_dir / "union_read_ratios.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
-    return written
+            ax.grid(alpha=0.3, which="both")
+        row[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _union_read_time_plot(plt, ur: dict, path: Path) -> Path:
+    """Each reader's median read time (ms, log scale) against the delete share: scan and filter, one row
+    of plots per table size; the union read's fixed cost per query as a dotted line."""
+    secs = _sections(ur)
+    names = ur.get("readers") or {r: r for r in _SHORT}
+    styles = dict(zip(_SHORT, (".-", "o-", "s--", "v:", "^-", "D-")))
+    colors = dict(zip(_SHORT, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    fig, axes = plt.subplots(len(secs), 2, figsize=(11, 4.2 * len(secs)), squeeze=False)
+    for row, (title, root) in zip(axes, secs):
+        for ax, q in zip(row, ("scan", "filter")):
+            sec = root.get(q, {})
+            xs, ds = _shares(sec, "seconds")
+            for r in names:
+                ys = [sec["seconds"][d].get(r) for d in ds]
+                if ys and all(y is not None for y in ys):
+                    ax.plot(xs, [1000 * y for y in ys], styles.get(r, "o-"), color=colors.get(r), label=names[r])
+            fixed = ur.get(q, {}).get("fixed_ms_per_query")
+            if fixed:
+                ax.axhline(fixed, color="gray", linestyle=":", linewidth=0.8, label="union read, fixed cost per query")
+            ax.set_yscale("log")
+            ax.set_xlabel("rows deleted (%)")
+            ax.set_ylabel("median read time (ms, log scale)")
+            ax.set_title(f"{q}, {title}")
+            ax.set_xticks(xs)
+            ax.grid(alpha=0.3, which="both")
+        row[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

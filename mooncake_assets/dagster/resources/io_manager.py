@@ -7,7 +7,8 @@
 - **Inputs from a mirror asset** (definition metadata ``mooncake/table``) are a union read of the
   mirror through the replicator service: persisted and freshly flushed Parquet files with their
   deletion vectors applied, plus the in-memory rows, registered as a view in a private in-memory
-  DuckDB connection. Read-your-writes (``read_your_writes``, default on): before the first mirror
+  DuckDB connection (one long-lived union reader per I/O manager: its connection, views and caches
+  of unchanged files are reused by the next mirror input). Read-your-writes (``read_your_writes``, default on): before the first mirror
   input of a step the service is made to apply everything committed in Postgres up to
   ``pg_current_wal_lsn()`` (``TimeoutError`` after the resource's ``wait_timeout_s``); the other mirror
   inputs of the same step are read at the same LSN, so joins between mirrors see one point in history.
@@ -33,6 +34,7 @@ mirror input holds the union read (the names Dagster does not export come from
         ...
 """
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -66,12 +68,19 @@ class MirrorDbClient(DbClient):
     in-memory DuckDB connection in which the slice's ``<schema>.<table>`` is a view over the union read
     of the mirror (the input's own ``partition_expr`` filter applied), so the type handler runs its usual
     SELECT on it. The LSN of a step's first mirror input is kept (``(run id, step key)`` → LSN), and the
-    step's other mirror inputs are read at it."""
+    step's other mirror inputs are read at it.
+
+    The client keeps **one** :class:`~mooncake_assets.engine.read.UnionReader` (made on the first mirror
+    input) for every mirror input it loads: its DuckDB connection is the private connection yielded,
+    so the union views, Parquet footers and decoded deletion vectors of files that did not change are
+    not built again; the slice's view is dropped after each load. Loads are serialized (one lock)."""
 
     def __init__(self, replication: ReplicationResource, read_your_writes: bool = True):
         self._replication = replication
         self._read_your_writes = read_your_writes
         self._pins: dict[tuple[str, str], str] = {}  # (run id, step key) -> LSN of the step's mirror reads
+        self._reader = None  # the long-lived UnionReader, made on the first mirror input
+        self._lock = threading.Lock()
 
     @staticmethod
     def delete_table_slice(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
@@ -95,42 +104,43 @@ class MirrorDbClient(DbClient):
             with DuckDbClient.connect(context, table_slice) as con:
                 yield con
             return
-        con = duckdb.connect()
-        try:
-            rs = self._register_mirror(context, con, table, table_slice)
-            yield con  # the handler materializes what it loads: nothing refers to ``con`` afterwards
-        finally:
-            con.close()
+        with self._lock:
+            if self._reader is None:
+                self._reader = self._replication.union_reader(read_your_writes=self._read_your_writes)
+            reader = self._reader
+            con = reader.con
+            try:
+                rs = self._register_mirror(context, reader, table, table_slice)
+                yield con  # the handler materializes what it loads: nothing refers to the slice view afterwards
+            finally:
+                con.execute(f"DROP VIEW IF EXISTS {_ident(table_slice.schema)}.{_ident(table_slice.table)}")
         _add_read_metadata(context, table, rs)
 
-    def _register_mirror(
-        self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, table_slice: TableSlice
-    ) -> dict:
+    def _register_mirror(self, context: dg.InputContext, reader, table: str, table_slice: TableSlice) -> dict:
         """Create the union view of ``table`` and, over it, the slice's view; returns the ReadState read."""
         input_dims = [] if table_slice.partition_dimensions else _input_partition_dimensions(context)
         union_view = f"mirror_{table}"
         columns = _read_columns(table_slice.columns, [*(table_slice.partition_dimensions or []), *input_dims])
-        rs = self._read_state(context, con, table, union_view, columns)
+        rs = self._read_state(context, reader, table, union_view, columns)
+        con = reader.con
         over_union = DuckDbClient.get_select_statement(
             TableSlice(table=union_view, schema="temp", partition_dimensions=input_dims)
         )  # a TEMP view
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(table_slice.schema)}")
-        con.execute(f"CREATE VIEW {_ident(table_slice.schema)}.{_ident(table_slice.table)} AS {over_union}")
+        con.execute(f"CREATE OR REPLACE VIEW {_ident(table_slice.schema)}.{_ident(table_slice.table)} AS {over_union}")
         return rs
 
-    def _read_state(
-        self, context: dg.InputContext, con: duckdb.DuckDBPyConnection, table: str, view: str, columns: list[str] | None
-    ) -> dict:
-        """Register the union view ``view`` of ``table``: at the step's LSN when it has one, else after the
-        read-your-writes barrier at the service's current LSN (which becomes the step's)."""
-        reader = self._replication.union_reader(con=con, read_your_writes=self._read_your_writes)
+    def _read_state(self, context: dg.InputContext, reader, table: str, view: str, columns: list[str] | None) -> dict:
+        """Register the union view ``view`` of ``table`` in ``reader`` (the kept UnionReader): at the step's
+        LSN when it has one, else after the read-your-writes barrier at the service's current LSN (which
+        becomes the step's)."""
         key = _step_key(context)
         pinned = self._pins.get(key) if key else None
         if pinned is None:
-            barrier = reader.barrier()
+            barrier = reader.barrier_lsn()  # waited for in the same round trip as the ReadState
+            rs = reader.register(table, lsn=None, view=view, columns=columns, wait_lsn=barrier)
             if barrier:
                 context.log.debug(f"read-your-writes: the service has applied the source up to {barrier}")
-            rs = reader.register(table, lsn=None, view=view, columns=columns)
             if key:
                 self._pins[key] = str(rs.lsn)
             return rs

@@ -501,6 +501,12 @@ cdef class MemIndex:
         if not (0 <= batch_id <= MAX_BATCH_ID and 0 <= row <= M32) or self._remove(key, _location(batch_id, row)):
             raise KeyError(f"location {(batch_id, row)} is not under hash {k:#018x}")
 
+    def remove_many(self, hashes, locations):
+        """:meth:`remove` of many locations (``hashes[i]``: the hash ``locations[i]`` is under), in
+        order. Raises ``KeyError`` as :meth:`remove` (the locations before the bad one are removed)."""
+        for h, loc in zip(hashes, locations):
+            self.remove(h, loc)
+
     cdef tuple _collect(self, long long only):
         """Every location (of batch ``only``; -1: all) as (hashes uint64, packed uint64), sorted by
         packed location (batch, then row; scan order among equal ones)."""

@@ -54,11 +54,13 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyroaring import FrozenBitMap64
 
 from ..storage.arrow_fs import arrow_source
 from ..storage.duckdb_s3 import ensure_duckdb_store, sql_str
 from ..table.read_state import FileState, ReadField, ReadState
-from .plan import FilePlan, cached_keep, cached_plan, deleted_positions
+from .cache import DEFAULT_BUDGET, ReadCache
+from .plan import FilePlan
 
 MODES = ("auto", "lazy", "arrow", "anti")
 # DuckDB scans registered Arrow tables through Acero, which warns once per batch about buffers that
@@ -193,14 +195,40 @@ class ReadStateSource(Protocol):
     def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict[str, Any]: ...
 
 
+class BatchedStateSource(ReadStateSource, Protocol):
+    """A source that answers a union read in one round trip (the service's ``read_states`` action,
+    :meth:`~..service.client.ServiceClient.read_states`): wait for ``wait_lsn``, then the ReadStates of
+    ``tables`` (or of the mirrors whose lower-cased names are in ``match``; None: all) at ``lsn``, each
+    with its in-memory rows in ``mem``. Readers use it when their client has it."""
+
+    def read_states(
+        self,
+        tables: list[str] | None = None,
+        match: list[str] | None = None,
+        lsn: str | None = None,
+        wait_lsn: str | None = None,
+        timeout: float = 30.0,
+    ) -> list[ReadState]: ...
+
+
 class UnionReader:
     """Registers mirrored tables as DuckDB views over one ReadState each and runs SQL on them.
 
     ``client``: a :class:`ReadStateSource` (the service's ``ServiceClient``, or anything with ``read_state(table, lsn)``, ``fetch(ticket)``,
     ``status()`` and ``wait_lsn(lsn, timeout)``; None when only :meth:`register_state` is used);
     ``dsn``: the source DSN for the read-your-writes barrier (None = no barrier);
-    ``con``: an existing DuckDB connection to register into (else a new one); ``mode``: how deletes are
-    applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``.
+    ``con``: an existing DuckDB connection to register into (else a new one, with DuckDB's Parquet
+    metadata cache on); ``mode``: how deletes are
+    applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``;
+    ``cache_bytes``: the byte budget of the reader's :class:`~.cache.ReadCache`.
+
+    **Keep one reader** for many queries: it keeps, between them, its DuckDB connection (and the views,
+    whose DDL is re-run only when a table's files or layout changed), one Postgres connection for the
+    read-your-writes barrier, and its :class:`~.cache.ReadCache` (Parquet footers, decoded deletion
+    vectors, plans and keep masks of the files still read). Per query it then pays one
+    ``pg_current_wal_lsn()`` (with a DSN), **one** round trip to the service (wait, ReadStates and
+    in-memory rows together: :class:`BatchedStateSource`) and what changed. :meth:`close` ends the
+    connections. One thread at a time.
     """
 
     def __init__(
@@ -210,12 +238,21 @@ class UnionReader:
         con: duckdb.DuckDBPyConnection | None = None,
         wait_timeout: float = 30.0,
         mode: str = "auto",
+        cache_bytes: int = DEFAULT_BUDGET,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.client = client
         self.dsn = dsn
-        self.con = con or duckdb.connect()
+        if con is None:
+            con = duckdb.connect()
+            # data files are immutable (a new name per file): their footers may be kept across queries
+            con.execute("SET parquet_metadata_cache = true")
+        self.con = con
+        self.cache = ReadCache(cache_bytes)
+        self._pg: psycopg.Connection[Any] | None = None  # kept for the barrier's pg_current_wal_lsn()
+        self._registered: dict[str, object] = {}  # Arrow object name -> the object registered under it
+        self._dv_tables: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its files' vectors, their DV table)
         self.wait_timeout = wait_timeout
         self.mode = mode
         self.states: dict[str, ReadState] = {}
@@ -226,12 +263,51 @@ class UnionReader:
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
+        lsn = self._barrier_lsn()
+        if lsn is not None:
+            cast(ReadStateSource, self.client).wait_lsn(lsn, timeout=self.wait_timeout)
+        return lsn
+
+    def _source_lsn(self) -> str:
+        """``pg_current_wal_lsn()`` over the reader's kept connection (opened on first use; a broken one
+        is replaced once). Raises ``psycopg.OperationalError`` when Postgres cannot be reached."""
+        for attempt in (0, 1):
+            if self._pg is None or self._pg.closed:
+                self._pg = psycopg.connect(cast(str, self.dsn), autocommit=True)
+            try:
+                return cast(tuple[str], self._pg.execute("SELECT pg_current_wal_lsn()::text").fetchone())[0]
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                self._close_pg()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _close_pg(self) -> None:
+        if self._pg is not None:
+            try:
+                self._pg.close()
+            except psycopg.Error:
+                pass
+            self._pg = None
+
+    def close(self) -> None:
+        """Close the reader's Postgres and DuckDB connections (the reader is not used after)."""
+        self._close_pg()
+        self.con.close()
+
+    def barrier_lsn(self) -> str | None:
+        """The LSN the read-your-writes barrier waits for, without waiting: the source's current LSN
+        (``X/Y``; None without a DSN). Pass it as :meth:`register`'s ``wait_lsn``."""
+        return self._barrier_lsn()
+
+    def _barrier_lsn(self) -> str | None:
+        """The LSN the read-your-writes barrier waits for: the source's current LSN (None without a DSN)."""
         if not self.dsn:
             return None
         client = cast(ReadStateSource, self.client)  # a reader with a DSN reads through its client
         lsn: str | None
         try:
-            lsn = current_wal_lsn(self.dsn)
+            lsn = self._source_lsn()
         except psycopg.OperationalError:
             # this process may lack the source's password (it is kept in no file; engine/pg/conninfo.py):
             # the service has it, and reports the source's current LSN in its status
@@ -241,8 +317,31 @@ class UnionReader:
                 lsn = None
             if not lsn:
                 raise
-        client.wait_lsn(lsn, timeout=self.wait_timeout)
         return lsn
+
+    def _fetch(
+        self, tables: list[str] | None, match: list[str] | None, lsn: str | None, wait: str | None
+    ) -> list[tuple[str, ReadState]]:
+        """(name, ReadState with ``mem`` set) of ``tables``, or of the readable mirrors named in ``match``
+        (lower-cased; None: all), at ``lsn``, once ``wait`` is applied: one round trip when the client
+        has ``read_states``, else ``wait_lsn``, ``status``, then ``read_state`` + ``fetch`` per table."""
+        client = cast(ReadStateSource, self.client)  # None only for readers fed by register_state
+        batched = getattr(client, "read_states", None)
+        if batched is not None:
+            states = cast(BatchedStateSource, client).read_states(
+                tables=tables, match=match, lsn=lsn, wait_lsn=wait, timeout=self.wait_timeout
+            )
+            return list(zip(tables, states)) if tables is not None else [(rs.table, rs) for rs in states]
+        if wait is not None:
+            client.wait_lsn(wait, timeout=self.wait_timeout)
+        if tables is None:
+            names = [t["name"] for t in client.status()["tables"] if t.get("state") != "copying"]
+            tables = [t for t in names if t.lower() in match] if match is not None else names
+        out = []
+        for t in tables:
+            rs = client.read_state(t, lsn)
+            out.append((t, rs.with_(mem=client.fetch(cast(str, rs.ticket)))))  # a service's ReadState carries a ticket
+        return out
 
     # ------------------------------------------------------------------ registration
     def register(
@@ -252,14 +351,27 @@ class UnionReader:
         view: str | None = None,
         columns: list[str] | None = None,
         mode: str | None = None,
+        wait_lsn: str | None = None,
     ) -> ReadState:
         """Create view ``view`` (default: the table's name) over the table's ReadState at ``lsn``.
 
         ``columns``: project to these columns only. ``mode``: ``lazy`` (default unless the reader was
-        made with another fixed mode), ``arrow`` or ``anti``. Returns the :class:`ReadState`."""
-        client = cast(ReadStateSource, self.client)  # None only for readers fed by register_state
-        rs = client.read_state(table, lsn)
-        mem = client.fetch(cast(str, rs.ticket))  # a service's ReadState carries a ticket
+        made with another fixed mode), ``arrow`` or ``anti``. ``wait_lsn``: first wait until the
+        service has applied this LSN (in the same round trip; :meth:`barrier_lsn` gives the barrier's).
+        Returns the :class:`ReadState`."""
+        return self._register(table, lsn, wait_lsn, view, columns, mode)
+
+    def _register(
+        self,
+        table: str,
+        lsn: str | None,
+        wait: str | None,
+        view: str | None = None,
+        columns: list[str] | None = None,
+        mode: str | None = None,
+    ) -> ReadState:
+        ((_, got),) = self._fetch([table], None, lsn, wait)
+        rs, mem = got.with_(mem=None), cast(pa.Table, got.mem)
         if mode is None:
             mode = "lazy" if self.mode == "auto" else self.mode
         self.register_state(rs, mem, view or table, columns=columns, mode=mode)
@@ -292,30 +404,36 @@ class UnionReader:
         if mode == "anti":
             for i, f in enumerate(dirty):
                 name = f"__mc_del_{view}_{i}"
-                pos = deleted_positions(f.deleted)
+                pos = self.cache.positions(f.path, cast(FrozenBitMap64, f.deleted))
                 objs[name] = pa.table({"pos": pa.array(pos.astype(np.int64))})
                 parts.append(
                     f"SELECT {sel} FROM read_parquet({sql_str(f.path)}, file_row_number = true{opts}) d "
                     f"ANTI JOIN {_ident(name)} x ON d.file_row_number = x.pos"
                 )
         elif mode == "lazy":
-            plans = [cached_plan(f.path, f.rows, f.deleted) for f in dirty]
-            parts.extend(_lazy_parts(plans, cols, f"__mc_dv_{view}", objs, opts))
+            plans = [self.cache.plan(f.path, f.rows, cast(FrozenBitMap64, f.deleted)) for f in dirty]
+            dv_name = f"__mc_dv_{view}"
+            parts.extend(_lazy_parts(plans, cols, dv_name, objs, opts))
+            if dv_name in objs:  # the same vectors as last time: keep the registered table (same object)
+                key, prev = tuple((f.path, f.deleted) for f in dirty), self._dv_tables.get(view)
+                if prev is not None and prev[0] == key:
+                    objs[dv_name] = prev[1]
+                else:
+                    self._dv_tables[view] = (key, objs[dv_name])
         else:  # arrow
             if dirty:
                 name = f"__mc_dirty_{view}"
-                objs[name] = _read_masked(dirty, cols)
+                objs[name] = _read_masked(dirty, cols, self.cache)
                 parts.append(f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep")
         mem_name = f"__mc_mem_{view}"
         objs[mem_name] = mem
         parts.append(f"SELECT {sel} FROM {_ident(mem_name)}")
         for name in set(self._objects.get(view, [])) - set(objs):
-            try:
-                self.con.unregister(name)
-            except duckdb.Error:
-                pass
+            self._unregister(name)
         for name, obj in objs.items():
-            self.con.register(name, obj)
+            if self._registered.get(name) is not obj:  # an unchanged object (a view's DV table) stays
+                self.con.register(name, obj)
+                self._registered[name] = obj
         body = "\nUNION ALL BY NAME\n".join(parts)
         ddl = f"CREATE OR REPLACE TEMP VIEW {_ident(view)} AS SELECT {sel} FROM ({body})"
         if self._views.get(view) != ddl:
@@ -323,6 +441,15 @@ class UnionReader:
             self._views[view] = ddl
         self._objects[view] = list(objs)
         self.states[view] = rs
+        # the cache keeps only what files still read need (compacted or fully deleted files go)
+        self.cache.retain(f.path for st in self.states.values() for f in st.files)
+
+    def _unregister(self, name: str) -> None:
+        self._registered.pop(name, None)
+        try:
+            self.con.unregister(name)
+        except duckdb.Error:
+            pass
 
     # ------------------------------------------------------------------ reads
     def _reach(self, lsn: str | None) -> None:
@@ -334,50 +461,47 @@ class UnionReader:
         else:
             cast(ReadStateSource, self.client).wait_lsn(lsn, timeout=self.wait_timeout)
 
-    def query(self, sql: str, tables: list[str] | None = None, lsn: str | None = None) -> pa.Table:
+    def query(
+        self, sql: str, tables: list[str] | None = None, lsn: str | None = None, params: list[Any] | None = None
+    ) -> pa.Table:
         """Run ``sql`` over the named mirrored tables (default: the mirrored tables it references).
 
         ``sql``: SELECT/EXPLAIN statements only (else :class:`ReadOnlyError`, before anything is read).
         ``lsn``: read at this LSN (``X/Y``), once the service has applied it (``TimeoutError`` after
         ``wait_timeout`` s); None: the barrier first (when the reader has a DSN), then each table at
-        what is applied."""
+        what is applied. ``params``: values of the statement's ``$1``/``?`` placeholders (DuckDB
+        prepared-statement parameters, never spliced into the text)."""
         info = self._infos.get(sql)
         if info is None:  # parsed once per statement text: its read-only verdict and what it reads
             info = self._infos[sql] = StatementInfo(sql, self.con)
             if len(self._infos) > 256:
                 self._infos.pop(next(iter(self._infos)))
         _raise_refused(info.refused)
-        self._reach(lsn)
-        client = cast(ReadStateSource, self.client)  # None only for readers fed by register_state
-        if tables is None:
-            names = [t["name"] for t in client.status()["tables"] if t.get("state") != "copying"]
-            tables = [t for t in names if t.lower() in info.tables] if info.parsed else names
-        for t in tables:
-            rs = client.read_state(t, lsn)
-            mem = client.fetch(cast(str, rs.ticket))  # a service's ReadState carries a ticket
+        match = sorted(info.tables) if tables is None and info.parsed else None
+        for t, got in self._fetch(tables, match, lsn, self._barrier_lsn() if lsn is None else lsn):
+            rs, mem = got.with_(mem=None), cast(pa.Table, got.mem)
             mode, cols = self.mode, None
             if mode == "auto":
                 mode = "arrow" if info.whole else "lazy"
             if mode == "arrow" and info.columns is not None:
                 cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
             self.register_state(rs, mem, t, columns=cols, mode=mode)
+        if params:
+            return self.con.execute(sql, params).to_arrow_table()
         return self.con.execute(sql).to_arrow_table()
 
     def read_table(self, table: str, lsn: str | None = None, columns: list[str] | None = None) -> pa.Table:
         """All visible rows of one mirrored table as Arrow (optionally projected)."""
-        self._reach(lsn)
         view = f"__mc_read_{table}"
-        self.register(table, lsn, view=view, columns=columns, mode="arrow" if self.mode == "auto" else self.mode)
+        wait = self._barrier_lsn() if lsn is None else lsn
+        self._register(table, lsn, wait, view=view, columns=columns, mode="arrow" if self.mode == "auto" else self.mode)
         try:
             return self.con.execute(f"SELECT * FROM {_ident(view)}").to_arrow_table()
         finally:
             self.con.execute(f"DROP VIEW IF EXISTS {_ident(view)}")
             self._views.pop(view, None)
             for name in self._objects.pop(view, []):
-                try:
-                    self.con.unregister(name)
-                except duckdb.Error:
-                    pass
+                self._unregister(name)
 
 
 def _schema_option(fields: tuple[ReadField, ...]) -> str:
@@ -435,13 +559,17 @@ def _lazy_parts(
     return out
 
 
-def _read_masked(files: list[FileState], cols: list[str]) -> pa.Table:
+def _read_masked(files: list[FileState], cols: list[str], cache: ReadCache) -> pa.Table:
     """Files with deletes read with PyArrow (columns ``cols``, row groups with live rows only, files in
-    parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows."""
+    parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows. Footers and masks
+    come from ``cache`` (looked up here, before the parallel reads: the cache is single-threaded)."""
+    known = {
+        f.path: (cache.keep(f.path, f.rows, cast(FrozenBitMap64, f.deleted)), cache.metadata(f.path)) for f in files
+    }
 
     def one(f: FileState) -> pa.Table:
-        live, keep = cached_keep(f.path, f.rows, f.deleted)
-        pf = pq.ParquetFile(arrow_source(f.path))  # s3:// through PyArrow's S3 filesystem
+        (live, keep), md = known[f.path]
+        pf = pq.ParquetFile(arrow_source(f.path), metadata=md)  # s3:// through PyArrow's S3 filesystem
         if live is None:
             t = pf.read(columns=cols)
         else:

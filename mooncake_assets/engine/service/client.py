@@ -85,6 +85,35 @@ class ServiceClient:
         :meth:`fetch` takes for its in-memory rows (once) and ``mem_rows``."""
         return ReadState.from_wire(self.call("read_state", table=table, lsn=lsn))
 
+    def read_states(
+        self,
+        tables: list[str] | None = None,
+        match: list[str] | None = None,
+        lsn: str | None = None,
+        wait_lsn: str | None = None,
+        timeout: float = 30.0,
+    ) -> list[ReadState]:
+        """ReadStates *with* their in-memory rows (``mem``) in **one** round trip (the ``read_states``
+        action, :mod:`.flight`): after waiting up to ``timeout`` s until ``wait_lsn`` is applied (when
+        given; ``ServiceError`` "timed out…" after), the states of ``tables`` (names, each must exist),
+        or of every readable mirror whose lower-cased name is in ``match`` (None: all), at ``lsn``
+        (``X/Y``; None: all applied). Returns them in the order of ``tables`` / the registry."""
+        body = {"tables": tables, "match": match, "lsn": lsn, "wait_lsn": wait_lsn, "timeout_s": timeout}
+        opts = flight.FlightCallOptions(timeout=max(self.timeout, timeout + 10))
+        try:
+            results = iter(self._conn().do_action(flight.Action("read_states", json.dumps(body).encode()), opts))
+            head = json.loads(next(results).body.to_pybytes())
+            out = []
+            for wire in head["states"]:
+                mem = pa.ipc.open_stream(next(results).body).read_all()
+                out.append(ReadState.from_wire(wire).with_(mem=mem))
+        except flight.FlightUnavailableError as e:
+            self.close()
+            raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None
+        except flight.FlightError as e:
+            raise ServiceError(_clean(e)) from None
+        return out
+
     def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict[str, Any]:
         """Block until every commit below ``lsn`` (``X/Y`` text) is applied, at most ``timeout`` seconds
         (the Flight call gets 10 s more); ``ServiceError`` with the service's ``TimeoutError`` text otherwise."""

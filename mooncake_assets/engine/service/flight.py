@@ -3,7 +3,15 @@
 Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format, column_types, exclude[, publication]}``,
 ``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
 (returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
-``shutdown``. The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
+``read_states`` (below), ``shutdown``.
+
+``read_states {tables | match, lsn, wait_lsn, timeout_s}`` is a union read's **one round trip**: it
+first waits (``timeout_s``) until ``wait_lsn`` is applied (when given), then answers the ReadStates of
+``tables`` (names; a missing one is an error) or of every readable mirror whose lower-cased name is in
+``match`` (None: every readable mirror), each at ``lsn`` (None: all applied), *with* their in-memory
+rows. Its results are several Flight ``Result`` messages: the first a JSON ``{"states": [wire
+ReadState, …]}`` (:meth:`~..table.read_state.ReadState.to_wire`, ``mem_rows`` set, no ticket), then
+one per state, in order, the in-memory rows as an Arrow IPC stream (schema + batches). The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
 expire after 10 minutes). Errors reach the client as one-line Flight errors.
 """
 
@@ -58,6 +66,9 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         ``FlightServerError`` with their text; anything else is logged and sent as ``Type: text``."""
         body = json.loads(action.body.to_pybytes() or b"{}")
         try:
+            if action.type == "read_states":  # several results: the JSON states, then each one's rows
+                yield from self._read_states(body)
+                return
             result = self._dispatch(action.type, body)
         except (MooncakeError, TimeoutError, ValueError, LookupError) as e:
             raise flight.FlightServerError(scrub(str(e))) from e
@@ -78,6 +89,7 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             ("merge_index", ""),
             ("compact", ""),
             ("read_state", "ReadState + ticket"),
+            ("read_states", "wait, then ReadStates + their in-memory rows (one round trip)"),
             ("wait_lsn", "read-your-writes barrier"),
             ("verify_now", "the scheduled checksum verify, now"),
             ("shutdown", "stop the service"),
@@ -124,6 +136,37 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             threading.Thread(target=self._shutdown_soon, daemon=True).start()
             return {"ok": True}
         raise MooncakeError(f"unknown action {kind!r}")
+
+    def _read_states(self, b: dict[str, Any]) -> Iterator[Any]:
+        """The ``read_states`` action (module docstring): JSON result, then one IPC stream per state."""
+        s = self.service
+        if b.get("wait_lsn"):
+            s.wait_lsn(Lsn.parse(b["wait_lsn"]), float(b.get("timeout_s", 30)))
+        names = b.get("tables")
+        if names is None:
+            readable = getattr(s, "readable_tables", None)  # in-process doubles of the service may lack it
+            if readable is not None:
+                names = readable()
+            else:
+                names = [t["name"] for t in s.status()["tables"] if t.get("state") != "copying"]
+            match = b.get("match")
+            if match is not None:
+                wanted = {str(m).lower() for m in match}
+                names = [n for n in names if n.lower() in wanted]
+        lsn = Lsn.parse(b["lsn"]) if b.get("lsn") else None
+        states, mems = [], []
+        for name in names:
+            rs = s.read_state(name, lsn)
+            mem = rs.mem
+            assert mem is not None  # an in-process ReadState carries its in-memory rows
+            states.append(rs.with_(mem_rows=mem.num_rows).to_wire())
+            mems.append(mem)
+        yield flight.Result(json.dumps({"states": states}, default=str).encode())
+        for mem in mems:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, mem.schema) as w:
+                w.write_table(mem)
+            yield flight.Result(sink.getvalue())
 
     def _shutdown_soon(self) -> None:
         time.sleep(0.2)

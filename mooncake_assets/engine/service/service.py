@@ -146,6 +146,11 @@ class ReplicatorService:
         """The open mirror ``name`` (``MooncakeError`` when there is none)."""
         return self.reg.table(name)
 
+    def readable_tables(self) -> list[str]:
+        """Names of the mirrors a union read can read now, in registry order (those ``status`` lists
+        with a state other than ``copying``), without computing their status."""
+        return [name for name in self.registry["tables"] if name in self.tables]
+
     def create_table(
         self,
         dst: str,

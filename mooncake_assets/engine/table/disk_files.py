@@ -27,9 +27,26 @@ from ..index import FileIndex, IndexBlock
 from ..index.saved import IndexBlob, encode_index_blob
 from .read_state import FileState, frozen
 
-__all__ = ["DiskFile", "DiskFileSet", "MAX_FILE_ROWS", "local_path_of"]
+__all__ = [
+    "DiskFile",
+    "DiskFileSet",
+    "MAX_FILE_ROWS",
+    "PARQUET_COMPRESSION",
+    "ROW_GROUP_ROWS",
+    "local_path_of",
+    "write_parquet",
+]
 
 MAX_FILE_ROWS = 1_000_000  # rows per data file a flush writes
+PARQUET_COMPRESSION = "zstd"  # the codec of every data file the mirror writes
+ROW_GROUP_ROWS = 128 * 1024  # rows per Parquet row group of those files
+
+
+def write_parquet(table: pa.Table, path: str | Path) -> int:
+    """Write ``table`` as one Parquet data file with the mirror's settings (PyArrow, ZSTD, row groups of
+    :data:`ROW_GROUP_ROWS` rows; field ids as ``table``'s schema carries them); returns its size in bytes."""
+    pq.write_table(table, path, compression=PARQUET_COMPRESSION, row_group_size=ROW_GROUP_ROWS)
+    return os.path.getsize(path)
 
 
 def local_path_of(location: str) -> str:
@@ -143,8 +160,7 @@ class DiskFileSet:
             part = table.slice(start, MAX_FILE_ROWS)
             name = f"{uuid.uuid4().hex}.parquet"
             path = self.dir / "staging" / name
-            pq.write_table(part, path, compression="zstd", row_group_size=128 * 1024)
-            size = path.stat().st_size
+            size = write_parquet(part, path)
             nbytes += size
             self.files[name] = DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path))
             names.append(name)

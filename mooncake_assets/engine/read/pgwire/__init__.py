@@ -1,0 +1,13 @@
+"""A read-only PostgreSQL-wire endpoint over union reads (``mooncake sql-server``; docs/sql-server.md).
+
+Modules: :mod:`.protocol` (message framing), :mod:`.auth` (SCRAM-SHA-256 verifiers, users files),
+:mod:`.session` (one connection's message flow), :mod:`.server` (listener, threads, cancel),
+:mod:`.backend` (the one UnionReader statements run on), :mod:`.catalog` and :mod:`.psql`
+(statements answered without DuckDB), :mod:`.types` (OIDs and text output), :mod:`.sqltext`.
+"""
+
+from .auth import UsersFileError, Verifier, load_users, make_verifier, write_user
+from .backend import Backend
+from .server import SqlServer
+
+__all__ = ["Backend", "SqlServer", "UsersFileError", "Verifier", "load_users", "make_verifier", "write_user"]
