@@ -195,9 +195,7 @@ class MemSlice:
                 self._open_del[r] = lsn
             else:
                 self.batches[b].del_lsn[r] = lsn
-        remove = self.index.remove
-        for h, loc in zip(hashes, locs):
-            remove(h, loc)
+        self.index.remove_many(hashes, locs)
         self.deleted_rows += len(locs)
 
     def find(self, h: int) -> list[tuple[int, int]]:
