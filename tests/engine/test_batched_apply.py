@@ -23,11 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mooncake_assets.engine.cdc.columnar import ChangeRun, columnar_transaction
+from mooncake_assets.engine.cdc.native import NativeDecoder
 from mooncake_assets.engine.cdc.pgoutput import Relation, RelationColumn, TupleData
-from mooncake_assets.engine.cdc.txn import Change, Transaction
+from mooncake_assets.engine.cdc.txn import Change, Transaction, TransactionAssembler
 from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, assign_field_ids
 from mooncake_assets.engine.table.memslice import BadRowError
 from mooncake_assets.engine.table.mirror import MirrorTable
+
+from .test_native_decoder import m_begin, m_commit, m_delete, m_insert, m_relation, m_update
 
 OID = 16384
 U = object()  # an unchanged TOAST value in a row image
@@ -431,3 +434,49 @@ def test_apply_item_routes_runs_and_changes_alike(tmp_path):
     assert state(a) == state(b) and visible(a) == visible(b) == [
         {"id": 9, "k": "k9", "v": "v9", "n": 9, "d": Decimal("1.00")}
     ]
+
+
+@SETTINGS
+@given(kind=st.sampled_from(sorted(KINDS)), data=st.data())
+def test_runs_of_the_compiled_decoder_apply_like_the_reference_changes(kind, data):
+    """The compiled decoder's runs (their columns slices of one binary array) through ``apply_run``
+    leave the table as the reference assembler's changes through ``apply``."""
+    gen = Gen(kind, list(OUR))
+    cols = [(c.flags, c.name, c.type_oid, c.typmod) for c in gen.relation.columns]
+
+    def cells(t: TupleData | None) -> list[tuple[str, bytes | None]]:
+        assert t is not None
+        return [(k, None if v is None else bytes(v)) for k, v in zip(t.kinds, t.data)]
+
+    msgs: list[tuple[int, bytes]] = []
+    lsn = 1000
+    for x in range(data.draw(st.integers(1, 4))):
+        changes = [gen.change(data) for _ in range(data.draw(st.integers(1, 30)))]
+        changes = [c for c in changes if c.kind != "truncate" and not (c.new and "NaN" in str(c.new.data))]
+        lsn += 1000
+        msgs.append((lsn, m_begin(lsn + 900, 0, 700 + x)))
+        if x == 0:
+            msgs.append((lsn + 1, m_relation(None, OID, "public", "t", gen.identity, cols)))
+        for i, c in enumerate(changes):
+            if c.kind == "insert":
+                payload = m_insert(None, OID, cells(c.new))
+            elif c.kind == "update":
+                payload = m_update(None, OID, c.old_kind, cells(c.old) if c.old else None, cells(c.new))
+            else:
+                payload = m_delete(None, OID, c.old_kind, cells(c.old))
+            msgs.append((lsn + 2 + i, payload))
+        msgs.append((lsn + 900, m_commit(lsn + 900, lsn + 950, 0)))
+    asm, dec = TransactionAssembler(), NativeDecoder()
+    ref = [t for lsn_, p in msgs for t in asm.feed_payload(p, lsn_)]
+    nat = [t for lsn_, p in msgs for t in dec.feed(p, lsn_)]
+    assert len(ref) == len(nat)
+    with tempfile.TemporaryDirectory() as d:
+        a = make_table(Path(d) / "a", kind, list(OUR), 7)
+        b = make_table(Path(d) / "b", kind, list(OUR), 7)
+        for rt, nt in zip(ref, nat):
+            for ch in rt.changes:
+                a.apply(ch, rt.commit_lsn)
+            for run in nt.runs:
+                b.apply_run(run, nt.commit_lsn)
+            assert state(a) == state(b)
+        assert visible(a) == visible(b)
