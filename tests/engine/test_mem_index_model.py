@@ -1,6 +1,6 @@
 """Model-based test of the compiled MemIndex against a dict of lists (hash → locations in insertion order).
 
-Random inserts (vectorised and per row), removes, lookups (single and batched), drops of batches,
+Random inserts (vectorised and per row), removes (one and many), lookups (single and batched), drops of batches,
 entries, clears; hashes drawn from a small pool (so hashes repeat: equal rows of key-less tables) that
 holds the extremes 0 and 2⁶⁴−1 and values the mixer sends next to each other; bursts of many distinct
 hashes force the table through many rehashes. No Postgres.
@@ -83,6 +83,18 @@ class MemIndexMachine(RuleBasedStateMachine):
             del self.model.map[h]
         with pytest.raises(KeyError):
             self.m.remove(h, (loc[0], 1 << 31))  # never inserted
+
+    @rule(data=st.data())
+    def remove_many(self, data):
+        pairs = [(h, loc) for h, locs in self.model.map.items() for loc in locs]
+        if not pairs:
+            return
+        picked = data.draw(st.lists(st.sampled_from(pairs), max_size=6, unique=True))
+        self.m.remove_many([h for h, _ in picked], [loc for _, loc in picked])
+        for h, loc in picked:
+            self.model.map[h].remove(loc)
+            if not self.model.map[h]:
+                del self.model.map[h]
 
     @rule(h=HASH)
     def remove_missing(self, h):
