@@ -40,6 +40,7 @@ from ..timefmt import utc_now
 from .errors import MooncakeError
 from .lag import LagTracker
 from .parts import StreamHost
+from .registry import TableRegistry
 
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
@@ -94,6 +95,42 @@ def apply_item(
         t.apply_run(item, commit_lsn)
     else:
         t.apply(item if item.kind != "truncate" else _Truncate(oid), commit_lsn)
+
+
+def generated_work(
+    reg: TableRegistry, txns: list[Transaction]
+) -> tuple[list[Change], dict[int, TableSchema], dict[int, int]]:
+    """The changes of ``txns`` whose generated columns are to be computed (the caller holds the service lock):
+    those of mirrored tables (being copied or not) whose live schema has generated columns, unless
+    :meth:`StreamLoop._apply_txn` will skip them (applied already, table stopped, before the copy's consistent
+    point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
+    todo: list[Change]
+    schemas: dict[int, TableSchema]
+    first: dict[int, int]
+    todo, schemas, first = [], {}, {}
+    gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
+    for txn in txns:
+        lsn = txn.commit_lsn
+        for ch in txn.changes:
+            if ch.kind == "truncate":
+                continue
+            oid = ch.relation_oid
+            hit = gen_schema.get(oid, _NOT_SEEN)
+            if hit is _NOT_SEEN:
+                cp = reg.copying.get(oid)
+                t = cp["table"] if cp is not None else reg.by_oid.get(oid)
+                hit = gen_schema[oid] = (
+                    (t, cp) if t is not None and any(c.generated for c in t.schema.columns) else None
+                )
+            if hit is None:
+                continue
+            t, cp = cast(tuple[MirrorTable, dict[str, Any] | None], hit)  # (not _NOT_SEEN: set above)
+            if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
+                continue
+            todo.append(ch)
+            schemas[oid] = t.schema
+            first.setdefault(oid, lsn)
+    return todo, schemas, first
 
 
 class StreamLoop:
@@ -350,7 +387,7 @@ class StreamLoop:
         if not txns:
             return 0
         with self.lock:
-            todo, schemas, first = self._generated_work(txns)
+            todo, schemas, first = generated_work(self.reg, txns)
         # a table created after this read gets no change of this batch: they were sent before its copy's
         # consistent point (its temporary slot is made after it is registered)
         failed = self.svc.generated.fill(todo, schemas) if todo else {}
@@ -363,39 +400,6 @@ class StreamLoop:
             for txn in txns:
                 self._apply_txn(txn, assembler)
         return len(txns)
-
-    def _generated_work(self, txns: list[Transaction]) -> tuple[list[Change], dict[int, TableSchema], dict[int, int]]:
-        """The changes of ``txns`` whose generated columns are to be computed (caller holds the lock):
-        those of mirrored tables (being copied or not) whose live schema has generated columns, unless
-        :meth:`_apply_txn` will skip them (applied already, table stopped, before the copy's consistent
-        point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
-        todo: list[Change]
-        schemas: dict[int, TableSchema]
-        first: dict[int, int]
-        todo, schemas, first = [], {}, {}
-        gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
-        for txn in txns:
-            lsn = txn.commit_lsn
-            for ch in txn.changes:
-                if ch.kind == "truncate":
-                    continue
-                oid = ch.relation_oid
-                hit = gen_schema.get(oid, _NOT_SEEN)
-                if hit is _NOT_SEEN:
-                    cp = self.reg.copying.get(oid)
-                    t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
-                    hit = gen_schema[oid] = (
-                        (t, cp) if t is not None and any(c.generated for c in t.schema.columns) else None
-                    )
-                if hit is None:
-                    continue
-                t, cp = cast(tuple[MirrorTable, dict[str, Any] | None], hit)  # (not _NOT_SEEN: set above)
-                if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
-                    continue
-                todo.append(ch)
-                schemas[oid] = t.schema
-                first.setdefault(oid, lsn)
-        return todo, schemas, first
 
     def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler) -> None:
         """Apply one committed transaction to its tables (caller holds the lock): change by change or
