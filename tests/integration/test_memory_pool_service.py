@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mooncake_assets.engine.service.process import ARROW_POOL_ENV, SERVICE_MEMORY_POOL
 
-from .helpers import make_settings, running_service
+from ..helpers import make_settings, running_service
 
 
 def test_service_process_uses_its_memory_pool(pg_dsn, state_dir, monkeypatch):
