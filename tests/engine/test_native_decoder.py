@@ -8,8 +8,8 @@ transactions interleaved with plain ones, Stream Abort of subtransactions and of
 first_segment restarts) and feeds them to the reference (:class:`TransactionAssembler` +
 :func:`columnar_transaction`) and to :class:`NativeDecoder`: same transactions, same runs
 (``ChangeRun.equals``; run limits patched small so runs split), same relation and type caches,
-and the same error at the same message for broken sequences. Then a real stream: two slots over
-the same WAL, one read by the reference ``read()``, one by the C receive loop.
+and the same error at the same message for broken sequences. The receive loop on a real stream:
+tests/pg/test_native_receiver.py.
 """
 
 from __future__ import annotations
@@ -446,9 +446,6 @@ def test_errors_name_the_lsn_and_emit_nothing():
         NativeDecoder().feed(m_insert(None, 1, [("t", b"1")]), 4)
     (txn,) = dec.feed(m_commit(11, 12, 0), 4)
     assert txn.rows == 1
-
-
-# -- without a connection (the receive loop on a real stream: tests/pg/test_native_receive.py) -------------
 
 
 def test_receiver_needs_a_loaded_libpq():

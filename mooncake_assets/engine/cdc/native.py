@@ -22,7 +22,8 @@ it looks the functions up at run time in the library found here instead of linki
 and the ``PGconn*`` address, ``PGconn.pgconn_ptr`` (documented, but not in ``psycopg.pq.abc``).
 Version gate: :data:`PSYCOPG_RANGE` (where this was verified); outside it :func:`libpq_path` raises
 :class:`UnsupportedLibraryVersion` unless ``MOONCAKE_UNCHECKED_LIBRARIES=1`` (then it warns);
-tests/engine/test_native_decoder.py fails, naming the assumption, when a release changes it.
+tests/pg/test_native_receiver.py (``test_libpq_is_psycopgs_own``) fails, naming the assumption, when a
+release changes it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The compiled receive loop on a real replication stream (real PostgreSQL): psycopg's own libpq is the one
-called, and the loop reads the same transactions as the reference ``read()`` + assembler on two slots over one
-WAL (the in-process differential tests of the decoder: tests/engine/test_native_decoder.py)."""
+"""The compiled receive loop on a real stream (engine/cdc/native): libpq is psycopg's own, two slots over
+the same WAL (one read by the reference ``read()``, one by the C receive loop: same transactions),
+keepalives and a lost connection. The decoder alone against the reference: tests/engine/test_native_decoder.py."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import psycopg
 import pytest
 
 from mooncake_assets.engine.cdc.columnar import columnar_transaction
-from mooncake_assets.engine.cdc.native import PSYCOPG_RANGE, NativeDecoder, libpq_path, receiver_for
+from mooncake_assets.engine.cdc.native import (
+    PSYCOPG_RANGE,
+    NativeDecoder,
+    libpq_path,
+    receiver_for,
+)
 from mooncake_assets.engine.cdc.stream import ReplicationConnection
 from mooncake_assets.engine.cdc.txn import TransactionAssembler
-
-from ..engine.test_native_decoder import assert_same_transactions
-
-SMALL_MEM = "options=-c%20logical_decoding_work_mem%3D64kB"
+from tests.engine.test_native_decoder import assert_same_transactions
 
 
 def test_libpq_is_psycopgs_own(pg_dsn):
@@ -32,6 +34,9 @@ def test_libpq_is_psycopgs_own(pg_dsn):
     with psycopg.connect(pg_dsn) as c:
         rx = receiver_for(c.pgconn)
         assert rx.lib_version == psycopg.pq.version()
+
+
+SMALL_MEM = "options=-c%20logical_decoding_work_mem%3D64kB"
 
 
 def _workload(w: psycopg.Connection, w2: psycopg.Connection) -> None:
