@@ -175,7 +175,8 @@ class MemSlice:
         b, r = loc
         if b == len(self.batches):
             return r not in self._open_del
-        return cast(bool, self.batches[b].del_lsn[r] == LIVE)
+        live: bool = self.batches[b].del_lsn[r] == LIVE  # a typed local, not cast(): no call per key hit
+        return live
 
     def delete(self, loc: tuple[int, int], h: int, lsn: int) -> None:
         """Mark the row at ``loc`` deleted by the commit at ``lsn`` and drop it from the MemIndex."""
