@@ -20,11 +20,35 @@ import duckdb
 import pyarrow as pa
 
 from ..union import ReadOnlyError
-from . import protocol as p
 from .auth import MECHANISM, AuthFailed, ScramExchange, Verifier
 from .backend import Backend
 from .binary import decode as decode_binary
 from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statement, rewrite_functions
+from .protocol import (
+    Body,
+    ConnectionClosed,
+    ProtocolError,
+    auth_ok,
+    auth_sasl,
+    auth_sasl_continue,
+    auth_sasl_final,
+    backend_key_data,
+    bind_complete,
+    close_complete,
+    command_complete,
+    data_row,
+    empty_query,
+    error_response,
+    no_data,
+    parameter_description,
+    parameter_status,
+    parse_complete,
+    portal_suspended,
+    read_message,
+    read_startup,
+    ready_for_query,
+    row_description,
+)
 from .psql import catalog_answer
 from .sqltext import max_param, replace_params, split_statements
 from .types import fields, text_values
@@ -129,11 +153,11 @@ class Session:
         try:
             if self._startup():
                 self._loop()
-        except (p.ConnectionClosed, ConnectionError, OSError):
+        except (ConnectionClosed, ConnectionError, OSError):
             pass
-        except p.ProtocolError as e:
+        except ProtocolError as e:
             try:
-                self.send(p.error_response("08P01", str(e), fatal=True))
+                self.send(error_response("08P01", str(e), fatal=True))
                 self.flush()
             except OSError:
                 pass
@@ -149,7 +173,7 @@ class Session:
     # ---------------------------------------------------------------- start-up
     def _startup(self) -> bool:
         while True:
-            st = p.read_startup(self.rf)
+            st = read_startup(self.rf)
             if st.kind in ("ssl", "gssenc"):
                 self.sock.sendall(b"N")  # no TLS/GSS in this first cut: the client may go on in plain text
                 continue
@@ -162,21 +186,21 @@ class Session:
         try:
             self.settings = SessionSettings(st.params)
         except SqlError as e:
-            self.send(p.error_response(e.code, str(e), fatal=True))
+            self.send(error_response(e.code, str(e), fatal=True))
             self.flush()
             return False
         if not self._authenticate():
             return False
-        self.send(p.auth_ok())
+        self.send(auth_ok())
         for name in REPORTED:
-            self.send(p.parameter_status(name, self.settings.values[name]))
-        self.send(p.backend_key_data(self.pid, self.key), p.ready_for_query(b"I"))
+            self.send(parameter_status(name, self.settings.values[name]))
+        self.send(backend_key_data(self.pid, self.key), ready_for_query(b"I"))
         self.flush()
         return True
 
     def _fail_auth(self, why: str) -> bool:
         self.send(
-            p.error_response("28P01", f'password authentication failed for user "{self.user}"', detail=why, fatal=True)
+            error_response("28P01", f'password authentication failed for user "{self.user}"', detail=why, fatal=True)
         )
         self.flush()
         return False
@@ -188,18 +212,18 @@ class Session:
         if not self.server.users:
             return self._fail_auth("no users are configured (--users FILE or MOONCAKE_SQL_PASSWORD)")
         scram = ScramExchange(self.server.users.get(self.user))
-        self.send(p.auth_sasl([MECHANISM]))
+        self.send(auth_sasl([MECHANISM]))
         self.flush()
         try:
-            kind, body = p.read_message(self.rf)
-            b = p.Body(body)
+            kind, body = read_message(self.rf)
+            b = Body(body)
             if kind != b"p" or b.cstr() != MECHANISM:
                 return self._fail_auth("expected a SASLInitialResponse for SCRAM-SHA-256")
             n = b.int32()
             first = b.take(n).decode() if n >= 0 else ""
-            self.send(p.auth_sasl_continue(scram.first(first).encode()))
+            self.send(auth_sasl_continue(scram.first(first).encode()))
             self.flush()
-            kind, body = p.read_message(self.rf)
+            kind, body = read_message(self.rf)
             if kind != b"p":
                 return self._fail_auth("expected a SASLResponse")
             final = scram.final(body.decode())
@@ -207,22 +231,22 @@ class Session:
             return self._fail_auth(str(e))
         except (UnicodeDecodeError, ValueError, base64.binascii.Error):  # type: ignore[attr-defined]
             return self._fail_auth("malformed SCRAM message")
-        self.send(p.auth_sasl_final(final.encode()))
+        self.send(auth_sasl_final(final.encode()))
         return True
 
     # ---------------------------------------------------------------- queries
     def _loop(self) -> None:
         skipping = False  # extended query: after an error, skip to Sync
         while True:
-            kind, body = p.read_message(self.rf)
+            kind, body = read_message(self.rf)
             if kind == b"X":
                 return
             if kind == b"Q":
-                self._simple(p.Body(body).cstr())
+                self._simple(Body(body).cstr())
                 continue
             if kind == b"S":
                 skipping = False
-                self.send(p.ready_for_query(self._status()))
+                self.send(ready_for_query(self._status()))
                 self.flush()
                 continue
             if kind == b"H":
@@ -231,8 +255,8 @@ class Session:
             if skipping:
                 continue
             try:
-                self._extended(kind, p.Body(body))
-            except p.ProtocolError:
+                self._extended(kind, Body(body))
+            except ProtocolError:
                 raise  # the framing is broken: FATAL 08P01, connection closed (run)
             except Exception as e:
                 self._error(e)
@@ -245,7 +269,7 @@ class Session:
     def _error(self, e: BaseException) -> None:
         code, message = sqlstate(e)
         hint = getattr(e, "hint", None)
-        self.send(p.error_response(code, message, hint=hint))
+        self.send(error_response(code, message, hint=hint))
         assert self.settings is not None
         if self.settings.status == b"T":
             self.settings.status = b"E"
@@ -253,7 +277,7 @@ class Session:
     def _simple(self, sql: str) -> None:
         statements = split_statements(sql)
         if not statements:
-            self.send(p.empty_query())
+            self.send(empty_query())
         for st in statements:
             try:
                 res = self.execute(st, [])
@@ -261,11 +285,11 @@ class Session:
                 self._error(e)
                 break
             if res.fields is not None:
-                self.send(p.row_description(res.fields))
-                self.send(*(p.data_row(r) for r in res.rows))
-            self.send(p.command_complete(res.tag))
+                self.send(row_description(res.fields))
+                self.send(*(data_row(r) for r in res.rows))
+            self.send(command_complete(res.tag))
             self.flush()
-        self.send(p.ready_for_query(self._status()))
+        self.send(ready_for_query(self._status()))
         self.flush()
 
     def execute(self, sql: str, params: list[Any]) -> Result:
@@ -276,7 +300,7 @@ class Session:
         if res is not None:
             for k in REPORTED:  # "Asynchronous Operations": a reported setting's change is announced
                 if self.settings.values[k] != before[k]:
-                    self.send(p.parameter_status(k, self.settings.values[k]))
+                    self.send(parameter_status(k, self.settings.values[k]))
             return res
         res = catalog_answer(sql, self.server.backend)
         if res is not None:
@@ -292,12 +316,12 @@ class Session:
         return Result(tag, fields(table.schema), text_values(table))
 
     # ---------------------------------------------------------------- extended query
-    def _extended(self, kind: bytes, b: p.Body) -> None:
+    def _extended(self, kind: bytes, b: Body) -> None:
         if kind == b"P":
             name, sql = b.cstr(), b.cstr()
             oids = [b.int32() for _ in range(b.int16())]
             self.statements[name] = (sql, oids)
-            self.send(p.parse_complete())
+            self.send(parse_complete())
         elif kind == b"B":
             self._bind(b)
         elif kind == b"D":
@@ -307,11 +331,11 @@ class Session:
         elif kind == b"C":
             what, name = b.byte(), b.cstr()
             (self.statements if what == b"S" else self.portals).pop(name, None)
-            self.send(p.close_complete())
+            self.send(close_complete())
         else:
-            raise p.ProtocolError(f"unexpected message type {kind!r}")
+            raise ProtocolError(f"unexpected message type {kind!r}")
 
-    def _bind(self, b: p.Body) -> None:
+    def _bind(self, b: Body) -> None:
         portal, stmt = b.cstr(), b.cstr()
         formats = [b.int16() for _ in range(b.int16())]
         raw: list[bytes | None] = []
@@ -327,7 +351,7 @@ class Session:
         binary = [(formats[i] if len(formats) > 1 else (formats[0] if formats else 0)) == 1 for i in range(len(raw))]
         sql, values = bind_params(sql, oids, raw, binary)
         self.portals[portal] = Portal(sql, values)
-        self.send(p.bind_complete())
+        self.send(bind_complete())
 
     def _run_portal(self, portal: Portal) -> Result:
         if portal.result is None:
@@ -341,13 +365,13 @@ class Session:
             sql, oids = self.statements[name]
             n = max(len(oids), max_param(sql))
             full = [(oids[i] if i < len(oids) and oids[i] else 25) for i in range(n)]
-            self.send(p.parameter_description(full))
+            self.send(parameter_description(full))
             res = self._describe_statement(sql, full)
         else:
             if name not in self.portals:
                 raise SqlError("34000", f'portal "{name}" does not exist')
             res = self._run_portal(self.portals[name])
-        self.send(p.row_description(res.fields) if res is not None and res.fields is not None else p.no_data())
+        self.send(row_description(res.fields) if res is not None and res.fields is not None else no_data())
 
     def _describe_statement(self, sql: str, oids: list[int]) -> Result | None:
         """A statement's columns before it is bound: run with NULL parameters and no rows."""
@@ -367,13 +391,13 @@ class Session:
         res = self._run_portal(portal)
         rows = res.rows[portal.sent :]
         if max_rows > 0 and len(rows) > max_rows:
-            self.send(*(p.data_row(r) for r in rows[:max_rows]))
+            self.send(*(data_row(r) for r in rows[:max_rows]))
             portal.sent += max_rows
-            self.send(p.portal_suspended())
+            self.send(portal_suspended())
             return
-        self.send(*(p.data_row(r) for r in rows))
+        self.send(*(data_row(r) for r in rows))
         portal.sent = len(res.rows)
-        self.send(p.command_complete(res.tag))
+        self.send(command_complete(res.tag))
         if name == "":
             pass  # the unnamed portal lives until the next Bind or Sync-ended transaction
 
