@@ -486,6 +486,29 @@ class UnionReader:
             if mode == "arrow" and info.columns is not None:
                 cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
             self.register_state(rs, mem, t, columns=cols, mode=mode)
+        return self._execute(sql, params)
+
+    def _execute(self, sql: str, params: list[Any] | None) -> pa.Table:
+        """Run a statement over the registered views. DuckDB 1.5 may push a join's bloom filter into the
+        scan of a registered Arrow table (the files with deletes, the in-memory rows), which its PyArrow
+        scan refuses ("Pushdown Filter Type BLOOM_FILTER is not currently supported in PyArrow Scans");
+        such a statement is run again with the join filter pushdown optimizer off, for this statement
+        only (the same rows; only the plan differs)."""
+        try:
+            return self._run(sql, params)
+        except duckdb.NotImplementedException as e:
+            if "BLOOM_FILTER" not in str(e):
+                raise
+        row = self.con.execute("SELECT current_setting('disabled_optimizers')").fetchone()
+        before = str(row[0]) if row and row[0] else ""
+        off = ",".join(x for x in (before, "join_filter_pushdown") if x)
+        self.con.execute(f"SET disabled_optimizers = '{off}'")
+        try:
+            return self._run(sql, params)
+        finally:
+            self.con.execute(f"SET disabled_optimizers = '{before}'")
+
+    def _run(self, sql: str, params: list[Any] | None) -> pa.Table:
         if params:
             return self.con.execute(sql, params).to_arrow_table()
         return self.con.execute(sql).to_arrow_table()
