@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pyroaring import FrozenBitMap64
 
 from ..storage.arrow_fs import arrow_source
-from .plan import FilePlan, arrow_mask, decode_positions, keep_mask, plan_file
+from .plan import FilePlan, decode_positions, keep_mask, plan_file, row_group_keep
 
 T = TypeVar("T")
 DEFAULT_BUDGET = 64 << 20  # bytes of cached vectors, masks, plans and footers per reader
@@ -105,16 +105,7 @@ class ReadCache:
         rows as an Arrow ``BooleanArray``), row groups whose rows are all deleted left out."""
 
         def build() -> tuple[tuple[int, ...] | None, Any]:
-            rgs = self.row_groups(path)
-            keep = keep_mask(num_rows, self.positions(path, dv))
-            if sum(rgs) != num_rows:
-                return None, arrow_mask(keep)
-            starts = np.concatenate([[0], np.cumsum(rgs, dtype=np.int64)])
-            live = [k for k in range(len(rgs)) if keep[starts[k] : starts[k + 1]].any()]
-            if len(live) == len(rgs):
-                return None, arrow_mask(keep)
-            m = np.concatenate([keep[starts[k] : starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
-            return tuple(live), arrow_mask(m)
+            return row_group_keep(self.row_groups(path), keep_mask(num_rows, self.positions(path, dv)))
 
         return self._get(("keep", path, num_rows, dv), build, lambda v: v[1].nbytes)
 

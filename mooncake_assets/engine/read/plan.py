@@ -94,7 +94,7 @@ def arrow_mask(mask: np.ndarray) -> Any:
 
 @functools.lru_cache(maxsize=8192)
 def parquet_row_groups(path: str) -> tuple[int, ...]:
-    """Row counts of a Parquet file's row groups, from its footer (cached)."""
+    """Row counts of a Parquet file's row groups, from its footer (cached; ``plan_file``'s default)."""
     md = pq.ParquetFile(arrow_source(path)).metadata  # s3:// through PyArrow's S3 filesystem
     return tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
 
@@ -127,25 +127,16 @@ class FilePlan:
         return any(s.has_deletes for s in self.segments)
 
 
-@functools.lru_cache(maxsize=128)
-def cached_plan(path: str, num_rows: int, dv: FrozenBitMap64 | str) -> FilePlan:
-    """:func:`plan_file` of a file given its ReadState ``deleted`` bitmap (or its text), memoized (plans are pure
-    functions of the immutable file and the vector's bytes)."""
-    return plan_file(path, num_rows, deleted_positions(dv))
-
-
-@functools.lru_cache(maxsize=128)
-def cached_keep(path: str, num_rows: int, dv: FrozenBitMap64 | str) -> tuple[tuple[int, ...] | None, Any]:
-    """For reading a file with PyArrow: (row groups to read — None for all —, a keep mask over their
-    rows as an Arrow ``BooleanArray``), memoized like :func:`cached_plan`. Row groups whose rows are all
-    deleted are left out."""
-    rgs = parquet_row_groups(path)
-    keep = keep_mask(num_rows, deleted_positions(dv))
-    if sum(rgs) != num_rows:
+def row_group_keep(row_groups: tuple[int, ...], keep: np.ndarray) -> tuple[tuple[int, ...] | None, Any]:
+    """For reading a file with PyArrow: ``row_groups`` (its row groups' row counts) and ``keep`` (bool
+    (num_rows,), :func:`keep_mask`) → (the row groups to read — None for all —, a keep mask over their
+    rows as an Arrow ``BooleanArray``). Row groups whose rows are all deleted are left out; when the
+    counts do not add up to the mask's length every row group is read."""
+    if sum(row_groups) != len(keep):
         return None, arrow_mask(keep)
-    starts = np.concatenate([[0], np.cumsum(rgs, dtype=np.int64)])
-    live = [k for k in range(len(rgs)) if keep[starts[k] : starts[k + 1]].any()]
-    if len(live) == len(rgs):
+    starts = np.concatenate([[0], np.cumsum(row_groups, dtype=np.int64)])
+    live = [k for k in range(len(row_groups)) if keep[starts[k] : starts[k + 1]].any()]
+    if len(live) == len(row_groups):
         return None, arrow_mask(keep)
     m = np.concatenate([keep[starts[k] : starts[k + 1]] for k in live]) if live else np.zeros(0, bool)
     return tuple(live), arrow_mask(m)
