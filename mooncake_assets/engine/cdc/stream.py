@@ -32,7 +32,7 @@ import re
 import select
 import struct
 import time
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 import psycopg
 from psycopg import pq
@@ -302,12 +302,7 @@ class ReplicationConnection:
                         self.keepalive_replies += 1
                 continue
             if nbytes == -1:  # the server ended COPY: collect the error
-                res = pgconn.get_result()
-                msg, code = _result_error(res, pgconn)
-                while pgconn.get_result() is not None:
-                    pass
-                self.streaming_slot = None
-                raise _classify(msg or "the server ended the replication stream", code)
+                self._end_of_copy()
             if nbytes < -1:
                 raise self._lost(pgconn.error_message.decode(errors="replace"))
             # nothing buffered
@@ -376,8 +371,9 @@ class ReplicationConnection:
             if rc > 0 or time.monotonic() >= deadline:
                 return decoder.take()
 
-    def _end_of_copy(self) -> None:
-        """The server ended COPY: collect its error and raise it (as :meth:`read` does)."""
+    def _end_of_copy(self) -> NoReturn:
+        """The server ended COPY: collect its error and raise it (:meth:`read` and :meth:`read_transactions`);
+        ``ReplicationError`` classified by its SQLSTATE (PG docs, "Streaming Replication Protocol")."""
         pgconn = self.pgconn
         res = pgconn.get_result()
         msg, code = _result_error(res, pgconn)
