@@ -569,21 +569,37 @@ def test_changes_from_run_is_the_inverse_of_runs_from_changes():
     changes = [
         _ins(gen, 1),
         Change("update", OID, new=gen.tup({"id": "1", "v": U}), relation=gen.relation),
-        Change("update", OID, new=gen.tup({"id": "2"}), old=gen.tup({"id": "1"}, ["id"]), old_kind="K",
-               relation=gen.relation),
+        Change(
+            "update",
+            OID,
+            new=gen.tup({"id": "2"}),
+            old=gen.tup({"id": "1"}, ["id"]),
+            old_kind="K",
+            relation=gen.relation,
+        ),
         Change("delete", OID, old=gen.tup({"id": "2"}, ["id"]), old_kind="K", relation=gen.relation),
         Change("truncate", OID, truncate_oids=[OID], truncate_cascade=True),
     ]
     for i, c in enumerate(changes):
         c.lsn = 1000 + i
     back = [ch for run in runs_from_changes(changes) for ch in changes_from_run(run)]
-    assert [(c.kind, c.relation_oid, c.old_kind, c.lsn, c.relation is gen.relation or c.kind == "truncate",
-             c.truncate_oids, c.truncate_cascade) for c in back] == [
-        (c.kind, c.relation_oid, c.old_kind, c.lsn, True, c.truncate_oids, c.truncate_cascade) for c in changes
-    ]
+    assert [
+        (
+            c.kind,
+            c.relation_oid,
+            c.old_kind,
+            c.lsn,
+            c.relation is gen.relation or c.kind == "truncate",
+            c.truncate_oids,
+            c.truncate_cascade,
+        )
+        for c in back
+    ] == [(c.kind, c.relation_oid, c.old_kind, c.lsn, True, c.truncate_oids, c.truncate_cascade) for c in changes]
     for x, y in zip(back, changes):
         for tx, ty in ((x.new, y.new), (x.old, y.old)):
             assert (tx is None) == (ty is None)
             if tx is not None:
                 assert (tx.kinds, [None if v is None else bytes(v) for v in tx.data]) == (
-                    ty.kinds, [None if v is None else bytes(v) for v in ty.data])
+                    ty.kinds,
+                    [None if v is None else bytes(v) for v in ty.data],
+                )

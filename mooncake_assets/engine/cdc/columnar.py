@@ -51,6 +51,8 @@ __all__ = [
     "columnar_transaction",
     "merge_runs",
     "changes_from_run",
+    "slice_run",
+    "split_by_commit",
 ]
 
 #: most rows in one run
@@ -327,9 +329,7 @@ def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
 def _tuples(cells: tuple[CellColumn, ...], n: int, present: npt.NDArray[np.bool_] | None) -> list[TupleData | None]:
     kinds = ["".join(map(chr, col)) for col in zip(*(c.kinds.tolist() for c in cells))] if cells else [""] * n
     data = list(zip(*(c.values.to_pylist() for c in cells))) if cells else [()] * n
-    return [
-        TupleData(kinds[i], list(data[i])) if present is None or present[i] else None for i in range(n)
-    ]
+    return [TupleData(kinds[i], list(data[i])) if present is None or present[i] else None for i in range(n)]
 
 
 def changes_from_run(run: ChangeRun) -> list[Change]:
@@ -364,3 +364,36 @@ def changes_from_run(run: ChangeRun) -> list[Change]:
         )
         for i in range(n)
     ]
+
+
+def slice_run(run: ChangeRun, start: int, stop: int) -> ChangeRun:
+    """Rows ``start:stop`` of a (non-TRUNCATE) run, as a run (zero-copy slices of its arrays)."""
+    if start == 0 and stop == run.rows:
+        return run
+
+    def cells(cs: tuple[CellColumn, ...] | None) -> tuple[CellColumn, ...] | None:
+        if cs is None:
+            return None
+        return tuple(CellColumn(c.kinds[start:stop], c.values.slice(start, stop - start)) for c in cs)
+
+    return replace(
+        run,
+        rows=stop - start,
+        lsns=run.lsns[start:stop],
+        new=cells(run.new),
+        old=cells(run.old),
+        old_kinds=None if run.old_kinds is None else run.old_kinds[start:stop],
+        commit_lsns=None if run.commit_lsns is None else run.commit_lsns[start:stop],
+    )
+
+
+def split_by_commit(run: ChangeRun) -> list[tuple[int, ChangeRun]]:
+    """A batch run cut back into ``(commit LSN, its rows as a run of one transaction)`` (commit order)."""
+    assert run.commit_lsns is not None
+    cl = run.commit_lsns
+    cuts = [0, *(np.flatnonzero(cl[1:] != cl[:-1]) + 1).tolist(), run.rows]
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        part = run if run.kind == "truncate" else slice_run(run, a, b)
+        out.append((int(cl[a]), replace(part, commit_lsns=None)))
+    return out

@@ -19,12 +19,12 @@ import logging
 import shlex
 import threading
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
-from ..cdc.columnar import ChangeRun, columnar_transaction
+from ..cdc.columnar import ChangeRun, ColumnarTransaction, columnar_transaction
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
@@ -41,6 +41,9 @@ from .errors import MooncakeError
 from .lag import LagTracker
 from .parts import StreamHost
 from .registry import TableRegistry
+
+if TYPE_CHECKING:
+    from ..cdc.native import NativeDecoder
 
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
@@ -252,20 +255,33 @@ class StreamLoop:
         tune_gc()
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.reg.slot, [self.reg.publication], 0, streaming=True)
+        from .native_batch import apply_native_batch  # (it imports this module)
+
         assembler = TransactionAssembler()
+        decoder = self._native_decoder()
+        ctxns: list[ColumnarTransaction] = []
         self.stream_error = None
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
         pub_every = float(self.config.publication_check_s)  # 0: off
         while not self._stop.is_set():
-            msgs = self.repl.read(timeout=0.05)
+            msgs: list[tuple[int, memoryview]] = []
+            if decoder is not None:  # the compiled path (engine/service/native_batch.py)
+                seen = self.repl.messages_read
+                ctxns = self.repl.read_transactions(decoder, 0.05)
+                got = self.repl.messages_read != seen
+            else:
+                msgs = self.repl.read(timeout=0.05)
+                got = bool(msgs)
             self.lag.record(self.repl.server_wal_end)
-            if msgs:
+            if got:
                 fault("stream:apply")  # (jitter: the apply loop behind the source)
-            if msgs:
+            if decoder is not None:
+                apply_native_batch(self, ctxns, decoder)
+            elif msgs:
                 self.apply_batch(msgs, assembler)
-            idle = assembler.idle
+            idle = decoder.idle if decoder is not None else assembler.idle
             if idle and self.repl.server_wal_end > self.applied_lsn:
                 with self.lock:
                     self.applied_lsn = self.repl.server_wal_end
@@ -275,7 +291,7 @@ class StreamLoop:
             now = time.time()
             # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
             # then agrees with list-tables' lag: one small message per batch); when idle, once a second
-            if self._want_reply.is_set() or msgs or now - last_status > 1.0:
+            if self._want_reply.is_set() or got or now - last_status > 1.0:
                 self.send_status(reply=self._want_reply.is_set())
                 self._want_reply.clear()
                 last_status = now
@@ -285,6 +301,22 @@ class StreamLoop:
             if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
+
+    def _native_decoder(self) -> NativeDecoder | None:
+        """The compiled decoder for a new stream (``ServiceConfig.decoder == "native"``), or None: the
+        reference path (``python``, or the compiled receive loop cannot work with this psycopg/libpq:
+        logged once per stream, ``engine/cdc/native.py``)."""
+        if self.config.decoder != "native":
+            return None
+        try:
+            from ..cdc.native import NativeDecoder, receiver_for
+
+            assert self.repl is not None
+            receiver_for(self.repl.pgconn)  # (the check read_transactions makes; raises here, not mid-stream)
+            return NativeDecoder()
+        except (ImportError, OSError, RuntimeError) as e:
+            log.warning("compiled decoder unavailable (%s: %s); using the reference decoder", type(e).__name__, e)
+            return None
 
     def _check_published(self) -> None:
         """Stop every mirrored table that is no longer in the publication (an administrator dropped it
@@ -392,16 +424,21 @@ class StreamLoop:
         # consistent point (its temporary slot is made after it is registered)
         failed = self.svc.generated.fill(todo, schemas) if todo else {}
         with self.lock:
-            for oid, e in failed.items():
-                cp = self.reg.copying.get(oid)
-                t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
-                if t is not None and not t.error:
-                    self.stop_table(t, e, first[oid])
+            self.stop_generated(failed, first)
             for txn in txns:
                 self._apply_txn(txn, assembler)
         return len(txns)
 
-    def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler) -> None:
+    def stop_generated(self, failed: dict[int, Exception], first: dict[int, int]) -> None:
+        """Stop the tables whose generated columns could not be computed (``GeneratedColumns.fill``'s
+        ``{oid: error}``; ``first``: oid -> first commit LSN of the batch; the caller holds the lock)."""
+        for oid, e in failed.items():
+            cp = self.reg.copying.get(oid)
+            t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
+            if t is not None and not t.error:
+                self.stop_table(t, e, first[oid])
+
+    def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler | NativeDecoder) -> None:
         """Apply one committed transaction to its tables (caller holds the lock): change by change or
         as columnar runs (``ServiceConfig.apply_mode``; same results). Per item (a change or a run) of a
         table being copied: queued for the copy when at or after its consistent point; of a mirrored
