@@ -260,6 +260,7 @@ class StreamLoop:
         assembler = TransactionAssembler()
         decoder = self._native_decoder()
         ctxns: list[ColumnarTransaction] = []
+        log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
         self.stream_error = None
         last_status = 0.0
         last_maint = 0.0
