@@ -603,3 +603,53 @@ def test_changes_from_run_is_the_inverse_of_runs_from_changes():
                     ty.kinds,
                     [None if v is None else bytes(v) for v in ty.data],
                 )
+
+
+@SETTINGS
+@given(kind=st.sampled_from(sorted(KINDS)), data=st.data())
+def test_batch_runs_of_the_compiled_decoder_apply_like_the_reference_changes(kind, data):
+    """The compiled decoder's transactions joined as batch runs (``merge_runs``: its layout takes the one
+    concatenation + gather path) equal the reference's joined runs, and apply like its changes."""
+    gen = Gen(kind, list(OUR))
+    cols = [(c.flags, c.name, c.type_oid, c.typmod) for c in gen.relation.columns]
+
+    def cells(t: TupleData | None) -> list[tuple[str, bytes | None]]:
+        assert t is not None
+        return [(k, None if v is None else bytes(v)) for k, v in zip(t.kinds, t.data)]
+
+    msgs: list[tuple[int, bytes]] = []
+    lsn = 1000
+    only = data.draw(st.sampled_from([None, "insert", "update", "delete"]))
+    for x in range(data.draw(st.integers(1, 8))):
+        changes = [gen.change(data, only) for _ in range(data.draw(st.integers(1, 6)))]
+        changes = [c for c in changes if c.kind != "truncate" and not (c.new and "NaN" in str(c.new.data))]
+        lsn += 1000
+        msgs.append((lsn, m_begin(lsn + 900, 0, 700 + x)))
+        if x == 0:
+            msgs.append((lsn + 1, m_relation(None, OID, "public", "t", gen.identity, cols)))
+        for i, c in enumerate(changes):
+            if c.kind == "insert":
+                payload = m_insert(None, OID, cells(c.new))
+            elif c.kind == "update":
+                payload = m_update(None, OID, c.old_kind, cells(c.old) if c.old else None, cells(c.new))
+            else:
+                payload = m_delete(None, OID, c.old_kind, cells(c.old))
+            msgs.append((lsn + 2 + i, payload))
+        msgs.append((lsn + 900, m_commit(lsn + 900, lsn + 950, 0)))
+    asm, dec = TransactionAssembler(), NativeDecoder()
+    ref = [t for lsn_, p in msgs for t in asm.feed_payload(p, lsn_)]
+    nat = [t for lsn_, p in msgs for t in dec.feed(p, lsn_)]
+    ref_runs = merge_runs([columnar_transaction(t) for t in ref])
+    nat_runs = merge_runs(nat)
+    assert len(ref_runs) == len(nat_runs)
+    assert all(x.equals(y) for x, y in zip(ref_runs, nat_runs))
+    with tempfile.TemporaryDirectory() as d:
+        a = make_table(Path(d) / "a", kind, list(OUR), 7)
+        b = make_table(Path(d) / "b", kind, list(OUR), 7)
+        for rt in ref:
+            for ch in rt.changes:
+                a.apply(ch, rt.commit_lsn)
+        for run in nat_runs:
+            b.apply_run(run, 0)
+        assert state(a) == state(b)
+        assert visible(a) == visible(b)

@@ -247,14 +247,55 @@ def columnar_transaction(txn: Transaction) -> ColumnarTransaction:
     )
 
 
+def _shared(cells: tuple[CellColumn, ...]) -> tuple[npt.NDArray[np.uint8], pa.Array] | None:
+    """The ``(ncols, rows)`` kinds and the one ``ncols * rows`` binary array whose slices ``cells`` are
+    (the compiled decoder's layout: column ``c`` is rows ``c * rows`` …), or None for another layout."""
+    k, n = len(cells), len(cells[0])
+    c0, cl = cells[0].values, cells[-1].values
+    base = cells[0].kinds.base
+    if not isinstance(base, np.ndarray) or base.shape != (k, n) or c0.offset != 0 or cl.offset != (k - 1) * n:
+        return None
+    bufs = c0.buffers()
+    if cl.buffers()[2].address != bufs[2].address:
+        return None
+    return base, pa.Array.from_buffers(pa.binary(), k * n, bufs)
+
+
+def _cells_bytes(cells: tuple[CellColumn, ...] | None) -> int:
+    """An upper bound of the value bytes of a run's tuples (the data buffers' sizes: exact for a
+    run's own arrays, the whole parent buffer for slices)."""
+    if not cells:
+        return 0
+    b0 = cells[0].values.buffers()[2]
+    bl = cells[-1].values.buffers()[2]
+    if b0 is not None and bl is not None and b0.address == bl.address:
+        return int(b0.size)
+    return sum(int(b.size) for c in cells if (b := c.values.buffers()[2]) is not None)
+
+
 def _run_bytes(run: ChangeRun) -> int:
-    return sum(c.values.nbytes for c in (run.new or ()) + (run.old or ()))
+    return _cells_bytes(run.new) + _cells_bytes(run.old)
 
 
 def _concat_cells(parts: list[tuple[CellColumn, ...]]) -> tuple[CellColumn, ...]:
+    """Column ``i`` of the result: column ``i`` of each part, in order. Parts in the compiled decoder's
+    layout are joined with one concatenation and one gather (``take``) for all columns; others column
+    by column."""
+    k = len(parts[0])
+    shared = [_shared(p) for p in parts]
+    if all(x is not None for x in shared):
+        ns = np.array([len(p[0]) for p in parts], dtype=np.int64)
+        total = int(ns.sum())
+        starts = np.cumsum(ns) - ns
+        bases = np.cumsum(k * ns) - k * ns
+        within = np.arange(total, dtype=np.int64) - np.repeat(starts, ns)
+        idx = np.repeat(bases, ns)[None, :] + np.arange(k, dtype=np.int64)[:, None] * np.repeat(ns, ns)[None, :]
+        big = pa.concat_arrays([x[1] for x in shared if x is not None]).take(pa.array((idx + within).ravel()))
+        kinds = np.concatenate([x[0] for x in shared if x is not None], axis=1)
+        return tuple(CellColumn(kinds[c], big.slice(c * total, total)) for c in range(k))
     return tuple(
         CellColumn(np.concatenate([p[i].kinds for p in parts]), pa.concat_arrays([p[i].values for p in parts]))
-        for i in range(len(parts[0]))
+        for i in range(k)
     )
 
 
@@ -290,7 +331,8 @@ def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
     """The runs of ``txns`` (consecutive committed transactions, commit order) as batch runs (module
     docstring): a run is appended to the previous one when both have the same kind (not TRUNCATE),
     relation OID and Relation in effect (``is``, else ``==``) and the sum stays within
-    :data:`MAX_RUN_ROWS` and :data:`MAX_RUN_BYTES`. Every returned run has ``commit_lsns`` (also a run
+    :data:`MAX_RUN_ROWS` and :data:`MAX_RUN_BYTES` (bytes counted by an upper bound: the runs' data
+    buffers). Every returned run has ``commit_lsns`` (also a run
     left alone), so applying them row by row at those commit LSNs is applying ``txns`` in order. The
     inputs are not changed (the values are copied into new arrays only where runs are joined)."""
     out: list[ChangeRun] = []
