@@ -118,7 +118,7 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     from ..engine.lsn import Lsn
     from ..engine.pg.conninfo import with_options
     from ..engine.service import replication as svc_module
-    from ..engine.service.native_batch import apply_native_batch
+    from ..engine.service.native_batch import apply_native_batch, read_native_batch
     from ..engine.service.service import ReplicatorService
     from ..engine.table.mirror import MirrorTable
 
@@ -142,7 +142,7 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
         txns = 0
         while True:
             if dec is not None:
-                txns += apply_native_batch(svc.stream, repl.read_transactions(dec, 0.05), dec)
+                txns += apply_native_batch(svc.stream, read_native_batch(repl, dec, 0.05), dec)
             else:
                 msgs = repl.read(timeout=0.05)
                 if msgs:

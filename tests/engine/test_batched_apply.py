@@ -653,3 +653,22 @@ def test_batch_runs_of_the_compiled_decoder_apply_like_the_reference_changes(kin
             b.apply_run(run, 0)
         assert state(a) == state(b)
         assert visible(a) == visible(b)
+
+
+def test_service_decoder_is_checked_and_read_from_the_environment(tmp_path, monkeypatch):
+    from mooncake_assets.config import load_settings
+    from mooncake_assets.engine.service.config import ServiceConfig
+
+    kw = dict(
+        state_dir="/tmp/x",
+        dsn="dbname=x",
+        socket_path="/tmp/x.sock",
+        catalog_uri="sqlite://",
+        warehouse_uri="file:///tmp/w",
+    )
+    assert ServiceConfig(**kw).decoder == "native"
+    assert ServiceConfig(**kw, decoder="python").decoder == "python"
+    with pytest.raises(ValueError, match="decoder"):
+        ServiceConfig(**kw, decoder="fast")
+    monkeypatch.setenv("MOONCAKE_DECODER", "python")
+    assert load_settings(tmp_path, dsn="dbname=x").service_config().decoder == "python"

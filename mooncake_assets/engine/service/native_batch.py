@@ -36,6 +36,7 @@ reconnects and the slot resends from the confirmed LSN.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,9 +48,35 @@ from .replication import apply_item, generated_work
 
 if TYPE_CHECKING:
     from ..cdc.native import NativeDecoder
+    from ..cdc.stream import ReplicationConnection
     from .replication import StreamLoop
 
-__all__ = ["apply_native_batch", "reference_transaction"]
+__all__ = ["apply_native_batch", "read_native_batch", "reference_transaction"]
+
+
+def read_native_batch(
+    repl: ReplicationConnection, decoder: NativeDecoder, timeout: float, window_s: float = 0.02, max_rows: int = 20_000
+) -> list[ColumnarTransaction]:
+    """One read batch of the compiled path: wait up to ``timeout`` seconds for XLogData
+    (:meth:`~..cdc.stream.ReplicationConnection.read_transactions`), then, while messages keep coming
+    (each further read waits at most 2 ms), read on for up to ``window_s`` seconds or until the batch
+    holds ``max_rows`` rows. libpq hands over what its socket buffer holds, a few dozen messages of a
+    busy stream; a batch of many small transactions is what makes batch runs long. When the stream is
+    idle this adds nothing (the first read returns what there is); when busy at most ``window_s``."""
+    first = repl.messages_read
+    txns = repl.read_transactions(decoder, timeout)
+    if repl.messages_read == first:
+        return txns
+    end = time.monotonic() + window_s
+    rows = sum(t.rows for t in txns)
+    while rows < max_rows and time.monotonic() < end:
+        seen = repl.messages_read
+        more = repl.read_transactions(decoder, 0.002)
+        if repl.messages_read == seen:
+            break
+        txns += more
+        rows += sum(t.rows for t in more)
+    return txns
 
 
 def reference_transaction(txn: ColumnarTransaction) -> Transaction:

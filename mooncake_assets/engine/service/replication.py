@@ -255,7 +255,7 @@ class StreamLoop:
         tune_gc()
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.reg.slot, [self.reg.publication], 0, streaming=True)
-        from .native_batch import apply_native_batch  # (it imports this module)
+        from .native_batch import apply_native_batch, read_native_batch  # (it imports this module)
 
         assembler = TransactionAssembler()
         decoder = self._native_decoder()
@@ -270,7 +270,7 @@ class StreamLoop:
             msgs: list[tuple[int, memoryview]] = []
             if decoder is not None:  # the compiled path (engine/service/native_batch.py)
                 seen = self.repl.messages_read
-                ctxns = self.repl.read_transactions(decoder, 0.05)
+                ctxns = read_native_batch(self.repl, decoder, 0.05)
                 got = self.repl.messages_read != seen
             else:
                 msgs = self.repl.read(timeout=0.05)
