@@ -36,22 +36,61 @@ reconnects and the slot resends from the confirmed LSN.
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ..cdc.columnar import ChangeRun, ColumnarTransaction, changes_from_run, merge_runs, slice_run, split_by_commit
 from ..cdc.txn import Transaction
 from ..table.mirror import MirrorTable
-from .replication import apply_item, generated_work
+from .apply_items import apply_item, generated_work
+from .config import ServiceConfig
+from .parts import StreamHost
+from .registry import TableRegistry
 
 if TYPE_CHECKING:
     from ..cdc.native import NativeDecoder
     from ..cdc.stream import ReplicationConnection
-    from .replication import StreamLoop
 
-__all__ = ["apply_native_batch", "read_native_batch", "reference_transaction"]
+__all__ = ["apply_native_batch", "native_decoder", "read_native_batch", "reference_transaction"]
+
+log = logging.getLogger("mooncake.service")
+
+
+class StreamLoop(Protocol):
+    """What this module uses of :class:`~.replication.StreamLoop` (a protocol: that module imports
+    this one)."""
+
+    config: ServiceConfig
+    lock: Any
+    reg: TableRegistry
+    svc: StreamHost
+    applied_lsn: int
+
+    def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
+
+    def stop_generated(self, failed: dict[int, Exception], first: dict[int, int]) -> None: ...
+
+    def _apply_txn(self, txn: Transaction, assembler: Any) -> None: ...
+
+
+def native_decoder(decoder: str, repl: ReplicationConnection) -> NativeDecoder | None:
+    """The compiled decoder for a new stream on ``repl`` when ``decoder`` (``ServiceConfig.decoder``)
+    is ``native``, else None (the reference path). None too, logged, where the compiled receive loop
+    cannot work with this psycopg/libpq (``engine/cdc/native.py``: not Linux, no binary libpq, a
+    psycopg outside the verified range): checked here, before the stream reads anything."""
+    if decoder != "native":
+        return None
+    try:
+        from ..cdc.native import NativeDecoder, receiver_for
+
+        receiver_for(repl.pgconn)  # (what read_transactions does first)
+        return NativeDecoder()
+    except (ImportError, OSError, RuntimeError) as e:
+        log.warning("compiled decoder unavailable (%s: %s); using the reference decoder", type(e).__name__, e)
+        return None
 
 
 def read_native_batch(

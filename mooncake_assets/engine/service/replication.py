@@ -19,7 +19,7 @@ import logging
 import shlex
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -32,15 +32,16 @@ from ..pg import publication as pubs
 from ..pg.catalog import missing_relations
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 from ..pg.names import format_name
-from ..pg.schema import TableSchema, column_options
+from ..pg.schema import column_options
 from ..pg.slot import slot_exists
 from ..table.mirror import MirrorTable
-from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
+from ..table.schema_change import CatalogLookupError, SchemaChangeError
 from ..timefmt import utc_now
+from .apply_items import apply_item, generated_work, long_runs
 from .errors import MooncakeError
 from .lag import LagTracker
+from .native_batch import apply_native_batch, native_decoder, read_native_batch
 from .parts import StreamHost
-from .registry import TableRegistry
 
 if TYPE_CHECKING:
     from ..cdc.native import NativeDecoder
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
 log = logging.getLogger("mooncake.service")
-
-_NOT_SEEN = object()
 
 
 def tune_gc() -> None:
@@ -60,80 +59,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 50)
-
-
-class _Truncate:
-    kind = "truncate"
-
-    def __init__(self, oid: int) -> None:
-        self.relation_oid = oid
-
-
-def long_runs(changes: list[Change], min_rows: int) -> bool:
-    """Do ``changes`` (one transaction) make runs of ``min_rows`` changes or more on average (a run:
-    consecutive changes of one kind on one relation, :mod:`~..cdc.columnar`)? ``apply_mode=auto``
-    applies such a transaction as runs: below that, a run's fixed cost (its Arrow arrays, its decode,
-    its vectorised hash) outweighs what it saves per row (``engine/table/apply_bench.py``)."""
-    n = len(changes)
-    if n < min_rows:
-        return False
-    runs, prev = 1, changes[0]
-    for c in changes:
-        if c.kind != prev.kind or c.relation_oid != prev.relation_oid:
-            runs += 1
-            prev = c
-    return n >= runs * min_rows
-
-
-def apply_item(
-    t: MirrorTable, oid: int, item: Change | ChangeRun, rel: Any, commit_lsn: int, xid: int, catalog: Any
-) -> None:
-    """Apply one change or columnar run of relation ``oid`` to ``t`` at ``commit_lsn`` of transaction
-    ``xid``: the Relation in effect (the item's own, else ``rel``, the assembler's latest) checked
-    first — a schema change shows up here (:func:`~..table.schema_change.on_relation` with ``catalog``)
-    —, then :meth:`~..table.mirror.MirrorTable.apply_run` or ``apply``. Raises what they raise."""
-    if item.kind != "truncate":
-        on_relation(t, oid, item.relation or rel, commit_lsn, catalog, xid=xid)
-    if isinstance(item, ChangeRun):
-        t.apply_run(item, commit_lsn)
-    else:
-        t.apply(item if item.kind != "truncate" else _Truncate(oid), commit_lsn)
-
-
-def generated_work(
-    reg: TableRegistry, txns: list[Transaction]
-) -> tuple[list[Change], dict[int, TableSchema], dict[int, int]]:
-    """The changes of ``txns`` whose generated columns are to be computed (the caller holds the service lock):
-    those of mirrored tables (being copied or not) whose live schema has generated columns, unless
-    :meth:`StreamLoop._apply_txn` will skip them (applied already, table stopped, before the copy's consistent
-    point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
-    todo: list[Change]
-    schemas: dict[int, TableSchema]
-    first: dict[int, int]
-    todo, schemas, first = [], {}, {}
-    gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
-    for txn in txns:
-        lsn = txn.commit_lsn
-        for ch in txn.changes:
-            if ch.kind == "truncate":
-                continue
-            oid = ch.relation_oid
-            hit = gen_schema.get(oid, _NOT_SEEN)
-            if hit is _NOT_SEEN:
-                cp = reg.copying.get(oid)
-                t = cp["table"] if cp is not None else reg.by_oid.get(oid)
-                hit = gen_schema[oid] = (
-                    (t, cp) if t is not None and any(c.generated for c in t.schema.columns) else None
-                )
-            if hit is None:
-                continue
-            t, cp = cast(tuple[MirrorTable, dict[str, Any] | None], hit)  # (not _NOT_SEEN: set above)
-            if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
-                continue
-            todo.append(ch)
-            schemas[oid] = t.schema
-            first.setdefault(oid, lsn)
-    return todo, schemas, first
 
 
 class StreamLoop:
@@ -255,10 +180,8 @@ class StreamLoop:
         tune_gc()
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.reg.slot, [self.reg.publication], 0, streaming=True)
-        from .native_batch import apply_native_batch, read_native_batch  # (it imports this module)
-
         assembler = TransactionAssembler()
-        decoder = self._native_decoder()
+        decoder = native_decoder(self.config.decoder, self.repl)
         ctxns: list[ColumnarTransaction] = []
         log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
         self.stream_error = None
@@ -302,22 +225,6 @@ class StreamLoop:
             if pub_every > 0 and now - last_pub > pub_every:
                 self._check_published()
                 last_pub = time.time()
-
-    def _native_decoder(self) -> NativeDecoder | None:
-        """The compiled decoder for a new stream (``ServiceConfig.decoder == "native"``), or None: the
-        reference path (``python``, or the compiled receive loop cannot work with this psycopg/libpq:
-        logged once per stream, ``engine/cdc/native.py``)."""
-        if self.config.decoder != "native":
-            return None
-        try:
-            from ..cdc.native import NativeDecoder, receiver_for
-
-            assert self.repl is not None
-            receiver_for(self.repl.pgconn)  # (the check read_transactions makes; raises here, not mid-stream)
-            return NativeDecoder()
-        except (ImportError, OSError, RuntimeError) as e:
-            log.warning("compiled decoder unavailable (%s: %s); using the reference decoder", type(e).__name__, e)
-            return None
 
     def _check_published(self) -> None:
         """Stop every mirrored table that is no longer in the publication (an administrator dropped it
