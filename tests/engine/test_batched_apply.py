@@ -672,3 +672,19 @@ def test_service_decoder_is_checked_and_read_from_the_environment(tmp_path, monk
         ServiceConfig(**kw, decoder="fast")
     monkeypatch.setenv("MOONCAKE_DECODER", "python")
     assert load_settings(tmp_path, dsn="dbname=x").service_config().decoder == "python"
+
+
+def test_split_by_commit_gives_back_each_transactions_run():
+    from mooncake_assets.engine.cdc.columnar import slice_run, split_by_commit
+
+    gen = Gen("int", list(OUR))
+    txns = [_txn(100, [_ins(gen, 1), _ins(gen, 2)]), _txn(200, [_ins(gen, 3)]), _txn(300, [_ins(gen, 4)])]
+    (run,) = merge_runs([columnar_transaction(t) for t in txns])
+    parts = split_by_commit(run)
+    assert [c for c, _ in parts] == [100, 200, 300]
+    for (_c, part), t in zip(parts, txns):
+        (ref,) = columnar_transaction(t).runs
+        assert part.commit_lsns is None and part.equals(ref)
+    tail = slice_run(run, 1, 4)
+    assert tail.rows == 3 and tail.commit_lsns.tolist() == [100, 200, 300]
+    assert tail.new[0].values.to_pylist() == [b"2", b"3", b"4"]
