@@ -117,14 +117,40 @@ def pg_dsn():
 
 
 # ---------------------------------------------------------------------------------------- service
+_MEMORY_LIMIT_HELP = (
+    "Memory budget of the service for open transactions and buffered changes, e.g. 512MiB or 2GiB "
+    "(default: a quarter of the machine's memory); past it buffers flush early, large transactions "
+    "spill to the state directory and, last, the stream pauses. Saved in settings.json"
+)
+
+
+def _set_memory_limit(text: str | None) -> None:
+    """``--memory-limit``: parse, check against the minimum and keep it in the settings (saved when
+    the service is started); one-line failure otherwise."""
+    if text is None:
+        return
+    from .engine.service.memory import check_memory_limit, parse_size
+
+    try:
+        CTX.settings.memory_limit = check_memory_limit(parse_size(text))
+    except ValueError as e:
+        fail(f"--memory-limit: {e}")
+
+
 @app.command()
-def serve(maintenance: str = typer.Option(None, help="auto (flush/persist by policy) or dagster (assets drive it)")):
+def serve(
+    maintenance: str = typer.Option(None, help="auto (flush/persist by policy) or dagster (assets drive it)"),
+    memory_limit: str | None = typer.Option(None, "--memory-limit", help=_MEMORY_LIMIT_HELP),
+):
     """Run the replicator service in the foreground (Ctrl-C stops it)."""
     from .engine.service.flight import serve as _serve
 
     s = CTX.settings
     if maintenance:
         s.maintenance = maintenance
+    _set_memory_limit(memory_limit)
+    if memory_limit is not None:
+        s.save()
     logging.getLogger().setLevel(logging.INFO)
     try:
         _serve(s.service_config())
@@ -141,6 +167,7 @@ def start(
         "do (the service only caps its memory). For this service only; default: "
         "settings.json's (auto)",
     ),
+    memory_limit: str | None = typer.Option(None, "--memory-limit", help=_MEMORY_LIMIT_HELP),
 ):
     """Start the replicator service in the background (no-op when it is running)."""
     from .engine.service import ServiceClient
@@ -148,6 +175,7 @@ def start(
 
     if maintenance not in (None, "auto", "dagster"):
         fail(f"--maintenance must be auto or dagster, not {maintenance!r}")
+    _set_memory_limit(memory_limit)
     try:
         pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
     except Exception as e:
@@ -204,6 +232,17 @@ def status():
         highlight=False,
         soft_wrap=True,
     )
+    mem = st.get("memory")
+    if mem:
+        from .engine.service.memory import format_size
+
+        console.print(
+            f"memory: limit {format_size(mem['limit_bytes'])}, in use {format_size(mem['usage_bytes']['total'])} "
+            f"(peak {format_size(mem['peak_usage_bytes'])}), spilled transactions {mem.get('spilled', 0)}, "
+            f"backpressure: {'true' if mem['backpressure'] else 'false'}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if st.get("source_reachable"):
         console.print(
             f"source: {st.get('source')} (reachable, LSN {st.get('source_lsn')})", highlight=False, soft_wrap=True

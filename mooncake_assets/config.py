@@ -61,6 +61,7 @@ class Settings:
     s3_allow_http: bool | None = None  # allow a plain-http endpoint (None: only loopback ones)
     apply_mode: str | None = None  # change | run | auto (None: the service's default; $MOONCAKE_APPLY_MODE)
     decoder: str | None = None  # native | python (None: the service's default; $MOONCAKE_DECODER)
+    memory_limit: int | None = None  # the service's memory budget (bytes; None: a quarter of MemTotal)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -121,6 +122,7 @@ class Settings:
             publication_check_s=float(self.publication_check_s),
             **({"apply_mode": self.apply_mode} if self.apply_mode else {}),
             **({"decoder": self.decoder} if self.decoder else {}),
+            memory_limit=self.memory_limit,
             maintenance_policy=dict(extra.get("maintenance") or {}),
             maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()},
         )

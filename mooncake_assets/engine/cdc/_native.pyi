@@ -2,6 +2,7 @@
 
 from .columnar import ColumnarTransaction
 from .pgoutput import Relation, Type
+from .spill import Spiller
 
 READ_OK: int
 READ_END: int
@@ -12,6 +13,8 @@ class NativeDecoder:
     relations: dict[int, Relation]
     types: dict[int, Type]
     in_stream: bool
+    spill: Spiller | None
+    spill_bytes: int
     def __init__(self) -> None: ...
     @property
     def in_transaction(self) -> bool: ...
@@ -19,6 +22,8 @@ class NativeDecoder:
     def open_streams(self) -> list[int]: ...
     @property
     def buffered_changes(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int: ...
     @property
     def idle(self) -> bool: ...
     def reset(self) -> None: ...

@@ -242,6 +242,28 @@ cdef class _TxnBuf:
         self.ncells = cw
         self.ndata = dw
 
+    cdef int64_t used(self) noexcept:
+        return self.nrows * <int64_t>sizeof(RowRec) + self.ncells * <int64_t>sizeof(CellRec) + self.ndata
+
+    cdef int64_t allocated(self) noexcept:
+        return self.caprows * <int64_t>sizeof(RowRec) + self.capcells * <int64_t>sizeof(CellRec) + self.capdata
+
+    cdef int release(self) except -1:
+        """Empty: the arrays freed (they grow again from small), the Relation and TRUNCATE lists cleared."""
+        free(self.rows)
+        free(self.cells)
+        free(self.data)
+        self.rows = NULL
+        self.cells = NULL
+        self.data = NULL
+        self.nrows = self.caprows = 0
+        self.ncells = self.capcells = self.ndata = self.capdata = 0
+        self.rels = []
+        self.last_rel = None
+        self.last_rel_idx = -1
+        self.truncs = []
+        return 0
+
     @property
     def rows_count(self):
         return self.nrows
@@ -522,6 +544,8 @@ cdef class NativeDecoder:
     cdef _TxnBuf _scratch
     cdef list _out
     cdef int64_t _c_oid
+    cdef public object spill  # a .spill.Spiller, or None: open transactions stay in memory
+    cdef public int64_t spill_bytes  # an open transaction's buffer spills past this (bytes)
     cdef object _c_rel
     cdef Py_ssize_t _c_ncols
 
@@ -535,6 +559,8 @@ cdef class NativeDecoder:
         self._scratch = _TxnBuf()
         self._out = []
         self._c_oid = -1
+        self.spill = None
+        self.spill_bytes = 0
 
     # -- state for observers (as TransactionAssembler) -------------------------------------------------
     @property
@@ -554,6 +580,15 @@ cdef class NativeDecoder:
         return n
 
     @property
+    def buffered_bytes(self):
+        """Bytes allocated for the open transactions' row, cell and value arrays."""
+        cdef _TxnBuf s
+        n = self._current.allocated() if self._current is not None else 0
+        for s in self._streams.values():
+            n += s.allocated()
+        return n
+
+    @property
     def idle(self):
         return self._current is None and not self._streams and not self.in_stream
 
@@ -563,6 +598,8 @@ cdef class NativeDecoder:
         self._streams.clear()
         self.in_stream = False
         self._stream_xid = None
+        if self.spill is not None:
+            self.spill.discard_all()
 
     # -- feeding ------------------------------------------------------------------------------------
     def feed(self, payload, uint64_t wal_lsn):
@@ -638,7 +675,23 @@ cdef class NativeDecoder:
             b._truncate_to(0, 0, 0)
             name = "Insert" if kind == K_INSERT else "Update" if kind == K_UPDATE else "Delete"
             raise ProtocolError(f"{name} for relation {oid} outside any transaction")
+        if self.spill is not None and b.used() > self.spill_bytes:
+            self._spill(b)
         return 0
+
+    cdef int _spill(self, _TxnBuf b) except -1:
+        """``b``'s changes so far to its spill file (``.spill``); ``b`` starts again empty."""
+        cdef Py_ssize_t i
+        xids = np.empty(b.nrows, dtype=np.uint32)
+        cdef uint32_t[::1] xv = xids
+        for i in range(b.nrows):
+            xv[i] = b.rows[i].xid
+        self.spill.write(b.xid, _runs(b), xids)
+        b.release()
+        return 0
+
+    cdef object _spilled(self, uint32_t xid):
+        return self.spill.take(xid) if self.spill is not None else None
 
     cdef int _control(self, bytes payload, uint64_t lsn) except -1:
         try:
@@ -694,7 +747,8 @@ cdef class NativeDecoder:
             raise ProtocolError(f"Commit at {commit_lsn:X} without a Begin")
         self._current = None
         self._out.append(
-            ColumnarTransaction(cur.xid, commit_lsn, end_lsn, pg_time_to_datetime(ts), _runs(cur), False, cur.origin)
+            ColumnarTransaction(cur.xid, commit_lsn, end_lsn, pg_time_to_datetime(ts), _runs(cur), False, cur.origin,
+                                self._spilled(cur.xid))
         )
         return 0
 
@@ -731,6 +785,8 @@ cdef class NativeDecoder:
         if self._current is not None:
             raise ProtocolError(f"Stream Start of xid {msg.xid} inside plain transaction {self._current.xid}")
         if msg.first_segment:
+            if self.spill is not None:
+                self.spill.discard(msg.xid)
             b = _TxnBuf()  # a restart of a known xid begins afresh
             b.xid = msg.xid
             self._streams[msg.xid] = b
@@ -748,17 +804,22 @@ cdef class NativeDecoder:
         if st is None:
             raise ProtocolError(f"Stream Commit of xid {msg.xid}, which was never streamed")
         self._out.append(
-            ColumnarTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, _runs(st), True, None)
+            ColumnarTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, _runs(st), True, None,
+                                self._spilled(msg.xid))
         )
 
     cdef _on_stream_abort(self, msg):
         cdef _TxnBuf st
         if msg.subxid == msg.xid:
             self._streams.pop(msg.xid, None)
+            if self.spill is not None:
+                self.spill.discard(msg.xid)
         else:
             st = self._streams.get(msg.xid)
             if st is not None:
                 st.drop_xid(msg.subxid)
+            if self.spill is not None:
+                self.spill.abort_sub(msg.xid, msg.subxid)
 
 
 # -- the receive loop -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,9 @@ import pyarrow as pa
 
 from .pgoutput import Relation, TupleData
 from .txn import Change, Transaction
+
+if TYPE_CHECKING:
+    from .spill import TransactionSpill
 
 __all__ = [
     "MAX_RUN_BYTES",
@@ -153,7 +156,9 @@ class ChangeRun:
 @dataclass(frozen=True, slots=True, eq=False)
 class ColumnarTransaction:
     """A committed transaction in columnar form (fields as :class:`.txn.Transaction`, ``runs`` in commit
-    order instead of ``changes``)."""
+    order instead of ``changes``). ``spilled``: the compiled decoder wrote the transaction's first
+    changes to disk (:class:`.spill.TransactionSpill`); they come before ``runs``, read back with
+    ``spilled.runs()``; None for a transaction held in memory whole."""
 
     xid: int
     commit_lsn: int
@@ -162,9 +167,11 @@ class ColumnarTransaction:
     runs: list[ChangeRun] = field(default_factory=list)
     streamed: bool = False
     origin: str | None = None
+    spilled: TransactionSpill | None = None
 
     @property
     def rows(self) -> int:
+        """Changes held in memory (``runs``; a spilled part not counted)."""
         return sum(r.rows for r in self.runs)
 
 

@@ -61,6 +61,13 @@ class ServiceConfig:
       ``python`` (logged) where the compiled loop cannot run (no psycopg binary libpq, not Linux).
     - ``native_run_min_rows``: with ``decoder=native`` and ``apply_mode=auto``, a batch run shorter
       than this is applied row by row.
+
+    Memory (``engine/service/memory.py``):
+
+    - ``memory_limit``: the budget in bytes for open transactions, MemSlices and their indexes (None:
+      ``default_memory_limit()``, a quarter of MemTotal); below ``MIN_MEMORY_LIMIT`` is a ``ValueError``.
+      Past shares of it committed buffers flush early, open transactions spill to
+      ``<state_dir>/spill``, and last the stream stops reading (backpressure).
     """
 
     state_dir: Path
@@ -87,12 +94,17 @@ class ServiceConfig:
     apply_run_min_rows: int = 512
     decoder: str = "native"
     native_run_min_rows: int = 64
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):
             raise ValueError(f"apply_mode must be change, run or auto, found {self.apply_mode!r}")
         if self.decoder not in ("native", "python"):
             raise ValueError(f"decoder must be native or python, found {self.decoder!r}")
+        from .memory import check_memory_limit, default_memory_limit
+
+        limit = default_memory_limit() if self.memory_limit is None else int(self.memory_limit)
+        object.__setattr__(self, "memory_limit", check_memory_limit(limit))
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "socket_path", Path(self.socket_path))
 

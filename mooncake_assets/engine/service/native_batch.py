@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -68,6 +70,7 @@ class StreamLoop(Protocol):
     reg: TableRegistry
     svc: StreamHost
     applied_lsn: int
+    spilled_txns: int
 
     def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
 
@@ -139,10 +142,17 @@ def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decode
     mode = loop.config.apply_mode
     with loop.lock:
         gen = _generated_oids(loop) if mode != "change" else set()
-        plan: list[Transaction | list[ColumnarTransaction]] = []
+        plan: list[Transaction | ColumnarTransaction | list[ColumnarTransaction]] = []
         for txn in txns:
-            if mode == "change" or (gen and any(r.kind != "truncate" and r.relation_oid in gen for r in txn.runs)):
+            oids = {r.relation_oid for r in txn.runs if r.kind != "truncate"}
+            if txn.spilled is not None:
+                oids |= txn.spilled.oids
+            if mode == "change" or (gen and oids & gen):
+                if txn.spilled is not None:  # (read back whole: the reference path has no chunks)
+                    txn = replace(txn, runs=[*txn.spilled.runs(), *txn.runs], spilled=None)
                 plan.append(reference_transaction(txn))
+            elif txn.spilled is not None:
+                plan.append(txn)
             elif plan and isinstance(plan[-1], list):
                 plan[-1].append(txn)
             else:
@@ -155,16 +165,48 @@ def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decode
         for p in plan:
             if isinstance(p, Transaction):
                 loop._apply_txn(p, decoder)
+            elif isinstance(p, ColumnarTransaction):
+                apply_spilled(loop, p, decoder)
             else:
                 _apply_group(loop, p, decoder)
+    for txn in txns:
+        if txn.spilled is not None:
+            txn.spilled.delete()
     return len(txns)
+
+
+def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDecoder) -> None:
+    """A transaction the decoder spilled to disk (``engine/cdc/spill.py``), applied run by run from
+    its file, then its in-memory tail (the caller holds the lock): one run (at most ``MAX_RUN_ROWS``
+    rows) in memory at a time; between runs the memory budget flushes committed buffers
+    (``MemoryBudget.relieve``; local staging only, no Iceberg commit, and nothing is read while the
+    lock is held, so no one sees part of the transaction). The applied LSNs move once, at the end.
+    A failing flush stops its table at the transaction's commit."""
+    assert txn.spilled is not None
+    touched: dict[MirrorTable, int] = {}
+    budget = loop.svc.memory
+    for run in chain(txn.spilled.runs(), txn.runs):
+        one = ColumnarTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, [run], txn.streamed)
+        _apply_runs(loop, [one], decoder, touched)
+        del one, run
+        budget.relieve(loop.reg.tables.values(), on_error=lambda t, e: loop.stop_table(t, e, txn.commit_lsn))
+    _finish(loop, touched, txn.end_lsn)
+    loop.spilled_txns += 1
 
 
 def _apply_group(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder) -> None:
     """Consecutive transactions as batch runs (module docstring; the caller holds the lock)."""
+    touched: dict[MirrorTable, int] = {}
+    _apply_runs(loop, txns, decoder, touched)
+    _finish(loop, touched, txns[-1].end_lsn)
+
+
+def _apply_runs(
+    loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder, touched: dict[MirrorTable, int]
+) -> None:
+    """The batch runs of ``txns`` to their tables (``touched``: table -> last commit LSN applied, filled)."""
     xids = {t.commit_lsn: t.xid for t in txns}
     ends = {t.commit_lsn: t.end_lsn for t in txns}
-    touched: dict[MirrorTable, int] = {}
     for run in merge_runs(txns):
         assert run.commit_lsns is not None  # (every batch run has them)
         for oid in run.truncate_oids if run.kind == "truncate" else [run.relation_oid]:
@@ -184,9 +226,13 @@ def _apply_group(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: Nat
             part = run if start == 0 or run.kind == "truncate" else slice_run(run, start, run.rows)
             _apply_part(loop, t, oid, part, rel, xids)
             touched[t] = int(run.commit_lsns[-1])
+
+
+def _finish(loop: StreamLoop, touched: dict[MirrorTable, int], end_lsn: int) -> None:
+    """The LSNs moved once per batch: tables' last change, the stream's and every table's applied LSN."""
     for t, lsn in touched.items():
         t.last_change_lsn = max(t.last_change_lsn, lsn)
-    loop.applied_lsn = max(loop.applied_lsn, txns[-1].end_lsn)
+    loop.applied_lsn = max(loop.applied_lsn, end_lsn)
     for t in loop.reg.tables.values():
         if not t.error:  # a stopped table stays at the commit that failed
             t.applied_lsn = max(t.applied_lsn, loop.applied_lsn)

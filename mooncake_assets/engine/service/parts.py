@@ -38,6 +38,7 @@ from ..pg.catalog import SourceCatalog
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from .config import ServiceConfig
+from .memory import MemoryBudget
 from .registry import TableRegistry
 
 __all__ = [
@@ -74,9 +75,12 @@ class StopsTables(Protocol):
 
 class Ticks(Protocol):
     """The persist scheduler as the stream loop sees it: ticked twice a second from the stream thread
-    (:meth:`~.persist.PersistScheduler.tick`)."""
+    (:meth:`~.persist.PersistScheduler.tick`); a failed flush of the memory budget's goes to
+    ``maintenance_failed``."""
 
     def tick(self) -> None: ...
+
+    def maintenance_failed(self, t: MirrorTable, e: Exception) -> None: ...
 
 
 class StreamControl(Protocol):
@@ -108,12 +112,15 @@ class SourceState(SharedState, Protocol):
 
 class StreamHost(SourceState, Protocol):
     """What :class:`~.replication.StreamLoop` uses of the service: the persist scheduler to tick, the
-    STORED generated columns to fill (``engine/cdc/generated.py``) and the source catalog."""
+    STORED generated columns to fill (``engine/cdc/generated.py``), the source catalog and the memory
+    budget (``memory.py``)."""
 
     @property
     def persister(self) -> Ticks: ...
     @property
     def generated(self) -> GeneratedColumns: ...
+    @property
+    def memory(self) -> MemoryBudget: ...
 
 
 class ProvisionerHost(SourceState, Protocol):

@@ -25,6 +25,7 @@ import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
 from ..cdc.columnar import ChangeRun, ColumnarTransaction, columnar_transaction
+from ..cdc.spill import Spiller
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
@@ -86,6 +87,7 @@ class StreamLoop:
         self.lag = LagTracker()  # when the source's WAL passed each position (lag_seconds)
         self._pub_conn: psycopg.Connection[Any] | None = None  # the publication poll's connection (stream thread)
         self.pub_seen: dict[str, int] = {}  # table -> LSN at which it was last seen published
+        self.spilled_txns = 0  # transactions applied from a spill file (engine/cdc/spill.py) since the start
 
     @property
     def running(self) -> bool:
@@ -182,6 +184,11 @@ class StreamLoop:
         self.repl.start(self.reg.slot, [self.reg.publication], 0, streaming=True)
         assembler = TransactionAssembler()
         decoder = native_decoder(self.config.decoder, self.repl)
+        memory = self.svc.memory
+        if decoder is not None:  # open transactions past the budget's share spill to <state>/spill
+            decoder.spill = Spiller(self.config.state_dir / "spill")
+            decoder.spill_bytes = memory.spill_bytes()
+        memory.decoder = decoder if decoder is not None else assembler
         ctxns: list[ColumnarTransaction] = []
         log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
         self.stream_error = None
@@ -191,7 +198,11 @@ class StreamLoop:
         pub_every = float(self.config.publication_check_s)  # 0: off
         while not self._stop.is_set():
             msgs: list[tuple[int, memoryview]] = []
-            if decoder is not None:  # the compiled path (engine/service/native_batch.py)
+            ctxns = []
+            if memory.backpressure:  # over budget after flushing: read nothing until usage drops
+                self._stop.wait(0.05)
+                got = False
+            elif decoder is not None:  # the compiled path (engine/service/native_batch.py)
                 seen = self.repl.messages_read
                 ctxns = read_native_batch(self.repl, decoder, 0.05)
                 got = self.repl.messages_read != seen
@@ -205,6 +216,8 @@ class StreamLoop:
                 apply_native_batch(self, ctxns, decoder)
             elif msgs:
                 self.apply_batch(msgs, assembler)
+            with self.lock:  # the memory budget: committed buffers flush early, backpressure past it
+                memory.relieve(self.reg.tables.values(), on_error=self.svc.persister.maintenance_failed)
             idle = decoder.idle if decoder is not None else assembler.idle
             if idle and self.repl.server_wal_end > self.applied_lsn:
                 with self.lock:

@@ -39,6 +39,7 @@ from ..table.read_state import ReadState
 from ..timefmt import utc_now
 from .config import ServiceConfig
 from .errors import MooncakeError
+from .memory import MemoryBudget
 from .persist import PersistScheduler
 from .provision import TableProvisioner
 from .registry import NAMESPACE, TableRegistry, default_names
@@ -61,6 +62,8 @@ class ReplicatorService:
         self.storage_hints = storage.storage_hints(config)  # s3 endpoint etc. for union readers (no secrets)
         self.reg = TableRegistry(config, self.catalog, self.lock)
         self.source_catalog = SourceCatalog(self.dsn, visible_wait_s=config.catalog_wait_s)
+        # the memory budget (engine/service/memory.py): accounting, early flush, spill size, backpressure
+        self.memory = MemoryBudget(cast(int, config.memory_limit))
         self.stream = StreamLoop(self)
         # STORED generated columns that the source's pgoutput does not send (Postgres < 18), computed on
         # the source for each applied batch (engine/cdc/generated.py), in a session printing values as
@@ -287,7 +290,9 @@ class ReplicatorService:
         a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
         level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
         ``source_reachable`` and ``source_error``, ``verify_interval_s``, ``memory_pool`` (the Arrow pool's
-        backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now)."""
+        backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now),
+        ``memory`` (:meth:`.memory.MemoryBudget.status` plus ``spilled``: transactions applied from a
+        spill file since the start) and ``backpressure`` (the stream has stopped reading: over budget)."""
         src_lsn = self._source_lsn()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
@@ -345,4 +350,6 @@ class ReplicatorService:
                 "verify_interval_s": self.config.verify_interval_s,
                 "memory_pool": pa.default_memory_pool().backend_name,
                 "arrow_allocated_bytes": pa.total_allocated_bytes(),
+                "memory": {**self.memory.status(self.reg.tables.values()), "spilled": self.stream.spilled_txns},
+                "backpressure": self.memory.backpressure,
             }

@@ -1,0 +1,215 @@
+"""Open transactions on local disk: the compiled decoder's spill files (Arrow IPC, one file per xid).
+
+A transaction the compiled decoder (``_native.pyx``) holds grows with every change until its Commit
+(or, streamed with protocol version 2, its Stream Commit; PG docs "Logical Streaming Replication
+Protocol"). Past ``NativeDecoder.spill_bytes`` of buffer, its changes so far are cut into
+:class:`~.columnar.ChangeRun` runs (the boundaries of :mod:`.columnar`, at most ``MAX_RUN_ROWS`` rows
+each) and appended to ``<dir>/<xid>.arrow``, one Arrow IPC stream per run (Arrow columnar format,
+"IPC Streaming Format"), and the buffer starts again empty. The file holds per run a record batch:
+
+- ``lsn`` (uint64: WAL position of the change's XLogData), ``xid`` (uint32: the (sub)transaction
+  that made it, for a streamed transaction's subtransaction abort);
+- ``old_kind`` (uint8, updates and deletes), ``n<i>k``/``n<i>v`` (the new tuple's column ``i``:
+  kind byte uint8, value binary) and ``o<i>k``/``o<i>v`` (the old tuple's);
+
+the rest (kind, relation OID, the Relation in effect, TRUNCATE's options; a TRUNCATE run whole) stays
+in memory, a few objects per run. At commit :meth:`TransactionSpill.runs` reads the runs back one at
+a time — a run in memory at once, not the transaction — with the rows of aborted subtransactions
+(Stream Abort with ``subxid != xid``) left out. A top-level Stream Abort, a :meth:`Spiller.discard_all`
+(the decoder's ``reset()``: the stream reconnects and the slot resends) and a new :class:`Spiller`
+on the directory (a restart) delete spill files; an applied transaction's file is deleted by
+:meth:`TransactionSpill.delete`. Errors: ``OSError`` from the file system (a full disk) propagates
+from :meth:`Spiller.write` through the decoder's ``feed`` (the stream reconnects).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .columnar import CellColumn, ChangeRun, slice_run
+
+__all__ = ["Spiller", "TransactionSpill"]
+
+log = logging.getLogger("mooncake.cdc")
+
+
+@dataclass
+class _Segment:
+    """One spilled run: where its record batch is (``offset``/``length`` bytes in the file; -1 for a
+    run kept in memory, ``run``) and what the file does not hold."""
+
+    offset: int
+    length: int
+    kind: str
+    relation_oid: int
+    relation: Any
+    ncols_new: int
+    ncols_old: int
+    rows: int
+    run: ChangeRun | None = None
+    xid: int = 0  # (a TRUNCATE kept in memory: the subtransaction that made it)
+
+
+def _batch(run: ChangeRun, xids: np.ndarray) -> pa.RecordBatch:
+    cols: dict[str, pa.Array] = {"lsn": pa.array(run.lsns, pa.uint64()), "xid": pa.array(xids, pa.uint32())}
+    if run.old_kinds is not None:
+        cols["old_kind"] = pa.array(run.old_kinds, pa.uint8())
+    for tag, cells in (("n", run.new), ("o", run.old)):
+        for i, c in enumerate(cells or ()):
+            cols[f"{tag}{i}k"] = pa.array(c.kinds, pa.uint8())
+            cols[f"{tag}{i}v"] = c.values
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def _run_of(seg: _Segment, rb: pa.RecordBatch) -> ChangeRun:
+    def u8(name: str) -> np.ndarray:
+        return rb.column(name).to_numpy(zero_copy_only=False)
+
+    def cells(tag: str, n: int) -> tuple[CellColumn, ...] | None:
+        if not n:
+            return None
+        return tuple(CellColumn(u8(f"{tag}{i}k"), rb.column(f"{tag}{i}v")) for i in range(n))
+
+    return ChangeRun(
+        seg.kind,  # type: ignore[arg-type]
+        seg.relation_oid,
+        seg.relation,
+        rb.num_rows,
+        rb.column("lsn").to_numpy(zero_copy_only=False),
+        cells("n", seg.ncols_new),
+        cells("o", seg.ncols_old),
+        u8("old_kind") if "old_kind" in rb.schema.names else None,
+    )
+
+
+class TransactionSpill:
+    """The spill file of one transaction (module docstring). ``rows``: changes spilled; ``oids``: the
+    relations they touch; ``aborted``: subtransactions whose rows are left out."""
+
+    def __init__(self, path: Path, xid: int) -> None:
+        self.path = path
+        self.xid = xid
+        self.rows = 0
+        self.bytes = 0
+        self.oids: set[int] = set()
+        self.aborted: set[int] = set()
+        self._segs: list[_Segment] = []
+        self._f: Any = open(path, "wb")
+
+    def write(self, runs: list[ChangeRun], xids: np.ndarray) -> None:
+        """Append ``runs`` (in order; ``xids``: the (sub)xid of each of their rows, concatenated)."""
+        assert self._f is not None, "spill file closed"
+        at = 0
+        for run in runs:
+            x = xids[at : at + run.rows]
+            at += run.rows
+            self.rows += run.rows
+            self.oids.update(run.truncate_oids if run.kind == "truncate" else (run.relation_oid,))
+            if run.kind == "truncate":
+                self._segs.append(_Segment(-1, 0, run.kind, run.relation_oid, None, 0, 0, 1, run, int(x[0])))
+                continue
+            rb = _batch(run, x)
+            off = self._f.tell()
+            with pa.ipc.new_stream(self._f, rb.schema) as w:
+                w.write_batch(rb)
+            n = self._f.tell() - off
+            self.bytes += n
+            seg = _Segment(off, n, run.kind, run.relation_oid, run.relation, len(run.new or ()), len(run.old or ()), run.rows)
+            self._segs.append(seg)
+        self._f.flush()
+
+    def close(self) -> None:
+        """Stop writing (the transaction committed)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def runs(self) -> Iterator[ChangeRun]:
+        """The spilled runs in order, one in memory at a time, aborted subtransactions' rows left out."""
+        self.close()
+        aborted = np.array(sorted(self.aborted), dtype=np.uint32)
+        with open(self.path, "rb") as f:
+            for seg in self._segs:
+                if seg.run is not None:
+                    if seg.xid not in self.aborted:
+                        yield seg.run
+                    continue
+                f.seek(seg.offset)
+                data = f.read(seg.length)
+                rb = pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+                del data
+                run = _run_of(seg, rb)
+                if not len(aborted):
+                    yield run
+                    continue
+                keep = ~np.isin(rb.column("xid").to_numpy(zero_copy_only=False), aborted)
+                edges = np.flatnonzero(np.diff(np.concatenate(([False], keep, [False])).astype(np.int8)))
+                for a, b in zip(edges[::2], edges[1::2]):
+                    yield slice_run(run, int(a), int(b))
+
+    def delete(self) -> None:
+        """Remove the file (applied, or the transaction aborted)."""
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Spiller:
+    """The spill files of one stream, under ``dir`` (created; spill files left by an earlier process
+    are deleted: the slot resends those transactions). ``spilled``: transactions spilled so far."""
+
+    def __init__(self, dir: Path) -> None:
+        self.dir = Path(dir)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for p in self.dir.glob("*.arrow"):
+            p.unlink(missing_ok=True)
+        self.open: dict[int, TransactionSpill] = {}
+        self.spilled = 0
+
+    def write(self, xid: int, runs: list[ChangeRun], xids: np.ndarray) -> None:
+        """Append ``runs`` of the open transaction ``xid`` to its file (``OSError``: disk full…)."""
+        sp = self.open.get(xid)
+        if sp is None:
+            sp = self.open[xid] = TransactionSpill(self.dir / f"{xid}.arrow", xid)
+            self.spilled += 1
+            log.info("transaction %d spills to %s", xid, sp.path)
+        sp.write(runs, xids)
+
+    def take(self, xid: int) -> TransactionSpill | None:
+        """The spill of ``xid``, which committed (None: nothing spilled); the caller deletes it once applied."""
+        sp = self.open.pop(xid, None)
+        if sp is not None:
+            sp.close()
+        return sp
+
+    def abort_sub(self, xid: int, subxid: int) -> None:
+        """Subtransaction ``subxid`` of ``xid`` aborted: its spilled rows are left out."""
+        sp = self.open.get(xid)
+        if sp is not None:
+            sp.aborted.add(subxid)
+
+    def discard(self, xid: int) -> None:
+        """``xid`` aborted (or restarts from its first segment): its spill file goes."""
+        sp = self.open.pop(xid, None)
+        if sp is not None:
+            sp.delete()
+
+    def discard_all(self) -> None:
+        """Every open transaction's spill file goes (the decoder forgets them)."""
+        for xid in list(self.open):
+            self.discard(xid)
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes in the open transactions' spill files."""
+        return sum(sp.bytes for sp in self.open.values())

@@ -1,0 +1,155 @@
+"""Open transactions spilled to disk by the compiled decoder (engine/cdc/spill.py), and the memory
+budget's sizes (engine/service/memory.py). In-process: generated pgoutput streams, no Postgres."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mooncake_assets.engine.cdc.columnar import changes_from_run
+from mooncake_assets.engine.cdc.native import NativeDecoder
+from mooncake_assets.engine.cdc.spill import Spiller
+from mooncake_assets.engine.service.memory import (
+    MIN_MEMORY_LIMIT,
+    check_memory_limit,
+    default_memory_limit,
+    parse_size,
+)
+
+from .test_native_decoder import (
+    m_begin,
+    m_commit,
+    m_insert,
+    m_relation,
+    m_stream_abort,
+    m_stream_commit,
+    m_stream_start,
+    m_stream_stop,
+    run_native,
+    streams,
+)
+
+_counter = itertools.count()
+
+
+def _decode(msgs, spill_dir: Path | None, spill_bytes: int):
+    dec = NativeDecoder()
+    if spill_dir is not None:
+        dec.spill = Spiller(spill_dir)
+        dec.spill_bytes = spill_bytes
+    out, err = [], None
+    for i, (lsn, payload) in enumerate(msgs):
+        try:
+            out += dec.feed(payload, lsn)
+        except Exception as e:  # noqa: BLE001 (the same error as without spilling, checked below)
+            err = (i, type(e), str(e))
+            break
+    return dec, out, err
+
+
+def _changes(txn) -> list:
+    runs = [*(txn.spilled.runs() if txn.spilled is not None else ()), *txn.runs]
+    return [ch for r in runs for ch in changes_from_run(r)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(msgs=streams(), spill_bytes=st.sampled_from([0, 1, 100, 2000]))
+def test_spilled_transactions_equal_in_memory_ones(msgs, spill_bytes, tmp_path):
+    """Whatever spills (a threshold of 0 spills after every change), each transaction's changes, read
+    back from its spill file then memory, are those of the decoder that keeps everything in memory —
+    streamed transactions with subtransaction aborts included; nothing is left on disk once applied."""
+    d = tmp_path / f"spill{next(_counter)}"
+    _, plain, plain_err = run_native(msgs)
+    dec, spilled, err = _decode(msgs, d, spill_bytes)
+    assert (err is None) == (plain_err is None)
+    assert len(plain) == len(spilled)
+    for a, b in zip(plain, spilled):
+        assert (a.xid, a.commit_lsn, a.end_lsn, a.streamed) == (b.xid, b.commit_lsn, b.end_lsn, b.streamed)
+        assert _changes(a) == _changes(b)
+        if b.spilled is not None:
+            b.spilled.delete()
+    open_xids = set(dec.open_streams) | ({None} if dec.in_transaction else set())
+    if not open_xids:
+        assert list(d.glob("*.arrow")) == []
+    dec.reset()
+    assert list(d.glob("*.arrow")) == []
+
+
+REL = m_relation(None, 1, "public", "t", "d", [(1, "id", 23, -1), (0, "v", 25, -1)])
+
+
+def test_top_level_abort_deletes_the_spill_file(tmp_path):
+    """A streamed transaction that spilled and then aborted (Stream Abort, subxid == xid) leaves no file."""
+    msgs = [(1, REL), (2, m_stream_start(77, True))]
+    msgs += [(3 + i, m_insert(77, 1, [("t", str(i).encode()), ("t", b"x" * 50)])) for i in range(200)]
+    msgs += [(300, m_stream_stop()), (301, m_stream_abort(77, 77))]
+    dec, out, err = _decode(msgs[:-1], tmp_path, 1000)
+    assert err is None and out == []
+    assert [p.name for p in tmp_path.glob("*.arrow")] == ["77.arrow"]
+    dec.feed(msgs[-1][1], msgs[-1][0])
+    assert list(tmp_path.glob("*.arrow")) == []
+
+
+def test_subtransaction_abort_drops_its_spilled_rows(tmp_path):
+    """Rows of an aborted subtransaction are left out of the spilled part too."""
+    msgs = [(1, REL), (2, m_stream_start(50, True))]
+    lsn = 3
+    for i in range(300):
+        msgs.append((lsn, m_insert(51 if i % 3 == 0 else 50, 1, [("t", str(i).encode()), ("t", b"y" * 40)])))
+        lsn += 1
+    msgs += [(lsn, m_stream_stop()), (lsn + 1, m_stream_abort(50, 51)), (lsn + 2, m_stream_commit(50, 1000, 1001, 0))]
+    dec, out, err = _decode(msgs, tmp_path, 2000)
+    assert err is None and len(out) == 1 and out[0].spilled is not None
+    ids = [int(bytes(ch.new.data[0])) for ch in _changes(out[0])]
+    assert ids == [i for i in range(300) if i % 3 != 0]
+
+
+def test_plain_transaction_spills_and_reads_back_in_chunks(tmp_path):
+    """A plain (not streamed) transaction spills too; it reads back as runs in order."""
+    msgs = [(1, REL), (2, m_begin(900, 0, 9))]
+    msgs += [(3 + i, m_insert(None, 1, [("t", str(i).encode()), ("t", b"z" * 30)])) for i in range(5000)]
+    msgs.append((6000, m_commit(6000, 6001, 0)))
+    dec, out, err = _decode(msgs, tmp_path, 20_000)
+    assert err is None and len(out) == 1
+    t = out[0]
+    assert t.spilled is not None and t.spilled.rows + t.rows == 5000
+    assert len(list(t.spilled.runs())) > 1
+    assert [int(bytes(ch.new.data[0])) for ch in _changes(t)] == list(range(5000))
+    t.spilled.delete()
+    assert list(tmp_path.glob("*.arrow")) == []
+
+
+def test_a_new_spiller_removes_files_left_behind(tmp_path):
+    (tmp_path / "12.arrow").write_bytes(b"left by a killed process")
+    Spiller(tmp_path)
+    assert list(tmp_path.glob("*.arrow")) == []
+
+
+@pytest.mark.parametrize(
+    "text,n",
+    [("512MiB", 512 << 20), ("2GiB", 2 << 30), ("2G", 2 << 30), ("1500MB", 1_500_000_000), ("1048576", 1 << 20),
+     ("1.5GiB", 3 << 29), (" 64 mib ", 64 << 20)],
+)
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "lots", "5 parsecs", "-1GiB", "1e9"])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_minimum_and_default(tmp_path):
+    with pytest.raises(ValueError, match="working minimum of 128.0 MiB"):
+        check_memory_limit(MIN_MEMORY_LIMIT - 1)
+    assert check_memory_limit(MIN_MEMORY_LIMIT) == MIN_MEMORY_LIMIT
+    mi = tmp_path / "meminfo"
+    mi.write_text("MemTotal:       25165824 kB\nMemFree: 1 kB\n")
+    assert default_memory_limit(str(mi)) == 6 << 30
+    assert default_memory_limit(str(tmp_path / "none")) == 1 << 30

@@ -1,0 +1,136 @@
+"""The service's memory budget against a real Postgres and the real service process: a single-transaction
+UPDATE of a large table spills to disk and is applied in chunks (peak RSS bounded relative to the
+budget), a top-level abort of a large streamed transaction leaves no spill file, and the mirror equals
+Postgres afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from mooncake_assets.engine.service.process import service_pid
+from mooncake_assets.verify import verify
+
+from ..helpers import make_settings, mooncake, running_service, wait_until
+
+MiB = 1 << 20
+
+
+def _proc_kb(pid: int, field: str) -> int:
+    """``field`` (``VmHWM``, ``VmRSS``) of ``/proc/<pid>/status`` in bytes (proc(5))."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def _reset_hwm(pid: int) -> None:
+    """Reset the peak RSS (VmHWM) to the current RSS (``clear_refs`` value 5, proc(5))."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _matches(settings, client, name: str) -> None:
+    results, lsn = verify(settings, [name], "union", client)
+    bad = [r.line() for r in results if not r.match]
+    assert not bad, f"at LSN {lsn}: {bad}"
+
+
+def _big_table(dsn: str, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE big (id bigint PRIMARY KEY, n int NOT NULL, v text NOT NULL)")
+        c.execute(
+            "INSERT INTO big SELECT g, g % 1000, md5(g::text) || lpad(g::text, 8, '0') FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        # the walsender streams a transaction past 1 MB of decoded changes (protocol v2, Stream Start…)
+        c.execute(f"ALTER DATABASE {c.info.dbname} SET logical_decoding_work_mem = '1MB'")
+
+
+def _update_all(settings, dsn: str, rows: int, limit: int) -> dict:
+    """Mirror ``big`` (``rows`` rows), UPDATE every row in one transaction, wait until the mirror equals
+    Postgres; returns the status' memory block plus ``hwm``/``base`` (peak RSS during the UPDATE's
+    apply, RSS before it; bytes) and ``spill_files``."""
+    _big_table(dsn, rows)
+    with running_service(settings) as client:
+        client.call("create_table", dst="big", src="public.big")
+        client.call("persist", table="big")  # the copied rows durable: what the UPDATE's deletes hit
+        pid = service_pid(settings)
+        assert pid
+        _reset_hwm(pid)
+        base = _proc_kb(pid, "VmRSS")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("UPDATE big SET n = n + 1")
+        _matches(settings, client, "big")
+        hwm = _proc_kb(pid, "VmHWM")
+        mem = client.status()["memory"]
+        spill_files = list((settings.state_dir / "spill").glob("*.arrow"))
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT count(*), sum(n) FROM big").fetchone() == (rows, sum(g % 1000 + 1 for g in range(1, rows + 1)))
+    return {**mem, "hwm": hwm, "base": base, "spill_files": spill_files}
+
+
+def test_large_update_spills_and_stays_in_budget(pg_dsn, state_dir):
+    """300k rows updated in one transaction under a 128 MiB budget: the transaction spills, is applied
+    from its file, nothing is left in the spill directory, the mirror equals Postgres, and the RSS the
+    apply adds stays within the budget."""
+    limit = 128 * MiB
+    s = make_settings(state_dir, pg_dsn, memory_limit=limit, maintenance="auto")
+    m = _update_all(s, pg_dsn, 300_000, limit)
+    print(f"memory: base RSS {m['base'] / MiB:.0f} MiB, peak {m['hwm'] / MiB:.0f} MiB, status {m}")
+    assert m["limit_bytes"] == limit
+    assert m["spilled"] >= 1
+    assert m["spill_files"] == []
+    assert m["hwm"] - m["base"] <= limit
+
+
+@pytest.mark.slow
+def test_three_million_row_update_under_512mib(pg_dsn, state_dir):
+    """The target: 3M rows updated in one transaction under ``--memory-limit 512MiB``; peak RSS at most
+    1.5x the budget."""
+    limit = 512 * MiB
+    s = make_settings(state_dir, pg_dsn, memory_limit=limit, maintenance="auto")
+    m = _update_all(s, pg_dsn, 3_000_000, limit)
+    print(f"memory: base RSS {m['base'] / MiB:.0f} MiB, peak {m['hwm'] / MiB:.0f} MiB, status {m}")
+    assert m["spilled"] >= 1 and m["spill_files"] == []
+    assert m["hwm"] <= 1.5 * limit
+
+
+def test_aborted_large_transaction_leaves_no_spill(pg_dsn, state_dir):
+    """A large UPDATE streamed by Postgres while open, spilled by the service, then rolled back: the
+    spill file goes with the Stream Abort and the mirror still equals Postgres."""
+    s = make_settings(state_dir, pg_dsn, memory_limit=128 * MiB, maintenance="auto")
+    _big_table(pg_dsn, 200_000)
+    spill = state_dir / "spill"
+    with running_service(s) as client:
+        client.call("create_table", dst="big", src="public.big")
+        with psycopg.connect(pg_dsn) as c:
+            c.execute("UPDATE big SET n = n + 1, v = v || 'x'")
+            c.execute("UPDATE big SET n = n + 1")
+            wait_until(lambda: list(spill.glob("*.arrow")), timeout=120, what="a spill file of the open transaction")
+            c.rollback()
+        wait_until(lambda: not list(spill.glob("*.arrow")), timeout=120, what="the spill file to go")
+        _matches(s, client, "big")
+        assert client.status()["memory"]["spilled"] == 0
+
+
+def test_memory_limit_on_the_command_line(pg_dsn, state_dir):
+    """``start --memory-limit`` is kept in settings.json and shown by ``status``; below the minimum it
+    is refused in one line naming the minimum."""
+    s = make_settings(state_dir, pg_dsn)
+    r = mooncake(s, "start", "--memory-limit", "64MiB")
+    assert r.returncode != 0
+    msg = r.stderr.strip()
+    assert len(msg.splitlines()) == 1 and "minimum of 128.0 MiB" in msg, msg
+    r = mooncake(s, "start", "--memory-limit", "lots")
+    assert r.returncode != 0 and "not a size" in r.stderr
+    try:
+        mooncake(s, "start", "--memory-limit", "768MiB", check=True)
+        import json
+
+        assert json.loads((state_dir / "settings.json").read_text())["memory_limit"] == 768 * MiB
+        out = mooncake(s, "status", check=True).stdout
+        assert "memory: limit 768.0 MiB" in out and "backpressure: false" in out, out
+    finally:
+        mooncake(s, "stop")
