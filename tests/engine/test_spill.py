@@ -153,3 +153,42 @@ def test_minimum_and_default(tmp_path):
     mi.write_text("MemTotal:       25165824 kB\nMemFree: 1 kB\n")
     assert default_memory_limit(str(mi)) == 6 << 30
     assert default_memory_limit(str(tmp_path / "none")) == 1 << 30
+
+
+class _Mem:
+    def __init__(self, rows: int, nbytes: int):
+        self.num_rows, self.nbytes = rows, nbytes
+
+
+class _File:
+    def __init__(self, pending: int):
+        self.pending = dict.fromkeys(range(pending), 1)
+
+
+class _Table:
+    """A test double with what MemoryBudget reads of a MirrorTable (``mem``, ``files``, ``error``)."""
+
+    def __init__(self, name: str, rows: int, nbytes: int, pending: int = 0):
+        self.name, self.error = name, None
+        self.mem = _Mem(rows, nbytes)
+        self.files = {"f": _File(pending)}
+        self.flushed = 0
+
+    def flush(self):
+        self.flushed += 1
+        self.mem = _Mem(0, 0)
+
+
+def test_relieve_flushes_largest_first_then_backpressure():
+    from mooncake_assets.engine.service.memory import MemoryBudget
+
+    b = MemoryBudget(128 << 20)
+    small, big = _Table("small", 1000, 10 << 20), _Table("big", 100_000, 60 << 20)
+    assert b.relieve([small, big]) is False
+    assert (big.flushed, small.flushed) == (1, 0)  # 81 MiB > 64 MiB: the big one goes, then it is under
+    assert b.early_flushes == 1
+    # pending deletes only a persist frees: over the budget after flushing -> backpressure
+    stuck = _Table("stuck", 10, 1000, pending=1_500_000)
+    assert b.relieve([stuck]) is True and b.backpressure
+    assert stuck.flushed == 0  # (its MemSlice is too small to be worth a file)
+    assert b.status([stuck])["backpressure"] is True

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mooncake_assets.engine.service.process import service_pid
+from mooncake_assets.engine.service.process import kill_service, service_pid, start_service
 from mooncake_assets.verify import verify
 
 from ..helpers import make_settings, mooncake, running_service, wait_until
@@ -134,3 +134,22 @@ def test_memory_limit_on_the_command_line(pg_dsn, state_dir):
         assert "memory: limit 768.0 MiB" in out and "backpressure: false" in out, out
     finally:
         mooncake(s, "stop")
+
+
+def test_sigkill_while_spilled_converges(pg_dsn, state_dir):
+    """SIGKILL the service while a committed large transaction is spilled (being decoded or applied
+    from its file), start it again: the leftover spill file is removed, the slot resends the
+    transaction, and the mirror equals Postgres."""
+    s = make_settings(state_dir, pg_dsn, memory_limit=128 * MiB, maintenance="auto")
+    _big_table(pg_dsn, 300_000)
+    spill = state_dir / "spill"
+    with running_service(s) as client:
+        client.call("create_table", dst="big", src="public.big")
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("UPDATE big SET n = n + 7")
+        wait_until(lambda: list(spill.glob("*.arrow")), timeout=120, what="a spill file", step=0.02)
+        kill_service(s)
+        start_service(s)
+        client.close()
+        _matches(s, client, "big")
+        assert not list(spill.glob("*.arrow"))

@@ -10,7 +10,8 @@ One number bounds what the service holds for replication, ``ServiceConfig.memory
   change stream, not the process's RSS (the interpreter, libraries and caches come on top).
 - **Early flush** (:meth:`MemoryBudget.relieve`): past :data:`FLUSH_SHARE` of the budget, committed
   buffers are flushed to local staging (``MirrorTable.flush``; no Iceberg commit), largest first, until
-  usage is back under it. Called between read batches and between the chunks of a spilled transaction.
+  usage is back under it (a MemSlice below 1/:data:`MIN_FLUSH_FRACTION` of the budget is left alone:
+  pending deletes, which only a persist frees, must not cause a flush per batch). Called between read batches and between the chunks of a spilled transaction.
 - **Spill** (``engine/cdc/spill.py``): an open transaction of the compiled decoder whose buffer passes
   :meth:`MemoryBudget.spill_bytes` goes to disk; it is applied from there at commit, chunk by chunk.
 - **Backpressure** (:attr:`MemoryBudget.backpressure`): still over the budget after flushing (a table
@@ -51,6 +52,8 @@ DEFAULT_SHARE = 0.25
 FLUSH_SHARE = 0.5
 #: an open transaction spills past this share of the budget
 SPILL_SHARE = 0.125
+#: an early flush takes a MemSlice of at least 1/this of the budget
+MIN_FLUSH_FRACTION = 32
 #: estimated bytes per MemIndex entry (key hash → location, Python dict and lists)
 INDEX_ENTRY_BYTES = 120
 #: estimated bytes per pending position delete (``DiskFile.pending``: a dict entry int → int)
@@ -142,6 +145,11 @@ class MemoryBudget:
         return max(16 << 20, int(self.limit * SPILL_SHARE))
 
     @staticmethod
+    def buffer_bytes(t: Any) -> int:
+        """Estimated bytes of ``t``'s MemSlice with its MemIndex (what a flush frees)."""
+        return int(t.mem.nbytes + t.mem.num_rows * INDEX_ENTRY_BYTES)
+
+    @staticmethod
     def table_bytes(t: Any) -> int:
         """Estimated bytes ``t`` holds in memory for changes not yet flushed (module docstring)."""
         pending = sum(len(f.pending) for f in t.files.values())
@@ -166,18 +174,17 @@ class MemoryBudget:
     def relieve(self, tables: Iterable[Any], on_error: Callable[[Any, Exception], None] | None = None) -> bool:
         """Flush committed buffers, largest first, while usage is past :data:`FLUSH_SHARE` of the budget
         (the caller holds the service lock; a table stopped by an error is not flushed). Sets and
-        returns :attr:`backpressure`: usage still over the whole budget. A failing flush goes to
+        returns :attr:`backpressure`: usage without the open transactions still over the whole budget. A failing flush goes to
         ``on_error(table, error)`` (the caller stops the table); without one it propagates."""
         tables = [t for t in tables if not t.error]
         goal = int(self.limit * FLUSH_SHARE)
         total = self.usage(tables)["total"]
         if total > goal:
-            for t in sorted(tables, key=self.table_bytes, reverse=True):
-                if total <= goal:
+            least = self.limit // MIN_FLUSH_FRACTION  # (no tiny files while pending deletes fill the budget)
+            for t in sorted(tables, key=self.buffer_bytes, reverse=True):
+                if total <= goal or self.buffer_bytes(t) < least:
                     break
                 before = self.table_bytes(t)
-                if t.mem.num_rows == 0:
-                    continue
                 try:
                     t.flush()
                 except Exception as e:
@@ -188,7 +195,9 @@ class MemoryBudget:
                 self.early_flushes += 1
                 total -= before - self.table_bytes(t)
                 log.info("table %s: flushed early (memory budget %s)", t.name, format_size(self.limit))
-        self.backpressure = total > self.limit
+        # the open transactions are left out: reading on is what completes them (and the compiled
+        # decoder's are bounded by its spill size); stopping helps only while persists catch up
+        self.backpressure = total - self.decoder_bytes() > self.limit
         return self.backpressure
 
     def status(self, tables: Iterable[Any]) -> dict[str, Any]:

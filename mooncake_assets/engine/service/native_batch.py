@@ -29,6 +29,10 @@ results as the reference path (``read()`` + ``TransactionAssembler`` + ``StreamL
   of the run (the table's applied LSN then stays below every commit of the run: a restart replays
   them all). As in the row-wise path, rows applied before the failure stay applied in memory.
 
+- A transaction the decoder **spilled** to disk (``ColumnarTransaction.spilled``,
+  ``engine/cdc/spill.py``) is applied on its own (:func:`apply_spilled`): its runs read back one at a
+  time, the memory budget flushing committed buffers between them, the applied LSNs moved at its end.
+
 A malformed message stops the stream as on the reference path: the decoder raises (``ValueError``
 naming the XLogData LSN, or ``ProtocolError``) before anything of the batch is applied, the stream
 reconnects and the slot resends from the confirmed LSN.
@@ -73,6 +77,8 @@ class StreamLoop(Protocol):
     spilled_txns: int
 
     def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
+
+    def send_status(self, reply: bool = False) -> None: ...
 
     def stop_generated(self, failed: dict[int, Exception], first: dict[int, int]) -> None: ...
 
@@ -144,10 +150,7 @@ def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decode
         gen = _generated_oids(loop) if mode != "change" else set()
         plan: list[Transaction | ColumnarTransaction | list[ColumnarTransaction]] = []
         for txn in txns:
-            oids = {r.relation_oid for r in txn.runs if r.kind != "truncate"}
-            if txn.spilled is not None:
-                oids |= txn.spilled.oids
-            if mode == "change" or (gen and oids & gen):
+            if mode == "change" or (gen and _touches(txn, gen)):
                 if txn.spilled is not None:  # (read back whole: the reference path has no chunks)
                     txn = replace(txn, runs=[*txn.spilled.runs(), *txn.runs], spilled=None)
                 plan.append(reference_transaction(txn))
@@ -175,6 +178,13 @@ def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decode
     return len(txns)
 
 
+def _touches(txn: ColumnarTransaction, oids: set[int]) -> bool:
+    """Does ``txn`` (its spilled part included) change a row of a relation in ``oids``?"""
+    if txn.spilled is not None and txn.spilled.oids & oids:
+        return True
+    return any(r.kind != "truncate" and r.relation_oid in oids for r in txn.runs)
+
+
 def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDecoder) -> None:
     """A transaction the decoder spilled to disk (``engine/cdc/spill.py``), applied run by run from
     its file, then its in-memory tail (the caller holds the lock): one run (at most ``MAX_RUN_ROWS``
@@ -185,11 +195,15 @@ def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
     assert txn.spilled is not None
     touched: dict[MirrorTable, int] = {}
     budget = loop.svc.memory
+    last = time.monotonic()
     for run in chain(txn.spilled.runs(), txn.runs):
         one = ColumnarTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, [run], txn.streamed)
         _apply_runs(loop, [one], decoder, touched)
         del one, run
         budget.relieve(loop.reg.tables.values(), on_error=lambda t, e: loop.stop_table(t, e, txn.commit_lsn))
+        if time.monotonic() - last > 5.0:  # a long apply: the walsender hears from us (wal_sender_timeout)
+            loop.send_status()
+            last = time.monotonic()
     _finish(loop, touched, txn.end_lsn)
     loop.spilled_txns += 1
 
