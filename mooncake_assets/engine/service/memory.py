@@ -50,8 +50,9 @@ MIN_MEMORY_LIMIT = 128 << 20
 DEFAULT_SHARE = 0.25
 #: early flush starts past this share of the budget
 FLUSH_SHARE = 0.5
-#: an open transaction spills past this share of the budget
-SPILL_SHARE = 0.125
+#: an open transaction spills past this share of the budget (its buffer, then a copy as runs while it is
+#: written, and the arrays' growth room come on top: about 3x this at the peak)
+SPILL_SHARE = 0.0625
 #: an early flush takes a MemSlice of at least 1/this of the budget
 MIN_FLUSH_FRACTION = 32
 #: estimated bytes per MemIndex entry (key hash → location, Python dict and lists)
