@@ -45,7 +45,7 @@ def _decode(msgs, spill_dir: Path | None, spill_bytes: int):
     for i, (lsn, payload) in enumerate(msgs):
         try:
             out += dec.feed(payload, lsn)
-        except Exception as e:  # noqa: BLE001 (the same error as without spilling, checked below)
+        except Exception as e:  # (the same error as without spilling: checked by the caller)
             err = (i, type(e), str(e))
             break
     return dec, out, err
@@ -56,8 +56,11 @@ def _changes(txn) -> list:
     return [ch for r in runs for ch in changes_from_run(r)]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 @given(msgs=streams(), spill_bytes=st.sampled_from([0, 1, 100, 2000]))
 def test_spilled_transactions_equal_in_memory_ones(msgs, spill_bytes, tmp_path):
     """Whatever spills (a threshold of 0 spills after every change), each transaction's changes, read
@@ -132,8 +135,15 @@ def test_a_new_spiller_removes_files_left_behind(tmp_path):
 
 @pytest.mark.parametrize(
     "text,n",
-    [("512MiB", 512 << 20), ("2GiB", 2 << 30), ("2G", 2 << 30), ("1500MB", 1_500_000_000), ("1048576", 1 << 20),
-     ("1.5GiB", 3 << 29), (" 64 mib ", 64 << 20)],
+    [
+        ("512MiB", 512 << 20),
+        ("2GiB", 2 << 30),
+        ("2G", 2 << 30),
+        ("1500MB", 1_500_000_000),
+        ("1048576", 1 << 20),
+        ("1.5GiB", 3 << 29),
+        (" 64 mib ", 64 << 20),
+    ],
 )
 def test_parse_size(text, n):
     assert parse_size(text) == n

@@ -69,7 +69,10 @@ def _update_all(settings, dsn: str, rows: int, limit: int) -> dict:
         mem = client.status()["memory"]
         spill_files = list((settings.state_dir / "spill").glob("*.arrow"))
         with psycopg.connect(dsn) as c:
-            assert c.execute("SELECT count(*), sum(n) FROM big").fetchone() == (rows, sum(g % 1000 + 1 for g in range(1, rows + 1)))
+            assert c.execute("SELECT count(*), sum(n) FROM big").fetchone() == (
+                rows,
+                sum(g % 1000 + 1 for g in range(1, rows + 1)),
+            )
     return {**mem, "hwm": hwm, "base": base, "spill_files": spill_files}
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,9 +36,6 @@ import pyarrow as pa
 
 from .pgoutput import Relation, TupleData
 from .txn import Change, Transaction
-
-if TYPE_CHECKING:
-    from .spill import TransactionSpill
 
 __all__ = [
     "MAX_RUN_BYTES",
@@ -167,7 +164,7 @@ class ColumnarTransaction:
     runs: list[ChangeRun] = field(default_factory=list)
     streamed: bool = False
     origin: str | None = None
-    spilled: TransactionSpill | None = None
+    spilled: Any = None  # a .spill.TransactionSpill (not imported: spill builds on this module)
 
     @property
     def rows(self) -> int:

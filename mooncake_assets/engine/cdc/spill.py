@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -71,7 +71,7 @@ def _batch(run: ChangeRun, xids: np.ndarray) -> pa.RecordBatch:
 
 def _run_of(seg: _Segment, rb: pa.RecordBatch) -> ChangeRun:
     def u8(name: str) -> np.ndarray:
-        return rb.column(name).to_numpy(zero_copy_only=False)
+        return cast(np.ndarray, rb.column(name).to_numpy(zero_copy_only=False))
 
     def cells(tag: str, n: int) -> tuple[CellColumn, ...] | None:
         if not n:
@@ -122,7 +122,9 @@ class TransactionSpill:
                 w.write_batch(rb)
             n = self._f.tell() - off
             self.bytes += n
-            seg = _Segment(off, n, run.kind, run.relation_oid, run.relation, len(run.new or ()), len(run.old or ()), run.rows)
+            seg = _Segment(
+                off, n, run.kind, run.relation_oid, run.relation, len(run.new or ()), len(run.old or ()), run.rows
+            )
             self._segs.append(seg)
         self._f.flush()
 
