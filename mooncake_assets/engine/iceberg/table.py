@@ -46,7 +46,14 @@ from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotsUpdate
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+    SetSnapshotRefUpdate,
+)
 from pyroaring import BitMap64
 
 import mooncake_assets.engine.iceberg.compat as compat
@@ -422,10 +429,19 @@ class IcebergMirrorTable:
 
     # ----------------------------------------------------------------- maintenance
 
-    def expire_snapshots(self, older_than_ms: int, retain_last: int = 1, *, delete_files: bool = False) -> list[str]:
+    def expire_snapshots(
+        self,
+        older_than_ms: int,
+        retain_last: int = 1,
+        *,
+        delete_files: bool = False,
+        keep_cuts: int | None = None,
+    ) -> list[str]:
         """Remove snapshots older than ``older_than_ms`` (epoch milliseconds) from the table metadata in one
         commit, keeping the newest ``retain_last`` (>= 1) snapshots of ``main`` and every snapshot a branch
-        or tag points to (spec "Snapshot Retention Policy").
+        or tag points to (spec "Snapshot Retention Policy"). The same commit first removes the cut tags
+        beyond the newest ``keep_cuts`` (None: all kept) and every ref past its ``max-ref-age-ms``
+        (``cuts.cuts_to_drop``); their snapshots then expire like any other.
 
         Returns the locations (sorted) of files that only expired snapshots referenced: manifest lists,
         manifests, data and delete files, index Puffin files. They are deleted here only if
@@ -438,8 +454,8 @@ class IcebergMirrorTable:
         for attempt in range(1, self.commit_attempts + 1):
             self.refresh()
             table = self._table
-            plan = plan_expiry(self._reader, table, older_than_ms, retain_last)
-            if not plan.expired:
+            plan = plan_expiry(self._reader, table, older_than_ms, retain_last, keep_cuts)
+            if not plan.expired and not plan.refs:
                 return []
             base = table.metadata.current_snapshot()
             try:
@@ -452,7 +468,8 @@ class IcebergMirrorTable:
                         # mypy plugin its types know only the aliases (snapshot-id)
                         AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),  # type: ignore[call-arg]
                     ),
-                    (RemoveSnapshotsUpdate(snapshot_ids=plan.expired),),  # type: ignore[call-arg]  # as above (snapshot-ids)
+                    tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in plan.refs)  # type: ignore[call-arg]
+                    + ((RemoveSnapshotsUpdate(snapshot_ids=plan.expired),) if plan.expired else ()),  # type: ignore[call-arg]
                     before_swap=self.before_swap,
                 )
             except SwapConflict as e:
@@ -465,6 +482,49 @@ class IcebergMirrorTable:
             return plan.orphans
         raise CommitConflict(
             f"{self.identifier}: expire_snapshots lost the race {self.commit_attempts} times ({last_conflict})",
+            retryable=True,
+        )
+
+    def tag(self, name: str, snapshot_id: int, *, max_ref_age_ms: int | None = None) -> None:
+        """Point the tag ``name`` at ``snapshot_id`` in one commit (spec "Snapshot References": a ref of type
+        ``tag``; ``max_ref_age_ms``: its max age, None for none). Setting a tag again to the same snapshot is
+        a no-op; a tag pointing elsewhere is moved. Through the same compare-and-swap as ``commit``
+        (PyIceberg's ``ManageSnapshots.create_tag`` commits through ``catalog.commit_table``, which cannot
+        write v3 metadata in PyIceberg 0.12). Raises ``ValueError`` for an unknown snapshot,
+        ``CommitConflict`` after ``commit_attempts`` lost races."""
+        last_conflict: Exception | None = None
+        for attempt in range(1, self.commit_attempts + 1):
+            self.refresh()
+            table = self._table
+            md = table.metadata
+            if md.snapshot_by_id(snapshot_id) is None:
+                raise ValueError(f"{self.identifier}: no snapshot {snapshot_id} to tag {name!r}")
+            ref = md.refs.get(name)
+            if ref is not None and ref.snapshot_id == snapshot_id and ref.max_ref_age_ms == max_ref_age_ms:
+                return
+            try:
+                new_metadata, new_location = commit_metadata(
+                    self.catalog,
+                    table,
+                    (AssertTableUUID(uuid=md.table_uuid),),
+                    (
+                        SetSnapshotRefUpdate(  # type: ignore[call-arg]  # field names, as in expire_snapshots
+                            ref_name=name,
+                            type=SnapshotRefType.TAG,
+                            snapshot_id=snapshot_id,
+                            max_ref_age_ms=max_ref_age_ms,
+                        ),
+                    ),
+                    before_swap=self.before_swap,
+                )
+            except SwapConflict as e:
+                last_conflict = e
+                _backoff(attempt)
+                continue
+            self._table = compat.table_at(table, new_metadata, new_location, self.catalog)
+            return
+        raise CommitConflict(
+            f"{self.identifier}: tag {name!r} lost the race {self.commit_attempts} times ({last_conflict})",
             retryable=True,
         )
 

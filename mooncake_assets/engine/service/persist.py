@@ -21,6 +21,7 @@ from ..compaction import BackgroundMaintenance
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
+from .cut import take_cut
 from .errors import MooncakeError
 from .parts import SchedulerHost
 
@@ -129,6 +130,19 @@ class PersistScheduler:
             f"table {t.name}: {fault.describe()}; its changes stay in the buffer, local "
             "staging and the replication slot until a persist succeeds"
         ) from e
+
+    def persist(self, t: MirrorTable, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
+        """A persist of ``t`` by the caller holding the lock (a cut, ``cut.py``): :meth:`_persist`."""
+        return self._persist(t, uploaded)
+
+    def persist_failed(self, t: MirrorTable, e: Exception) -> None:
+        """Record a failed upload or persist (caller holds the lock): :meth:`_persist_failed`."""
+        self._persist_failed(t, e)
+
+    def cut(self, names: list[str] | None = None) -> dict[str, Any]:
+        """Commit ``names`` (default every mirror) at one LSN and tag each snapshot ``lsn-X-Y``
+        (:func:`.cut.take_cut`). Call WITHOUT holding the lock."""
+        return take_cut(self, names)
 
     def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
         """A persist that holds the service lock only to flush and to commit: the staged files are copied
