@@ -625,7 +625,9 @@ def flush(dst: str):
 def persist(
     dst: str | None = typer.Argument(None, help="The mirror to persist (or --all)"),
     persist_all: bool = typer.Option(
-        False, "--all", help="Every mirror at ONE LSN, each snapshot tagged lsn-X-Y (a consistent cut, as `mooncake cut`)"
+        False,
+        "--all",
+        help="Every mirror at ONE LSN, each snapshot tagged lsn-X-Y (a consistent cut, as `mooncake cut`)",
     ),
 ):
     """Flush, then commit data files, deletion vectors, index and flush LSN to Iceberg in one commit."""
@@ -659,7 +661,9 @@ def _cut(tables: list[str] | None, as_json: bool, max_wait: float = 30.0) -> Non
 def cut(
     tables: list[str] | None = typer.Argument(None, help="Mirrors in the cut (default: all)"),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
-    max_wait: float = typer.Option(30.0, "--max-wait", metavar="SECONDS", help="How long to wait for replication to reach the source's current LSN"),
+    max_wait: float = typer.Option(
+        30.0, "--max-wait", metavar="SECONDS", help="How long to wait for replication to reach the source's current LSN"
+    ),
 ):
     """A consistent cut: commit every mirror to Iceberg at ONE LSN and tag each snapshot lsn-X-Y, so any
     Iceberg engine reads all tables at one Postgres point (FOR VERSION AS OF 'lsn-X-Y')."""
@@ -682,9 +686,7 @@ def list_cuts_cmd(as_json: bool = typer.Option(False, "--json", help="Print the 
     from .engine.timefmt import iso_utc
 
     cuts = list_cuts(_cut_catalog(), NAMESPACE)
-    rows = [
-        {"tag": c.tag, "lsn": str(c.lsn), "time": iso_utc(c.timestamp_ms / 1000), "tables": c.tables} for c in cuts
-    ]
+    rows = [{"tag": c.tag, "lsn": str(c.lsn), "time": iso_utc(c.timestamp_ms / 1000), "tables": c.tables} for c in cuts]
     if as_json:
         print(json.dumps(rows))
         return

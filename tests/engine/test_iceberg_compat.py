@@ -25,9 +25,9 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestCo
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadataUtil, TableMetadataV3, new_table_metadata
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
@@ -210,7 +210,7 @@ def test_pyiceberg_s_public_create_tag_cannot_commit_a_v3_table(catalog, tmp_pat
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"id": [1], "name": ["a"]}, schema=t.arrow_schema()), path)
     snap = t.commit(add_files=[t.upload_data_file(str(path))])
-    with pytest.raises(Exception):  # noqa: B017  (whatever the v3 guard raises)
+    with pytest.raises(Exception):
         catalog.load_table("ns.t").manage_snapshots().create_tag(snap, "lsn-0-1").commit()
     assert "lsn-0-1" not in catalog.load_table("ns.t").metadata.refs
 

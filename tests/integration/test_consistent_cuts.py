@@ -41,7 +41,9 @@ def _workload(dsn: str, stop: threading.Event, done: list[int]) -> None:
                     c.execute(f"UPDATE {src} SET amount = amount - %s WHERE id = %s", (k, x))
                     c.execute(f"UPDATE {dst} SET amount = amount + %s WHERE id = %s", (k, y))
                 else:
-                    row = c.execute(f"DELETE FROM {src} WHERE id = (SELECT min(id) FROM {src}) RETURNING amount").fetchone()
+                    row = c.execute(
+                        f"DELETE FROM {src} WHERE id = (SELECT min(id) FROM {src}) RETURNING amount"
+                    ).fetchone()
                     if row is not None:
                         next_id += 1
                         c.execute(f"INSERT INTO {dst} VALUES (%s, %s)", (next_id, row[0]))
@@ -72,10 +74,14 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
                 deadline = time.time() + 30
                 while done[0] < before + 20 and time.time() < deadline:  # some transactions between cuts
                     time.sleep(0.05)
-                if i % 2:  # through the CLI as well as the service's action
+                if i == 1:  # through the CLI as well as the service's action
                     r = mooncake(s, "persist", "--all", check=True)
                     assert r.stdout.startswith("cut lsn-"), r.stdout
                     cuts.append(r.stdout.split()[1])
+                elif i == 3:
+                    res = json.loads(mooncake(s, "cut", "--json", check=True).stdout)
+                    assert res["tag"] == "lsn-" + res["lsn"].replace("/", "-")
+                    cuts.append(res["tag"])
                 else:
                     res = client.call("cut", timeout=600)
                     assert set(res["tables"]) == {"a", "b", "c"}
@@ -89,9 +95,10 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
         catalog = make_catalog(s.catalog, s.warehouse_uri)
         tables = {t: catalog.load_table(f"mooncake.{t}") for t in ("a", "b", "c")}
         duck = connect_with_iceberg()
+        a_sums = set()
         for tag in cuts:
             lsn = parse_cut_tag(tag)
-            total = 0
+            total = duck_total = 0
             for name in ("a", "b"):
                 tbl = tables[name]
                 ref = tbl.metadata.refs[tag]
@@ -100,26 +107,43 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
                 rows = tbl.scan(snapshot_id=ref.snapshot_id).to_arrow()
                 # DuckDB's iceberg_scan picks the snapshot by id (snapshot_from_id)
                 got = duck.sql(
-                    f"SELECT sum(amount) FROM iceberg_scan('{tbl.metadata_location}', snapshot_from_id => {ref.snapshot_id})"
+                    f"SELECT sum(amount) FROM iceberg_scan('{tbl.metadata_location}', snapshot_from_id = {ref.snapshot_id})"
                 ).fetchone()[0]
                 assert got == _sum(rows)
                 total += _sum(rows)
-            assert total == TOTAL, (tag, total)
+                duck_total += got
+                if name == "a":
+                    a_sums.add(got)
+            assert total == duck_total == TOTAL, (tag, total, duck_total)
             # c never changes: every cut after the first tags its one snapshot holding the initial rows
             c_ref = tables["c"].metadata.refs[tag]
             assert _sum(tables["c"].scan(snapshot_id=c_ref.snapshot_id).to_arrow()) == ROWS * 100
         assert len({tables["c"].metadata.refs[tag].snapshot_id for tag in cuts}) == 1
+        assert len(a_sums) > 1  # the cuts differ, so each read really was at its own snapshot
 
         # the CLI lists them and reads one as of its LSN
         listed = json.loads(mooncake(s, "list-cuts", "--json", check=True).stdout)
         assert [c["tag"] for c in listed] == sorted(cuts, key=parse_cut_tag)
         assert all(set(c["tables"]) == {"a", "b", "c"} for c in listed)
         r = mooncake(
-            s, "query", "--as-of-lsn", str(parse_cut_tag(cuts[1])), "--format", "csv",
-            "SELECT (SELECT sum(amount) FROM a) + (SELECT sum(amount) FROM b) AS total", check=True,
+            s,
+            "query",
+            "--as-of-lsn",
+            str(parse_cut_tag(cuts[1])),
+            "--format",
+            "csv",
+            "SELECT (SELECT sum(amount) FROM a) + (SELECT sum(amount) FROM b) AS total",
+            check=True,
         )
         assert r.stdout.splitlines() == ["total", str(TOTAL)], r.stdout
         assert f"read the cut {cuts[1]}" in r.stderr
+
+        r = mooncake(s, "query", "--as-of-lsn", "0/1", "SELECT 1")
+        assert r.returncode == 1 and "no table has the cut lsn-0-1" in r.stderr, r.stderr
+        r = mooncake(s, "query", "--as-of-lsn", "yesterday", "SELECT 1")
+        assert r.returncode == 2 and "not a cut" in r.stderr, r.stderr
+        r = mooncake(s, "persist")
+        assert r.returncode == 2 and "--all" in r.stderr, r.stderr
 
         # expiry keeps the tagged snapshots; keep_cuts=2 drops the two oldest cuts
         future = int(time.time() * 1000) + 60_000
@@ -133,7 +157,11 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
             assert [c.tag for c in cuts_of(md)] == sorted(cuts, key=parse_cut_tag)[2:]
         for tag in sorted(cuts, key=parse_cut_tag)[2:]:
             total = sum(
-                _sum(catalog.load_table(f"mooncake.{n}").scan(snapshot_id=catalog.load_table(f"mooncake.{n}").metadata.refs[tag].snapshot_id).to_arrow())
+                _sum(
+                    catalog.load_table(f"mooncake.{n}")
+                    .scan(snapshot_id=catalog.load_table(f"mooncake.{n}").metadata.refs[tag].snapshot_id)
+                    .to_arrow()
+                )
                 for n in ("a", "b")
             )
             assert total == TOTAL

@@ -11,9 +11,8 @@ whose snapshots may then expire.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pyiceberg.table import Table

@@ -44,9 +44,9 @@ from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.name_mapping import create_mapping_from_schema
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
     AssertRefSnapshotId,
     AssertTableUUID,

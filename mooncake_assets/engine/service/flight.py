@@ -122,7 +122,7 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         if kind == "cut":
             if b.get("wait_lsn"):  # what was committed before the cut is in it
                 s.wait_lsn(Lsn.parse(b["wait_lsn"]), float(b.get("timeout_s", 30)))
-            return s.persister.cut(b.get("tables") or None)
+            return s.cut(b.get("tables") or None)
         if kind == "wait_lsn":
             applied = s.wait_lsn(Lsn.parse(b["lsn"]), float(b.get("timeout_s", 30)))
             return {"applied_lsn": str(Lsn(applied))}

@@ -21,7 +21,6 @@ from ..compaction import BackgroundMaintenance
 from ..faults import fault
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
-from .cut import take_cut
 from .errors import MooncakeError
 from .parts import SchedulerHost
 
@@ -132,17 +131,13 @@ class PersistScheduler:
         ) from e
 
     def persist(self, t: MirrorTable, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
-        """A persist of ``t`` by the caller holding the lock (a cut, ``cut.py``): :meth:`_persist`."""
+        """A persist of ``t`` by the caller holding the lock (a consistent cut, :func:`.cut.take_cut`):
+        :meth:`_persist`."""
         return self._persist(t, uploaded)
 
     def persist_failed(self, t: MirrorTable, e: Exception) -> None:
         """Record a failed upload or persist (caller holds the lock): :meth:`_persist_failed`."""
         self._persist_failed(t, e)
-
-    def cut(self, names: list[str] | None = None) -> dict[str, Any]:
-        """Commit ``names`` (default every mirror) at one LSN and tag each snapshot ``lsn-X-Y``
-        (:func:`.cut.take_cut`). Call WITHOUT holding the lock."""
-        return take_cut(self, names)
 
     def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
         """A persist that holds the service lock only to flush and to commit: the staged files are copied
