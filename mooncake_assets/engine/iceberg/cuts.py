@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.update import SetSnapshotRefUpdate, TableUpdate
 
 from ..lsn import Lsn
 
-__all__ = ["CUT_TAG_PREFIX", "Cut", "cut_tag", "cuts_of", "cuts_to_drop", "parse_cut_tag"]
+__all__ = ["CUT_TAG_PREFIX", "Cut", "cut_tag", "cuts_of", "cuts_to_drop", "parse_cut_tag", "tag_updates"]
 
 CUT_TAG_PREFIX = "lsn-"
 """Prefix of a cut's tag name; the rest is the LSN ``X/Y`` written ``X-Y`` (upper-case hexadecimal)."""
@@ -82,3 +83,18 @@ def cuts_to_drop(md: TableMetadata, keep_cuts: int | None, now_ms: int) -> list[
         if snap is not None and now_ms - snap.timestamp_ms > ref.max_ref_age_ms:
             drop.add(name)
     return sorted(drop)
+
+
+def tag_updates(md: TableMetadata, name: str, snapshot_id: int, max_ref_age_ms: int | None) -> tuple[TableUpdate, ...]:
+    """The metadata updates pointing tag ``name`` at ``snapshot_id`` (with ``max_ref_age_ms``, None for no
+    limit): none when the tag already is exactly that. Raises ``ValueError`` for a snapshot ``md`` lacks."""
+    if md.snapshot_by_id(snapshot_id) is None:
+        raise ValueError(f"no snapshot {snapshot_id} to tag {name!r}")
+    ref = md.refs.get(name)
+    if ref is not None and ref.snapshot_id == snapshot_id and ref.max_ref_age_ms == max_ref_age_ms:
+        return ()
+    # PyIceberg's pydantic models take field names too (populate_by_name); mypy knows only the aliases
+    update = SetSnapshotRefUpdate(  # type: ignore[call-arg]
+        ref_name=name, type=SnapshotRefType.TAG, snapshot_id=snapshot_id, max_ref_age_ms=max_ref_age_ms
+    )
+    return (update,)

@@ -44,7 +44,6 @@ from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.name_mapping import create_mapping_from_schema
-from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import (
@@ -52,7 +51,8 @@ from pyiceberg.table.update import (
     AssertTableUUID,
     RemoveSnapshotRefUpdate,
     RemoveSnapshotsUpdate,
-    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
 )
 from pyroaring import BitMap64
 
@@ -66,6 +66,7 @@ from .catalog import (
     split_identifier,
     write_metadata,
 )
+from .cuts import tag_updates
 from .datafile import data_file_from_parquet, data_file_from_parquet_metadata, iceberg_arrow_schema
 from .errors import CommitConflict, CommitStateUnknown
 from .names import (
@@ -78,7 +79,7 @@ from .names import (
     SUMMARY_INDEX_FILE,
 )
 from .producer import CommitRequest, SnapshotProducer, delete_quietly, find_commit, schema_list
-from .retention import all_files, plan_expiry
+from .retention import ExpiryPlan, all_files, plan_expiry
 from .snapshots import SnapshotReader
 from .state import DataFileState, PersistedState, read_state
 
@@ -109,6 +110,11 @@ class IcebergMirrorTable:
     (test/fault-injection hook: called after every file of a commit is written and right before the
     pointer swap, with the new metadata location or None; whatever it raises propagates and the table
     keeps its previous snapshot).
+
+    Longer than ~400 lines because every change of the table's metadata (commit, expiry, tag) shares
+    its reload / compare-and-swap / retry state (the loaded ``Table``, the uploaded-not-committed
+    files, the snapshot reader's caches); the phases of a commit live in ``producer.py``, reading in
+    ``snapshots.py``, expiry planning in ``retention.py`` and cut tags in ``cuts.py``.
     """
 
     commit_attempts: int = 5
@@ -450,40 +456,30 @@ class IcebergMirrorTable:
         """
         if retain_last < 1:
             raise ValueError(f"retain_last: expected >= 1, found {retain_last}")
-        last_conflict: Exception | None = None
-        for attempt in range(1, self.commit_attempts + 1):
-            self.refresh()
-            table = self._table
-            plan = plan_expiry(self._reader, table, older_than_ms, retain_last, keep_cuts)
-            if not plan.expired and not plan.refs:
-                return []
+        plans: list[ExpiryPlan] = []
+
+        def plan(table: Table) -> tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]] | None:
+            p = plan_expiry(self._reader, table, older_than_ms, retain_last, keep_cuts)
+            plans[:] = [p]
+            if not p.expired and not p.refs:
+                return None
             base = table.metadata.current_snapshot()
-            try:
-                new_metadata, new_location = commit_metadata(
-                    self.catalog,
-                    table,
-                    (
-                        AssertTableUUID(uuid=table.metadata.table_uuid),
-                        # PyIceberg's pydantic models take field names too (populate_by_name); without the pydantic
-                        # mypy plugin its types know only the aliases (snapshot-id)
-                        AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),  # type: ignore[call-arg]
-                    ),
-                    tuple(RemoveSnapshotRefUpdate(ref_name=name) for name in plan.refs)  # type: ignore[call-arg]
-                    + ((RemoveSnapshotsUpdate(snapshot_ids=plan.expired),) if plan.expired else ()),  # type: ignore[call-arg]
-                    before_swap=self.before_swap,
-                )
-            except SwapConflict as e:
-                last_conflict = e
-                _backoff(attempt)
-                continue
-            self._table = compat.table_at(table, new_metadata, new_location, self.catalog)
-            if delete_files:
-                delete_quietly(table.io, plan.orphans)
-            return plan.orphans
-        raise CommitConflict(
-            f"{self.identifier}: expire_snapshots lost the race {self.commit_attempts} times ({last_conflict})",
-            retryable=True,
-        )
+            # PyIceberg's pydantic models take field names too (populate_by_name); without the pydantic
+            # mypy plugin its types know only the aliases (snapshot-id)
+            requirements = (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),  # type: ignore[call-arg]
+            )
+            updates: tuple[TableUpdate, ...] = tuple(RemoveSnapshotRefUpdate(ref_name=n) for n in p.refs)  # type: ignore[call-arg]
+            if p.expired:
+                updates += (RemoveSnapshotsUpdate(snapshot_ids=p.expired),)  # type: ignore[call-arg]  # as above
+            return requirements, updates
+
+        if not self._commit_updates("expire_snapshots", plan):
+            return []
+        if delete_files:
+            delete_quietly(self.io, plans[0].orphans)
+        return plans[0].orphans
 
     def tag(self, name: str, snapshot_id: int, *, max_ref_age_ms: int | None = None) -> None:
         """Point the tag ``name`` at ``snapshot_id`` in one commit (spec "Snapshot References": a ref of type
@@ -492,39 +488,41 @@ class IcebergMirrorTable:
         (PyIceberg's ``ManageSnapshots.create_tag`` commits through ``catalog.commit_table``, which cannot
         write v3 metadata in PyIceberg 0.12). Raises ``ValueError`` for an unknown snapshot,
         ``CommitConflict`` after ``commit_attempts`` lost races."""
+
+        def plan(table: Table) -> tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]] | None:
+            updates = tag_updates(table.metadata, name, snapshot_id, max_ref_age_ms)
+            if not updates:
+                return None
+            return (AssertTableUUID(uuid=table.metadata.table_uuid),), updates
+
+        self._commit_updates(f"tag {name!r}", plan)
+
+    def _commit_updates(
+        self,
+        what: str,
+        plan: Callable[[Table], tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]] | None],
+    ) -> bool:
+        """A metadata-only commit: per attempt, reload and ask ``plan`` for (requirements, updates) on the
+        table as it is now (None: nothing to do, returns False), then swap; True once it landed. Retries a
+        lost race up to ``commit_attempts`` times with backoff, then ``CommitConflict`` naming ``what``."""
         last_conflict: Exception | None = None
         for attempt in range(1, self.commit_attempts + 1):
-            self.refresh()
-            table = self._table
-            md = table.metadata
-            if md.snapshot_by_id(snapshot_id) is None:
-                raise ValueError(f"{self.identifier}: no snapshot {snapshot_id} to tag {name!r}")
-            ref = md.refs.get(name)
-            if ref is not None and ref.snapshot_id == snapshot_id and ref.max_ref_age_ms == max_ref_age_ms:
-                return
+            table = self.refresh().table
+            todo = plan(table)
+            if todo is None:
+                return False
             try:
                 new_metadata, new_location = commit_metadata(
-                    self.catalog,
-                    table,
-                    (AssertTableUUID(uuid=md.table_uuid),),
-                    (
-                        SetSnapshotRefUpdate(  # type: ignore[call-arg]  # field names, as in expire_snapshots
-                            ref_name=name,
-                            type=SnapshotRefType.TAG,
-                            snapshot_id=snapshot_id,
-                            max_ref_age_ms=max_ref_age_ms,
-                        ),
-                    ),
-                    before_swap=self.before_swap,
+                    self.catalog, table, todo[0], todo[1], before_swap=self.before_swap
                 )
             except SwapConflict as e:
                 last_conflict = e
                 _backoff(attempt)
                 continue
             self._table = compat.table_at(table, new_metadata, new_location, self.catalog)
-            return
+            return True
         raise CommitConflict(
-            f"{self.identifier}: tag {name!r} lost the race {self.commit_attempts} times ({last_conflict})",
+            f"{self.identifier}: {what} lost the race {self.commit_attempts} times ({last_conflict})",
             retryable=True,
         )
 
