@@ -17,6 +17,7 @@ import pytest
 
 from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
 from mooncake_assets.engine.iceberg.cuts import cuts_of, parse_cut_tag
+from mooncake_assets.engine.service import ServiceError
 from mooncake_assets.engine.storage.duckdb_ext import connect_with_iceberg
 
 from ..helpers import make_settings, mooncake, running_service
@@ -144,17 +145,24 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
         assert r.returncode == 2 and "not a cut" in r.stderr, r.stderr
         r = mooncake(s, "persist")
         assert r.returncode == 2 and "--all" in r.stderr, r.stderr
+        with pytest.raises(ServiceError, match="no mirrored table 'nope'"):
+            client.call("cut", tables=["a", "nope"])
+        # a cut of some tables: only they get the tag
+        part = client.call("cut", tables=["a"])
+        assert set(part["tables"]) == {"a"} and part["tag"] not in catalog.load_table("mooncake.b").metadata.refs
+        assert part["tag"] in catalog.load_table("mooncake.a").metadata.refs
 
         # expiry keeps the tagged snapshots; keep_cuts=2 drops the two oldest cuts
         future = int(time.time() * 1000) + 60_000
         for name in ("a", "b"):
+            mine = sorted(cuts + ([part["tag"]] if name == "a" else []), key=parse_cut_tag)
             ice = IcebergMirrorTable.load(catalog, f"mooncake.{name}")
             ice.expire_snapshots(future, retain_last=1, delete_files=True)
             md = catalog.load_table(f"mooncake.{name}").metadata
-            assert [c.tag for c in cuts_of(md)] == sorted(cuts, key=parse_cut_tag)
-            ice.expire_snapshots(future, retain_last=1, delete_files=True, keep_cuts=2)
+            assert [c.tag for c in cuts_of(md)] == mine
+            ice.expire_snapshots(future, retain_last=1, delete_files=True, keep_cuts=len(mine) - 2)
             md = catalog.load_table(f"mooncake.{name}").metadata
-            assert [c.tag for c in cuts_of(md)] == sorted(cuts, key=parse_cut_tag)[2:]
+            assert [c.tag for c in cuts_of(md)] == mine[2:]
         for tag in sorted(cuts, key=parse_cut_tag)[2:]:
             total = sum(
                 _sum(
