@@ -25,14 +25,13 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import FrozenBitMap64
 
-from ..engine.read.plan import arrow_mask, keep_mask, plan_file
-from ..engine.table.disk_files import write_parquet
 from ..engine.lsn import Lsn
+from ..engine.read.plan import arrow_mask, keep_mask, plan_file
 from ..engine.read.union import UnionReader, _pool
+from ..engine.table.disk_files import write_parquet
 from ..engine.table.read_state import FileState, ReadState
 from .common import interleaved
 
@@ -51,7 +50,9 @@ class _Source:
         )
         self.rs = ReadState("t", Lsn(16), files, tuple(b["mem"].column_names), mem=b["mem"])
 
-    def read_states(self, tables: Any = None, match: Any = None, lsn: Any = None, wait_lsn: Any = None, timeout: float = 0) -> list[ReadState]:
+    def read_states(
+        self, tables: Any = None, match: Any = None, lsn: Any = None, wait_lsn: Any = None, timeout: float = 0
+    ) -> list[ReadState]:
         return [self.rs]
 
 
@@ -118,9 +119,13 @@ class Approaches:
         self.amask = {p: arrow_mask(m) for p, m in self.keep.items()}
         self.idx = {p: pa.array(np.flatnonzero(m).astype(np.int64)) for p, m in self.keep.items()}
         self.rg_rows = {p: [md.row_group(i).num_rows for i in range(md.num_row_groups)] for p, md in self.md.items()}
-        self.plans = {f["path"]: plan_file(f["path"], f["rows"], f["pos"], tuple(self.rg_rows[f["path"]])) for f in self.files}
+        self.plans = {
+            f["path"]: plan_file(f["path"], f["rows"], f["pos"], tuple(self.rg_rows[f["path"]])) for f in self.files
+        }
         bits = [self.plans[f["path"]].dv_bits for f in self.files]
-        self.con.register("dv", pa.table({"c": pa.array(range(len(bits)), pa.int32()), "b": pa.array(bits, pa.binary())}))
+        self.con.register(
+            "dv", pa.table({"c": pa.array(range(len(bits)), pa.int32()), "b": pa.array(bits, pa.binary())})
+        )
         self.con.execute("CREATE TEMP TABLE dvb AS SELECT c, b::BIT AS b FROM dv")
         self.reader = UnionReader(_Source(b))
         self.con.register("kt", pa.table({"k": pa.concat_arrays([self.amask[f["path"]] for f in self.files])}))
@@ -161,7 +166,9 @@ class Approaches:
         return self.run(sql, t)
 
     def arrow_keepcol_pool(self, sql: str) -> Any:
-        t = pa.concat_tables(list(_pool().map(lambda f: self._read(f).append_column("__mc_keep", self.amask[f["path"]]), self.files)))
+        t = pa.concat_tables(
+            list(_pool().map(lambda f: self._read(f).append_column("__mc_keep", self.amask[f["path"]]), self.files))
+        )
         self.con.register("raw", t)
         self.con.execute("CREATE OR REPLACE TEMP VIEW t AS SELECT * EXCLUDE (__mc_keep) FROM raw WHERE __mc_keep")
         return self.run(sql)
@@ -198,7 +205,12 @@ class Approaches:
         return self.run(sql, pa.RecordBatchReader.from_batches(schema, batches()))
 
     def _read_schema(self) -> pa.Schema:
-        return pq.ParquetFile(self.files[0]["path"], metadata=self.md[self.files[0]["path"]]).schema_arrow.empty_table().select(self.cols).schema
+        return (
+            pq.ParquetFile(self.files[0]["path"], metadata=self.md[self.files[0]["path"]])
+            .schema_arrow.empty_table()
+            .select(self.cols)
+            .schema
+        )
 
     def lazy_get_bit(self, sql: str) -> Any:
         paths = [f["path"] for f in self.files]
@@ -239,8 +251,16 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="mc_delpaths_") as d:
         b = build(d, a.rows, a.files, a.share, a.clustered)
         names = [
-            "clean", "arrow_keepcol", "arrow_keepcol_capsule", "arrow_filter", "arrow_filter_capsule",
-            "arrow_take_capsule", "rg_stream", "lazy_get_bit", "positional_mask", "union_query",
+            "clean",
+            "arrow_keepcol",
+            "arrow_keepcol_capsule",
+            "arrow_filter",
+            "arrow_filter_capsule",
+            "arrow_take_capsule",
+            "rg_stream",
+            "lazy_get_bit",
+            "positional_mask",
+            "union_query",
         ]
         if a.only:
             names = ["clean"] + [n for n in a.only.split(",") if n != "clean"]
@@ -257,7 +277,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{q} rows={a.rows:,} files={a.files} share={a.share} clustered={a.clustered} rounds={a.rounds}")
             for n in names:
                 c = statistics.median(cpu[n])
-                ok = "(a floor, not a read)" if n.startswith("x_") else "ok" if res[n] == ref else f"MISMATCH {res[n]} != {ref}"
+                ok = (
+                    "(a floor, not a read)"
+                    if n.startswith("x_")
+                    else "ok"
+                    if res[n] == ref
+                    else f"MISMATCH {res[n]} != {ref}"
+                )
                 lo_ = min(cpu[n]) / min(cpu["clean"])
                 print(f"  {n:24s} cpu {c * 1000:8.1f} ms  ratio {c / c0:5.2f}  (of minima {lo_:5.2f})  {ok}")
 
