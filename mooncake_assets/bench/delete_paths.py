@@ -173,6 +173,44 @@ class Approaches:
         self.con.execute("CREATE OR REPLACE TEMP VIEW t AS SELECT * EXCLUDE (__mc_keep) FROM raw WHERE __mc_keep")
         return self.run(sql)
 
+    def arrow_keepcol_pool_1t(self, sql: str) -> Any:
+        """As arrow_keepcol_pool, each file's read single-threaded (no PyArrow thread pool nested in ours)."""
+
+        def one(f: dict[str, Any]) -> pa.Table:
+            pf = pq.ParquetFile(f["path"], metadata=self.md[f["path"]])
+            return pf.read(columns=self.cols, use_threads=False).append_column("__mc_keep", self.amask[f["path"]])
+
+        self.con.register("raw", pa.concat_tables(list(_pool().map(one, self.files))))
+        self.con.execute("CREATE OR REPLACE TEMP VIEW t AS SELECT * EXCLUDE (__mc_keep) FROM raw WHERE __mc_keep")
+        return self.run(sql)
+
+    def hybrid_rowgroups(self, sql: str) -> Any:
+        """Row groups with deletes through PyArrow with a keep column; clean row groups of the same files
+        by DuckDB's Parquet reader, one ``file_row_number BETWEEN`` branch per clean segment."""
+        parts, dirty = [], []
+        cols = ", ".join(self.cols)
+        for f in self.files:
+            plan, rgs = self.plans[f["path"]], self.rg_rows[f["path"]]
+            starts = np.concatenate([[0], np.cumsum(rgs)])
+            m = self.keep[f["path"]]
+            groups = [
+                k for k in range(len(rgs)) for s in plan.segments if s.has_deletes and s.start <= starts[k] < s.stop
+            ]
+            if groups:
+                pf = pq.ParquetFile(f["path"], metadata=self.md[f["path"]])
+                mask = arrow_mask(np.concatenate([m[starts[k] : starts[k + 1]] for k in groups]))
+                dirty.append(pf.read_row_groups(groups, columns=self.cols).append_column("__mc_keep", mask))
+            for s in plan.segments:
+                if not s.has_deletes:
+                    parts.append(
+                        f"SELECT {cols} FROM read_parquet('{f['path']}', file_row_number = true) "
+                        f"WHERE file_row_number BETWEEN {s.start} AND {s.stop - 1}"
+                    )
+        self.con.register("raw", pa.concat_tables(dirty))
+        parts.append(f"SELECT {cols} FROM raw WHERE __mc_keep")
+        self.con.execute("CREATE OR REPLACE TEMP VIEW t AS " + " UNION ALL ".join(parts))
+        return self.run(sql)
+
     def arrow_filter_capsule(self, sql: str) -> Any:
         t = pa.concat_tables([self._read(f).filter(self.amask[f["path"]]) for f in self.files])
         return self.run(sql, Capsule(t))

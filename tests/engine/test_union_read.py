@@ -177,3 +177,25 @@ def test_new_deletes_on_the_same_file_are_seen_despite_the_plan_cache(table, mod
     f["deleted"] = _dv(more)
     after = r.read_table("t", lsn="0/10").num_rows
     assert before - after == len(more) - len(old) > 0
+
+
+def test_no_in_memory_rows_keeps_the_view_types_and_skips_the_arrow_scan(table):
+    """With no rows buffered, the in-memory branch stays in the view (same column types) but DuckDB
+    does not scan it; with rows it is read again."""
+    client, expected = table
+    rs, mem = client.tables["t"]
+    clean = [f for f in rs["files"] if f["deleted"] is None]
+    client.tables["c"] = (dict(rs, table="c", files=clean), mem)
+    r = UnionReader(client, mode="lazy")
+    r.register("c", lsn="0/10")
+    types = r.con.execute("DESCRIBE c").fetchall()
+    assert r.con.execute("SELECT count(*) FROM c").fetchone()[0] == 3000 + mem.num_rows
+    client.tables["c"] = (dict(rs, table="c", files=clean), mem.slice(0, 0))
+    r.register("c", lsn="0/10")
+    assert r.con.execute("DESCRIBE c").fetchall() == types
+    assert r.con.execute("SELECT count(*) FROM c").fetchone()[0] == 3000
+    plan = r.con.execute("EXPLAIN SELECT count(*), sum(val) FROM c").fetchall()[0][1]
+    assert "ARROW_SCAN" not in plan and "READ_PARQUET" in plan
+    client.tables["c"] = (dict(rs, table="c", files=clean), mem)
+    r.register("c", lsn="0/10")
+    assert r.con.execute("SELECT count(*) FROM c").fetchone()[0] == 3000 + mem.num_rows

@@ -427,7 +427,10 @@ class UnionReader:
                 parts.append(f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep")
         mem_name = f"__mc_mem_{view}"
         objs[mem_name] = mem
-        parts.append(f"SELECT {sel} FROM {_ident(mem_name)}")
+        # no in-memory rows: ``WHERE false`` keeps the branch's types in the union (so a view's column types
+        # never depend on whether rows are buffered) while DuckDB's optimizer drops its Arrow scan, which
+        # costs about a millisecond of CPU per query even when empty (bench/delete_paths.py)
+        parts.append(f"SELECT {sel} FROM {_ident(mem_name)}" + (" WHERE false" if mem.num_rows == 0 else ""))
         for name in set(self._objects.get(view, [])) - set(objs):
             self._unregister(name)
         for name, obj in objs.items():
