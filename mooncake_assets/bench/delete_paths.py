@@ -79,7 +79,9 @@ def _table(start: int, n: int, rng: np.random.Generator) -> pa.Table:
     )
 
 
-def build(d: str, rows: int, files: int, share: float, clustered: bool, seed: int = 7) -> dict[str, Any]:
+def build(
+    d: str, rows: int, files: int, share: float, clustered: bool, seed: int = 7, mem_rows: int = 0
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     per = rows // files
     out: list[dict[str, Any]] = []
@@ -94,9 +96,9 @@ def build(d: str, rows: int, files: int, share: float, clustered: bool, seed: in
         keep = keep_mask(per, pos)
         live_parts.append(t.filter(arrow_mask(keep)))
         out.append({"path": path, "rows": per, "pos": pos})
-    mem = _table(files * per + 1, 0, rng)  # no in-memory rows: the harness measures the files' path
+    mem = _table(files * per + 1, mem_rows, rng)  # in-memory rows (only the union_query approach reads them)
     clean = os.path.join(d, "clean.parquet")
-    write_parquet(pa.concat_tables(live_parts), clean)
+    write_parquet(pa.concat_tables(live_parts + ([mem] if mem_rows else [])), clean)
     return {"files": out, "clean": clean, "rows": rows, "mem": mem}
 
 
@@ -283,11 +285,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--share", type=float, default=0.01)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--clustered", action="store_true")
+    ap.add_argument("--mem", type=int, default=0, help="in-memory rows (then compare union_query only)")
     ap.add_argument("--only", default="")
     ap.add_argument("--query", default="scan,filter")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mc_delpaths_") as d:
-        b = build(d, a.rows, a.files, a.share, a.clustered)
+        b = build(d, a.rows, a.files, a.share, a.clustered, mem_rows=a.mem)
         names = [
             "clean",
             "arrow_keepcol",
@@ -312,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
             _, res = interleaved(fns, a.rounds, cpu)
             ref = res["clean"]
             c0 = statistics.median(cpu["clean"])
-            print(f"{q} rows={a.rows:,} files={a.files} share={a.share} clustered={a.clustered} rounds={a.rounds}")
+            print(
+                f"{q} rows={a.rows:,} files={a.files} share={a.share} clustered={a.clustered} mem={a.mem} rounds={a.rounds}"
+            )
             for n in names:
                 c = statistics.median(cpu[n])
                 ok = (
