@@ -457,7 +457,11 @@ class UnionReader:
         src = f"__mc_dvsrc_{view}"
         self.con.register(src, dv)
         try:
-            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {_ident(name)} AS SELECT * FROM {_ident(src)}")
+            # stored as BIT: the view's ``b::BIT`` is then no cast at all (a BLOB -> BIT cast of every
+            # file's bit string would cost a pass over the vectors per query)
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE {_ident(name)} AS SELECT i, c, b::BIT AS b FROM {_ident(src)}"
+            )
         finally:
             self.con.unregister(src)
         self._dv_tables[view] = (key, dv)
