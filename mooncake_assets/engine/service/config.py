@@ -8,6 +8,7 @@ and hands the result over as a :class:`ServiceConfig` (the application's ``Setti
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,13 @@ from typing import Any
 
 from ..compaction.policy import MaintenancePolicy, table_policy
 
-__all__ = ["ServiceConfig"]
+__all__ = ["ServiceConfig", "default_copy_parallel"]
+
+
+def default_copy_parallel() -> int:
+    """``min(4, cores)``: the initial copy's default number of connections (cores as
+    ``os.cpu_count()``; 1 when unknown)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,12 @@ class ServiceConfig:
       ``python`` (logged) where the compiled loop cannot run (no psycopg binary libpq, not Linux).
     - ``native_run_min_rows``: with ``decoder=native`` and ``apply_mode=auto``, a batch run shorter
       than this is applied row by row.
+
+    Initial copy:
+
+    - ``copy_parallel``: connections create-table's initial copy reads the table's CTID ranges on, at
+      the slot's exported snapshot (``engine/cdc/copy.py``); 1: one COPY of the whole table. Default
+      :func:`default_copy_parallel` (``min(4, cores)``).
     """
 
     state_dir: Path
@@ -87,12 +100,15 @@ class ServiceConfig:
     apply_run_min_rows: int = 512
     decoder: str = "native"
     native_run_min_rows: int = 64
+    copy_parallel: int = field(default_factory=default_copy_parallel)
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):
             raise ValueError(f"apply_mode must be change, run or auto, found {self.apply_mode!r}")
         if self.decoder not in ("native", "python"):
             raise ValueError(f"decoder must be native or python, found {self.decoder!r}")
+        if self.copy_parallel < 1:
+            raise ValueError(f"copy_parallel must be 1 or more, found {self.copy_parallel!r}")
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "socket_path", Path(self.socket_path))
 
