@@ -239,3 +239,17 @@ def test_parallel_copy_early_close_and_errors(pg_dsn):
         )
     assert total == 60000 and seen[-1][0] == 60000 and seen[-1][1] > 60000 * 32
     assert [r for r, _ in seen] == sorted(r for r, _ in seen)
+
+
+def test_text_as_arrow_holds_the_same_texts(pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE k (a text, b numeric(6,2), c int, PRIMARY KEY (c, a))")
+        c.execute("INSERT INTO k SELECT 'x' || g, CASE WHEN g % 3 = 0 THEN NULL ELSE g / 4.0 END, g "
+                  "FROM generate_series(1, 3000) g")
+        ts = describe_table(c, "k")
+        lists = list(initial_copy(c, ts, None, text_columns=["c", "b"], batch_rows=700))
+        arrows = list(initial_copy(c, ts, None, text_columns=["c", "b"], batch_rows=700, text_as_arrow=True))
+    assert len(lists) == len(arrows) == 5
+    for (b1, t1), (b2, t2) in zip(lists, arrows):
+        assert b1.equals(b2) and all(isinstance(a, pa.StringArray) for a in t2)
+        assert [a.to_pylist() for a in t2] == t1

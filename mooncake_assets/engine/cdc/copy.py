@@ -53,7 +53,7 @@ _BOM = b"\xef\xbb\xbf"
 RANGES_PER_CONNECTION = 4
 MIN_RANGE_PAGES = 1024
 
-Item = tuple[pa.RecordBatch, list[list[Any]] | None]  # a batch and its text values (or None)
+Item = tuple[pa.RecordBatch, list[pa.Array] | None]  # a batch and its key columns' texts (or None)
 
 
 def copy_statement(table: TableSchema, rng: CtidRange | None = None) -> sql.Composed:
@@ -72,7 +72,8 @@ def _parse_csv(
     block: bytes, table: TableSchema, text_idx: list[int] | None = None
 ) -> tuple[pa.RecordBatch, list[list[Any]] | None]:
     """One block of COPY rows (CSV, starting with :data:`_BOM`) -> ``(RecordBatch, texts)``: ``texts``
-    the text values of the ``text_idx`` columns, one list per column (None when ``text_idx`` is None)."""
+    the text values of the ``text_idx`` columns, one Arrow string array per column (None when
+    ``text_idx`` is None)."""
     names = [f"c{i}" for i in range(len(table.columns))]  # positional names, safe in CSV options
     data = pa.py_buffer(block)
     tbl = pacsv.read_csv(
@@ -93,7 +94,7 @@ def _parse_csv(
         err: Any = ValueError(f"table {table.qualified_name}: {e}")  # carries .columns
         err.columns = list(getattr(e, "columns", None) or [])  # which columns (create-table suggests options)
         raise err from None
-    return batch, None if text_idx is None else [cols[i].to_pylist() for i in text_idx]
+    return batch, None if text_idx is None else [cols[i].combine_chunks() for i in text_idx]
 
 
 def initial_copy(
@@ -108,6 +109,7 @@ def initial_copy(
     parallel: int = 1,
     connect: Callable[[], psycopg.Connection] | None = None,
     min_range_pages: int = MIN_RANGE_PAGES,
+    text_as_arrow: bool = False,
 ) -> Iterator[pa.RecordBatch] | Iterator[tuple[pa.RecordBatch, list[list[Any]]]]:
     """Stream a table's rows as RecordBatches (schema: ``table.arrow_schema()`` without metadata).
 
@@ -139,7 +141,8 @@ def initial_copy(
 
     ``text_columns``: when given, each item is ``(batch, texts)`` where ``texts`` holds, per named
     column, the rows' Postgres text values (``list[str | None]``, e.g. to hash keys exactly as the
-    stream's text values are hashed). Raises ``ValueError`` for a name that is not a column.
+    stream's text values are hashed); ``text_as_arrow``: each column's texts as one ``pa.StringArray``
+    instead (no Python object per value). Raises ``ValueError`` for a name that is not a column.
     """
     text_idx = _text_indexes(table, text_columns)
     if not table.columns:
@@ -170,7 +173,7 @@ def initial_copy(
             nbytes += n
             if progress:
                 progress(rows, nbytes)
-            yield item[0] if item[1] is None else item
+            yield _public(item, text_as_arrow)
         for c in extra:
             c.execute("COMMIT")
         conn.execute("COMMIT")
@@ -214,10 +217,12 @@ def copy_range(
     batch_rows: int = 100_000,
     batch_bytes: int = 64 << 20,
     text_columns: Sequence[str] | None = None,
+    text_as_arrow: bool = False,
     stop: threading.Event | None = None,
 ) -> Iterator[pa.RecordBatch] | Iterator[tuple[pa.RecordBatch, list[list[Any]]]]:
     """Copy the rows of one CTID range of ``table`` as RecordBatches (schema: ``table.arrow_schema()``
-    without metadata; items as :func:`initial_copy`'s, ``(batch, texts)`` with ``text_columns``).
+    without metadata; items as :func:`initial_copy`'s, ``(batch, texts)`` with ``text_columns``, the
+    texts as Arrow arrays with ``text_as_arrow``).
 
     ``conn``: inside the transaction :func:`begin_copy_transaction` began (the snapshot imported and
     the output settings pinned); it is left in it, for more ranges. ``rng``: the heap pages to read
@@ -231,7 +236,16 @@ def copy_range(
     :class:`~.copyread.CopyStopped` when ``stop`` is set. Closing it early cancels the COPY."""
     text_idx = _text_indexes(table, text_columns)
     for item, _ in _range_items(conn, table, rng, text_idx, batch_rows, batch_bytes, stop):
-        yield item[0] if item[1] is None else item
+        yield _public(item, text_as_arrow)
+
+
+def _public(item: Item, text_as_arrow: bool) -> Any:
+    """An item as the public iterators yield it: the batch alone, or ``(batch, texts)`` with the texts
+    as lists (or, ``text_as_arrow``, the Arrow arrays)."""
+    batch, texts = item
+    if texts is None:
+        return batch
+    return batch, texts if text_as_arrow else [a.to_pylist() for a in texts]
 
 
 def _range_items(

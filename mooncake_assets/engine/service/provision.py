@@ -387,6 +387,7 @@ class TableProvisioner:
                 schema,
                 snapshot,
                 text_columns=table.key_names,
+                text_as_arrow=True,
                 progress=lambda r, b: self.reg.progress.get(table.name, {}).update(rows=r, bytes=b),
                 parallel=self.config.copy_parallel,
                 connect=lambda: psycopg.connect(with_options(self.dsn)),
