@@ -196,7 +196,7 @@ def test_partitioned_and_inheritance_parents(pg_dsn):
         c.execute("CREATE TABLE kid () INHERITS (par)")
         c.execute("INSERT INTO par SELECT g, md5(g::text) FROM generate_series(1, 5000) g")
         c.execute("INSERT INTO kid SELECT g, 'kid' FROM generate_series(100001, 103000) g")
-        connect = lambda: psycopg.connect(pg_dsn)  # noqa: E731
+        connect = lambda: psycopg.connect(pg_dsn)
         pt = describe_table(c, "part")
         assert pt.relkind == "p"
         begin_copy_transaction(c, None)
@@ -218,7 +218,7 @@ def test_parallel_copy_early_close_and_errors(pg_dsn):
         c.execute("INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 60000) g")
         ts = describe_table(c, "big")
         before = _backends(pg_dsn)
-        connect = lambda: psycopg.connect(pg_dsn)  # noqa: E731
+        connect = lambda: psycopg.connect(pg_dsn)
         it = initial_copy(c, ts, None, batch_rows=1000, parallel=3, connect=connect, min_range_pages=1)
         assert next(it).num_rows <= 1000
         it.close()  # stops the readers, cancels their COPYs, rolls back, closes the extra connections
@@ -233,7 +233,13 @@ def test_parallel_copy_early_close_and_errors(pg_dsn):
         total = sum(
             b.num_rows
             for b in initial_copy(
-                c, ts, None, batch_rows=5000, progress=lambda r, n: seen.append((r, n)), parallel=3, connect=connect,
+                c,
+                ts,
+                None,
+                batch_rows=5000,
+                progress=lambda r, n: seen.append((r, n)),
+                parallel=3,
+                connect=connect,
                 min_range_pages=1,
             )
         )
@@ -244,8 +250,10 @@ def test_parallel_copy_early_close_and_errors(pg_dsn):
 def test_text_as_arrow_holds_the_same_texts(pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE k (a text, b numeric(6,2), c int, PRIMARY KEY (c, a))")
-        c.execute("INSERT INTO k SELECT 'x' || g, CASE WHEN g % 3 = 0 THEN NULL ELSE g / 4.0 END, g "
-                  "FROM generate_series(1, 3000) g")
+        c.execute(
+            "INSERT INTO k SELECT 'x' || g, CASE WHEN g % 3 = 0 THEN NULL ELSE g / 4.0 END, g "
+            "FROM generate_series(1, 3000) g"
+        )
         ts = describe_table(c, "k")
         lists = list(initial_copy(c, ts, None, text_columns=["c", "b"], batch_rows=700))
         arrows = list(initial_copy(c, ts, None, text_columns=["c", "b"], batch_rows=700, text_as_arrow=True))

@@ -60,7 +60,7 @@ cdef class CopyOutReader:
     ``pgconn_ptr``: the ``PGconn*`` address (``psycopg.pq.PGconn.pgconn_ptr``), in COPY OUT state
     (psycopg's ``cursor.copy()`` started it). ``libpq_path``: the library that owns it. ``prefix``:
     bytes put at the start of every block (e.g. a UTF-8 BOM for ``pyarrow.csv``). Attributes:
-    ``rows`` (rows read so far), ``last_rows`` (rows of the last block returned), ``bytes`` (their bytes), ``os_errno``.
+    ``rows`` (rows read so far), ``last_rows`` (rows of the last block returned), ``nbytes`` (their bytes), ``os_errno``.
     """
 
     cdef void* conn
@@ -74,7 +74,7 @@ cdef class CopyOutReader:
     cdef public bint ended
     cdef public long long rows
     cdef public Py_ssize_t last_rows
-    cdef public long long bytes
+    cdef public long long nbytes
     cdef public int os_errno
 
     def __init__(self, size_t pgconn_ptr, str libpq_path, bytes prefix=b""):
@@ -99,7 +99,7 @@ cdef class CopyOutReader:
         self._reserve(1 << 20)
         self._restart()
         self.ended = False
-        self.rows = self.bytes = 0
+        self.rows = self.nbytes = 0
         self.last_rows = 0
         self.os_errno = 0
 
@@ -172,7 +172,7 @@ cdef class CopyOutReader:
                     self.used += n
                     self.block_rows += 1
                     self.rows += 1
-                    self.bytes += n
+                    self.nbytes += n
                     if self.block_rows >= max_rows or self.used - self.nprefix >= max_bytes:
                         break
                     continue

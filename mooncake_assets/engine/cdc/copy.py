@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -153,14 +153,14 @@ def initial_copy(
     conn.autocommit = True
     ok = False
     extra: list[psycopg.Connection] = []
-    items: Iterator[tuple[Item, int]] | None = None
+    items: Generator[tuple[Item, int], None, None] | None = None
     try:
         begin_copy_transaction(conn, snapshot_name)
         ranges = copy_plan(conn, table, parallel if connect is not None else 1, min_range_pages)
         if len(ranges) == 1:
             items = _range_items(conn, table, None, text_idx, batch_rows, batch_bytes)
         else:
-            snap = snapshot_name or conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+            snap = snapshot_name or _export_snapshot(conn)
             for _ in range(min(parallel, len(ranges)) - 1):
                 assert connect is not None  # copy_plan plans one range without it
                 extra.append(_connected(connect))
@@ -184,6 +184,13 @@ def initial_copy(
         for c in extra:
             c.close()
         _end_copy_transaction(conn, ok, saved_autocommit)
+
+
+def _export_snapshot(conn: psycopg.Connection) -> str:
+    """``pg_export_snapshot()`` of the transaction in progress on ``conn``."""
+    row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+    assert row is not None  # a function call returns one row
+    return str(row[0])
 
 
 def _connected(connect: Callable[[], psycopg.Connection]) -> psycopg.Connection:
@@ -256,7 +263,7 @@ def _range_items(
     batch_rows: int,
     batch_bytes: int,
     stop: threading.Event | None = None,
-) -> Iterator[tuple[Item, int]]:
+) -> Generator[tuple[Item, int], None, None]:
     """``((batch, texts), CSV bytes)`` of each block of the range's COPY."""
     for block, _n in copy_blocks(
         conn, copy_statement(table, rng), max_bytes=batch_bytes, max_rows=batch_rows, prefix=_BOM, stop=stop
@@ -274,7 +281,7 @@ def _parallel_items(
     text_idx: list[int] | None,
     batch_rows: int,
     batch_bytes: int,
-) -> Iterator[tuple[Item, int]]:
+) -> Generator[tuple[Item, int], None, None]:
     """The items of every range, read by one thread per connection (each in its copy transaction),
     which take the next range from a shared queue; at most two items per thread wait to be consumed.
     The first error of a thread stops the others and is raised; closing early stops them too."""

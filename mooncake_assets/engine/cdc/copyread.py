@@ -57,7 +57,7 @@ def block_reader_available(conn: psycopg.Connection[Any]) -> bool:
 
 def copy_blocks(
     conn: psycopg.Connection[Any],
-    statement: sql.Composable,
+    statement: sql.Composed | sql.SQL,
     *,
     max_bytes: int,
     max_rows: int,
