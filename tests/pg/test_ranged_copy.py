@@ -261,3 +261,19 @@ def test_text_as_arrow_holds_the_same_texts(pg_dsn):
     for (b1, t1), (b2, t2) in zip(lists, arrows):
         assert b1.equals(b2) and all(isinstance(a, pa.StringArray) for a in t2)
         assert [a.to_pylist() for a in t2] == t1
+
+
+def test_the_fallback_blocks_are_the_same(wide):
+    """Where the compiled reader cannot run, the blocks come from psycopg's row iteration: same bytes."""
+    from mooncake_assets.engine.cdc.copyread import _psycopg_blocks
+
+    with psycopg.connect(wide) as c:
+        ts = describe_table(c, "all_types")
+        c.rollback()
+        stmt = copy_statement(ts)
+        fast = list(copy_blocks(c, stmt, max_bytes=1 << 16, max_rows=100, prefix=b"P"))
+        c.rollback()
+        with c.cursor() as cur, cur.copy(stmt) as cp:
+            slow = list(_psycopg_blocks(cp, 1 << 16, 100, b"P", None))
+    assert [n for _, n in slow] == [n for _, n in fast]
+    assert b"".join(b[1:] for b, _ in slow) == b"".join(b[1:] for b, _ in fast)
