@@ -160,14 +160,10 @@ def initial_copy(
         if len(ranges) == 1:
             items = _range_items(conn, table, None, text_idx, batch_rows, batch_bytes)
         else:
-            snap = snapshot_name or _export_snapshot(conn)
-            for _ in range(min(parallel, len(ranges)) - 1):
-                assert connect is not None  # copy_plan plans one range without it
-                extra.append(_connected(connect))
-                begin_copy_transaction(extra[-1], snap)
+            assert connect is not None  # copy_plan plans one range without it
+            _open_readers(conn, snapshot_name, min(parallel, len(ranges)) - 1, connect, extra)
             items = _parallel_items([conn, *extra], table, ranges, text_idx, batch_rows, batch_bytes)
         rows = nbytes = 0
-        assert items is not None
         for item, n in items:
             rows += item[0].num_rows
             nbytes += n
@@ -186,11 +182,22 @@ def initial_copy(
         _end_copy_transaction(conn, ok, saved_autocommit)
 
 
-def _export_snapshot(conn: psycopg.Connection) -> str:
-    """``pg_export_snapshot()`` of the transaction in progress on ``conn``."""
-    row = conn.execute("SELECT pg_export_snapshot()").fetchone()
-    assert row is not None  # a function call returns one row
-    return str(row[0])
+def _open_readers(
+    conn: psycopg.Connection,
+    snapshot_name: str | None,
+    n: int,
+    connect: Callable[[], psycopg.Connection],
+    into: list[psycopg.Connection],
+) -> None:
+    """Append to ``into`` ``n`` new connections, each in a copy transaction at ``snapshot_name`` (None:
+    the one ``conn``'s transaction exports with ``pg_export_snapshot()``); the caller closes them."""
+    if snapshot_name is None:
+        row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+        assert row is not None  # a function call returns one row
+        snapshot_name = str(row[0])
+    for _ in range(n):
+        into.append(_connected(connect))
+        begin_copy_transaction(into[-1], snapshot_name)
 
 
 def _connected(connect: Callable[[], psycopg.Connection]) -> psycopg.Connection:
