@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..union import UnionReader, _ident
+from .parsed import Parsed, Parser
 
 READ_MODES = ("latest", "applied")
 
@@ -30,6 +31,7 @@ class Backend:
         self.reader = reader
         self.lock = threading.Lock()
         self._running: object | None = None  # the session whose statement holds the lock
+        self.parser = Parser()
 
     def run(self, sql: str, params: list[Any] | None = None, read: str = "latest", owner: object = None) -> pa.Table:
         """The Arrow result of one read statement (``params``: values for ``$1…``). Raises what the
@@ -64,3 +66,51 @@ class Backend:
     def schema(self, table: str) -> pa.Schema:
         """A mirror's columns (names and Arrow types) as a union read shows them."""
         return self.run(f"SELECT * FROM {_ident(table)} LIMIT 0", read="applied").schema
+
+    def type_hints(self, parsed: Parsed, names: list[str]) -> dict[str, str]:
+        """Result column name -> source Postgres type name, for the columns that are a mirror's column
+        as it is (a plain column reference, or a ``*``'s column; ``names``: the result's columns), so
+        ``jsonb``/``uuid``/``json``/``varchar`` columns get their own type OIDs (:mod:`.types`). A name
+        two such columns share with different types gets none."""
+        source = getattr(self.reader, "source_types", None)
+        if source is None or parsed.names is None:
+            return {}
+        types = {t: source(t) for t in set(parsed.tables.values())}
+        if not any(types.values()):
+            return {}
+        out: dict[str, str] = {}
+        clash: set[str] = set()
+
+        def put(name: str, t: str | None) -> None:
+            if t is None or name in clash:
+                return
+            if out.setdefault(name, t) != t:
+                clash.add(name)
+                out.pop(name)
+
+        placed = parsed.output_names(len(names)) or []
+        for i, name in enumerate(names):
+            item = _item_at(parsed, i, len(names)) if placed else None
+            if item == "*":
+                for cols in types.values():
+                    put(name, cols.get(name))
+            elif item is not None:
+                qualifier, col = item
+                tables = [parsed.tables[qualifier]] if qualifier in parsed.tables else list(types)
+                found = {types[t][col] for t in tables if col in types.get(t, {})}
+                put(name, found.pop() if len(found) == 1 else None)
+        return out
+
+
+def _item_at(parsed: Parsed, i: int, n: int) -> tuple[str | None, str] | str | None:
+    """The select-list item behind result column ``i`` of ``n``: ``(qualifier, column)`` of a column
+    reference, ``"*"`` inside a star's columns, None for any other expression."""
+    if not parsed.star:
+        return parsed.columns[i] if i < len(parsed.columns) else None
+    at = parsed.star[0]
+    after = len(parsed.names or []) - at - 1
+    if i < at:
+        return parsed.columns[i]
+    if i >= n - after:
+        return parsed.columns[len(parsed.columns) - (n - i)]
+    return "*"

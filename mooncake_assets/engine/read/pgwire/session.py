@@ -26,6 +26,7 @@ from .binary import decode as decode_binary
 from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statement, rewrite_functions
 from .protocol import (
     Body,
+    Field,
     ConnectionClosed,
     ProtocolError,
     auth_ok,
@@ -117,11 +118,13 @@ class Host(Protocol):
 
 
 class Portal:
-    """A bound statement: its SQL, parameter values, and (once run) its result and rows sent."""
+    """A bound statement: its SQL, parameter values, and (once run) its result and rows sent;
+    ``original``: the statement as the client wrote it (its output column names come from it)."""
 
-    def __init__(self, sql: str, params: list[Any]):
+    def __init__(self, sql: str, params: list[Any], original: str | None = None):
         self.sql = sql
         self.params = params
+        self.original = original or sql
         self.result: Result | None = None
         self.sent = 0
 
@@ -292,8 +295,10 @@ class Session:
         self.send(ready_for_query(self._status()))
         self.flush()
 
-    def execute(self, sql: str, params: list[Any]) -> Result:
-        """Answer one statement: locally (settings, transactions, psql's catalog) or through the reader."""
+    def execute(self, sql: str, params: list[Any], original: str | None = None) -> Result:
+        """Answer one statement: locally (settings, transactions, psql's catalog) or through the reader.
+        ``original``: the client's text of a bound statement (``sql`` has the parameters' casts), whose
+        select list names the result's columns (:mod:`.parsed`)."""
         assert self.settings is not None
         before = {k: self.settings.values[k] for k in REPORTED}
         res = local_statement(sql, self.settings)
@@ -305,15 +310,21 @@ class Session:
         res = catalog_answer(sql, self.server.backend)
         if res is not None:
             return res
-        sql = rewrite_functions(sql, self.settings, self.user, self.database)
-        table = self.server.backend.run(sql, params or None, self.settings.values["mooncake.read"], owner=self)
-        return self._result(sql, table)
+        backend = self.server.backend
+        named = backend.parser.parse(original or sql)
+        parsed = backend.parser.parse(sql) if original else named
+        run_sql = rewrite_functions(parsed.sql, self.settings, self.user, self.database)
+        table = backend.run(run_sql, params or None, self.settings.values["mooncake.read"], owner=self)
+        names = named.output_names(table.num_columns)
+        if names is not None:
+            table = table.rename_columns([n or old for n, old in zip(names, table.column_names)])
+        return self._result(sql, table, backend.type_hints(named, table.column_names))
 
     @staticmethod
-    def _result(sql: str, table: pa.Table) -> Result:
+    def _result(sql: str, table: pa.Table, hints: dict[int, str] | None = None) -> Result:
         head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
         tag = "EXPLAIN" if head == "EXPLAIN" else f"SELECT {table.num_rows}"
-        return Result(tag, fields(table.schema), text_values(table))
+        return Result(tag, fields(table.schema, hints), text_values(table))
 
     # ---------------------------------------------------------------- extended query
     def _extended(self, kind: bytes, b: Body) -> None:
@@ -349,13 +360,13 @@ class Session:
             raise SqlError("26000", f'prepared statement "{stmt}" does not exist')
         sql, oids = self.statements[stmt]
         binary = [(formats[i] if len(formats) > 1 else (formats[0] if formats else 0)) == 1 for i in range(len(raw))]
-        sql, values = bind_params(sql, oids, raw, binary)
-        self.portals[portal] = Portal(sql, values)
+        bound, values = bind_params(sql, oids, raw, binary)
+        self.portals[portal] = Portal(bound, values, sql)
         self.send(bind_complete())
 
     def _run_portal(self, portal: Portal) -> Result:
         if portal.result is None:
-            portal.result = self.execute(portal.sql, portal.params)
+            portal.result = self.execute(portal.sql, portal.params, portal.original)
         return portal.result
 
     def _describe(self, what: bytes, name: str) -> None:
@@ -380,9 +391,13 @@ class Session:
             return None
         probe, values = bind_params(sql, oids, [None] * len(oids))
         try:
-            return self.execute(f"SELECT * FROM ({probe.rstrip().rstrip(';')}) AS __mc_describe LIMIT 0", values)
+            res = self.execute(f"SELECT * FROM ({probe.rstrip().rstrip(';')}) AS __mc_describe LIMIT 0", values)
         except Exception:
             return None
+        names = self.server.backend.parser.parse(sql).output_names(len(res.fields or []))
+        if names is not None and res.fields is not None:  # the probe's columns, named as the statement's
+            res.fields = [Field(n or f.name, f.oid, f.typlen, f.typmod) for n, f in zip(names, res.fields)]
+        return res
 
     def _execute(self, name: str, max_rows: int) -> None:
         if name not in self.portals:
