@@ -12,6 +12,7 @@ skipped); Termination.
 from __future__ import annotations
 
 import base64
+import uuid
 import socket
 from decimal import Decimal
 from typing import Any, Protocol
@@ -20,6 +21,9 @@ import duckdb
 import pyarrow as pa
 
 from ..union import ReadOnlyError
+from .arrays import ELEMENT_OF, convert, dimensions, uses_as_array
+from .arrays import decode_binary as decode_array
+from .arrays import parse_text as parse_array
 from .auth import MECHANISM, AuthFailed, ScramExchange, Verifier
 from .backend import Backend
 from .binary import decode as decode_binary
@@ -69,6 +73,7 @@ PARAM_TYPES: dict[int, tuple[str, Any]] = {
     1114: ("TIMESTAMP", str),
     1184: ("TIMESTAMPTZ", str),
     17: ("BLOB", lambda s: bytes.fromhex(s[2:]) if s.startswith("\\x") else s.encode()),
+    2950: ("VARCHAR", lambda s: str(uuid.UUID(s))),  # mirrors keep uuids as canonical text
 }
 
 
@@ -443,18 +448,31 @@ def bind_params(
 ) -> tuple[str, list[Any]]:
     """Parameter values as DuckDB prepared-statement parameters: each ``$n`` whose type is known
     becomes ``CAST($n AS type)``, its value the Python value of its text (``PARAM_TYPES``) or of its
-    binary form (:mod:`.binary`, where ``binary[i]``); unknown (OID 0) and text types stay strings.
-    Values never enter the SQL text."""
+    binary form (:mod:`.binary`, where ``binary[i]``); an array type (``int4[]``, ``text[]``…, or an
+    untyped ``{…}`` used as ``ANY($n)``: :mod:`.arrays`) becomes a list cast to ``type[]``; unknown
+    (OID 0) and text types stay strings. Values never enter the SQL text."""
     values: list[Any] = []
     casts: dict[int, str] = {}
     for i, v in enumerate(raw):
         oid = oids[i] if i < len(oids) else 0
+        is_binary = bool(binary and binary[i])
+        if oid == 0 and not is_binary and (v is None or v.lstrip()[:1] in (b"{", b"[")) and uses_as_array(sql, i + 1):
+            oid = 1009  # psycopg's list of strings: untyped array text
+        if oid in ELEMENT_OF:
+            elem = ELEMENT_OF[oid]
+            spec = PARAM_TYPES.get(elem, ("VARCHAR", str))
+            value = None
+            if v is not None:
+                value = decode_array(v, decode_binary) if is_binary else convert(parse_array(v.decode()), spec[1])
+            casts[i + 1] = f"CAST(${i + 1} AS {spec[0]}{'[]' * dimensions(value)})"
+            values.append(value)
+            continue
         spec = PARAM_TYPES.get(oid)
         if spec is not None:
             casts[i + 1] = f"CAST(${i + 1} AS {spec[0]})"
         if v is None:
             values.append(None)
-        elif binary and binary[i]:
+        elif is_binary:
             values.append(decode_binary(oid, v))
         else:
             values.append(spec[1](v.decode()) if spec is not None else v.decode())

@@ -136,7 +136,11 @@ def type_oid(t: pa.DataType, hint: str | None = None) -> int:
         return INTERVAL
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         elem_hint = hint[:-2] if hint and hint.endswith("[]") else None
-        return ARRAY_OF.get(type_oid(t.value_type, elem_hint), 1009)
+        inner = t.value_type
+        while pa.types.is_list(inner) or pa.types.is_large_list(inner) or pa.types.is_fixed_size_list(inner):
+            inner = inner.value_type  # Postgres's array types cover every number of dimensions
+            elem_hint = elem_hint[:-2] if elem_hint and elem_hint.endswith("[]") else elem_hint
+        return ARRAY_OF.get(type_oid(inner, elem_hint), 1009)
     if pa.types.is_struct(t):
         return RECORD
     return TEXT
