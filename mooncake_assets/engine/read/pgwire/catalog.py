@@ -82,11 +82,13 @@ class SqlError(Exception):
 @dataclass
 class Result:
     """One statement's answer: ``fields`` None for a statement without rows (SET, BEGIN), else the
-    columns and ``rows`` of text values; ``tag``: the CommandComplete text."""
+    columns and ``rows`` of text values; ``tag``: the CommandComplete text; ``copy``: for ``COPY … TO
+    STDOUT``, the lines sent as CopyData (``fields`` then give the column count)."""
 
     tag: str
     fields: list[Field] | None = None
     rows: list[list[str | None]] = field(default_factory=list)
+    copy: list[bytes] | None = None  # COPY … TO STDOUT: the CopyData payloads (no RowDescription)
 
 
 def _text_result(names: list[str], rows: list[list[str | None]], tag: str | None = None) -> Result:

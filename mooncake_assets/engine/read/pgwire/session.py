@@ -12,8 +12,8 @@ skipped); Termination.
 from __future__ import annotations
 
 import base64
-import uuid
 import socket
+import uuid
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from .auth import MECHANISM, AuthFailed, ScramExchange, Verifier
 from .backend import Backend
 from .binary import decode as decode_binary
 from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statement, rewrite_functions
+from .copy import CopyOut, copy_out
 from .protocol import (
     Body,
     Field,
@@ -41,6 +42,9 @@ from .protocol import (
     bind_complete,
     close_complete,
     command_complete,
+    copy_data,
+    copy_done,
+    copy_out_response,
     data_row,
     empty_query,
     error_response,
@@ -292,7 +296,9 @@ class Session:
             except Exception as e:
                 self._error(e)
                 break
-            if res.fields is not None:
+            if res.copy is not None:
+                self._send_copy(res)
+            elif res.fields is not None:
                 self.send(row_description(res.fields))
                 self.send(*(data_row(r) for r in res.rows))
             self.send(command_complete(res.tag))
@@ -312,6 +318,9 @@ class Session:
                 if self.settings.values[k] != before[k]:
                     self.send(parameter_status(k, self.settings.values[k]))
             return res
+        plan = copy_out(sql)
+        if plan is not None:
+            return self._copy(plan, params)
         res = catalog_answer(sql, self.server.backend)
         if res is not None:
             return res
@@ -324,6 +333,20 @@ class Session:
         if names is not None:
             table = table.rename_columns([n or old for n, old in zip(names, table.column_names)])
         return self._result(sql, table, backend.type_hints(named, table.column_names))
+
+    def _copy(self, plan: CopyOut, params: list[Any]) -> Result:
+        """``COPY … TO STDOUT``: the query's rows as COPY lines (:mod:`.copy`)."""
+        res = self.execute(plan.query, params)
+        names = [f.name for f in res.fields or []]
+        lines = [plan.line(names)] if plan.header else []
+        lines.extend(plan.line(r) for r in res.rows)
+        return Result(f"COPY {len(res.rows)}", res.fields, [], lines)
+
+    def _send_copy(self, res: Result) -> None:
+        """CopyOutResponse, a CopyData per line, CopyDone ("COPY Operations"); CommandComplete follows."""
+        self.send(copy_out_response(len(res.fields or [])))
+        self.send(*(copy_data(line) for line in res.copy or []))
+        self.send(copy_done())
 
     @staticmethod
     def _result(sql: str, table: pa.Table, hints: dict[int, str] | None = None) -> Result:
@@ -387,7 +410,10 @@ class Session:
             if name not in self.portals:
                 raise SqlError("34000", f'portal "{name}" does not exist')
             res = self._run_portal(self.portals[name])
-        self.send(row_description(res.fields) if res is not None and res.fields is not None else no_data())
+        if res is None or res.fields is None or res.copy is not None:
+            self.send(no_data())
+        else:
+            self.send(row_description(res.fields))
 
     def _describe_statement(self, sql: str, oids: list[int]) -> Result | None:
         """A statement's columns before it is bound: run with NULL parameters and no rows."""
@@ -409,6 +435,10 @@ class Session:
             raise SqlError("34000", f'portal "{name}" does not exist')
         portal = self.portals[name]
         res = self._run_portal(portal)
+        if res.copy is not None:
+            self._send_copy(res)
+            self.send(command_complete(res.tag))
+            return
         rows = res.rows[portal.sent :]
         if max_rows > 0 and len(rows) > max_rows:
             self.send(*(data_row(r) for r in rows[:max_rows]))
