@@ -18,7 +18,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..union import UnionReader, _ident
+import duckdb
+
+from ..union import UnionReader, _ident, check_read_only
+from .infoschema import views
 from .parsed import Parsed, Parser
 
 READ_MODES = ("latest", "applied")
@@ -32,6 +35,8 @@ class Backend:
         self.lock = threading.Lock()
         self._running: object | None = None  # the session whose statement holds the lock
         self.parser = Parser()
+        self._meta = duckdb.connect()  # information_schema statements run here, off the reader
+        self._meta_lock = threading.Lock()
 
     def run(self, sql: str, params: list[Any] | None = None, read: str = "latest", owner: object = None) -> pa.Table:
         """The Arrow result of one read statement (``params``: values for ``$1…``). Raises what the
@@ -66,6 +71,24 @@ class Backend:
     def schema(self, table: str) -> pa.Schema:
         """A mirror's columns (names and Arrow types) as a union read shows them."""
         return self.run(f"SELECT * FROM {_ident(table)} LIMIT 0", read="applied").schema
+
+    def information_schema(self, parsed: Parsed, sql: str, params: list[Any] | None, database: str) -> pa.Table:
+        """Run ``sql`` (``parsed``'s text, ``information_schema`` views renamed) over the views it reads,
+        built from the mirrors (:mod:`.infoschema`), on the backend's own DuckDB connection (the
+        reader's is not held while it runs; each mirror's columns are one read of no rows)."""
+        source = getattr(self.reader, "source_types", lambda t: {})
+        names = self.mirrors() if parsed.information_schema & {"tables", "columns"} else []
+        tables = views(parsed.information_schema, names, self.schema, source, database)
+        with self._meta_lock:
+            check_read_only(sql, self._meta)
+            for name, t in tables.items():
+                self._meta.register(name, t)
+            try:
+                cur = self._meta.execute(sql, params) if params else self._meta.execute(sql)
+                return cur.to_arrow_table()
+            finally:
+                for name in tables:
+                    self._meta.unregister(name)
 
     def type_hints(self, parsed: Parsed, names: list[str]) -> dict[str, str]:
         """Result column name -> source Postgres type name, for the columns that are a mirror's column

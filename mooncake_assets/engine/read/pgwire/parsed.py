@@ -62,13 +62,16 @@ class Parsed:
     ``names``: per select-list item its Postgres output name (None: not a SELECT DuckDB parses);
     ``columns``: per item the ``(qualifier, column)`` of a plain column reference, else None;
     ``star``: indexes of ``*`` items (each expands to several columns); ``tables``: alias or name ->
-    table name of the FROM clause's base tables (lower case)."""
+    table name of the FROM clause's base tables (lower case); ``information_schema``: the
+    ``information_schema`` views it reads (``tables``, ``columns``…), whose references ``sql`` names
+    ``__mc_is_<view>`` (answered from the mirrors: :mod:`.infoschema`)."""
 
     sql: str
     names: list[str] | None = None
     columns: list[tuple[str | None, str] | None] = field(default_factory=list)
     star: list[int] = field(default_factory=list)
     tables: dict[str, str] = field(default_factory=dict)
+    information_schema: set[str] = field(default_factory=set)
 
     def output_names(self, n: int) -> list[str] | None:
         """The names of a result of ``n`` columns, or None when they cannot be placed (no names, or a
@@ -148,7 +151,7 @@ def _select_names(node: dict[str, Any], sql: bytes) -> list[str] | None:
     return out
 
 
-def _walk(node: Any, cuts: list[tuple[int, int]], tables: dict[str, str], sql: bytes) -> None:
+def _walk(node: Any, cuts: list[tuple[int, int, str]], tables: dict[str, str], sql: bytes) -> None:
     """Collect the ``public.`` qualifiers to cut (byte ranges) and the base tables."""
     if isinstance(node, list):
         for x in node:
@@ -159,9 +162,17 @@ def _walk(node: Any, cuts: list[tuple[int, int]], tables: dict[str, str], sql: b
     loc = node.get("query_location")
     if node.get("type") == "BASE_TABLE" and node.get("table_name"):
         name = str(node["table_name"]).lower()
+        schema = str(node.get("schema_name", "")).lower()
+        parts = 2 if node.get("catalog_name") else 1
+        if schema == "information_schema":
+            end = _cut(sql, loc, parts, [])
+            m = re.compile(_IDENT).match(_text_at(sql, end)) if end else None
+            if m:
+                cuts.append((loc, end + len(m.group(0).encode()), f"__mc_is_{name}"))
+            return
         tables[str(node.get("alias") or name).lower()] = name
-        if str(node.get("schema_name", "")).lower() == "public":
-            _cut(sql, loc, 2 if node.get("catalog_name") else 1, cuts)
+        if schema == "public":
+            _cut(sql, loc, parts, cuts)
     elif node.get("class") == "COLUMN_REF":
         names = node.get("column_names", [])
         if len(names) >= 3 and str(names[-3]).lower() == "public":
@@ -171,16 +182,20 @@ def _walk(node: Any, cuts: list[tuple[int, int]], tables: dict[str, str], sql: b
             _walk(v, cuts, tables, sql)
 
 
-def _cut(sql: bytes, loc: Any, parts: int, cuts: list[tuple[int, int]]) -> None:
+def _cut(sql: bytes, loc: Any, parts: int, cuts: list[tuple[int, int, str]]) -> int:
+    """Add the byte range of the ``parts`` qualifiers at ``loc`` to ``cuts``; returns its end (0: none)."""
     text = _text_at(sql, loc)
     pos = 0
     for _ in range(parts):
         m = _QUALIFIER.match(text, pos)
         if not m:
-            return
+            return 0
         pos = m.end()
-    if parts and pos:
-        cuts.append((loc, loc + len(text[:pos].encode())))
+    if not (parts and pos):
+        return 0
+    end = loc + len(text[:pos].encode())
+    cuts.append((loc, end, ""))
+    return end
 
 
 def _columns(node: dict[str, Any]) -> tuple[list[tuple[str | None, str] | None], list[int]]:
@@ -235,12 +250,13 @@ def _from_doc(sql: str, doc: dict[str, Any]) -> Parsed:
     if doc.get("error") or len(statements) != 1:
         return Parsed(sql)
     raw = sql.encode()
-    cuts: list[tuple[int, int]] = []
+    cuts: list[tuple[int, int, str]] = []
     tables: dict[str, str] = {}
     _walk(statements, cuts, tables, raw)
-    for a, b in sorted(set(cuts), reverse=True):
-        raw = raw[:a] + raw[b:]
+    views = {text[len("__mc_is_") :] for _, _, text in cuts if text}
+    for a, b, text in sorted(set(cuts), reverse=True):
+        raw = raw[:a] + text.encode() + raw[b:]
     node = statements[0]["node"]
     names = _select_names(node, sql.encode())
     cols, star = _columns(node) if names is not None else ([], [])
-    return Parsed(raw.decode(), names, cols, star, tables)
+    return Parsed(raw.decode(), names, cols, star, tables, views)

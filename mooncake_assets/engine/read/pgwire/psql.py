@@ -8,45 +8,12 @@ from .backend import Backend
 from .catalog import TABLE_OID_BASE, Result
 from .protocol import Field
 from .sqltext import code_only
-from .types import BOOL, INTERVAL, TEXT, TYPLEN, type_oid
+from .types import BOOL, TEXT, TYPE_NAMES, TYPLEN, type_oid
 
 _PATTERN = re.compile(r"relname\s+OPERATOR\(pg_catalog\.~\)\s+'((?:[^']|'')*)'", re.I)
 _OID_EQ = re.compile(r"\boid\s*=\s*'(\d+)'", re.I)
 _ATTRELID = re.compile(r"attrelid\s*=\s*'(\d+)'", re.I)
 
-#: OID -> format_type text, for ``\d``'s column types
-TYPE_NAMES = {
-    16: "boolean",
-    17: "bytea",
-    20: "bigint",
-    21: "smallint",
-    23: "integer",
-    25: "text",
-    114: "json",
-    700: "real",
-    701: "double precision",
-    1043: "character varying",
-    1082: "date",
-    1083: "time without time zone",
-    1114: "timestamp without time zone",
-    1184: "timestamp with time zone",
-    INTERVAL: "interval",
-    1700: "numeric",
-    2950: "uuid",
-    3802: "jsonb",
-    2249: "record",
-    1000: "boolean[]",
-    1005: "smallint[]",
-    1007: "integer[]",
-    1009: "text[]",
-    1016: "bigint[]",
-    1021: "real[]",
-    1022: "double precision[]",
-    1115: "timestamp without time zone[]",
-    1182: "date[]",
-    1185: "timestamp with time zone[]",
-    1231: "numeric[]",
-}
 
 
 def _matches(pattern: str | None, name: str) -> bool:

@@ -328,7 +328,10 @@ class Session:
         named = backend.parser.parse(original or sql)
         parsed = backend.parser.parse(sql) if original else named
         run_sql = rewrite_functions(parsed.sql, self.settings, self.user, self.database)
-        table = backend.run(run_sql, params or None, self.settings.values["mooncake.read"], owner=self)
+        if parsed.information_schema:
+            table = backend.information_schema(parsed, run_sql, params or None, self.database or "mooncake")
+        else:
+            table = backend.run(run_sql, params or None, self.settings.values["mooncake.read"], owner=self)
         names = named.output_names(table.num_columns)
         if names is not None:
             table = table.rename_columns([n or old for n, old in zip(names, table.column_names)])

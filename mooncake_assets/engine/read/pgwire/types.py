@@ -87,6 +87,40 @@ TYPLEN = {
     UUID: 16,
     OID: 4,
 }
+#: OID -> format_type text, for ``\d``'s column types
+TYPE_NAMES = {
+    16: "boolean",
+    17: "bytea",
+    20: "bigint",
+    21: "smallint",
+    23: "integer",
+    25: "text",
+    114: "json",
+    700: "real",
+    701: "double precision",
+    1043: "character varying",
+    1082: "date",
+    1083: "time without time zone",
+    1114: "timestamp without time zone",
+    1184: "timestamp with time zone",
+    INTERVAL: "interval",
+    1700: "numeric",
+    2950: "uuid",
+    3802: "jsonb",
+    2249: "record",
+    1000: "boolean[]",
+    1005: "smallint[]",
+    1007: "integer[]",
+    1009: "text[]",
+    1016: "bigint[]",
+    1021: "real[]",
+    1022: "double precision[]",
+    1115: "timestamp without time zone[]",
+    1182: "date[]",
+    1185: "timestamp with time zone[]",
+    1231: "numeric[]",
+}
+
 #: source type names (``format_type`` text, its head) whose values are strings in the mirror -> OID
 NAMED = {
     "json": JSON,
