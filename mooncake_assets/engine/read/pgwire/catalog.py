@@ -51,6 +51,7 @@ DEFAULTS = {
     "search_path": "public",
     "extra_float_digits": "1",
     "bytea_output": "hex",
+    "transaction_isolation": "read committed",
     "mooncake.read": "latest",
 }
 REPORTED = (
@@ -216,6 +217,7 @@ def local_statement(sql: str, s: SessionSettings) -> Result | None:
             s.values[key] = DEFAULTS.get(key, "")
         return Result("RESET")
     if head == "SHOW":
+        text = re.sub(r"^\s*SHOW\s+TRANSACTION\s+ISOLATION\s+LEVEL\s*$", "SHOW transaction_isolation", text, flags=re.I)
         m = _SHOW.match(text)
         if m and m.group(1).upper() == "ALL":
             return _text_result(["name", "setting"], [[k, v] for k, v in sorted(s.values.items())], "SHOW")

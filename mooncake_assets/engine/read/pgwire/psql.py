@@ -154,9 +154,10 @@ _RELATION = {
 
 def catalog_answer(sql: str, backend: Backend) -> Result | None:
     """The answer to a psql catalog query over ``pg_catalog`` (None when ``sql`` reads no
-    ``pg_catalog.`` relation). Every answer has the columns the query selects (:func:`_answer`)."""
+    ``pg_catalog.`` relation, nor one of its common relations unqualified, as psycopg's ``TypeInfo``
+    reads ``pg_type``). Every answer has the columns the query selects (:func:`_answer`)."""
     code = code_only(sql)
-    if not re.search(r"\bpg_catalog\.pg_\w+", code, re.I):
+    if not re.search(r"\bpg_catalog\.pg_\w+|\b(?:FROM|JOIN)\s+pg_(?:type|class|namespace|attribute|index|proc|roles?|database|settings|am|description|constraint|enum|range|inherits|extension)\b", code, re.I):
         return None
     low = code.lower()
     if "pg_catalog.pg_class c" in low and '"name"' in low and (kinds := _RELKINDS.search(code)):  # \dt, \d, \di…
