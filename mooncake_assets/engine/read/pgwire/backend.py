@@ -16,9 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pyarrow as pa
-
 import duckdb
+import pyarrow as pa
 
 from ..union import UnionReader, _ident, check_read_only
 from .infoschema import views
@@ -98,7 +97,8 @@ class Backend:
         source = getattr(self.reader, "source_types", None)
         if source is None or parsed.names is None:
             return {}
-        types = {t: source(t) for t in set(parsed.tables.values())}
+        by_lower = {v.lower(): v for v in getattr(self.reader, "states", {})}  # the parse tree folds names
+        types = {t: source(by_lower.get(t, t)) for t in set(parsed.tables.values())}
         if not any(types.values()):
             return {}
         out: dict[str, str] = {}

@@ -49,6 +49,20 @@ _CAST_NAMES = {
     "BLOB": "bytea",
     "HUGEINT": "numeric",
 }
+#: a type name as written after ``::`` -> pg_type.typname (Postgres names a cast column so)
+_TYPNAMES = {
+    "int": "int4",
+    "integer": "int4",
+    "bigint": "int8",
+    "smallint": "int2",
+    "boolean": "bool",
+    "real": "float4",
+    "float": "float8",
+    "double": "float8",
+    "decimal": "numeric",
+    "character": "bpchar",
+    "char": "bpchar",
+}
 _NODE_NAMES = {
     "CASE_EXPR": "case",
     "OPERATOR_COALESCE": "coalesce",
@@ -122,9 +136,9 @@ def _name(e: dict[str, Any], sql: bytes) -> str:
         if child != "?column?":
             return child
         text = _text_at(sql, e.get("query_location"))
-        m = re.match(r"::\s*(\w+)", text)
+        m = re.match(r"::\s*(?:pg_catalog\s*\.\s*)?(\w+)", text)
         if m:
-            return _CAST_NAMES.get(m.group(1).upper(), m.group(1).lower())
+            return _TYPNAMES.get(m.group(1).lower(), m.group(1).lower())
         tid = e.get("cast_type", {}).get("id", "")
         return _CAST_NAMES.get(tid, tid.lower() or "?column?")
     if cls == "SUBQUERY":
