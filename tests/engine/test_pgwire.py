@@ -174,9 +174,9 @@ def test_parse_tree_names_columns_as_postgres_and_cuts_public():
 
     p = Parser()
     got = p.parse(
-        "SELECT count(*), 1, a + b, x::int8, '1'::int, true, lower(n) AS Low, \"Q\" AS \"Q\", ID, pg_catalog.now(), "
+        'SELECT count(*), 1, a + b, x::int8, \'1\'::int, true, lower(n) AS Low, "Q" AS "Q", ID, pg_catalog.now(), '
         "CASE WHEN a THEN 1 END, coalesce(a, b), (SELECT max(z) FROM t), EXISTS (SELECT 1), ARRAY[1], $1, "
-        "row_number() OVER () FROM public.t, \"public\".\"U\" u, db.public.v WHERE public.t.a = 1"
+        'row_number() OVER () FROM public.t, "public"."U" u, db.public.v WHERE public.t.a = 1'
     )
     assert got.names == [
         "count", "?column?", "?column?", "x", "int4", "bool", "low", "Q", "id", "now",

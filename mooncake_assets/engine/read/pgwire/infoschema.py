@@ -117,9 +117,7 @@ VIEWS = ["table_catalog", "table_schema", "table_name", "view_definition", "chec
 
 
 def _table(names: list[str], rows: list[dict[str, object]]) -> pa.Table:
-    return pa.table(
-        {n: pa.array([r.get(n) for r in rows], pa.int32() if n in _INTS else pa.string()) for n in names}
-    )
+    return pa.table({n: pa.array([r.get(n) for r in rows], pa.int32() if n in _INTS else pa.string()) for n in names})
 
 
 def column_row(database: str, table: str, pos: int, name: str, arrow: pa.DataType, source: str | None) -> dict:
@@ -201,7 +199,9 @@ def views(
                 )
             out[view] = _table(COLUMNS, rows)
         elif view == "schemata":
-            out[view] = _table(SCHEMATA, [{"catalog_name": database, "schema_name": "public", "schema_owner": "mooncake"}])
+            out[view] = _table(
+                SCHEMATA, [{"catalog_name": database, "schema_name": "public", "schema_owner": "mooncake"}]
+            )
         elif view == "views":
             out[view] = _table(VIEWS, [])
         else:

@@ -15,7 +15,6 @@ _OID_EQ = re.compile(r"\boid\s*=\s*'(\d+)'", re.I)
 _ATTRELID = re.compile(r"attrelid\s*=\s*'(\d+)'", re.I)
 
 
-
 def _matches(pattern: str | None, name: str) -> bool:
     if pattern is None:
         return True
@@ -61,8 +60,11 @@ def _top_level_from(sql: str) -> int:
             depth += 1
         elif ch == ")":
             depth -= 1
-        elif depth == 0 and sql[i : i + 4].upper() == "FROM" and not sql[i - 1 : i].isalnum() and not (
-            sql[i + 4 : i + 5].isalnum() or sql[i + 4 : i + 5] == "_"
+        elif (
+            depth == 0
+            and sql[i : i + 4].upper() == "FROM"
+            and not sql[i - 1 : i].isalnum()
+            and not (sql[i + 4 : i + 5].isalnum() or sql[i + 4 : i + 5] == "_")
         ):
             return i
     return len(sql)
@@ -107,6 +109,11 @@ def _answer(sql: str, rows: list[dict[str, str | None]], types: dict[str, int] |
     return Result(f"SELECT {len(rows)}", out, [[r.get(n) for n in names] for r in rows])
 
 
+_CATALOG = re.compile(
+    r"\bpg_catalog\.pg_\w+|\b(?:FROM|JOIN)\s+pg_(?:type|class|namespace|attribute|index|proc|roles?|database"
+    r"|settings|am|description|constraint|enum|range|inherits|extension)\b",
+    re.I,
+)
 _NSP_PATTERN = re.compile(r"nspname\s+OPERATOR\(pg_catalog\.~\)\s+'((?:[^']|'')*)'", re.I)
 _RELKINDS = re.compile(r"relkind\s+IN\s*\(([^)]*)\)", re.I)
 
@@ -157,14 +164,20 @@ def catalog_answer(sql: str, backend: Backend) -> Result | None:
     ``pg_catalog.`` relation, nor one of its common relations unqualified, as psycopg's ``TypeInfo``
     reads ``pg_type``). Every answer has the columns the query selects (:func:`_answer`)."""
     code = code_only(sql)
-    if not re.search(r"\bpg_catalog\.pg_\w+|\b(?:FROM|JOIN)\s+pg_(?:type|class|namespace|attribute|index|proc|roles?|database|settings|am|description|constraint|enum|range|inherits|extension)\b", code, re.I):
+    if not _CATALOG.search(code):
         return None
     low = code.lower()
     if "pg_catalog.pg_class c" in low and '"name"' in low and (kinds := _RELKINDS.search(code)):  # \dt, \d, \di…
         listed = "'r'" in kinds.group(1) or "'p'" in kinds.group(1)
         rows: list[dict[str, str | None]] = [
-            {"Schema": "public", "Name": n, "Type": "table", "Owner": "mooncake", "Persistence": "permanent",
-             "Access method": "parquet"}
+            {
+                "Schema": "public",
+                "Name": n,
+                "Type": "table",
+                "Owner": "mooncake",
+                "Persistence": "permanent",
+                "Access method": "parquet",
+            }
             for _, n in (_tables(backend, code) if listed else [])
         ]
         return _answer(code, rows)
@@ -177,7 +190,7 @@ def catalog_answer(sql: str, backend: Backend) -> Result | None:
     if "from pg_catalog.pg_attribute a" in low and (m := _ATTRELID.search(code)):  # \d NAME: columns
         return _columns(backend, code, int(m.group(1)))
     if "from pg_catalog.pg_namespace n" in low and '"name"' in low:  # \dn
-        rows = [{"Name": "public", "Owner": "mooncake"}] if _in_public(code.replace("n.nspname !~", "")) else []
+        rows = [{"Name": "public", "Owner": "mooncake"}] if _in_public(code) else []
         return _answer(code, rows)
     return _answer(code, [])
 

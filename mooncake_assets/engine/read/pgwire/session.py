@@ -31,8 +31,8 @@ from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statemen
 from .copy import CopyOut, copy_out
 from .protocol import (
     Body,
-    Field,
     ConnectionClosed,
+    Field,
     ProtocolError,
     auth_ok,
     auth_sasl,
