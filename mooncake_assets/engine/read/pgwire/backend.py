@@ -14,6 +14,7 @@ waits until the service has applied every commit made in Postgres before the sta
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -75,7 +76,7 @@ class Backend:
         """Run ``sql`` (``parsed``'s text, ``information_schema`` views renamed) over the views it reads,
         built from the mirrors (:mod:`.infoschema`), on the backend's own DuckDB connection (the
         reader's is not held while it runs; each mirror's columns are one read of no rows)."""
-        source = getattr(self.reader, "source_types", lambda t: {})
+        source: Callable[[str], dict[str, str]] = getattr(self.reader, "source_types", lambda t: {})
         names = self.mirrors() if parsed.information_schema & {"tables", "columns"} else []
         tables = views(parsed.information_schema, names, self.schema, source, database)
         with self._meta_lock:
@@ -117,9 +118,11 @@ class Backend:
             if item == "*":
                 for cols in types.values():
                     put(name, cols.get(name))
-            elif item is not None:
+            elif isinstance(item, tuple):
                 qualifier, col = item
-                tables = [parsed.tables[qualifier]] if qualifier in parsed.tables else list(types)
+                tables = (
+                    [parsed.tables[qualifier]] if qualifier is not None and qualifier in parsed.tables else list(types)
+                )
                 found = {types[t][col] for t in tables if col in types.get(t, {})}
                 put(name, found.pop() if len(found) == 1 else None)
         return out

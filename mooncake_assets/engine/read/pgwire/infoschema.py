@@ -120,7 +120,9 @@ def _table(names: list[str], rows: list[dict[str, object]]) -> pa.Table:
     return pa.table({n: pa.array([r.get(n) for r in rows], pa.int32() if n in _INTS else pa.string()) for n in names})
 
 
-def column_row(database: str, table: str, pos: int, name: str, arrow: pa.DataType, source: str | None) -> dict:
+def column_row(
+    database: str, table: str, pos: int, name: str, arrow: pa.DataType, source: str | None
+) -> dict[str, object]:
     """One ``information_schema.columns`` row (``source``: the column's ``format_type`` text, if kept)."""
     full = source or TYPE_NAMES.get(type_oid(arrow), "text")
     is_array = full.endswith("[]")

@@ -150,7 +150,7 @@ def _name(e: dict[str, Any], sql: bytes) -> str:
         return "?column?"
     if cls == "COLLATE":
         return _name(e["child"], sql)
-    return _NODE_NAMES.get(kind, "?column?")
+    return _NODE_NAMES.get(str(kind), "?column?")
 
 
 def _select_names(node: dict[str, Any], sql: bytes) -> list[str] | None:
@@ -181,7 +181,7 @@ def _walk(node: Any, cuts: list[tuple[int, int, str]], tables: dict[str, str], s
         if schema == "information_schema":
             end = _cut(sql, loc, parts, [])
             m = re.compile(_IDENT).match(_text_at(sql, end)) if end else None
-            if m:
+            if m and isinstance(loc, int):
                 cuts.append((loc, end + len(m.group(0).encode()), f"__mc_is_{name}"))
             return
         tables[str(node.get("alias") or name).lower()] = name
@@ -207,8 +207,8 @@ def _cut(sql: bytes, loc: Any, parts: int, cuts: list[tuple[int, int, str]]) -> 
         pos = m.end()
     if not (parts and pos):
         return 0
-    end = loc + len(text[:pos].encode())
-    cuts.append((loc, end, ""))
+    end = int(loc) + len(text[:pos].encode())
+    cuts.append((int(loc), end, ""))
     return end
 
 

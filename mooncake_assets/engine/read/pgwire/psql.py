@@ -29,7 +29,9 @@ def _matches(pattern: str | None, name: str) -> bool:
 
 def _split_top(text: str, sep: str = ",") -> list[str]:
     """``text`` split at ``sep`` outside parentheses and literals."""
-    out, depth, cur, quote = [], 0, [], ""
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -138,7 +140,7 @@ def _by_oid(backend: Backend, oid: int) -> str | None:
     return names[i] if 0 <= i < len(names) else None
 
 
-_RELATION = {
+_RELATION: dict[str, str | None] = {
     "relchecks": "0",
     "relkind": "r",
     "relhasindex": "f",

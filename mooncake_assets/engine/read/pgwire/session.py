@@ -340,7 +340,7 @@ class Session:
     def _copy(self, plan: CopyOut, params: list[Any]) -> Result:
         """``COPY … TO STDOUT``: the query's rows as COPY lines (:mod:`.copy`)."""
         res = self.execute(plan.query, params)
-        names = [f.name for f in res.fields or []]
+        names: list[str | None] = [f.name for f in res.fields or []]
         lines = [plan.line(names)] if plan.header else []
         lines.extend(plan.line(r) for r in res.rows)
         return Result(f"COPY {len(res.rows)}", res.fields, [], lines)
@@ -352,7 +352,7 @@ class Session:
         self.send(copy_done())
 
     @staticmethod
-    def _result(sql: str, table: pa.Table, hints: dict[int, str] | None = None) -> Result:
+    def _result(sql: str, table: pa.Table, hints: dict[str, str] | None = None) -> Result:
         head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
         tag = "EXPLAIN" if head == "EXPLAIN" else f"SELECT {table.num_rows}"
         return Result(tag, fields(table.schema, hints), text_values(table))
@@ -493,11 +493,11 @@ def bind_params(
             oid = 1009  # psycopg's list of strings: untyped array text
         if oid in ELEMENT_OF:
             elem = ELEMENT_OF[oid]
-            spec = PARAM_TYPES.get(elem, ("VARCHAR", str))
+            elem_spec = PARAM_TYPES.get(elem, ("VARCHAR", str))
             value = None
             if v is not None:
-                value = decode_array(v, decode_binary) if is_binary else convert(parse_array(v.decode()), spec[1])
-            casts[i + 1] = f"CAST(${i + 1} AS {spec[0]}{'[]' * dimensions(value)})"
+                value = decode_array(v, decode_binary) if is_binary else convert(parse_array(v.decode()), elem_spec[1])
+            casts[i + 1] = f"CAST(${i + 1} AS {elem_spec[0]}{'[]' * dimensions(value)})"
             values.append(value)
             continue
         spec = PARAM_TYPES.get(oid)
