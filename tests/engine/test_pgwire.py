@@ -179,7 +179,7 @@ def test_parse_tree_names_columns_as_postgres_and_cuts_public():
         'row_number() OVER () FROM public.t, "public"."U" u, db.public.v WHERE public.t.a = 1'
     )
     assert got.names == [
-        "count", "?column?", "?column?", "x", "int4", "bool", "low", "Q", "id", "now",
+        "count", "?column?", "?column?", "x", "int4", "?column?", "low", "Q", "id", "now",
         "case", "coalesce", "max", "exists", "array", "?column?", "row_number",
     ]  # fmt: skip
     assert got.sql.endswith('FROM t, "U" u, v WHERE t.a = 1') and got.tables == {"t": "t", "u": "u", "v": "v"}

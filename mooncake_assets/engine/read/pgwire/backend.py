@@ -14,7 +14,6 @@ waits until the service has applied every commit made in Postgres before the sta
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -72,13 +71,18 @@ class Backend:
         """A mirror's columns (names and Arrow types) as a union read shows them."""
         return self.run(f"SELECT * FROM {_ident(table)} LIMIT 0", read="applied").schema
 
+    def source_types(self, table: str) -> dict[str, str]:
+        """A mirror's column name -> its source type (``format_type`` text), once :meth:`schema` or a
+        statement read it; {} when the mirror keeps none."""
+        source = getattr(self.reader, "source_types", None)
+        return source(table) if source is not None else {}
+
     def information_schema(self, parsed: Parsed, sql: str, params: list[Any] | None, database: str) -> pa.Table:
         """Run ``sql`` (``parsed``'s text, ``information_schema`` views renamed) over the views it reads,
         built from the mirrors (:mod:`.infoschema`), on the backend's own DuckDB connection (the
         reader's is not held while it runs; each mirror's columns are one read of no rows)."""
-        source: Callable[[str], dict[str, str]] = getattr(self.reader, "source_types", lambda t: {})
         names = self.mirrors() if parsed.information_schema & {"tables", "columns"} else []
-        tables = views(parsed.information_schema, names, self.schema, source, database)
+        tables = views(parsed.information_schema, names, self.schema, self.source_types, database)
         with self._meta_lock:
             check_read_only(sql, self._meta)
             for name, t in tables.items():

@@ -9,7 +9,7 @@ which select-list items are plain column references (for their source type OIDs)
 - **Column names** follow Postgres's ``FigureColname`` (``src/backend/parser/parse_target.c``): an
   alias; a column reference's last name; a function call's name as written (``count(*)`` ->
   ``count``, ``pg_catalog.now()`` -> ``now``); a cast's argument's name, else its type's name
-  (``'1'::int`` -> ``int4``, ``true`` -> ``bool``); ``CASE`` -> ``case``, ``coalesce``, ``ARRAY[…]``
+  (``'1'::int`` -> ``int4``); ``CASE`` -> ``case``, ``coalesce``, ``ARRAY[…]``
   -> ``array``, ``EXISTS`` -> ``exists``, a scalar subquery -> its column's name; anything else
   (operators, constants, parameters) ``?column?``. Unquoted identifiers are folded to lower case,
   as Postgres folds them. A set operation (``UNION``…) takes its first branch's names.
@@ -139,6 +139,8 @@ def _name(e: dict[str, Any], sql: bytes) -> str:
         m = re.match(r"::\s*(?:pg_catalog\s*\.\s*)?(\w+)", text)
         if m:
             return _TYPNAMES.get(m.group(1).lower(), m.group(1).lower())
+        if not re.match(r"CAST\s*\(", text, re.I):
+            return "?column?"  # no cast in the text: DuckDB's own (``true`` is one)
         tid = e.get("cast_type", {}).get("id", "")
         return _CAST_NAMES.get(tid, tid.lower() or "?column?")
     if cls == "SUBQUERY":

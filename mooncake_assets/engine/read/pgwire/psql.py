@@ -202,12 +202,14 @@ def _columns(backend: Backend, sql: str, oid: int) -> Result:
     if table is None:
         return _answer(sql, [], {"attnotnull": BOOL})
     rows: list[dict[str, str | None]] = []
-    for f in backend.schema(table):
-        t_oid = type_oid(f.type)
+    schema = backend.schema(table)
+    source = backend.source_types(table)  # the source column's type, as the mirror keeps it
+    for f in schema:
+        t_oid = type_oid(f.type, source.get(f.name))
         rows.append(
             {
                 "attname": f.name,
-                "format_type": TYPE_NAMES.get(t_oid, "text"),
+                "format_type": source.get(f.name) or TYPE_NAMES.get(t_oid, "text"),
                 "attnotnull": "f",
                 "attidentity": "",
                 "attgenerated": "",
