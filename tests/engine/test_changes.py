@@ -55,7 +55,7 @@ def test_buffer_feed_is_exact_and_pairs_updates_by_key(tmp_path):
     ]
     assert _apply(read(t, lo), feed) == read(t, 41)
     assert _feed(t, 21, 21).num_rows == 0
-    assert _feed(t, 21, 31).column("id").to_pylist() == [3]
+    assert [(r["id"], r["_change"]) for r in _feed(t, 21, 31).to_pylist()] == [(3, "delete"), (5, "insert")]
 
 
 def test_bad_ranges(tmp_path):
