@@ -73,7 +73,9 @@ def _step(dsn, client, stmts, op=None, table=None):
     client.wait_lsn(_lsn(dsn))
     if op is None:
         return None
-    client.call(op, table=table, **({"full": True} if op == "compact" else {}))
+    res = client.call(op, table=table, **({"full": True} if op == "compact" else {}))
+    if op == "compact":
+        assert res["files_in"] >= 2, res  # the feed must see through a real rewrite
     return _snapshot_lsn(client.settings, table) if op == "persist" else None
 
 
@@ -83,7 +85,9 @@ def _snapshot_lsn(s, table: str) -> Lsn:
     from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
     from mooncake_assets.engine.storage import catalog_properties
 
-    ice = IcebergMirrorTable.load(make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{table}")
+    ice = IcebergMirrorTable.load(
+        make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{table}"
+    )
     return Lsn.parse(ice.table.metadata.current_snapshot().summary.additional_properties["mooncake.flush-lsn"])
 
 
@@ -148,7 +152,7 @@ def test_feed_applied_to_since_gives_until(pg_dsn, state_dir):
         assert checked == len(cuts) * (len(cuts) - 1) // 2 >= 21
 
         # the buffer window: exact commit LSNs, each inside the range; an UPDATE is a delete + insert by key
-        (a, ra, ka), (b, rb, kb) = cuts[-2], cuts[-1]
+        (a, ra, _), (b, rb, kb) = cuts[-2], cuts[-1]
         _, feed = client.changes("ct", str(Lsn(a)), str(Lsn(b)))
         rows = feed.to_pylist()
         assert {(r["id"], r["_change"]) for r in rows} == {(7000, "insert"), (1, "delete"), (1, "insert")}
@@ -184,7 +188,12 @@ def test_changes_command(pg_dsn, state_dir):
     with running_service(s) as client:
         client.call("create_table", dst="cc", src="public.cc")
         since = str(_snapshot_lsn(s, "cc"))
-        _sql(pg_dsn, "UPDATE cc SET v = 'z' WHERE id = 2", "INSERT INTO cc VALUES (3, 'c')", "DELETE FROM cc WHERE id = 1")
+        _sql(
+            pg_dsn,
+            "UPDATE cc SET v = 'z' WHERE id = 2",
+            "INSERT INTO cc VALUES (3, 'c')",
+            "DELETE FROM cc WHERE id = 1",
+        )
         r = mooncake(s, "changes", "cc", "--since", since, "--format", "json", check=True)
         rows = json.loads(r.stdout)
         assert [(x["id"], x["v"], x["_change"]) for x in rows] == [
@@ -197,7 +206,20 @@ def test_changes_command(pg_dsn, state_dir):
         assert "changes of cc in [" in r.stderr and "2 inserts, 2 deletes" in r.stderr
         until = r.stderr.split(", ")[1].split(")")[0]
         out = state_dir / "feed.parquet"
-        mooncake(s, "changes", "cc", "--since", since, "--until", until, "--format", "parquet", "--output", str(out), check=True)
+        mooncake(
+            s,
+            "changes",
+            "cc",
+            "--since",
+            since,
+            "--until",
+            until,
+            "--format",
+            "parquet",
+            "--output",
+            str(out),
+            check=True,
+        )
         assert pq.read_table(out).num_rows == 4
         csv = mooncake(s, "changes", "cc", "--since", since, "--until", until, "--format", "csv", check=True).stdout
         assert csv.splitlines()[0] == "id,v,_change,_commit_lsn" and len(csv.splitlines()) == 5

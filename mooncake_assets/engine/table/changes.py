@@ -38,7 +38,7 @@ table was created or re-created), and ``since`` after ``until`` or ``until`` pas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -225,8 +225,8 @@ def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]
     if not len(common):
         return keep_i, keep_d
     by_hash: dict[int, list[int]] = {}
-    for j in np.nonzero(np.isin(hd, common))[0]:
-        by_hash.setdefault(int(hd[j]), []).append(int(j))
+    for dj in np.nonzero(np.isin(hd, common))[0]:
+        by_hash.setdefault(int(hd[dj]), []).append(int(dj))
     cand_i = np.nonzero(np.isin(hi, common))[0]
     i_rows = ins.take(pa.array(cand_i)).to_pylist()
     d_idx = sorted({j for js in by_hash.values() for j in js})
@@ -267,9 +267,7 @@ def plan_changes(table: MirrorTable, since: int, until: int) -> ChangePlan:
     if since > until:
         raise ValueError(f"table {name}: --since {Lsn(since)} is after --until {Lsn(until)}")
     if until > table.applied_lsn:
-        raise ValueError(
-            f"table {name}: LSN {Lsn(until)} is not applied yet (applied up to {Lsn(table.applied_lsn)})"
-        )
+        raise ValueError(f"table {name}: LSN {Lsn(until)} is not applied yet (applied up to {Lsn(table.applied_lsn)})")
     cuts = snapshot_cuts(table)
     live_lo = table.flushed_lsn
     oldest = min([c.lsn for c in cuts] + [live_lo])
@@ -328,7 +326,7 @@ def _snapshot_at(table: MirrorTable, cuts: list[SnapshotCut], lsn: int, live_lo:
 
 def _persisted(table: MirrorTable, snapshot_id: int) -> PersistedState:
     assert table.iceberg is not None  # a snapshot cut exists only with an Iceberg table
-    return table.iceberg.state(snapshot_id)
+    return cast("PersistedState", table.iceberg.state(snapshot_id))
 
 
 def _all_but(rows: int, deleted: BitMap64) -> BitMap64:

@@ -343,13 +343,13 @@ class MemSlice:
             live_at_hi = (b.del_lsn == LIVE) | (b.del_lsn >= hi)
             m_ins = (b.ins_lsn >= lo) & (b.ins_lsn < hi) & live_at_hi
             m_del = (b.ins_lsn < lo) & (b.del_lsn != LIVE) & (b.del_lsn >= lo) & (b.del_lsn < hi)
-            for mask, parts, lsns, stamps in (
+            for mask, parts, lsns, stamp in (
                 (m_ins, ins_parts, ins_lsns, b.ins_lsn),
                 (m_del, del_parts, del_lsns, b.del_lsn),
             ):
                 if mask.any():
                     parts.append(b.rb.filter(pa.array(mask)))
-                    lsns.append(stamps[mask])
+                    lsns.append(stamp[mask])
 
         def table(parts: list[pa.RecordBatch]) -> pa.Table:
             return pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
