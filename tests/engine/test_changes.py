@@ -133,3 +133,94 @@ def test_random_interleavings_apply_to_the_next_read(tmp_path_factory, ops):
             feed = _feed(t, a, b)
             assert _apply(ra, feed) == rb, (a, b)
             assert feed.column("_commit_lsn").null_count == 0  # the buffer window is exact
+
+
+# ------------------------------------------------------------------ persisted history, in-process
+def _iceberg_table(tmp, keyed: bool = True):
+    from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
+    from mooncake_assets.engine.table.mirror import MirrorTable
+
+    from .test_apply import _schema
+
+    catalog = make_catalog(f"sqlite:///{tmp}/catalog.db", f"file://{tmp}/warehouse")
+    schema = _schema(keyed)
+    catalog.create_namespace_if_not_exists("mooncake")
+    try:
+        ice = IcebergMirrorTable.load(catalog, "mooncake.t")
+    except Exception:
+        ice = IcebergMirrorTable.create(catalog, "mooncake.t", schema.arrow_schema())
+    t = MirrorTable("t", "public.t", schema, ice, tmp / "state")
+    t.column_map(OID, COLS)
+    return t
+
+
+PERSISTED_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.integers(0, 10)),
+        st.tuples(st.just("update"), st.integers(0, 10)),
+        st.tuples(st.just("delete"), st.integers(0, 10)),
+        st.tuples(st.sampled_from(["flush", "persist", "compact", "merge", "restart"]), st.just(0)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=PERSISTED_OPS)
+def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops):
+    """Snapshots are cuts (their rows carry no commit LSN), the buffer window is exact; flushes,
+    persists, compactions, index merges and restarts in between; every LSN that is neither is refused."""
+    from mooncake_assets.engine.compaction import compact, merge_index
+    from mooncake_assets.engine.table.changes import NotACutError, snapshot_cuts
+
+    tmp = tmp_path_factory.mktemp("chgp")
+    t = _iceberg_table(tmp)
+    t.persist()
+    live: dict[int, tuple] = {}
+    log: list[tuple[int, Change]] = []  # every commit, replayed after a restart from the flush LSN
+    marks = [(t.flush_lsn, [])]
+    lsn = 100
+    for i, (op, k) in enumerate(ops):
+        lsn += 10
+        ch = None
+        if op == "insert" and k not in live:
+            live[k] = (k, f"v{i}", i)
+            ch = insert(*live[k])
+        elif op == "update" and k in live:
+            live[k] = (k, f"u{i}", i)
+            ch = update(live[k], (k,), "K")
+        elif op == "delete" and k in live:
+            del live[k]
+            ch = delete((k,))
+        elif op == "flush":
+            t.flush()
+        elif op == "persist":
+            t.persist()
+        elif op == "compact":
+            compact(t, full=True, expire=False)
+        elif op == "merge":
+            merge_index(t, full=True)
+        elif op == "restart":
+            t = _iceberg_table(tmp)
+            t.restore()
+            for at, c in log:
+                if at >= t.flush_lsn:
+                    commit(t, at, c)
+        if ch is not None:
+            commit(t, lsn, ch)
+            log.append((lsn, ch))
+            marks.append((lsn + 1, sorted(live.values(), key=repr)))
+    cuts = {c.lsn for c in snapshot_cuts(t)}
+    valid = [(m, rows) for m, rows in marks if m in cuts or t.flushed_lsn <= m <= t.applied_lsn]
+    assert valid
+    for ia, (a, ra) in enumerate(valid):
+        for b, rb in valid[ia:]:
+            feed = _feed(t, a, b)
+            assert _apply(ra, feed) == rb, (a, b)
+            if a >= t.flushed_lsn:
+                assert feed.column("_commit_lsn").null_count == 0
+    for m, _ in marks:
+        if m not in cuts and m < t.flushed_lsn and m > min(cuts):
+            with pytest.raises(NotACutError, match="is not a cut"):
+                plan_changes(t, m, t.applied_lsn)
