@@ -234,3 +234,18 @@ def test_changes_command(pg_dsn, state_dir):
         assert future.returncode == 1 and "timed out" in future.stderr
         nolsn = mooncake(s, "changes", "cc", "--since", "nope")
         assert nolsn.returncode == 2 and "is not an LSN" in nolsn.stderr
+        persisted = mooncake(
+            s, "changes", "cc", "--since", since, "--until", "persisted", "--format", "csv", check=True
+        )
+        assert f"changes of cc in [{since}, {since})" in persisted.stderr  # nothing persisted since
+        mooncake(s, "persist", "cc", check=True)
+        persisted = mooncake(
+            s, "changes", "cc", "--since", since, "--until", "persisted", "--format", "csv", check=True
+        )
+        assert "2 inserts, 2 deletes" in persisted.stderr
+
+        # a dropped and re-created mirror: its history starts anew at the new initial copy
+        mooncake(s, "drop-table", "cc", check=True)
+        mooncake(s, "create-table", "cc", "public.cc", check=True)
+        again = mooncake(s, "changes", "cc", "--since", since)
+        assert again.returncode == 1 and "re-created" in again.stderr and "oldest available LSN is" in again.stderr
