@@ -244,6 +244,14 @@ def test_changes_command(pg_dsn, state_dir):
         )
         assert "2 inserts, 2 deletes" in persisted.stderr
 
+        # the Dagster resource: a cursor that advances over snapshots
+        from mooncake_assets.dagster.resources import ReplicationResource
+
+        res = ReplicationResource(state_dir=str(state_dir), dsn=pg_dsn, tables=["cc"])
+        cursor, feed = res.changes("cc", since)
+        assert Lsn.parse(cursor) > Lsn.parse(since) and feed.num_rows == 4
+        assert res.changes("cc", cursor) == (cursor, feed.schema.empty_table())
+
         # a dropped and re-created mirror: its history starts anew at the new initial copy
         mooncake(s, "drop-table", "cc", check=True)
         mooncake(s, "create-table", "cc", "public.cc", check=True)
