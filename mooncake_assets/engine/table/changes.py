@@ -99,26 +99,21 @@ class SnapshotCut:
 
 
 def snapshot_cuts(table: MirrorTable) -> list[SnapshotCut]:
-    """The cuts of ``table``'s persisted history, oldest first (empty without an Iceberg table).
-    Walks ``main`` from the current snapshot through parents while they are retained."""
+    """The cuts of ``table``'s persisted history, oldest first (empty without an Iceberg table): every
+    retained snapshot with a ``mooncake.flush-lsn``. The mirror is the table's only writer and commits
+    to ``main`` alone, so its snapshots form one line; they are taken from the metadata's snapshot
+    list rather than by walking parents, so a retained (tagged) snapshot behind an expired one counts."""
     if table.iceberg is None:
         return []
     md = table.iceberg.refresh().table.metadata
-    chain = []
-    snap = md.current_snapshot()
-    while snap is not None:
-        chain.append(snap)
-        snap = md.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
     by_lsn: dict[int, SnapshotCut] = {}
-    for s in chain:  # newest first: the first one seen for an LSN is kept
+    for s in sorted(md.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
         text = s.summary.additional_properties.get(SUMMARY_FLUSH_LSN) if s.summary else None
         if not text:
             continue
         lsn = int(Lsn.parse(text))
-        if lsn not in by_lsn:
-            by_lsn[lsn] = SnapshotCut(lsn, s.snapshot_id, s.parent_snapshot_id is None)
-        elif s.parent_snapshot_id is None:
-            by_lsn[lsn] = SnapshotCut(lsn, by_lsn[lsn].snapshot_id, True)
+        first = s.parent_snapshot_id is None or (lsn in by_lsn and by_lsn[lsn].first)
+        by_lsn[lsn] = SnapshotCut(lsn, s.snapshot_id, first)  # the newest snapshot with that LSN wins
     return sorted(by_lsn.values(), key=lambda c: c.lsn)
 
 
