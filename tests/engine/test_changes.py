@@ -143,7 +143,7 @@ def _iceberg_table(tmp, keyed: bool = True):
     from .test_apply import _schema
 
     catalog = make_catalog(f"sqlite:///{tmp}/catalog.db", f"file://{tmp}/warehouse")
-    schema = _schema(keyed)
+    schema = _schema(keyed, "d" if keyed else "f")
     catalog.create_namespace_if_not_exists("mooncake")
     try:
         ice = IcebergMirrorTable.load(catalog, "mooncake.t")
@@ -167,15 +167,15 @@ PERSISTED_OPS = st.lists(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=PERSISTED_OPS)
-def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops):
+@given(ops=PERSISTED_OPS, keyed=st.booleans())
+def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops, keyed):
     """Snapshots are cuts (their rows carry no commit LSN), the buffer window is exact; flushes,
     persists, compactions, index merges and restarts in between; every LSN that is neither is refused."""
     from mooncake_assets.engine.compaction import compact, merge_index
     from mooncake_assets.engine.table.changes import NotACutError, snapshot_cuts
 
     tmp = tmp_path_factory.mktemp("chgp")
-    t = _iceberg_table(tmp)
+    t = _iceberg_table(tmp, keyed)
     t.persist()
     live: dict[int, tuple] = {}
     log: list[tuple[int, Change]] = []  # every commit, replayed after a restart from the flush LSN
@@ -188,11 +188,12 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
             live[k] = (k, f"v{i}", i)
             ch = insert(*live[k])
         elif op == "update" and k in live:
+            old = live[k]
             live[k] = (k, f"u{i}", i)
-            ch = update(live[k], (k,), "K")
+            ch = update(live[k], (k,), "K") if keyed else update(live[k], old, "O")
         elif op == "delete" and k in live:
+            ch = delete((k,)) if keyed else delete(live[k], "O")
             del live[k]
-            ch = delete((k,))
         elif op == "flush":
             t.flush()
         elif op == "persist":
@@ -202,7 +203,7 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
         elif op == "merge":
             merge_index(t, full=True)
         elif op == "restart":
-            t = _iceberg_table(tmp)
+            t = _iceberg_table(tmp, keyed)
             t.restore()
             for at, c in log:
                 if at >= t.flush_lsn:
