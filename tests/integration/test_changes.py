@@ -252,6 +252,17 @@ def test_changes_command(pg_dsn, state_dir):
         assert Lsn.parse(cursor) > Lsn.parse(since) and feed.num_rows == 4
         assert res.changes("cc", cursor) == (cursor, feed.schema.empty_table())
 
+        # a consistent cut's tag is a cut of the feed, also where the table committed nothing new for it
+        _sql(pg_dsn, "CREATE TABLE other (x int)", "INSERT INTO other VALUES (1)")
+        client.wait_lsn(_lsn(pg_dsn))
+        cut = json.loads(mooncake(s, "cut", "cc", "--json", check=True).stdout)
+        assert cut["tables"]["cc"]["committed"] is False  # the tag names the snapshot the persist above made
+        _sql(pg_dsn, "INSERT INTO cc VALUES (4, 'd')")
+        client.wait_lsn(_lsn(pg_dsn))
+        mooncake(s, "persist", "cc", check=True)  # the buffer window now starts past the cut's LSN
+        r = mooncake(s, "changes", "cc", "--since", cut["lsn"], "--until", "persisted", "--format", "json", check=True)
+        assert [(x["id"], x["_change"]) for x in json.loads(r.stdout)] == [(4, "insert")]
+
         # a dropped and re-created mirror: its history starts anew at the new initial copy
         mooncake(s, "drop-table", "cc", check=True)
         mooncake(s, "create-table", "cc", "public.cc", check=True)

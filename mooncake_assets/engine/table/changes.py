@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from ..iceberg.cuts import CUT_TAG_PREFIX, parse_cut_tag
 from ..lsn import Lsn
 from .evolution import project
 
@@ -100,7 +101,8 @@ class SnapshotCut:
 
 def snapshot_cuts(table: MirrorTable) -> list[SnapshotCut]:
     """The cuts of ``table``'s persisted history, oldest first (empty without an Iceberg table): every
-    retained snapshot with a ``mooncake.flush-lsn``. The mirror is the table's only writer and commits
+    retained snapshot with a ``mooncake.flush-lsn``, and the LSN of every consistent cut's tag
+    ``lsn-X-Y`` (``engine/iceberg/cuts.py``: its snapshot holds the table's state at that LSN). The mirror is the table's only writer and commits
     to ``main`` alone, so its snapshots form one line; they are taken from the metadata's snapshot
     list rather than by walking parents, so a retained (tagged) snapshot behind an expired one counts."""
     if table.iceberg is None:
@@ -114,6 +116,11 @@ def snapshot_cuts(table: MirrorTable) -> list[SnapshotCut]:
         lsn = int(Lsn.parse(text))
         first = s.parent_snapshot_id is None or (lsn in by_lsn and by_lsn[lsn].first)
         by_lsn[lsn] = SnapshotCut(lsn, s.snapshot_id, first)  # the newest snapshot with that LSN wins
+    retained = {s.snapshot_id for s in md.snapshots}
+    for name, ref in md.refs.items():  # a consistent cut's tag lsn-X-Y: its snapshot holds the state at X/Y
+        at = parse_cut_tag(name) if name.startswith(CUT_TAG_PREFIX) else None
+        if at is not None and ref.snapshot_id in retained and int(at) not in by_lsn:
+            by_lsn[int(at)] = SnapshotCut(int(at), ref.snapshot_id, False)
     return sorted(by_lsn.values(), key=lambda c: c.lsn)
 
 
