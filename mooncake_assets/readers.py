@@ -11,7 +11,8 @@ current snapshot as a ``pyarrow.Table`` (column order and Arrow types as the eng
   DataFusion (``pyiceberg_core.datafusion.IcebergDataFusionTable`` registered in a
   ``datafusion.SessionContext``; ``pyiceberg-core`` 0.11 speaks the FFI of ``datafusion`` 54, and a
   ``datafusion`` 55 is refused);
-- ``polars``: ``polars.scan_iceberg`` with its native reader.
+- ``polars``: ``polars.scan_iceberg`` with its native reader, the scan planned by the ``polars-iceberg``
+  plugin (what ``pip install 'polars[iceberg]'`` brings; without it polars plans through PyIceberg).
 
 Which engines apply Iceberg v3 deletion vectors (Puffin ``deletion-vector-v1`` blobs, Iceberg spec
 "Deletion Vectors") and which need v2 position-delete files (``create-table --delete-format
@@ -94,10 +95,12 @@ READERS: dict[str, Reader] = {
             _read_duckdb,
         ),
         Reader(
-            "iceberg-rust", ("pyiceberg_core.datafusion", "datafusion"), f"{_EXTRA} (pyiceberg-core, datafusion<55)",
+            "iceberg-rust",
+            ("pyiceberg_core.datafusion", "datafusion"),
+            f"{_EXTRA} (pyiceberg-core, datafusion<55)",
             _read_iceberg_rust,
         ),
-        Reader("polars", ("polars",), "polars (a dependency of mooncake-assets)", _read_polars),
+        Reader("polars", ("polars", "polars_iceberg"), f"{_EXTRA} (polars-iceberg)", _read_polars),
     )
 }
 

@@ -1,5 +1,5 @@
 """The engines people read the mirrors with, on both delete formats: each reads the persisted Iceberg table
-and must equal Postgres (``mooncake verify --reader R`` through the real command line).
+and must equal Postgres (what ``mooncake verify --reader R`` checks; one run of the real command line).
 
 This file keeps README.md's reader-compatibility table ("Reading the mirrors with other engines") true:
 iceberg-rust (pyiceberg-core + DataFusion), polars, PyIceberg and DuckDB read Iceberg v3 deletion vectors
@@ -22,6 +22,7 @@ import pytest
 
 from mooncake_assets.engine.iceberg import make_catalog
 from mooncake_assets.readers import READERS, ReaderUnavailable, require
+from mooncake_assets.verify import verify
 
 from ..helpers import make_settings, mooncake, running_service
 
@@ -109,10 +110,18 @@ def test_the_snapshot_holds_deletes_of_its_format(persisted, f):
 @pytest.mark.parametrize("f", sorted(FORMATS))
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_reader_matches_postgres(persisted, reader, f):
-    """``mooncake verify --reader R items_F``: reader R's rows of the persisted table equal Postgres's."""
-    r = mooncake(persisted, "verify", "--reader", reader, f"items_{f}")
+    """Reader R's rows of the persisted table equal Postgres's at one LSN (``verify``, as ``mooncake verify
+    --reader R`` runs it)."""
+    results, lsn = verify(persisted, [f"items_{f}"], reader)
+    assert [r.match for r in results] == [True], f"at LSN {lsn}: {[r.line() for r in results]}"
+    assert results[0].mirror_rows == 300 - 27 + 20 - 2  # 27 multiples of 11 up to 300 deleted, 20 late rows less 2
+
+
+def test_verify_command_line_reads_with_iceberg_rust(persisted):
+    """The real command line: ``mooncake verify --reader iceberg-rust items_dv`` prints the match, exits 0."""
+    r = mooncake(persisted, "verify", "--reader", "iceberg-rust", "items_dv")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"items_{f} (public.items_{f}): match" in r.stdout, r.stdout
+    assert "items_dv (public.items_dv): match" in r.stdout, r.stdout
     assert "verified: 1/1 tables match" in r.stdout, r.stdout
 
 
