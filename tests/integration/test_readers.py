@@ -11,6 +11,7 @@ initial copy, delete of a row inserted later), one persist after them, read by e
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -172,3 +173,18 @@ def test_clickhouse_reads_position_deletes_not_deletion_vectors(persisted):
     r = _chdb_rows(persisted, "items_dv", "SELECT count(*) FROM {t}")
     assert r.returncode != 0
     assert "Position deletes are supported only for parquet format" in r.stderr, r.stderr
+
+
+def test_create_table_help_says_which_delete_format_for_which_readers(tmp_path):
+    """``mooncake create-table --help`` (the real command line) names the readers of each delete format."""
+    r = subprocess.run(
+        [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(tmp_path), "create-table", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    for word in ("deletion-vectors", "position-deletes", "ClickHouse", "Daft", "iceberg-rust", "polars"):
+        assert word in text, word
