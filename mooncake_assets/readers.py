@@ -67,7 +67,10 @@ def _read_iceberg_rust(tbl: Any, store: Any) -> pa.Table:
     from datafusion import SessionContext
     from pyiceberg_core.datafusion import IcebergDataFusionTable
 
-    props = {k: str(v) for k, v in tbl.io.properties.items() if not k.startswith("py-")}
+    _object_store_only("iceberg-rust", store)
+    props = {k: str(v) for k, v in tbl.io.properties.items() if not k.startswith(("py-", "mooncake."))}
+    if store is not None and store.kind == "s3" and store.use_path_style:
+        props["s3.path-style-access"] = "true"  # iceberg-rust's key (PyIceberg's is s3.force-virtual-addressing)
     provider = IcebergDataFusionTable(
         identifier=list(tbl.name()), metadata_location=tbl.metadata_location, file_io_properties=props
     )
@@ -76,10 +79,26 @@ def _read_iceberg_rust(tbl: Any, store: Any) -> pa.Table:
     return ctx.sql("SELECT * FROM mirror").to_arrow_table()
 
 
+def _object_store_only(reader: str, store: Any) -> None:
+    """Refuse warehouses this module does not hand to ``reader`` yet (gs://, abfs://): better one clear error
+    than a reader that falls back to the cloud's public endpoint."""
+    if store is not None and store.kind != "s3":
+        raise ReaderUnavailable(f"reader {reader!r} reads local and s3:// warehouses only, not {store.kind}")
+
+
 def _read_polars(tbl: Any, store: Any) -> pa.Table:
+    """polars' scan with the table's FileIO properties as its storage options (polars maps PyIceberg's
+    ``s3.*`` keys to object_store's); for S3 also path-style addressing and plain HTTP as configured."""
     import polars as pl
 
-    return pl.scan_iceberg(tbl, reader_override="native").collect().to_arrow()
+    _object_store_only("polars", store)
+    opts: dict[str, str] | None = None
+    if store is not None:
+        opts = {k: str(v) for k, v in tbl.io.properties.items() if not k.startswith(("py-", "mooncake."))}
+        opts["s3.force-virtual-addressing"] = "false" if store.use_path_style else "true"
+        if store.http_allowed:
+            opts["allow_http"] = "true"
+    return pl.scan_iceberg(tbl, reader_override="native", storage_options=opts).collect().to_arrow()
 
 
 _EXTRA = "pip install 'mooncake-assets[readers]'"
