@@ -67,7 +67,7 @@ def _read_iceberg_rust(tbl: Any, store: Any) -> pa.Table:
     from datafusion import SessionContext
     from pyiceberg_core.datafusion import IcebergDataFusionTable
 
-    _object_store_only("iceberg-rust", store)
+    _local_or_s3_only("iceberg-rust", store)
     props = {k: str(v) for k, v in tbl.io.properties.items() if not k.startswith(("py-", "mooncake."))}
     if store is not None and store.kind == "s3" and store.use_path_style:
         props["s3.path-style-access"] = "true"  # iceberg-rust's key (PyIceberg's is s3.force-virtual-addressing)
@@ -79,7 +79,7 @@ def _read_iceberg_rust(tbl: Any, store: Any) -> pa.Table:
     return ctx.sql("SELECT * FROM mirror").to_arrow_table()
 
 
-def _object_store_only(reader: str, store: Any) -> None:
+def _local_or_s3_only(reader: str, store: Any) -> None:
     """Refuse warehouses this module does not hand to ``reader`` yet (gs://, abfs://): better one clear error
     than a reader that falls back to the cloud's public endpoint."""
     if store is not None and store.kind != "s3":
@@ -91,7 +91,7 @@ def _read_polars(tbl: Any, store: Any) -> pa.Table:
     ``s3.*`` keys to object_store's); for S3 also path-style addressing and plain HTTP as configured."""
     import polars as pl
 
-    _object_store_only("polars", store)
+    _local_or_s3_only("polars", store)
     opts: dict[str, str] | None = None
     if store is not None:
         opts = {k: str(v) for k, v in tbl.io.properties.items() if not k.startswith(("py-", "mooncake."))}
