@@ -272,7 +272,10 @@ def create_table(
         '\'"Sales Data"."Q1 Orders"\', \'public."User"\'',
     ),
     delete_format: str = typer.Option(
-        "deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)"
+        "deletion-vectors",
+        help="deletion-vectors: Iceberg v3, deletes as Puffin deletion vectors (read by PyIceberg, DuckDB, "
+        "iceberg-rust, polars); position-deletes: Iceberg v2 position-delete files, for readers without v3 "
+        "deletion vectors (ClickHouse/chDB, Daft). Table: README.md, Reading the mirrors with other engines",
     ),
     column_type: list[str] = typer.Option(
         [],
@@ -829,7 +832,12 @@ def compact(
 @app.command()
 def verify(
     tables: list[str] | None = typer.Argument(None, help="Mirrors to check (default: all)"),
-    reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg"),
+    reader: str = typer.Option(
+        "union",
+        help="union (the service's union read), or a reader of the persisted Iceberg table: pyiceberg, "
+        "duckdb-iceberg, iceberg-rust (pyiceberg-core + DataFusion) or polars; the last two need "
+        "pip install 'mooncake-assets[readers]'",
+    ),
     checksum: bool = typer.Option(
         False,
         "--checksum",
