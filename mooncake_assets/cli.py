@@ -311,7 +311,10 @@ def create_table(
         '\'"Sales Data"."Q1 Orders"\', \'public."User"\'',
     ),
     delete_format: str = typer.Option(
-        "deletion-vectors", help="deletion-vectors (Iceberg v3) or position-deletes (v2)"
+        "deletion-vectors",
+        help="deletion-vectors: Iceberg v3, deletes as Puffin deletion vectors (read by PyIceberg, DuckDB, "
+        "iceberg-rust, polars); position-deletes: Iceberg v2 position-delete files, for readers without v3 "
+        "deletion vectors (ClickHouse/chDB, Daft). Table: README.md, Reading the mirrors with other engines",
     ),
     column_type: list[str] = typer.Option(
         [],
@@ -500,6 +503,79 @@ def query(
     sys.stdout.write(FORMATS[fmt](res))
     sys.stdout.flush()
     _query_notes(reader, no_wait)
+
+
+CHANGE_FORMATS = ("table", "csv", "json", "parquet")
+
+
+@app.command()
+def changes(
+    dst: str = typer.Argument(..., help="The mirror (see `mooncake list-tables`)"),
+    since: str = typer.Option(..., "--since", metavar="LSN", help="First LSN of the range (X/Y), included"),
+    until: str | None = typer.Option(
+        None,
+        "--until",
+        metavar="LSN",
+        help="End of the range (X/Y), excluded; 'persisted': the table's current Iceberg snapshot "
+        "(a cursor that stays valid); default: the source's current LSN once applied "
+        "(read-your-writes; with --no-wait what the service has applied)",
+    ),
+    fmt: str = typer.Option("table", "--format", help="table, csv, json (as `query` prints them) or parquet"),
+    output: Path | None = typer.Option(None, "--output", metavar="FILE", help="Write there instead of stdout"),
+    max_wait: float = typer.Option(
+        30.0, "--max-wait", metavar="SECONDS", min=0.0, help="How long to wait for an LSN not applied yet"
+    ),
+    no_wait: bool = typer.Option(False, "--no-wait", help="Without --until: end at what the service applied now"),
+):
+    """The rows that changed in DST between two LSNs: the table's columns plus _change (insert|delete)
+    and _commit_lsn (X/Y, empty where only the persisted interval is known). See docs/changes.md.
+
+    Applying the deletes (one equal row each) and inserts to DST read at --since gives DST read at
+    --until. The range actually served is printed on stderr ("changes of DST in [A, B): …")."""
+    from .engine.lsn import Lsn
+    from .engine.read.render import FORMATS
+    from .engine.read.union import current_wal_lsn
+    from .engine.service import ServiceError
+
+    if fmt not in CHANGE_FORMATS:
+        fail(f"--format must be one of {', '.join(CHANGE_FORMATS)}, not {fmt!r}", code=2)
+    for opt, value in (("--since", since), ("--until", until)):
+        if value is None or (opt == "--until" and value == "persisted"):
+            continue
+        try:
+            Lsn.parse(value)
+        except (ValueError, TypeError):
+            fail(f"{opt} {value!r} is not an LSN: expected two hexadecimal numbers as X/Y, e.g. 0/16B3748", code=2)
+    if until not in (None, "persisted") and Lsn.parse(since) > Lsn.parse(until):
+        fail(f"--since {since} is after --until {until}", code=2)
+    if fmt == "parquet" and output is None and sys.stdout.isatty():
+        fail("--format parquet writes binary: give --output FILE (or redirect stdout)", code=2)
+    _refuse_if_stopped()
+    try:
+        if until is None and not no_wait:
+            until = current_wal_lsn(CTX.settings.source_dsn())
+        head, feed = service_client().changes(dst, since, until, timeout=max_wait)
+    except (TimeoutError, ServiceError) as e:
+        hint = " (raise --max-wait)" if "timed out" in str(e) else ""
+        fail(str(e).splitlines()[0] + hint)
+    except Exception as e:
+        fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(feed, str(output) if output is not None else sys.stdout.buffer)
+    else:
+        text = FORMATS[fmt](feed)
+        if output is not None:
+            output.write_text(text)
+        else:
+            sys.stdout.write(text)
+    sys.stdout.flush()
+    ins = sum(1 for c in feed.column("_change").to_pylist() if c == "insert") if feed.num_rows else 0
+    err.print(
+        f"changes of {dst} in [{head['since']}, {head['until']}): {ins} inserts, {feed.num_rows - ins} deletes",
+        highlight=False,
+    )
 
 
 @app.command("sql-server")
@@ -795,7 +871,12 @@ def compact(
 @app.command()
 def verify(
     tables: list[str] | None = typer.Argument(None, help="Mirrors to check (default: all)"),
-    reader: str = typer.Option("union", help="union, pyiceberg or duckdb-iceberg"),
+    reader: str = typer.Option(
+        "union",
+        help="union (the service's union read), or a reader of the persisted Iceberg table: pyiceberg, "
+        "duckdb-iceberg, iceberg-rust (pyiceberg-core + DataFusion) or polars; the last two need "
+        "pip install 'mooncake-assets[readers]'",
+    ),
     checksum: bool = typer.Option(
         False,
         "--checksum",

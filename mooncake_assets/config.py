@@ -62,6 +62,8 @@ class Settings:
     apply_mode: str | None = None  # change | run | auto (None: the service's default; $MOONCAKE_APPLY_MODE)
     decoder: str | None = None  # native | python (None: the service's default; $MOONCAKE_DECODER)
     memory_limit: int | None = None  # the service's memory budget (bytes; None: a quarter of MemTotal)
+    copy_parallel: int | None = None  # create-table's initial copy: connections reading CTID ranges
+    #                                    (None: the service's default, min(4, cores); 1: one COPY; $MOONCAKE_COPY_PARALLEL)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -123,6 +125,7 @@ class Settings:
             **({"apply_mode": self.apply_mode} if self.apply_mode else {}),
             **({"decoder": self.decoder} if self.decoder else {}),
             memory_limit=self.memory_limit,
+            **({"copy_parallel": int(self.copy_parallel)} if self.copy_parallel else {}),
             maintenance_policy=dict(extra.get("maintenance") or {}),
             maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()},
         )
@@ -174,6 +177,7 @@ def load_settings(
     s.catalog_uri = catalog_uri or os.environ.get("MOONCAKE_CATALOG_URI") or s.catalog_uri
     s.apply_mode = os.environ.get("MOONCAKE_APPLY_MODE") or s.apply_mode
     s.decoder = os.environ.get("MOONCAKE_DECODER") or s.decoder
+    s.copy_parallel = int(os.environ.get("MOONCAKE_COPY_PARALLEL") or 0) or s.copy_parallel
     from .engine.storage.config import apply_s3_settings  # S3 endpoint/region/allow_http: env names there
 
     apply_s3_settings(s, endpoint=s3_endpoint)

@@ -7,9 +7,11 @@ rule the mirror's LSNs follow, so "source at C" and "mirror at C" are the same p
 Readers of the mirror:
 - ``union`` (default): the service's union read at exactly C (after waiting for it to apply C);
 - ``pyiceberg``: PyIceberg's scan of the persisted Iceberg table (persisted state only);
-- ``duckdb-iceberg``: DuckDB's iceberg extension (``iceberg_scan``) over the same metadata.
-The last two see only what was persisted: they match when the source has not changed since the last
-persist (e.g. after ``mooncake demo``).
+- ``duckdb-iceberg``: DuckDB's iceberg extension (``iceberg_scan``) over the same metadata;
+- ``iceberg-rust``: iceberg-rust (``pyiceberg-core``) scanned by DataFusion;
+- ``polars``: ``polars.scan_iceberg``.
+All but ``union`` see only what was persisted (``mooncake_assets/readers.py``): they match when the source
+has not changed since the last persist (e.g. after ``mooncake demo``).
 
 Rows are compared as multisets with DuckDB (``EXCEPT ALL`` both ways) after the source rows were
 decoded by the same text decoder the mirror uses.
@@ -29,8 +31,10 @@ import pyarrow as pa
 from .config import Settings
 from .engine.cdc import ReplicationConnection, describe_table, initial_copy
 from .engine.lsn import Lsn
+from .readers import READERS as ICEBERG_READERS
+from .readers import read_mirror, require
 
-READERS = ("union", "pyiceberg", "duckdb-iceberg")
+READERS = ("union", *ICEBERG_READERS)
 
 
 @dataclass
@@ -97,17 +101,11 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
         r = UnionReader(client)
         return r.read_table(name, lsn=lsn)
     from .engine.iceberg import make_catalog
-    from .engine.storage import catalog_properties, configure_duckdb_store, sql_str, warehouse_store
+    from .engine.storage import catalog_properties, warehouse_store
 
     catalog = make_catalog(settings.catalog, settings.warehouse_uri, **catalog_properties(settings))
     tbl = catalog.load_table(f"mooncake.{name}")
-    if reader == "pyiceberg":
-        return tbl.scan().to_arrow()
-    from .engine.storage.duckdb_ext import connect_with_iceberg
-
-    con = connect_with_iceberg()
-    configure_duckdb_store(con, warehouse_store(settings))  # httpfs for s3://, gcsfs/adlfs for gs://, abfs://
-    return con.execute(f"SELECT * FROM iceberg_scan({sql_str(tbl.metadata_location)})").to_arrow_table()
+    return read_mirror(reader, tbl, warehouse_store(settings))
 
 
 def _judge(name: str, src_name: str, src: pa.Table, mir: pa.Table, lsn: str, stopped: dict[str, str]) -> TableResult:
@@ -155,9 +153,14 @@ def _judge(name: str, src_name: str, src: pa.Table, mir: pa.Table, lsn: str, sto
 def verify(
     settings: Settings, names: list[str] | None = None, reader: str = "union", client=None, attempts: int = 5
 ) -> tuple[list[TableResult], str]:
-    """Compare mirrors with their sources at one LSN. Returns (per-table results, LSN text)."""
+    """Compare mirrors with their sources at one LSN. Returns (per-table results, LSN text).
+
+    ``reader``: one of ``READERS``. Raises ``ValueError`` for an unknown reader or mirror and
+    ``readers.ReaderUnavailable`` when the reader's library is not installed."""
     if reader not in READERS:
         raise ValueError(f"unknown reader {reader!r}; choose one of {', '.join(READERS)}")
+    if reader != "union":
+        require(reader)  # ReaderUnavailable: one line saying what to install
     reg = registry(settings)["tables"]
     names = names or sorted(reg)
     unknown = [n for n in names if n not in reg]

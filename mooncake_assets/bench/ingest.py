@@ -304,11 +304,13 @@ def _initial_copy(db: BenchDatabase, sizes: Sizes, scratch_root: Path, log) -> d
         "server_dev_null_seconds": server,
         "server_dev_null_rows_per_s": rows / server,
         "ratio": psql_s / ours,
+        "copy_parallel": svc.config.copy_parallel,
         "what_ours_includes": "create_table: exported snapshot, COPY TO STDOUT decoded into Parquet, key "
         "hashes and IndexBlock, persist (Iceberg commit)",
     }
     log(
-        f"  initial copy: {rows:,} rows, ours {fig['rows_per_s']:,.0f} rows/s ({fig['mb_per_s']:.1f} MB/s), "
+        f"  initial copy ({fig['copy_parallel']} connections): {rows:,} rows, ours {fig['rows_per_s']:,.0f} rows/s "
+        f"({fig['mb_per_s']:.1f} MB/s), "
         f"psql COPY TO STDOUT {fig['psql_rows_per_s']:,.0f} rows/s, ratio {fig['ratio']:.2f}"
     )
     return fig

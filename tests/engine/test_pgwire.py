@@ -167,3 +167,77 @@ def test_framing_reads_what_it_writes_and_refuses_short_messages():
     assert row == b"D" + struct.pack("!ih", 4 + 2 + 5 + 4 + 4, 3) + b"\x00\x00\x00\x01a\xff\xff\xff\xff\x00\x00\x00\x00"
     with pytest.raises(p.ProtocolError):
         p.Body(b"\x00").int16()
+
+
+def test_parse_tree_names_columns_as_postgres_and_cuts_public():
+    from mooncake_assets.engine.read.pgwire.parsed import Parser
+
+    p = Parser()
+    got = p.parse(
+        'SELECT count(*), 1, a + b, x::int8, \'1\'::int, true, lower(n) AS Low, "Q" AS "Q", ID, pg_catalog.now(), '
+        "CASE WHEN a THEN 1 END, coalesce(a, b), (SELECT max(z) FROM t), EXISTS (SELECT 1), ARRAY[1], $1, "
+        'row_number() OVER () FROM public.t, "public"."U" u, db.public.v WHERE public.t.a = 1'
+    )
+    assert got.names == [
+        "count", "?column?", "?column?", "x", "int4", "?column?", "low", "Q", "id", "now",
+        "case", "coalesce", "max", "exists", "array", "?column?", "row_number",
+    ]  # fmt: skip
+    assert got.sql.endswith('FROM t, "U" u, v WHERE t.a = 1') and got.tables == {"t": "t", "u": "u", "v": "v"}
+    star = p.parse("SELECT 1 AS a, *, x FROM t")
+    assert star.output_names(5) == ["a", "", "", "", "x"] and star.columns[2] == (None, "x")
+    assert p.parse("SELECT 1 UNION SELECT 2 AS b").names == ["?column?"]
+    info = p.parse("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+    assert info.information_schema == {"tables"} and "FROM __mc_is_tables WHERE" in info.sql
+    assert p.parse("SELEC 1").names is None
+
+
+def test_array_parameters_text_and_binary():
+    import psycopg
+    from psycopg.adapt import PyFormat
+
+    from mooncake_assets.engine.read.pgwire import arrays
+    from mooncake_assets.engine.read.pgwire.binary import decode
+
+    assert arrays.parse_text('{1,NULL,"a b","q\\"x",{2}}') == ["1", None, "a b", 'q"x', ["2"]]
+    assert arrays.parse_text("{}") == [] and arrays.parse_text("[0:1]={a,b}") == ["a", "b"]
+    with pytest.raises(SqlError):
+        arrays.parse_text("1,2")
+    for v in ([1, None, 3], [[1, 2], [3, 4]], [2**40], ["a", "b c"], [1.5]):
+        dumper = psycopg.adapters.get_dumper(list, PyFormat.BINARY)(list).upgrade(v, PyFormat.BINARY)
+        assert arrays.decode_binary(bytes(dumper.dump(v)), decode) == v, v
+    assert arrays.uses_as_array("SELECT 1 WHERE x = ANY ( $2 )", 2) and not arrays.uses_as_array("= ANY($21)", 2)
+    sql, values = bind_params("SELECT 1 WHERE a = ANY($1) AND b = ANY($2)", [1007, 0], [b"{1,2}", b'{x,"y z"}'])
+    assert sql == "SELECT 1 WHERE a = ANY(CAST($1 AS INTEGER[])) AND b = ANY(CAST($2 AS VARCHAR[]))"
+    assert values == [[1, 2], ["x", "y z"]]
+    assert bind_params("SELECT $1", [1007], [b"{{1},{2}}"])[0] == "SELECT CAST($1 AS INTEGER[][])"
+
+
+def test_copy_statements_and_lines():
+    from mooncake_assets.engine.read.pgwire.copy import copy_out
+
+    plan = copy_out("COPY (SELECT 1) TO STDOUT")
+    assert plan is not None and plan.query == "SELECT 1" and not plan.csv
+    assert plan.line(["a\tb", None, "", "x\\y\n"]) == b"a\\tb\t\\N\t\tx\\\\y\\n\n"
+    csv = copy_out("copy t (a, b) to stdout with (format csv, header true, delimiter ';')")
+    assert csv is not None and (csv.query, csv.header, csv.delimiter) == ("SELECT a, b FROM t", True, ";")
+    assert csv.line(["a;b", None, "", 'q"', "plain"]) == b'"a;b";;"";"q""";plain\n'
+    assert copy_out("COPY t TO STDOUT CSV HEADER").delimiter == ","  # type: ignore[union-attr]
+    assert copy_out("COPY t FROM STDIN") is None and copy_out("SELECT 1") is None
+    for sql in ("COPY t TO '/tmp/x'", "COPY t TO STDOUT (FORMAT binary)"):
+        with pytest.raises(SqlError) as e:
+            copy_out(sql)
+        assert e.value.code == "0A000" and e.value.hint
+
+
+def test_psql_catalog_queries_get_the_columns_they_select():
+    from mooncake_assets.engine.read.pgwire.psql import select_names
+
+    sql = (
+        "SELECT a.attname,\n  pg_catalog.format_type(a.atttypid, a.atttypmod),\n  (SELECT pg_catalog.pg_get_expr(d.adbin,"
+        " d.adrelid, true) FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid),\n  a.attnotnull,\n"
+        "  CASE WHEN a.attstattarget=-1 THEN NULL ELSE a.attstattarget END AS attstattarget,\n"
+        '  n.nspname as "Schema", false AS relhasoids\nFROM pg_catalog.pg_attribute a'
+    )
+    assert select_names(sql) == [
+        "attname", "format_type", "pg_get_expr", "attnotnull", "attstattarget", "Schema", "relhasoids",
+    ]  # fmt: skip

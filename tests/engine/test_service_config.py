@@ -50,3 +50,16 @@ def test_service_config_defaults_match_settings(tmp_path):
         warehouse_uri=c.warehouse_uri,
     )
     assert c == d
+
+
+def test_copy_parallel_setting(tmp_path, monkeypatch):
+    from mooncake_assets.config import load_settings
+    from mooncake_assets.engine.service.config import default_copy_parallel
+
+    c = Settings(state_dir=tmp_path, dsn="dbname=x").service_config()
+    assert c.copy_parallel == default_copy_parallel() == max(1, min(4, __import__("os").cpu_count() or 1))
+    assert Settings(state_dir=tmp_path, dsn="dbname=x", copy_parallel=1).service_config().copy_parallel == 1
+    monkeypatch.setenv("MOONCAKE_COPY_PARALLEL", "3")
+    assert load_settings(tmp_path / "sd", dsn="dbname=x").service_config().copy_parallel == 3
+    with pytest.raises(ValueError, match="copy_parallel"):
+        dataclasses.replace(c, copy_parallel=0)

@@ -4,7 +4,7 @@ transaction assembler (docs/architecture.md#replication)."""
 from ..pg.catalog import describe_table
 from ..pg.conninfo import OUTPUT_SETTINGS
 from ..pg.schema import ColumnSpec, TableSchema, UnsupportedTypeError, arrow_type_for
-from .copy import copy_statement, initial_copy
+from .copy import begin_copy_transaction, copy_plan, copy_range, copy_statement, initial_copy
 from .decode import decode_text_column, decode_text_columns
 from .pgoutput import (
     Begin,
@@ -26,6 +26,7 @@ from .pgoutput import (
     Update,
     parse_message,
 )
+from .ranges import CtidRange, plan_ctid_ranges, table_pages
 from .stream import ReplicationConnection, ReplicationError
 from .txn import Change, ProtocolError, Transaction, TransactionAssembler
 
@@ -64,4 +65,10 @@ __all__ = [
     "describe_table",
     "copy_statement",
     "initial_copy",
+    "copy_range",
+    "copy_plan",
+    "begin_copy_transaction",
+    "CtidRange",
+    "plan_ctid_ranges",
+    "table_pages",
 ]

@@ -539,6 +539,21 @@ class UnionReader:
             return self.con.execute(sql, params).to_arrow_table()
         return self.con.execute(sql).to_arrow_table()
 
+    def source_types(self, view: str) -> dict[str, str]:
+        """Column name -> the source column's Postgres type (``format_type`` text, the ``pg_type`` field
+        metadata of the mirror's schema) of a registered view, as its in-memory rows carry it; {} for a
+        view not registered (or rows without the metadata)."""
+        mem = self._registered.get(f"__mc_mem_{view}")
+        schema = getattr(mem, "schema", None)
+        if schema is None:
+            return {}
+        out = {}
+        for f in schema:
+            t = (f.metadata or {}).get(b"pg_type")
+            if t:
+                out[f.name] = t.decode()
+        return out
+
     def read_table(self, table: str, lsn: str | None = None, columns: list[str] | None = None) -> pa.Table:
         """All visible rows of one mirrored table as Arrow (optionally projected)."""
         view = f"__mc_read_{table}"

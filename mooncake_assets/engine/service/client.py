@@ -114,6 +114,26 @@ class ServiceClient:
             raise ServiceError(_clean(e)) from None
         return out
 
+    def changes(
+        self, table: str, since: str, until: str | None = None, timeout: float = 30.0
+    ) -> tuple[dict[str, Any], pa.Table]:
+        """The change feed of ``table`` over ``[since, until)`` (``X/Y`` text; ``until`` None: all applied,
+        ``"persisted"``: the current snapshot's LSN), the ``changes`` action (:mod:`.flight`; shape: :mod:`..table.changes`). LSNs not
+        applied yet are waited for up to ``timeout`` s. Returns ``({"table", "since", "until",
+        "rows"}, feed)``; ``ServiceError`` with the service's one-line message otherwise."""
+        body = {"table": table, "since": since, "until": until, "timeout_s": timeout}
+        opts = flight.FlightCallOptions(timeout=max(self.timeout, timeout + 10))
+        try:
+            results = iter(self._conn().do_action(flight.Action("changes", json.dumps(body).encode()), opts))
+            head = json.loads(next(results).body.to_pybytes())
+            feed = pa.ipc.open_stream(next(results).body).read_all()
+        except flight.FlightUnavailableError as e:
+            self.close()
+            raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None
+        except flight.FlightError as e:
+            raise ServiceError(_clean(e)) from None
+        return head, feed
+
     def wait_lsn(self, lsn: str, timeout: float = 30.0) -> dict[str, Any]:
         """Block until every commit below ``lsn`` (``X/Y`` text) is applied, at most ``timeout`` seconds
         (the Flight call gets 10 s more); ``ServiceError`` with the service's ``TimeoutError`` text otherwise."""

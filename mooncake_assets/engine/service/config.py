@@ -8,6 +8,7 @@ and hands the result over as a :class:`ServiceConfig` (the application's ``Setti
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,13 @@ from typing import Any
 
 from ..compaction.policy import MaintenancePolicy, table_policy
 
-__all__ = ["ServiceConfig"]
+__all__ = ["ServiceConfig", "default_copy_parallel"]
+
+
+def default_copy_parallel() -> int:
+    """``min(4, cores)``: the initial copy's default number of connections (cores as
+    ``os.cpu_count()``; 1 when unknown)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,12 @@ class ServiceConfig:
       ``default_memory_limit()``, a quarter of MemTotal); below ``MIN_MEMORY_LIMIT`` is a ``ValueError``.
       Past shares of it committed buffers flush early, open transactions spill to
       ``<state_dir>/spill``, and last the stream stops reading (backpressure).
+
+    Initial copy:
+
+    - ``copy_parallel``: connections create-table's initial copy reads the table's CTID ranges on, at
+      the slot's exported snapshot (``engine/cdc/copy.py``); 1: one COPY of the whole table. Default
+      :func:`default_copy_parallel` (``min(4, cores)``).
     """
 
     state_dir: Path
@@ -95,6 +108,7 @@ class ServiceConfig:
     decoder: str = "native"
     native_run_min_rows: int = 64
     memory_limit: int | None = None
+    copy_parallel: int = field(default_factory=default_copy_parallel)
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):
@@ -105,6 +119,8 @@ class ServiceConfig:
 
         limit = default_memory_limit() if self.memory_limit is None else int(self.memory_limit)
         object.__setattr__(self, "memory_limit", check_memory_limit(limit))
+        if self.copy_parallel < 1:
+            raise ValueError(f"copy_parallel must be 1 or more, found {self.copy_parallel!r}")
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "socket_path", Path(self.socket_path))
 

@@ -4,7 +4,10 @@ Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, 
 ``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
 (returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
 ``cut {tables, wait_lsn, timeout_s}`` (every mirror, or ``tables``, committed at one LSN and tagged
-``lsn-X-Y``, after waiting for ``wait_lsn``: ``cut.py``), ``read_states`` (below), ``shutdown``.
+``lsn-X-Y``, after waiting for ``wait_lsn``: ``cut.py``), ``read_states`` (below), ``changes {table,
+since, until, timeout_s}`` (the change feed, :mod:`..table.changes`: first a JSON ``{"table",
+"since", "until", "rows"}`` result, then the feed as an Arrow IPC stream; LSNs not applied yet are
+waited for up to ``timeout_s``), ``shutdown``.
 
 ``read_states {tables | match, lsn, wait_lsn, timeout_s}`` is a union read's **one round trip**: it
 first waits (``timeout_s``) until ``wait_lsn`` is applied (when given), then answers the ReadStates of
@@ -70,6 +73,9 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             if action.type == "read_states":  # several results: the JSON states, then each one's rows
                 yield from self._read_states(body)
                 return
+            if action.type == "changes":  # two results: the JSON head, then the feed's rows
+                yield from self._changes(body)
+                return
             result = self._dispatch(action.type, body)
         except (MooncakeError, TimeoutError, ValueError, LookupError) as e:
             raise flight.FlightServerError(scrub(str(e))) from e
@@ -93,6 +99,7 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             ("read_state", "ReadState + ticket"),
             ("read_states", "wait, then ReadStates + their in-memory rows (one round trip)"),
             ("wait_lsn", "read-your-writes barrier"),
+            ("changes", "the change feed of a table between two LSNs"),
             ("verify_now", "the scheduled checksum verify, now"),
             ("shutdown", "stop the service"),
         ]
@@ -173,6 +180,20 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             with pa.ipc.new_stream(sink, mem.schema) as w:
                 w.write_table(mem)
             yield flight.Result(sink.getvalue())
+
+    def _changes(self, b: dict[str, Any]) -> Iterator[Any]:
+        """The ``changes`` action (module docstring): JSON ``{"table", "since", "until", "rows"}``, then
+        the feed as an Arrow IPC stream."""
+        since = Lsn.parse(b["since"])
+        u = b.get("until")
+        until = u if u == "persisted" else (Lsn.parse(u) if u else None)
+        end, feed = self.service.changes(b["table"], since, until, float(b.get("timeout_s", 30)))
+        head = {"table": b["table"], "since": str(since), "until": str(end), "rows": feed.num_rows}
+        yield flight.Result(json.dumps(head).encode())
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, feed.schema) as w:
+            w.write_table(feed)
+        yield flight.Result(sink.getvalue())
 
     def _shutdown_soon(self) -> None:
         time.sleep(0.2)

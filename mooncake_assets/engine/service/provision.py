@@ -387,7 +387,10 @@ class TableProvisioner:
                 schema,
                 snapshot,
                 text_columns=table.key_names,
+                text_as_arrow=True,
                 progress=lambda r, b: self.reg.progress.get(table.name, {}).update(rows=r, bytes=b),
+                parallel=self.config.copy_parallel,
+                connect=lambda: psycopg.connect(with_options(self.dsn)),
             ):
                 if writer is None:
                     path = table.dir / "staging" / f"{uuid.uuid4().hex}.parquet"

@@ -33,6 +33,7 @@ from ..lsn import Lsn
 from ..pg.catalog import SourceCatalog
 from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_options: re-exported)
 from ..pg.slot import current_wal_lsn
+from ..table.changes import persisted_cut, plan_changes
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
@@ -242,6 +243,29 @@ class ReplicatorService:
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
             return rs.with_(storage=self.storage_hints or None)
+
+    def changes(
+        self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0
+    ) -> tuple[Lsn, pa.Table]:
+        """The change feed of table ``name`` over ``[since, until)`` (:mod:`..table.changes`; ``until``
+        None: everything applied now; ``"persisted"``: the LSN of the table's current Iceberg
+        snapshot, a cut that stays valid while that snapshot is retained). An LSN not applied yet is
+        first waited for, up to ``timeout_s`` seconds (``TimeoutError`` naming both LSNs). Returns
+        ``(until, feed)``; raises ``ValueError``
+        for a range that cannot be served (one line, naming the LSNs that can), :class:`MooncakeError`
+        (the table stops) on an undecodable buffered row. The files are read without the lock."""
+        target = max(since, until if isinstance(until, int) else 0)
+        if target > self.stream.applied_lsn:
+            self.wait_lsn(target, timeout_s)
+        with self.lock:
+            t = self.table(name)
+            end = t.applied_lsn if until is None else persisted_cut(t) if until == "persisted" else int(until)
+            try:
+                plan = plan_changes(t, since, end)
+            except BadRowError as e:  # a buffered value that cannot be decoded stops the table
+                self._stop_table(t, e, e.lsn)
+                raise MooncakeError(t.error) from None
+        return Lsn(end), plan.execute()
 
     # ------------------------------------------------------------------ status
     def _source_lsn(self) -> int | None:

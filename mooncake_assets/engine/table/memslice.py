@@ -328,6 +328,40 @@ class MemSlice:
             return self.schema.empty_table()
         return pa.Table.from_batches(parts, schema=self.schema)
 
+    def changed(self, since: int, until: int) -> tuple[pa.Table, np.ndarray, pa.Table, np.ndarray]:
+        """The buffered rows that differ between the reads at ``since`` and at ``until`` (LSNs,
+        ``since <= until``; a read at L sees the commits with commit_lsn < L).
+
+        Returns ``(inserted, insert_lsns, deleted, delete_lsns)``: ``inserted``: rows committed in
+        ``[since, until)`` and still live at ``until``, with their commit LSNs (uint64, one per row);
+        ``deleted``: rows live at ``since`` whose deleting commit is in ``[since, until)``, with that
+        commit's LSN. A row inserted and deleted inside the range is in neither (it is in no read)."""
+        self.seal()
+        lo, hi = np.uint64(since), np.uint64(until)
+        ins_parts: list[pa.RecordBatch] = []
+        del_parts: list[pa.RecordBatch] = []
+        ins_lsns: list[np.ndarray] = []
+        del_lsns: list[np.ndarray] = []
+        for b in self.batches:
+            live_at_hi = (b.del_lsn == LIVE) | (b.del_lsn >= hi)
+            m_ins = (b.ins_lsn >= lo) & (b.ins_lsn < hi) & live_at_hi
+            m_del = (b.ins_lsn < lo) & (b.del_lsn != LIVE) & (b.del_lsn >= lo) & (b.del_lsn < hi)
+            for mask, parts, lsns, stamp in (
+                (m_ins, ins_parts, ins_lsns, b.ins_lsn),
+                (m_del, del_parts, del_lsns, b.del_lsn),
+            ):
+                if mask.any():
+                    parts.append(b.rb.filter(pa.array(mask)))
+                    lsns.append(stamp[mask])
+
+        def table(parts: list[pa.RecordBatch]) -> pa.Table:
+            return pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
+
+        def stamps(lsns: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(lsns) if lsns else np.zeros(0, dtype=np.uint64)
+
+        return table(ins_parts), stamps(ins_lsns), table(del_parts), stamps(del_lsns)
+
     def drain(self) -> tuple[pa.Table, np.ndarray, int]:
         """Take every live row out (for a flush) and empty the slice.
 

@@ -51,6 +51,7 @@ DEFAULTS = {
     "search_path": "public",
     "extra_float_digits": "1",
     "bytea_output": "hex",
+    "transaction_isolation": "read committed",
     "mooncake.read": "latest",
 }
 REPORTED = (
@@ -82,11 +83,13 @@ class SqlError(Exception):
 @dataclass
 class Result:
     """One statement's answer: ``fields`` None for a statement without rows (SET, BEGIN), else the
-    columns and ``rows`` of text values; ``tag``: the CommandComplete text."""
+    columns and ``rows`` of text values; ``tag``: the CommandComplete text; ``copy``: for ``COPY … TO
+    STDOUT``, the lines sent as CopyData (``fields`` then give the column count)."""
 
     tag: str
     fields: list[Field] | None = None
     rows: list[list[str | None]] = field(default_factory=list)
+    copy: list[bytes] | None = None  # COPY … TO STDOUT: the CopyData payloads (no RowDescription)
 
 
 def _text_result(names: list[str], rows: list[list[str | None]], tag: str | None = None) -> Result:
@@ -214,6 +217,7 @@ def local_statement(sql: str, s: SessionSettings) -> Result | None:
             s.values[key] = DEFAULTS.get(key, "")
         return Result("RESET")
     if head == "SHOW":
+        text = re.sub(r"^\s*SHOW\s+TRANSACTION\s+ISOLATION\s+LEVEL\s*$", "SHOW transaction_isolation", text, flags=re.I)
         m = _SHOW.match(text)
         if m and m.group(1).upper() == "ALL":
             return _text_result(["name", "setting"], [[k, v] for k, v in sorted(s.values.items())], "SHOW")

@@ -233,6 +233,19 @@ def portal_suspended() -> bytes:
     return msg(b"s")
 
 
+def copy_out_response(columns: int) -> bytes:
+    """CopyOutResponse: overall format 0 (text), the column count, each column's format 0."""
+    return msg(b"H", struct.pack("!bh", 0, columns) + struct.pack(f"!{columns}h", *([0] * columns)))
+
+
+def copy_data(data: bytes) -> bytes:
+    return msg(b"d", data)
+
+
+def copy_done() -> bytes:
+    return msg(b"c")
+
+
 def parameter_description(oids: list[int]) -> bytes:
     return msg(b"t", struct.pack("!h", len(oids)) + b"".join(struct.pack("!i", o) for o in oids))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import uuid
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -20,13 +21,18 @@ import duckdb
 import pyarrow as pa
 
 from ..union import ReadOnlyError
+from .arrays import ELEMENT_OF, convert, dimensions, uses_as_array
+from .arrays import decode_binary as decode_array
+from .arrays import parse_text as parse_array
 from .auth import MECHANISM, AuthFailed, ScramExchange, Verifier
 from .backend import Backend
 from .binary import decode as decode_binary
 from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statement, rewrite_functions
+from .copy import CopyOut, copy_out
 from .protocol import (
     Body,
     ConnectionClosed,
+    Field,
     ProtocolError,
     auth_ok,
     auth_sasl,
@@ -36,6 +42,9 @@ from .protocol import (
     bind_complete,
     close_complete,
     command_complete,
+    copy_data,
+    copy_done,
+    copy_out_response,
     data_row,
     empty_query,
     error_response,
@@ -68,6 +77,7 @@ PARAM_TYPES: dict[int, tuple[str, Any]] = {
     1114: ("TIMESTAMP", str),
     1184: ("TIMESTAMPTZ", str),
     17: ("BLOB", lambda s: bytes.fromhex(s[2:]) if s.startswith("\\x") else s.encode()),
+    2950: ("VARCHAR", lambda s: str(uuid.UUID(s))),  # mirrors keep uuids as canonical text
 }
 
 
@@ -117,11 +127,13 @@ class Host(Protocol):
 
 
 class Portal:
-    """A bound statement: its SQL, parameter values, and (once run) its result and rows sent."""
+    """A bound statement: its SQL, parameter values, and (once run) its result and rows sent;
+    ``original``: the statement as the client wrote it (its output column names come from it)."""
 
-    def __init__(self, sql: str, params: list[Any]):
+    def __init__(self, sql: str, params: list[Any], original: str | None = None):
         self.sql = sql
         self.params = params
+        self.original = original or sql
         self.result: Result | None = None
         self.sent = 0
 
@@ -284,7 +296,9 @@ class Session:
             except Exception as e:
                 self._error(e)
                 break
-            if res.fields is not None:
+            if res.copy is not None:
+                self._send_copy(res)
+            elif res.fields is not None:
                 self.send(row_description(res.fields))
                 self.send(*(data_row(r) for r in res.rows))
             self.send(command_complete(res.tag))
@@ -292,8 +306,10 @@ class Session:
         self.send(ready_for_query(self._status()))
         self.flush()
 
-    def execute(self, sql: str, params: list[Any]) -> Result:
-        """Answer one statement: locally (settings, transactions, psql's catalog) or through the reader."""
+    def execute(self, sql: str, params: list[Any], original: str | None = None) -> Result:
+        """Answer one statement: locally (settings, transactions, psql's catalog) or through the reader.
+        ``original``: the client's text of a bound statement (``sql`` has the parameters' casts), whose
+        select list names the result's columns (:mod:`.parsed`)."""
         assert self.settings is not None
         before = {k: self.settings.values[k] for k in REPORTED}
         res = local_statement(sql, self.settings)
@@ -302,18 +318,44 @@ class Session:
                 if self.settings.values[k] != before[k]:
                     self.send(parameter_status(k, self.settings.values[k]))
             return res
+        plan = copy_out(sql)
+        if plan is not None:
+            return self._copy(plan, params)
         res = catalog_answer(sql, self.server.backend)
         if res is not None:
             return res
-        sql = rewrite_functions(sql, self.settings, self.user, self.database)
-        table = self.server.backend.run(sql, params or None, self.settings.values["mooncake.read"], owner=self)
-        return self._result(sql, table)
+        backend = self.server.backend
+        named = backend.parser.parse(original or sql)
+        parsed = backend.parser.parse(sql) if original else named
+        run_sql = rewrite_functions(parsed.sql, self.settings, self.user, self.database)
+        if parsed.information_schema:
+            table = backend.information_schema(parsed, run_sql, params or None, self.database or "mooncake")
+        else:
+            table = backend.run(run_sql, params or None, self.settings.values["mooncake.read"], owner=self)
+        names = named.output_names(table.num_columns)
+        if names is not None:
+            table = table.rename_columns([n or old for n, old in zip(names, table.column_names)])
+        return self._result(sql, table, backend.type_hints(named, table.column_names))
+
+    def _copy(self, plan: CopyOut, params: list[Any]) -> Result:
+        """``COPY … TO STDOUT``: the query's rows as COPY lines (:mod:`.copy`)."""
+        res = self.execute(plan.query, params)
+        names: list[str | None] = [f.name for f in res.fields or []]
+        lines = [plan.line(names)] if plan.header else []
+        lines.extend(plan.line(r) for r in res.rows)
+        return Result(f"COPY {len(res.rows)}", res.fields, [], lines)
+
+    def _send_copy(self, res: Result) -> None:
+        """CopyOutResponse, a CopyData per line, CopyDone ("COPY Operations"); CommandComplete follows."""
+        self.send(copy_out_response(len(res.fields or [])))
+        self.send(*(copy_data(line) for line in res.copy or []))
+        self.send(copy_done())
 
     @staticmethod
-    def _result(sql: str, table: pa.Table) -> Result:
+    def _result(sql: str, table: pa.Table, hints: dict[str, str] | None = None) -> Result:
         head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
         tag = "EXPLAIN" if head == "EXPLAIN" else f"SELECT {table.num_rows}"
-        return Result(tag, fields(table.schema), text_values(table))
+        return Result(tag, fields(table.schema, hints), text_values(table))
 
     # ---------------------------------------------------------------- extended query
     def _extended(self, kind: bytes, b: Body) -> None:
@@ -349,13 +391,13 @@ class Session:
             raise SqlError("26000", f'prepared statement "{stmt}" does not exist')
         sql, oids = self.statements[stmt]
         binary = [(formats[i] if len(formats) > 1 else (formats[0] if formats else 0)) == 1 for i in range(len(raw))]
-        sql, values = bind_params(sql, oids, raw, binary)
-        self.portals[portal] = Portal(sql, values)
+        bound, values = bind_params(sql, oids, raw, binary)
+        self.portals[portal] = Portal(bound, values, sql)
         self.send(bind_complete())
 
     def _run_portal(self, portal: Portal) -> Result:
         if portal.result is None:
-            portal.result = self.execute(portal.sql, portal.params)
+            portal.result = self.execute(portal.sql, portal.params, portal.original)
         return portal.result
 
     def _describe(self, what: bytes, name: str) -> None:
@@ -371,7 +413,10 @@ class Session:
             if name not in self.portals:
                 raise SqlError("34000", f'portal "{name}" does not exist')
             res = self._run_portal(self.portals[name])
-        self.send(row_description(res.fields) if res is not None and res.fields is not None else no_data())
+        if res is None or res.fields is None or res.copy is not None:
+            self.send(no_data())
+        else:
+            self.send(row_description(res.fields))
 
     def _describe_statement(self, sql: str, oids: list[int]) -> Result | None:
         """A statement's columns before it is bound: run with NULL parameters and no rows."""
@@ -380,15 +425,23 @@ class Session:
             return None
         probe, values = bind_params(sql, oids, [None] * len(oids))
         try:
-            return self.execute(f"SELECT * FROM ({probe.rstrip().rstrip(';')}) AS __mc_describe LIMIT 0", values)
+            res = self.execute(f"SELECT * FROM ({probe.rstrip().rstrip(';')}) AS __mc_describe LIMIT 0", values)
         except Exception:
             return None
+        names = self.server.backend.parser.parse(sql).output_names(len(res.fields or []))
+        if names is not None and res.fields is not None:  # the probe's columns, named as the statement's
+            res.fields = [Field(n or f.name, f.oid, f.typlen, f.typmod) for n, f in zip(names, res.fields)]
+        return res
 
     def _execute(self, name: str, max_rows: int) -> None:
         if name not in self.portals:
             raise SqlError("34000", f'portal "{name}" does not exist')
         portal = self.portals[name]
         res = self._run_portal(portal)
+        if res.copy is not None:
+            self._send_copy(res)
+            self.send(command_complete(res.tag))
+            return
         rows = res.rows[portal.sent :]
         if max_rows > 0 and len(rows) > max_rows:
             self.send(*(data_row(r) for r in rows[:max_rows]))
@@ -428,18 +481,31 @@ def bind_params(
 ) -> tuple[str, list[Any]]:
     """Parameter values as DuckDB prepared-statement parameters: each ``$n`` whose type is known
     becomes ``CAST($n AS type)``, its value the Python value of its text (``PARAM_TYPES``) or of its
-    binary form (:mod:`.binary`, where ``binary[i]``); unknown (OID 0) and text types stay strings.
-    Values never enter the SQL text."""
+    binary form (:mod:`.binary`, where ``binary[i]``); an array type (``int4[]``, ``text[]``…, or an
+    untyped ``{…}`` used as ``ANY($n)``: :mod:`.arrays`) becomes a list cast to ``type[]``; unknown
+    (OID 0) and text types stay strings. Values never enter the SQL text."""
     values: list[Any] = []
     casts: dict[int, str] = {}
     for i, v in enumerate(raw):
         oid = oids[i] if i < len(oids) else 0
+        is_binary = bool(binary and binary[i])
+        if oid == 0 and not is_binary and (v is None or v.lstrip()[:1] in (b"{", b"[")) and uses_as_array(sql, i + 1):
+            oid = 1009  # psycopg's list of strings: untyped array text
+        if oid in ELEMENT_OF:
+            elem = ELEMENT_OF[oid]
+            elem_spec = PARAM_TYPES.get(elem, ("VARCHAR", str))
+            value = None
+            if v is not None:
+                value = decode_array(v, decode_binary) if is_binary else convert(parse_array(v.decode()), elem_spec[1])
+            casts[i + 1] = f"CAST(${i + 1} AS {elem_spec[0]}{'[]' * dimensions(value)})"
+            values.append(value)
+            continue
         spec = PARAM_TYPES.get(oid)
         if spec is not None:
             casts[i + 1] = f"CAST(${i + 1} AS {spec[0]})"
         if v is None:
             values.append(None)
-        elif binary and binary[i]:
+        elif is_binary:
             values.append(decode_binary(oid, v))
         else:
             values.append(spec[1](v.decode()) if spec is not None else v.decode())

@@ -87,6 +87,40 @@ TYPLEN = {
     UUID: 16,
     OID: 4,
 }
+#: OID -> format_type text, for ``\d``'s column types
+TYPE_NAMES = {
+    16: "boolean",
+    17: "bytea",
+    20: "bigint",
+    21: "smallint",
+    23: "integer",
+    25: "text",
+    114: "json",
+    700: "real",
+    701: "double precision",
+    1043: "character varying",
+    1082: "date",
+    1083: "time without time zone",
+    1114: "timestamp without time zone",
+    1184: "timestamp with time zone",
+    INTERVAL: "interval",
+    1700: "numeric",
+    2950: "uuid",
+    3802: "jsonb",
+    2249: "record",
+    1000: "boolean[]",
+    1005: "smallint[]",
+    1007: "integer[]",
+    1009: "text[]",
+    1016: "bigint[]",
+    1021: "real[]",
+    1022: "double precision[]",
+    1115: "timestamp without time zone[]",
+    1182: "date[]",
+    1185: "timestamp with time zone[]",
+    1231: "numeric[]",
+}
+
 #: source type names (``format_type`` text, its head) whose values are strings in the mirror -> OID
 NAMED = {
     "json": JSON,
@@ -136,7 +170,11 @@ def type_oid(t: pa.DataType, hint: str | None = None) -> int:
         return INTERVAL
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         elem_hint = hint[:-2] if hint and hint.endswith("[]") else None
-        return ARRAY_OF.get(type_oid(t.value_type, elem_hint), 1009)
+        inner = t.value_type
+        while pa.types.is_list(inner) or pa.types.is_large_list(inner) or pa.types.is_fixed_size_list(inner):
+            inner = inner.value_type  # Postgres's array types cover every number of dimensions
+            elem_hint = elem_hint[:-2] if elem_hint and elem_hint.endswith("[]") else elem_hint
+        return ARRAY_OF.get(type_oid(inner, elem_hint), 1009)
     if pa.types.is_struct(t):
         return RECORD
     return TEXT

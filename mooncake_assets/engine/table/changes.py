@@ -1,0 +1,406 @@
+"""The change feed of one mirrored table: the rows that differ between its reads at two LSNs.
+
+``changes(since, until)`` is the **net** difference between the table read at ``since`` and read at
+``until`` (a read at L holds the transactions with commit_lsn < L), as multisets of rows:
+
+- ``delete`` rows: in the read at ``since``, not in the read at ``until``;
+- ``insert`` rows: in the read at ``until``, not in the read at ``since``.
+
+So applying the feed to the read at ``since`` (remove one equal row per ``delete``, add every
+``insert``) gives the read at ``until`` exactly, for tables with and without a primary key. An UPDATE
+is the delete of the old row and the insert of the new one (by key: the same key in both; the output
+is ordered by key with a key's delete before its insert); an update that changes no value, and a
+row both inserted and deleted inside the range, are not in the feed (neither read differs).
+
+Where the changes are found (:func:`plan_changes`):
+
+- **the buffer window** ``[flushed_lsn, applied_lsn]`` of the live table: every LSN in it is a *cut*
+  (a feed may start or end there); the MemSlice rows carry the commit LSN that inserted and deleted
+  them and the deletes of file rows not yet persisted carry theirs, so ``_commit_lsn`` is exact;
+- **persisted history**: each retained Iceberg snapshot on the ``main`` branch records the LSN its
+  state is at (summary ``mooncake.flush-lsn``); that LSN is a cut. Between two snapshots the changes
+  are the rows of the data files added and the newly deleted positions of older files (their values
+  read back from those files); a file rewritten by compaction shows its rows as deleted and inserted,
+  and such identical pairs cancel. Rows there carry no commit LSN (``_commit_lsn`` is null): only the
+  snapshot's LSN is known, and an LSN strictly between two snapshot LSNs below the buffer window is
+  not a cut (:class:`NotACutError` names the nearest ones).
+
+Output: one Arrow table, the table's columns in today's layout (rows of files written under an older
+schema are projected by field id) plus ``_change`` (string ``insert``/``delete``) and ``_commit_lsn``
+(string ``X/Y``: the commit that inserted or deleted the row; null when only the persisted interval
+is known).
+
+Errors (all ``ValueError``, one line): :class:`NotACutError`, :class:`HistoryError` (older than the
+oldest retained cut: names it, and says whether the mirror's history starts there because the
+table was created or re-created), and ``since`` after ``until`` or ``until`` past what is applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyroaring import BitMap64
+
+from ..iceberg.cuts import CUT_TAG_PREFIX, parse_cut_tag
+from ..lsn import Lsn
+from .evolution import project
+
+if TYPE_CHECKING:
+    from ..iceberg.state import PersistedState
+    from .mirror import MirrorTable
+
+__all__ = [
+    "CHANGE",
+    "COMMIT_LSN",
+    "ChangePlan",
+    "HistoryError",
+    "NotACutError",
+    "SnapshotCut",
+    "persisted_cut",
+    "plan_changes",
+    "snapshot_cuts",
+]
+
+CHANGE = "_change"
+COMMIT_LSN = "_commit_lsn"
+SUMMARY_FLUSH_LSN = "mooncake.flush-lsn"
+
+
+class HistoryError(ValueError):
+    """The range starts before the oldest retained cut (``oldest``: that LSN). Permanent."""
+
+    def __init__(self, message: str, oldest: int):
+        super().__init__(message)
+        self.oldest = oldest
+
+
+class NotACutError(ValueError):
+    """An LSN in persisted history that no snapshot records (``before``/``after``: the nearest cuts,
+    None when there is none on that side). Permanent for that LSN; pick a cut."""
+
+    def __init__(self, message: str, before: int | None, after: int | None):
+        super().__init__(message)
+        self.before, self.after = before, after
+
+
+@dataclass(frozen=True)
+class SnapshotCut:
+    """A retained snapshot of the ``main`` branch as a cut: ``lsn`` (its ``mooncake.flush-lsn``),
+    ``snapshot_id`` (the newest snapshot with that LSN: a compaction's snapshot keeps its parent's
+    LSN and rows), ``first``: it is the table's first snapshot (no parent), where its history starts."""
+
+    lsn: int
+    snapshot_id: int
+    first: bool
+
+
+def snapshot_cuts(table: MirrorTable) -> list[SnapshotCut]:
+    """The cuts of ``table``'s persisted history, oldest first (empty without an Iceberg table): every
+    retained snapshot with a ``mooncake.flush-lsn``, and the LSN of every consistent cut's tag
+    ``lsn-X-Y`` (``engine/iceberg/cuts.py``: its snapshot holds the table's state at that LSN). The mirror is the table's only writer and commits
+    to ``main`` alone, so its snapshots form one line; they are taken from the metadata's snapshot
+    list rather than by walking parents, so a retained (tagged) snapshot behind an expired one counts."""
+    if table.iceberg is None:
+        return []
+    md = table.iceberg.refresh().table.metadata
+    by_lsn: dict[int, SnapshotCut] = {}
+    for s in sorted(md.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        text = s.summary.additional_properties.get(SUMMARY_FLUSH_LSN) if s.summary else None
+        if not text:
+            continue
+        lsn = int(Lsn.parse(text))
+        first = s.parent_snapshot_id is None or (lsn in by_lsn and by_lsn[lsn].first)
+        by_lsn[lsn] = SnapshotCut(lsn, s.snapshot_id, first)  # the newest snapshot with that LSN wins
+    retained = {s.snapshot_id for s in md.snapshots}
+    for name, ref in md.refs.items():  # a consistent cut's tag lsn-X-Y: its snapshot holds the state at X/Y
+        at = parse_cut_tag(name) if name.startswith(CUT_TAG_PREFIX) else None
+        if at is not None and ref.snapshot_id in retained and int(at) not in by_lsn:
+            by_lsn[int(at)] = SnapshotCut(int(at), ref.snapshot_id, False)
+    return sorted(by_lsn.values(), key=lambda c: c.lsn)
+
+
+def persisted_cut(table: MirrorTable) -> int:
+    """The LSN of ``table``'s newest snapshot cut (a feed's ``until`` that stays a cut while that
+    snapshot is retained, unlike an LSN of the buffer window once a flush passes it). ``ValueError``
+    when the table has no snapshot yet."""
+    cuts = snapshot_cuts(table)
+    if not cuts:
+        raise ValueError(f"table {table.name} has no persisted snapshot yet (run `mooncake persist {table.name}`)")
+    return cuts[-1].lsn
+
+
+@dataclass
+class _FileRows:
+    """Rows of one data file that changed: ``where`` (warehouse location or local path), ``positions``
+    (0-based rows), ``change`` (``insert``/``delete``), ``lsns``: position -> commit LSN where known."""
+
+    where: str
+    location: bool
+    positions: BitMap64
+    change: str
+    lsns: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class ChangePlan:
+    """What :func:`plan_changes` captured (under the service lock); :meth:`execute` reads the file rows
+    (no lock needed: data files are immutable) and returns the feed.
+
+    ``since``/``until``: the cuts; ``exact``: every ``_commit_lsn`` is known (both in the buffer window)."""
+
+    since: Lsn
+    until: Lsn
+    exact: bool
+    schema: pa.Schema
+    defaults: dict[int, Any]
+    key: list[str]
+    io: Any
+    files: list[_FileRows] = field(default_factory=list)
+    mem: tuple[pa.Table, np.ndarray, pa.Table, np.ndarray] | None = None
+
+    def execute(self) -> pa.Table:
+        """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``."""
+        ins, ins_l, dels, del_l = [], [], [], []
+        if self.mem is not None:
+            mi, mil, md, mdl = self.mem
+            ins.append(mi)
+            ins_l.append(mil)
+            dels.append(md)
+            del_l.append(mdl)
+        for fr in self.files:
+            if not len(fr.positions):
+                continue
+            rows = self._read(fr)
+            lsns = np.array([fr.lsns.get(p, 0) for p in fr.positions], dtype=np.uint64)
+            (ins if fr.change == "insert" else dels).append(rows)
+            (ins_l if fr.change == "insert" else del_l).append(lsns)
+        i_tab, i_lsn = self._concat(ins, ins_l)
+        d_tab, d_lsn = self._concat(dels, del_l)
+        keep_i, keep_d = cancel_pairs(i_tab, d_tab)
+        return self._output(i_tab.filter(keep_i), i_lsn[keep_i], d_tab.filter(keep_d), d_lsn[keep_d])
+
+    def _read(self, fr: _FileRows) -> pa.Table:
+        if fr.location:
+            with self.io.new_input(fr.where).open() as stream:
+                data = pq.read_table(stream)
+        else:
+            data = pq.read_table(fr.where)
+        rows = data.take(pa.array(list(fr.positions), type=pa.int64()))
+        return project(rows, self.schema, self.defaults)
+
+    def _concat(self, tabs: list[pa.Table], lsns: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
+        tabs = [t.cast(self.schema) if not t.schema.equals(self.schema) else t for t in tabs]
+        tab = pa.concat_tables(tabs) if tabs else self.schema.empty_table()
+        return tab.combine_chunks(), (np.concatenate(lsns) if lsns else np.zeros(0, dtype=np.uint64))
+
+    def _output(self, i_tab: pa.Table, i_lsn: np.ndarray, d_tab: pa.Table, d_lsn: np.ndarray) -> pa.Table:
+        def tagged(t: pa.Table, lsns: np.ndarray, kind: str) -> pa.Table:
+            text = pa.array([str(Lsn(int(x))) if x else None for x in lsns], type=pa.string())
+            return t.append_column(CHANGE, pa.repeat(pa.scalar(kind), t.num_rows).cast(pa.string())).append_column(
+                COMMIT_LSN, text
+            )
+
+        out = pa.concat_tables([tagged(d_tab, d_lsn, "delete"), tagged(i_tab, i_lsn, "insert")])
+        order = [(k, "ascending") for k in self.key] + [(CHANGE, "ascending")]
+        try:  # pairs of an UPDATE side by side: by key, a key's delete before its insert
+            return out.sort_by(order) if self.key else out
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+            return out  # a key type Arrow cannot sort: rows stay deletes first, then inserts
+
+
+def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean keep masks (one per row of ``ins``, of ``dels``) after removing pairs of equal rows, one
+    insert with one delete each (multiset difference; same schema). Rows are matched by a 64-bit hash
+    of all their values (DuckDB ``hash``) and then compared value by value, so a hash collision never
+    cancels two different rows."""
+    keep_i = np.ones(ins.num_rows, dtype=bool)
+    keep_d = np.ones(dels.num_rows, dtype=bool)
+    if not ins.num_rows or not dels.num_rows:
+        return keep_i, keep_d
+    hi, hd = _row_hashes(ins), _row_hashes(dels)
+    common = np.intersect1d(hi, hd)
+    if not len(common):
+        return keep_i, keep_d
+    by_hash: dict[int, list[int]] = {}
+    for dj in np.nonzero(np.isin(hd, common))[0]:
+        by_hash.setdefault(int(hd[dj]), []).append(int(dj))
+    cand_i = np.nonzero(np.isin(hi, common))[0]
+    i_rows = ins.take(pa.array(cand_i)).to_pylist()
+    d_idx = sorted({j for js in by_hash.values() for j in js})
+    d_rows = dict(zip(d_idx, dels.take(pa.array(d_idx, type=pa.int64())).to_pylist()))
+    for i, row in zip(cand_i, i_rows):
+        js = by_hash.get(int(hi[i]), [])
+        for n, j in enumerate(js):
+            if repr(d_rows[j]) == repr(row):  # repr: NaN equals NaN, as in the rows' multiset
+                keep_i[i] = keep_d[j] = False
+                del js[n]
+                break
+    return keep_i, keep_d
+
+
+def _row_hashes(t: pa.Table) -> np.ndarray:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        con.register("t", t)
+        cols = ", ".join('"' + c.replace('"', '""') + '"' for c in t.column_names)
+        out = con.execute(f"SELECT hash({cols}) AS h FROM t").arrow()
+        h = out.column("h") if isinstance(out, pa.Table) else out.read_all().column("h")
+        return np.asarray(h.to_numpy(zero_copy_only=False), dtype=np.uint64)
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------------------------------------- planning
+def plan_changes(table: MirrorTable, since: int, until: int) -> ChangePlan:
+    """Validate ``[since, until)`` for ``table`` and capture what the feed needs (call under the
+    service lock; :meth:`ChangePlan.execute` then runs without it).
+
+    Raises ``ValueError`` when ``since > until`` or ``until`` is past ``applied_lsn`` (the caller waits
+    for it first), :class:`HistoryError` when ``since`` is older than the oldest retained cut,
+    :class:`NotACutError` for an LSN of persisted history no snapshot records."""
+    name = table.name
+    if since > until:
+        raise ValueError(f"table {name}: --since {Lsn(since)} is after --until {Lsn(until)}")
+    if until > table.applied_lsn:
+        raise ValueError(f"table {name}: LSN {Lsn(until)} is not applied yet (applied up to {Lsn(table.applied_lsn)})")
+    cuts = snapshot_cuts(table)
+    live_lo = table.flushed_lsn
+    oldest = min([c.lsn for c in cuts] + [live_lo])
+    if since < oldest:
+        first = cuts[0].first if cuts and cuts[0].lsn == oldest else False
+        why = (
+            "where its history starts: the mirror was created (or dropped and re-created) there"
+            if first or not cuts
+            else "older snapshots have expired"
+        )
+        raise HistoryError(
+            f"table {name}: no changes before LSN {Lsn(oldest)} are kept ({why}); "
+            f"the oldest available LSN is {Lsn(oldest)}",
+            oldest,
+        )
+    plan = ChangePlan(
+        since=Lsn(since),
+        until=Lsn(until),
+        exact=since >= live_lo,
+        schema=table.arrow_schema,
+        defaults=table.defaults,
+        key=list(table.schema.key_columns or []),
+        io=table.iceberg.io if table.iceberg is not None else None,
+    )
+    if since == until:
+        return plan
+    if since >= live_lo:  # both in the buffer window: exact
+        plan.mem = table.mem.changed(since, until)
+        plan.files = _live_deletes(table, since, until)
+        return plan
+    a = _persisted(table, _snapshot_at(table, cuts, since, live_lo))
+    if until >= live_lo:
+        plan.mem = table.mem.changed(since, until)
+        plan.files = _diff_to_live(table, a, since, until)
+    else:
+        b = _persisted(table, _snapshot_at(table, cuts, until, live_lo))
+        plan.files = _diff_snapshots(a, b)
+    return plan
+
+
+def _snapshot_at(table: MirrorTable, cuts: list[SnapshotCut], lsn: int, live_lo: int) -> int:
+    for c in cuts:
+        if c.lsn == lsn:
+            return c.snapshot_id
+    before = max((c.lsn for c in cuts if c.lsn < lsn), default=None)
+    after = min([c.lsn for c in cuts if c.lsn > lsn] + [live_lo])
+    near = (f"{Lsn(before)} before it, " if before is not None else "") + f"{Lsn(after)} after it"
+    raise NotACutError(
+        f"table {table.name}: LSN {Lsn(lsn)} is not a cut of its persisted history (changes below LSN "
+        f"{Lsn(live_lo)} start and end only at a snapshot's LSN; nearest: {near}; "
+        "a reader that keeps a cursor stays on cuts with --until persisted)",
+        before,
+        after,
+    )
+
+
+def _persisted(table: MirrorTable, snapshot_id: int) -> PersistedState:
+    assert table.iceberg is not None  # a snapshot cut exists only with an Iceberg table
+    return cast("PersistedState", table.iceberg.state(snapshot_id))
+
+
+def _all_but(rows: int, deleted: BitMap64) -> BitMap64:
+    return BitMap64(range(rows)) - deleted
+
+
+def _delete_lsns(f: Any, positions: BitMap64, lo: int, hi: int) -> dict[int, int]:
+    """Commit LSN of each of ``positions`` deleted in ``[lo, hi)`` as DiskFile ``f`` still knows it."""
+    out = {}
+    for p in positions:
+        at = f.pending.get(p)
+        if at is not None and lo <= at < hi:
+            out[p] = at
+        elif f.truncated_lsn and lo <= f.truncated_lsn < hi:
+            out[p] = f.truncated_lsn
+    return out
+
+
+def _live_deletes(table: MirrorTable, since: int, until: int) -> list[_FileRows]:
+    """Both cuts in the buffer window: every current file's rows predate ``since`` (a flush raises
+    ``flushed_lsn`` past the rows it writes), so only deletes between the cuts differ."""
+    out = []
+    for f in table.files.values():
+        newly = f.deleted_at(until) - f.deleted_at(since)
+        if len(newly):
+            out.append(_FileRows(*_where(f), newly, "delete", _delete_lsns(f, newly, since, until)))
+    return out
+
+
+def _where(f: Any) -> tuple[str, bool]:
+    return (f.location, True) if f.location else (f.local_path, False)
+
+
+def _diff_to_live(table: MirrorTable, a: PersistedState, since: int, until: int) -> list[_FileRows]:
+    """Snapshot ``a`` (at ``since``) to the live files at ``until``."""
+    out = []
+    old = {loc.rsplit("/", 1)[-1]: (loc, df) for loc, df in a.data_files.items()}
+    for f in table.files.values():
+        now = f.deleted_at(until)
+        if f.name in old:
+            newly = now - old[f.name][1].deleted
+            if len(newly):
+                out.append(_FileRows(*_where(f), newly, "delete", _delete_lsns(f, newly, since, until)))
+        else:
+            out.append(_FileRows(*_where(f), _all_but(f.num_rows, now), "insert"))
+    for name, (loc, df) in old.items():
+        if name not in table.files:
+            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete"))
+    return out
+
+
+def _diff_snapshots(a: PersistedState, b: PersistedState) -> list[_FileRows]:
+    """Snapshot ``a`` to snapshot ``b``: files added, files gone, positions newly deleted."""
+    out = []
+    for loc, df in b.data_files.items():
+        old = a.data_files.get(loc)
+        if old is None:
+            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "insert"))
+        else:
+            newly = df.deleted - old.deleted
+            if len(newly):
+                out.append(_FileRows(loc, True, newly, "delete"))
+    for loc, df in a.data_files.items():
+        if loc not in b.data_files:
+            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete"))
+    return out
+
+
+def lsn_stats(feed: pa.Table) -> dict[str, int]:
+    """Counts of a feed: ``inserts``, ``deletes``, ``exact`` (rows with a ``_commit_lsn``)."""
+    if feed.num_rows == 0:
+        return {"inserts": 0, "deletes": 0, "exact": 0}
+    ch = feed.column(CHANGE)
+    ins = int(pc.sum(pc.equal(ch, "insert")).as_py() or 0)
+    return {"inserts": ins, "deletes": feed.num_rows - ins, "exact": feed.num_rows - feed.column(COMMIT_LSN).null_count}

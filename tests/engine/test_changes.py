@@ -1,0 +1,227 @@
+"""The change feed in-process (engine/table/changes.py), without Postgres: a MirrorTable without an
+Iceberg table serves the buffer window; random interleavings of inserts, updates (key changes
+too), deletes, TRUNCATE and flushes; for every pair of LSNs the feed can serve, the read at the
+first with the feed applied is the read at the second. Persisted history is covered against the real
+service in tests/integration/test_changes.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mooncake_assets.engine.cdc.txn import Change
+from mooncake_assets.engine.table.changes import HistoryError, cancel_pairs, plan_changes
+
+from .test_apply import COLS, OID, commit, delete, insert, make_table, read, update
+
+META = ("_change", "_commit_lsn")
+
+
+def _apply(before: list[tuple], feed: pa.Table) -> list[tuple]:
+    out = Counter(before)
+    for r in feed.to_pylist():
+        row = tuple(r[c] for c in COLS)
+        if r["_change"] == "delete":
+            assert out[row] > 0, row
+            out[row] -= 1
+        else:
+            out[row] += 1
+    return sorted((+out).elements(), key=repr)
+
+
+def _feed(t, a, b) -> pa.Table:
+    return plan_changes(t, a, b).execute()
+
+
+def test_buffer_feed_is_exact_and_pairs_updates_by_key(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1), insert(2, "b", 2), insert(3, "c", 3))
+    t.flush()  # rows 1..3 now in a staged file; the buffer window starts past them
+    lo = t.flushed_lsn
+    commit(t, 20, update((2, "B", 2), (2,), "K"), insert(4, "d", 4))
+    commit(t, 30, delete((3,)), insert(5, "e", 5))
+    commit(t, 40, delete((5,)))  # inserted and deleted inside [lo, 41): in no read, not in the feed
+    feed = _feed(t, lo, 41)
+    rows = [(r["id"], r["v"], r["_change"], r["_commit_lsn"]) for r in feed.to_pylist()]
+    assert rows == [
+        (2, "b", "delete", "0/14"),
+        (2, "B", "insert", "0/14"),
+        (3, "c", "delete", "0/1E"),
+        (4, "d", "insert", "0/14"),
+    ]
+    assert _apply(read(t, lo), feed) == read(t, 41)
+    assert _feed(t, 21, 21).num_rows == 0
+    assert [(r["id"], r["_change"]) for r in _feed(t, 21, 31).to_pylist()] == [(3, "delete"), (5, "insert")]
+
+
+def test_bad_ranges(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1))
+    t.flush()
+    commit(t, 20, insert(2, "b", 2))
+    with pytest.raises(ValueError, match="is after"):
+        plan_changes(t, 21, 12)
+    with pytest.raises(ValueError, match="not applied yet"):
+        plan_changes(t, 12, 10_000)
+    with pytest.raises(HistoryError, match=f"oldest available LSN is 0/{t.flushed_lsn:X}") as e:
+        plan_changes(t, 1, 21)
+    assert e.value.oldest == t.flushed_lsn and "\n" not in str(e.value)
+
+
+def test_cancel_pairs_is_a_multiset_difference():
+    s = pa.schema([("a", pa.string()), ("f", pa.float64())])
+    ins = pa.table({"a": ["x", "x", None, "y"], "f": [float("nan"), float("nan"), 1.0, 2.0]}, schema=s)
+    dels = pa.table({"a": ["x", None, None, "z"], "f": [float("nan"), 1.0, 1.0, 2.0]}, schema=s)
+    ki, kd = cancel_pairs(ins, dels)
+    assert ki.tolist() == [False, True, False, True]  # one NaN 'x' and the NULL row cancel once each
+    assert kd.tolist() == [False, False, True, True]
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.integers(0, 12)),
+        st.tuples(st.just("update"), st.integers(0, 12)),
+        st.tuples(st.just("rekey"), st.integers(0, 12)),
+        st.tuples(st.just("delete"), st.integers(0, 12)),
+        st.tuples(st.just("flush"), st.just(0)),
+        st.tuples(st.just("truncate"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_random_interleavings_apply_to_the_next_read(tmp_path_factory, ops):
+    t = make_table(tmp_path_factory.mktemp("chg"))
+    live: dict[int, tuple] = {}
+    lsn = 100
+    marks = []  # LSNs with the read the table must give there
+    for i, (op, k) in enumerate(ops):
+        lsn += 10
+        if op == "flush":
+            t.flush()
+            continue
+        if op == "insert" and k not in live:
+            live[k] = (k, f"v{i}", i)
+            commit(t, lsn, insert(*live[k]))
+        elif op == "update" and k in live:
+            live[k] = (k, f"u{i}", i)
+            commit(t, lsn, update(live[k], (k,), "K"))
+        elif op == "rekey" and k in live and k + 100 not in live:
+            live[k + 100] = (k + 100, live[k][1], i)
+            del live[k]
+            commit(t, lsn, update(live[k + 100], (k,), "K"))
+        elif op == "delete" and k in live:
+            del live[k]
+            commit(t, lsn, delete((k,)))
+        elif op == "truncate" and live:
+            live.clear()
+            commit(t, lsn, Change("truncate", OID))
+        else:
+            continue
+        marks.append((lsn + 1, sorted(live.values(), key=repr)))
+    served = [(m, rows) for m, rows in marks if m >= t.flushed_lsn]
+    for ia, (a, ra) in enumerate(served):
+        assert read(t, a) == ra
+        for b, rb in served[ia:]:
+            feed = _feed(t, a, b)
+            assert _apply(ra, feed) == rb, (a, b)
+            assert feed.column("_commit_lsn").null_count == 0  # the buffer window is exact
+
+
+# ------------------------------------------------------------------ persisted history, in-process
+def _iceberg_table(tmp, keyed: bool = True):
+    from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
+    from mooncake_assets.engine.table.mirror import MirrorTable
+
+    from .test_apply import _schema
+
+    catalog = make_catalog(f"sqlite:///{tmp}/catalog.db", f"file://{tmp}/warehouse")
+    schema = _schema(keyed, "d" if keyed else "f")
+    catalog.create_namespace_if_not_exists("mooncake")
+    try:
+        ice = IcebergMirrorTable.load(catalog, "mooncake.t")
+    except Exception:
+        ice = IcebergMirrorTable.create(catalog, "mooncake.t", schema.arrow_schema())
+    t = MirrorTable("t", "public.t", schema, ice, tmp / "state")
+    t.column_map(OID, COLS)
+    return t
+
+
+PERSISTED_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.integers(0, 10)),
+        st.tuples(st.just("update"), st.integers(0, 10)),
+        st.tuples(st.just("delete"), st.integers(0, 10)),
+        st.tuples(st.sampled_from(["flush", "persist", "compact", "merge", "restart"]), st.just(0)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=PERSISTED_OPS, keyed=st.booleans())
+def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops, keyed):
+    """Snapshots are cuts (their rows carry no commit LSN), the buffer window is exact; flushes,
+    persists, compactions, index merges and restarts in between; every LSN that is neither is refused."""
+    from mooncake_assets.engine.compaction import compact, merge_index
+    from mooncake_assets.engine.table.changes import NotACutError, snapshot_cuts
+
+    tmp = tmp_path_factory.mktemp("chgp")
+    t = _iceberg_table(tmp, keyed)
+    t.persist()
+    live: dict[int, tuple] = {}
+    log: list[tuple[int, Change]] = []  # every commit, replayed after a restart from the flush LSN
+    marks = [(t.flush_lsn, [])]
+    lsn = 100
+    for i, (op, k) in enumerate(ops):
+        lsn += 10
+        ch = None
+        if op == "insert" and k not in live:
+            live[k] = (k, f"v{i}", i)
+            ch = insert(*live[k])
+        elif op == "update" and k in live:
+            old = live[k]
+            live[k] = (k, f"u{i}", i)
+            ch = update(live[k], (k,), "K") if keyed else update(live[k], old, "O")
+        elif op == "delete" and k in live:
+            ch = delete((k,)) if keyed else delete(live[k], "O")
+            del live[k]
+        elif op == "flush":
+            t.flush()
+        elif op == "persist":
+            t.persist()
+        elif op == "compact":
+            compact(t, full=True, expire=False)
+        elif op == "merge":
+            merge_index(t, full=True)
+        elif op == "restart":
+            t = _iceberg_table(tmp, keyed)
+            t.restore()
+            for at, c in log:
+                if at >= t.flush_lsn:
+                    commit(t, at, c)
+        if ch is not None:
+            commit(t, lsn, ch)
+            log.append((lsn, ch))
+            marks.append((lsn + 1, sorted(live.values(), key=repr)))
+    cuts = {c.lsn for c in snapshot_cuts(t)}
+    valid = [(m, rows) for m, rows in marks if m in cuts or t.flushed_lsn <= m <= t.applied_lsn]
+    assert valid
+    for ia, (a, ra) in enumerate(valid):
+        for b, rb in valid[ia:]:
+            feed = _feed(t, a, b)
+            assert _apply(ra, feed) == rb, (a, b)
+            if a >= t.flushed_lsn:
+                assert feed.column("_commit_lsn").null_count == 0
+    for m, _ in marks:
+        if m not in cuts and m < t.flushed_lsn and m > min(cuts):
+            with pytest.raises(NotACutError, match="is not a cut"):
+                plan_changes(t, m, t.applied_lsn)

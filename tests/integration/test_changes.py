@@ -1,0 +1,270 @@
+"""The change feed (``mooncake changes``, ``ServiceClient.changes``) against the real Postgres and
+the real service process.
+
+Oracle: the source table read at quiet points (nothing else writes), each recorded with a cut LSN
+the feed must serve (a persist's flush LSN — a snapshot's — and LSNs of the buffer window). For
+every pair of cuts, applying the feed's deletes and inserts to the rows at the first gives the rows
+at the second, across flushes, persists, index merges, compactions and a restart.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections import Counter
+from itertools import combinations
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from mooncake_assets.engine.lsn import Lsn
+from mooncake_assets.engine.service import ServiceError
+
+from ..helpers import make_settings, mooncake, running_service
+
+POLICY = {"target_file_bytes": 24 * 1024, "file_count_trigger": 2, "delete_ratio_percent": 10}
+META = ("_change", "_commit_lsn")
+
+
+def _lsn(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+
+
+def _rows(dsn: str, table: str) -> Counter:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return Counter(c.execute(f"SELECT * FROM {table}").fetchall())
+
+
+def _apply(before: Counter, feed) -> Counter:
+    """``before`` with the feed applied: each delete removes one equal row (which must be there)."""
+    cols = [c for c in feed.column_names if c not in META]
+    out = Counter(before)
+    for r in feed.to_pylist():
+        row = tuple(r[c] for c in cols)
+        if r["_change"] == "delete":
+            assert out[row] > 0, f"delete of a row not in the read at since: {row}"
+            out[row] -= 1
+        else:
+            out[row] += 1
+    return +out
+
+
+def _wait_streaming(client, timeout: float = 60.0) -> None:
+    """After a restart the socket answers while the service still restores; wait until it streams."""
+    deadline = time.time() + timeout
+    while not client.status().get("streaming"):
+        assert time.time() < deadline, "the service did not start streaming"
+        time.sleep(0.05)
+
+
+def _sql(dsn: str, *stmts: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for s in stmts:
+            c.execute(s)
+
+
+def _step(dsn, client, stmts, op=None, table=None):
+    """Run ``stmts``, wait until applied, run maintenance ``op`` on ``table``; returns the persist's
+    flush LSN (a snapshot cut) for ``persist``, else None."""
+    _sql(dsn, *stmts)
+    client.wait_lsn(_lsn(dsn))
+    if op is None:
+        return None
+    res = client.call(op, table=table, **({"full": True} if op == "compact" else {}))
+    if op == "compact":
+        assert res["files_in"] >= 2, res  # the feed must see through a real rewrite
+    return _snapshot_lsn(client.settings, table) if op == "persist" else None
+
+
+def _snapshot_lsn(s, table: str) -> Lsn:
+    """The current Iceberg snapshot's ``mooncake.flush-lsn`` (a cut; a persist that had nothing to
+    commit advances the table's flush LSN without one)."""
+    from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
+    from mooncake_assets.engine.storage import catalog_properties
+
+    ice = IcebergMirrorTable.load(
+        make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{table}"
+    )
+    return Lsn.parse(ice.table.metadata.current_snapshot().summary.additional_properties["mooncake.flush-lsn"])
+
+
+WORKLOAD = [
+    (["INSERT INTO ct SELECT g, 'a' || g, g FROM generate_series(301, 400) g"], "flush"),
+    (["UPDATE ct SET n = n + 1000 WHERE id % 7 = 0", "DELETE FROM ct WHERE id % 11 = 0"], "persist"),
+    (["UPDATE ct SET id = id + 10000 WHERE id BETWEEN 20 AND 25", "INSERT INTO ct VALUES (5000, 'x', 1)"], "persist"),
+    (["DELETE FROM ct WHERE id % 5 = 0", "UPDATE ct SET v = 'u' || v WHERE id % 3 = 0"], "persist"),
+    ([], "merge_index"),
+    ([], "compact"),
+    (["UPDATE ct SET n = -n WHERE id % 4 = 1", "DELETE FROM ct WHERE id = 5000"], "persist"),
+]
+KEYLESS = [
+    "INSERT INTO kl VALUES ('d', 1), ('d', 1), (NULL, 2)",
+    "DELETE FROM kl WHERE ctid = (SELECT ctid FROM kl WHERE a = 'd' LIMIT 1)",
+    "UPDATE kl SET n = n + 1 WHERE a IS NULL",
+]
+
+
+def test_feed_applied_to_since_gives_until(pg_dsn, state_dir):
+    _sql(
+        pg_dsn,
+        "CREATE TABLE ct (id int PRIMARY KEY, v text, n int)",
+        "INSERT INTO ct SELECT g, 'v' || g, g FROM generate_series(1, 300) g",
+        "CREATE TABLE kl (a text, n int)",
+        "ALTER TABLE kl REPLICA IDENTITY FULL",
+        "INSERT INTO kl VALUES ('a', 1), ('a', 1), ('b', 2)",
+    )
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster", extra={"maintenance": dict(POLICY)})
+    cuts: list[tuple[int, Counter, Counter]] = []  # (lsn, ct rows, kl rows)
+    with running_service(s) as client:
+        client.call("create_table", dst="ct", src="public.ct")
+        client.call("create_table", dst="kl", src="public.kl")
+        client.settings = s
+        first, kl_first = _snapshot_lsn(s, "ct"), _snapshot_lsn(s, "kl")
+        kl_rows = _rows(pg_dsn, "kl")
+        cuts.append((first, _rows(pg_dsn, "ct"), kl_rows))
+        for i, (stmts, op) in enumerate(WORKLOAD):
+            extra = [KEYLESS[i]] if i < len(KEYLESS) else []
+            cut = _step(pg_dsn, client, stmts + extra, op, "ct")
+            if op == "persist":
+                client.call("persist", table="kl")
+                cuts.append((cut, _rows(pg_dsn, "ct"), None))
+    with running_service(s) as client:  # a restart: the buffer is gone, history is in the snapshots
+        _wait_streaming(client)
+        client.wait_lsn(_lsn(pg_dsn))
+        _sql(pg_dsn, "UPDATE ct SET v = 'r' WHERE id % 9 = 2", "DELETE FROM ct WHERE id % 13 = 3")
+        lsn = _lsn(pg_dsn)
+        client.wait_lsn(lsn)
+        cuts.append((Lsn.parse(lsn), _rows(pg_dsn, "ct"), _rows(pg_dsn, "kl")))  # in the buffer window
+        _sql(pg_dsn, "INSERT INTO ct VALUES (7000, 'late', 7)", "UPDATE ct SET n = 0 WHERE id = 1")
+        lsn = _lsn(pg_dsn)
+        client.wait_lsn(lsn)
+        cuts.append((Lsn.parse(lsn), _rows(pg_dsn, "ct"), _rows(pg_dsn, "kl")))
+
+        checked = 0
+        for (a, ra, _), (b, rb, _) in combinations(cuts, 2):
+            head, feed = client.changes("ct", str(Lsn(a)), str(Lsn(b)))
+            assert head["since"] == str(Lsn(a)) and head["until"] == str(Lsn(b))
+            assert _apply(ra, feed) == rb, f"[{Lsn(a)}, {Lsn(b)})"
+            checked += 1
+        assert checked == len(cuts) * (len(cuts) - 1) // 2 >= 21
+
+        # the buffer window: exact commit LSNs, each inside the range; an UPDATE is a delete + insert by key
+        (a, ra, _), (b, rb, kb) = cuts[-2], cuts[-1]
+        _, feed = client.changes("ct", str(Lsn(a)), str(Lsn(b)))
+        rows = feed.to_pylist()
+        assert {(r["id"], r["_change"]) for r in rows} == {(7000, "insert"), (1, "delete"), (1, "insert")}
+        assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)  # by key, delete before insert
+        assert all(a <= Lsn.parse(r["_commit_lsn"]) < b for r in rows)
+        # a persisted range: only the snapshots' LSNs are known
+        _, feed = client.changes("ct", str(Lsn(cuts[0][0])), str(Lsn(cuts[1][0])))
+        assert feed.num_rows and feed.column("_commit_lsn").null_count == feed.num_rows
+        # keyless table, duplicates included: from the first snapshot to now
+        _, feed = client.changes("kl", str(Lsn(kl_first)), str(Lsn(b)))
+        assert _apply(kl_rows, feed) == kb
+
+        # the default end is everything applied
+        head, feed = client.changes("ct", str(Lsn(a)))
+        assert Lsn.parse(head["until"]) >= b and _apply(ra, feed) == rb
+
+        # ranges that cannot be served: one line each, naming what can
+        with pytest.raises(ServiceError, match="oldest available LSN is") as e:
+            client.changes("ct", "0/1", str(Lsn(b)))
+        oldest = Lsn.parse(str(e.value).rsplit(" ", 1)[1])
+        assert oldest <= cuts[0][0] and "created" in str(e.value)
+        with pytest.raises(ServiceError, match="is not a cut"):
+            client.changes("ct", str(Lsn(cuts[1][0] + 1)), str(Lsn(b)))
+        with pytest.raises(ServiceError, match="is after"):
+            client.changes("ct", str(Lsn(b)), str(Lsn(a)))
+        with pytest.raises(ServiceError, match="timed out"):
+            client.changes("ct", str(Lsn(a)), str(Lsn(b + (1 << 40))), timeout=0.5)
+
+
+def test_changes_command(pg_dsn, state_dir):
+    _sql(pg_dsn, "CREATE TABLE cc (id int PRIMARY KEY, v text)", "INSERT INTO cc VALUES (1, 'a'), (2, 'b')")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    with running_service(s) as client:
+        client.call("create_table", dst="cc", src="public.cc")
+        since = str(_snapshot_lsn(s, "cc"))
+        _sql(
+            pg_dsn,
+            "UPDATE cc SET v = 'z' WHERE id = 2",
+            "INSERT INTO cc VALUES (3, 'c')",
+            "DELETE FROM cc WHERE id = 1",
+        )
+        r = mooncake(s, "changes", "cc", "--since", since, "--format", "json", check=True)
+        rows = json.loads(r.stdout)
+        assert [(x["id"], x["v"], x["_change"]) for x in rows] == [
+            (1, "a", "delete"),
+            (2, "b", "delete"),
+            (2, "z", "insert"),
+            (3, "c", "insert"),
+        ]
+        assert all(x["_commit_lsn"] for x in rows)
+        assert "changes of cc in [" in r.stderr and "2 inserts, 2 deletes" in r.stderr
+        until = r.stderr.split(", ")[1].split(")")[0]
+        out = state_dir / "feed.parquet"
+        mooncake(
+            s,
+            "changes",
+            "cc",
+            "--since",
+            since,
+            "--until",
+            until,
+            "--format",
+            "parquet",
+            "--output",
+            str(out),
+            check=True,
+        )
+        assert pq.read_table(out).num_rows == 4
+        csv = mooncake(s, "changes", "cc", "--since", since, "--until", until, "--format", "csv", check=True).stdout
+        assert csv.splitlines()[0] == "id,v,_change,_commit_lsn" and len(csv.splitlines()) == 5
+        assert pq.read_table(io.BytesIO(out.read_bytes())).column_names[-2:] == ["_change", "_commit_lsn"]
+
+        bad = mooncake(s, "changes", "cc", "--since", until, "--until", since)
+        assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "is after --until" in bad.stderr
+        old = mooncake(s, "changes", "cc", "--since", "0/1", "--until", until)
+        assert old.returncode == 1 and "oldest available LSN is" in old.stderr
+        assert Lsn.parse(old.stderr.split()[-1]) <= Lsn.parse(since) and old.stderr.strip().count("\n") == 0
+        future = mooncake(s, "changes", "cc", "--since", since, "--until", "FF/0", "--max-wait", "0.5")
+        assert future.returncode == 1 and "timed out" in future.stderr
+        nolsn = mooncake(s, "changes", "cc", "--since", "nope")
+        assert nolsn.returncode == 2 and "is not an LSN" in nolsn.stderr
+        persisted = mooncake(
+            s, "changes", "cc", "--since", since, "--until", "persisted", "--format", "csv", check=True
+        )
+        assert f"changes of cc in [{since}, {since})" in persisted.stderr  # nothing persisted since
+        mooncake(s, "persist", "cc", check=True)
+        persisted = mooncake(
+            s, "changes", "cc", "--since", since, "--until", "persisted", "--format", "csv", check=True
+        )
+        assert "2 inserts, 2 deletes" in persisted.stderr
+
+        # the Dagster resource: a cursor that advances over snapshots
+        from mooncake_assets.dagster.resources import ReplicationResource
+
+        res = ReplicationResource(state_dir=str(state_dir), dsn=pg_dsn, tables=["cc"])
+        cursor, feed = res.changes("cc", since)
+        assert Lsn.parse(cursor) > Lsn.parse(since) and feed.num_rows == 4
+        assert res.changes("cc", cursor) == (cursor, feed.schema.empty_table())
+
+        # a consistent cut's tag is a cut of the feed, also where the table committed nothing new for it
+        _sql(pg_dsn, "CREATE TABLE other (x int)", "INSERT INTO other VALUES (1)")
+        client.wait_lsn(_lsn(pg_dsn))
+        cut = json.loads(mooncake(s, "cut", "cc", "--json", check=True).stdout)
+        assert cut["tables"]["cc"]["committed"] is False  # the tag names the snapshot the persist above made
+        _sql(pg_dsn, "INSERT INTO cc VALUES (4, 'd')")
+        client.wait_lsn(_lsn(pg_dsn))
+        mooncake(s, "persist", "cc", check=True)  # the buffer window now starts past the cut's LSN
+        r = mooncake(s, "changes", "cc", "--since", cut["lsn"], "--until", "persisted", "--format", "json", check=True)
+        assert [(x["id"], x["_change"]) for x in json.loads(r.stdout)] == [(4, "insert")]
+
+        # a dropped and re-created mirror: its history starts anew at the new initial copy
+        mooncake(s, "drop-table", "cc", check=True)
+        mooncake(s, "create-table", "cc", "public.cc", check=True)
+        again = mooncake(s, "changes", "cc", "--since", since)
+        assert again.returncode == 1 and "re-created" in again.stderr and "oldest available LSN is" in again.stderr
