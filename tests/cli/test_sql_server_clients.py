@@ -62,7 +62,7 @@ def test_psql_names_meta_commands_and_copy_equal_postgres(served, pg_dsn):
         "SELECT id, tag FROM public.docs ORDER BY id",
         'SELECT "Name" FROM public."User" ORDER BY id',
         "SELECT public.docs.id, d.tag FROM public.docs JOIN docs d USING (id) ORDER BY 1",
-        "SELECT count(*), 1, sum(id), min(tag) AS Low, max(tag) AS \"High\" FROM docs",
+        'SELECT count(*), 1, sum(id), min(tag) AS Low, max(tag) AS "High" FROM docs',
         "SELECT id + 1, id::int8, true, lower(tag), CASE WHEN id > 1 THEN 'x' END, coalesce(tag, 'z'), "
         "(SELECT max(id) FROM docs), sum(id) OVER (), ID, NULL, '1'::int FROM docs ORDER BY 1",
         "SELECT 1 UNION ALL SELECT 2",
