@@ -93,7 +93,10 @@ def main_options(
         if clash:
             fail(f"{', '.join(clash)}: set per source in {CTX.config.path}, not with --config", code=2)
         if source is not None and source not in CTX.config.sources:
-            fail(f"--source {source}: no such source in {CTX.config.path} (sources: {', '.join(CTX.config.sources)})", code=2)
+            fail(
+                f"--source {source}: no such source in {CTX.config.path} (sources: {', '.join(CTX.config.sources)})",
+                code=2,
+            )
         return
     if source is not None:
         fail("--source needs a sources file (--config FILE, $MOONCAKE_CONFIG or ./mooncake.yaml)", code=2)
@@ -331,7 +334,9 @@ def sync(
     mirrored table the patterns no longer pick is kept (drop it with drop-table). Mirror names:
     <table> for schema public, else <schema>__<table>. Exit 1 when a table could not be mirrored."""
     if CTX.config is None:
-        fail("sync mirrors what a sources file names: give --config FILE (or $MOONCAKE_CONFIG, ./mooncake.yaml)", code=2)
+        fail(
+            "sync mirrors what a sources file names: give --config FILE (or $MOONCAKE_CONFIG, ./mooncake.yaml)", code=2
+        )
     CTX.failed = False
     for name in _each_source():
         _sync_one(CTX.config.source(name or CTX.source), dry_run)
@@ -487,9 +492,7 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
 
 def _print_tables(st: dict, prefix: str) -> None:
     """``list-tables``' table of one service's ``status`` (``prefix`` starts its title)."""
-    t = Table(
-        title=f"{prefix}mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})"
-    )
+    t = Table(title=f"{prefix}mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})")
     cols = [
         "name",
         "source",

@@ -47,13 +47,13 @@ from pathlib import Path
 import dagster as dg
 
 from mooncake_assets.config import load_settings
-from mooncake_assets.dagster.keys import SourceKeys
 from mooncake_assets.dagster.jobs.maintenance import (
     DEFAULT_CRON,
     build_maintenance_jobs,
     build_mirror_job,
     build_schedules,
 )
+from mooncake_assets.dagster.keys import SourceKeys
 from mooncake_assets.dagster.resources.io_manager import MooncakeDuckDBIOManager
 from mooncake_assets.dagster.resources.replication import (
     DEFAULT_TABLES,
@@ -79,7 +79,7 @@ class DagsterConfig:
     database: str | None = None
     thresholds: dict = field(default_factory=dict)
     catalog_uri: str | None = None
-    sources: list["SourceDefs"] = field(default_factory=list)  # a sources file's: then ``tables`` is unused
+    sources: list[SourceDefs] = field(default_factory=list)  # a sources file's: then ``tables`` is unused
     config_file: Path | None = None
 
 
@@ -305,4 +305,3 @@ def _build_sources(config: DagsterConfig) -> dg.Definitions:
         resources=resources,
         executor=dg.in_process_executor,
     )
-

@@ -100,7 +100,11 @@ def test_two_sources_sync_verify_list_status(two_sources):
     slots = {json.loads((state / n / "tables.json").read_text())["slot"] for n in ("orders", "metrics")}
     assert len(slots) == 2
 
-    run_sql(env["ORDERS_PG_DSN"], "UPDATE sales.orders SET amount = 0 WHERE id <= 10", "DELETE FROM sales.items WHERE id > 40")
+    run_sql(
+        env["ORDERS_PG_DSN"],
+        "UPDATE sales.orders SET amount = 0 WHERE id <= 10",
+        "DELETE FROM sales.items WHERE id > 40",
+    )
     run_sql(env["METRICS_PG_DSN"], "INSERT INTO samples VALUES (1000, 1)")
     r = cli(cfg, "verify", env=env)
     assert r.returncode == 0, r.stdout + r.stderr

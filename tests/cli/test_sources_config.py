@@ -164,7 +164,12 @@ def test_find_config(tmp_path):
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")} | (env or {})
     return subprocess.run(
-        [sys.executable, "-m", "mooncake_assets.cli", *args], capture_output=True, text=True, cwd=cwd, env=e, timeout=120
+        [sys.executable, "-m", "mooncake_assets.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=e,
+        timeout=120,
     )
 
 

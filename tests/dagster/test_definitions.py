@@ -185,14 +185,16 @@ def test_definitions_from_a_sources_file(tmp_path):
         d.mkdir(parents=True)
         (d / "tables.json").write_text(json.dumps({"tables": {n: {"source": s} for n, s in tables.items()}}))
     cfg = load_config({"MOONCAKE_CONFIG": str(tmp_path / "mooncake.yaml")})
-    assert [s.name for s in cfg.sources] == ["a", "b"] and cfg.database == str(tmp_path / ".mooncake" / "dagster.duckdb")
+    assert [s.name for s in cfg.sources] == ["a", "b"] and cfg.database == str(
+        tmp_path / ".mooncake" / "dagster.duckdb"
+    )
     defs = build_definitions(cfg)
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert {"a/public/orders", "b/sales/q1", "postgres/a/public/orders", "flush/b/sales/q1"} <= keys
-    assert {p.to_user_string() for p in graph.get(dg.AssetKey(["deletion_vectors", "b", "sales", "q1"])).parent_keys} == {
-        "flush/b/sales/q1"
-    }
+    assert {
+        p.to_user_string() for p in graph.get(dg.AssetKey(["deletion_vectors", "b", "sales", "q1"])).parent_keys
+    } == {"flush/b/sales/q1"}
     assert {"replication__a", "replication__b", "io_manager__a", "io_manager__b", "io_manager"} <= set(defs.resources)
     for src in ("a", "b"):
         assert defs.resolve_sensor_def(f"replication_sensor__{src}").required_resource_keys == {f"replication__{src}"}

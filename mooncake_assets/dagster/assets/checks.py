@@ -22,7 +22,6 @@ from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
 
 
-
 def build_mirror_matches_source(spec: TableSpec, keys: SourceKeys = ONE_SOURCE) -> dg.AssetChecksDefinition:
     name = spec.name
 

@@ -93,9 +93,7 @@ def _require_table(replication: ReplicationResource, name: str, keys: SourceKeys
     if st is None:
         raise dg.Failure(description=f"the service does not mirror {name!r} yet: materialize {mirror} first")
     if st.get("state") == "copying":
-        raise dg.Failure(
-            description=f"{name} is still being copied (initial copy); try again when {mirror} is done"
-        )
+        raise dg.Failure(description=f"{name} is still being copied (initial copy); try again when {mirror} is done")
     if st.get("state") == "error":
         raise dg.Failure(
             description=f"mirror {name} stopped on an error: {st.get('error')}",
