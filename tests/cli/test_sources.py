@@ -82,7 +82,24 @@ def asset_keys(cfg: Path) -> set[str]:
     return {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
 
 
-def test_two_sources_sync_verify_list_status(two_sources):
+def sensor_observations(cfg: Path, source: str) -> set[str]:
+    """One tick of the source's sensor in this process (Dagster's build_sensor_context, an ephemeral
+    instance): the asset keys it observed."""
+    import dagster as dg
+
+    from mooncake_assets.dagster.definitions import build_definitions, load_config
+
+    defs = build_definitions(load_config({"MOONCAKE_CONFIG": str(cfg)}))
+    sensor = defs.resolve_sensor_def(f"replication_sensor__{source}")
+    key = f"replication__{source}"
+    with dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), definitions=defs, resources={key: defs.resources[key]}
+    ) as ctx:
+        data = sensor.evaluate_tick(ctx)
+    return {e.asset_key.to_user_string() for e in data.asset_events if isinstance(e, dg.AssetObservation)}
+
+
+def test_two_sources_sync_verify_list_status(two_sources, monkeypatch):
     cfg, env = two_sources
     assert asset_keys(cfg) == set()  # nothing mirrored yet
     r = cli(cfg, "sync", env=env)
@@ -131,6 +148,14 @@ def test_two_sources_sync_verify_list_status(two_sources):
     mirrors = {"orders/sales/orders", "orders/sales/items", "orders/public/customers", "metrics/public/samples"}
     assert mirrors <= before
     assert "flush/orders/sales/orders" in before and "postgres/metrics/public/samples" in before
+    for k, v in env.items():  # the resources read the DSN variables when the sensor runs
+        monkeypatch.setenv(k, v)
+    assert sensor_observations(cfg, "orders") == {
+        "orders/sales/orders",
+        "orders/sales/items",
+        "orders/public/customers",
+    }
+    assert sensor_observations(cfg, "metrics") == {"metrics/public/samples"}
 
     # a new table in a mirrored schema: the next sync mirrors it, the others stay
     run_sql(
