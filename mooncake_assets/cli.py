@@ -174,12 +174,22 @@ def start(
         "settings.json's (auto)",
     ),
 ):
-    """Start the replicator service in the background (no-op when it is running)."""
+    """Start the replicator service in the background (no-op when it is running); with a sources file,
+    every source's (or --source's)."""
+    if maintenance not in (None, "auto", "dagster"):
+        fail(f"--maintenance must be auto or dagster, not {maintenance!r}")
+    CTX.failed = False
+    for name in _each_source():
+        _start_one(maintenance, f"source {name}: " if name else "")
+    if CTX.failed:
+        raise typer.Exit(1)
+
+
+def _start_one(maintenance: str | None, prefix: str) -> None:
+    """``start`` of this command's state directory (``prefix`` starts its line)."""
     from .engine.service import ServiceClient
     from .engine.service.process import start_service
 
-    if maintenance not in (None, "auto", "dagster"):
-        fail(f"--maintenance must be auto or dagster, not {maintenance!r}")
     try:
         pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
     except Exception as e:
@@ -197,13 +207,24 @@ def start(
             f"first to run it with maintenance: {maintenance}"
         )
     console.print(
-        f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})", highlight=False
+        f"{prefix}mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
+        highlight=False,
     )
 
 
 @app.command()
 def stop():
-    """Stop the background replicator service."""
+    """Stop the background replicator service (with a sources file: every source's, or --source's)."""
+    CTX.failed = False
+    for name in _each_source():
+        if name is not None:
+            console.print(f"source {name}: ", end="", highlight=False)
+        _stop_one()
+    if CTX.failed:
+        raise typer.Exit(1)
+
+
+def _stop_one() -> None:
     from .engine.service.process import stop_service
 
     if stop_service(CTX.settings, mark=True):
