@@ -216,7 +216,7 @@ def _start_one(maintenance: str | None, prefix: str) -> None:
 def stop():
     """Stop the background replicator service (with a sources file: every source's, or --source's)."""
     CTX.failed = False
-    for name in _each_source():
+    for name in _each_source(need_dsn=False):
         if name is not None:
             console.print(f"source {name}: ", end="", highlight=False)
         _stop_one()
@@ -233,10 +233,11 @@ def _stop_one() -> None:
         console.print("mooncake service was not running")
 
 
-def _each_source():
+def _each_source(need_dsn: bool = True):
     """With a sources file and no ``--source``: yield each source's name after making its settings
     this command's (a source whose DSN variable is unset is reported on stderr and skipped, and the
-    command then exits 1 — ``CTX.failed``). Otherwise yield None once (one-source mode or ``--source``)."""
+    command then exits 1 — ``CTX.failed``; not ``need_dsn``: it is not needed, see
+    ``SourceConfig.settings``). Otherwise yield None once (one-source mode or ``--source``)."""
     if CTX.config is None or CTX.source is not None:
         yield None
         return
@@ -244,7 +245,7 @@ def _each_source():
 
     for src in CTX.config.sources.values():
         try:
-            CTX.settings = src.settings()
+            CTX.settings = src.settings(need_dsn=need_dsn)
         except MissingDsn as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             CTX.failed = True

@@ -131,13 +131,21 @@ class SourceConfig:
             )
         return v
 
-    def settings(self, environ: Mapping[str, str] | None = None, save: bool = False) -> Settings:
+    def settings(self, environ: Mapping[str, str] | None = None, save: bool = False, need_dsn: bool = True) -> Settings:
         """The :class:`Settings` of this source's state directory: the file's values beat
         ``settings.json``; ``save``: write them to ``settings.json`` (without passwords) so that the
-        source's service and later commands use the same. :class:`MissingDsn` as :meth:`dsn`."""
+        source's service and later commands use the same. :class:`MissingDsn` as :meth:`dsn`, unless
+        not ``need_dsn`` (a command that only talks to the service, e.g. ``stop``: then the DSN is
+        settings.json's, without its password)."""
+        try:
+            dsn = self.dsn(environ)
+        except MissingDsn:
+            if need_dsn:
+                raise
+            dsn = None
         s = load_settings(
             self.state_dir,
-            dsn=self.dsn(environ),
+            dsn=dsn,
             warehouse=self.warehouse,
             catalog_uri=self.catalog,
             publication=self.publication,

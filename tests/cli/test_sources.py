@@ -175,7 +175,7 @@ def test_two_sources_sync_verify_list_status(two_sources, monkeypatch):
     assert after - before == {f"{k}orders/sales/refunds" for k in ("", "postgres/")} | {
         f"{kind}/orders/sales/refunds" for kind in ("flush", "deletion_vectors", "index_merge", "compaction")
     }
-    r = cli(cfg, "stop", env=env)  # every source's service
+    r = cli(cfg, "stop", env={})  # every source's service (stop needs no DSN)
     assert r.returncode == 0, r.stderr
     assert (
         "source orders: mooncake service stopped" in r.stdout and "source metrics: mooncake service stopped" in r.stdout

@@ -69,6 +69,7 @@ def test_missing_dsn_variable_is_named(tmp_path):
     cfg = load_config(write(tmp_path, GOOD))
     with pytest.raises(MissingDsn, match="ORDERS_PG_DSN is not set"):
         cfg.sources["orders"].settings({})
+    assert cfg.sources["orders"].settings({}, need_dsn=False).state_dir == cfg.sources["orders"].state_dir
 
 
 @pytest.mark.parametrize(
