@@ -60,6 +60,7 @@ class Settings:
     s3_region: str | None = None  # s3:// warehouses: region (default us-east-1)
     s3_allow_http: bool | None = None  # allow a plain-http endpoint (None: only loopback ones)
     apply_mode: str | None = None  # change | run | auto (None: the service's default; $MOONCAKE_APPLY_MODE)
+    decoder: str | None = None  # native | python (None: the service's default; $MOONCAKE_DECODER)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -119,6 +120,7 @@ class Settings:
             catalog_wait_s=self.catalog_wait_s,
             publication_check_s=float(self.publication_check_s),
             **({"apply_mode": self.apply_mode} if self.apply_mode else {}),
+            **({"decoder": self.decoder} if self.decoder else {}),
             maintenance_policy=dict(extra.get("maintenance") or {}),
             maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()},
         )
@@ -169,6 +171,7 @@ def load_settings(
     s.warehouse = warehouse or os.environ.get("MOONCAKE_WAREHOUSE") or s.warehouse
     s.catalog_uri = catalog_uri or os.environ.get("MOONCAKE_CATALOG_URI") or s.catalog_uri
     s.apply_mode = os.environ.get("MOONCAKE_APPLY_MODE") or s.apply_mode
+    s.decoder = os.environ.get("MOONCAKE_DECODER") or s.decoder
     from .engine.storage.config import apply_s3_settings  # S3 endpoint/region/allow_http: env names there
 
     apply_s3_settings(s, endpoint=s3_endpoint)

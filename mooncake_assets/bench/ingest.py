@@ -10,7 +10,9 @@ transaction (streamed to both consumers while it runs) — in a scratch database
 2. the workload runs; ``end`` = ``pg_current_wal_lsn()`` after it;
 3. ``recvlogical``: ``pg_recvlogical --start -o proto_version=2 -o publication_names=P -o streaming=on
    --no-loop -f /dev/null --endpos=end`` on the first slot, timed from launch until it exits;
-4. ``ours``: on the second slot, the service's own loop — ``ReplicationConnection`` →
+4. ``ours``: on the second slot, the service's own loop (``$MOONCAKE_DECODER``: ``native``, the default,
+   reads with ``read_transactions`` + ``NativeDecoder`` and applies with ``native_batch.apply_native_batch``;
+   ``python`` as follows) — ``ReplicationConnection`` →
    ``StreamLoop.apply_batch`` (the real method of a scratch service object's stream loop holding the
    MirrorTable: ``parse_message`` → ``TransactionAssembler`` → ``_apply_txn``) → ``MirrorTable.apply`` (decode, MemSlice,
    MemIndex) — timed from connecting until every row is applied and the last open batch is decoded.
@@ -30,6 +32,7 @@ server-side ``COPY t TO '/dev/null'`` for information. MB/s use the table's heap
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -111,13 +114,15 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     """The service's apply loop on ``slot`` until ``rows`` rows of ``table`` are applied; (seconds, info)."""
     from ..config import Settings
     from ..engine.cdc import ReplicationConnection, TransactionAssembler, describe_table
+    from ..engine.cdc.native import NativeDecoder
     from ..engine.lsn import Lsn
     from ..engine.pg.conninfo import with_options
     from ..engine.service import replication as svc_module
+    from ..engine.service.native_batch import apply_native_batch, read_native_batch
     from ..engine.service.service import ReplicatorService
     from ..engine.table.mirror import MirrorTable
 
-    settings = Settings(state_dir=scratch, dsn=dsn, maintenance="dagster")
+    settings = Settings(state_dir=scratch, dsn=dsn, maintenance="dagster", decoder=os.environ.get("MOONCAKE_DECODER"))
     svc = ReplicatorService(settings.service_config())
     with psycopg.connect(with_options(dsn)) as c:
         schema = describe_table(c, f"public.{table}")
@@ -132,13 +137,17 @@ def _ours(dsn: str, table: str, slot: str, pub: str, rows: int, scratch: Path, t
     try:
         repl.start(slot, [pub], 0, streaming=True)
         asm = TransactionAssembler()
+        dec = NativeDecoder() if svc.config.decoder == "native" else None  # (the compiled path, native_batch.py)
         deadline = time.time() + timeout
         txns = 0
         while True:
-            msgs = repl.read(timeout=0.05)
-            if msgs:
-                txns += svc.stream.apply_batch(msgs, asm)  # the service's own apply step (what _stream_once runs)
-            if asm.idle and t.mem.num_rows >= rows:
+            if dec is not None:
+                txns += apply_native_batch(svc.stream, read_native_batch(repl, dec, 0.05), dec)
+            else:
+                msgs = repl.read(timeout=0.05)
+                if msgs:
+                    txns += svc.stream.apply_batch(msgs, asm)  # the service's own apply step (what _stream_once runs)
+            if (dec.idle if dec is not None else asm.idle) and t.mem.num_rows >= rows:
                 break
             if time.time() > deadline:
                 raise TimeoutError(f"applied {t.mem.num_rows} of {rows} rows of {table} in {timeout:.0f}s")

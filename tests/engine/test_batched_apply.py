@@ -22,7 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mooncake_assets.engine.cdc.columnar import ChangeRun, columnar_transaction
+from mooncake_assets.engine.cdc.columnar import (
+    ChangeRun,
+    changes_from_run,
+    columnar_transaction,
+    merge_runs,
+    runs_from_changes,
+)
 from mooncake_assets.engine.cdc.native import NativeDecoder
 from mooncake_assets.engine.cdc.pgoutput import Relation, RelationColumn, TupleData
 from mooncake_assets.engine.cdc.txn import Change, Transaction, TransactionAssembler
@@ -140,8 +146,8 @@ class Gen:
                 vals.append(str(v).encode())
         return TupleData("".join(kinds), vals)
 
-    def change(self, data: st.DataObject) -> Change:
-        what = data.draw(st.sampled_from(WHAT))
+    def change(self, data: st.DataObject, what: str | None = None) -> Change:
+        what = what or data.draw(st.sampled_from(WHAT))
         rel = self.relation
         if what == "truncate":
             return Change("truncate", OID, truncate_oids=[OID])
@@ -480,3 +486,205 @@ def test_runs_of_the_compiled_decoder_apply_like_the_reference_changes(kind, dat
                 b.apply_run(run, nt.commit_lsn)
             assert state(a) == state(b)
         assert visible(a) == visible(b)
+
+
+# ------------------------------------------------------------------ batch runs of several transactions
+
+
+def apply_batch_both(a: MirrorTable, b: MirrorTable, txns: list[Transaction]) -> tuple[object, object]:
+    """``txns`` change by change on ``a``; as batch runs (:func:`merge_runs`) on ``b``."""
+    ea = eb = None
+    try:
+        for txn in txns:
+            for ch in txn.changes:
+                a.apply(ch, txn.commit_lsn)
+    except (BadRowError, ValueError) as e:
+        ea = e
+    try:
+        for run in merge_runs([columnar_transaction(t) for t in txns]):
+            b.apply_run(run, 0)  # (unused: every batch run has its rows' commit LSNs)
+    except (BadRowError, ValueError) as e:
+        eb = e
+    return _err(ea), _err(eb)
+
+
+@SETTINGS
+@given(
+    kind=st.sampled_from(sorted(KINDS)),
+    batch_rows=st.sampled_from([3, 5, 16384]),
+    data=st.data(),
+)
+def test_batch_runs_of_several_transactions_apply_like_changes(kind, batch_rows, data):
+    """Runs of consecutive transactions joined (``merge_runs``, each row at its own commit LSN) apply as
+    their changes one by one, transaction by transaction: same per-row LSNs, index, files, rows."""
+    gen = Gen(kind, list(OUR))
+    with tempfile.TemporaryDirectory() as d:
+        a = make_table(Path(d) / "a", kind, list(OUR), batch_rows)
+        b = make_table(Path(d) / "b", kind, list(OUR), batch_rows)
+        lsn = 100
+        for _ in range(data.draw(st.integers(1, 6))):
+            step = data.draw(st.sampled_from(["batch", "batch", "batch", "flush", "seal"]))
+            if step == "flush":
+                a.flush(), b.flush()
+            elif step == "seal":
+                a.mem.seal(), b.mem.seal()
+            else:
+                only = data.draw(st.sampled_from([None, "insert", "update", "delete", None]))
+                txns = []
+                for _ in range(data.draw(st.integers(1, 6))):
+                    lsn += 16
+                    n = data.draw(st.integers(1, 4))
+                    txns.append(Transaction(lsn, lsn, lsn + 8, T0, [gen.change(data, only) for _ in range(n)]))
+                runs = merge_runs([columnar_transaction(t) for t in txns])
+                assert sum(r.rows for r in runs) == sum(len(t.changes) for t in txns)
+                ea, eb = apply_batch_both(a, b, txns)
+                assert ea == eb
+                if ea is not None:
+                    return
+            assert state(a) == state(b)
+            assert visible(a) == visible(b)
+
+
+def test_merge_runs_joins_transactions_and_keeps_each_rows_commit_lsn():
+    gen = Gen("int", list(OUR))
+    t1 = _txn(100, [_ins(gen, 1), _ins(gen, 2)])
+    t2 = _txn(200, [_ins(gen, 3)])
+    t3 = _txn(300, [Change("delete", OID, old=gen.tup({"id": "1"}, ["id"]), old_kind="K", relation=gen.relation)])
+    t4 = _txn(400, [Change("truncate", OID, truncate_oids=[OID]), _ins(gen, 4)])
+    runs = merge_runs([columnar_transaction(t) for t in (t1, t2, t3, t4)])
+    assert [(r.kind, r.rows, r.commit_lsns.tolist()) for r in runs] == [
+        ("insert", 3, [100, 100, 200]),
+        ("delete", 1, [300]),
+        ("truncate", 1, [400]),
+        ("insert", 1, [400]),
+    ]
+    # the values are those of the transactions' own runs, in order
+    ref = runs_from_changes(t1.changes + t2.changes)[0]
+    assert all(x.equals(y) for x, y in zip(runs[0].new, ref.new))
+    assert not runs[0].equals(ref)  # (ref has no commit_lsns)
+
+
+def test_changes_from_run_is_the_inverse_of_runs_from_changes():
+    gen = Gen("int", list(OUR))
+    changes = [
+        _ins(gen, 1),
+        Change("update", OID, new=gen.tup({"id": "1", "v": U}), relation=gen.relation),
+        Change(
+            "update",
+            OID,
+            new=gen.tup({"id": "2"}),
+            old=gen.tup({"id": "1"}, ["id"]),
+            old_kind="K",
+            relation=gen.relation,
+        ),
+        Change("delete", OID, old=gen.tup({"id": "2"}, ["id"]), old_kind="K", relation=gen.relation),
+        Change("truncate", OID, truncate_oids=[OID], truncate_cascade=True),
+    ]
+    for i, c in enumerate(changes):
+        c.lsn = 1000 + i
+    back = [ch for run in runs_from_changes(changes) for ch in changes_from_run(run)]
+    assert [
+        (
+            c.kind,
+            c.relation_oid,
+            c.old_kind,
+            c.lsn,
+            c.relation is gen.relation or c.kind == "truncate",
+            c.truncate_oids,
+            c.truncate_cascade,
+        )
+        for c in back
+    ] == [(c.kind, c.relation_oid, c.old_kind, c.lsn, True, c.truncate_oids, c.truncate_cascade) for c in changes]
+    for x, y in zip(back, changes):
+        for tx, ty in ((x.new, y.new), (x.old, y.old)):
+            assert (tx is None) == (ty is None)
+            if tx is not None:
+                assert (tx.kinds, [None if v is None else bytes(v) for v in tx.data]) == (
+                    ty.kinds,
+                    [None if v is None else bytes(v) for v in ty.data],
+                )
+
+
+@SETTINGS
+@given(kind=st.sampled_from(sorted(KINDS)), data=st.data())
+def test_batch_runs_of_the_compiled_decoder_apply_like_the_reference_changes(kind, data):
+    """The compiled decoder's transactions joined as batch runs (``merge_runs``: its layout takes the one
+    concatenation + gather path) equal the reference's joined runs, and apply like its changes."""
+    gen = Gen(kind, list(OUR))
+    cols = [(c.flags, c.name, c.type_oid, c.typmod) for c in gen.relation.columns]
+
+    def cells(t: TupleData | None) -> list[tuple[str, bytes | None]]:
+        assert t is not None
+        return [(k, None if v is None else bytes(v)) for k, v in zip(t.kinds, t.data)]
+
+    msgs: list[tuple[int, bytes]] = []
+    lsn = 1000
+    only = data.draw(st.sampled_from([None, "insert", "update", "delete"]))
+    for x in range(data.draw(st.integers(1, 8))):
+        changes = [gen.change(data, only) for _ in range(data.draw(st.integers(1, 6)))]
+        changes = [c for c in changes if c.kind != "truncate" and not (c.new and "NaN" in str(c.new.data))]
+        lsn += 1000
+        msgs.append((lsn, m_begin(lsn + 900, 0, 700 + x)))
+        if x == 0:
+            msgs.append((lsn + 1, m_relation(None, OID, "public", "t", gen.identity, cols)))
+        for i, c in enumerate(changes):
+            if c.kind == "insert":
+                payload = m_insert(None, OID, cells(c.new))
+            elif c.kind == "update":
+                payload = m_update(None, OID, c.old_kind, cells(c.old) if c.old else None, cells(c.new))
+            else:
+                payload = m_delete(None, OID, c.old_kind, cells(c.old))
+            msgs.append((lsn + 2 + i, payload))
+        msgs.append((lsn + 900, m_commit(lsn + 900, lsn + 950, 0)))
+    asm, dec = TransactionAssembler(), NativeDecoder()
+    ref = [t for lsn_, p in msgs for t in asm.feed_payload(p, lsn_)]
+    nat = [t for lsn_, p in msgs for t in dec.feed(p, lsn_)]
+    ref_runs = merge_runs([columnar_transaction(t) for t in ref])
+    nat_runs = merge_runs(nat)
+    assert len(ref_runs) == len(nat_runs)
+    assert all(x.equals(y) for x, y in zip(ref_runs, nat_runs))
+    with tempfile.TemporaryDirectory() as d:
+        a = make_table(Path(d) / "a", kind, list(OUR), 7)
+        b = make_table(Path(d) / "b", kind, list(OUR), 7)
+        for rt in ref:
+            for ch in rt.changes:
+                a.apply(ch, rt.commit_lsn)
+        for run in nat_runs:
+            b.apply_run(run, 0)
+        assert state(a) == state(b)
+        assert visible(a) == visible(b)
+
+
+def test_service_decoder_is_checked_and_read_from_the_environment(tmp_path, monkeypatch):
+    from mooncake_assets.config import load_settings
+    from mooncake_assets.engine.service.config import ServiceConfig
+
+    kw = dict(
+        state_dir="/tmp/x",
+        dsn="dbname=x",
+        socket_path="/tmp/x.sock",
+        catalog_uri="sqlite://",
+        warehouse_uri="file:///tmp/w",
+    )
+    assert ServiceConfig(**kw).decoder == "native"
+    assert ServiceConfig(**kw, decoder="python").decoder == "python"
+    with pytest.raises(ValueError, match="decoder"):
+        ServiceConfig(**kw, decoder="fast")
+    monkeypatch.setenv("MOONCAKE_DECODER", "python")
+    assert load_settings(tmp_path, dsn="dbname=x").service_config().decoder == "python"
+
+
+def test_split_by_commit_gives_back_each_transactions_run():
+    from mooncake_assets.engine.cdc.columnar import slice_run, split_by_commit
+
+    gen = Gen("int", list(OUR))
+    txns = [_txn(100, [_ins(gen, 1), _ins(gen, 2)]), _txn(200, [_ins(gen, 3)]), _txn(300, [_ins(gen, 4)])]
+    (run,) = merge_runs([columnar_transaction(t) for t in txns])
+    parts = split_by_commit(run)
+    assert [c for c, _ in parts] == [100, 200, 300]
+    for (_c, part), t in zip(parts, txns):
+        (ref,) = columnar_transaction(t).runs
+        assert part.commit_lsns is None and part.equals(ref)
+    tail = slice_run(run, 1, 4)
+    assert tail.rows == 3 and tail.commit_lsns.tolist() == [100, 200, 300]
+    assert tail.new[0].values.to_pylist() == [b"2", b"3", b"4"]

@@ -14,6 +14,11 @@ run holds :data:`MAX_RUN_ROWS` rows, or when adding the row would take the run's
 old tuples together) past :data:`MAX_RUN_BYTES` (a run always takes at least one row). A TRUNCATE
 is always a run of its own with ``rows == 1``.
 
+A *batch run* (:func:`merge_runs`) spans several transactions of one read batch: the runs of consecutive
+committed transactions that have the same kind, relation OID and Relation in effect concatenated (within
+the same limits), with ``commit_lsns`` giving each row its own transaction's commit LSN. A run of one
+transaction has ``commit_lsns = None`` (every row at the commit LSN the caller passes).
+
 Tuple columns follow the Relation message's column order (pgoutput sends every column of the
 relation in each tuple; PG docs, "Logical Replication Message Formats", TupleData).
 """
@@ -21,7 +26,7 @@ relation in each tuple; PG docs, "Logical Replication Message Formats", TupleDat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
@@ -44,6 +49,10 @@ __all__ = [
     "ColumnarTransaction",
     "runs_from_changes",
     "columnar_transaction",
+    "merge_runs",
+    "changes_from_run",
+    "slice_run",
+    "split_by_commit",
 ]
 
 #: most rows in one run
@@ -91,6 +100,9 @@ class ChangeRun:
     ``None``. ``old_kinds``: for updates and deletes, ``uint8`` per row: ``ord('K')`` old key only,
     ``ord('O')`` whole old row, ``0`` no old tuple sent. TRUNCATE: ``truncate_oids``, ``cascade``,
     ``restart_identity`` as in :class:`.txn.Change`; ``relation_oid`` is the first OID.
+    ``commit_lsns``: ``uint64`` per row, the commit LSN of the row's transaction, for a batch run
+    spanning several transactions (:func:`merge_runs`; non-decreasing); ``None`` for a run of one
+    transaction.
     """
 
     kind: RunKind
@@ -104,6 +116,12 @@ class ChangeRun:
     truncate_oids: tuple[int, ...] = ()
     cascade: bool = False
     restart_identity: bool = False
+    commit_lsns: npt.NDArray[np.uint64] | None = None
+
+    def commit_lsn_at(self, i: int, default: int) -> int:
+        """Row ``i``'s commit LSN: ``commit_lsns[i]``, or ``default`` (the caller's commit LSN) for a run of
+        one transaction."""
+        return default if self.commit_lsns is None else int(self.commit_lsns[i])
 
     def equals(self, other: ChangeRun) -> bool:
         """Same kind, relation, rows, LSNs and cells (the differential tests' comparison)."""
@@ -128,6 +146,7 @@ class ChangeRun:
             and self.truncate_oids == other.truncate_oids
             and self.cascade == other.cascade
             and self.restart_identity == other.restart_identity
+            and arr(self.commit_lsns, other.commit_lsns)
         )
 
 
@@ -226,3 +245,197 @@ def columnar_transaction(txn: Transaction) -> ColumnarTransaction:
         txn.streamed,
         txn.origin,
     )
+
+
+def _shared(cells: tuple[CellColumn, ...]) -> tuple[npt.NDArray[np.uint8], pa.Array] | None:
+    """The ``(ncols, rows)`` kinds and the one ``ncols * rows`` binary array whose slices ``cells`` are
+    (the compiled decoder's layout: column ``c`` is rows ``c * rows`` …), or None for another layout."""
+    k, n = len(cells), len(cells[0])
+    c0, cl = cells[0].values, cells[-1].values
+    base = cells[0].kinds.base
+    if not isinstance(base, np.ndarray) or base.shape != (k, n) or c0.offset != 0 or cl.offset != (k - 1) * n:
+        return None
+    bufs = c0.buffers()
+    if cl.buffers()[2].address != bufs[2].address:
+        return None
+    return base, pa.Array.from_buffers(pa.binary(), k * n, bufs)
+
+
+def _cells_bytes(cells: tuple[CellColumn, ...] | None) -> int:
+    """An upper bound of the value bytes of a run's tuples (the data buffers' sizes: exact for a
+    run's own arrays, the whole parent buffer for slices)."""
+    if not cells:
+        return 0
+    b0 = cells[0].values.buffers()[2]
+    bl = cells[-1].values.buffers()[2]
+    if b0 is not None and bl is not None and b0.address == bl.address:
+        return int(b0.size)
+    return sum(int(b.size) for c in cells if (b := c.values.buffers()[2]) is not None)
+
+
+def _run_bytes(run: ChangeRun) -> int:
+    return _cells_bytes(run.new) + _cells_bytes(run.old)
+
+
+def _concat_cells(parts: list[tuple[CellColumn, ...]]) -> tuple[CellColumn, ...]:
+    """Column ``i`` of the result: column ``i`` of each part, in order. Parts in the compiled decoder's
+    layout are joined with one concatenation and one gather (``take``) for all columns; others column
+    by column."""
+    k = len(parts[0])
+    shared = [_shared(p) for p in parts]
+    if all(x is not None for x in shared):
+        ns = np.array([len(p[0]) for p in parts], dtype=np.int64)
+        total = int(ns.sum())
+        starts = np.cumsum(ns) - ns
+        bases = np.cumsum(k * ns) - k * ns
+        within = np.arange(total, dtype=np.int64) - np.repeat(starts, ns)
+        idx = np.repeat(bases, ns)[None, :] + np.arange(k, dtype=np.int64)[:, None] * np.repeat(ns, ns)[None, :]
+        big = pa.concat_arrays([x[1] for x in shared if x is not None]).take(pa.array((idx + within).ravel()))
+        kinds = np.concatenate([x[0] for x in shared if x is not None], axis=1)
+        return tuple(CellColumn(kinds[c], big.slice(c * total, total)) for c in range(k))
+    return tuple(
+        CellColumn(np.concatenate([p[i].kinds for p in parts]), pa.concat_arrays([p[i].values for p in parts]))
+        for i in range(k)
+    )
+
+
+def _stamped(run: ChangeRun, commit_lsn: int) -> ChangeRun:
+    """``run`` with ``commit_lsns`` (all ``commit_lsn`` unless it has them already; arrays shared)."""
+    if run.commit_lsns is not None:
+        return run
+    return replace(run, commit_lsns=np.full(run.rows, commit_lsn, dtype=np.uint64))
+
+
+def _concat(group: list[tuple[ChangeRun, int]]) -> ChangeRun:
+    """One batch run of ``group`` (``(run, commit LSN of its transaction)``, commit order, same kind and
+    Relation)."""
+    first = group[0][0]
+    runs = [r for r, _ in group]
+    commit_lsns = np.concatenate(
+        [r.commit_lsns if r.commit_lsns is not None else np.full(r.rows, lsn, dtype=np.uint64) for r, lsn in group]
+    )
+    return ChangeRun(
+        first.kind,
+        first.relation_oid,
+        first.relation,
+        sum(r.rows for r in runs),
+        np.concatenate([r.lsns for r in runs]),
+        _concat_cells([r.new for r in runs if r.new is not None]) if first.new is not None else None,
+        _concat_cells([r.old for r in runs if r.old is not None]) if first.old is not None else None,
+        np.concatenate([r.old_kinds for r in runs if r.old_kinds is not None]) if first.old_kinds is not None else None,
+        commit_lsns=commit_lsns,
+    )
+
+
+def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
+    """The runs of ``txns`` (consecutive committed transactions, commit order) as batch runs (module
+    docstring): a run is appended to the previous one when both have the same kind (not TRUNCATE),
+    relation OID and Relation in effect (``is``, else ``==``) and the sum stays within
+    :data:`MAX_RUN_ROWS` and :data:`MAX_RUN_BYTES` (bytes counted by an upper bound: the runs' data
+    buffers). Every returned run has ``commit_lsns`` (also a run
+    left alone), so applying them row by row at those commit LSNs is applying ``txns`` in order. The
+    inputs are not changed (the values are copied into new arrays only where runs are joined)."""
+    out: list[ChangeRun] = []
+    group: list[tuple[ChangeRun, int]] = []
+    rows = nbytes = 0
+
+    def close() -> None:
+        if group:
+            out.append(_concat(group) if len(group) > 1 else _stamped(*group[0]))
+
+    for txn in txns:
+        for run in txn.runs:
+            if run.kind == "truncate":
+                close()
+                group, rows, nbytes = [], 0, 0
+                out.append(_stamped(run, txn.commit_lsn))
+                continue
+            b = _run_bytes(run)
+            head = group[0][0] if group else None
+            if head is None or not (
+                run.kind == head.kind
+                and run.relation_oid == head.relation_oid
+                and (run.relation is head.relation or run.relation == head.relation)
+                and rows + run.rows <= MAX_RUN_ROWS
+                and nbytes + b <= MAX_RUN_BYTES
+            ):
+                close()
+                group, rows, nbytes = [], 0, 0
+            group.append((run, txn.commit_lsn))
+            rows += run.rows
+            nbytes += b
+    close()
+    return out
+
+
+def _tuples(cells: tuple[CellColumn, ...], n: int, present: npt.NDArray[np.bool_] | None) -> list[TupleData | None]:
+    kinds = ["".join(map(chr, col)) for col in zip(*(c.kinds.tolist() for c in cells))] if cells else [""] * n
+    data = list(zip(*(c.values.to_pylist() for c in cells))) if cells else [()] * n
+    return [TupleData(kinds[i], list(data[i])) if present is None or present[i] else None for i in range(n)]
+
+
+def changes_from_run(run: ChangeRun) -> list[Change]:
+    """A run's rows as the reference's :class:`.txn.Change` objects (commit order; the inverse of
+    ``runs_from_changes`` for one run): for the row-wise apply and for what works on changes (the
+    generated columns, :mod:`.generated`). Row ``i``'s commit LSN is ``run.commit_lsn_at(i, …)``."""
+    n = run.rows
+    if run.kind == "truncate":
+        return [
+            Change(
+                "truncate",
+                run.relation_oid,
+                truncate_oids=list(run.truncate_oids),
+                truncate_cascade=run.cascade,
+                truncate_restart_identity=run.restart_identity,
+                lsn=int(run.lsns[0]),
+            )
+        ]
+    lsns = run.lsns.tolist()
+    new = _tuples(run.new, n, None) if run.new is not None else [None] * n
+    ok = run.old_kinds.tolist() if run.old_kinds is not None else [0] * n
+    old = _tuples(run.old, n, run.old_kinds != 0) if run.old is not None and run.old_kinds is not None else [None] * n
+    return [
+        Change(
+            run.kind,
+            run.relation_oid,
+            new=new[i],
+            old=old[i],
+            old_kind=chr(ok[i]) if ok[i] else None,
+            lsn=lsns[i],
+            relation=run.relation,
+        )
+        for i in range(n)
+    ]
+
+
+def slice_run(run: ChangeRun, start: int, stop: int) -> ChangeRun:
+    """Rows ``start:stop`` of a (non-TRUNCATE) run, as a run (zero-copy slices of its arrays)."""
+    if start == 0 and stop == run.rows:
+        return run
+
+    def cells(cs: tuple[CellColumn, ...] | None) -> tuple[CellColumn, ...] | None:
+        if cs is None:
+            return None
+        return tuple(CellColumn(c.kinds[start:stop], c.values.slice(start, stop - start)) for c in cs)
+
+    return replace(
+        run,
+        rows=stop - start,
+        lsns=run.lsns[start:stop],
+        new=cells(run.new),
+        old=cells(run.old),
+        old_kinds=None if run.old_kinds is None else run.old_kinds[start:stop],
+        commit_lsns=None if run.commit_lsns is None else run.commit_lsns[start:stop],
+    )
+
+
+def split_by_commit(run: ChangeRun) -> list[tuple[int, ChangeRun]]:
+    """A batch run cut back into ``(commit LSN, its rows as a run of one transaction)`` (commit order)."""
+    assert run.commit_lsns is not None
+    cl = run.commit_lsns
+    cuts = [0, *(np.flatnonzero(cl[1:] != cl[:-1]) + 1).tolist(), run.rows]
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        part = run if run.kind == "truncate" else slice_run(run, a, b)
+        out.append((int(cl[a]), replace(part, commit_lsns=None)))
+    return out

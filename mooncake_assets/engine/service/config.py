@@ -54,6 +54,13 @@ class ServiceConfig:
       (the default: runs for a transaction whose runs hold ``apply_run_min_rows`` changes or more on
       average, row-wise otherwise — a run's fixed cost makes short ones slower than row-wise, see
       ``engine/table/apply_bench.py``). The results are the same; only the CPU cost differs.
+    - ``decoder``: ``native`` (the default: the compiled receive loop and decoder,
+      ``engine/cdc/_native.pyx``; the committed transactions of one read batch applied together as
+      batch runs, ``engine/service/native_batch.py``) or ``python`` (the reference decoder,
+      ``pgoutput.parse_message`` + ``TransactionAssembler``). Same results. ``native`` falls back to
+      ``python`` (logged) where the compiled loop cannot run (no psycopg binary libpq, not Linux).
+    - ``native_run_min_rows``: with ``decoder=native`` and ``apply_mode=auto``, a batch run shorter
+      than this is applied row by row.
     """
 
     state_dir: Path
@@ -78,10 +85,14 @@ class ServiceConfig:
     maintenance_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     apply_mode: str = "auto"
     apply_run_min_rows: int = 512
+    decoder: str = "native"
+    native_run_min_rows: int = 64
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):
             raise ValueError(f"apply_mode must be change, run or auto, found {self.apply_mode!r}")
+        if self.decoder not in ("native", "python"):
+            raise ValueError(f"decoder must be native or python, found {self.decoder!r}")
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         object.__setattr__(self, "socket_path", Path(self.socket_path))
 

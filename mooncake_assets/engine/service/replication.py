@@ -19,12 +19,12 @@ import logging
 import shlex
 import threading
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
-from ..cdc.columnar import ChangeRun, columnar_transaction
+from ..cdc.columnar import ChangeRun, ColumnarTransaction, columnar_transaction
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
@@ -32,21 +32,23 @@ from ..pg import publication as pubs
 from ..pg.catalog import missing_relations
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 from ..pg.names import format_name
-from ..pg.schema import TableSchema, column_options
+from ..pg.schema import column_options
 from ..pg.slot import slot_exists
 from ..table.mirror import MirrorTable
-from ..table.schema_change import CatalogLookupError, SchemaChangeError, on_relation
+from ..table.schema_change import CatalogLookupError, SchemaChangeError
 from ..timefmt import utc_now
+from .apply_items import apply_item, generated_work, long_runs
 from .errors import MooncakeError
 from .lag import LagTracker
+from .native_batch import apply_native_batch, native_decoder, read_native_batch
 from .parts import StreamHost
-from .registry import TableRegistry
+
+if TYPE_CHECKING:
+    from ..cdc.native import NativeDecoder
 
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
 log = logging.getLogger("mooncake.service")
-
-_NOT_SEEN = object()
 
 
 def tune_gc() -> None:
@@ -57,80 +59,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 50)
-
-
-class _Truncate:
-    kind = "truncate"
-
-    def __init__(self, oid: int) -> None:
-        self.relation_oid = oid
-
-
-def long_runs(changes: list[Change], min_rows: int) -> bool:
-    """Do ``changes`` (one transaction) make runs of ``min_rows`` changes or more on average (a run:
-    consecutive changes of one kind on one relation, :mod:`~..cdc.columnar`)? ``apply_mode=auto``
-    applies such a transaction as runs: below that, a run's fixed cost (its Arrow arrays, its decode,
-    its vectorised hash) outweighs what it saves per row (``engine/table/apply_bench.py``)."""
-    n = len(changes)
-    if n < min_rows:
-        return False
-    runs, prev = 1, changes[0]
-    for c in changes:
-        if c.kind != prev.kind or c.relation_oid != prev.relation_oid:
-            runs += 1
-            prev = c
-    return n >= runs * min_rows
-
-
-def apply_item(
-    t: MirrorTable, oid: int, item: Change | ChangeRun, rel: Any, commit_lsn: int, xid: int, catalog: Any
-) -> None:
-    """Apply one change or columnar run of relation ``oid`` to ``t`` at ``commit_lsn`` of transaction
-    ``xid``: the Relation in effect (the item's own, else ``rel``, the assembler's latest) checked
-    first — a schema change shows up here (:func:`~..table.schema_change.on_relation` with ``catalog``)
-    —, then :meth:`~..table.mirror.MirrorTable.apply_run` or ``apply``. Raises what they raise."""
-    if item.kind != "truncate":
-        on_relation(t, oid, item.relation or rel, commit_lsn, catalog, xid=xid)
-    if isinstance(item, ChangeRun):
-        t.apply_run(item, commit_lsn)
-    else:
-        t.apply(item if item.kind != "truncate" else _Truncate(oid), commit_lsn)
-
-
-def generated_work(
-    reg: TableRegistry, txns: list[Transaction]
-) -> tuple[list[Change], dict[int, TableSchema], dict[int, int]]:
-    """The changes of ``txns`` whose generated columns are to be computed (the caller holds the service lock):
-    those of mirrored tables (being copied or not) whose live schema has generated columns, unless
-    :meth:`StreamLoop._apply_txn` will skip them (applied already, table stopped, before the copy's consistent
-    point). Returns ``(changes, {oid: schema}, {oid: first commit LSN})``."""
-    todo: list[Change]
-    schemas: dict[int, TableSchema]
-    first: dict[int, int]
-    todo, schemas, first = [], {}, {}
-    gen_schema: dict[int, object] = {}  # oid -> (live schema with generated columns, table, copy) or None
-    for txn in txns:
-        lsn = txn.commit_lsn
-        for ch in txn.changes:
-            if ch.kind == "truncate":
-                continue
-            oid = ch.relation_oid
-            hit = gen_schema.get(oid, _NOT_SEEN)
-            if hit is _NOT_SEEN:
-                cp = reg.copying.get(oid)
-                t = cp["table"] if cp is not None else reg.by_oid.get(oid)
-                hit = gen_schema[oid] = (
-                    (t, cp) if t is not None and any(c.generated for c in t.schema.columns) else None
-                )
-            if hit is None:
-                continue
-            t, cp = cast(tuple[MirrorTable, dict[str, Any] | None], hit)  # (not _NOT_SEEN: set above)
-            if (lsn < cp["copy_lsn"]) if cp is not None else (lsn < t.applied_lsn or t.error):
-                continue
-            todo.append(ch)
-            schemas[oid] = t.schema
-            first.setdefault(oid, lsn)
-    return todo, schemas, first
 
 
 class StreamLoop:
@@ -253,19 +181,31 @@ class StreamLoop:
         self.repl = ReplicationConnection(with_options(self.dsn))
         self.repl.start(self.reg.slot, [self.reg.publication], 0, streaming=True)
         assembler = TransactionAssembler()
+        decoder = native_decoder(self.config.decoder, self.repl)
+        ctxns: list[ColumnarTransaction] = []
+        log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
         self.stream_error = None
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
         pub_every = float(self.config.publication_check_s)  # 0: off
         while not self._stop.is_set():
-            msgs = self.repl.read(timeout=0.05)
+            msgs: list[tuple[int, memoryview]] = []
+            if decoder is not None:  # the compiled path (engine/service/native_batch.py)
+                seen = self.repl.messages_read
+                ctxns = read_native_batch(self.repl, decoder, 0.05)
+                got = self.repl.messages_read != seen
+            else:
+                msgs = self.repl.read(timeout=0.05)
+                got = bool(msgs)
             self.lag.record(self.repl.server_wal_end)
-            if msgs:
+            if got:
                 fault("stream:apply")  # (jitter: the apply loop behind the source)
-            if msgs:
+            if decoder is not None:
+                apply_native_batch(self, ctxns, decoder)
+            elif msgs:
                 self.apply_batch(msgs, assembler)
-            idle = assembler.idle
+            idle = decoder.idle if decoder is not None else assembler.idle
             if idle and self.repl.server_wal_end > self.applied_lsn:
                 with self.lock:
                     self.applied_lsn = self.repl.server_wal_end
@@ -275,7 +215,7 @@ class StreamLoop:
             now = time.time()
             # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
             # then agrees with list-tables' lag: one small message per batch); when idle, once a second
-            if self._want_reply.is_set() or msgs or now - last_status > 1.0:
+            if self._want_reply.is_set() or got or now - last_status > 1.0:
                 self.send_status(reply=self._want_reply.is_set())
                 self._want_reply.clear()
                 last_status = now
@@ -392,16 +332,21 @@ class StreamLoop:
         # consistent point (its temporary slot is made after it is registered)
         failed = self.svc.generated.fill(todo, schemas) if todo else {}
         with self.lock:
-            for oid, e in failed.items():
-                cp = self.reg.copying.get(oid)
-                t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
-                if t is not None and not t.error:
-                    self.stop_table(t, e, first[oid])
+            self.stop_generated(failed, first)
             for txn in txns:
                 self._apply_txn(txn, assembler)
         return len(txns)
 
-    def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler) -> None:
+    def stop_generated(self, failed: dict[int, Exception], first: dict[int, int]) -> None:
+        """Stop the tables whose generated columns could not be computed (``GeneratedColumns.fill``'s
+        ``{oid: error}``; ``first``: oid -> first commit LSN of the batch; the caller holds the lock)."""
+        for oid, e in failed.items():
+            cp = self.reg.copying.get(oid)
+            t = cp["table"] if cp is not None else self.reg.by_oid.get(oid)
+            if t is not None and not t.error:
+                self.stop_table(t, e, first[oid])
+
+    def _apply_txn(self, txn: Transaction, assembler: TransactionAssembler | NativeDecoder) -> None:
         """Apply one committed transaction to its tables (caller holds the lock): change by change or
         as columnar runs (``ServiceConfig.apply_mode``; same results). Per item (a change or a run) of a
         table being copied: queued for the copy when at or after its consistent point; of a mirrored

@@ -60,21 +60,24 @@ class RunApplyRole(ChangeApplyRole):
     _decode: Callable[[list[Any]], pa.RecordBatch]
 
     def apply_run(self, run: ChangeRun, commit_lsn: int) -> None:
-        """Apply one run of a committed transaction at ``commit_lsn``: the same results as applying its
-        changes one by one with :meth:`apply` (module docstring). The Relation of the run must have
+        """Apply one run of a committed transaction at ``commit_lsn`` — or, for a batch run spanning
+        several transactions (``run.commit_lsns``, :func:`~..cdc.columnar.merge_runs`), each row at its
+        own commit LSN, ``commit_lsn`` then unused: the same results as applying its changes one by one
+        with :meth:`apply` (module docstring). The Relation of the run must have
         been mapped (:meth:`column_map`, done by the service's schema check). Raises what the row-wise
         apply raises (:class:`~.memslice.BadRowError` for a value that cannot be decoded, ``ValueError``
         for a NULL exact key); the caller keeps ``last_change_lsn``."""
         if run.kind == "truncate":
-            self.truncate(commit_lsn)
+            self.truncate(run.commit_lsn_at(0, commit_lsn))
         elif run.rows == 0:
             return
         elif run.kind == "insert":
             assert run.new is not None
             cols = self._run_text(run.new, run.relation_oid, run.rows)
-            rb = self._decode_run(cols, commit_lsn)
+            lsns = commit_lsn if run.commit_lsns is None else run.commit_lsns
+            rb = self._decode_run(cols, lsns)
             hashes = self.hasher.hash_columns([cols[i] for i in self._key_idx])
-            self.mem.append_batch(rb, hashes, commit_lsn)
+            self.mem.append_batch(rb, hashes, lsns)
         else:
             self._apply_keyed_run(run, commit_lsn)
 
@@ -84,9 +87,10 @@ class RunApplyRole(ChangeApplyRole):
         m = self._relmap[rel_oid]
         return [_text(cells[i].values) if i >= 0 else pa.nulls(n, pa.string()) for i in m]
 
-    def _decode_run(self, cols: list[pa.Array], lsn: int) -> pa.RecordBatch:
+    def _decode_run(self, cols: list[pa.Array], lsn: int | np.ndarray) -> pa.RecordBatch:
         """Decode a run's columns; a value that cannot be decoded raises :class:`BadRowError` as the
-        row-wise apply raises it for the first change that brings one (its row decoded alone)."""
+        row-wise apply raises it for the first change that brings one (its row decoded alone), naming
+        ``lsn`` (the commit LSN, or one per row of ``cols``: that row's)."""
         try:
             return self._decode(cols)
         except ValueError:
@@ -102,8 +106,10 @@ class RunApplyRole(ChangeApplyRole):
         try:
             self._decode([c.slice(hi - 1, 1) for c in cols])
         except ValueError as e:
-            raise BadRowError(str(e), lsn, getattr(e, "columns", None)) from None
-        raise BadRowError("a run of rows cannot be decoded", lsn)  # pragma: no cover (no single bad row)
+            at = lsn if isinstance(lsn, int) else int(lsn[hi - 1])
+            raise BadRowError(str(e), at, getattr(e, "columns", None)) from None
+        at = lsn if isinstance(lsn, int) else int(lsn[hi - 1])
+        raise BadRowError("a run of rows cannot be decoded", at)  # pragma: no cover (no single bad row)
 
     def _row_change(self, run: ChangeRun, i: int) -> Change:
         """Row ``i`` of a run as the reference's :class:`Change` (for the row-wise fallback)."""
@@ -162,7 +168,7 @@ class RunApplyRole(ChangeApplyRole):
             if rowwise[i] or (full[i] and len(self._candidates(h)) > 1):
                 self._apply_segment(run, seg, hk, hn, new_cols, key_cols, key_py, lsn)
                 seg, seen = [], set()
-                self.apply(self._row_change(run, i), lsn)
+                self.apply(self._row_change(run, i), run.commit_lsn_at(i, lsn))
                 continue
             seg.append(i)
             seen.add(h)
@@ -201,24 +207,28 @@ class RunApplyRole(ChangeApplyRole):
         else:
             founds = [self._find([c[i] for c in key_py], h) for i, h in zip(seg, hs.tolist())]
         rb = None
+        ls: int | np.ndarray = lsn if run.commit_lsns is None else run.commit_lsns[idx]
         if new_cols is not None:
             take = pa.array(idx)
-            rb = self._decode_run([c if len(seg) == len(c) else c.take(take) for c in new_cols], lsn)
+            rb = self._decode_run([c if len(seg) == len(c) else c.take(take) for c in new_cols], ls)
         what = "UPDATE" if run.kind == "update" else "DELETE"
         mem_locs: list[tuple[int, int]] = []
         mem_hashes: list[int] = []
-        for i, f in zip(seg, founds):
+        mem_lsns: list[int] = []
+        row_lsns = [lsn] * len(seg) if isinstance(ls, int) else ls.tolist()
+        for i, f, at in zip(seg, founds, row_lsns):
             if f is None:
                 key = [c[i] for c in key_py] if key_py is not None else [c[i].as_py() for c in key_cols]
-                self._report_missing(what, key, lsn)
+                self._report_missing(what, key, at)
             elif f[0] == "mem":
                 mem_locs.append(f[1])
                 mem_hashes.append(f[2])
+                mem_lsns.append(at)
             else:
-                self.disk.delete(f[1][0], f[1][1], lsn)
-        self.mem.delete_many(mem_locs, mem_hashes, lsn)
+                self.disk.delete(f[1][0], f[1][1], at)
+        self.mem.delete_many(mem_locs, mem_hashes, lsn if isinstance(ls, int) else mem_lsns)
         if rb is not None and hn is not None:
-            self.mem.append_batch(rb, hn[idx], lsn)
+            self.mem.append_batch(rb, hn[idx], ls)
 
 
 def _text(values: pa.Array) -> pa.Array:

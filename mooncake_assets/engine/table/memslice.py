@@ -143,9 +143,10 @@ class MemSlice:
             self.seal()
         return loc
 
-    def append_batch(self, rb: pa.RecordBatch, hashes: np.ndarray, lsn: int) -> int:
+    def append_batch(self, rb: pa.RecordBatch, hashes: np.ndarray, lsn: int | np.ndarray) -> int:
         """Append decoded rows (``rb``: the table's decoder's output, ``schema``'s columns) with their key
-        hashes (uint64, one per row) inserted at commit LSN ``lsn``: they become one part of the open
+        hashes (uint64, one per row) inserted at commit LSN ``lsn`` (or one per row, uint64, for rows of
+        several transactions): they become one part of the open
         buffer after every row appended before them (locations ``(len(batches), start + i)``), and
         the MemIndex takes them in one batch insert. Returns ``start`` (the first row's open-buffer
         offset). Raises ``ValueError`` when ``hashes`` and ``rb`` differ in length."""
@@ -163,7 +164,7 @@ class MemSlice:
         self._parts.append(rb)
         self._part_starts.append(start)
         self._rows_start = start + n
-        self._ins.extend([lsn] * n)
+        self._ins.extend([lsn] * n if isinstance(lsn, int) else lsn.tolist())
         self._hashes.extend(hashes.tolist())
         self._open_arrow_bytes += rb.nbytes
         self.index.insert(hashes, len(self.batches), np.arange(start, start + n, dtype=np.uint64))
@@ -188,14 +189,16 @@ class MemSlice:
         self.index.remove(h, loc)
         self.deleted_rows += 1
 
-    def delete_many(self, locs: list[tuple[int, int]], hashes: list[int], lsn: int) -> None:
-        """:meth:`delete` of many rows (distinct live locations, their key hashes) by the commit at ``lsn``."""
+    def delete_many(self, locs: list[tuple[int, int]], hashes: list[int], lsn: int | list[int]) -> None:
+        """:meth:`delete` of many rows (distinct live locations, their key hashes) by the commit at ``lsn``
+        (or one commit LSN per row, for rows of several transactions)."""
         nb = len(self.batches)
-        for b, r in locs:
+        lsns = [lsn] * len(locs) if isinstance(lsn, int) else lsn
+        for (b, r), at in zip(locs, lsns):
             if b == nb:
-                self._open_del[r] = lsn
+                self._open_del[r] = at
             else:
-                self.batches[b].del_lsn[r] = lsn
+                self.batches[b].del_lsn[r] = at
         self.index.remove_many(hashes, locs)
         self.deleted_rows += len(locs)
 

@@ -1,0 +1,211 @@
+"""The stream's compiled path: apply the transactions of one read batch from the compiled decoder.
+
+With ``ServiceConfig.decoder = "native"`` the stream thread reads with
+:meth:`~..cdc.stream.ReplicationConnection.read_transactions` and a :class:`~..cdc.native.NativeDecoder`:
+every committed transaction of a read batch arrives as a :class:`~..cdc.columnar.ColumnarTransaction`
+(no Python object per row). :func:`apply_native_batch` applies them in commit order, with the same
+results as the reference path (``read()`` + ``TransactionAssembler`` + ``StreamLoop._apply_txn``):
+
+- Consecutive transactions are applied together as *batch runs* (:func:`~..cdc.columnar.merge_runs`):
+  the runs of the same kind on the same relation under the same Relation joined across transactions,
+  each row at its own transaction's commit LSN (insert LSN, delete LSN). A run's fixed cost (its Arrow
+  arrays, decode and hash per column) is then paid once per batch instead of once per transaction.
+  The per-table rules of ``_apply_txn`` hold per row: rows of a commit below the table's applied LSN are
+  skipped (a prefix: commit LSNs never decrease in a batch run), a stopped table takes nothing, a
+  table being copied queues the rows at or after its consistent point, cut back into one run per
+  transaction (:func:`~..cdc.columnar.split_by_commit`). ``last_change_lsn`` and the applied LSNs move
+  once per batch, to the last commit / end LSN.
+- ``apply_mode``: ``run`` applies every batch run with ``MirrorTable.apply_run``; ``auto`` applies a
+  batch run shorter than ``native_run_min_rows`` row by row (``changes_from_run``: a short run costs
+  more than its rows row-wise); ``change`` applies every transaction through the reference path.
+- **Generated columns** (:mod:`..cdc.generated`) are computed on ``Change`` objects: a transaction
+  touching a table whose mirror has generated columns (mirrored or being copied) goes through the
+  reference path as it is today — its runs turned back into changes
+  (:func:`~..cdc.columnar.changes_from_run`), filled by ``GeneratedColumns.fill`` with the rest of
+  the batch's such changes (one round trip per table and batch), applied by ``StreamLoop._apply_txn``
+  in its place in commit order.
+- A failing batch run stops only its table (``StreamLoop.stop_table``), at the commit LSN of the failing
+  row when the error names it (``BadRowError``, a row applied row by row), else at the first commit
+  of the run (the table's applied LSN then stays below every commit of the run: a restart replays
+  them all). As in the row-wise path, rows applied before the failure stay applied in memory.
+
+A malformed message stops the stream as on the reference path: the decoder raises (``ValueError``
+naming the XLogData LSN, or ``ProtocolError``) before anything of the batch is applied, the stream
+reconnects and the slot resends from the confirmed LSN.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ..cdc.columnar import ChangeRun, ColumnarTransaction, changes_from_run, merge_runs, slice_run, split_by_commit
+from ..cdc.txn import Transaction
+from ..table.mirror import MirrorTable
+from .apply_items import apply_item, generated_work
+from .config import ServiceConfig
+from .parts import StreamHost
+from .registry import TableRegistry
+
+if TYPE_CHECKING:
+    from ..cdc.native import NativeDecoder
+    from ..cdc.stream import ReplicationConnection
+
+__all__ = ["apply_native_batch", "native_decoder", "read_native_batch", "reference_transaction"]
+
+log = logging.getLogger("mooncake.service")
+
+
+class StreamLoop(Protocol):
+    """What this module uses of :class:`~.replication.StreamLoop` (a protocol: that module imports
+    this one)."""
+
+    config: ServiceConfig
+    lock: Any
+    reg: TableRegistry
+    svc: StreamHost
+    applied_lsn: int
+
+    def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
+
+    def stop_generated(self, failed: dict[int, Exception], first: dict[int, int]) -> None: ...
+
+    def _apply_txn(self, txn: Transaction, assembler: Any) -> None: ...
+
+
+def native_decoder(decoder: str, repl: ReplicationConnection) -> NativeDecoder | None:
+    """The compiled decoder for a new stream on ``repl`` when ``decoder`` (``ServiceConfig.decoder``)
+    is ``native``, else None (the reference path). None too, logged, where the compiled receive loop
+    cannot work with this psycopg/libpq (``engine/cdc/native.py``: not Linux, no binary libpq, a
+    psycopg outside the verified range): checked here, before the stream reads anything."""
+    if decoder != "native":
+        return None
+    try:
+        from ..cdc.native import NativeDecoder, receiver_for
+
+        receiver_for(repl.pgconn)  # (what read_transactions does first)
+        return NativeDecoder()
+    except (ImportError, OSError, RuntimeError) as e:
+        log.warning("compiled decoder unavailable (%s: %s); using the reference decoder", type(e).__name__, e)
+        return None
+
+
+def read_native_batch(
+    repl: ReplicationConnection, decoder: NativeDecoder, timeout: float, window_s: float = 0.02, max_rows: int = 20_000
+) -> list[ColumnarTransaction]:
+    """One read batch of the compiled path: wait up to ``timeout`` seconds for XLogData
+    (:meth:`~..cdc.stream.ReplicationConnection.read_transactions`), then, while messages keep coming
+    (each further read waits at most 2 ms), read on for up to ``window_s`` seconds or until the batch
+    holds ``max_rows`` rows. libpq hands over what its socket buffer holds, a few dozen messages of a
+    busy stream; a batch of many small transactions is what makes batch runs long. When the stream is
+    idle this adds nothing (the first read returns what there is); when busy at most ``window_s``."""
+    first = repl.messages_read
+    txns = repl.read_transactions(decoder, timeout)
+    if repl.messages_read == first:
+        return txns
+    end = time.monotonic() + window_s
+    rows = sum(t.rows for t in txns)
+    while rows < max_rows and time.monotonic() < end:
+        seen = repl.messages_read
+        more = repl.read_transactions(decoder, 0.002)
+        if repl.messages_read == seen:
+            break
+        txns += more
+        rows += sum(t.rows for t in more)
+    return txns
+
+
+def reference_transaction(txn: ColumnarTransaction) -> Transaction:
+    """``txn`` as the reference's :class:`~..cdc.txn.Transaction` (one ``Change`` per row)."""
+    changes = [ch for run in txn.runs for ch in changes_from_run(run)]
+    return Transaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, changes, txn.streamed, txn.origin)
+
+
+def _generated_oids(loop: StreamLoop) -> set[int]:
+    """OIDs of the tables (mirrored or being copied) whose live schema has generated columns (lock held)."""
+    tables = list(loop.reg.by_oid.items()) + [(oid, cp["table"]) for oid, cp in loop.reg.copying.items()]
+    return {oid for oid, t in tables if any(c.generated for c in t.schema.columns)}
+
+
+def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder) -> int:
+    """Apply one read batch of the compiled decoder (module docstring); returns the number of
+    transactions. Errors as ``StreamLoop.apply_batch`` (``psycopg.OperationalError`` when the generated
+    columns' source cannot be asked: the caller reconnects and the slot resends the batch)."""
+    if not txns:
+        return 0
+    mode = loop.config.apply_mode
+    with loop.lock:
+        gen = _generated_oids(loop) if mode != "change" else set()
+        plan: list[Transaction | list[ColumnarTransaction]] = []
+        for txn in txns:
+            if mode == "change" or (gen and any(r.kind != "truncate" and r.relation_oid in gen for r in txn.runs)):
+                plan.append(reference_transaction(txn))
+            elif plan and isinstance(plan[-1], list):
+                plan[-1].append(txn)
+            else:
+                plan.append([txn])
+        ref = [p for p in plan if isinstance(p, Transaction)]
+        todo, schemas, first = generated_work(loop.reg, ref) if ref else ([], {}, {})
+    failed = loop.svc.generated.fill(todo, schemas) if todo else {}
+    with loop.lock:
+        loop.stop_generated(failed, first)
+        for p in plan:
+            if isinstance(p, Transaction):
+                loop._apply_txn(p, decoder)
+            else:
+                _apply_group(loop, p, decoder)
+    return len(txns)
+
+
+def _apply_group(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder) -> None:
+    """Consecutive transactions as batch runs (module docstring; the caller holds the lock)."""
+    xids = {t.commit_lsn: t.xid for t in txns}
+    ends = {t.commit_lsn: t.end_lsn for t in txns}
+    touched: dict[MirrorTable, int] = {}
+    for run in merge_runs(txns):
+        assert run.commit_lsns is not None  # (every batch run has them)
+        for oid in run.truncate_oids if run.kind == "truncate" else [run.relation_oid]:
+            rel = decoder.relations.get(oid)
+            cp = loop.reg.copying.get(oid)
+            if cp is not None:
+                for c, part in split_by_commit(run):
+                    if c >= cp["copy_lsn"]:
+                        cp["queue"].append((c, ends[c], part, rel, xids[c]))
+                continue
+            t = loop.reg.by_oid.get(oid)
+            if t is None or t.error:
+                continue  # not mirrored, or stopped by an error
+            start = int(np.searchsorted(run.commit_lsns, t.applied_lsn, side="left"))
+            if start >= run.rows:
+                continue  # applied already (durable before a restart, or in memory before a reconnect)
+            part = run if start == 0 or run.kind == "truncate" else slice_run(run, start, run.rows)
+            _apply_part(loop, t, oid, part, rel, xids)
+            touched[t] = int(run.commit_lsns[-1])
+    for t, lsn in touched.items():
+        t.last_change_lsn = max(t.last_change_lsn, lsn)
+    loop.applied_lsn = max(loop.applied_lsn, txns[-1].end_lsn)
+    for t in loop.reg.tables.values():
+        if not t.error:  # a stopped table stays at the commit that failed
+            t.applied_lsn = max(t.applied_lsn, loop.applied_lsn)
+
+
+def _apply_part(loop: StreamLoop, t: MirrorTable, oid: int, run: ChangeRun, rel: Any, xids: dict[int, int]) -> None:
+    """One batch run (rows not yet applied) of relation ``oid`` to ``t``: as a run, or row by row when
+    ``apply_mode=auto`` and it is short; a failure stops ``t`` (module docstring)."""
+    assert run.commit_lsns is not None
+    catalog = loop.svc.source_catalog
+    first = int(run.commit_lsns[0])
+    short = run.kind != "truncate" and loop.config.apply_mode == "auto" and run.rows < loop.config.native_run_min_rows
+    at = first
+    try:
+        if short:
+            for i, ch in enumerate(changes_from_run(run)):
+                at = int(run.commit_lsns[i])
+                apply_item(t, oid, ch, rel, at, xids[at], catalog)
+        else:
+            apply_item(t, oid, run, rel, first, xids[first], catalog)
+    except Exception as e:  # a bad change stops only its table; its slot position is held
+        loop.stop_table(t, e, at)
