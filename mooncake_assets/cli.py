@@ -60,6 +60,16 @@ def main_options(
         "--s3-endpoint",
         help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]",
     ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        metavar="FILE",
+        help="Sources file (env MOONCAKE_CONFIG; default ./mooncake.yaml when no --state-dir is given): "
+        "several sources, each its own state directory (docs/sources.md)",
+    ),
+    source: str | None = typer.Option(
+        None, "--source", metavar="NAME", help="The source of the sources file a command works on"
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
     logging.basicConfig(
@@ -68,6 +78,28 @@ def main_options(
     from .engine.pg.conninfo import install_log_scrubber
 
     install_log_scrubber()  # a password this process was given is blanked out of every log line
+    CTX.config, CTX.source, CTX._settings = None, source, None
+    from .sources import ConfigError, find_config, load_config
+
+    try:
+        path = find_config(config, state_dir_given=state_dir is not None)
+        CTX.config = load_config(path) if path else None
+    except ConfigError as e:
+        fail(str(e), code=2)
+    if CTX.config is not None:
+        given = {"--state-dir": state_dir, "--dsn": dsn, "--warehouse": warehouse, "--catalog-uri": catalog_uri}
+        given |= {"--publication": publication, "--s3-endpoint": s3_endpoint}
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            fail(f"{', '.join(clash)}: set per source in {CTX.config.path}, not with --config", code=2)
+        if source is not None and source not in CTX.config.sources:
+            fail(
+                f"--source {source}: no such source in {CTX.config.path} (sources: {', '.join(CTX.config.sources)})",
+                code=2,
+            )
+        return
+    if source is not None:
+        fail("--source needs a sources file (--config FILE, $MOONCAKE_CONFIG or ./mooncake.yaml)", code=2)
     CTX.settings = load_settings(
         state_dir,
         dsn=dsn,
@@ -169,12 +201,23 @@ def start(
     ),
     memory_limit: str | None = typer.Option(None, "--memory-limit", help=_MEMORY_LIMIT_HELP),
 ):
-    """Start the replicator service in the background (no-op when it is running)."""
+    """Start the replicator service in the background (no-op when it is running); with a sources file,
+    every source's (or --source's)."""
+    if maintenance not in (None, "auto", "dagster"):
+        fail(f"--maintenance must be auto or dagster, not {maintenance!r}")
+    CTX.failed = False
+    for name in _each_source():
+        _start_one(maintenance, memory_limit, f"source {name}: " if name else "")
+    if CTX.failed:
+        raise typer.Exit(1)
+
+
+def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -> None:
+    """``start`` of this command's state directory (``prefix`` starts its line; ``memory_limit``: the
+    ``--memory-limit`` text, kept in this state directory's settings)."""
     from .engine.service import ServiceClient
     from .engine.service.process import start_service
 
-    if maintenance not in (None, "auto", "dagster"):
-        fail(f"--maintenance must be auto or dagster, not {maintenance!r}")
     _set_memory_limit(memory_limit)
     try:
         pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
@@ -193,13 +236,24 @@ def start(
             f"first to run it with maintenance: {maintenance}"
         )
     console.print(
-        f"mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})", highlight=False
+        f"{prefix}mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
+        highlight=False,
     )
 
 
 @app.command()
 def stop():
-    """Stop the background replicator service."""
+    """Stop the background replicator service (with a sources file: every source's, or --source's)."""
+    CTX.failed = False
+    for name in _each_source(need_dsn=False):
+        if name is not None:
+            console.print(f"source {name}: ", end="", highlight=False)
+        _stop_one()
+    if CTX.failed:
+        raise typer.Exit(1)
+
+
+def _stop_one() -> None:
     from .engine.service.process import stop_service
 
     if stop_service(CTX.settings, mark=True):
@@ -208,15 +262,48 @@ def stop():
         console.print("mooncake service was not running")
 
 
+def _each_source(need_dsn: bool = True):
+    """With a sources file and no ``--source``: yield each source's name after making its settings
+    this command's (a source whose DSN variable is unset is reported on stderr and skipped, and the
+    command then exits 1 — ``CTX.failed``; not ``need_dsn``: it is not needed, see
+    ``SourceConfig.settings``). Otherwise yield None once (one-source mode or ``--source``)."""
+    if CTX.config is None or CTX.source is not None:
+        yield None
+        return
+    from .sources import MissingDsn
+
+    for src in CTX.config.sources.values():
+        try:
+            CTX.settings = src.settings(need_dsn=need_dsn)
+        except MissingDsn as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            CTX.failed = True
+            continue
+        yield src.name
+
+
 @app.command()
 def status():
-    """Is the service running, and what is it doing."""
+    """Is the service running, and what is it doing (with a sources file: of every source, or --source's).
+
+    Exit 3 when a service is not running, 1 when a source's DSN variable is unset."""
+    CTX.failed = False
+    running = True
+    for name in _each_source():
+        if name is not None:
+            console.print(f"source {name} (state {CTX.settings.state_dir}):", highlight=False, soft_wrap=True)
+        running = _status_one() and running
+    raise typer.Exit(1 if CTX.failed else (0 if running else 3))
+
+
+def _status_one() -> bool:
+    """``status`` of this command's state directory; False when its service is not running."""
     from .engine.service import ServiceClient
 
     c = ServiceClient(CTX.settings.socket_path)
     if not c.ping():
         console.print("mooncake service: not running")
-        raise typer.Exit(3)
+        return False
     service_client(start=False)  # refuses a --dsn that is not the running service's source
     st = c.status()
     console.print(
@@ -260,6 +347,7 @@ def status():
             highlight=False,
             soft_wrap=True,
         )
+    return True
 
 
 @app.command("check-source")
@@ -299,6 +387,76 @@ def check_source(
 
 
 # ---------------------------------------------------------------------------------------- tables
+@app.command()
+def sync(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be mirrored"),
+):
+    """Mirror every table that the sources file picks (schemas/tables minus exclude) and that is not
+    mirrored yet, in every source (or --source's). A pattern that matches no table is reported; a
+    mirrored table the patterns no longer pick is kept (drop it with drop-table). Mirror names:
+    <table> for schema public, else <schema>__<table>. Exit 1 when a table could not be mirrored."""
+    if CTX.config is None:
+        fail(
+            "sync mirrors what a sources file names: give --config FILE (or $MOONCAKE_CONFIG, ./mooncake.yaml)", code=2
+        )
+    CTX.failed = False
+    for name in _each_source():
+        _sync_one(CTX.config.source(name or CTX.source), dry_run)
+    raise typer.Exit(1 if CTX.failed else 0)
+
+
+def _sync_one(src, dry_run: bool) -> None:
+    """``sync`` of one source (``src``: a :class:`~mooncake_assets.sources.SourceConfig`) into this
+    command's settings; a failure is printed and recorded in ``CTX.failed``."""
+    from .engine.pg.names import format_name, split_qualified_name
+    from .sources import mirror_name, source_tables
+    from .verify import registry
+
+    s = CTX.settings
+    try:
+        tables = source_tables(s.source_dsn())
+    except Exception as e:
+        err.print(f"[red]error:[/red] source {src.name}: cannot list its tables: {str(e).splitlines()[0]}")
+        CTX.failed = True
+        return
+    picked, unmatched = src.pick(tables)
+    for u in unmatched:
+        err.print(f"warning: source {src.name}: {u} matches no table", highlight=False, soft_wrap=True)
+    reg = registry(s)
+    have = {tuple(split_qualified_name(m["source"])): n for n, m in reg["tables"].items()}
+    todo = [t for t in picked if t not in have]
+    print(
+        f"source {src.name}: {len(picked)} table(s) picked, {len(picked) - len(todo)} mirrored already, "
+        f"{len(todo)} to mirror",
+        flush=True,
+    )
+    for parts, n in sorted(have.items(), key=lambda kv: kv[1]):
+        if parts not in picked:
+            print(f"  {n} ({format_name(*parts)}): mirrored, no longer picked by the file (kept)", flush=True)
+    taken = set(reg["tables"])
+    client = None
+    for schema, table in todo:
+        dst, qualified = mirror_name(schema, table), format_name(schema, table)
+        if dst in taken:
+            err.print(f"[red]error:[/red] source {src.name}: {qualified}: mirror name {dst} is taken")
+            CTX.failed = True
+            continue
+        taken.add(dst)
+        if dry_run:
+            print(f"  would mirror {qualified} as {dst}", flush=True)
+            continue
+        client = client or service_client()
+        try:
+            res = create_with_progress(client, dst, qualified)
+        except typer.Exit:  # fail() printed why
+            err.print(f"  (source {src.name}: {qualified} → {dst})", highlight=False)
+            CTX.failed = True
+            continue
+        print(f"  mirrored {res['source']} as {dst}: {res['rows']} rows copied at LSN {res['copy_lsn']}", flush=True)
+    if client is not None:
+        client.close()
+
+
 @app.command("create-table")
 def create_table(
     dst: str = typer.Argument(
@@ -376,12 +534,30 @@ def drop_table(dst: str = typer.Argument(..., help="Name of the mirror to drop (
 
 @app.command("list-tables")
 def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-readable output")):
-    """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors."""
-    st = call(service_client(), "status")
+    """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors (with a sources
+    file: a table per source, or --source's; --json: {"sources": {name: {"tables", "maintenance"}}})."""
+    CTX.failed = False
+    out = {}
+    for name in _each_source():
+        st = call(service_client(), "status")
+        if name is None:
+            if as_json:
+                print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
+                return
+            _print_tables(st, "")
+            return
+        out[name] = {"tables": st["tables"], "maintenance": st.get("maintenance")}
+        if not as_json:
+            _print_tables(st, f"source {name}: ")
     if as_json:
-        print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
-        return
-    t = Table(title=f"mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})")
+        print(json.dumps({"sources": out}, indent=1))
+    if CTX.failed:
+        raise typer.Exit(1)
+
+
+def _print_tables(st: dict, prefix: str) -> None:
+    """``list-tables``' table of one service's ``status`` (``prefix`` starts its title)."""
+    t = Table(title=f"{prefix}mirrored tables (applied LSN {st['applied_lsn']}, maintenance: {st.get('maintenance')})")
     cols = [
         "name",
         "source",
@@ -886,6 +1062,12 @@ def verify(
     ),
 ):
     """Compare each mirror with its source at one LSN; exit 0 only if all match."""
+    if not checksum and not tables and CTX.config is not None and CTX.source is None:
+        CTX.failed, codes = False, []
+        for name in _each_source():  # every source of the sources file
+            print(f"source {name}:", flush=True)
+            codes.append(run_verify(None, reader))
+        raise typer.Exit(0 if codes and not CTX.failed and not any(codes) else 1)
     if checksum:
         res = call(service_client(), "verify_now", tables=tables or None, timeout=3600)
         for name, r in res.items():

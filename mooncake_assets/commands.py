@@ -37,7 +37,33 @@ err = Console(stderr=True, width=_width(sys.stderr))
 
 
 class Ctx:
-    settings: Settings
+    """The invocation's context. ``settings``: given by the CLI (one-source mode), or, with a
+    configuration file (``config``, a :class:`~mooncake_assets.sources.MooncakeConfig`), those of the
+    source ``source`` (``--source``; None: the only one), resolved on first use; a command that needs
+    one source when the file has several fails then, asking for ``--source``. Without either reading
+    it raises ``AttributeError`` (``demo``/``ui`` called without the CLI)."""
+
+    config = None
+    source: str | None = None
+    failed = False  # a command over every source: one of them failed (its exit code is then 1)
+    _settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None and self.config is not None:
+            from .sources import MissingDsn
+
+            try:
+                self._settings = self.config.source(self.source).settings()
+            except (ValueError, MissingDsn) as e:
+                fail(str(e), code=2)
+        if self._settings is None:
+            raise AttributeError("settings")
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        self._settings = value
 
 
 CTX = Ctx()

@@ -6,6 +6,7 @@ folders such as /root, where a CI clone may live).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
@@ -40,9 +41,9 @@ def pg_cluster():
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture()
-def pg_dsn(pg_cluster):
-    """A fresh database in the session cluster for one test; yields its DSN."""
+@contextlib.contextmanager
+def _fresh_database(pg_cluster):
+    """A fresh database in the session cluster; yields its DSN, then drops its slots and the database."""
     name = "t_" + uuid.uuid4().hex[:10]
     with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
         c.execute(f"CREATE DATABASE {name}")
@@ -66,6 +67,20 @@ def pg_dsn(pg_cluster):
                 break
             except psycopg.errors.ObjectInUse:
                 time.sleep(0.2)
+
+
+@pytest.fixture()
+def pg_dsn(pg_cluster):
+    """A fresh database in the session cluster for one test; yields its DSN."""
+    with _fresh_database(pg_cluster) as dsn:
+        yield dsn
+
+
+@pytest.fixture()
+def pg_dsn2(pg_cluster):
+    """A second fresh database in the session cluster (a test with two sources); yields its DSN."""
+    with _fresh_database(pg_cluster) as dsn:
+        yield dsn
 
 
 @pytest.fixture()

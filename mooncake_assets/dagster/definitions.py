@@ -24,6 +24,17 @@ environment                        settings.json ``extra.dagster``              
 
 A table is ``name`` (source ``public.name``), ``schema.table`` or ``name=schema.table``. The DSN,
 warehouse and catalog are the state directory's (``mooncake`` settings and ``MOONCAKE_PG_DSN`` etc.).
+
+**With a sources file** (``$MOONCAKE_CONFIG``, or ``./mooncake.yaml`` when ``MOONCAKE_STATE_DIR`` is
+not set; docs/sources.md) the definitions cover every source instead: per source, the mirrors its
+state directory's ``tables.json`` lists (what ``mooncake sync`` created — so a definitions reload
+picks up new tables, no restart), keyed ``<source>/<schema>/<table>`` (maintenance
+``<kind>/<source>/<schema>/<table>``, see ``mooncake_assets.dagster.keys``), a resource
+``replication__<source>`` whose DSN is the source's ``dsn_env`` variable (``dg.EnvVar``: read when a
+run needs it, never at load), an I/O manager ``io_manager__<source>`` that loads its mirrors, and a
+sensor ``replication_sensor__<source>``. ``MOONCAKE_TABLES`` and settings.json's ``extra.dagster``
+do not apply then; the sensor interval, schedules, automation and ``MOONCAKE_DUCKDB`` (default
+``<state_root>/dagster.duckdb``) come from the environment as above.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from mooncake_assets.dagster.jobs.maintenance import (
     build_mirror_job,
     build_schedules,
 )
+from mooncake_assets.dagster.keys import SourceKeys
 from mooncake_assets.dagster.resources.io_manager import MooncakeDuckDBIOManager
 from mooncake_assets.dagster.resources.replication import (
     DEFAULT_TABLES,
@@ -67,6 +79,26 @@ class DagsterConfig:
     database: str | None = None
     thresholds: dict = field(default_factory=dict)
     catalog_uri: str | None = None
+    sources: list[SourceDefs] = field(default_factory=list)  # a sources file's: then ``tables`` is unused
+    config_file: Path | None = None
+
+
+@dataclass
+class SourceDefs:
+    """One source of a sources file as the definitions see it: its name, state directory, DSN variable,
+    warehouse and catalog (the file's; None: the state directory's defaults) and its mirrors (from
+    ``<state_dir>/tables.json``)."""
+
+    name: str
+    state_dir: Path
+    dsn_env: str
+    tables: list[TableSpec] = field(default_factory=list)
+    warehouse: str | None = None
+    catalog: str | None = None
+
+    @property
+    def keys(self) -> SourceKeys:
+        return SourceKeys(self.name, {t.name: t.source_parts for t in self.tables})
 
 
 def _flag(v) -> bool:
@@ -79,9 +111,28 @@ def load_config(environ: Mapping[str, str] | None = None) -> DagsterConfig:
     """The configuration from ``environ`` (default ``os.environ``) and settings.json. Raises ``ValueError``
     naming the bad value (e.g. a malformed table entry)."""
     env = os.environ if environ is None else environ
+    from mooncake_assets.sources import find_config
+
+    path = find_config(None, env)
+    if path is not None:
+        return _sources_config(path, env)
     settings = load_settings(env.get("MOONCAKE_STATE_DIR") or None)
     saved = (settings.extra or {}).get("dagster", {}) if isinstance(settings.extra, dict) else {}
     tables = env.get("MOONCAKE_TABLES") or saved.get("tables") or list(DEFAULT_TABLES)
+    common = _automation(env, saved)
+    database = env.get("MOONCAKE_DUCKDB") or saved.get("database") or str(settings.state_dir / "dagster.duckdb")
+    return DagsterConfig(
+        state_dir=settings.state_dir,
+        tables=parse_tables(tables),
+        database=database,
+        catalog_uri=settings.catalog,
+        **common,
+    )
+
+
+def _automation(env: Mapping[str, str], saved: Mapping) -> dict:
+    """``cron``, ``sensor_interval_s``, ``automation`` and ``thresholds`` from the environment beating
+    ``saved`` (settings.json ``extra.dagster``; ``{}`` with a sources file)."""
     cron = dict(DEFAULT_CRON)
     cron.update(saved.get("schedules", {}))
     for kind in DEFAULT_CRON:
@@ -95,23 +146,44 @@ def load_config(environ: Mapping[str, str] | None = None) -> DagsterConfig:
     except ValueError:
         raise ValueError(f"MOONCAKE_SENSOR_INTERVAL_S must be a number of seconds, not {interval!r}") from None
     automation = _flag(env.get("MOONCAKE_DAGSTER_AUTOMATION", saved.get("automation", True)))
-    database = env.get("MOONCAKE_DUCKDB") or saved.get("database") or str(settings.state_dir / "dagster.duckdb")
     thresholds = dict(saved.get("thresholds", {}))
     MaintenanceThresholds(**thresholds)  # fail at load time on a bad threshold, naming it
+    return {"sensor_interval_s": interval, "cron": cron, "automation": automation, "thresholds": thresholds}
+
+
+def _sources_config(path: Path, env: Mapping[str, str]) -> DagsterConfig:
+    """The configuration of a sources file (see the module docstring); reads the file and each source's
+    ``tables.json``, contacts nothing. Raises ``ValueError`` (a :class:`~mooncake_assets.sources.
+    ConfigError` naming the file and key, or naming an unreadable ``tables.json``)."""
+    import json
+
+    from mooncake_assets.sources import load_config as load_sources
+
+    cfg = load_sources(path)
+    sources = []
+    for src in cfg.sources.values():
+        reg = src.state_dir / "tables.json"
+        try:
+            mirrors = json.loads(reg.read_text()).get("tables", {}) if reg.exists() else {}
+        except (OSError, ValueError) as e:
+            raise ValueError(f"source {src.name}: cannot read {reg}: {e}") from None
+        tables = [TableSpec(name, m["source"]) for name, m in sorted(mirrors.items())]
+        sources.append(SourceDefs(src.name, src.state_dir, src.dsn_env, tables, src.warehouse, src.catalog))
     return DagsterConfig(
-        state_dir=settings.state_dir,
-        tables=parse_tables(tables),
-        sensor_interval_s=interval,
-        cron=cron,
-        automation=automation,
-        database=database,
-        thresholds=thresholds,
-        catalog_uri=settings.catalog,
+        state_dir=cfg.state_root,
+        tables=[],
+        database=env.get("MOONCAKE_DUCKDB") or str(cfg.state_root / "dagster.duckdb"),
+        sources=sources,
+        config_file=cfg.path,
+        **_automation(env, {}),
     )
 
 
 def build_definitions(config: DagsterConfig) -> dg.Definitions:
-    """Assets, checks, jobs, schedules, the sensor and the resources for ``config``."""
+    """Assets, checks, jobs, schedules, the sensor and the resources for ``config`` (with sources: see
+    :func:`_build_sources`)."""
+    if config.sources:
+        return _build_sources(config)
     replication = ReplicationResource(
         state_dir=str(config.state_dir),
         tables=[str(t) for t in config.tables],
@@ -184,4 +256,52 @@ def materialize_keys(
         raise_on_error=raise_on_error,
         tags=tags,
         run_config=run_config,
+    )
+
+
+def _build_sources(config: DagsterConfig) -> dg.Definitions:
+    """The definitions of a sources file: per source its mirror and maintenance assets, checks, resource,
+    I/O manager and sensor (see the module docstring); the maintenance jobs and schedules cover all."""
+    database = config.database or str(config.state_dir / "dagster.duckdb")
+    thresholds = MaintenanceThresholds(**config.thresholds)
+    jobs = build_maintenance_jobs()
+    mirror_job = build_mirror_job(dg.AssetSelection.groups("mirror"))
+    all_jobs = [*jobs.values(), mirror_job]
+    assets: list = []
+    checks: list = []
+    sensors = []
+    resources: dict = {}
+    for src in config.sources:
+        keys = src.keys
+        replication = ReplicationResource(
+            state_dir=str(src.state_dir),
+            tables=[str(t) for t in src.tables],
+            dsn=dg.EnvVar(src.dsn_env),
+            warehouse=src.warehouse,
+            catalog=src.catalog,
+            thresholds=thresholds,
+        )
+        resources[keys.resource_key] = replication
+        resources[keys.io_manager_key] = MooncakeDuckDBIOManager(database=database, replication=replication)
+        resources.setdefault("io_manager", resources[keys.io_manager_key])
+        catalog = src.catalog or f"sqlite:///{src.state_dir / 'catalog.db'}"
+        assets += build_table_assets(src.tables, catalog if catalog.startswith("sqlite:") else None, keys)
+        checks += build_mirror_checks(src.tables, keys)
+        sensors.append(
+            build_replication_sensor(
+                all_jobs,
+                config.sensor_interval_s,
+                running=config.automation,
+                name=f"replication_sensor__{src.name}",
+                keys=keys,
+            )
+        )
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=checks,
+        jobs=all_jobs,
+        schedules=build_schedules(jobs, config.cron, running=config.automation),
+        sensors=sensors,
+        resources=resources,
+        executor=dg.in_process_executor,
     )

@@ -172,3 +172,34 @@ def test_definitions_validate_without_service_or_postgres(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Validation successful" in r.stdout + r.stderr
     assert not (state / "pg").exists() and not (state / "service.pid").exists()
+
+
+def test_definitions_from_a_sources_file(tmp_path):
+    """A sources file: per source its mirrors (from its tables.json), keyed <source>/<schema>/<table>, its
+    own resource, I/O manager and sensor; nothing is contacted and no DSN variable is read at load."""
+    (tmp_path / "mooncake.yaml").write_text(
+        "sources:\n  a: {dsn_env: A_DSN, tables: ['public.*']}\n  b: {dsn_env: B_DSN, schemas: [sales]}\n"
+    )
+    for src, tables in (("a", {"orders": "public.orders"}), ("b", {"sales__q1": "sales.q1"})):
+        d = tmp_path / ".mooncake" / src
+        d.mkdir(parents=True)
+        (d / "tables.json").write_text(json.dumps({"tables": {n: {"source": s} for n, s in tables.items()}}))
+    cfg = load_config({"MOONCAKE_CONFIG": str(tmp_path / "mooncake.yaml")})
+    assert [s.name for s in cfg.sources] == ["a", "b"] and cfg.database == str(
+        tmp_path / ".mooncake" / "dagster.duckdb"
+    )
+    defs = build_definitions(cfg)
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert {"a/public/orders", "b/sales/q1", "postgres/a/public/orders", "flush/b/sales/q1"} <= keys
+    assert {
+        p.to_user_string() for p in graph.get(dg.AssetKey(["deletion_vectors", "b", "sales", "q1"])).parent_keys
+    } == {"flush/b/sales/q1"}
+    assert {"replication__a", "replication__b", "io_manager__a", "io_manager__b", "io_manager"} <= set(defs.resources)
+    for src in ("a", "b"):
+        assert defs.resolve_sensor_def(f"replication_sensor__{src}").required_resource_keys == {f"replication__{src}"}
+    mirror_job = defs.resolve_job_def("mirror_job")
+    assert {k.to_user_string() for k in mirror_job.asset_layer.selected_asset_keys} == {"a/public/orders", "b/sales/q1"}
+    # the one-source mode is untouched when a state directory is named
+    one = load_config({"MOONCAKE_STATE_DIR": str(tmp_path / "one"), "MOONCAKE_TABLES": "x"})
+    assert not one.sources and [t.name for t in one.tables] == ["x"]

@@ -2,6 +2,7 @@
 (``flush/<t>`` → ``deletion_vectors/<t>`` → ``index_merge/<t>`` → ``compaction/<t>``), their asset checks,
 and the demo's downstream assets."""
 
+from ..keys import ONE_SOURCE, SourceKeys
 from .analytics import PGBENCH, analytics_assets, branch_balances, teller_activity
 from .checks import build_mirror_checks, build_mirror_matches_source, build_replication_lag
 from .factory import (
@@ -25,6 +26,8 @@ __all__ = [
     "build_replication_lag",
     "MAINTENANCE_KINDS",
     "MIRROR",
+    "ONE_SOURCE",
+    "SourceKeys",
     "build_maintenance_asset",
     "build_mirror_asset",
     "build_table_assets",

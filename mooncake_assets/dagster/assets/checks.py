@@ -16,23 +16,25 @@
 
 import dagster as dg
 
+from mooncake_assets.dagster.keys import ONE_SOURCE, SourceKeys
 from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec, lag_bytes, lag_verdict
 from mooncake_assets.engine.pg.conninfo import scrub
 from mooncake_assets.engine.service import ServiceError
 
-from .factory import mirror_key
 
-
-def build_mirror_matches_source(spec: TableSpec) -> dg.AssetChecksDefinition:
+def build_mirror_matches_source(spec: TableSpec, keys: SourceKeys = ONE_SOURCE) -> dg.AssetChecksDefinition:
     name = spec.name
 
     @dg.asset_check(
-        asset=mirror_key(name),
+        asset=keys.mirror(name),
         name="mirror_matches_source",
         description=f"The mirror {name} has the same rows as {spec.source} at one LSN (multiset comparison).",
+        required_resource_keys={keys.resource_key},
     )
-    def _check(replication: ReplicationResource) -> dg.AssetCheckResult:
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         from mooncake_assets.verify import verify
+
+        replication: ReplicationResource = getattr(context.resources, keys.resource_key)
 
         try:
             replication.ensure_running()
@@ -64,16 +66,18 @@ def build_mirror_matches_source(spec: TableSpec) -> dg.AssetChecksDefinition:
     return _check
 
 
-def build_replication_lag(spec: TableSpec) -> dg.AssetChecksDefinition:
+def build_replication_lag(spec: TableSpec, keys: SourceKeys = ONE_SOURCE) -> dg.AssetChecksDefinition:
     name = spec.name
 
     @dg.asset_check(
-        asset=mirror_key(name),
+        asset=keys.mirror(name),
         name="replication_lag",
         description=f"How far the mirror {name} is behind {spec.source} (bytes of WAL, seconds); "
         "warn/fail thresholds from the replication resource.",
+        required_resource_keys={keys.resource_key},
     )
-    def _check(replication: ReplicationResource) -> dg.AssetCheckResult:
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        replication: ReplicationResource = getattr(context.resources, keys.resource_key)
         th = replication.thresholds
         status = None
         try:
@@ -127,8 +131,8 @@ def build_replication_lag(spec: TableSpec) -> dg.AssetChecksDefinition:
     return _check
 
 
-def build_mirror_checks(specs) -> list[dg.AssetChecksDefinition]:
+def build_mirror_checks(specs, keys: SourceKeys = ONE_SOURCE) -> list[dg.AssetChecksDefinition]:
     out = []
     for spec in specs:
-        out += [build_mirror_matches_source(spec), build_replication_lag(spec)]
+        out += [build_mirror_matches_source(spec, keys), build_replication_lag(spec, keys)]
     return out

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 from pydantic import Field
 
+from mooncake_assets.dagster.keys import ONE_SOURCE, SourceKeys
 from mooncake_assets.dagster.resources.io_manager import MIRROR_TABLE
 from mooncake_assets.dagster.resources.replication import ReplicationResource, TableSpec
 from mooncake_assets.engine.pg.conninfo import scrub
@@ -85,15 +86,14 @@ _KINDS = {
 _UPSTREAM = {"flush": None, "deletion_vectors": "flush", "index_merge": "deletion_vectors", "compaction": "index_merge"}
 
 
-def _require_table(replication: ReplicationResource, name: str) -> dict:
+def _require_table(replication: ReplicationResource, name: str, keys: SourceKeys = ONE_SOURCE) -> dict:
     replication.ensure_running()
     st = replication.table_status(name)
+    mirror = keys.mirror(name).to_user_string()
     if st is None:
-        raise dg.Failure(description=f"the service does not mirror {name!r} yet: materialize mirror/{name} first")
+        raise dg.Failure(description=f"the service does not mirror {name!r} yet: materialize {mirror} first")
     if st.get("state") == "copying":
-        raise dg.Failure(
-            description=f"{name} is still being copied (initial copy); try again when mirror/{name} is done"
-        )
+        raise dg.Failure(description=f"{name} is still being copied (initial copy); try again when {mirror} is done")
     if st.get("state") == "error":
         raise dg.Failure(
             description=f"mirror {name} stopped on an error: {st.get('error')}",
@@ -110,18 +110,26 @@ def _call(fn: Callable[[], dict], what: str) -> dict:
 
 
 def build_mirror_asset(
-    spec: TableSpec, group: str = MIRROR, column_schema: dg.TableSchema | None = None
+    spec: TableSpec,
+    group: str = MIRROR,
+    column_schema: dg.TableSchema | None = None,
+    keys: SourceKeys = ONE_SOURCE,
 ) -> dg.AssetsDefinition:
-    """``mirror/<t>``: the live mirror of ``spec.source`` (see the module docstring). ``column_schema``:
-    definition-time column metadata (else it comes with each materialization)."""
+    """``mirror/<t>`` (``keys``: a source's ``<source>/<schema>/<table>``): the live mirror of
+    ``spec.source`` (see the module docstring). ``column_schema``: definition-time column metadata
+    (else it comes with each materialization)."""
     name = spec.name
     metadata = {MIRROR_TABLE: name, "mooncake/source": spec.source, "dagster/table_name": f"mooncake.{name}"}
+    tags = {"mooncake/table": name}
+    if keys.source is not None:
+        metadata["mooncake/source_name"] = keys.source
+        tags["mooncake/source_name"] = keys.source
     if column_schema is not None:
         metadata["dagster/column_schema"] = column_schema
 
     @dg.asset(
-        key=mirror_key(name),
-        deps=[source_key(spec)],
+        key=keys.mirror(name),
+        deps=[keys.postgres(spec)],
         group_name=group,
         kinds={"postgres", "iceberg", "duckdb"},
         description=(
@@ -130,9 +138,12 @@ def build_mirror_asset(
             "in-memory rows with every delete applied (union read at an LSN)."
         ),
         metadata=metadata,
-        tags={"mooncake/table": name},
+        tags=tags,
+        required_resource_keys={keys.resource_key},
+        io_manager_key=keys.io_manager_key,
     )
-    def _mirror(context: dg.AssetExecutionContext, replication: ReplicationResource) -> dg.MaterializeResult:
+    def _mirror(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        replication: ReplicationResource = getattr(context.resources, keys.resource_key)
         t0 = time.time()
         started = replication.ensure_running()
         st = replication.table_status(name)
@@ -206,40 +217,44 @@ def _kind_metadata(kind: str, meta: dict, res: dict, before: dict, after: dict) 
         meta["deleted_rows_before"] = dg.MetadataValue.int(int(before.get("deleted_rows", 0)))
 
 
-def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None) -> dg.AssetsDefinition:
-    """``<kind>/<t>`` for kind in flush, deletion_vectors, index_merge, compaction (the last two take
-    :class:`FullConfig`)."""
+def build_maintenance_asset(
+    kind: str, spec: TableSpec, group: str | None = None, keys: SourceKeys = ONE_SOURCE
+) -> dg.AssetsDefinition:
+    """``<kind>/<t>`` (``keys``: a source's ``<kind>/<source>/<schema>/<table>``) for kind in flush,
+    deletion_vectors, index_merge, compaction (the last two take :class:`FullConfig`)."""
     name = spec.name
     up = _UPSTREAM[kind]
-    dep = mirror_key(name) if up is None else maintenance_key(up, name)
+    dep = keys.mirror(name) if up is None else keys.maintenance(up, name)
+    tags = {"mooncake/table": name, "mooncake/maintenance": kind}
+    if keys.source is not None:
+        tags["mooncake/source_name"] = keys.source
     decorate = dg.asset(
-        key=maintenance_key(kind, name),
+        key=keys.maintenance(kind, name),
         deps=[dep],
         group_name=group or kind,
         kinds=_KINDS[kind],
         description=_DESCRIPTIONS[kind].format(t=name),
-        tags={"mooncake/table": name, "mooncake/maintenance": kind},
+        tags=tags,
+        required_resource_keys={keys.resource_key},
     )
     if kind in ("index_merge", "compaction"):
 
         @decorate
-        def _configured(
-            context: dg.AssetExecutionContext, replication: ReplicationResource, config: FullConfig
-        ) -> dg.MaterializeResult:
-            return _maintain(context, replication, config.full)
+        def _configured(context: dg.AssetExecutionContext, config: FullConfig) -> dg.MaterializeResult:
+            return _maintain(context, getattr(context.resources, keys.resource_key), config.full)
 
         asset_def = _configured
     else:
 
         @decorate
-        def _plain(context: dg.AssetExecutionContext, replication: ReplicationResource) -> dg.MaterializeResult:
-            return _maintain(context, replication, False)
+        def _plain(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+            return _maintain(context, getattr(context.resources, keys.resource_key), False)
 
         asset_def = _plain
 
     def _maintain(context, replication: ReplicationResource, full: bool) -> dg.MaterializeResult:
         t0 = time.time()
-        before = _require_table(replication, name)
+        before = _require_table(replication, name, keys)
         ops = {
             "flush": replication.flush,
             "deletion_vectors": replication.persist,
@@ -271,11 +286,12 @@ def build_maintenance_asset(kind: str, spec: TableSpec, group: str | None = None
 
 
 def build_table_assets(
-    specs: Sequence[TableSpec], catalog_uri: str | None = None
+    specs: Sequence[TableSpec], catalog_uri: str | None = None, keys: SourceKeys = ONE_SOURCE
 ) -> list[dg.AssetsDefinition | dg.AssetSpec]:
     """Every asset of the configured mirrors: the external source tables, ``mirror/<t>`` and the four
-    maintenance assets per table. ``catalog_uri``: a local SQLite Iceberg catalog to take the mirrors'
-    column schemas from at load time (skipped when absent; nothing else is contacted)."""
+    maintenance assets per table (keyed by ``keys``, see :class:`SourceKeys`). ``catalog_uri``: a local
+    SQLite Iceberg catalog to take the mirrors' column schemas from at load time (skipped when absent;
+    nothing else is contacted)."""
     out: list = []
     seen_sources = set()
     for spec in specs:
@@ -284,7 +300,7 @@ def build_table_assets(
             schema_name, table_name = spec.source_parts
             out.append(
                 dg.AssetSpec(
-                    key=source_key(spec),
+                    key=keys.postgres(spec),
                     group_name="postgres",
                     kinds={"postgres"},
                     description=f"Postgres table `{spec.source}`, the source of the mirror (logical replication, pgoutput).",
@@ -296,6 +312,6 @@ def build_table_assets(
                 )
             )
         schema = iceberg_column_schema(catalog_uri, spec.name) if catalog_uri else None
-        out.append(build_mirror_asset(spec, column_schema=schema))
-        out.extend(build_maintenance_asset(kind, spec) for kind in MAINTENANCE_KINDS)
+        out.append(build_mirror_asset(spec, column_schema=schema, keys=keys))
+        out.extend(build_maintenance_asset(kind, spec, keys=keys) for kind in MAINTENANCE_KINDS)
     return out

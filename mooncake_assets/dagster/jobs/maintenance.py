@@ -63,11 +63,12 @@ def build_maintenance_jobs() -> dict:
     return jobs
 
 
-def build_mirror_job():
-    """``mirror_job``: materializes ``mirror/<t>`` (the sensor uses it for tables not mirrored yet)."""
+def build_mirror_job(selection=None):
+    """``mirror_job``: materializes ``mirror/<t>`` (the sensor uses it for tables not mirrored yet);
+    ``selection``: other mirror assets (a sources file's, keyed ``<source>/<schema>/<table>``)."""
     return dg.define_asset_job(
         job_name(MIRROR_JOB),
-        selection=dg.AssetSelection.key_prefixes("mirror"),
+        selection=selection if selection is not None else dg.AssetSelection.key_prefixes("mirror"),
         executor_def=dg.in_process_executor,
         description="Make sure every configured table is mirrored (initial copy the first time).",
     )

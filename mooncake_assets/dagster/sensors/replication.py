@@ -48,12 +48,12 @@ import dagster as dg
 
 from mooncake_assets.dagster.jobs.maintenance import (
     FULL_OPTIMIZE,
-    KINDS,
     MAINTENANCE_TAG,
     MIRROR_JOB,
     active_runs,
     job_name,
 )
+from mooncake_assets.dagster.keys import ONE_SOURCE, SourceKeys
 from mooncake_assets.dagster.resources.replication import (
     MaintenanceThresholds,
     ReplicationResource,
@@ -140,16 +140,20 @@ def plan_maintenance(
     return out
 
 
-def busy_tables(instance: dg.DagsterInstance, all_tables: Iterable[str]) -> dict[str, str]:
-    """``{table: run id}`` for tables with a queued or running run that touches their maintenance or mirror."""
+def busy_tables(
+    instance: dg.DagsterInstance, all_tables: Iterable[str], keys: SourceKeys = ONE_SOURCE
+) -> dict[str, str]:
+    """``{table: run id}`` for tables with a queued or running run that touches their maintenance or mirror
+    (asset keys as ``keys`` makes them)."""
     names = set(all_tables)
     out: dict[str, str] = {}
     for run in active_runs(instance):
         touched: set[str] = set()
         if run.asset_selection:
             for key in run.asset_selection:
-                if len(key.path) == 2 and key.path[0] in (*KINDS, "mirror") and key.path[1] in names:
-                    touched.add(key.path[1])
+                t = keys.table_of(key)
+                if t is not None and t in names:
+                    touched.add(t)
         elif run.tags.get(MAINTENANCE_TAG):
             touched = set(names)
         for t in touched:
@@ -170,7 +174,9 @@ def _lag(st: Mapping, source: Mapping | None) -> tuple[int | None, float | None]
     return nbytes, seconds
 
 
-def observation(name: str, st: Mapping, source: Mapping | None, service_note: str | None) -> dg.AssetObservation:
+def observation(
+    name: str, st: Mapping, source: Mapping | None, service_note: str | None, keys: SourceKeys = ONE_SOURCE
+) -> dg.AssetObservation:
     src_lsn = source.get("source_lsn") if source else None
     meta = {
         "source_lsn": dg.MetadataValue.text(src_lsn or "unknown"),
@@ -209,7 +215,7 @@ def observation(name: str, st: Mapping, source: Mapping | None, service_note: st
             meta["verify_detail"] = dg.MetadataValue.text(str(ver["detail"]))
     if service_note:
         meta["service"] = dg.MetadataValue.text(service_note)
-    return dg.AssetObservation(asset_key=dg.AssetKey(["mirror", name]), metadata=meta)
+    return dg.AssetObservation(asset_key=keys.mirror(name), metadata=meta)
 
 
 def _lag_check(
@@ -249,6 +255,7 @@ def first_sight(
     obs: dg.AssetObservation,
     th: MaintenanceThresholds,
     tcur: dict | None = None,
+    keys: SourceKeys = ONE_SOURCE,
 ) -> list:
     """What makes a mirror's state visible at first sight in the Dagster UI, beside the observation:
 
@@ -264,7 +271,7 @@ def first_sight(
       (counts and checksums at one LSN, engine/service/verifier.py) when it is new (``tcur["verify_at"]``
       remembers the one already reported; a full row comparison is the check's own run). The sensor
       compares nothing itself."""
-    key = dg.AssetKey(["mirror", name])
+    key = keys.mirror(name)
     meta = dict(obs.metadata)
     out = []
     if not (tcur or {}).get("materialized"):
@@ -309,8 +316,11 @@ def first_sight(
     return out
 
 
-def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResource) -> dg.SensorResult:
-    """One tick of the sensor (see the module docstring)."""
+def evaluate(
+    context: dg.SensorEvaluationContext, replication: ReplicationResource, keys: SourceKeys = ONE_SOURCE
+) -> dg.SensorResult:
+    """One tick of the sensor (see the module docstring) over the mirrors of ``replication``'s state
+    directory, their assets keyed by ``keys``."""
     cur = SensorCursor.load(context.cursor)
     cur.ticks += 1
     now = time.time()
@@ -335,8 +345,9 @@ def evaluate(context: dg.SensorEvaluationContext, replication: ReplicationResour
         now,
         source,
         note,
-        busy=busy_tables(context.instance, [s.name for s in specs]),
+        busy=busy_tables(context.instance, [s.name for s in specs], keys),
         th=replication.thresholds,
+        keys=keys,
     )
     for spec in specs:
         tick.table(spec.name, by_name.get(spec.name))
@@ -395,6 +406,7 @@ class _Tick:
     note: str | None  # what the tick says about the service on every observation
     busy: dict[str, str]  # {table: id of a run in flight touching it}
     th: MaintenanceThresholds
+    keys: SourceKeys = field(default_factory=SourceKeys)  # the asset keys of this source's mirrors
     events: list = field(default_factory=list)
     requests: list[dg.RunRequest] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -409,9 +421,9 @@ class _Tick:
             return
         if st.get("state") == "copying":
             return
-        obs = observation(t, st, self.source, self.note)
+        obs = observation(t, st, self.source, self.note, self.keys)
         self.events.append(obs)
-        self.events.extend(first_sight(self.context.instance, t, st, obs, self.th, tcur))
+        self.events.extend(first_sight(self.context.instance, t, st, obs, self.th, tcur, self.keys))
         if st.get("state") == "error":
             self.context.log.error(f"mirror {t} stopped on an error: {st.get('error')}")
             return
@@ -425,7 +437,7 @@ class _Tick:
         if t in self.busy:
             self.notes.append(f"{t}: {', '.join(k for k, _ in plan)} wanted, but run {self.busy[t]} is in flight")
             return
-        self.requests.append(maintenance_request(t, st, plan, self.th))
+        self.requests.append(maintenance_request(t, st, plan, self.th, self.keys))
         for k, _ in plan:
             last_req[k] = self.now
         self.notes.append(f"{t}: " + "; ".join(f"{k}: {r}" for k, r in plan))
@@ -435,20 +447,21 @@ class _Tick:
             self.notes.append(f"{t}: not mirrored yet, run {self.busy[t]} in flight")
             return
         # one request per hour at most: a copy that fails (e.g. no such table) is not retried every tick
+        key = self.keys.mirror(t)
         self.requests.append(
             dg.RunRequest(
-                run_key=f"mirror/{t}/create/{int(self.now // 3600)}",
+                run_key=f"{key.to_user_string()}/create/{int(self.now // 3600)}",
                 job_name=job_name(MIRROR_JOB),
-                asset_selection=[dg.AssetKey(["mirror", t])],
+                asset_selection=[key],
                 tags={"mooncake/table": t, "mooncake/trigger": SENSOR_NAME, "mooncake/reason": "not mirrored yet"},
             )
         )
-        self.notes.append(f"{t}: not mirrored yet, requesting mirror/{t}")
+        self.notes.append(f"{t}: not mirrored yet, requesting {key.to_user_string()}")
 
     def _plan(self, t: str, st: Mapping, tcur: dict) -> list[tuple[str, str]]:
         """:func:`plan_maintenance` for ``t``, with its policy's block limit and (when compaction is on and
         no run is in flight for it) the service's compaction dry run."""
-        age = _unpersisted_age(self.context.instance, t, st, tcur, self.now)
+        age = _unpersisted_age(self.context.instance, t, st, tcur, self.now, self.keys)
         policy = _policy(self.replication, t)
         ask_planner = self.th.compaction and t not in self.busy
         compaction = _compaction_plan(self.context, self.replication, t, st) if ask_planner else None
@@ -457,26 +470,28 @@ class _Tick:
         )
 
 
-def _unpersisted_age(instance: dg.DagsterInstance, t: str, st: Mapping, tcur: dict, now: float) -> float | None:
+def _unpersisted_age(
+    instance: dg.DagsterInstance, t: str, st: Mapping, tcur: dict, now: float, keys: SourceKeys = ONE_SOURCE
+) -> float | None:
     """Seconds ``t``'s changes have waited to be persisted (None: nothing unpersisted): rows in the buffer,
     pending deletes, or a ``flush/<t>`` newer than the last ``deletion_vectors/<t>``, counted from when a
     tick first saw them (``tcur["dirty_since"]``) or the last persist, whichever is later."""
     dirty = (
         int(st.get("buffer_rows", 0)) > 0
         or int(st.get("pending_deletes", 0)) > 0
-        or (_latest_ts(instance, dg.AssetKey(["flush", t])) or 0)
-        > (_latest_ts(instance, dg.AssetKey(["deletion_vectors", t])) or 0)
+        or (_latest_ts(instance, keys.maintenance("flush", t)) or 0)
+        > (_latest_ts(instance, keys.maintenance("deletion_vectors", t)) or 0)
     )
     if not dirty:
         tcur.pop("dirty_since", None)
         return None
     tcur.setdefault("dirty_since", now)
-    persisted = _latest_ts(instance, dg.AssetKey(["deletion_vectors", t])) or 0
+    persisted = _latest_ts(instance, keys.maintenance("deletion_vectors", t)) or 0
     return now - max(tcur["dirty_since"], persisted)
 
 
 def maintenance_request(
-    t: str, st: Mapping, plan: Sequence[tuple[str, str]], th: MaintenanceThresholds
+    t: str, st: Mapping, plan: Sequence[tuple[str, str]], th: MaintenanceThresholds, keys: SourceKeys = ONE_SOURCE
 ) -> dg.RunRequest:
     """The run request for ``plan`` (``[(kind, reason)]``, lineage order) of table ``t``: one kind's job, or
     ``full_optimize_job`` restricted to the planned assets; keyed by the table's last change LSN."""
@@ -484,12 +499,13 @@ def maintenance_request(
     reason = "; ".join(f"{k}: {r}" for k, r in plan)
     run_config = {}
     if "index_merge" in kinds and th.index_merge_blocks is not None:  # our own limit: merge even below the policy's
-        run_config = {"ops": {_op_name(["index_merge", t]): {"config": {"full": True}}}}
+        run_config = {"ops": {_op_name(keys.maintenance("index_merge", t).path): {"config": {"full": True}}}}
+    tail = t if keys.source is None else "/".join(keys.mirror(t).path)
     return dg.RunRequest(
-        run_key=f"{'+'.join(kinds)}/{t}/{st.get('last_change_lsn') or st.get('applied_lsn')}",
+        run_key=f"{'+'.join(kinds)}/{tail}/{st.get('last_change_lsn') or st.get('applied_lsn')}",
         run_config=run_config,
         job_name=job_name(kinds[0] if len(kinds) == 1 else FULL_OPTIMIZE),
-        asset_selection=[dg.AssetKey([k, t]) for k in kinds],
+        asset_selection=[keys.maintenance(k, t) for k in kinds],
         tags={
             "mooncake/table": t,
             MAINTENANCE_TAG: "+".join(kinds),
@@ -522,9 +538,15 @@ def _compaction_plan(context, replication: ReplicationResource, table: str, st: 
 
 
 def build_replication_sensor(
-    jobs: Sequence, interval_s: int = DEFAULT_INTERVAL_S, running: bool = True, name: str = SENSOR_NAME
+    jobs: Sequence,
+    interval_s: int = DEFAULT_INTERVAL_S,
+    running: bool = True,
+    name: str = SENSOR_NAME,
+    keys: SourceKeys = ONE_SOURCE,
 ) -> dg.SensorDefinition:
-    """The sensor, targeting the maintenance ``jobs`` (and the mirror assets through the global asset job)."""
+    """The sensor, targeting the maintenance ``jobs`` (and the mirror assets through the global asset job).
+    ``keys``: the source it watches (its resource key and asset keys; one sensor per source of a
+    sources file, each with its own cursor)."""
 
     @dg.sensor(
         name=name,
@@ -533,8 +555,9 @@ def build_replication_sensor(
         default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
         description="Keeps the mooncake service running (restarts it after a crash), records lag and buffer "
         "observations on the mirror assets and requests maintenance runs when thresholds are crossed.",
+        required_resource_keys={keys.resource_key},
     )
-    def replication_sensor(context: dg.SensorEvaluationContext, replication: ReplicationResource):
-        return evaluate(context, replication)
+    def replication_sensor(context: dg.SensorEvaluationContext):
+        return evaluate(context, getattr(context.resources, keys.resource_key), keys)
 
     return replication_sensor

@@ -1,0 +1,389 @@
+"""Many sources in one deployment: the configuration file ``mooncake.yaml`` (docs/sources.md).
+
+A deployment mirrors several PostgreSQL databases ("sources"). Each source is one state directory
+``<state_root>/<name>`` driven by the one-source machinery unchanged (its own replicator service,
+replication slot, publication, ``settings.json``, ``tables.json``); this module only turns the file
+into one :class:`~mooncake_assets.config.Settings` per source and says which source tables its
+patterns pick.
+
+Where the file is (:func:`find_config`): ``--config FILE``, else ``$MOONCAKE_CONFIG``, else
+``./mooncake.yaml`` when no state directory was named (``--state-dir``/``$MOONCAKE_STATE_DIR``).
+
+The file (every key but ``sources`` optional; checked by :func:`parse_config`, which raises
+:class:`ConfigError` naming the file, the key path and the problem)::
+
+    state_root: /var/lib/mooncake     # default: .mooncake beside the file; relative: to the file
+    sources:
+      orders:                         # [A-Za-z_][A-Za-z0-9_]*, at most 63 characters
+        dsn_env: ORDERS_PG_DSN        # the environment variable holding the DSN (required)
+        schemas: [sales]              # whole schemas (glob patterns)
+        tables: [public.customers, "public.order_*"]   # schema.table glob patterns (table: public)
+        exclude: ["sales.tmp_*"]
+        warehouse: s3://lake/orders   # default file://<state>/warehouse
+        catalog: sqlite:////data/orders-catalog.db     # default sqlite:///<state>/catalog.db
+        publication: orders_pub       # an administrator's publication (default: the service's own)
+        maintenance: auto             # auto | dagster
+        maintenance_policy: {compact_min_files: 8}     # settings.json extra.maintenance
+        table_policies: {orders: {index_max_blocks: 4}} # extra.maintenance_tables
+
+No password may be written in the file: a ``dsn`` key, or any value holding ``password=`` or a
+``user:password@`` URI, is an error (the DSN's password comes with its variable, ``PGPASSWORD``,
+``~/.pgpass`` or a ``service=`` entry; docs/names-and-secrets.md).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Settings, load_settings
+
+CONFIG_NAME = "mooncake.yaml"
+_SOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_URI_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]+@")
+_KV_PASSWORD = re.compile(r"(^|\s)password\s*=", re.IGNORECASE)
+MAINTENANCE_MODES = ("auto", "dagster")
+
+_SOURCE_KEYS = {
+    "dsn_env": "the name of the environment variable holding the source's DSN",
+    "schemas": "schemas to mirror whole (list of glob patterns)",
+    "tables": "tables to mirror (list of schema.table glob patterns)",
+    "exclude": "tables not to mirror (list of schema.table glob patterns)",
+    "warehouse": "warehouse URI",
+    "catalog": "Iceberg catalog URI",
+    "publication": "an administrator's publication",
+    "maintenance": "auto or dagster",
+    "maintenance_policy": "maintenance policy of every table (mapping)",
+    "table_policies": "maintenance policy per mirror name (mapping of mappings)",
+}
+_TOP_KEYS = ("state_root", "sources")
+
+
+class ConfigError(ValueError):
+    """A bad configuration file: ``str()`` is ``<file>: <key path>: <problem>`` (one line)."""
+
+    def __init__(self, path: Path | str, key: str, problem: str):
+        self.path, self.key, self.problem = Path(path), key, problem
+        super().__init__(f"{path}: {key}: {problem}" if key else f"{path}: {problem}")
+
+
+class MissingDsn(ValueError):
+    """A source's ``dsn_env`` variable is not set (the message names the variable and the source)."""
+
+
+@dataclass(frozen=True)
+class TablePattern:
+    """One ``schema.table`` glob pattern (``fnmatch`` rules, case-sensitive, matched against the names
+    as the Postgres catalogs spell them; a pattern without a dot is ``public.<pattern>``; double quotes
+    group a part that holds a dot)."""
+
+    text: str
+    schema: str
+    table: str
+
+    @staticmethod
+    def parse(text: str) -> TablePattern:
+        quoted, cut = False, -1
+        for i, ch in enumerate(text):
+            if ch == '"':
+                quoted = not quoted
+            elif ch == "." and not quoted:
+                cut = i
+                break
+        schema, table = ("public", text) if cut < 0 else (text[:cut], text[cut + 1 :])
+        unq = lambda s: s[1:-1].replace('""', '"') if len(s) >= 2 and s[0] == s[-1] == '"' else s
+        return TablePattern(text, unq(schema.strip()), unq(table.strip()))
+
+    def matches(self, schema: str, table: str) -> bool:
+        return fnmatch.fnmatchcase(schema, self.schema) and fnmatch.fnmatchcase(table, self.table)
+
+
+@dataclass
+class SourceConfig:
+    """One source of the file: its name, where its state lives and what to mirror (see the module)."""
+
+    name: str
+    state_dir: Path
+    dsn_env: str
+    schemas: list[str] = field(default_factory=list)
+    tables: list[TablePattern] = field(default_factory=list)
+    exclude: list[TablePattern] = field(default_factory=list)
+    warehouse: str | None = None
+    catalog: str | None = None
+    publication: str | None = None
+    maintenance: str | None = None
+    maintenance_policy: dict = field(default_factory=dict)
+    table_policies: dict = field(default_factory=dict)
+
+    def dsn(self, environ: Mapping[str, str] | None = None) -> str:
+        """The DSN from ``$<dsn_env>``; :class:`MissingDsn` naming the variable when it is unset/empty."""
+        env = os.environ if environ is None else environ
+        v = env.get(self.dsn_env)
+        if not v:
+            raise MissingDsn(
+                f"source {self.name!r}: environment variable {self.dsn_env} is not set "
+                f"(sources.{self.name}.dsn_env names it; set it to the source's DSN)"
+            )
+        return v
+
+    def settings(self, environ: Mapping[str, str] | None = None, save: bool = False, need_dsn: bool = True) -> Settings:
+        """The :class:`Settings` of this source's state directory: the file's values beat
+        ``settings.json``; ``save``: write them to ``settings.json`` (without passwords) so that the
+        source's service and later commands use the same. :class:`MissingDsn` as :meth:`dsn`, unless
+        not ``need_dsn`` (a command that only talks to the service, e.g. ``stop``: then the DSN is
+        settings.json's, without its password)."""
+        try:
+            dsn = self.dsn(environ)
+        except MissingDsn:
+            if need_dsn:
+                raise
+            dsn = None
+        s = load_settings(
+            self.state_dir,
+            dsn=dsn,
+            warehouse=self.warehouse,
+            catalog_uri=self.catalog,
+            publication=self.publication,
+        )
+        if self.maintenance:
+            s.maintenance = self.maintenance
+        extra = dict(s.extra or {})
+        if self.maintenance_policy:
+            extra["maintenance"] = dict(self.maintenance_policy)
+        if self.table_policies:
+            extra["maintenance_tables"] = {k: dict(v) for k, v in self.table_policies.items()}
+        extra["source"] = self.name
+        s.extra = extra
+        if save:
+            s.save()
+        return s
+
+    def pick(self, tables: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+        """``(the (schema, table) pairs of tables that the patterns pick, in order, the patterns that
+        match none of tables)``; an exclude pattern that excludes nothing is reported too."""
+        include = [(f"schemas: {s}", TablePattern(s, s, "*")) for s in self.schemas]
+        include += [(f"tables: {p.text}", p) for p in self.tables]
+        unmatched = [label for label, p in include if not any(p.matches(*t) for t in tables)]
+        picked = [t for t in tables if any(p.matches(*t) for _, p in include)]
+        unmatched += [f"exclude: {p.text}" for p in self.exclude if not any(p.matches(*t) for t in picked)]
+        return [t for t in picked if not any(p.matches(*t) for p in self.exclude)], unmatched
+
+
+@dataclass
+class MooncakeConfig:
+    """A parsed ``mooncake.yaml``: ``path`` (the file), ``state_root``, ``sources`` by name (file order)."""
+
+    path: Path
+    state_root: Path
+    sources: dict[str, SourceConfig]
+
+    def source(self, name: str | None) -> SourceConfig:
+        """The source ``name``; None: the only one. ``ValueError`` (one line) for an unknown name, or
+        None with more than one source."""
+        if name is None:
+            if len(self.sources) == 1:
+                return next(iter(self.sources.values()))
+            raise ValueError(
+                f"{self.path} has {len(self.sources)} sources: give --source NAME (one of {', '.join(self.sources)})"
+            )
+        if name not in self.sources:
+            raise ValueError(f"no source {name!r} in {self.path} (sources: {', '.join(self.sources)})")
+        return self.sources[name]
+
+
+def find_config(
+    explicit: str | os.PathLike | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    state_dir_given: bool = False,
+) -> Path | None:
+    """The configuration file to use, or None (one-source mode): ``explicit`` (``--config``); else None
+    when a state directory was named on the command line (``state_dir_given``); else
+    ``$MOONCAKE_CONFIG``; else None when ``$MOONCAKE_STATE_DIR`` is set; else ``<cwd>/mooncake.yaml``
+    when it exists. A named file that does not exist is a :class:`ConfigError`."""
+    env = os.environ if environ is None else environ
+    named = explicit or (None if state_dir_given else env.get("MOONCAKE_CONFIG"))
+    if named:
+        p = Path(named)
+        if not p.is_file():
+            raise ConfigError(p, "", "no such file" + ("" if explicit else " (named by $MOONCAKE_CONFIG)"))
+        return p.resolve()
+    if state_dir_given or env.get("MOONCAKE_STATE_DIR"):
+        return None
+    p = (cwd or Path.cwd()) / CONFIG_NAME
+    return p.resolve() if p.is_file() else None
+
+
+def load_config(path: str | os.PathLike) -> MooncakeConfig:
+    """Read and check ``path`` (see :func:`parse_config`); unreadable or non-YAML text is a
+    :class:`ConfigError` too."""
+    import yaml
+
+    p = Path(path).resolve()
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(p, "", f"cannot read it: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(p, "", f"not valid YAML: {where}{getattr(e, 'problem', None) or e}") from None
+    return parse_config(data, p)
+
+
+def parse_config(data, path: Path) -> MooncakeConfig:
+    """Check the YAML document ``data`` of file ``path`` and build the :class:`MooncakeConfig`.
+
+    Raises :class:`ConfigError` for: a document that is not a mapping, an unknown key (the known ones
+    are listed), a missing ``sources`` or ``dsn_env``, a value of the wrong type, a bad source or
+    variable name, a ``maintenance`` other than auto/dagster, a source with no ``schemas``/``tables``,
+    a password anywhere in the file, and two sources sharing a warehouse or catalog (their mirrors
+    would share the Iceberg namespace)."""
+    if not isinstance(data, dict):
+        raise ConfigError(path, "", "expected a mapping with a 'sources' key")
+    _no_passwords(data, path, "")
+    for k in data:
+        if k not in _TOP_KEYS:
+            raise ConfigError(path, str(k), f"unknown key (known: {', '.join(_TOP_KEYS)})")
+    root = data.get("state_root", ".mooncake")
+    if not isinstance(root, str) or not root:
+        raise ConfigError(path, "state_root", "expected a directory path")
+    state_root = (path.parent / os.path.expanduser(root)).resolve()
+    sources = data.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        raise ConfigError(path, "sources", "expected a mapping of source names to their settings (at least one)")
+    out = {str(n): _parse_source(str(n), v, path, state_root) for n, v in sources.items()}
+    for attr in ("warehouse", "catalog"):
+        seen: dict[str, str] = {}
+        for s in out.values():
+            v = getattr(s, attr)
+            if v is not None and v in seen:
+                raise ConfigError(
+                    path,
+                    f"sources.{s.name}.{attr}",
+                    f"the same {attr} as source {seen[v]!r}: every source needs its own (mirrors of "
+                    "different sources would collide in it)",
+                )
+            if v is not None:
+                seen[v] = s.name
+    return MooncakeConfig(path, state_root, out)
+
+
+def _no_passwords(node, path: Path, key: str) -> None:
+    """:class:`ConfigError` at the first ``dsn`` key or string holding a password under ``node``."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            sub = f"{key}.{k}" if key else str(k)
+            if str(k) in ("dsn", "password"):
+                raise ConfigError(
+                    path,
+                    sub,
+                    "a DSN or password is never kept in the file: put the DSN in an environment variable "
+                    "and name it with dsn_env (the password can also come from PGPASSWORD or ~/.pgpass)",
+                )
+            _no_passwords(v, path, sub)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _no_passwords(v, path, f"{key}[{i}]")
+    elif isinstance(node, str) and (_URI_PASSWORD.search(node) or _KV_PASSWORD.search(node)):
+        raise ConfigError(
+            path,
+            key,
+            "holds a password: keep passwords out of the file (in the dsn_env variable, PGPASSWORD or "
+            "~/.pgpass; for a catalog, its own environment)",
+        )
+
+
+def _parse_source(name: str, d, path: Path, state_root: Path) -> SourceConfig:
+    at = f"sources.{name}"
+    if not _SOURCE_NAME.fullmatch(name):
+        raise ConfigError(path, at, "a source name is 1-63 ASCII letters, digits and _, not starting with a digit")
+    if not isinstance(d, dict):
+        raise ConfigError(path, at, "expected a mapping (dsn_env, schemas/tables, ...)")
+    for k in d:
+        if k not in _SOURCE_KEYS:
+            raise ConfigError(path, f"{at}.{k}", f"unknown key (known: {', '.join(_SOURCE_KEYS)})")
+    env = d.get("dsn_env")
+    if env is None:
+        raise ConfigError(path, f"{at}.dsn_env", "missing: name the environment variable that holds the DSN")
+    if not isinstance(env, str) or not _ENV_NAME.fullmatch(env):
+        raise ConfigError(path, f"{at}.dsn_env", f"expected an environment variable name, not {env!r}")
+    lists = {k: _str_list(d.get(k), path, f"{at}.{k}") for k in ("schemas", "tables", "exclude")}
+    if not lists["schemas"] and not lists["tables"]:
+        raise ConfigError(path, at, "nothing to mirror: give schemas and/or tables")
+    strs = {k: _opt_str(d.get(k), path, f"{at}.{k}") for k in ("warehouse", "catalog", "publication", "maintenance")}
+    if strs["maintenance"] is not None and strs["maintenance"] not in MAINTENANCE_MODES:
+        raise ConfigError(path, f"{at}.maintenance", f"expected auto or dagster, not {strs['maintenance']!r}")
+    policy = d.get("maintenance_policy") or {}
+    if not isinstance(policy, dict):
+        raise ConfigError(path, f"{at}.maintenance_policy", "expected a mapping of policy settings")
+    per_table = d.get("table_policies") or {}
+    if not isinstance(per_table, dict) or not all(isinstance(v, dict) for v in per_table.values()):
+        raise ConfigError(path, f"{at}.table_policies", "expected a mapping of mirror names to policy mappings")
+    return SourceConfig(
+        name=name,
+        state_dir=state_root / name,
+        dsn_env=env,
+        schemas=lists["schemas"],
+        tables=[TablePattern.parse(t) for t in lists["tables"]],
+        exclude=[TablePattern.parse(t) for t in lists["exclude"]],
+        maintenance_policy=dict(policy),
+        table_policies={str(k): dict(v) for k, v in per_table.items()},
+        **strs,
+    )
+
+
+def _str_list(v, path: Path, key: str) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise ConfigError(path, key, "expected a list of non-empty strings")
+    return [x.strip() for x in v]
+
+
+def _opt_str(v, path: Path, key: str) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v):
+        raise ConfigError(path, key, "expected a non-empty string")
+    return v
+
+
+# ------------------------------------------------------------------------------------ source tables
+def source_tables(dsn: str) -> list[tuple[str, str]]:
+    """Every table of the source database that could be mirrored, as ``(schema, table)`` sorted:
+    ordinary and partitioned tables (``relkind`` r/p, not partitions, not temporary or unlogged), outside
+    the system schemas (PostgreSQL docs, "pg_class")."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as c:
+        rows = c.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence = 'p' "
+            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%' "
+            "ORDER BY 1, 2"
+        ).fetchall()
+    return [(s, t) for s, t in rows]
+
+
+def mirror_name(schema: str, table: str) -> str:
+    """The mirror name ``sync`` gives source table ``schema.table``: ``table`` for schema ``public``,
+    else ``<schema>__<table>``; parts that are not ``[A-Za-z0-9_]`` are mapped as asset key parts are
+    (``Sales Data`` → ``Sales_Data_<hash>``), and the name is cut to 63 characters keeping a hash."""
+    import hashlib
+
+    from .engine.pg.names import asset_key_part
+
+    name = asset_key_part(table) if schema == "public" else f"{asset_key_part(schema)}__{asset_key_part(table)}"
+    if name[0].isdigit():
+        name = "t_" + name
+    if len(name) > 63:
+        name = name[:54] + "_" + hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:8]
+    return name
