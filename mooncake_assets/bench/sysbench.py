@@ -13,7 +13,7 @@ threads (``--db-ps-mode=disable``):
 - ``oltp_insert``: one ``INSERT INTO sbtest1 (k, c, pad)`` per transaction (the id from the serial's
   sequence: sysbench 1.0's pgsql path with ``auto_inc`` on, its default).
 
-While a workload runs, once a second: the **lag** of the service's slot in bytes,
+While a workload runs, once a second and once more as it stops: the **lag** of the service's slot in bytes,
 ``pg_wal_lsn_diff(pg_current_wal_lsn(), write_lsn)`` from ``pg_stat_replication`` (the service
 reports its applied LSN as ``write_lsn`` after every applied batch; PostgreSQL docs, "The Statistics
 Collector", ``pg_stat_replication``), and the slot's durable lag from ``confirmed_flush_lsn``
@@ -89,14 +89,19 @@ def parse_tps(out: str) -> tuple[int | None, float | None]:
     return (int(m.group(1)), float(m.group(2))) if m else (None, None)
 
 
-def _sample_lag(dsn: str, slot: str, stop: threading.Event, samples: list[tuple[float, int | None, int]]) -> None:
-    """Append (seconds since start, applied-lag bytes or None, durable-lag bytes) once a second until ``stop``."""
-    t0 = time.perf_counter()
+def _sample_once(c: psycopg.Connection, slot: str, t0: float, samples: list[tuple[float, int | None, int]]) -> None:
+    """Append (seconds since ``t0``, applied-lag bytes or None when the service is not connected,
+    durable-lag bytes) of ``slot``."""
+    row = c.execute(_LAG_SQL, (slot,)).fetchone()
+    if row is not None:
+        samples.append((round(time.perf_counter() - t0, 2), row[0], int(row[1] or 0)))
+
+
+def _sample_lag(dsn: str, slot: str, t0: float, stop: threading.Event, samples: list) -> None:
+    """:func:`_sample_once` once a second until ``stop``."""
     with psycopg.connect(dsn, autocommit=True) as c:
         while not stop.is_set():
-            row = c.execute(_LAG_SQL, (slot,)).fetchone()
-            if row is not None:
-                samples.append((round(time.perf_counter() - t0, 2), row[0], int(row[1] or 0)))
+            _sample_once(c, slot, t0, samples)
             stop.wait(1.0)
 
 
@@ -109,7 +114,8 @@ def _run_workload(db: BenchDatabase, client: Any, slot: str, workload: str, size
         lsn0 = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
     samples: list[tuple[float, int | None, int]] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample_lag, args=(db.dsn, slot, stop, samples), daemon=True)
+    t0 = time.perf_counter()
+    sampler = threading.Thread(target=_sample_lag, args=(db.dsn, slot, t0, stop, samples), daemon=True)
     sampler.start()
     try:
         r = subprocess.run(
@@ -119,6 +125,8 @@ def _run_workload(db: BenchDatabase, client: Any, slot: str, workload: str, size
     finally:
         stop.set()
         sampler.join(timeout=10)
+    with psycopg.connect(db.dsn, autocommit=True) as c:  # the lag as the load stops (the largest, usually)
+        _sample_once(c, slot, t0, samples)
     if r.returncode != 0:
         raise RuntimeError(f"sysbench {workload} run failed ({r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
     reader = UnionReader(client, db.dsn, wait_timeout=600)
@@ -139,6 +147,7 @@ def _run_workload(db: BenchDatabase, client: Any, slot: str, workload: str, size
         "threads": THREADS,
         "seconds": sizes.sysbench_seconds,
         "max_lag_bytes": max(lag) if lag else None,
+        "lag_at_stop_bytes": lag[-1] if lag else None,
         "max_durable_lag_bytes": max((s[2] for s in samples), default=None),
         "catch_up_seconds": catch_up,
         "catch_up_lsn": str(wait),
