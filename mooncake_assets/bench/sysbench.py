@@ -156,7 +156,7 @@ def _run_workload(db: BenchDatabase, client: Any, slot: str, workload: str, size
         "lag_samples": [{"t": t, "lag_bytes": a, "durable_lag_bytes": d} for t, a, d in samples],
     }
     log(
-        f"  sysbench {workload}: {tps} tps, max lag {_mb(fig["max_lag_bytes"])} MiB, catch-up {catch_up:.3f} s, "
+        f"  sysbench {workload}: {tps} tps, max lag {_mb(fig['max_lag_bytes'])} MiB, catch-up {catch_up:.3f} s, "
         f"WAL {_mb(wal)} MiB"
     )
     return fig
