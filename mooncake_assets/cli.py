@@ -416,6 +416,12 @@ def query(
         "--no-wait",
         help="Read what the service has applied now, without the barrier; the LSN read at is printed on stderr",
     ),
+    as_of_lsn: str | None = typer.Option(
+        None,
+        "--as-of-lsn",
+        help="Read the persisted consistent cut at this LSN (X/Y or its tag lsn-X-Y; see list-cuts): every "
+        "table at its tagged Iceberg snapshot, without the service",
+    ),
 ):
     """Union read: run SQL over the mirrors (visible by their DST names), read-your-writes.
 
@@ -429,6 +435,11 @@ def query(
 
     if fmt not in FORMATS:
         fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", code=2)
+    if as_of_lsn is not None:
+        if lsn is not None or no_wait:
+            fail("--as-of-lsn reads a persisted cut: it excludes --lsn and --no-wait", code=2)
+        _query_cut(sql, as_of_lsn, fmt)
+        return
     if lsn is not None:
         try:
             Lsn.parse(lsn)
@@ -537,6 +548,28 @@ def sql_server_user(
     console.print(f"{name}: verifier written to {file}", highlight=False)
 
 
+def _query_cut(sql: str, cut: str, fmt: str) -> None:
+    """``mooncake query --as-of-lsn``: ``sql`` over the persisted cut ``cut`` (engine/read/cuts.py)."""
+    from .engine.read.cuts import query_cut
+    from .engine.read.render import FORMATS
+    from .engine.read.union import ReadOnlyError
+    from .engine.service.registry import NAMESPACE
+
+    try:
+        res, info = query_cut(_cut_catalog(), NAMESPACE, cut, sql)
+    except ReadOnlyError as e:
+        fail(str(e), code=2)
+    except ValueError as e:
+        fail(f"--as-of-lsn: {e}", code=2)
+    except LookupError as e:
+        fail(str(e).strip("'\""))
+    except Exception as e:
+        fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    sys.stdout.write(FORMATS[fmt](res))
+    sys.stdout.flush()
+    err.print(f"read the cut {info.tag} (LSN {info.lsn}): {', '.join(sorted(info.tables))}", highlight=False)
+
+
 def _query_notes(reader, no_wait: bool) -> None:
     """What ``mooncake query`` says on stderr after the rows: the LSN read at (``--no-wait``) and a
     warning per stopped mirror it read."""
@@ -589,9 +622,81 @@ def flush(dst: str):
 
 
 @app.command()
-def persist(dst: str):
+def persist(
+    dst: str | None = typer.Argument(None, help="The mirror to persist (or --all)"),
+    persist_all: bool = typer.Option(
+        False,
+        "--all",
+        help="Every mirror at ONE LSN, each snapshot tagged lsn-X-Y (a consistent cut, as `mooncake cut`)",
+    ),
+):
     """Flush, then commit data files, deletion vectors, index and flush LSN to Iceberg in one commit."""
-    _maint("persist", dst)
+    if persist_all == (dst is not None):
+        fail("name one mirror, or --all for a consistent cut of every mirror", code=2)
+    if persist_all:
+        _cut(None, as_json=False)
+    else:
+        _maint("persist", dst)
+
+
+def _cut(tables: list[str] | None, as_json: bool, max_wait: float = 30.0) -> None:
+    """``mooncake cut`` / ``persist --all``: the service's ``cut`` action after the read-your-writes
+    barrier (everything committed in the source before the command is in the cut)."""
+    from .engine.read import current_wal_lsn
+
+    barrier = current_wal_lsn(CTX.settings.source_dsn())
+    res = call(service_client(), "cut", tables=tables or None, wait_lsn=barrier, timeout_s=max_wait, timeout=3600)
+    if as_json:
+        print(json.dumps(res))
+        return
+    fresh = sum(1 for t in res["tables"].values() if t["committed"])
+    console.print(
+        f"cut {res['tag']} at LSN {res['lsn']}: {len(res['tables'])} table(s) "
+        f"({fresh} committed, {len(res['tables']) - fresh} unchanged and tagged) in {res['seconds']:.2f}s",
+        highlight=False,
+    )
+
+
+@app.command()
+def cut(
+    tables: list[str] | None = typer.Argument(None, help="Mirrors in the cut (default: all)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+    max_wait: float = typer.Option(
+        30.0, "--max-wait", metavar="SECONDS", help="How long to wait for replication to reach the source's current LSN"
+    ),
+):
+    """A consistent cut: commit every mirror to Iceberg at ONE LSN and tag each snapshot lsn-X-Y, so any
+    Iceberg engine reads all tables at one Postgres point (FOR VERSION AS OF 'lsn-X-Y')."""
+    _cut(tables, as_json, max_wait)
+
+
+def _cut_catalog():
+    from .engine.iceberg import make_catalog
+    from .engine.storage import catalog_properties
+
+    s = CTX.settings
+    return make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s))
+
+
+@app.command("list-cuts")
+def list_cuts_cmd(as_json: bool = typer.Option(False, "--json", help="Print the cuts as JSON")):
+    """The consistent cuts in the warehouse (tags lsn-X-Y): LSN, time, tables. Reads the catalog only."""
+    from .engine.read.cuts import list_cuts
+    from .engine.service.registry import NAMESPACE
+    from .engine.timefmt import iso_utc
+
+    cuts = list_cuts(_cut_catalog(), NAMESPACE)
+    rows = [{"tag": c.tag, "lsn": str(c.lsn), "time": iso_utc(c.timestamp_ms / 1000), "tables": c.tables} for c in cuts]
+    if as_json:
+        print(json.dumps(rows))
+        return
+    if not rows:
+        console.print("no cuts (take one with `mooncake cut`)")
+        return
+    table = Table("tag", "lsn", "time", "tables")
+    for r in rows:
+        table.add_row(r["tag"], r["lsn"], r["time"], ", ".join(sorted(r["tables"])))
+    console.print(table)
 
 
 @app.command("merge-index")

@@ -25,9 +25,10 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestCo
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadataUtil, TableMetadataV3, new_table_metadata
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.table.update import AddSnapshotUpdate, SetSnapshotRefUpdate
+from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
@@ -161,6 +162,57 @@ def test_apply_updates_maintains_row_lineage_and_the_logs(tmp_path):
     assert new.next_row_id == 5  # spec "Row Lineage": advanced by the snapshot's added-rows
     assert [e.metadata_file for e in new.metadata_log] == ["file:///t/metadata/00000-x.metadata.json"]
     assert [e.snapshot_id for e in new.snapshot_log] == [7]
+
+
+def test_apply_updates_sets_and_removes_a_tag_keeping_main(tmp_path):
+    """Cut tags (engine/iceberg/cuts.py) are SetSnapshotRefUpdate(type tag) / RemoveSnapshotRefUpdate applied
+    through ``apply_updates``: a tag with its max-ref-age-ms, main untouched, removal leaves the snapshot."""
+    md = _v3_metadata(tmp_path)
+    snapshot = Snapshot(
+        snapshot_id=7,
+        sequence_number=1,
+        timestamp_ms=md.last_updated_ms + 1,
+        manifest_list="file:///t/snap.avro",
+        summary=Summary(operation=Operation.APPEND),
+        schema_id=md.current_schema_id,
+        first_row_id=0,
+        added_rows=5,
+    )
+    md = compat.apply_updates(
+        md,
+        (AddSnapshotUpdate(snapshot=snapshot), SetSnapshotRefUpdate(ref_name="main", type="branch", snapshot_id=7)),
+        "file:///t/metadata/00000-x.metadata.json",
+    )
+    tagged = compat.apply_updates(
+        md,
+        (SetSnapshotRefUpdate(ref_name="lsn-0-10", type=SnapshotRefType.TAG, snapshot_id=7, max_ref_age_ms=5000),),
+        "file:///t/metadata/00001-x.metadata.json",
+    )
+    ref = tagged.refs["lsn-0-10"]
+    assert ref.snapshot_ref_type == SnapshotRefType.TAG and ref.snapshot_id == 7 and ref.max_ref_age_ms == 5000
+    assert tagged.current_snapshot_id == 7 and tagged.refs["main"].snapshot_id == 7
+    assert json.loads(compat.metadata_json(tagged))["refs"]["lsn-0-10"] == {
+        "snapshot-id": 7,
+        "type": "tag",
+        "max-ref-age-ms": 5000,
+    }
+    untagged = compat.apply_updates(
+        tagged, (RemoveSnapshotRefUpdate(ref_name="lsn-0-10"),), "file:///t/metadata/00002-x.metadata.json"
+    )
+    assert "lsn-0-10" not in untagged.refs and untagged.snapshot_by_id(7) is not None
+
+
+def test_pyiceberg_s_public_create_tag_cannot_commit_a_v3_table(catalog, tmp_path):
+    """Why IcebergMirrorTable.tag commits through our own swap: ``ManageSnapshots.create_tag`` commits
+    through ``catalog.commit_table``, which cannot write v3 metadata in the pinned PyIceberg. When this
+    fails, PyIceberg writes v3: the public API could then be used for tags."""
+    t = IcebergMirrorTable.create(catalog, "ns.t", SCHEMA)
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": [1], "name": ["a"]}, schema=t.arrow_schema()), path)
+    snap = t.commit(add_files=[t.upload_data_file(str(path))])
+    with pytest.raises(Exception):
+        catalog.load_table("ns.t").manage_snapshots().create_tag(snap, "lsn-0-1").commit()
+    assert "lsn-0-1" not in catalog.load_table("ns.t").metadata.refs
 
 
 def test_a_table_object_at_new_metadata_keeps_identifier_and_io(catalog, tmp_path):

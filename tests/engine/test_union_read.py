@@ -177,3 +177,53 @@ def test_new_deletes_on_the_same_file_are_seen_despite_the_plan_cache(table, mod
     f["deleted"] = _dv(more)
     after = r.read_table("t", lsn="0/10").num_rows
     assert before - after == len(more) - len(old) > 0
+
+
+def test_no_in_memory_rows_keeps_the_view_types_and_skips_the_arrow_scan(table):
+    """With no rows buffered, the in-memory branch stays in the view (same column types) but DuckDB
+    does not scan it; with rows it is read again."""
+    client, expected = table
+    rs, mem = client.tables["t"]
+    clean = [f for f in rs["files"] if f["deleted"] is None]
+    client.tables["c"] = (dict(rs, table="c", files=clean), mem)
+    r = UnionReader(client, mode="lazy")
+    r.register("c", lsn="0/10")
+    types = r.con.execute("DESCRIBE c").fetchall()
+    assert r.con.execute("SELECT count(*) FROM c").fetchone()[0] == 3000 + mem.num_rows
+    client.tables["c"] = (dict(rs, table="c", files=clean), mem.slice(0, 0))
+    r.register("c", lsn="0/10")
+    assert r.con.execute("DESCRIBE c").fetchall() == types
+    assert r.con.execute("SELECT count(*) FROM c").fetchone()[0] == 3000
+    plan = r.con.execute("EXPLAIN SELECT count(*), sum(val) FROM c").fetchall()[0][1]
+    assert "ARROW_SCAN" not in plan and "READ_PARQUET" in plan
+    client.tables["c"] = (dict(rs, table="c", files=clean), mem)
+    r.register("c", lsn="0/10")
+    assert r.con.execute("SELECT count(*) FROM c").fetchone()[0] == 3000 + mem.num_rows
+
+
+def test_lazy_bitmaps_live_in_a_duckdb_table_rewritten_only_when_the_vectors_change(table):
+    """A lazy view's deletion vectors are a DuckDB temp table (no Arrow scan per query), kept while the
+    files' vectors are unchanged and rewritten when one changes (the same view DDL sees the new deletes)."""
+    client, expected = table
+    rs, mem = client.tables["t"]
+    client.tables["t"] = (rs, mem.slice(0, 0))
+    r = UnionReader(client, mode="lazy")
+    sql = "SELECT count(*) AS n FROM t WHERE id >= 0"
+    n0 = r.query(sql, lsn="0/10")["n"][0].as_py()
+    assert n0 == expected.num_rows - mem.num_rows
+    plan = r.con.execute("EXPLAIN " + sql).fetchall()[0][1]
+    assert "ARROW_SCAN" not in plan
+    kept = r._dv_tables["t"][1]
+    r.query(sql, lsn="0/10")
+    assert r._dv_tables["t"][1] is kept  # unchanged vectors: the table was not written again
+    f = next(f for f in rs["files"] if f["name"] == "random.parquet")
+    old = set(deleted_positions(f["deleted"]).tolist())
+    more = sorted(old | {p for p in range(0, 5000, 7) if p not in old})
+    f["deleted"] = _dv(more)
+    assert r.query(sql, lsn="0/10")["n"][0].as_py() == n0 - (len(more) - len(old))
+    assert r._dv_tables["t"][1] is not kept
+    for g in rs["files"]:  # no file with deletes left: the table goes
+        g["deleted"] = None
+    assert r.query(sql, lsn="0/10")["n"][0].as_py() == 3000 + 5000 + 4000 + 3000
+    assert "t" not in r._dv_tables
+    assert not r.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '__mc_dv_t'").fetchone()[0]

@@ -72,6 +72,11 @@ class MaintenancePolicy:
     ``orphan_grace_s``: a file under the table location that no snapshot references is deleted once it
       is older than this (seconds, ≥ 0; default 600), so in-flight writes are never taken; at service
       start (nothing in flight) every orphan goes.
+    ``keep_cuts``: consistent cuts (tags ``lsn-X-Y``, ``mooncake cut``) an expiry keeps per table, the
+      newest by LSN; older cut tags are removed and their snapshots expire like any other (count, ≥ 0;
+      default 24).
+    ``cut_max_age_s``: a cut's tag is written with ``max-ref-age-ms`` of this, so it goes once its
+      snapshot is that old, here and in any engine's expiry (seconds, ≥ 0; default 0: no age limit).
     ``auto_interval_s``: in ``maintenance: auto``, how often the service checks a table for index merge,
       compaction and expiry (seconds, ≥ 0; default 5).
     """
@@ -89,6 +94,8 @@ class MaintenancePolicy:
     snapshot_retention_s: float = 900.0
     retain_snapshots: int = 5
     orphan_grace_s: float = 600.0
+    keep_cuts: int = 24
+    cut_max_age_s: float = 0.0
     auto_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -108,6 +115,8 @@ class MaintenancePolicy:
         need(self.snapshot_retention_s >= 0, "snapshot_retention_s", "≥ 0 (seconds)")
         need(self.retain_snapshots >= 1, "retain_snapshots", "≥ 1 (snapshots)")
         need(self.orphan_grace_s >= 0, "orphan_grace_s", "≥ 0 (seconds)")
+        need(self.keep_cuts >= 0, "keep_cuts", "≥ 0 (cuts)")
+        need(self.cut_max_age_s >= 0, "cut_max_age_s", "≥ 0 (seconds)")
         need(self.auto_interval_s >= 0, "auto_interval_s", "≥ 0 (seconds)")
         IndexMergePolicy(self.index_max_blocks, self.index_max_blocks_per_merge)  # validates both
 

@@ -634,7 +634,8 @@ def _delete_files(ice: Any, paths: Iterable[str]) -> None:
 def expire_and_clean(
     table: MirrorTable, *, policy: MaintenancePolicy | None = None, orphan_grace_s: float | None = None
 ) -> dict[str, Any]:
-    """Expire snapshots older than ``snapshot_retention_s`` (keeping the newest ``retain_snapshots``),
+    """Expire snapshots older than ``snapshot_retention_s`` (keeping the newest ``retain_snapshots``, and
+    the newest ``keep_cuts`` cut tags' snapshots),
     delete the files only they referenced, then delete orphans older than ``orphan_grace_s`` (default:
     the policy's).
 
@@ -654,7 +655,9 @@ def expire_and_clean(
     expired = files = 0
     if len(md.snapshots) > policy.retain_snapshots and any(x.timestamp_ms < cutoff for x in md.snapshots):
         before = len(md.snapshots)
-        gone = ice.expire_snapshots(cutoff, retain_last=policy.retain_snapshots, delete_files=False)
+        gone = ice.expire_snapshots(
+            cutoff, retain_last=policy.retain_snapshots, delete_files=False, keep_cuts=policy.keep_cuts
+        )
         expired = before - len(ice.table.metadata.snapshots)
         for loc in gone:
             with contextlib.suppress(Exception):

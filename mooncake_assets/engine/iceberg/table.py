@@ -46,7 +46,14 @@ from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotsUpdate
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 from pyroaring import BitMap64
 
 import mooncake_assets.engine.iceberg.compat as compat
@@ -59,6 +66,7 @@ from .catalog import (
     split_identifier,
     write_metadata,
 )
+from .cuts import tag_updates
 from .datafile import data_file_from_parquet, data_file_from_parquet_metadata, iceberg_arrow_schema
 from .errors import CommitConflict, CommitStateUnknown
 from .names import (
@@ -71,7 +79,7 @@ from .names import (
     SUMMARY_INDEX_FILE,
 )
 from .producer import CommitRequest, SnapshotProducer, delete_quietly, find_commit, schema_list
-from .retention import all_files, plan_expiry
+from .retention import ExpiryPlan, all_files, plan_expiry
 from .snapshots import SnapshotReader
 from .state import DataFileState, PersistedState, read_state
 
@@ -102,6 +110,11 @@ class IcebergMirrorTable:
     (test/fault-injection hook: called after every file of a commit is written and right before the
     pointer swap, with the new metadata location or None; whatever it raises propagates and the table
     keeps its previous snapshot).
+
+    Longer than ~400 lines because every change of the table's metadata (commit, expiry, tag) shares
+    its reload / compare-and-swap / retry state (the loaded ``Table``, the uploaded-not-committed
+    files, the snapshot reader's caches); the phases of a commit live in ``producer.py``, reading in
+    ``snapshots.py``, expiry planning in ``retention.py`` and cut tags in ``cuts.py``.
     """
 
     commit_attempts: int = 5
@@ -422,10 +435,19 @@ class IcebergMirrorTable:
 
     # ----------------------------------------------------------------- maintenance
 
-    def expire_snapshots(self, older_than_ms: int, retain_last: int = 1, *, delete_files: bool = False) -> list[str]:
+    def expire_snapshots(
+        self,
+        older_than_ms: int,
+        retain_last: int = 1,
+        *,
+        delete_files: bool = False,
+        keep_cuts: int | None = None,
+    ) -> list[str]:
         """Remove snapshots older than ``older_than_ms`` (epoch milliseconds) from the table metadata in one
         commit, keeping the newest ``retain_last`` (>= 1) snapshots of ``main`` and every snapshot a branch
-        or tag points to (spec "Snapshot Retention Policy").
+        or tag points to (spec "Snapshot Retention Policy"). The same commit first removes the cut tags
+        beyond the newest ``keep_cuts`` (None: all kept) and every ref past its ``max-ref-age-ms``
+        (``cuts.cuts_to_drop``); their snapshots then expire like any other.
 
         Returns the locations (sorted) of files that only expired snapshots referenced: manifest lists,
         manifests, data and delete files, index Puffin files. They are deleted here only if
@@ -434,37 +456,73 @@ class IcebergMirrorTable:
         """
         if retain_last < 1:
             raise ValueError(f"retain_last: expected >= 1, found {retain_last}")
+        plans: list[ExpiryPlan] = []
+
+        def plan(table: Table) -> tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]] | None:
+            p = plan_expiry(self._reader, table, older_than_ms, retain_last, keep_cuts)
+            plans[:] = [p]
+            if not p.expired and not p.refs:
+                return None
+            base = table.metadata.current_snapshot()
+            # PyIceberg's pydantic models take field names too (populate_by_name); without the pydantic
+            # mypy plugin its types know only the aliases (snapshot-id)
+            requirements = (
+                AssertTableUUID(uuid=table.metadata.table_uuid),
+                AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),  # type: ignore[call-arg]
+            )
+            updates: tuple[TableUpdate, ...] = tuple(RemoveSnapshotRefUpdate(ref_name=n) for n in p.refs)  # type: ignore[call-arg]
+            if p.expired:
+                updates += (RemoveSnapshotsUpdate(snapshot_ids=p.expired),)  # type: ignore[call-arg]  # as above
+            return requirements, updates
+
+        if not self._commit_updates("expire_snapshots", plan):
+            return []
+        if delete_files:
+            delete_quietly(self.io, plans[0].orphans)
+        return plans[0].orphans
+
+    def tag(self, name: str, snapshot_id: int, *, max_ref_age_ms: int | None = None) -> None:
+        """Point the tag ``name`` at ``snapshot_id`` in one commit (spec "Snapshot References": a ref of type
+        ``tag``; ``max_ref_age_ms``: its max age, None for none). Setting a tag again to the same snapshot is
+        a no-op; a tag pointing elsewhere is moved. Through the same compare-and-swap as ``commit``
+        (PyIceberg's ``ManageSnapshots.create_tag`` commits through ``catalog.commit_table``, which cannot
+        write v3 metadata in PyIceberg 0.12). Raises ``ValueError`` for an unknown snapshot,
+        ``CommitConflict`` after ``commit_attempts`` lost races."""
+
+        def plan(table: Table) -> tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]] | None:
+            updates = tag_updates(table.metadata, name, snapshot_id, max_ref_age_ms)
+            if not updates:
+                return None
+            return (AssertTableUUID(uuid=table.metadata.table_uuid),), updates
+
+        self._commit_updates(f"tag {name!r}", plan)
+
+    def _commit_updates(
+        self,
+        what: str,
+        plan: Callable[[Table], tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]] | None],
+    ) -> bool:
+        """A metadata-only commit: per attempt, reload and ask ``plan`` for (requirements, updates) on the
+        table as it is now (None: nothing to do, returns False), then swap; True once it landed. Retries a
+        lost race up to ``commit_attempts`` times with backoff, then ``CommitConflict`` naming ``what``."""
         last_conflict: Exception | None = None
         for attempt in range(1, self.commit_attempts + 1):
-            self.refresh()
-            table = self._table
-            plan = plan_expiry(self._reader, table, older_than_ms, retain_last)
-            if not plan.expired:
-                return []
-            base = table.metadata.current_snapshot()
+            table = self.refresh().table
+            todo = plan(table)
+            if todo is None:
+                return False
             try:
                 new_metadata, new_location = commit_metadata(
-                    self.catalog,
-                    table,
-                    (
-                        AssertTableUUID(uuid=table.metadata.table_uuid),
-                        # PyIceberg's pydantic models take field names too (populate_by_name); without the pydantic
-                        # mypy plugin its types know only the aliases (snapshot-id)
-                        AssertRefSnapshotId(ref="main", snapshot_id=base.snapshot_id if base else None),  # type: ignore[call-arg]
-                    ),
-                    (RemoveSnapshotsUpdate(snapshot_ids=plan.expired),),  # type: ignore[call-arg]  # as above (snapshot-ids)
-                    before_swap=self.before_swap,
+                    self.catalog, table, todo[0], todo[1], before_swap=self.before_swap
                 )
             except SwapConflict as e:
                 last_conflict = e
                 _backoff(attempt)
                 continue
             self._table = compat.table_at(table, new_metadata, new_location, self.catalog)
-            if delete_files:
-                delete_quietly(table.io, plan.orphans)
-            return plan.orphans
+            return True
         raise CommitConflict(
-            f"{self.identifier}: expire_snapshots lost the race {self.commit_attempts} times ({last_conflict})",
+            f"{self.identifier}: {what} lost the race {self.commit_attempts} times ({last_conflict})",
             retryable=True,
         )
 

@@ -252,7 +252,7 @@ class UnionReader:
         self.cache = ReadCache(cache_bytes)
         self._pg: psycopg.Connection[Any] | None = None  # kept for the barrier's pg_current_wal_lsn()
         self._registered: dict[str, object] = {}  # Arrow object name -> the object registered under it
-        self._dv_tables: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its files' vectors, their DV table)
+        self._dv_tables: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its files' vectors, the DV temp table's rows)
         self.wait_timeout = wait_timeout
         self.mode = mode
         self.states: dict[str, ReadState] = {}
@@ -414,12 +414,7 @@ class UnionReader:
             plans = [self.cache.plan(f.path, f.rows, cast(FrozenBitMap64, f.deleted)) for f in dirty]
             dv_name = f"__mc_dv_{view}"
             parts.extend(_lazy_parts(plans, cols, dv_name, objs, opts))
-            if dv_name in objs:  # the same vectors as last time: keep the registered table (same object)
-                key, prev = tuple((f.path, f.deleted) for f in dirty), self._dv_tables.get(view)
-                if prev is not None and prev[0] == key:
-                    objs[dv_name] = prev[1]
-                else:
-                    self._dv_tables[view] = (key, objs[dv_name])
+            self._keep_dv_table(view, dv_name, objs.pop(dv_name, None), tuple((f.path, f.deleted) for f in dirty))
         else:  # arrow
             if dirty:
                 name = f"__mc_dirty_{view}"
@@ -427,7 +422,10 @@ class UnionReader:
                 parts.append(f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep")
         mem_name = f"__mc_mem_{view}"
         objs[mem_name] = mem
-        parts.append(f"SELECT {sel} FROM {_ident(mem_name)}")
+        # no in-memory rows: ``WHERE false`` keeps the branch's types in the union (so a view's column types
+        # never depend on whether rows are buffered) while DuckDB's optimizer drops its Arrow scan, which
+        # costs about a millisecond of CPU per query even when empty (bench/delete_paths.py)
+        parts.append(f"SELECT {sel} FROM {_ident(mem_name)}" + (" WHERE false" if mem.num_rows == 0 else ""))
         for name in set(self._objects.get(view, [])) - set(objs):
             self._unregister(name)
         for name, obj in objs.items():
@@ -443,6 +441,34 @@ class UnionReader:
         self.states[view] = rs
         # the cache keeps only what files still read need (compacted or fully deleted files go)
         self.cache.retain(f.path for st in self.states.values() for f in st.files)
+
+    def _keep_dv_table(self, view: str, name: str, dv: pa.Table | None, key: tuple[Any, ...]) -> None:
+        """Hold a lazy view's bitmaps (``dv``: the Arrow table :func:`_lazy_parts` built; None when no file
+        needs them) as the DuckDB temp table ``name``, written again only when ``key`` (its files and
+        their vectors) changed. A DuckDB table costs nothing per query, where a registered Arrow table
+        costs an Arrow scan (about a millisecond of CPU, bench/delete_paths.py) on every query."""
+        prev = self._dv_tables.get(view)
+        if dv is None:
+            if prev is not None:
+                self._drop_dv_table(view, name)
+            return
+        if prev is not None and prev[0] == key:
+            return
+        src = f"__mc_dvsrc_{view}"
+        self.con.register(src, dv)
+        try:
+            # stored as BIT: the view's ``b::BIT`` is then no cast at all (a BLOB -> BIT cast of every
+            # file's bit string would cost a pass over the vectors per query)
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE {_ident(name)} AS SELECT i, c, b::BIT AS b FROM {_ident(src)}"
+            )
+        finally:
+            self.con.unregister(src)
+        self._dv_tables[view] = (key, dv)
+
+    def _drop_dv_table(self, view: str, name: str) -> None:
+        self._dv_tables.pop(view, None)
+        self.con.execute(f"DROP TABLE IF EXISTS {_ident(name)}")
 
     def _unregister(self, name: str) -> None:
         self._registered.pop(name, None)
@@ -523,6 +549,7 @@ class UnionReader:
         finally:
             self.con.execute(f"DROP VIEW IF EXISTS {_ident(view)}")
             self._views.pop(view, None)
+            self._drop_dv_table(view, f"__mc_dv_{view}")
             for name in self._objects.pop(view, []):
                 self._unregister(name)
 
@@ -546,7 +573,8 @@ def _lazy_parts(
     Files read whole (one segment, some deletes) share **one** ``read_parquet`` whose
     ``file_index`` joins to their bitmaps; files with row groups to skip or to read plainly get one
     branch per segment. The bitmaps are one Arrow table ``dv_name`` (``i``: plan index, ``c``: index
-    in the shared scan or -1, ``b``: the bit string), added to ``objs``."""
+    in the shared scan or -1, ``b``: the bit string), added to ``objs`` (the reader keeps it as a DuckDB
+    temp table of that name: :meth:`UnionReader._keep_dv_table`)."""
     sel = ", ".join("d." + _ident(c) for c in cols)
     shared = [i for i, p in enumerate(plans) if len(p.segments) == 1 and p.segments[0].whole and p.needs_bits]
     pos_in_shared = {i: k for k, i in enumerate(shared)}

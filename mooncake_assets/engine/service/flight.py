@@ -3,7 +3,8 @@
 Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, src, delete_format, column_types, exclude[, publication]}``,
 ``drop_table {table}``, ``flush|persist|merge_index|compact {table, ...}``, ``read_state {table, lsn}``
 (returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
-``read_states`` (below), ``shutdown``.
+``cut {tables, wait_lsn, timeout_s}`` (every mirror, or ``tables``, committed at one LSN and tagged
+``lsn-X-Y``, after waiting for ``wait_lsn``: ``cut.py``), ``read_states`` (below), ``shutdown``.
 
 ``read_states {tables | match, lsn, wait_lsn, timeout_s}`` is a union read's **one round trip**: it
 first waits (``timeout_s``) until ``wait_lsn`` is applied (when given), then answers the ReadStates of
@@ -86,6 +87,7 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             ("drop_table", "stop mirroring"),
             ("flush", ""),
             ("persist", ""),
+            ("cut", "commit every mirror at one LSN and tag the snapshots lsn-X-Y"),
             ("merge_index", ""),
             ("compact", ""),
             ("read_state", "ReadState + ticket"),
@@ -117,6 +119,10 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         if kind in ("flush", "persist", "merge_index", "compact"):
             kw = {k: v for k, v in b.items() if k != "table"}
             return s.maintenance(kind, b["table"], **kw)
+        if kind == "cut":
+            if b.get("wait_lsn"):  # what was committed before the cut is in it
+                s.wait_lsn(Lsn.parse(b["wait_lsn"]), float(b.get("timeout_s", 30)))
+            return s.cut(b.get("tables") or None)
         if kind == "wait_lsn":
             applied = s.wait_lsn(Lsn.parse(b["lsn"]), float(b.get("timeout_s", 30)))
             return {"applied_lsn": str(Lsn(applied))}

@@ -67,7 +67,10 @@ class SharedState(Protocol):
 
 class StopsTables(Protocol):
     """The stream loop as the persist scheduler sees it: it stops one table at an LSN with an error
-    (the caller holds the lock; :meth:`~.replication.StreamLoop.stop_table`)."""
+    (the caller holds the lock; :meth:`~.replication.StreamLoop.stop_table`), and ``applied_lsn``: every
+    commit below it is applied (a consistent cut is taken there, ``cut.py``)."""
+
+    applied_lsn: int
 
     def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
 

@@ -130,6 +130,15 @@ class PersistScheduler:
             "staging and the replication slot until a persist succeeds"
         ) from e
 
+    def persist(self, t: MirrorTable, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
+        """A persist of ``t`` by the caller holding the lock (a consistent cut, :func:`.cut.take_cut`):
+        :meth:`_persist`."""
+        return self._persist(t, uploaded)
+
+    def persist_failed(self, t: MirrorTable, e: Exception) -> None:
+        """Record a failed upload or persist (caller holds the lock): :meth:`_persist_failed`."""
+        self._persist_failed(t, e)
+
     def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
         """A persist that holds the service lock only to flush and to commit: the staged files are copied
         to the warehouse (the slow part, seconds on S3) without it, so the replication thread keeps

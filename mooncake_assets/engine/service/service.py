@@ -38,6 +38,7 @@ from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from ..timefmt import utc_now
 from .config import ServiceConfig
+from .cut import take_cut
 from .errors import MooncakeError
 from .persist import PersistScheduler
 from .provision import TableProvisioner
@@ -178,6 +179,11 @@ class ReplicatorService:
     def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
         """Persist ``t``, holding the lock only to flush and commit (:meth:`.persist.PersistScheduler.persist_unlocked`)."""
         return self.persister.persist_unlocked(t)
+
+    def cut(self, names: list[str] | None = None) -> dict[str, Any]:
+        """A consistent cut: ``names`` (default every live mirror) committed at one LSN, each snapshot
+        tagged ``lsn-X-Y`` (:func:`.cut.take_cut`, its result and errors). Call WITHOUT the lock."""
+        return take_cut(self.persister, names)
 
     def record_verify(self, name: str, res: dict[str, Any]) -> None:
         """Keep the scheduled verify's result of ``name`` (:meth:`.registry.TableRegistry.record_verify`)."""

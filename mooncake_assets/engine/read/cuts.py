@@ -1,0 +1,82 @@
+"""Reading consistent cuts: which cuts the warehouse holds, and SQL over every table at one cut.
+
+A cut (``engine/iceberg/cuts.py``) is a tag ``lsn-X-Y`` on each mirrored table's snapshot at one
+Postgres LSN. The read is of the persisted cut only — no service is asked, no in-memory row is
+read — through PyIceberg's scan at the tag's snapshot (``table.scan(snapshot_id=…)``, which applies
+deletion vectors and position deletes), each table registered in DuckDB under its mirror name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+
+from ..iceberg.cuts import cut_tag, cuts_of, parse_cut_tag
+from ..lsn import Lsn
+from .union import check_read_only
+
+__all__ = ["CutInfo", "list_cuts", "query_cut"]
+
+
+@dataclass
+class CutInfo:
+    """One cut across tables: ``tag``, ``lsn``, ``timestamp_ms`` (the newest commit time of its snapshots,
+    epoch ms: the cut was taken at or just after it), ``tables``: mirror name -> tagged snapshot id."""
+
+    tag: str
+    lsn: Lsn
+    timestamp_ms: int = 0
+    tables: dict[str, int] = field(default_factory=dict)
+
+
+def list_cuts(catalog: Catalog, namespace: str) -> list[CutInfo]:
+    """Every cut of the tables of ``namespace``, oldest LSN first (each table loaded once)."""
+    by_tag: dict[str, CutInfo] = {}
+    for ident in catalog.list_tables(namespace):
+        name = ident[-1]
+        md = catalog.load_table(ident).metadata
+        for c in cuts_of(md):
+            info = by_tag.setdefault(c.tag, CutInfo(c.tag, c.lsn))
+            info.tables[name] = c.snapshot_id
+            info.timestamp_ms = max(info.timestamp_ms, c.timestamp_ms)
+    return sorted(by_tag.values(), key=lambda c: c.lsn)
+
+
+def query_cut(
+    catalog: Catalog, namespace: str, cut: str, sql: str, tables: list[str] | None = None
+) -> tuple[pa.Table, CutInfo]:
+    """Run ``sql`` (SELECT/EXPLAIN only: ``ReadOnlyError`` otherwise) over every table of ``namespace``
+    at the cut ``cut`` (its tag ``lsn-X-Y`` or its LSN ``X/Y``), each visible by its mirror name.
+    ``tables``: only these mirrors (default: every table having the cut). Returns (rows, the cut).
+    Raises ``ValueError`` for a ``cut`` that is neither, ``LookupError`` when no table has the cut (or a
+    named table lacks it)."""
+    lsn = parse_cut_tag(cut)
+    if lsn is None:
+        raise ValueError(f"{cut!r} is not a cut: expected an LSN X/Y or a tag lsn-X-Y")
+    tag = cut_tag(lsn)
+    con = duckdb.connect()
+    try:
+        check_read_only(sql, con)
+        info = CutInfo(tag, lsn)
+        for ident in catalog.list_tables(namespace):
+            name = ident[-1]
+            if tables is not None and name not in tables:
+                continue
+            tbl = catalog.load_table(ident)
+            ref = tbl.metadata.refs.get(tag)
+            if ref is None:
+                if tables is not None:
+                    raise LookupError(f"table {name} has no cut {tag} (taken before it was mirrored, or expired)")
+                continue
+            snap = tbl.metadata.snapshot_by_id(ref.snapshot_id)
+            info.tables[name] = ref.snapshot_id
+            info.timestamp_ms = max(info.timestamp_ms, snap.timestamp_ms if snap else 0)
+            con.register(name, tbl.scan(snapshot_id=ref.snapshot_id).to_arrow())
+        if not info.tables:
+            raise LookupError(f"no table has the cut {tag} (see `mooncake list-cuts`)")
+        return con.execute(sql).to_arrow_table(), info
+    finally:
+        con.close()
