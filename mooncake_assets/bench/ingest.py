@@ -32,7 +32,8 @@ Both consumers use protocol 2 with ``streaming 'on'`` (what the service asks for
 ``logical_decoding_work_mem=4MB`` on their walsender (so the large transaction really is streamed at
 every size). Keys: ``ingest.narrow`` / ``ingest.wide`` carry the small-transaction figures (the common
 case), ``ingest.<shape>_large`` the large-transaction ones, ``ingest.updates`` / ``ingest.deletes`` the
-update- and delete-heavy ones (rows = changes).
+update- and delete-heavy ones (``rows`` = changes; their ``rows_applied`` counts MemSlice rows: an
+update's new versions plus the sentinel, n + 1, or the sentinel alone for deletes).
 
 Initial copy: a narrow table of ``copy_rows`` rows mirrored by ``ReplicatorService.create_table``
 (exported snapshot, ``COPY … TO STDOUT`` decoded into Parquet, key hashes → IndexBlock, persisted to
