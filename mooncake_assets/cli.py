@@ -1197,10 +1197,21 @@ def bench(
         help="Write PNG plots of the measurements into DIR (default: bench-plots beside the JSON)",
     ),
     suite: list[str] | None = typer.Option(
-        None, "--suite", help="index, maintenance, ingest, freshness, union_read, memory (default: all)"
+        None,
+        "--suite",
+        help="Run only this suite (repeatable; default: all): ingest, freshness, union_read, maintenance, "
+        "memory, index, sysbench",
     ),
 ):
-    """Benchmarks reported as ratios measured side by side in one run."""
+    """Benchmarks reported as ratios measured side by side in one run.
+
+    Suites: ingest (rows/s and CPU µs/row applied vs pg_recvlogical on the same WAL: inserts, updates,
+    deletes; initial copy vs COPY TO STDOUT), freshness (commit → visible under pgbench load), union_read
+    (vs clean Parquet and a Flink-style equality-delete table), maintenance, memory (RSS per buffered row),
+    index (IndexBlock lookups), sysbench (replication lag under oltp_update_index / oltp_insert and the
+    catch-up until a read-your-writes query answers). An embedded Postgres the bench starts is stopped
+    at the end.
+    """
     from .bench import run_bench
 
     raise typer.Exit(run_bench(CTX.settings, quick=quick, json_file=json_file, plots=plots, suites=suite))

@@ -6,9 +6,11 @@ initial copy vs ``COPY TO STDOUT``), ``freshness`` (commit → visible under pgb
 v3 table both read by DuckDB's ``iceberg_scan``, and vs an engine-optimal equality-delete model),
 ``maintenance``
 (:func:`.maintenance.run_maintenance_bench`), ``memory`` (service RSS per buffered row, index bytes per
-row) and ``index`` (:func:`mooncake_assets.engine.index.bench.run_index_bench`). Each runs against the
+row), ``index`` (:func:`mooncake_assets.engine.index.bench.run_index_bench`) and ``sysbench``
+(replication lag under sysbench's ``oltp_update_index`` and ``oltp_insert``, and the catch-up until a
+read-your-writes query answers after the load: :mod:`.sysbench`). Each runs against the
 configured Postgres (the embedded one by default) in scratch databases and state directories that it
-removes afterwards.
+removes afterwards; an embedded Postgres the bench had to start is stopped at the end.
 
 Output: a JSON document (``--json``; default ``<state>/bench/bench.json``) with nested sections
 (``ingest.narrow.ratio``, ``union_read.scan.ratio_vs_clean.d1``, …, ``machine``, ``targets``), a
@@ -31,8 +33,10 @@ from .common import SIZES, get_path, machine, set_path
 
 __all__ = ["run_bench", "SUITES", "TARGETS", "REQUIRED_KEYS"]
 
-SUITES = ("ingest", "freshness", "union_read", "maintenance", "memory", "index")
-PG_SUITES = {"ingest", "freshness", "memory", "maintenance"}
+SUITES = ("ingest", "freshness", "union_read", "maintenance", "memory", "index", "sysbench")
+PG_SUITES = {"ingest", "freshness", "memory", "maintenance", "sysbench"}
+SYSBENCH_WORKLOADS = ("oltp_update_index", "oltp_insert")
+INGEST_KEYS = ("narrow", "wide", "narrow_large", "wide_large", "updates", "deletes")
 
 # (dotted key, comparison, target, what it means)
 TARGETS = [
@@ -45,13 +49,21 @@ TARGETS = [
         5.0,
         "our v3 table ≥ 5× faster than a Flink-style equality-delete table at 10% deletes (DuckDB iceberg_scan on both)",
     ),
+    *[
+        t
+        for w in SYSBENCH_WORKLOADS
+        for t in (
+            (f"sysbench.{w}.max_lag_bytes", "<=", 16 * 2**20, f"replication lag ≤ 16 MiB under sysbench {w}"),
+            (f"sysbench.{w}.catch_up_seconds", "<=", 1.0, f"read-your-writes ≤ 1 s after sysbench {w} stops"),
+        )
+    ],
 ]
 
 REQUIRED_KEYS = [
     "ingest.narrow.rows_per_s",
     "ingest.narrow.recvlogical_rows_per_s",
     "ingest.narrow.ratio",
-    "ingest.wide.ratio",
+    *[f"ingest.{k}.{f}" for k in INGEST_KEYS for f in ("ratio", "cpu_us_per_row")],
     "initial_copy.rows_per_s",
     "freshness.p50_ms",
     "freshness.p99_ms",
@@ -66,6 +78,7 @@ REQUIRED_KEYS = [
     *[f"union_read.scan.speedup_vs_equality_deletes_model.{d}" for d in ("d1", "d10", "d30")],
     "memory.service_rss_bytes_per_million_rows",
     "memory.index_bytes_per_row",
+    *[f"sysbench.{w}.{f}" for w in SYSBENCH_WORKLOADS for f in ("tps", "catch_up_seconds")],
     "machine",
 ]
 
@@ -98,21 +111,17 @@ def run_bench(
         "errors": {},
     }
     admin_dsn = None
-    if PG_SUITES & set(chosen):
-        admin_dsn = settings.source_dsn()
-        doc["machine"]["postgres"] = _pg_version(admin_dsn)
-    t_all = time.perf_counter()
-    for suite in chosen:
-        log(f"[{suite}]")
-        t0 = time.perf_counter()
-        try:
-            _run_suite(suite, doc, settings, admin_dsn, sizes, quick or size != "full", log)
-        except Exception as e:  # one suite failing must not lose the others' figures
-            doc["errors"][suite] = f"{type(e).__name__}: {e}"
-            doc.setdefault("tracebacks", {})[suite] = traceback.format_exc()
-            log(f"  {suite} FAILED: {type(e).__name__}: {e}")
-        doc["seconds"][suite] = round(time.perf_counter() - t0, 1)
-    doc["seconds"]["total"] = round(time.perf_counter() - t_all, 1)
+    started_pg = None  # the embedded Postgres, when this run had to start it (stopped at the end)
+    try:
+        if PG_SUITES & set(chosen):
+            started_pg = _embedded_to_stop(settings)
+            admin_dsn = settings.source_dsn()
+            doc["machine"]["postgres"] = _pg_version(admin_dsn)
+        _run_suites(doc, chosen, settings, admin_dsn, sizes, quick or size != "full", log)
+    finally:
+        if started_pg is not None:
+            started_pg.stop()
+            log(f"stopped the embedded Postgres the bench started ({started_pg.data_dir})")
     doc["targets"] = _targets(doc)
     doc["missing_keys"] = [k for k in REQUIRED_KEYS if get_path(doc, k) is None]
     json_path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
@@ -128,6 +137,33 @@ def run_bench(
             continue
         log(f"  target {'met' if t['met'] else 'NOT met'}: {t['what']} (value {_fmt(t['value'])})")
     return 1 if doc["errors"] else 0
+
+
+def _embedded_to_stop(settings):
+    """The embedded Postgres of ``settings`` when it is not running yet (the bench starts it and must stop
+    it); None with a configured DSN or when it already runs (someone else's: left as it is)."""
+    if settings.dsn:
+        return None
+    from ..engine.pg import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(settings.state_dir)
+    return None if pg.is_running() else pg
+
+
+def _run_suites(doc: dict, chosen: list[str], settings, admin_dsn, sizes, quick: bool, log) -> None:
+    """Run ``chosen`` in order, recording each suite's seconds (and its error instead of raising)."""
+    t_all = time.perf_counter()
+    for suite in chosen:
+        log(f"[{suite}]")
+        t0 = time.perf_counter()
+        try:
+            _run_suite(suite, doc, settings, admin_dsn, sizes, quick, log)
+        except Exception as e:  # one suite failing must not lose the others' figures
+            doc["errors"][suite] = f"{type(e).__name__}: {e}"
+            doc.setdefault("tracebacks", {})[suite] = traceback.format_exc()
+            log(f"  {suite} FAILED: {type(e).__name__}: {e}")
+        doc["seconds"][suite] = round(time.perf_counter() - t0, 1)
+    doc["seconds"]["total"] = round(time.perf_counter() - t_all, 1)
 
 
 def _run_suite(suite: str, doc: dict, settings, admin_dsn, sizes, quick: bool, log) -> None:
@@ -157,6 +193,10 @@ def _run_suite(suite: str, doc: dict, settings, admin_dsn, sizes, quick: bool, l
             return
         doc["maintenance"] = run_maintenance_bench(settings, sizes.maintenance_quick)
         log("  maintenance: done")
+    elif suite == "sysbench":
+        from .sysbench import run_sysbench_bench
+
+        doc["sysbench"] = run_sysbench_bench(admin_dsn, sizes, log=log)
     elif suite == "index":
         try:
             from ..engine.index.bench import run_index_bench

@@ -40,6 +40,10 @@ class Sizes:
     union_fixed_rounds: int = 30  # rounds of the union-read fixed cost (a tiny table queried this many times)
     iceberg_rows: int = 100_000  # rows of the union-read tables also read as a Flink-style v2 table by DuckDB
     iceberg_rounds: int = 5  # rounds on those (DuckDB's equality-delete read costs rows × deletes)
+    ingest_rounds: int = 3  # rounds per ingest shape (shapes in a rotated order each round; medians)
+    ingest_seed_rows: int = 100_000  # rows the updates/deletes shapes start from (not timed)
+    sysbench_rows: int = 100_000  # rows of the sysbench table
+    sysbench_seconds: int = 60  # seconds each sysbench workload runs
 
 
 SIZES = {
@@ -56,6 +60,15 @@ for _size, (_fixed, _rows, _rounds) in {
     "tiny": (5, 3_000, 2),
 }.items():
     SIZES[_size] = replace(SIZES[_size], union_fixed_rounds=_fixed, iceberg_rows=_rows, iceberg_rounds=_rounds)
+# the ingest suite's rounds and seed rows, the sysbench suite's table rows and seconds per workload, by size
+for _size, (_irounds, _seed, _sb_rows, _sb_s) in {
+    "full": (3, 500_000, 100_000, 60),
+    "quick": (3, 100_000, 20_000, 10),
+    "tiny": (2, 2_000, 2_000, 3),
+}.items():
+    SIZES[_size] = replace(
+        SIZES[_size], ingest_rounds=_irounds, ingest_seed_rows=_seed, sysbench_rows=_sb_rows, sysbench_seconds=_sb_s
+    )
 
 
 def interleaved(

@@ -24,22 +24,64 @@ def _ingest_section(ing: dict) -> list[str]:
     lines = [
         "## Ingest (rows/s applied vs pg_recvlogical on the same WAL)",
         "",
-        "| workload | rows | ours rows/s | pg_recvlogical rows/s | ratio |",
-        "|---|---|---|---|---|",
+        "| workload | rows | ours rows/s | pg_recvlogical rows/s | ratio | ours CPU µs/row | pg_recvlogical CPU µs/row |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for k in ("narrow", "wide", "narrow_large", "wide_large"):
+    what = {
+        "narrow": "narrow inserts, 10-row transactions",
+        "wide": "wide inserts, 10-row transactions",
+        "narrow_large": "narrow inserts, one streamed transaction",
+        "wide_large": "wide inserts, one streamed transaction",
+        "updates": "narrow updates of flushed rows, 10 per transaction",
+        "deletes": "narrow deletes of flushed rows, 10 per transaction",
+    }
+    rounds = None
+    for k, label in what.items():
         v = ing.get(k)
         if v:
+            rounds = v.get("rounds", rounds)
             lines.append(
-                f"| {k} ({'10-row transactions' if 'large' not in k else 'one streamed transaction'}) | "
-                f"{_f(v['rows'])} | {_f(v['rows_per_s'])} | {_f(v['recvlogical_rows_per_s'])} | {_f(v['ratio'])} |"
+                f"| {k} ({label}) | {_f(v['rows'])} | {_f(v['rows_per_s'])} | {_f(v['recvlogical_rows_per_s'])} | "
+                f"{_f(v['ratio'])} | {_f(v.get('cpu_us_per_row'))} | {_f(v.get('recvlogical_cpu_us_per_row'))} |"
             )
     lines += [
+        "",
+        f"Medians of {rounds or 1} rotated round(s). CPU: this process's CPU time (the apply loop) per row, "
+        "pg_recvlogical's (user + system) per row; the walsenders' is on neither side.",
         "",
         f"Both consumers: {ing.get('protocol')}, logical_decoding_work_mem {ing.get('logical_decoding_work_mem')}.",
         "",
     ]
     return lines
+
+
+def _sysbench_section(sb: dict) -> list[str]:
+    """The ``## Sysbench`` table (tps, replication lag, catch-up) and the verify outcome."""
+    lines = [
+        "## Sysbench (replication lag under load, catch-up after it)",
+        "",
+        f"sysbench 1.0, pgsql driver, one table of {_f(sb.get('table_rows'))} rows mirrored by a running service "
+        "(maintenance auto); lag = `pg_current_wal_lsn() - write_lsn` of the service's slot "
+        "(`pg_stat_replication`), sampled once a second; catch-up = from sysbench's exit until a read-your-writes "
+        "union read answers. Targets: lag ≤ 16 MiB, catch-up ≤ 1 s.",
+        "",
+        "| workload | threads × s | tps | max lag MiB | max durable lag MiB | catch-up s | WAL MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def mib(v):
+        return _f(None if v is None else v / 2**20)
+
+    for w, v in sb.items():
+        if isinstance(v, dict) and "tps" in v:
+            lines.append(
+                f"| {w} | {v.get('threads')} × {v.get('seconds')} | {_f(v['tps'])} | {mib(v.get('max_lag_bytes'))} | "
+                f"{mib(v.get('max_durable_lag_bytes'))} | {_f(v.get('catch_up_seconds'))} | {mib(v.get('wal_bytes'))} |"
+            )
+    vf = sb.get("verify")
+    if vf:
+        lines += ["", f"verify (union reader) at LSN {vf.get('lsn')}: {'; '.join(vf.get('tables', []))}."]
+    return lines + [""]
 
 
 _SHORT = {
@@ -170,6 +212,8 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
             f"p99 {_f(fr['p99_ms'])} ms, max {_f(fr['max_ms'])} ms.",
             "",
         ]
+    if doc.get("sysbench"):
+        lines += _sysbench_section(doc["sysbench"])
     if doc.get("union_read"):
         lines += _union_read_section(doc["union_read"])
     mt = doc.get("maintenance")
