@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from .catalog import SqlError
-from .sqltext import code_only
+from .sqltext import code_only, top_level
 
 _TARGET = re.compile(r"\s*TO\s+(STDOUT\b|\S+)(.*)$", re.I | re.S)
 _TABLE = re.compile(r'\s*((?:"(?:[^"]|"")*"|[\w$]+)(?:\s*\.\s*(?:"(?:[^"]|"")*"|[\w$]+))*)\s*(\([^)]*\))?', re.S)
@@ -68,18 +68,9 @@ def _literal(raw: str | None) -> str:
 
 def _query_part(rest: str) -> tuple[str, str]:
     """``(query)`` at the start of ``rest``: (the query, the text after its closing parenthesis)."""
-    depth, quote = 0, ""
-    for i, ch in enumerate(rest):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return rest[1:i], rest[i + 1 :]
+    for i, ch, depth in top_level(rest):
+        if ch == ")" and depth == 1:
+            return rest[1:i], rest[i + 1 :]
     raise SqlError("42601", "syntax error in COPY: unbalanced parentheses")
 
 

@@ -7,7 +7,7 @@ import re
 from .backend import Backend
 from .catalog import TABLE_OID_BASE, Result
 from .protocol import Field
-from .sqltext import code_only
+from .sqltext import code_only, split_top, top_level
 from .types import BOOL, TEXT, TYPE_NAMES, TYPLEN, type_oid
 
 _PATTERN = re.compile(r"relname\s+OPERATOR\(pg_catalog\.~\)\s+'((?:[^']|'')*)'", re.I)
@@ -27,42 +27,10 @@ def _matches(pattern: str | None, name: str) -> bool:
         return False
 
 
-def _split_top(text: str, sep: str = ",") -> list[str]:
-    """``text`` split at ``sep`` outside parentheses and literals."""
-    out: list[str] = []
-    cur: list[str] = []
-    depth, quote = 0, ""
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            out.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    out.append("".join(cur))
-    return out
-
-
 def _top_level_from(sql: str) -> int:
     """The offset of the first ``FROM`` of ``sql`` outside parentheses and literals (len when none)."""
-    depth, quote = 0, ""
-    for i, ch in enumerate(sql):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif (
+    for i, _ch, depth in top_level(sql):
+        if (
             depth == 0
             and sql[i : i + 4].upper() == "FROM"
             and not sql[i - 1 : i].isalnum()
@@ -100,7 +68,7 @@ def select_names(sql: str) -> list[str]:
     if not m:
         return []
     body = sql[m.end() :]
-    return [item_name(x) for x in _split_top(body[: _top_level_from(body)]) if x.strip()]
+    return [item_name(x) for x in split_top(body[: _top_level_from(body)]) if x.strip()]
 
 
 def _answer(sql: str, rows: list[dict[str, str | None]], types: dict[str, int] | None = None) -> Result:

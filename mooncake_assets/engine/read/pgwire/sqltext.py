@@ -59,6 +59,30 @@ def _scan(sql: str) -> Iterator[tuple[int, int, bool]]:
         yield start, n, True
 
 
+def top_level(sql: str) -> Iterator[tuple[int, str, int]]:
+    """Yield ``(offset, char, depth)`` for every character of code in ``sql`` (outside literals, quoted
+    identifiers, dollar-quoted strings and comments), ``depth`` being the parenthesis depth *before*
+    the character: the one scanner behind the top-level splits of the psql and COPY helpers."""
+    depth = 0
+    for a, b, code in _scan(sql):
+        if not code:
+            continue
+        for i in range(a, b):
+            ch = sql[i]
+            yield i, ch, depth
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+
+
+def split_top(sql: str, sep: str = ",") -> list[str]:
+    """``sql`` split at ``sep`` outside parentheses, literals and comments (pieces not stripped)."""
+    cuts = [i for i, ch, depth in top_level(sql) if ch == sep and depth == 0]
+    bounds = [-1, *cuts, len(sql)]
+    return [sql[bounds[k] + 1 : bounds[k + 1]] for k in range(len(bounds) - 1)]
+
+
 def split_statements(sql: str) -> list[str]:
     """The statements of one Query message, split at ``;`` outside literals and comments, each
     stripped; statements holding only whitespace/comments are dropped (an all-empty Query yields [])."""
