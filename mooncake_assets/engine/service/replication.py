@@ -195,6 +195,7 @@ class StreamLoop:
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
+        last_relieve = 0.0
         pub_every = float(self.config.publication_check_s)  # 0: off
         while not self._stop.is_set():
             msgs: list[tuple[int, memoryview]] = []
@@ -216,8 +217,12 @@ class StreamLoop:
                 apply_native_batch(self, ctxns, decoder)
             elif msgs:
                 self.apply_batch(msgs, assembler)
-            with self.lock:  # the memory budget: committed buffers flush early, backpressure past it
-                memory.relieve(self.reg.tables.values(), on_error=self.svc.persister.maintenance_failed)
+            # the memory budget: committed buffers flush early, backpressure past it; an idle stream
+            # checks once a second (an initial copy grows a buffer without the stream reading)
+            if got or memory.backpressure or time.monotonic() - last_relieve >= 1.0:
+                last_relieve = time.monotonic()
+                with self.lock:
+                    memory.relieve(self.reg.tables.values(), on_error=self.svc.persister.maintenance_failed)
             idle = decoder.idle if decoder is not None else assembler.idle
             if idle and self.repl.server_wal_end > self.applied_lsn:
                 with self.lock:
