@@ -5,6 +5,7 @@ Postgres afterwards."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psycopg
@@ -196,9 +197,12 @@ def test_full_disk_while_spilling_stops_only_that_table(pg_dsn, state_dir, monke
         _matches(s, client, "small")
         assert st["stream_faults"] == [] and st["stream_error"] is None  # no reconnect loop
         assert not list((state_dir / "spill").glob("*.arrow"))
+        # the slot stays at or below the failed transaction's commit: a restart resends it
+        (commit,) = re.findall(r"transaction committed at LSN ([0-9A-F]+/[0-9A-F]+)", err)
         with psycopg.connect(pg_dsn, autocommit=True) as c:
-            (held,) = c.execute(
-                "SELECT confirmed_flush_lsn <= %s FROM pg_replication_slots WHERE database = current_database()",
-                (before,),
+            (held, past) = c.execute(
+                "SELECT confirmed_flush_lsn <= %s::pg_lsn, %s::pg_lsn > %s FROM pg_replication_slots "
+                "WHERE database = current_database()",
+                (commit, commit, before),
             ).fetchone()
-        assert held, "the slot was confirmed past the stopped table's flush LSN"
+        assert held and past, (commit, before)
