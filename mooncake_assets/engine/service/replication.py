@@ -25,7 +25,7 @@ import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
 from ..cdc.columnar import ChangeRun, ColumnarTransaction, columnar_transaction
-from ..cdc.spill import SpillError, Spiller
+from ..cdc.spill import Spiller, SpillError
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn

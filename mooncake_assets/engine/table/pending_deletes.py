@@ -173,7 +173,8 @@ class PendingDeletes:
 
     def values(self) -> list[int]:
         """The LSNs, in ascending order of their positions."""
-        return self.arrays()[1].tolist()
+        values: list[int] = self.arrays()[1].tolist()
+        return values
 
     def items(self) -> list[tuple[int, int]]:
         """``(position, lsn)`` pairs, positions ascending."""
