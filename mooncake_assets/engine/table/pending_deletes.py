@@ -45,7 +45,7 @@ class PendingDeletes:
     are the positions ascending, ``values()``/``items()`` in the same order. Equal to a dict with the
     same entries. Positions are ints ≥ 0, LSNs ints ≥ 0 (``pg_lsn`` as an integer)."""
 
-    __slots__ = ("_bm", "_pos", "_run_lsn", "_run_end", "_re")
+    __slots__ = ("_bm", "_pos", "_run_lsn", "_run_end", "_re", "_max")
 
     def __init__(self, entries: Mapping[int, int] | Iterable[tuple[int, int]] | None = None):
         self._bm = BitMap64()
@@ -53,6 +53,7 @@ class PendingDeletes:
         self._run_lsn: array[int] = array("Q")
         self._run_end: array[int] = array("Q")
         self._re: dict[int, int] = {}
+        self._max = 0  # the newest run LSN
         if entries is not None:
             items = entries.items() if isinstance(entries, (Mapping, PendingDeletes)) else entries
             for p, lsn in items:
@@ -74,6 +75,7 @@ class PendingDeletes:
         else:
             self._run_lsn.append(lsn)
             self._run_end.append(len(self._pos))
+            self._max = max(self._max, lsn)
 
     __setitem__ = add
 
@@ -121,7 +123,7 @@ class PendingDeletes:
     def max_lsn(self) -> int:
         """The newest commit LSN among the deletes (0 when there are none)."""
         if not self._re:
-            return max(self._run_lsn, default=0)
+            return self._max
         return int(self.arrays()[1].max())
 
     @property
