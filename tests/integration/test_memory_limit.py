@@ -92,11 +92,6 @@ def test_large_update_spills_and_stays_in_budget(pg_dsn, state_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="measured 820 MiB peak (base RSS ~400 MiB): the 3M pending position deletes (DiskFile.pending, "
-    "a dict until the persist) and the persist itself are outside what spilling bounds",
-    strict=False,
-)
 def test_three_million_row_update_under_512mib(pg_dsn, state_dir):
     """The target: 3M rows updated in one transaction under ``--memory-limit 512MiB``; peak RSS at most
     1.5x the budget."""
