@@ -3,7 +3,9 @@
 One mechanism, two ways to arm it, both read by the service process at each point:
 
 - ``MOONCAKE_FAULT`` (fixed for the process's life): a comma-separated list of ``<point>`` (SIGKILL
-  the process at that point), ``<point>=sleep:<seconds>`` (stall there, to widen a race window) or
+  the process at that point), ``<point>=sleep:<seconds>`` (stall there, to widen a race window),
+  ``<point>=errno:<name>`` (raise ``OSError`` with that ``errno`` name there, e.g. ``ENOSPC`` for a
+  full disk, every time the point is passed) or
   ``<point>=wait:<path>`` (stall there while ``<path>`` exists, after creating ``<path>.reached``: a
   test holds the process at the point for exactly as long as it needs);
 - ``MOONCAKE_FAULTS`` (changed while the process runs): the path of a JSON file written with
@@ -44,6 +46,8 @@ Points:
 ``persist:after_upload``               a persist's data files uploaded, its commit not started
 ``commit:before_swap``                 every file of any Iceberg commit written, pointer not swapped
 ``persist:after_commit``               a persist's commit landed, in-memory state not updated yet
+``spill:write``                        an open transaction's run about to be appended to its spill
+                                       file (``engine/cdc/spill.py``; ``errno:ENOSPC``: a full disk)
 =====================================  ========================================================
 
 Unknown points are ignored (a typo cannot crash a production service: the variable is for tests).
@@ -51,6 +55,7 @@ Unknown points are ignored (a typo cannot crash a production service: the variab
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -155,7 +160,8 @@ def _file_fault(point: str) -> None:
 
 
 def fault(point: str) -> None:
-    """Act on ``point`` if ``MOONCAKE_FAULT`` names it (SIGKILL this process, or sleep) or the
+    """Act on ``point`` if ``MOONCAKE_FAULT`` names it (SIGKILL this process, sleep, wait, or raise
+    ``OSError``) or the
     ``MOONCAKE_FAULTS`` file arms it (raise the error registered for ``point``, see
     :func:`register_conflict`); first, under
     ``MOONCAKE_JITTER``, the point's seeded delay (:func:`jitter`)."""
@@ -167,6 +173,11 @@ def fault(point: str) -> None:
     if action.startswith("sleep:"):
         log.warning("fault injection: sleeping %ss at %s", action[6:], point)
         time.sleep(float(action[6:]))
+        return
+    if action.startswith("errno:"):
+        code = getattr(errno, action[6:], None)
+        if isinstance(code, int):
+            raise OSError(code, f"{os.strerror(code)} (injected at {point})")
         return
     if action.startswith("wait:"):
         flag = Path(action[5:])

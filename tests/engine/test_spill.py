@@ -195,10 +195,42 @@ def test_relieve_flushes_largest_first_then_backpressure():
     b = MemoryBudget(128 << 20)
     small, big = _Table("small", 1000, 10 << 20), _Table("big", 100_000, 60 << 20)
     assert b.relieve([small, big]) is False
-    assert (big.flushed, small.flushed) == (1, 0)  # 81 MiB > 64 MiB: the big one goes, then it is under
+    assert (big.flushed, small.flushed) == (1, 0)  # 81 MiB > 32 MiB: the big one goes, then it is under
     assert b.early_flushes == 1
     # pending deletes only a persist frees: over the budget after flushing -> backpressure
     stuck = _Table("stuck", 10, 1000, pending=1_500_000)
     assert b.relieve([stuck]) is True and b.backpressure
     assert stuck.flushed == 0  # (its MemSlice is too small to be worth a file)
     assert b.status([stuck])["backpressure"] is True
+
+
+def test_a_full_disk_fails_only_that_transactions_spill(tmp_path, monkeypatch):
+    """ENOSPC while appending to a spill file (the fault point ``spill:write``) does not leave the
+    decoder: the transaction's spill is marked failed with one line naming the file, the LSN and the
+    error, the file is deleted, the later changes are dropped as they would have spilled (the buffer
+    stays bounded), the relations are still known, and the next transaction decodes as usual."""
+    from mooncake_assets.engine.cdc.spill import SpillError
+
+    monkeypatch.setenv("MOONCAKE_FAULT", "spill:write=errno:ENOSPC")
+    msgs = [(1, REL), (2, m_begin(900, 0, 9))]
+    msgs += [(3 + i, m_insert(None, 1, [("t", str(i).encode()), ("t", b"z" * 30)])) for i in range(5000)]
+    msgs.append((6000, m_commit(6000, 6001, 0)))
+    dec, out, err = _decode(msgs[:-1], tmp_path, 20_000)
+    assert err is None and out == []
+    assert dec.buffered_bytes < 100_000  # dropped, not kept in memory
+    assert list(tmp_path.glob("*.arrow")) == []
+    out = dec.feed(msgs[-1][1], msgs[-1][0])
+    (t,) = out
+    sp = t.spilled
+    assert sp is not None and sp.oids == {1}
+    assert sp.failed is not None and "\n" not in sp.failed
+    assert sp.failed.startswith(f"spilling transaction 9 to {tmp_path / '9.arrow'} failed at LSN 0/3: ")
+    assert sp.failed.endswith("OSError: [Errno 28] No space left on device (injected at spill:write)")
+    with pytest.raises(SpillError, match="No space left on device"):
+        next(sp.runs())
+    sp.delete()
+    monkeypatch.delenv("MOONCAKE_FAULT")
+    again = [(7000, m_begin(7002, 0, 10)), (7001, m_insert(None, 1, [("t", b"1"), ("t", b"a")]))]
+    again.append((7002, m_commit(7002, 7003, 0)))
+    got = [x for lsn, p in again for x in dec.feed(p, lsn)]
+    assert len(got) == 1 and got[0].spilled is None and len(_changes(got[0])) == 1

@@ -5,6 +5,7 @@ Postgres afterwards."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psycopg
@@ -91,11 +92,6 @@ def test_large_update_spills_and_stays_in_budget(pg_dsn, state_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="measured 820 MiB peak (base RSS ~400 MiB): the 3M pending position deletes (DiskFile.pending, "
-    "a dict until the persist) and the persist itself are outside what spilling bounds",
-    strict=False,
-)
 def test_three_million_row_update_under_512mib(pg_dsn, state_dir):
     """The target: 3M rows updated in one transaction under ``--memory-limit 512MiB``; peak RSS at most
     1.5x the budget."""
@@ -163,3 +159,45 @@ def test_sigkill_while_spilled_converges(pg_dsn, state_dir):
         client.close()
         _matches(s, client, "big")
         assert not list(spill.glob("*.arrow"))
+
+
+def test_full_disk_while_spilling_stops_only_that_table(pg_dsn, state_dir, monkeypatch):
+    """ENOSPC while writing a spill file (injected at the fault point ``spill:write``): the table the
+    large transaction changed stops with one line naming the spill file and the LSN, the slot is not
+    confirmed past that table's flush LSN, the stream does not reconnect, and another table goes on."""
+    monkeypatch.setenv("MOONCAKE_FAULT", "spill:write=errno:ENOSPC")
+    s = make_settings(state_dir, pg_dsn, memory_limit=128 * MiB, maintenance="auto")
+    _big_table(pg_dsn, 300_000)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE small (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO small VALUES (1, 'a')")
+    with running_service(s) as client:
+        client.call("create_table", dst="big", src="public.big")
+        client.call("create_table", dst="small", src="public.small")
+        client.call("persist", table="big")
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            before = c.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            c.execute("UPDATE big SET n = n + 1")
+            c.execute("INSERT INTO small VALUES (2, 'b')")
+            lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        client.wait_lsn(lsn, timeout=300)
+        st = client.status()
+        tables = {t["name"]: t for t in st["tables"]}
+        err = tables["big"]["error"] or ""
+        assert tables["big"]["state"] == "error", tables["big"]
+        assert len(err.splitlines()) == 1, err
+        assert f"to {state_dir / 'spill'}/" in err and ".arrow failed at LSN " in err, err
+        assert "No space left on device" in err and "transaction committed at LSN" in err, err
+        assert tables["small"]["state"] == "ready", tables["small"]
+        _matches(s, client, "small")
+        assert st["stream_faults"] == [] and st["stream_error"] is None  # no reconnect loop
+        assert not list((state_dir / "spill").glob("*.arrow"))
+        # the slot stays at or below the failed transaction's commit: a restart resends it
+        (commit,) = re.findall(r"transaction committed at LSN ([0-9A-F]+/[0-9A-F]+)", err)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            (held, past) = c.execute(
+                "SELECT confirmed_flush_lsn <= %s::pg_lsn, %s::pg_lsn > %s FROM pg_replication_slots "
+                "WHERE database = current_database()",
+                (commit, commit, before),
+            ).fetchone()
+        assert held and past, (commit, before)

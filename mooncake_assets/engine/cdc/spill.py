@@ -18,8 +18,16 @@ a time — a run in memory at once, not the transaction — with the rows of abo
 (Stream Abort with ``subxid != xid``) left out. A top-level Stream Abort, a :meth:`Spiller.discard_all`
 (the decoder's ``reset()``: the stream reconnects and the slot resends) and a new :class:`Spiller`
 on the directory (a restart) delete spill files; an applied transaction's file is deleted by
-:meth:`TransactionSpill.delete`. Errors: ``OSError`` from the file system (a full disk) propagates
-from :meth:`Spiller.write` through the decoder's ``feed`` (the stream reconnects).
+:meth:`TransactionSpill.delete`.
+
+Errors: an ``OSError`` while creating or appending to a spill file (a full disk: ``ENOSPC``) does not
+leave :meth:`Spiller.write`. The transaction's spill is marked **failed** (``TransactionSpill.failed``:
+one line naming the file, the LSN of the first change that could not be written and the error), its
+file is deleted, and its later changes are dropped as they would have been spilled (the relations they
+touch still collected in ``oids``), so the decoder's memory stays bounded and the stream goes on. At
+commit the service stops the tables in ``oids`` with that line (``SpillError``) and holds the slot at
+their flush LSN; an abort just forgets it. The fault point ``spill:write`` (``engine/faults.py``)
+injects the error in tests.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
+from ..faults import fault
+from ..lsn import Lsn
 from .columnar import CellColumn, ChangeRun, slice_run
 
-__all__ = ["Spiller", "TransactionSpill"]
+__all__ = ["SpillError", "Spiller", "TransactionSpill"]
 
 log = logging.getLogger("mooncake.cdc")
 
@@ -90,9 +100,14 @@ def _run_of(seg: _Segment, rb: pa.RecordBatch) -> ChangeRun:
     )
 
 
+class SpillError(OSError):
+    """A transaction could not be spilled (``str``: :attr:`TransactionSpill.failed`, one line)."""
+
+
 class TransactionSpill:
     """The spill file of one transaction (module docstring). ``rows``: changes spilled; ``oids``: the
-    relations they touch; ``aborted``: subtransactions whose rows are left out."""
+    relations they touch; ``aborted``: subtransactions whose rows are left out; ``failed``: why the
+    spill failed (one line; None while it works), after which nothing is kept."""
 
     def __init__(self, path: Path, xid: int) -> None:
         self.path = path
@@ -101,12 +116,36 @@ class TransactionSpill:
         self.bytes = 0
         self.oids: set[int] = set()
         self.aborted: set[int] = set()
+        self.failed: str | None = None
         self._segs: list[_Segment] = []
-        self._f: Any = open(path, "wb")
+        self._f: Any = None  # opened by the first write
+        self._closed = False
+
+    def fail(self, e: OSError, runs: list[ChangeRun]) -> None:
+        """Writing ``runs`` failed with ``e``: record it (:attr:`failed`), delete the file, keep only
+        the relations the transaction touches."""
+        lsn = next((int(r.lsns[0]) for r in runs if r.lsns is not None and len(r.lsns)), 0)
+        why = f"{type(e).__name__}: " + (f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e))
+        self.failed = f"spilling transaction {self.xid} to {self.path} failed at LSN {Lsn(lsn)}: {why}"
+        self.drop(runs)
+        self._segs, self.bytes = [], 0
+        try:
+            self.close()
+        except OSError:  # (its buffered bytes cannot be written either)
+            self._f = None
+        self.delete()
+        log.error("%s", self.failed)
+
+    def drop(self, runs: list[ChangeRun]) -> None:
+        """``runs`` of a failed spill: only the relations they touch are kept."""
+        for run in runs:
+            self.oids.update(run.truncate_oids if run.kind == "truncate" else (run.relation_oid,))
 
     def write(self, runs: list[ChangeRun], xids: np.ndarray) -> None:
         """Append ``runs`` (in order; ``xids``: the (sub)xid of each of their rows, concatenated)."""
-        assert self._f is not None, "spill file closed"
+        assert not self._closed, "spill file closed"
+        if self._f is None:
+            self._f = open(self.path, "wb")
         at = 0
         for run in runs:
             x = xids[at : at + run.rows]
@@ -116,6 +155,7 @@ class TransactionSpill:
             if run.kind == "truncate":
                 self._segs.append(_Segment(-1, 0, run.kind, run.relation_oid, None, 0, 0, 1, run, int(x[0])))
                 continue
+            fault("spill:write")
             rb = _batch(run, x)
             off = self._f.tell()
             with pa.ipc.new_stream(self._f, rb.schema) as w:
@@ -130,12 +170,16 @@ class TransactionSpill:
 
     def close(self) -> None:
         """Stop writing (the transaction committed)."""
+        self._closed = True
         if self._f is not None:
             self._f.close()
             self._f = None
 
     def runs(self) -> Iterator[ChangeRun]:
-        """The spilled runs in order, one in memory at a time, aborted subtransactions' rows left out."""
+        """The spilled runs in order, one in memory at a time, aborted subtransactions' rows left out
+        (:class:`SpillError` for a failed spill)."""
+        if self.failed is not None:
+            raise SpillError(self.failed)
         self.close()
         aborted = np.array(sorted(self.aborted), dtype=np.uint32)
         with open(self.path, "rb") as f:
@@ -179,13 +223,20 @@ class Spiller:
         self.spilled = 0
 
     def write(self, xid: int, runs: list[ChangeRun], xids: np.ndarray) -> None:
-        """Append ``runs`` of the open transaction ``xid`` to its file (``OSError``: disk full…)."""
+        """Append ``runs`` of the open transaction ``xid`` to its file; an ``OSError`` (disk full…)
+        marks the spill failed instead (module docstring), and a failed spill drops ``runs``."""
         sp = self.open.get(xid)
+        if sp is not None and sp.failed is not None:
+            sp.drop(runs)
+            return
         if sp is None:
             sp = self.open[xid] = TransactionSpill(self.dir / f"{xid}.arrow", xid)
             self.spilled += 1
             log.info("transaction %d spills to %s", xid, sp.path)
-        sp.write(runs, xids)
+        try:
+            sp.write(runs, xids)
+        except OSError as e:
+            sp.fail(e, runs)
 
     def take(self, xid: int) -> TransactionSpill | None:
         """The spill of ``xid``, which committed (None: nothing spilled); the caller deletes it once applied."""

@@ -6,7 +6,7 @@ One number bounds what the service holds for replication, ``ServiceConfig.memory
   memory (``NativeDecoder.buffered_bytes``; the reference decoder: ``buffered_changes`` ×
   :data:`REFERENCE_CHANGE_BYTES`), plus every table's MemSlice (its Arrow bytes) with its MemIndex
   estimated at :data:`INDEX_ENTRY_BYTES` per row, plus the pending position deletes of its data files
-  at :data:`PENDING_DELETE_BYTES` each. These are estimates of the structures that grow with the
+  (``PendingDeletes.nbytes``: about 5 B each; a plain mapping at :data:`PENDING_DELETE_BYTES` each). These are estimates of the structures that grow with the
   change stream, not the process's RSS (the interpreter, libraries and caches come on top).
 - **Early flush** (:meth:`MemoryBudget.relieve`): past :data:`FLUSH_SHARE` of the budget, committed
   buffers are flushed to local staging (``MirrorTable.flush``; no Iceberg commit), largest first, until
@@ -48,8 +48,10 @@ log = logging.getLogger("mooncake.service")
 MIN_MEMORY_LIMIT = 128 << 20
 #: the default budget: this share of MemTotal
 DEFAULT_SHARE = 0.25
-#: early flush starts past this share of the budget
-FLUSH_SHARE = 0.5
+#: early flush starts past this share of the budget (a flush briefly needs about its MemSlice's size
+#: again: the live rows gathered into one Arrow table, the Parquet writer's buffers; at 0.5 the
+#: 3M-row UPDATE under 512 MiB peaked at +464 MiB RSS, at 0.25 at +265 MiB)
+FLUSH_SHARE = 0.25
 #: an open transaction spills past this share of the budget (its buffer, then a copy as runs while it is
 #: written, and the arrays' growth room come on top: about 3x this at the peak)
 SPILL_SHARE = 0.0625
@@ -57,7 +59,8 @@ SPILL_SHARE = 0.0625
 MIN_FLUSH_FRACTION = 32
 #: estimated bytes per MemIndex entry (key hash → location, Python dict and lists)
 INDEX_ENTRY_BYTES = 120
-#: estimated bytes per pending position delete (``DiskFile.pending``: a dict entry int → int)
+#: estimated bytes per pending position delete held as a plain mapping (a dict entry int → int); a
+#: ``PendingDeletes`` (what ``DiskFile.pending`` holds) reports its own ``nbytes``, about 5 B per delete
 PENDING_DELETE_BYTES = 100
 #: estimated bytes per buffered change of the reference decoder (a ``Change`` with its tuples)
 REFERENCE_CHANGE_BYTES = 600
@@ -125,6 +128,13 @@ def check_memory_limit(n: int) -> int:
     return n
 
 
+def _pending_bytes(pending: Any) -> int:
+    """Estimated bytes of one file's pending deletes: their own ``nbytes`` (``PendingDeletes``), else
+    :data:`PENDING_DELETE_BYTES` per entry."""
+    n = getattr(pending, "nbytes", None)
+    return int(n) if n is not None else len(pending) * PENDING_DELETE_BYTES
+
+
 class MemoryBudget:
     """The accounting of one service against ``limit`` bytes (module docstring).
 
@@ -153,8 +163,8 @@ class MemoryBudget:
     @staticmethod
     def table_bytes(t: Any) -> int:
         """Estimated bytes ``t`` holds in memory for changes not yet flushed (module docstring)."""
-        pending = sum(len(f.pending) for f in t.files.values())
-        return int(t.mem.nbytes + t.mem.num_rows * INDEX_ENTRY_BYTES + pending * PENDING_DELETE_BYTES)
+        pending = sum(_pending_bytes(f.pending) for f in t.files.values())
+        return int(t.mem.nbytes + t.mem.num_rows * INDEX_ENTRY_BYTES + pending)
 
     def decoder_bytes(self) -> int:
         """Bytes of the open transactions the stream's decoder holds in memory."""

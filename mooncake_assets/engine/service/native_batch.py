@@ -49,7 +49,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..cdc.columnar import ChangeRun, ColumnarTransaction, changes_from_run, merge_runs, slice_run, split_by_commit
+from ..cdc.spill import SpillError
 from ..cdc.txn import Transaction
+from ..lsn import Lsn
 from ..table.mirror import MirrorTable
 from .apply_items import apply_item, generated_work
 from .config import ServiceConfig
@@ -150,7 +152,9 @@ def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decode
         gen = _generated_oids(loop) if mode != "change" else set()
         plan: list[Transaction | ColumnarTransaction | list[ColumnarTransaction]] = []
         for txn in txns:
-            if mode == "change" or (gen and _touches(txn, gen)):
+            if txn.spilled is not None and txn.spilled.failed is not None:
+                plan.append(txn)  # (apply_spilled stops the tables it touches)
+            elif mode == "change" or (gen and _touches(txn, gen)):
                 if txn.spilled is not None:  # (read back whole: the reference path has no chunks)
                     txn = replace(txn, runs=[*txn.spilled.runs(), *txn.runs], spilled=None)
                 plan.append(reference_transaction(txn))
@@ -193,6 +197,9 @@ def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
     lock is held, so no one sees part of the transaction). The applied LSNs move once, at the end.
     A failing flush stops its table at the transaction's commit."""
     assert txn.spilled is not None
+    if txn.spilled.failed is not None:
+        _spill_failed(loop, txn, decoder)
+        return
     touched: dict[MirrorTable, int] = {}
     budget = loop.svc.memory
     last = time.monotonic()
@@ -206,6 +213,34 @@ def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
             last = time.monotonic()
     _finish(loop, touched, txn.end_lsn)
     loop.spilled_txns += 1
+
+
+def _spill_failed(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDecoder) -> None:
+    """A committed transaction whose spill failed (a full disk; ``engine/cdc/spill.py``; the caller
+    holds the lock): every table whose changes were dropped is stopped with the spill's one-line error
+    (``StreamLoop.stop_table``: its applied LSN stays below the commit, the slot is held at its flush
+    LSN); the rest of the transaction, kept in memory, goes to the other tables."""
+    sp = txn.spilled
+    assert sp is not None and sp.failed is not None
+    for oid in sorted(sp.oids):
+        cp = loop.reg.copying.get(oid)
+        t = cp["table"] if cp is not None else loop.reg.by_oid.get(oid)
+        if t is None or t.error or (cp is None and txn.commit_lsn < t.applied_lsn):
+            continue  # not mirrored, stopped already, or applied before a reconnect resent it
+        loop.stop_table(
+            t,
+            SpillError(
+                f"table {t.name}: {sp.failed} (transaction committed at LSN {Lsn(txn.commit_lsn)}); this table "
+                "stopped (the others go on) and holds the replication slot at its flush LSN; "
+                f"free space under {sp.path.parent} and restart the service"
+            ),
+            txn.commit_lsn,
+        )
+    tail = [r for r in txn.runs if r.kind == "truncate" or r.relation_oid not in sp.oids]
+    touched: dict[MirrorTable, int] = {}
+    if tail:
+        _apply_runs(loop, [replace(txn, runs=tail, spilled=None)], decoder, touched)
+    _finish(loop, touched, txn.end_lsn)
 
 
 def _apply_group(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder) -> None:

@@ -25,7 +25,7 @@ import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
 from ..cdc.columnar import ChangeRun, ColumnarTransaction, columnar_transaction
-from ..cdc.spill import Spiller
+from ..cdc.spill import Spiller, SpillError
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
 from ..lsn import Lsn
@@ -411,7 +411,7 @@ class StreamLoop:
         lsn = getattr(e, "lsn", lsn)
         t.error = (
             str(e)
-            if isinstance(e, (SchemaChangeError, CatalogLookupError))
+            if isinstance(e, (SchemaChangeError, CatalogLookupError, SpillError))
             else f"table {t.name}: change at LSN {Lsn(lsn)} failed: {type(e).__name__}: {e}"
         )
         cols = getattr(e, "columns", None)

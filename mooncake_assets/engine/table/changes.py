@@ -337,13 +337,15 @@ def _all_but(rows: int, deleted: BitMap64) -> BitMap64:
 
 def _delete_lsns(f: Any, positions: BitMap64, lo: int, hi: int) -> dict[int, int]:
     """Commit LSN of each of ``positions`` deleted in ``[lo, hi)`` as DiskFile ``f`` still knows it."""
-    out = {}
-    for p in positions:
-        at = f.pending.get(p)
-        if at is not None and lo <= at < hi:
-            out[p] = at
-        elif f.truncated_lsn and lo <= f.truncated_lsn < hi:
-            out[p] = f.truncated_lsn
+    out: dict[int, int] = {}
+    if f.truncated_lsn and lo <= f.truncated_lsn < hi:
+        out = dict.fromkeys(positions, f.truncated_lsn)
+    if f.pending:
+        pos, at = f.pending.arrays()  # positions ascending
+        want = np.fromiter(positions, dtype=np.uint64, count=len(positions))
+        keep = np.isin(pos, want) & (at >= lo) & (at < hi)
+        hit = dict(zip(pos[keep].tolist(), at[keep].tolist()))
+        out = {**out, **hit} if out else hit  # both in ascending position order, as ``positions`` iterates
     return out
 
 

@@ -25,6 +25,7 @@ from pyroaring import BitMap64, FrozenBitMap64
 
 from ..index import FileIndex, IndexBlock
 from ..index.saved import IndexBlob, encode_index_blob
+from .pending_deletes import PendingDeletes
 from .read_state import FileState, frozen
 
 __all__ = [
@@ -59,7 +60,8 @@ class DiskFile:
     """A Parquet data file of the table.
 
     ``committed``: positions deleted in the persisted snapshot (its DV); ``pending``: position →
-    commit LSN of deletes not yet persisted; ``truncated_lsn``: commit LSN of a TRUNCATE that removed
+    commit LSN of deletes not yet persisted (a :class:`~.pending_deletes.PendingDeletes`; a plain
+    mapping assigned to it is converted); ``truncated_lsn``: commit LSN of a TRUNCATE that removed
     every row (0 = none).
     """
 
@@ -69,7 +71,7 @@ class DiskFile:
     local_path: str | None = None
     location: str | None = None
     committed: BitMap64 = field(default_factory=BitMap64)
-    pending: dict[int, int] = field(default_factory=dict)
+    pending: PendingDeletes = field(default_factory=PendingDeletes)
     truncated_lsn: int = 0
     # deleted_at(None), kept while the sizes of committed and pending are unchanged (both only grow,
     # and a persist moves positions from one to the other): union reads ask for it on every query
@@ -77,6 +79,11 @@ class DiskFile:
     _frozen: tuple[tuple[int, int], FrozenBitMap64 | None] | None = field(
         default=None, repr=False, compare=False
     )  # deleted_vector(None), same rule
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "pending" and not isinstance(value, PendingDeletes):
+            value = PendingDeletes(value)
+        object.__setattr__(self, name, value)
 
     @property
     def persisted(self) -> bool:
@@ -106,10 +113,7 @@ class DiskFile:
             self._all_deleted = None
         bm = BitMap64(self.committed)
         if self.pending:
-            if lsn is None:
-                bm.update(self.pending.keys())
-            else:
-                bm.update(p for p, at in self.pending.items() if at < lsn)
+            bm |= self.pending.bitmap if lsn is None else self.pending.before(lsn)
         if lsn is None:
             self._all_deleted = (key, BitMap64(bm))
         return bm
@@ -194,7 +198,7 @@ class DiskFileSet:
     def delete(self, fname: str, row: int, lsn: int) -> None:
         """Delete position ``row`` of file ``fname`` by a change committed at ``lsn`` (pending until the
         next persist writes it into the file's deletion vector); ``KeyError`` for an unknown file."""
-        self.files[fname].pending[row] = lsn
+        self.files[fname].pending.add(row, lsn)
 
     def truncate(self, lsn: int) -> None:
         """Every row of every file deleted by a TRUNCATE committed at ``lsn``."""

@@ -23,6 +23,7 @@ from pyroaring import BitMap64, FrozenBitMap64
 
 from ..index import FileIndex, IndexBlock, PositionMap
 from .disk_files import DiskFile, DiskFileSet
+from .pending_deletes import PendingDeletes
 
 log = logging.getLogger("mooncake.compaction")
 
@@ -131,13 +132,21 @@ def _still_there(disk: DiskFileSet, s: FileSnapshot) -> DiskFile | None:
     return cur if cur is not None and cur.location == s.location else None
 
 
+def _pending_of(positions: list[np.ndarray], lsns: list[np.ndarray]) -> PendingDeletes:
+    """The pending deletes of one compaction output: its re-mapped positions at their commit LSNs."""
+    if not positions:
+        return PendingDeletes()
+    return PendingDeletes.from_arrays(np.concatenate(positions), np.concatenate(lsns))
+
+
 def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionResult) -> PreparedSwap:
     """Under the lock, before the commit (changes nothing): the new DiskFiles with the deletes that
     arrived during the run moved onto them, and the index blob of the swapped index."""
     pm = res.position_map
     nout = len(res.outputs)
     committed = [BitMap64() for _ in range(nout)]
-    pending: list[dict[int, int]] = [{} for _ in range(nout)]
+    pend_pos: list[list[np.ndarray]] = [[] for _ in range(nout)]
+    pend_lsn: list[list[np.ndarray]] = [[] for _ in range(nout)]
     truncated = 0
     remove: list[str] = []
     remapped = dropped = vanished = 0
@@ -145,7 +154,7 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
         cur = _still_there(disk, s)
         if cur is None:  # removed by a persist meanwhile (every row deleted, committed): all its rewritten rows go
             vanished += 1
-            newly, pend = BitMap64(range(s.rows)) - BitMap64(s.committed), {}
+            newly, pend = BitMap64(range(s.rows)) - BitMap64(s.committed), PendingDeletes()
         else:
             remove.append(cast(str, cur.location))  # the snapshot's location: a persisted file
             newly, pend = cur.committed - BitMap64(s.committed), cur.pending
@@ -159,13 +168,15 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
             for k in np.unique(fi[ok]):
                 committed[int(k)].update(fr[ok & (fi == k)].astype(np.uint64).tolist())
         if pend:
-            fi, fr = pm.map_rows(s.name, np.fromiter(pend.keys(), dtype=np.int64, count=len(pend)))
-            for new_i, r, lsn in zip(fi.tolist(), fr.tolist(), list(pend.values())):
-                if new_i < 0:
-                    dropped += 1
-                    continue
-                pending[new_i][r] = lsn
-                remapped += 1
+            old_pos, old_lsn = pend.arrays()
+            fi, fr = pm.map_rows(s.name, old_pos.astype(np.int64))
+            ok = fi >= 0
+            dropped += int((~ok).sum())
+            remapped += int(ok.sum())
+            for k in np.unique(fi[ok]):
+                sel = ok & (fi == k)
+                pend_pos[int(k)].append(fr[sel].astype(np.uint64))
+                pend_lsn[int(k)].append(old_lsn[sel])
     new_files: list[DiskFile] = []
     adds: dict[str, BitMap64] = {}
     for i, (name, out_rows, size, loc) in enumerate(res.outputs):
@@ -176,7 +187,7 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
                 size_bytes=size,
                 location=loc,
                 committed=committed[i],
-                pending=pending[i],
+                pending=_pending_of(pend_pos[i], pend_lsn[i]),
                 truncated_lsn=truncated,
             )
         )

@@ -22,6 +22,7 @@ from pyroaring import BitMap64
 
 from ..lsn import Lsn
 from .disk_files import DiskFileSet
+from .pending_deletes import PendingDeletes
 
 __all__ = ["PersistPayload", "build_payload", "apply_persist"]
 
@@ -82,7 +83,7 @@ def build_payload(
             loc = uploaded.get(f.name) or upload(cast(str, f.local_path))  # staged: it has a local copy
             add.append((f.name, loc))
         if f.pending:
-            deletes[cast(str, loc)] = BitMap64(f.pending.keys())
+            deletes[cast(str, loc)] = BitMap64(f.pending.bitmap)
     gone = tuple(f.name for f in disk.files.values() if disk.fully_deleted(f))
     return PersistPayload(
         lsn=Lsn(lsn),
@@ -115,11 +116,11 @@ def apply_persist(disk: DiskFileSet, payload: PersistPayload, now: float | None 
     floor = 0
     for f in files.values():
         if f.pending:
-            floor = max(floor, max(f.pending.values()) + 1)
-            f.committed.update(f.pending.keys())
-            f.pending = {}
+            floor = max(floor, f.pending.max_lsn() + 1)
+            f.committed |= f.pending.bitmap
+            f.pending = PendingDeletes()
     for f in gone:
-        floor = max(floor, f.truncated_lsn + 1, max(f.pending.values(), default=0) + 1)
+        floor = max(floor, f.truncated_lsn + 1, f.pending.max_lsn() + 1)
         if f.local_path:
             disk.retire(f.local_path, now)
     disk.gc_retired()
