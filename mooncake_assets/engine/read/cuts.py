@@ -16,9 +16,10 @@ from pyiceberg.catalog import Catalog
 
 from ..iceberg.cuts import cut_tag, cuts_of, parse_cut_tag
 from ..lsn import Lsn
+from ..table.changes import SUMMARY_FLUSH_LSN
 from .union import check_read_only
 
-__all__ = ["CutInfo", "list_cuts", "query_cut"]
+__all__ = ["CutInfo", "list_cuts", "query_cut", "read_snapshot"]
 
 
 @dataclass
@@ -80,3 +81,42 @@ def query_cut(
         return con.execute(sql).to_arrow_table(), info
     finally:
         con.close()
+
+
+def read_snapshot(
+    catalog: Catalog, namespace: str, name: str, lsn: int | None = None, columns: list[str] | None = None
+) -> tuple[pa.Table, Lsn]:
+    """Every row of the mirror ``name`` in one persisted snapshot, and the LSN that snapshot is at.
+
+    ``lsn`` None: the table's current snapshot (its LSN: summary ``mooncake.flush-lsn``); else the
+    newest snapshot whose ``mooncake.flush-lsn`` is ``lsn``, or the snapshot of the cut tag
+    ``lsn-X-Y`` — exactly the snapshots the change feed (``engine/table/changes.py``) accepts as
+    cuts, so the returned LSN can start a later feed. ``columns``: only these (default all). Read
+    through PyIceberg's scan at the snapshot (deletion vectors and position deletes applied; Iceberg
+    spec "Scan Planning"), no service asked. Raises ``LookupError`` (one line) when the table has no
+    such snapshot (none yet, or it expired)."""
+    tbl = catalog.load_table((namespace, name))
+    md = tbl.metadata
+    chosen = None
+    if lsn is None:
+        chosen = md.current_snapshot()
+        if chosen is None:
+            raise LookupError(f"table {name} has no persisted snapshot yet (run `mooncake persist {name}`)")
+    else:
+        at_lsn = [s for s in md.snapshots if _flush_lsn(s) == lsn]
+        if at_lsn:  # the newest snapshot at that LSN (a compaction keeps its parent's LSN and rows)
+            chosen = max(at_lsn, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+        elif (ref := md.refs.get(cut_tag(lsn))) is not None:
+            chosen = md.snapshot_by_id(ref.snapshot_id)
+        if chosen is None:
+            raise LookupError(f"table {name} has no retained snapshot at LSN {Lsn(lsn)}")
+    at = Lsn(lsn) if lsn is not None else _flush_lsn(chosen)
+    if at is None:
+        raise LookupError(f"table {name}: its current snapshot records no {SUMMARY_FLUSH_LSN}")
+    scan = tbl.scan(snapshot_id=chosen.snapshot_id, selected_fields=tuple(columns) if columns else ("*",))
+    return scan.to_arrow(), at
+
+
+def _flush_lsn(snapshot) -> Lsn | None:
+    text = snapshot.summary.additional_properties.get(SUMMARY_FLUSH_LSN) if snapshot.summary else None
+    return Lsn.parse(text) if text else None
