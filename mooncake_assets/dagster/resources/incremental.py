@@ -28,7 +28,7 @@ the next load passes it back as :attr:`MirrorChanges.previous`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -147,7 +147,7 @@ def read_cursor(con: duckdb.DuckDBPyConnection, op: str, input_name: str) -> dic
 def write_cursors(con: duckdb.DuckDBPyConnection, rows: list[dict[str, str]], output: str, run_id: str) -> None:
     """Upsert cursor rows (each ``{"op", "input", "mirror", "lsn"}``) naming ``output`` (``schema.table``)."""
     con.execute(_CURSOR_DDL)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for r in rows:
         con.execute(
             f"INSERT OR REPLACE INTO {CURSORS} VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -152,7 +152,10 @@ class MirrorDbClient(DbClient):
         columns = (context.definition_metadata or {}).get("columns")
         with self._lock:
             return self.cursors.load(
-                context, _step_key(context), table, list(columns) if columns else None,
+                context,
+                _step_key(context),
+                table,
+                list(columns) if columns else None,
                 lambda: DuckDbClient.connect(context, None),
             )
 
