@@ -114,7 +114,7 @@ def test_incremental_aggregate_equals_full_recompute(mc):
         tpcb(mc.dsn, 20, seed=seed)
         _persisted(mc)
     comp = mc.replication.compact("pgbench_accounts", full=True)
-    assert comp.get("files_removed", 2) >= 2, comp
+    assert comp["compacted"] and comp["files_in"] >= 2, comp  # the range below spans a real rewrite
     tpcb(mc.dsn, 15, seed=5)
     _accounts_churn(mc, 5)
     _persisted(mc)
@@ -221,4 +221,4 @@ def test_incremental_inputs_of_one_step_end_at_one_lsn(mc):
         stop.set()
         th.join()
     assert seen[0][0].full and not seen[-1][0].full and seen[-1][0].since == seen[-2][0].until
-    assert sum(seen[-1][0].rows.num_rows for _ in [0]) < 2000  # the last run read changes only
+    assert seen[-1][0].rows.num_rows < 2000  # the last run read changes only
