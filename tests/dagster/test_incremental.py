@@ -222,3 +222,40 @@ def test_incremental_inputs_of_one_step_end_at_one_lsn(mc):
         th.join()
     assert seen[0][0].full and not seen[-1][0].full and seen[-1][0].since == seen[-2][0].until
     assert seen[-1][0].rows.num_rows < 2000  # the last run read changes only
+
+
+def test_lost_history_or_output_means_a_full_read(mc):
+    """When the cursor's history is gone (the mirror was dropped and created again) or the stored output is
+    gone, the next run reads the whole table again, and its result is still exact; a partitioned asset
+    cannot have an incremental input."""
+    mc.materialize("mirror/pgbench_accounts")
+    _persisted(mc)
+    assert _run(mc)["full_read"] is True
+    tpcb(mc.dsn, 20, seed=31)
+    mc.union_barrier()
+    mc.replication.drop_table("pgbench_accounts")
+    mc.replication.create_table("pgbench_accounts")
+    _persisted(mc)
+    again = _run(mc)  # the feed refuses the old cursor ("no changes before …"): a full read
+    assert again["full_read"] is True and again["changed_rows"] == 2000
+    assert _stored(mc) == _pg_balances(mc)
+
+    con = duckdb.connect(mc.config.database)
+    con.execute("DROP TABLE analytics.branch_balances_incremental")
+    con.close()
+    tpcb(mc.dsn, 5, seed=32)
+    _persisted(mc)
+    assert _run(mc)["full_read"] is True
+    assert _stored(mc) == _pg_balances(mc)
+
+    @dg.asset(
+        partitions_def=dg.StaticPartitionsDefinition(["1", "2"]),
+        ins={"accounts": dg.AssetIn(key=ACCOUNTS, metadata={INCREMENTAL: True})},
+    )
+    def per_branch(accounts: MirrorChanges) -> None:
+        pass
+
+    res = mc.run_with_mirrors(per_branch, tables=["pgbench_accounts"], partition_key="1", raise_on_error=False)
+    assert not res.success
+    errors = [e.event_specific_data.error.to_string() for e in res.all_events if e.is_step_failure]
+    assert any("a partitioned asset cannot have one" in m for m in errors), errors

@@ -187,7 +187,10 @@ def matches_full_recompute(context: dg.AssetCheckExecutionContext, branch_balanc
     lsn = meta["mooncake/lsn"].value if "mooncake/lsn" in meta else None
     if not lsn:
         return dg.AssetCheckResult(passed=False, description="the materialization records no mooncake/lsn")
-    full = account_balances(read_mirror_at(replication, "pgbench_accounts", str(lsn), ["bid", "abalance"]))
+    try:
+        full = account_balances(read_mirror_at(replication, "pgbench_accounts", str(lsn), ["bid", "abalance"]))
+    except LookupError as e:  # the snapshot at that LSN expired since
+        return dg.AssetCheckResult(passed=False, description=f"cannot recompute at LSN {lsn}: {e}")
     got = sorted(branch_balances_incremental.cast(_BALANCE_SCHEMA).to_pylist(), key=lambda r: r["bid"])
     want = sorted(full.cast(_BALANCE_SCHEMA).to_pylist(), key=lambda r: r["bid"])
     differ = [r["bid"] for r in got if r not in want] + [r["bid"] for r in want if r not in got]
