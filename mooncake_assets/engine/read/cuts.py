@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table.snapshots import Snapshot
 
 from ..iceberg.cuts import cut_tag, cuts_of, parse_cut_tag
 from ..lsn import Lsn
@@ -117,6 +118,6 @@ def read_snapshot(
     return scan.to_arrow(), at
 
 
-def _flush_lsn(snapshot) -> Lsn | None:
+def _flush_lsn(snapshot: Snapshot) -> Lsn | None:
     text = snapshot.summary.additional_properties.get(SUMMARY_FLUSH_LSN) if snapshot.summary else None
     return Lsn.parse(text) if text else None
