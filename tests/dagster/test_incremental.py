@@ -144,11 +144,13 @@ def test_failed_materialization_does_not_advance_cursor(mc):
 
     @dg.asset(
         key=["t", "balances"],
-        ins={"accounts": dg.AssetIn(key=ACCOUNTS, metadata={INCREMENTAL: True, "columns": ["bid", "abalance"]})},
+        ins={
+            "accounts": dg.AssetIn(key=ACCOUNTS, metadata={INCREMENTAL: True, "columns": ["bid", "abalance", "filler"]})
+        },
     )
     def balances(accounts: MirrorChanges) -> pa.Table:
         seen.append(accounts)
-        assert accounts.rows.column_names == ["bid", "abalance", "_change", "_commit_lsn"]
+        assert accounts.rows.column_names == ["bid", "abalance", "filler", "_change", "_commit_lsn"]
         if fail["now"]:
             raise RuntimeError("the asset fails after reading its changes")
         return fold_account_changes(accounts.previous, accounts.rows)
@@ -173,6 +175,7 @@ def test_failed_materialization_does_not_advance_cursor(mc):
     assert mc.run_with_mirrors(balances, tables=["pgbench_accounts"]).success
     again = seen[-1]
     assert again.since == start and again.previous is not None  # the same changes again, and the later ones
+    assert [(f.name, f.type) for f in seen[0].rows.schema] == [(f.name, f.type) for f in again.rows.schema]
     assert _cursor(mc, "t__balances") == again.until
     assert _stored(mc, "t.balances") == _pg_balances(mc)
 

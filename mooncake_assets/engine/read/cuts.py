@@ -94,7 +94,8 @@ def read_snapshot(
     ``lsn-X-Y`` — exactly the snapshots the change feed (``engine/table/changes.py``) accepts as
     cuts, so the returned LSN can start a later feed. ``columns``: only these (default all). Read
     through PyIceberg's scan at the snapshot (deletion vectors and position deletes applied; Iceberg
-    spec "Scan Planning"), no service asked. Raises ``LookupError`` (one line) when the table has no
+    spec "Scan Planning"), no service asked; top-level ``large_string``/``large_binary`` columns come
+    back as ``string``/``binary``, the types the change feed's rows have. Raises ``LookupError`` (one line) when the table has no
     such snapshot (none yet, or it expired)."""
     tbl = catalog.load_table((namespace, name))
     md = tbl.metadata
@@ -115,7 +116,14 @@ def read_snapshot(
     if at is None:
         raise LookupError(f"table {name}: its current snapshot records no {SUMMARY_FLUSH_LSN}")
     scan = tbl.scan(snapshot_id=chosen.snapshot_id, selected_fields=tuple(columns) if columns else ("*",))
-    return scan.to_arrow(), at
+    return _small_types(scan.to_arrow()), at
+
+
+def _small_types(table: pa.Table) -> pa.Table:
+    """``table`` with top-level large_string/large_binary columns cast to string/binary."""
+    small = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+    fields = [f.with_type(small.get(f.type, f.type)) for f in table.schema]
+    return table if all(f.type == g.type for f, g in zip(fields, table.schema)) else table.cast(pa.schema(fields))
 
 
 def _flush_lsn(snapshot: Snapshot) -> Lsn | None:
