@@ -204,7 +204,7 @@ class CursorKeeper:
             context.log.info(f"incremental inputs of this step end at the consistent cut {res['tag']}")
         return self._until[step]
 
-    def _snapshot(self, table: str, lsn: str | None, columns: list[str] | None) -> tuple[pa.Table, str]:
+    def snapshot(self, table: str, lsn: str | None, columns: list[str] | None) -> tuple[pa.Table, str]:
         """The whole mirror at a persisted cut (``lsn``; None: its current snapshot) and that cut's LSN."""
         from mooncake_assets.engine.iceberg import make_catalog
         from mooncake_assets.engine.lsn import Lsn
@@ -251,7 +251,7 @@ class CursorKeeper:
                 "or read another mirror; reading the whole table again"
             )
         if out is None:
-            data, at = self._snapshot(table, until, columns)
+            data, at = self.snapshot(table, until, columns)
             out = MirrorChanges(table, None, at, as_inserts(data), None)
         if step is not None:
             mine = [p for p in self._pending.get(step, []) if p["input"] != context.name]
@@ -291,4 +291,4 @@ def read_mirror_at(replication, table: str, lsn: str | None, columns: list[str] 
     read from the warehouse (``engine/read/cuts.py:read_snapshot``); e.g. to check an incremental
     result against a full recompute at the LSN it reached. ``LookupError`` when no retained snapshot is
     at ``lsn``."""
-    return CursorKeeper(replication)._snapshot(table, lsn, columns)[0]
+    return CursorKeeper(replication).snapshot(table, lsn, columns)[0]
