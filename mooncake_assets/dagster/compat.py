@@ -17,7 +17,8 @@ Why each name is needed:
   with its own ``DbClient`` (inputs from a mirror asset connect to a union read, everything else to
   the asset database), the type handlers subclass ``DbTypeHandler``, and both read ``TableSlice`` /
   ``TablePartitionDimension`` fields (``table``, ``schema``, ``columns``, ``partition_dimensions``;
-  ``partition_expr``, ``partitions``).
+  ``partition_expr``, ``partitions``). ``MooncakeDbIOManager`` subclasses ``DbIOManager`` (same
+  constructor keywords) and overrides only its public ``load_input`` for incremental mirror inputs.
 - ``DuckDbClient`` (``dagster_duckdb.io_manager``; not exported by ``dagster_duckdb``): dagster-duckdb's
   own client. The mirror client delegates to it for the asset database (connect with the I/O
   manager's ``database`` and ``connection_config``, create the schema, delete a slice) and uses its
@@ -27,7 +28,10 @@ Why each name is needed:
 Behaviour relied on (checked by the test): ``DbIOManager.load_input`` resolves the input's type
 handler, builds the slice, opens ``db_client.connect(context, table_slice)`` and passes that same slice
 and connection to the handler's ``load_input``; ``handle_output`` connects the same way, then calls
-``ensure_schema_exists``, ``delete_table_slice`` and the handler's ``handle_output``.
+``ensure_schema_exists``, ``delete_table_slice`` and the handler's ``handle_output`` on that one
+connection, in that order, with nothing after the handler but closing it (the incremental inputs'
+cursors are committed in a transaction opened by ``delete_table_slice`` and committed when the
+connection's context ends).
 """
 
 from __future__ import annotations

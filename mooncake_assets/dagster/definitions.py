@@ -64,7 +64,7 @@ from mooncake_assets.dagster.resources.replication import (
 )
 from mooncake_assets.dagster.sensors.replication import DEFAULT_INTERVAL_S, build_replication_sensor
 
-from .assets import analytics_assets, build_mirror_checks, build_table_assets
+from .assets import analytics_assets, analytics_checks, build_mirror_checks, build_table_assets
 
 
 @dataclass
@@ -200,7 +200,7 @@ def build_definitions(config: DagsterConfig) -> dg.Definitions:
             *build_table_assets(config.tables, config.catalog_uri),
             *analytics_assets(t.name for t in config.tables),
         ],
-        asset_checks=build_mirror_checks(config.tables),
+        asset_checks=[*build_mirror_checks(config.tables), *analytics_checks(t.name for t in config.tables)],
         jobs=all_jobs,
         schedules=build_schedules(jobs, config.cron, running=config.automation),
         sensors=[build_replication_sensor(all_jobs, config.sensor_interval_s, running=config.automation)],

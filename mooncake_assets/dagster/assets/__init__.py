@@ -3,7 +3,14 @@
 and the demo's downstream assets."""
 
 from ..keys import ONE_SOURCE, SourceKeys
-from .analytics import PGBENCH, analytics_assets, branch_balances, teller_activity
+from .analytics import (
+    PGBENCH,
+    analytics_assets,
+    analytics_checks,
+    branch_balances,
+    branch_balances_incremental,
+    teller_activity,
+)
 from .checks import build_mirror_checks, build_mirror_matches_source, build_replication_lag
 from .factory import (
     MAINTENANCE_KINDS,
@@ -19,6 +26,8 @@ from .factory import (
 __all__ = [
     "PGBENCH",
     "analytics_assets",
+    "analytics_checks",
+    "branch_balances_incremental",
     "branch_balances",
     "teller_activity",
     "build_mirror_checks",

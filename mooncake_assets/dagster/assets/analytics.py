@@ -8,6 +8,12 @@ a branch's balance equals the sum of its history deltas, and so does a teller's.
   accounts and their balance, the branch balance and the sum of its history deltas.
 - ``analytics/teller_activity`` (polars → ``analytics.teller_activity``): per teller, transactions,
   sum of deltas, last transaction time, and its balance.
+- ``analytics/branch_balances_incremental`` (pyarrow → ``analytics.branch_balances_incremental``):
+  per branch its accounts and their balance, maintained **incrementally** from the change feed of
+  ``pgbench_accounts`` (an incremental input, ``resources/incremental.py``): each run adds the changes
+  since the previous run to the previous result. Its check ``matches_full_recompute`` recomputes
+  the same aggregate from the whole mirror read at the LSN the run reached and fails on any
+  difference.
 """
 
 import dagster as dg
@@ -16,6 +22,8 @@ import pandas as pd
 import polars as pl
 import pyarrow as pa
 
+from ..resources.incremental import INCREMENTAL, MirrorChanges
+from ..resources.replication import ReplicationResource
 from .factory import mirror_key
 
 PGBENCH = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
@@ -98,6 +106,104 @@ def teller_activity(context: dg.AssetExecutionContext, tellers: pl.DataFrame, hi
     return df
 
 
+INCREMENTAL_BALANCES = dg.AssetKey(["analytics", "branch_balances_incremental"])
+_BALANCE_SCHEMA = pa.schema([("bid", pa.int64()), ("accounts", pa.int64()), ("balance", pa.int64())])
+
+
+def account_balances(accounts: pa.Table) -> pa.Table:
+    """The full recompute: per ``bid`` of ``accounts`` (columns ``bid``, ``abalance``) the number of
+    accounts and the sum of their balances, ordered by ``bid`` (schema :data:`_BALANCE_SCHEMA`)."""
+    con = duckdb.connect()
+    con.register("accounts", accounts)
+    return con.execute(
+        "SELECT bid::BIGINT AS bid, count(*)::BIGINT AS accounts, sum(abalance)::BIGINT AS balance "
+        "FROM accounts GROUP BY bid ORDER BY bid"
+    ).to_arrow_table()
+
+
+def fold_account_changes(previous: pa.Table | None, rows: pa.Table) -> pa.Table:
+    """``previous`` (the :func:`account_balances` of the table at the feed's ``since``; None: empty)
+    with the change feed ``rows`` (``bid``, ``abalance``, ``_change``) applied: an ``insert`` adds an
+    account and its balance to its branch, a ``delete`` takes them away; branches left without
+    accounts are dropped. Equals :func:`account_balances` of the table at the feed's ``until``."""
+    con = duckdb.connect()
+    con.register("prev", previous if previous is not None else _BALANCE_SCHEMA.empty_table())
+    con.register("feed", rows)
+    return con.execute("""
+        SELECT bid, accounts, balance FROM (
+            SELECT coalesce(p.bid, d.bid)::BIGINT                        AS bid,
+                   (coalesce(p.accounts, 0) + coalesce(d.accounts, 0))::BIGINT AS accounts,
+                   (coalesce(p.balance, 0) + coalesce(d.balance, 0))::BIGINT   AS balance
+            FROM prev p
+            FULL OUTER JOIN (
+                SELECT bid::BIGINT AS bid,
+                       sum(CASE WHEN _change = 'insert' THEN 1 ELSE -1 END) AS accounts,
+                       sum(CASE WHEN _change = 'insert' THEN abalance ELSE -abalance END) AS balance
+                FROM feed GROUP BY bid) d ON p.bid = d.bid)
+        WHERE accounts <> 0
+        ORDER BY bid""").to_arrow_table()
+
+
+@dg.asset(
+    key=INCREMENTAL_BALANCES,
+    group_name="analytics",
+    kinds={"duckdb", "pyarrow"},
+    ins={
+        "accounts": dg.AssetIn(
+            key=mirror_key("pgbench_accounts"), metadata={INCREMENTAL: True, "columns": ["bid", "abalance"]}
+        )
+    },
+    description="Per branch: accounts and their balance, maintained incrementally from the change feed of "
+    "pgbench_accounts (each run reads only the rows persisted since the previous run).",
+)
+def branch_balances_incremental(context: dg.AssetExecutionContext, accounts: MirrorChanges) -> pa.Table:
+    out = fold_account_changes(accounts.previous, accounts.rows)
+    context.add_output_metadata(
+        {
+            "mooncake/lsn": accounts.until,
+            "mooncake/since": accounts.since or "",
+            "full_read": accounts.full,
+            "changed_rows": accounts.rows.num_rows,
+            "branches": out.num_rows,
+            "total_balance": int(sum(v or 0 for v in out.column("balance").to_pylist())),
+        }
+    )
+    return out
+
+
+@dg.asset_check(
+    asset=INCREMENTAL_BALANCES,
+    name="matches_full_recompute",
+    description="The incremental result equals the aggregate recomputed from the whole mirror at the LSN "
+    "the incremental run reached.",
+    required_resource_keys={"replication"},
+)
+def matches_full_recompute(context: dg.AssetCheckExecutionContext, branch_balances_incremental: pa.Table):
+    from ..resources.incremental import read_mirror_at
+
+    replication: ReplicationResource = context.resources.replication
+    event = context.instance.get_latest_materialization_event(INCREMENTAL_BALANCES)
+    meta = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    lsn = meta["mooncake/lsn"].value if "mooncake/lsn" in meta else None
+    if not lsn:
+        return dg.AssetCheckResult(passed=False, description="the materialization records no mooncake/lsn")
+    try:
+        full = account_balances(read_mirror_at(replication, "pgbench_accounts", str(lsn), ["bid", "abalance"]))
+    except LookupError as e:  # the snapshot at that LSN expired since
+        return dg.AssetCheckResult(passed=False, description=f"cannot recompute at LSN {lsn}: {e}")
+    got = sorted(branch_balances_incremental.cast(_BALANCE_SCHEMA).to_pylist(), key=lambda r: r["bid"])
+    want = sorted(full.cast(_BALANCE_SCHEMA).to_pylist(), key=lambda r: r["bid"])
+    differ = [r["bid"] for r in got if r not in want] + [r["bid"] for r in want if r not in got]
+    return dg.AssetCheckResult(
+        passed=not differ,
+        metadata={
+            "lsn": dg.MetadataValue.text(str(lsn)),
+            "branches": len(want),
+            "differing_branches": dg.MetadataValue.text(", ".join(map(str, sorted(set(differ)))) or "none"),
+        },
+    )
+
+
 def _markdown(df: pd.DataFrame) -> str:
     rows = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
     rows += ["| " + " | ".join(map(str, r)) + " |" for r in df.itertuples(index=False)]
@@ -112,4 +218,11 @@ def analytics_assets(table_names) -> list[dg.AssetsDefinition]:
         out.append(branch_balances)
     if {"pgbench_tellers", "pgbench_history"} <= names:
         out.append(teller_activity)
+    if "pgbench_accounts" in names:
+        out.append(branch_balances_incremental)
     return out
+
+
+def analytics_checks(table_names) -> list[dg.AssetChecksDefinition]:
+    """The asset checks of :func:`analytics_assets`' assets for the same tables."""
+    return [matches_full_recompute] if "pgbench_accounts" in set(table_names) else []

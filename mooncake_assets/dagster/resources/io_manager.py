@@ -54,6 +54,7 @@ from mooncake_assets.dagster.compat import (
 )
 from mooncake_assets.engine.service import ServiceError
 
+from .incremental import CursorKeeper, is_incremental
 from .replication import ReplicationResource
 from .type_handlers import default_type_handlers
 
@@ -81,10 +82,16 @@ class MirrorDbClient(DbClient):
         self._pins: dict[tuple[str, str], str] = {}  # (run id, step key) -> LSN of the step's mirror reads
         self._reader = None  # the long-lived UnionReader, made on the first mirror input
         self._lock = threading.Lock()
+        self.cursors = CursorKeeper(replication)  # incremental inputs (incremental.py)
+        self._in_txn: set[int] = set()  # id() of output connections with a transaction open for cursors
 
-    @staticmethod
-    def delete_table_slice(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
+    def delete_table_slice(self, context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
+        """dagster-duckdb's; then, when the step has cursors to commit, a transaction opens for the
+        output and the cursors (committed by :meth:`connect`)."""
         DuckDbClient.delete_table_slice(context, table_slice, connection)
+        if self.cursors.pending(_step_key(context)):
+            connection.execute("BEGIN TRANSACTION")
+            self._in_txn.add(id(connection))
 
     @staticmethod
     def ensure_schema_exists(context: dg.OutputContext, table_slice: TableSlice, connection) -> None:
@@ -100,6 +107,10 @@ class MirrorDbClient(DbClient):
     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """The asset database's connection, or for a mirror input a connection holding its union read."""
         table = _mirror_of(context)
+        if isinstance(context, dg.OutputContext):
+            with self._output_connection(context, table_slice) as con:
+                yield con
+            return
         if table is None:
             with DuckDbClient.connect(context, table_slice) as con:
                 yield con
@@ -115,6 +126,38 @@ class MirrorDbClient(DbClient):
             finally:
                 con.execute(f"DROP VIEW IF EXISTS {_ident(table_slice.schema)}.{_ident(table_slice.table)}")
         _add_read_metadata(context, table, rs)
+
+    @contextmanager
+    def _output_connection(self, context: dg.OutputContext, table_slice: TableSlice):
+        """The asset database's connection for an output; the step's pending cursors are committed in
+        the output's transaction (opened by :meth:`delete_table_slice`), or rolled back with it."""
+        step = _step_key(context)
+        with DuckDbClient.connect(context, table_slice) as con:
+            try:
+                yield con
+            except BaseException:
+                if id(con) in self._in_txn:
+                    self._in_txn.discard(id(con))
+                    con.execute("ROLLBACK")
+                raise
+            if id(con) in self._in_txn:
+                self._in_txn.discard(id(con))
+                self.cursors.commit(con, step, f"{table_slice.schema}.{table_slice.table}", step[0] if step else "")
+                con.execute("COMMIT")
+                self.cursors.forget(step)
+
+    def load_changes(self, context: dg.InputContext):
+        """An incremental input (:mod:`.incremental`): the mirror's changes since the cursor of (op, input)."""
+        table = _mirror_of(context)
+        columns = (context.definition_metadata or {}).get("columns")
+        with self._lock:
+            return self.cursors.load(
+                context,
+                _step_key(context),
+                table,
+                list(columns) if columns else None,
+                lambda: DuckDbClient.connect(context, None),
+            )
 
     def _register_mirror(self, context: dg.InputContext, reader, table: str, table_slice: TableSlice) -> dict:
         """Create the union view of ``table`` and, over it, the slice's view; returns the ReadState read."""
@@ -182,7 +225,7 @@ def _add_read_metadata(context: dg.InputContext, table: str, rs: dict) -> None:
         pass
 
 
-def _step_key(context: dg.InputContext) -> tuple[str, str] | None:
+def _step_key(context: dg.InputContext | dg.OutputContext) -> tuple[str, str] | None:
     try:
         step = context.step_context
         return (step.run_id, step.step.key)
@@ -244,7 +287,7 @@ class MooncakeDuckDBIOManager(DuckDBIOManager):
         return pa.Table
 
     def create_io_manager(self, context) -> DbIOManager:
-        return DbIOManager(
+        return MooncakeDbIOManager(
             db_client=MirrorDbClient(self.replication, read_your_writes=self.read_your_writes),
             database=self.database,
             schema=self.schema_,
@@ -252,3 +295,18 @@ class MooncakeDuckDBIOManager(DuckDBIOManager):
             default_load_type=self.default_load_type(),
             io_manager_name="MooncakeDuckDBIOManager",
         )
+
+
+class MooncakeDbIOManager(DbIOManager):
+    """dagster-duckdb's ``DbIOManager`` whose incremental mirror inputs (:mod:`.incremental`) load as
+    :class:`~.incremental.MirrorChanges` through :meth:`MirrorDbClient.load_changes`; every other
+    input and every output goes through ``DbIOManager`` unchanged."""
+
+    def __init__(self, *, db_client: MirrorDbClient, **kw):
+        super().__init__(db_client=db_client, **kw)
+        self._mirror_client = db_client
+
+    def load_input(self, context: dg.InputContext) -> object:
+        if _mirror_of(context) is not None and is_incremental(context):
+            return self._mirror_client.load_changes(context)
+        return super().load_input(context)

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table.snapshots import Snapshot
 
 from ..iceberg.cuts import cut_tag, cuts_of, parse_cut_tag
 from ..lsn import Lsn
+from ..table.changes import SUMMARY_FLUSH_LSN
 from .union import check_read_only
 
-__all__ = ["CutInfo", "list_cuts", "query_cut"]
+__all__ = ["CutInfo", "list_cuts", "query_cut", "read_snapshot"]
 
 
 @dataclass
@@ -80,3 +82,50 @@ def query_cut(
         return con.execute(sql).to_arrow_table(), info
     finally:
         con.close()
+
+
+def read_snapshot(
+    catalog: Catalog, namespace: str, name: str, lsn: int | None = None, columns: list[str] | None = None
+) -> tuple[pa.Table, Lsn]:
+    """Every row of the mirror ``name`` in one persisted snapshot, and the LSN that snapshot is at.
+
+    ``lsn`` None: the table's current snapshot (its LSN: summary ``mooncake.flush-lsn``); else the
+    newest snapshot whose ``mooncake.flush-lsn`` is ``lsn``, or the snapshot of the cut tag
+    ``lsn-X-Y`` — exactly the snapshots the change feed (``engine/table/changes.py``) accepts as
+    cuts, so the returned LSN can start a later feed. ``columns``: only these (default all). Read
+    through PyIceberg's scan at the snapshot (deletion vectors and position deletes applied; Iceberg
+    spec "Scan Planning"), no service asked; top-level ``large_string``/``large_binary`` columns come
+    back as ``string``/``binary``, the types the change feed's rows have. Raises ``LookupError`` (one line) when the table has no
+    such snapshot (none yet, or it expired)."""
+    tbl = catalog.load_table((namespace, name))
+    md = tbl.metadata
+    chosen = None
+    if lsn is None:
+        chosen = md.current_snapshot()
+        if chosen is None:
+            raise LookupError(f"table {name} has no persisted snapshot yet (run `mooncake persist {name}`)")
+    else:
+        at_lsn = [s for s in md.snapshots if _flush_lsn(s) == lsn]
+        if at_lsn:  # the newest snapshot at that LSN (a compaction keeps its parent's LSN and rows)
+            chosen = max(at_lsn, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+        elif (ref := md.refs.get(cut_tag(lsn))) is not None:
+            chosen = md.snapshot_by_id(ref.snapshot_id)
+        if chosen is None:
+            raise LookupError(f"table {name} has no retained snapshot at LSN {Lsn(lsn)}")
+    at = Lsn(lsn) if lsn is not None else _flush_lsn(chosen)
+    if at is None:
+        raise LookupError(f"table {name}: its current snapshot records no {SUMMARY_FLUSH_LSN}")
+    scan = tbl.scan(snapshot_id=chosen.snapshot_id, selected_fields=tuple(columns) if columns else ("*",))
+    return _small_types(scan.to_arrow()), at
+
+
+def _small_types(table: pa.Table) -> pa.Table:
+    """``table`` with top-level large_string/large_binary columns cast to string/binary."""
+    small = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+    fields = [f.with_type(small.get(f.type, f.type)) for f in table.schema]
+    return table if all(f.type == g.type for f, g in zip(fields, table.schema)) else table.cast(pa.schema(fields))
+
+
+def _flush_lsn(snapshot: Snapshot) -> Lsn | None:
+    text = snapshot.summary.additional_properties.get(SUMMARY_FLUSH_LSN) if snapshot.summary else None
+    return Lsn.parse(text) if text else None
