@@ -8,6 +8,6 @@ Modules: :mod:`.protocol` (message framing), :mod:`.auth` (SCRAM-SHA-256 verifie
 
 from .auth import UsersFileError, Verifier, load_users, make_verifier, write_user
 from .backend import Backend
-from .server import SqlServer
+from .server import SqlServer, tls_context
 
-__all__ = ["Backend", "SqlServer", "UsersFileError", "Verifier", "load_users", "make_verifier", "write_user"]
+__all__ = ["Backend", "SqlServer", "tls_context", "UsersFileError", "Verifier", "load_users", "make_verifier", "write_user"]
