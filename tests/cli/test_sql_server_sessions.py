@@ -30,7 +30,9 @@ def tls_served(pg_dsn, state_dir):
     maintenance by Dagster, so the Iceberg snapshots change only when the test cuts."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE q (id int PRIMARY KEY, name varchar(20), n numeric(10,2), u uuid, tags text[])")
-        c.execute("INSERT INTO q SELECT i, 'n' || i, i * 1.5, gen_random_uuid(), ARRAY['a'] FROM generate_series(1, 5) i")
+        c.execute(
+            "INSERT INTO q SELECT i, 'n' || i, i * 1.5, gen_random_uuid(), ARRAY['a'] FROM generate_series(1, 5) i"
+        )
         c.execute("CREATE TABLE owner (id bigint PRIMARY KEY, q_id int, note text)")
         c.execute("INSERT INTO owner VALUES (1, 1, 'ann'), (2, 3, 'bob')")
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
@@ -109,9 +111,10 @@ def test_freshness_modes_and_cuts(tls_served, pg_dsn):
         assert "no table has the cut lsn-0-1" in str(e.value)
         assert c.execute("SHOW mooncake.as_of_lsn").fetchone() == (first["tag"],)  # kept
         c.execute("RESET mooncake.as_of_lsn")
-        assert c.execute("SELECT * FROM owner ORDER BY id").fetchall() == pg.execute(
-            "SELECT * FROM owner ORDER BY id"
-        ).fetchall()
+        assert (
+            c.execute("SELECT * FROM owner ORDER BY id").fetchall()
+            == pg.execute("SELECT * FROM owner ORDER BY id").fetchall()
+        )
     finally:
         c.close()
         pg.close()

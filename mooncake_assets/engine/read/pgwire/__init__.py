@@ -10,4 +10,13 @@ from .auth import UsersFileError, Verifier, load_users, make_verifier, write_use
 from .backend import Backend
 from .server import SqlServer, tls_context
 
-__all__ = ["Backend", "SqlServer", "tls_context", "UsersFileError", "Verifier", "load_users", "make_verifier", "write_user"]
+__all__ = [
+    "Backend",
+    "SqlServer",
+    "tls_context",
+    "UsersFileError",
+    "Verifier",
+    "load_users",
+    "make_verifier",
+    "write_user",
+]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -144,7 +144,8 @@ class Backend:
                 if self._waiting.pop(key, False):
                     raise Canceled("canceling statement due to user request")
         try:  # made outside the lock: a reader's first use connects to the service and Postgres
-            reader = cast(Callable[[], UnionReader], self.make_reader)()
+            assert self.make_reader is not None  # a slot is made only when there is a maker
+            reader = self.make_reader()
         except BaseException:
             with self._cond:
                 self._made -= 1

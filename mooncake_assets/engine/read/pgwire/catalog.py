@@ -177,7 +177,9 @@ class SessionSettings:
                     "A cut: its LSN X/Y or its tag lsn-X-Y (see `mooncake list-cuts`).",
                 )
             if not self.snapshots:
-                raise SqlError("0A000", "mooncake.as_of_lsn needs the warehouse's catalog, which this server was not given")
+                raise SqlError(
+                    "0A000", "mooncake.as_of_lsn needs the warehouse's catalog, which this server was not given"
+                )
             return cut_tag(lsn)
         return value
 

@@ -378,7 +378,9 @@ class Session:
                 snapshots.check_cut(tag)
         except (LookupError, ValueError) as e:
             self.settings.values["mooncake.as_of_lsn"] = previous or ""
-            raise SqlError("22023", str(e).strip("'\""), "RESET mooncake.as_of_lsn reads the mirrors as they are now") from e
+            raise SqlError(
+                "22023", str(e).strip("'\""), "RESET mooncake.as_of_lsn reads the mirrors as they are now"
+            ) from e
 
     def _copy(self, plan: CopyOut, params: list[Any]) -> Result:
         """``COPY … TO STDOUT``: the query's rows as COPY lines (:mod:`.copy`)."""
