@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import threading
 from pathlib import Path
@@ -121,16 +123,19 @@ def test_freshness_modes_and_cuts(tls_served, pg_dsn):
 
 
 def _psql_interrupted(dsn: str, sql: str) -> subprocess.CompletedProcess:
-    """psql running ``sql``, sent SIGINT (its Ctrl-C: a CancelRequest) until it exits."""
+    """psql running ``sql``, sent SIGINT (its Ctrl-C: a CancelRequest) until it exits, from the moment
+    it is connected (a shell it runs says so; its SIGINT handler is in place by then)."""
     env = dict(os.environ, PGCONNECT_TIMEOUT="30")
     p = subprocess.Popen(
-        [_psql(), "--no-psqlrc", "-d", dsn, "-c", sql],
+        [_psql(), "--no-psqlrc", "-d", dsn, "-c", r"\! echo connected", "-c", sql],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,
     )
+
+    assert p.stdout is not None and p.stdout.readline() == "connected\n"
 
     def interrupted():
         if p.poll() is None:
@@ -150,18 +155,16 @@ def test_cancel_disconnect_and_a_slow_statement_beside_fast_ones(tls_served):
     ok = _run_psql(server.dsn(), "-At", "-c", "SELECT count(*) FROM q")
     assert ok.returncode == 0 and ok.stdout.strip() == "5", ok
 
-    # a client that goes away in the middle of a long result: a clean close
-    p = subprocess.Popen(
-        [_psql(), "--no-psqlrc", "-d", server.dsn(), "-c", "SELECT i, repeat('x', 100) FROM range(3000000) t(i)"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    assert p.stdout is not None
-    p.stdout.read(1)  # the rows are arriving
-    p.kill()
-    p.wait()
-    p.stdout.close()
+    # a client that goes away in the middle of a long result (about 20 MB: more than the sockets buffer),
+    # resetting the connection: a clean close
+    gone = psycopg.connect(server.dsn(), autocommit=True)
+    sock = socket.socket(fileno=os.dup(gone.pgconn.socket))
+    gone.pgconn.send_query(b"SELECT i, repeat('x', 100) FROM range(200000) t(i)")
+    sock.settimeout(120)
+    assert sock.recv(1, socket.MSG_PEEK)  # the rows are arriving
+    gone.pgconn.finish()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
 
     # a slow statement over a mirror on one connection; fast ones over mirrors on others meanwhile
     slow = psycopg.connect(server.dsn(), autocommit=True)
