@@ -203,7 +203,7 @@ def test_tls_and_sqlalchemy_reflection(tls_served, pg_dsn):
     assert r.returncode == 0 and "SSL connection" in r.stdout and r.stdout.strip().endswith("5"), r
     with psycopg.connect(tls, autocommit=True) as c:
         assert c.pgconn.ssl_in_use
-        assert c.execute("SELECT name FROM q WHERE id = $1", [2]).fetchone() == ("n2",)
+        assert c.execute("SELECT name FROM q WHERE id = %s", [2]).fetchone() == ("n2",)
     plain = server.dsn().replace("sslmode=prefer", "sslmode=disable")
     with psycopg.connect(plain, autocommit=True) as c:
         assert not c.pgconn.ssl_in_use
