@@ -75,11 +75,6 @@ class Backend:
         self._catalog_installed = False
         self._snap_db = duckdb.connect() if snapshots is not None else None
 
-    @property
-    def lock(self) -> threading.Condition:
-        """The pool's condition (kept for callers that serialized on the old single reader's lock)."""
-        return self._cond
-
     def run(
         self,
         sql: str,
@@ -99,8 +94,9 @@ class Backend:
         key = id(owner)
         before = reader.wait_timeout
         try:
-            with self._cond:
-                self._running[key] = reader.con
+            if owner is not None:  # a session's statement: a CancelRequest may interrupt it
+                with self._cond:
+                    self._running[key] = reader.con
             reader.wait_timeout = self.max_wait if max_wait is None else max_wait
             lsn = None
             if read == "applied":
@@ -119,13 +115,15 @@ class Backend:
             raise SqlError("0A000", f"{what} needs the warehouse's catalog, which this server was not given")
         con = self._snap_db.cursor()
         key = id(owner)
-        with self._cond:
-            self._running[key] = con
+        if owner is not None:
+            with self._cond:
+                self._running[key] = con
         try:
             return self.snapshots.query(con, sql, params, cut)
         finally:
-            with self._cond:
-                self._running.pop(key, None)
+            if owner is not None:
+                with self._cond:
+                    self._running.pop(key, None)
             con.close()
 
     def _acquire(self, owner: object) -> UnionReader:
@@ -157,7 +155,8 @@ class Backend:
 
     def _release(self, key: int, reader: UnionReader) -> None:
         with self._cond:
-            self._running.pop(key, None)
+            if self._running.get(key) is reader.con:
+                self._running.pop(key)
             self._free.append(reader)
             self._cond.notify()
 
