@@ -4,7 +4,8 @@ Modules: :mod:`.protocol` (message framing), :mod:`.auth` (SCRAM-SHA-256 verifie
 :mod:`.session` (one connection's message flow), :mod:`.server` (listener, threads, cancel),
 :mod:`.backend` (the pool of UnionReaders statements run on; persisted snapshots and cuts through
 :mod:`..snapshots`), :mod:`.catalog` and :mod:`.psql` (statements answered without DuckDB),
-:mod:`.pgcatalog` (``pg_catalog`` tables built from the mirrors, for SQLAlchemy's reflection), :mod:`.types` (OIDs and text output), :mod:`.sqltext`.
+:mod:`.pgcatalog` (``pg_catalog`` tables built from the mirrors, for SQLAlchemy's reflection),
+:mod:`.types` (OIDs and text output), :mod:`.sqltext`.
 """
 
 from .auth import UsersFileError, Verifier, load_users, make_verifier, write_user
