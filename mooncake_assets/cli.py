@@ -756,7 +756,7 @@ def changes(
 
 @app.command("sql-server")
 def sql_server(
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface; no TLS yet)"),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(5433, help="TCP port (0: any free port, printed on stderr)"),
     users: Path | None = typer.Option(
         None,
@@ -770,8 +770,17 @@ def sql_server(
         False, "--trust-loopback", help="Let clients on 127.0.0.1/::1 connect without a password"
     ),
     max_wait: float = typer.Option(
-        30.0, "--max-wait", metavar="SECONDS", min=0.0, help="How long a read waits for read-your-writes"
+        30.0,
+        "--max-wait",
+        metavar="SECONDS",
+        min=0.0,
+        help="How long a read waits for read-your-writes (a session changes it: SET mooncake.max_wait = '5s')",
     ),
+    readers: int = typer.Option(
+        4, "--readers", min=1, help="Statements over mirrors that run at once (one union reader each)"
+    ),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", metavar="FILE", help="TLS certificate chain (PEM)"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", metavar="FILE", help="Its private key (PEM)"),
 ):
     """A read-only PostgreSQL-wire endpoint over the mirrors (psql, psycopg, BI tools).
 
@@ -781,8 +790,13 @@ def sql_server(
     import os
     import signal
 
+    import duckdb
+
     from .engine.read import UnionReader
-    from .engine.read.pgwire import Backend, SqlServer, UsersFileError, load_users, make_verifier
+    from .engine.read.pgwire import Backend, SqlServer, UsersFileError, load_users, make_verifier, tls_context
+    from .engine.read.snapshots import SnapshotReader
+    from .engine.service import ServiceClient
+    from .engine.service.registry import NAMESPACE
 
     verifiers = {}
     if users is not None:
@@ -796,10 +810,26 @@ def sql_server(
         }
     if not verifiers and not trust_loopback:
         fail("no users: give --users FILE, set MOONCAKE_SQL_PASSWORD, or allow --trust-loopback", code=2)
+    tls = None
+    if (tls_cert is None) != (tls_key is None):
+        fail("--tls-cert and --tls-key go together", code=2)
+    if tls_cert is not None and tls_key is not None:
+        try:
+            tls = tls_context(str(tls_cert), str(tls_key))
+        except OSError as e:  # ssl.SSLError is one
+            fail(f"--tls-cert/--tls-key: {e}", code=2)
     _refuse_if_stopped()
-    reader = UnionReader(service_client(), CTX.settings.source_dsn(), wait_timeout=max_wait)
+    dsn = CTX.settings.source_dsn()
+    db = duckdb.connect()  # the readers are cursors of one database: one memory limit
+    db.execute("SET GLOBAL parquet_metadata_cache = true")
+
+    def make_reader() -> UnionReader:  # the pool's other readers: the service is running by then
+        return UnionReader(ServiceClient(CTX.settings.socket_path), dsn, con=db.cursor(), wait_timeout=max_wait)
+
+    reader = UnionReader(service_client(), dsn, con=db.cursor(), wait_timeout=max_wait)
+    backend = Backend(reader, make_reader, readers, SnapshotReader(_cut_catalog, NAMESPACE), max_wait)
     try:
-        server = SqlServer(Backend(reader), host, port, verifiers, trust_loopback=trust_loopback)
+        server = SqlServer(backend, host, port, verifiers, trust_loopback=trust_loopback, tls=tls)
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e.strerror}")
     err.print(f"mooncake sql-server listening on {server.host}:{server.port}", highlight=False)
@@ -815,6 +845,7 @@ def sql_server(
         pass
     finally:
         server.close()
+        backend.close()
         close = getattr(reader, "close", None)  # a long-lived reader keeps connections: end them
         if close is not None:
             close()

@@ -26,11 +26,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .backend import READ_MODES
 from .protocol import Field
 from .sqltext import code_only, words
 from .types import TEXT
 
+#: ``SET mooncake.read`` values (:mod:`.backend`)
+READ_MODES = ("latest", "applied", "persisted")
 SERVER_VERSION = "16.0"
 VERSION_TEXT = f"PostgreSQL {SERVER_VERSION} (mooncake-assets union read over DuckDB)"
 
@@ -53,6 +54,8 @@ DEFAULTS = {
     "bytea_output": "hex",
     "transaction_isolation": "read committed",
     "mooncake.read": "latest",
+    "mooncake.max_wait": "30s",
+    "mooncake.as_of_lsn": "",
 }
 REPORTED = (
     "server_version",
@@ -112,10 +115,16 @@ def _value(raw: str) -> str:
 
 
 class SessionSettings:
-    """One session's settings and transaction state (``status``: ReadyForQuery's ``I``/``T``/``E``)."""
+    """One session's settings and transaction state (``status``: ReadyForQuery's ``I``/``T``/``E``).
 
-    def __init__(self, startup: dict[str, str]):
-        self.values = dict(DEFAULTS)
+    ``defaults``: the server's own defaults over :data:`DEFAULTS` (``mooncake.max_wait``: its
+    ``--max-wait``), what ``RESET`` returns to; ``snapshots``: the server can read persisted
+    snapshots and cuts (else ``mooncake.read = 'persisted'`` and ``mooncake.as_of_lsn`` are 0A000)."""
+
+    def __init__(self, startup: dict[str, str], defaults: dict[str, str] | None = None, snapshots: bool = False):
+        self.defaults = {**DEFAULTS, **(defaults or {})}
+        self.values = dict(self.defaults)
+        self.snapshots = snapshots
         self.status = b"I"
         for k, v in startup.items():
             if k not in ("user", "database", "options", "replication"):
@@ -129,17 +138,77 @@ class SessionSettings:
             value = "UTF8"
         if key == "DateStyle" and value:
             value = _datestyle(value, self.values["DateStyle"])
-        if key == "mooncake.read" and value not in READ_MODES:
-            if value == "persisted":
-                raise SqlError("0A000", "mooncake.read = 'persisted' is not supported yet", "use 'latest' or 'applied'")
-            raise SqlError("22023", f"mooncake.read must be one of {', '.join(READ_MODES)}, not {value!r}")
-        self.values[key] = value if value != "" or key not in DEFAULTS else DEFAULTS[key]
+        if key.startswith("mooncake.") and value != "":
+            value = self._mooncake(key, value)
+        self.values[key] = value if value != "" or key not in self.defaults else self.defaults[key]
+
+    def _mooncake(self, key: str, value: str) -> str:
+        """A ``mooncake.*`` setting's value, checked (22023 for a bad one, 0A000 for one the server
+        cannot serve) and in its canonical form."""
+        if key == "mooncake.read":
+            if value not in READ_MODES:
+                raise SqlError(
+                    "22023",
+                    f'invalid value for parameter "mooncake.read": "{value}"',
+                    f"Available values: {', '.join(READ_MODES)}.",
+                )
+            if value == "persisted" and not self.snapshots:
+                raise SqlError(
+                    "0A000",
+                    "mooncake.read = 'persisted' needs the warehouse's catalog, which this server was not given",
+                    "use 'latest' or 'applied'",
+                )
+        elif key == "mooncake.max_wait":
+            if duration_seconds(value) is None:
+                raise SqlError(
+                    "22023",
+                    f'invalid value for parameter "mooncake.max_wait": "{value}"',
+                    'A duration: a number and one of the units "us", "ms", "s", "min", "h", "d" (none: ms).',
+                )
+            return value.strip().replace(" ", "")
+        elif key == "mooncake.as_of_lsn":
+            from ...iceberg.cuts import cut_tag, parse_cut_tag
+
+            lsn = parse_cut_tag(value.strip())
+            if lsn is None:
+                raise SqlError(
+                    "22023",
+                    f'invalid value for parameter "mooncake.as_of_lsn": "{value}"',
+                    "A cut: its LSN X/Y or its tag lsn-X-Y (see `mooncake list-cuts`).",
+                )
+            if not self.snapshots:
+                raise SqlError(
+                    "0A000", "mooncake.as_of_lsn needs the warehouse's catalog, which this server was not given"
+                )
+            return cut_tag(lsn)
+        return value
 
     def get(self, name: str) -> str:
         key = _CANON.get(name.lower(), name.lower())
         if key not in self.values:
             raise SqlError("42704", f'unrecognized configuration parameter "{name}"')
         return self.values[key]
+
+    def max_wait(self) -> float:
+        """``mooncake.max_wait`` in seconds."""
+        return duration_seconds(self.values["mooncake.max_wait"]) or 0.0
+
+    def cut(self) -> str | None:
+        """The cut tag ``mooncake.as_of_lsn`` reads at, None for fresh reads."""
+        return self.values.get("mooncake.as_of_lsn") or None
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration_seconds(text: str) -> float | None:
+    """A Postgres time setting's value in seconds (``'5s'``, ``'500ms'``, ``'1min'``; a bare number is
+    milliseconds, as for ``statement_timeout``: the manual's "Parameter Names and Values"); None when
+    ``text`` is none."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d)?\s*", text)
+    if m is None:
+        return None
+    return float(m.group(1)) * _UNITS[m.group(2) or "ms"]
 
 
 _STYLES = {"ISO": "ISO", "SQL": "SQL", "POSTGRES": "Postgres", "GERMAN": "German"}
@@ -211,10 +280,10 @@ def local_statement(sql: str, s: SessionSettings) -> Result | None:
     if head == "RESET":
         m = _RESET.match(text)
         if m and m.group(1).upper() == "ALL":
-            s.values = dict(DEFAULTS)
+            s.values = dict(s.defaults)
         elif m:
             key = _CANON.get(m.group(1).lower(), m.group(1).lower())
-            s.values[key] = DEFAULTS.get(key, "")
+            s.values[key] = s.defaults.get(key, "")
         return Result("RESET")
     if head == "SHOW":
         text = re.sub(r"^\s*SHOW\s+TRANSACTION\s+ISOLATION\s+LEVEL\s*$", "SHOW transaction_isolation", text, flags=re.I)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import duckdb
 
 from .backend import Backend
 from .catalog import TABLE_OID_BASE, Result
 from .protocol import Field
 from .sqltext import code_only, split_top, top_level
-from .types import BOOL, TEXT, TYPE_NAMES, TYPLEN, type_oid
+from .types import BOOL, TEXT, TYPE_NAMES, TYPLEN, fields, text_values, type_oid
 
 _PATTERN = re.compile(r"relname\s+OPERATOR\(pg_catalog\.~\)\s+'((?:[^']|'')*)'", re.I)
 _OID_EQ = re.compile(r"\boid\s*=\s*'(\d+)'", re.I)
@@ -84,6 +87,7 @@ _CATALOG = re.compile(
     r"|settings|am|description|constraint|enum|range|inherits|extension)\b",
     re.I,
 )
+_FILLED = re.compile(r"\bpg_(?:class|attribute|namespace|type)\b", re.I)
 _NSP_PATTERN = re.compile(r"nspname\s+OPERATOR\(pg_catalog\.~\)\s+'((?:[^']|'')*)'", re.I)
 _RELKINDS = re.compile(r"relkind\s+IN\s*\(([^)]*)\)", re.I)
 
@@ -129,10 +133,13 @@ _RELATION: dict[str, str | None] = {
 }
 
 
-def catalog_answer(sql: str, backend: Backend) -> Result | None:
+def catalog_answer(sql: str, backend: Backend, params: list[Any] | None = None) -> Result | None:
     """The answer to a psql catalog query over ``pg_catalog`` (None when ``sql`` reads no
     ``pg_catalog.`` relation, nor one of its common relations unqualified, as psycopg's ``TypeInfo``
-    reads ``pg_type``). Every answer has the columns the query selects (:func:`_answer`)."""
+    reads ``pg_type``). Every answer has the columns the query selects (:func:`_answer`). A query of
+    another shape over ``pg_class``/``pg_attribute``/``pg_namespace``/``pg_type`` (SQLAlchemy's
+    reflection; ``params``: its bound values) runs over the mirrors' catalog tables
+    (:meth:`.Backend.pg_catalog`); when DuckDB cannot run it, it gets no rows."""
     code = code_only(sql)
     if not _CATALOG.search(code):
         return None
@@ -162,6 +169,12 @@ def catalog_answer(sql: str, backend: Backend) -> Result | None:
     if "from pg_catalog.pg_namespace n" in low and '"name"' in low:  # \dn
         rows = [{"Name": "public", "Owner": "mooncake"}] if _in_public(code) else []
         return _answer(code, rows)
+    if _FILLED.search(code):
+        try:
+            table = backend.pg_catalog(sql, params)
+        except (duckdb.Error, ValueError):
+            return _answer(code, [])
+        return Result(f"SELECT {table.num_rows}", fields(table.schema), text_values(table))
     return _answer(code, [])
 
 

@@ -1,5 +1,7 @@
 """The SQL endpoint's listener: a TCP server speaking PostgreSQL protocol 3.0, a thread per
-connection, every statement a union read through one shared :class:`~.backend.Backend`.
+connection, every statement a union read through one shared :class:`~.backend.Backend` (its pool
+of readers). With ``tls`` (an ``ssl.SSLContext`` holding the server's certificate) a client's
+SSLRequest is answered ``S`` and the connection goes on in TLS ("SSL Session Encryption").
 
 CancelRequest ("Message Flow / Canceling Requests in Progress"): a new connection carrying a
 session's process id and secret key (sent to it in BackendKeyData) interrupts that session's
@@ -13,6 +15,7 @@ import itertools
 import os
 import secrets
 import socket
+import ssl
 import threading
 
 from .auth import Verifier
@@ -25,7 +28,8 @@ LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 class SqlServer:
     """Listens on ``host``:``port`` (port 0: any free one, see :attr:`port`) and serves each client in
     its own thread. ``users``: user name -> SCRAM-SHA-256 verifier; ``trust_loopback``: clients
-    connecting from a loopback address need no password."""
+    connecting from a loopback address need no password; ``tls``: the context connections are
+    wrapped in when the client asks (:func:`tls_context`; None: TLS refused with ``N``)."""
 
     def __init__(
         self,
@@ -34,8 +38,10 @@ class SqlServer:
         port: int = 5433,
         users: dict[str, Verifier] | None = None,
         trust_loopback: bool = False,
+        tls: ssl.SSLContext | None = None,
     ):
         self.backend = backend
+        self.tls = tls
         self.users = dict(users or {})
         self.trust_loopback = trust_loopback
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -91,3 +97,12 @@ class SqlServer:
             self.sock.close()
         except OSError:
             pass
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server-side TLS context (TLS 1.2 or later) with the certificate chain ``cert`` and its private
+    key ``key`` (PEM files). Raises ``ssl.SSLError``/``OSError`` for files that cannot be used."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx

@@ -1,7 +1,8 @@
 """One client connection: startup, authentication, then simple and extended queries.
 
 Message flow as in the PostgreSQL manual, "Frontend/Backend Protocol / Message Flow": Start-up
-(SSLRequest/GSSENCRequest answered ``N``: this first cut has no TLS), authentication (SCRAM-SHA-256,
+(SSLRequest answered ``S`` and the socket wrapped in TLS when the server has a certificate, else
+``N``; GSSENCRequest ``N``; "SSL Session Encryption"), authentication (SCRAM-SHA-256,
 or trust on loopback when the server allows it), ParameterStatus, BackendKeyData, ReadyForQuery;
 Simple Query (several statements in one message, each answered, an empty one with
 EmptyQueryResponse; after an error the rest of the message is skipped); Extended Query
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import ssl
 import uuid
 from decimal import Decimal
 from typing import Any, Protocol
@@ -20,12 +22,13 @@ from typing import Any, Protocol
 import duckdb
 import pyarrow as pa
 
+from ..snapshots import CutMissing
 from ..union import ReadOnlyError
 from .arrays import ELEMENT_OF, convert, dimensions, uses_as_array
 from .arrays import decode_binary as decode_array
 from .arrays import parse_text as parse_array
 from .auth import MECHANISM, AuthFailed, ScramExchange, Verifier
-from .backend import Backend
+from .backend import Backend, Canceled
 from .binary import decode as decode_binary
 from .catalog import REPORTED, Result, SessionSettings, SqlError, local_statement, rewrite_functions
 from .copy import CopyOut, copy_out
@@ -106,6 +109,10 @@ def sqlstate(e: BaseException) -> tuple[str, str]:
         return "22003", msg
     if isinstance(e, duckdb.NotImplementedException):
         return "0A000", msg
+    if isinstance(e, Canceled):
+        return "57014", "canceling statement due to user request"
+    if isinstance(e, CutMissing):
+        return "42P01", msg
     if isinstance(e, TimeoutError):
         return "57014", msg
     if type(e).__name__ == "ServiceError":  # the service's refusal (a layer above: not imported)
@@ -118,6 +125,8 @@ class Host(Protocol):
 
     backend: Backend
     users: dict[str, Verifier]
+
+    tls: ssl.SSLContext | None
 
     def trusts(self, peer: str) -> bool: ...
 
@@ -143,7 +152,7 @@ class Session:
 
     def __init__(self, server: Host, sock: socket.socket, peer: str, pid: int, key: int):
         self.server, self.sock, self.peer, self.pid, self.key = server, sock, peer, pid, key
-        self.rf = sock.makefile("rb")
+        self.rf: Any = _ExactReader(sock)  # the start-up packets; a buffered file of the socket after
         self.out: list[bytes] = []
         self.settings: SessionSettings | None = None
         self.statements: dict[str, tuple[str, list[int]]] = {}
@@ -186,17 +195,26 @@ class Session:
     def _startup(self) -> bool:
         while True:
             st = read_startup(self.rf)
+            tls = getattr(self.server, "tls", None)
+            if st.kind == "ssl" and tls is not None and not isinstance(self.sock, ssl.SSLSocket):
+                self.sock.sendall(b"S")  # then the TLS handshake; nothing sent before it was read
+                self.sock = tls.wrap_socket(self.sock, server_side=True)
+                self.rf = _ExactReader(self.sock)
+                continue
             if st.kind in ("ssl", "gssenc"):
-                self.sock.sendall(b"N")  # no TLS/GSS in this first cut: the client may go on in plain text
+                self.sock.sendall(b"N")  # no TLS (no --tls-cert) / no GSS: the client may go on in plain text
                 continue
             if st.kind == "cancel":
                 self.server.cancel(st.pid, st.key)
                 return False
             break
+        self.rf = self.sock.makefile("rb")
         self.user = st.params.get("user", "")
         self.database = st.params.get("database", self.user)
+        backend = self.server.backend
+        defaults = {"mooncake.max_wait": f"{backend.max_wait:g}s"}
         try:
-            self.settings = SessionSettings(st.params)
+            self.settings = SessionSettings(st.params, defaults, snapshots=backend.snapshots is not None)
         except SqlError as e:
             self.send(error_response(e.code, str(e), fatal=True))
             self.flush()
@@ -281,6 +299,8 @@ class Session:
     def _error(self, e: BaseException) -> None:
         code, message = sqlstate(e)
         hint = getattr(e, "hint", None)
+        if hint is None and isinstance(e, TimeoutError):
+            hint = "raise mooncake.max_wait, or read what is applied: SET mooncake.read = 'applied'"
         self.send(error_response(code, message, hint=hint))
         assert self.settings is not None
         if self.settings.status == b"T":
@@ -312,8 +332,11 @@ class Session:
         select list names the result's columns (:mod:`.parsed`)."""
         assert self.settings is not None
         before = {k: self.settings.values[k] for k in REPORTED}
+        cut = self.settings.cut()
         res = local_statement(sql, self.settings)
         if res is not None:
+            if self.settings.cut() not in (None, cut):
+                self._check_cut(cut)
             for k in REPORTED:  # "Asynchronous Operations": a reported setting's change is announced
                 if self.settings.values[k] != before[k]:
                     self.send(parameter_status(k, self.settings.values[k]))
@@ -321,7 +344,7 @@ class Session:
         plan = copy_out(sql)
         if plan is not None:
             return self._copy(plan, params)
-        res = catalog_answer(sql, self.server.backend)
+        res = catalog_answer(sql, self.server.backend, params or None)
         if res is not None:
             return res
         backend = self.server.backend
@@ -331,11 +354,33 @@ class Session:
         if parsed.information_schema:
             table = backend.information_schema(parsed, run_sql, params or None, self.database or "mooncake")
         else:
-            table = backend.run(run_sql, params or None, self.settings.values["mooncake.read"], owner=self)
+            table = backend.run(
+                run_sql,
+                params or None,
+                self.settings.values["mooncake.read"],
+                owner=self,
+                max_wait=self.settings.max_wait(),
+                cut=self.settings.cut(),
+            )
         names = named.output_names(table.num_columns)
         if names is not None:
             table = table.rename_columns([n or old for n, old in zip(names, table.column_names)])
         return self._result(sql, table, backend.type_hints(named, table.column_names))
+
+    def _check_cut(self, previous: str | None) -> None:
+        """After ``SET mooncake.as_of_lsn``: the cut must exist in the warehouse (else 22023, and the
+        setting keeps its previous value)."""
+        assert self.settings is not None
+        snapshots = self.server.backend.snapshots
+        tag = self.settings.cut()
+        try:
+            if snapshots is not None and tag is not None:
+                snapshots.check_cut(tag)
+        except (LookupError, ValueError) as e:
+            self.settings.values["mooncake.as_of_lsn"] = previous or ""
+            raise SqlError(
+                "22023", str(e).strip("'\""), "RESET mooncake.as_of_lsn reads the mirrors as they are now"
+            ) from e
 
     def _copy(self, plan: CopyOut, params: list[Any]) -> Result:
         """``COPY … TO STDOUT``: the query's rows as COPY lines (:mod:`.copy`)."""
@@ -453,6 +498,26 @@ class Session:
         self.send(command_complete(res.tag))
         if name == "":
             pass  # the unnamed portal lives until the next Bind or Sync-ended transaction
+
+
+class _ExactReader:
+    """Reads exactly the bytes asked for from a socket and none more: the start-up packets are read so,
+    since bytes a client sends after SSLRequest must not be read before the TLS handshake."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def read(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return bytes(buf)
+
+    def close(self) -> None:
+        pass
 
 
 def local_statement_kind(sql: str) -> bool:
