@@ -58,7 +58,7 @@ def main_options(
     s3_endpoint: str | None = typer.Option(
         None,
         "--s3-endpoint",
-        help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]",
+        help="S3 endpoint URL for s3:// warehouses \\[env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]",
     ),
     config: Path | None = typer.Option(
         None,
@@ -1051,7 +1051,7 @@ def verify(
         "union",
         help="union (the service's union read), or a reader of the persisted Iceberg table: pyiceberg, "
         "duckdb-iceberg, iceberg-rust (pyiceberg-core + DataFusion) or polars; the last two need "
-        "pip install 'mooncake-assets[readers]'",
+        "pip install 'mooncake-assets\\[readers]'",  # help is rich markup: \\[ prints a bracket
     ),
     checksum: bool = typer.Option(
         False,
@@ -1143,7 +1143,7 @@ def chaos(
     cases: Path | None = typer.Option(
         None,
         "--cases",
-        help="Where failing seeds are written [default: ./tests/cases when it exists, else <state>/chaos-cases]",
+        help="Where failing seeds are written \\[default: ./tests/cases when it exists, else <state>/chaos-cases]",
     ),
     jitter: bool = typer.Option(
         False,

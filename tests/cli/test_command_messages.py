@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 import psycopg
 
@@ -82,3 +84,23 @@ def test_make_ui_passes_a_port():
         cwd=REPO,
     )
     assert "mooncake ui --port 3011 --host 0.0.0.0" in r.stdout, r.stdout + r.stderr
+
+
+def test_help_keeps_square_brackets():
+    """Help texts are rich markup, where ``[word]`` is a style tag that vanishes: the readers extra,
+    the S3 endpoint's environment and chaos' default case directory must still be printed."""
+
+    def help_of(*args: str) -> str:
+        r = subprocess.run(
+            [sys.executable, "-m", "mooncake_assets.cli", *args, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+
+    assert "pip install 'mooncake-assets[readers]'" in help_of("verify")
+    assert "[env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]" in help_of()
+    assert "[default: ./tests/cases when it exists" in help_of("chaos")
