@@ -225,15 +225,24 @@ def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -
         fail(str(e))
     c = ServiceClient(CTX.settings.socket_path)
     try:
-        mode = c.call("ping", timeout=5).get("maintenance")
+        ping = c.call("ping", timeout=5)
     except Exception:
-        mode = None
+        ping = {}
     finally:
         c.close()
+    mode = ping.get("maintenance")
     if not started and maintenance and mode and mode != maintenance:
         fail(
             f"the mooncake service is already running (pid {pid}) with maintenance: {mode}; `mooncake stop` "
             f"first to run it with maintenance: {maintenance}"
+        )
+    running_limit, wanted = ping.get("memory_limit"), CTX.settings.memory_limit
+    if not started and memory_limit is not None and running_limit and running_limit != wanted:
+        from .engine.service.memory import format_size
+
+        fail(
+            f"the mooncake service is already running (pid {pid}) with memory limit {format_size(running_limit)}; "
+            f"`mooncake stop` first to run it with --memory-limit {format_size(int(wanted or 0))}"
         )
     console.print(
         f"{prefix}mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
