@@ -104,3 +104,27 @@ def test_help_keeps_square_brackets():
     assert "pip install 'mooncake-assets[readers]'" in help_of("verify")
     assert "[env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]" in help_of()
     assert "[default: ./tests/cases when it exists" in help_of("chaos")
+
+
+def test_verify_with_a_reader_of_the_persisted_table_says_when_changes_are_not_persisted(pg_dsn, state_dir):
+    """``verify --reader pyiceberg`` after changes that are not persisted yet is a mismatch (the reader sees
+    the snapshot only); the line says so, with the snapshot's LSN and `mooncake persist`, instead of
+    looking like a wrong mirror. After the persist it matches."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE vp (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO vp SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")  # no persist of its own
+    try:
+        mooncake(s, "create-table", "vp", "public.vp", check=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("UPDATE vp SET v = 'new' WHERE id <= 3")
+        mooncake(s, "query", "SELECT count(*) FROM vp", check=True)  # applied, not persisted
+        r = mooncake(s, "verify", "--reader", "pyiceberg", "vp")
+        assert r.returncode == 1 and "MISMATCH" in r.stdout, (r.stdout, r.stderr)
+        assert "reads the persisted snapshot, at LSN" in r.stdout and "`mooncake persist vp`" in r.stdout, r.stdout
+        assert "reads the persisted snapshot" not in mooncake(s, "verify", "vp", check=True).stdout  # union read
+        mooncake(s, "persist", "vp", check=True)
+        out = mooncake(s, "verify", "--reader", "pyiceberg", "vp", check=True).stdout
+        assert "vp (public.vp): match" in out, out
+    finally:
+        mooncake(s, "stop")
