@@ -58,7 +58,7 @@ def main_options(
     s3_endpoint: str | None = typer.Option(
         None,
         "--s3-endpoint",
-        help="S3 endpoint URL for s3:// warehouses [env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]",
+        help="S3 endpoint URL for s3:// warehouses \\[env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]",
     ),
     config: Path | None = typer.Option(
         None,
@@ -225,15 +225,24 @@ def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -
         fail(str(e))
     c = ServiceClient(CTX.settings.socket_path)
     try:
-        mode = c.call("ping", timeout=5).get("maintenance")
+        ping = c.call("ping", timeout=5)
     except Exception:
-        mode = None
+        ping = {}
     finally:
         c.close()
+    mode = ping.get("maintenance")
     if not started and maintenance and mode and mode != maintenance:
         fail(
             f"the mooncake service is already running (pid {pid}) with maintenance: {mode}; `mooncake stop` "
             f"first to run it with maintenance: {maintenance}"
+        )
+    running_limit, wanted = ping.get("memory_limit"), CTX.settings.memory_limit
+    if not started and memory_limit is not None and running_limit and running_limit != wanted:
+        from .engine.service.memory import format_size
+
+        fail(
+            f"the mooncake service is already running (pid {pid}) with memory limit {format_size(running_limit)}; "
+            f"`mooncake stop` first to run it with --memory-limit {format_size(int(wanted or 0))}"
         )
     console.print(
         f"{prefix}mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
@@ -1082,7 +1091,7 @@ def verify(
         "union",
         help="union (the service's union read), or a reader of the persisted Iceberg table: pyiceberg, "
         "duckdb-iceberg, iceberg-rust (pyiceberg-core + DataFusion) or polars; the last two need "
-        "pip install 'mooncake-assets[readers]'",
+        "pip install 'mooncake-assets\\[readers]'",  # help is rich markup: \\[ prints a bracket
     ),
     checksum: bool = typer.Option(
         False,
@@ -1174,7 +1183,7 @@ def chaos(
     cases: Path | None = typer.Option(
         None,
         "--cases",
-        help="Where failing seeds are written [default: ./tests/cases when it exists, else <state>/chaos-cases]",
+        help="Where failing seeds are written \\[default: ./tests/cases when it exists, else <state>/chaos-cases]",
     ),
     jitter: bool = typer.Option(
         False,

@@ -23,7 +23,7 @@ The file (every key but ``sources`` optional; checked by :func:`parse_config`, w
         catalog: sqlite:////data/orders-catalog.db     # default sqlite:///<state>/catalog.db
         publication: orders_pub       # an administrator's publication (default: the service's own)
         maintenance: auto             # auto | dagster
-        maintenance_policy: {compact_min_files: 8}     # settings.json extra.maintenance
+        maintenance_policy: {file_count_trigger: 8}    # settings.json extra.maintenance
         table_policies: {orders: {index_max_blocks: 4}} # extra.maintenance_tables
 
 No password may be written in the file: a ``dsn`` key, or any value holding ``password=`` or a
@@ -260,20 +260,32 @@ def parse_config(data, path: Path) -> MooncakeConfig:
     if not isinstance(sources, dict) or not sources:
         raise ConfigError(path, "sources", "expected a mapping of source names to their settings (at least one)")
     out = {str(n): _parse_source(str(n), v, path, state_root) for n, v in sources.items()}
+    _check_own_storage(out, path)
+    return MooncakeConfig(path, state_root, out)
+
+
+def _check_own_storage(sources: dict[str, SourceConfig], path: Path) -> None:
+    """:class:`ConfigError` when two sources would share a warehouse or a catalog: compared as the
+    source uses it (a trailing ``/`` of a warehouse does not count; a source without one uses
+    ``file://<state>/warehouse`` and ``sqlite:///<state>/catalog.db``, which another source may not name)."""
     for attr in ("warehouse", "catalog"):
-        seen: dict[str, str] = {}
-        for s in out.values():
+        seen: dict[str, SourceConfig] = {}
+        for s in sources.values():
             v = getattr(s, attr)
-            if v is not None and v in seen:
+            if v is None:
+                v = f"file://{s.state_dir}/warehouse" if attr == "warehouse" else f"sqlite:///{s.state_dir}/catalog.db"
+            v = v.rstrip("/") if attr == "warehouse" else v
+            other = seen.get(v)
+            if other is not None:
+                named = s if getattr(s, attr) is not None else other
+                first = other if named is s else s
                 raise ConfigError(
                     path,
-                    f"sources.{s.name}.{attr}",
-                    f"the same {attr} as source {seen[v]!r}: every source needs its own (mirrors of "
+                    f"sources.{named.name}.{attr}",
+                    f"the same {attr} as source {first.name!r}: every source needs its own (mirrors of "
                     "different sources would collide in it)",
                 )
-            if v is not None:
-                seen[v] = s.name
-    return MooncakeConfig(path, state_root, out)
+            seen[v] = s
 
 
 def _no_passwords(node, path: Path, key: str) -> None:
@@ -327,6 +339,9 @@ def _parse_source(name: str, d, path: Path, state_root: Path) -> SourceConfig:
     per_table = d.get("table_policies") or {}
     if not isinstance(per_table, dict) or not all(isinstance(v, dict) for v in per_table.values()):
         raise ConfigError(path, f"{at}.table_policies", "expected a mapping of mirror names to policy mappings")
+    _check_policy(policy, path, f"{at}.maintenance_policy")
+    for mirror, p in per_table.items():
+        _check_policy(p, path, f"{at}.table_policies.{mirror}")
     return SourceConfig(
         name=name,
         state_dir=state_root / name,
@@ -338,6 +353,17 @@ def _parse_source(name: str, d, path: Path, state_root: Path) -> SourceConfig:
         table_policies={str(k): dict(v) for k, v in per_table.items()},
         **strs,
     )
+
+
+def _check_policy(policy: dict, path: Path, key: str) -> None:
+    """A maintenance policy mapping must name known settings with values of their types
+    (``MaintenancePolicy.from_dict``): a typo is an error of the file, not a service that fails later."""
+    from .engine.compaction.policy import MaintenancePolicy
+
+    try:
+        MaintenancePolicy.from_dict(policy)
+    except ValueError as e:
+        raise ConfigError(path, key, str(e).removeprefix("maintenance policy: ")) from None
 
 
 def _str_list(v, path: Path, key: str) -> list[str]:

@@ -108,6 +108,35 @@ def _mirror_rows(settings: Settings, name: str, reader: str, lsn: str, client=No
     return read_mirror(reader, tbl, warehouse_store(settings))
 
 
+def _persisted_lsn(settings: Settings, name: str) -> str | None:
+    """``mooncake.flush-lsn`` (``X/Y``) of the mirror's current Iceberg snapshot: the point the readers
+    of the persisted table see (None without a snapshot or the summary field)."""
+    from .engine.iceberg import SUMMARY_FLUSH_LSN, make_catalog
+    from .engine.storage import catalog_properties
+
+    catalog = make_catalog(settings.catalog, settings.warehouse_uri, **catalog_properties(settings))
+    snap = catalog.load_table(f"mooncake.{name}").current_snapshot()
+    props = snap.summary.additional_properties if snap is not None and snap.summary is not None else {}
+    return props.get(SUMMARY_FLUSH_LSN)
+
+
+def _not_persisted_note(settings: Settings, result: TableResult, reader: str, lsn: str) -> TableResult:
+    """A mismatch seen by a reader of the persisted table whose snapshot is older than ``lsn`` gets a note
+    saying so: it reads only what was persisted, so changes made since look like a wrong mirror."""
+    if result.match or result.error or result.note:
+        return result
+    try:
+        at = _persisted_lsn(settings, result.name)
+    except Exception:
+        return result
+    if at is not None and Lsn(at) < Lsn(lsn):
+        result.note = (
+            f"--reader {reader} reads the persisted snapshot, at LSN {at}: changes after it are not "
+            f"persisted yet (`mooncake persist {result.name}`, then verify again)"
+        )
+    return result
+
+
 def _judge(name: str, src_name: str, src: pa.Table, mir: pa.Table, lsn: str, stopped: dict[str, str]) -> TableResult:
     """The result for one table from its source and mirror rows at ``lsn`` (``stopped``: mirrors stopped by
     an error, name -> error, which then explains a mismatch)."""
@@ -209,7 +238,10 @@ def verify(
                             break
                         results.append(TableResult(name, src_name, False, 0, 0, 0, 0, error=str(e).splitlines()[0]))
                         continue
-                    results.append(_judge(name, src_name, src, mir, lsn, stopped))
+                    result = _judge(name, src_name, src, mir, lsn, stopped)
+                    if reader != "union":
+                        result = _not_persisted_note(settings, result, reader, lsn)
+                    results.append(result)
             if not retry:
                 return results, lsn
         finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 import psycopg
 
@@ -82,3 +84,47 @@ def test_make_ui_passes_a_port():
         cwd=REPO,
     )
     assert "mooncake ui --port 3011 --host 0.0.0.0" in r.stdout, r.stdout + r.stderr
+
+
+def test_help_keeps_square_brackets():
+    """Help texts are rich markup, where ``[word]`` is a style tag that vanishes: the readers extra,
+    the S3 endpoint's environment and chaos' default case directory must still be printed."""
+
+    def help_of(*args: str) -> str:
+        r = subprocess.run(
+            [sys.executable, "-m", "mooncake_assets.cli", *args, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+
+    assert "pip install 'mooncake-assets[readers]'" in help_of("verify")
+    assert "[env MOONCAKE_S3_ENDPOINT or AWS_ENDPOINT_URL; default AWS]" in help_of()
+    assert "[default: ./tests/cases when it exists" in help_of("chaos")
+
+
+def test_verify_with_a_reader_of_the_persisted_table_says_when_changes_are_not_persisted(pg_dsn, state_dir):
+    """``verify --reader pyiceberg`` after changes that are not persisted yet is a mismatch (the reader sees
+    the snapshot only); the line says so, with the snapshot's LSN and `mooncake persist`, instead of
+    looking like a wrong mirror. After the persist it matches."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE vp (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO vp SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")  # no persist of its own
+    try:
+        mooncake(s, "create-table", "vp", "public.vp", check=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("UPDATE vp SET v = 'new' WHERE id <= 3")
+        mooncake(s, "query", "SELECT count(*) FROM vp", check=True)  # applied, not persisted
+        r = mooncake(s, "verify", "--reader", "pyiceberg", "vp")
+        assert r.returncode == 1 and "MISMATCH" in r.stdout, (r.stdout, r.stderr)
+        assert "reads the persisted snapshot, at LSN" in r.stdout and "`mooncake persist vp`" in r.stdout, r.stdout
+        assert "reads the persisted snapshot" not in mooncake(s, "verify", "vp", check=True).stdout  # union read
+        mooncake(s, "persist", "vp", check=True)
+        out = mooncake(s, "verify", "--reader", "pyiceberg", "vp", check=True).stdout
+        assert "vp (public.vp): match" in out, out
+    finally:
+        mooncake(s, "stop")

@@ -100,6 +100,31 @@ def test_missing_dsn_variable_is_named(tmp_path):
             "sources.b.warehouse",
             "the same warehouse as source 'a'",
         ),
+        (
+            "sources: {a: {dsn_env: X, tables: [t], warehouse: 'file:///w'}, b: {dsn_env: Y, tables: [t], warehouse: 'file:///w/'}}",
+            "sources.b.warehouse",
+            "the same warehouse as source 'a'",
+        ),
+        (
+            "state_root: /sr\nsources: {a: {dsn_env: X, tables: [t], catalog: 'sqlite:////sr/b/catalog.db'}, b: {dsn_env: Y, tables: [t]}}",
+            "sources.a.catalog",
+            "the same catalog as source 'b'",
+        ),
+        (
+            "sources: {a: {dsn_env: X, tables: [t], maintenance_policy: {compact_min_filez: 8}}}",
+            "sources.a.maintenance_policy",
+            "unknown setting(s) compact_min_filez",
+        ),
+        (
+            "sources: {a: {dsn_env: X, tables: [t], maintenance_policy: {file_count_trigger: many}}}",
+            "sources.a.maintenance_policy",
+            "file_count_trigger must be a int",
+        ),
+        (
+            "sources: {a: {dsn_env: X, tables: [t], table_policies: {t: {index_max_blockz: 4}}}}",
+            "sources.a.table_policies.t",
+            "unknown setting(s) index_max_blockz",
+        ),
     ],
 )
 def test_bad_file_names_file_key_and_problem(tmp_path, text, key, problem):
@@ -204,3 +229,13 @@ def test_cli_needs_source_for_one_table_commands(tmp_path):
     assert r.returncode == 2 and "--dsn: set per source" in r.stderr, r
     r = cli("--source", "orders", "--state-dir", str(tmp_path / "s"), "status", cwd=tmp_path)
     assert r.returncode == 2 and "--source needs a sources file" in r.stderr, r
+
+
+def test_the_full_example_of_docs_sources_md_loads(tmp_path):
+    """The example a new user copies from docs/sources.md is a valid file (its policy named a setting
+    that does not exist, which only the service found out, later)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "sources.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = load_config(write(tmp_path, example))
+    assert list(cfg.sources) == ["orders", "metrics"]
+    assert cfg.sources["orders"].maintenance_policy == {"file_count_trigger": 8}

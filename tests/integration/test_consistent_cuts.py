@@ -173,3 +173,25 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
                 for n in ("a", "b")
             )
             assert total == TOTAL
+
+
+def test_query_as_of_a_cut_names_a_table_the_cut_does_not_hold(pg_dsn, state_dir):
+    """``query --as-of-lsn`` over a mirror that exists but is not in the cut (a cut of some tables) says
+    so in one line naming the table and the cut's tables, not DuckDB's bare "Table ... does not exist"."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for t in ("x1", "x2"):
+            c.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+            c.execute(f"INSERT INTO {t} SELECT generate_series(1, 5)")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    with running_service(s) as client:
+        for t in ("x1", "x2"):
+            client.call("create_table", dst=t, src=f"public.{t}")
+        tag = client.call("cut", tables=["x1"])["tag"]
+        r = mooncake(s, "query", "--as-of-lsn", tag, "--format", "csv", "SELECT count(*) AS n FROM x1", check=True)
+        assert r.stdout.splitlines() == ["n", "5"], r.stdout
+        r = mooncake(s, "query", "--as-of-lsn", tag, "SELECT count(*) FROM X2")
+        msg = r.stderr.strip()
+        assert r.returncode == 1 and len(msg.splitlines()) == 1, (r.stdout, r.stderr)
+        assert f"table x2 is not in the cut {tag} (the cut holds x1" in msg, msg
+        r = mooncake(s, "query", "--as-of-lsn", tag, "SELECT count(*) FROM nope")
+        assert r.returncode == 1 and "nope" in r.stderr and "not in the cut" not in r.stderr, r.stderr

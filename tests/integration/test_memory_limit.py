@@ -142,6 +142,27 @@ def test_memory_limit_on_the_command_line(pg_dsn, state_dir):
         mooncake(s, "stop")
 
 
+def test_memory_limit_of_a_running_service_is_not_silently_ignored(pg_dsn, state_dir):
+    """``start --memory-limit`` while the service runs with another budget is refused in one line naming
+    the running budget and ``mooncake stop`` (it used to print "running" and exit 0, the budget unchanged
+    and unsaved); the same budget again, or none, is the usual no-op."""
+    import json
+
+    s = make_settings(state_dir, pg_dsn)
+    try:
+        mooncake(s, "start", "--memory-limit", "768MiB", check=True)
+        r = mooncake(s, "start", "--memory-limit", "256MiB")
+        msg = r.stderr.strip()
+        assert r.returncode == 1 and len(msg.splitlines()) == 1, (r.stdout, r.stderr)
+        assert "memory limit 768.0 MiB" in msg and "mooncake stop" in msg and "256.0 MiB" in msg, msg
+        assert json.loads((state_dir / "settings.json").read_text())["memory_limit"] == 768 * MiB
+        assert "memory: limit 768.0 MiB" in mooncake(s, "status", check=True).stdout
+        mooncake(s, "start", "--memory-limit", "768MiB", check=True)
+        mooncake(s, "start", check=True)
+    finally:
+        mooncake(s, "stop")
+
+
 def test_sigkill_while_spilled_converges(pg_dsn, state_dir):
     """SIGKILL the service while a committed large transaction is spilled (being decoded or applied
     from its file), start it again: the leftover spill file is removed, the slot resends the

@@ -63,6 +63,7 @@ def query_cut(
     try:
         check_read_only(sql, con)
         info = CutInfo(tag, lsn)
+        without: list[str] = []  # mirrors of the namespace the cut does not hold
         for ident in catalog.list_tables(namespace):
             name = ident[-1]
             if tables is not None and name not in tables:
@@ -72,6 +73,7 @@ def query_cut(
             if ref is None:
                 if tables is not None:
                     raise LookupError(f"table {name} has no cut {tag} (taken before it was mirrored, or expired)")
+                without.append(name)
                 continue
             snap = tbl.metadata.snapshot_by_id(ref.snapshot_id)
             info.tables[name] = ref.snapshot_id
@@ -79,7 +81,11 @@ def query_cut(
             con.register(name, tbl.scan(snapshot_id=ref.snapshot_id).to_arrow())
         if not info.tables:
             raise LookupError(f"no table has the cut {tag} (see `mooncake list-cuts`)")
-        return con.execute(sql).to_arrow_table(), info
+        try:
+            return con.execute(sql).to_arrow_table(), info
+        except duckdb.CatalogException as e:
+            _not_in_cut(e, without, info)
+            raise
     finally:
         con.close()
 
@@ -129,3 +135,15 @@ def _small_types(table: pa.Table) -> pa.Table:
 def _flush_lsn(snapshot: Snapshot) -> Lsn | None:
     text = snapshot.summary.additional_properties.get(SUMMARY_FLUSH_LSN) if snapshot.summary else None
     return Lsn.parse(text) if text else None
+
+
+def _not_in_cut(e: duckdb.CatalogException, without: list[str], info: CutInfo) -> None:
+    """``LookupError`` naming the mirror when DuckDB's "Table with name X does not exist" is a mirror
+    that exists but is not in the cut (a cut of some tables, or one taken before it was mirrored)."""
+    msg = str(e).lower()  # DuckDB names are case-insensitive; it echoes the name as the SQL spelt it
+    for name in without:
+        if f"table with name {name.lower()} does not exist" in msg:
+            raise LookupError(
+                f"table {name} is not in the cut {info.tag} (the cut holds {', '.join(sorted(info.tables))}: "
+                f"it was taken of some tables, or before {name} was mirrored, or {name}'s tag expired)"
+            ) from None

@@ -107,7 +107,13 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
     def _dispatch(self, kind: str, b: dict[str, Any]) -> Any:
         s = self.service
         if kind == "ping":
-            return {"ok": True, "pid": os.getpid(), "maintenance": s.config.maintenance, "source": source_label(s.dsn)}
+            return {
+                "ok": True,
+                "pid": os.getpid(),
+                "maintenance": s.config.maintenance,
+                "memory_limit": s.memory.limit,
+                "source": source_label(s.dsn),
+            }
         if kind == "verify_now":  # the scheduled verify, now (see verifier.py); returns {table: result}
             return s.verifier.run_once(b.get("tables") or None)
         if kind == "status":
