@@ -68,7 +68,10 @@ def main_options(
         "several sources, each its own state directory (docs/sources.md)",
     ),
     source: str | None = typer.Option(
-        None, "--source", metavar="NAME", help="The source of the sources file a command works on"
+        None,
+        "--source",
+        metavar="NAME",
+        help="The source of the sources file a command works on (before the command: mooncake --source NAME sync)",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
@@ -696,12 +699,19 @@ CHANGE_FORMATS = ("table", "csv", "json", "parquet")
 @app.command()
 def changes(
     dst: str = typer.Argument(..., help="The mirror (see `mooncake list-tables`)"),
-    since: str = typer.Option(..., "--since", metavar="LSN", help="First LSN of the range (X/Y), included"),
+    since: str = typer.Option(
+        ...,
+        "--since",
+        metavar="LSN",
+        help="First LSN of the range (X/Y or a cut tag lsn-X-Y), included. It must be a cut: a snapshot's "
+        "LSN (list-tables' flush_lsn, the B that --until persisted printed, a list-cuts LSN) or one in the "
+        "buffer window",
+    ),
     until: str | None = typer.Option(
         None,
         "--until",
         metavar="LSN",
-        help="End of the range (X/Y), excluded; 'persisted': the table's current Iceberg snapshot "
+        help="End of the range (X/Y or lsn-X-Y), excluded; 'persisted': the table's current Iceberg snapshot "
         "(a cursor that stays valid); default: the source's current LSN once applied "
         "(read-your-writes; with --no-wait what the service has applied)",
     ),
@@ -710,7 +720,9 @@ def changes(
     max_wait: float = typer.Option(
         30.0, "--max-wait", metavar="SECONDS", min=0.0, help="How long to wait for an LSN not applied yet"
     ),
-    no_wait: bool = typer.Option(False, "--no-wait", help="Without --until: end at what the service applied now"),
+    no_wait: bool = typer.Option(
+        False, "--no-wait", help="End at what the service applied now (instead of the source's current LSN); excludes --until"
+    ),
 ):
     """The rows that changed in DST between two LSNs: the table's columns plus _change (insert|delete)
     and _commit_lsn (X/Y, empty where only the persisted interval is known). See docs/changes.md.
@@ -724,13 +736,11 @@ def changes(
 
     if fmt not in CHANGE_FORMATS:
         fail(f"--format must be one of {', '.join(CHANGE_FORMATS)}, not {fmt!r}", code=2)
-    for opt, value in (("--since", since), ("--until", until)):
-        if value is None or (opt == "--until" and value == "persisted"):
-            continue
-        try:
-            Lsn.parse(value)
-        except (ValueError, TypeError):
-            fail(f"{opt} {value!r} is not an LSN: expected two hexadecimal numbers as X/Y, e.g. 0/16B3748", code=2)
+    if until is not None and no_wait:
+        fail(f"--no-wait and --until {until} exclude each other (--no-wait only chooses the end of the range)", code=2)
+    since = _change_lsn("--since", since)
+    if until not in (None, "persisted"):
+        until = _change_lsn("--until", until)
     if until not in (None, "persisted") and Lsn.parse(since) > Lsn.parse(until):
         fail(f"--since {since} is after --until {until}", code=2)
     if fmt == "parquet" and output is None and sys.stdout.isatty():
@@ -761,6 +771,20 @@ def changes(
         f"changes of {dst} in [{head['since']}, {head['until']}): {ins} inserts, {feed.num_rows - ins} deletes",
         highlight=False,
     )
+
+
+def _change_lsn(opt: str, value: str) -> str:
+    """``value`` of ``changes``' ``opt`` as an LSN ``X/Y``: an LSN, or a cut tag ``lsn-X-Y`` (exit 2 otherwise)."""
+    from .engine.iceberg.cuts import parse_cut_tag
+    from .engine.lsn import Lsn
+
+    try:
+        return str(Lsn.parse(value))
+    except (ValueError, TypeError):
+        lsn = parse_cut_tag(value)
+    if lsn is None:
+        fail(f"{opt} {value!r} is not an LSN: expected X/Y (two hexadecimal numbers, e.g. 0/16B3748) or a cut tag lsn-X-Y", code=2)
+    return str(lsn)
 
 
 @app.command("sql-server")
@@ -795,7 +819,8 @@ def sql_server(
 
     Every statement is a union read (SELECT/EXPLAIN; writes get SQLSTATE 25006), read-your-writes
     unless the session says SET mooncake.read = 'applied'. Authentication: SCRAM-SHA-256.
-    Connect with: psql "host=127.0.0.1 port=5433 user=NAME dbname=mooncake". See docs/sql-server.md."""
+    Connect with: psql "host=127.0.0.1 port=5433 user=NAME dbname=mooncake". With a sources file one
+    server serves one source: mooncake --source NAME sql-server. See docs/sql-server.md."""
     import os
     import signal
 
@@ -1257,7 +1282,35 @@ def bench(
     raise typer.Exit(run_bench(CTX.settings, quick=quick, json_file=json_file, plots=plots, suites=suite))
 
 
+def _misplaced_main_option(argv: list[str]) -> str | None:
+    """The one-line error for a ``mooncake`` option given after the command (``mooncake sync --source
+    shop``), which click would only call "No such option"; None when ``argv`` has no such option."""
+    import click
+
+    group = typer.main.get_command(app)
+    takes_value = {o for p in group.params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] or argv[i] not in takes_value else 2
+    if i >= len(argv) or not isinstance(group, click.Group) or (cmd := group.commands.get(argv[i])) is None:
+        return None
+    if isinstance(cmd, click.Group):  # `mooncake pg …`: its commands have options of their own
+        return None
+    own = {o for p in cmd.params for o in getattr(p, "opts", ())}
+    main_opts = {o for p in group.params for o in getattr(p, "opts", ()) if o.startswith("--")}
+    for arg in argv[i + 1 :]:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name in main_opts and name not in own:
+            return f"{name} is an option of mooncake itself: give it before the command (mooncake {name} … {argv[i]} …)"
+    return None
+
+
 def main():
+    if (msg := _misplaced_main_option(sys.argv[1:])) is not None:
+        err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+        raise SystemExit(2)
     app()
 
 

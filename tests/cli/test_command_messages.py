@@ -128,3 +128,34 @@ def test_verify_with_a_reader_of_the_persisted_table_says_when_changes_are_not_p
         assert "vp (public.vp): match" in out, out
     finally:
         mooncake(s, "stop")
+
+
+def test_a_main_option_after_the_command_and_bad_changes_ranges_are_one_line(state_dir):
+    """``mooncake sync --source shop`` says where --source goes (click only said "No such option"); a
+    command's own option of the same name is left alone. ``changes`` refuses --no-wait with --until (it
+    waited for --until all the same) and names both accepted forms of an LSN. All before any service."""
+    s = make_settings(state_dir, "postgresql://localhost/none")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mooncake_assets.cli", *args], capture_output=True, text=True, cwd=REPO
+        )
+
+    for args, name in ((["sync", "--source", "shop"], "--source"), (["status", "--config=m.yaml"], "--config")):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert f"error: {name} is an option of mooncake itself: give it before the command" in r.stderr
+        assert f"mooncake {name} … {args[0]} …" in r.stderr
+    r = cli("--state-dir", str(s.state_dir), "list-tables", "--bogus")
+    assert r.returncode == 2 and "is an option of mooncake itself" not in r.stderr  # click's own error
+
+    base = ["--state-dir", str(s.state_dir), "--dsn", s.dsn, "changes", "t"]
+    r = cli(*base, "--since", "0/1", "--until", "5/0", "--no-wait")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "--no-wait and --until 5/0 exclude each other" in r.stderr
+    for bad in ("lsn-0-xyz", "0-1"):
+        r = cli(*base, "--since", bad)
+        assert r.returncode == 2 and f"--since '{bad}' is not an LSN: expected X/Y" in r.stderr
+        assert "or a cut tag lsn-X-Y" in r.stderr
+    r = cli(*base, "--since", "lsn-0-20", "--until", "0/10")
+    assert r.returncode == 2 and "--since 0/20 is after --until 0/10" in r.stderr  # the tag read as its LSN
