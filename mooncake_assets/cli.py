@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from .commands import CTX, call, console, create_with_progress, err, fail, run_verify, service_client
+from .commands import CTX, call, console, create_with_progress, err, fail, n_rows, run_verify, service_client
 from .config import load_settings
 
 app = typer.Typer(
@@ -354,7 +354,7 @@ def _status_one() -> bool:
         v = t.get("verify") or {}
         console.print(
             f"  {t['name']}: {t.get('state')}; last verify: "
-            + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "none yet")
+            + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "not yet")
             + "".join(f"; warning: {w}" for w in t.get("warnings") or []),
             highlight=False,
             soft_wrap=True,
@@ -464,7 +464,7 @@ def _sync_one(src, dry_run: bool) -> None:
             err.print(f"  (source {src.name}: {qualified} → {dst})", highlight=False)
             CTX.failed = True
             continue
-        print(f"  mirrored {res['source']} as {dst}: {res['rows']} rows copied at LSN {res['copy_lsn']}", flush=True)
+        print(f"  mirrored {res['source']} as {dst}: {n_rows(res['rows'])} copied at LSN {res['copy_lsn']}", flush=True)
     if client is not None:
         client.close()
 
@@ -523,7 +523,7 @@ def create_table(
             stop_service(CTX.settings)
         raise
     console.print(
-        f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
+        f"mirrored {res['source']} as {res['table']}: {n_rows(res['rows'])} copied at LSN {res['copy_lsn']} "
         f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})"
     )
     if res.get("text_columns"):
@@ -688,7 +688,7 @@ def query(
         fail(str(e).splitlines()[0] + hint)
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    sys.stdout.write(FORMATS[fmt](res))
+    sys.stdout.write(FORMATS[fmt](_postgres_names(sql, res)))
     sys.stdout.flush()
     _query_notes(reader, no_wait)
 
@@ -921,9 +921,20 @@ def _query_cut(sql: str, cut: str, fmt: str) -> None:
         fail(str(e).strip("'\""))
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    sys.stdout.write(FORMATS[fmt](res))
+    sys.stdout.write(FORMATS[fmt](_postgres_names(sql, res)))
     sys.stdout.flush()
     err.print(f"read the cut {info.tag} (LSN {info.lsn}): {', '.join(sorted(info.tables))}", highlight=False)
+
+
+def _postgres_names(sql: str, res):
+    """``res`` with the column names Postgres would give ``sql``'s select list (``count(*)`` -> ``count``,
+    not DuckDB's ``count_star()``), as the sql-server names them; unchanged where they cannot be placed."""
+    from .engine.read.pgwire.parsed import Parser
+
+    names = Parser(keep=1).parse(sql).output_names(res.num_columns)
+    if not names:
+        return res
+    return res.rename_columns([new or old for new, old in zip(names, res.column_names)])
 
 
 def _query_notes(reader, no_wait: bool) -> None:
@@ -968,7 +979,7 @@ def _refuse_if_stopped() -> None:
 
 def _maint(op: str, dst: str, **kw):
     res = call(service_client(), op, table=dst, **kw)
-    console.print(f"{op.replace('_', '-')} {dst}: " + ", ".join(f"{k}={v}" for k, v in res.items()))
+    console.print(f"{op.replace('_', '-')} {dst}: " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in res.items()))
 
 
 @app.command()

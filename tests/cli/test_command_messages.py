@@ -159,3 +159,24 @@ def test_a_main_option_after_the_command_and_bad_changes_ranges_are_one_line(sta
         assert "or a cut tag lsn-X-Y" in r.stderr
     r = cli(*base, "--since", "lsn-0-20", "--until", "0/10")
     assert r.returncode == 2 and "--since 0/20 is after --until 0/10" in r.stderr  # the tag read as its LSN
+
+
+def test_one_row_is_one_row_and_persist_seconds_are_rounded(pg_dsn, state_dir):
+    """One copied row reads "1 row copied" (not "1 rows"), verify says "source 1 row", status says
+    "not yet" as list-tables does, and persist's seconds are rounded to the millisecond."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE one (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO one VALUES (1, 'a')")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    try:
+        out = mooncake(s, "create-table", "one", "public.one", check=True).stdout
+        assert "1 row copied at LSN" in out, out
+        status = mooncake(s, "status").stdout
+        assert "one: " in status and "last verify: not yet" in status and "none yet" not in status, status
+        v = mooncake(s, "verify", "one", check=True).stdout
+        assert "source 1 row, mirror 1 row" in v, v
+        persist = mooncake(s, "persist", "one", check=True).stdout
+        secs = persist.split("seconds=")[1].split(",")[0].split()[0]
+        assert len(secs.split(".")[-1]) <= 3, persist
+    finally:
+        mooncake(s, "stop")
