@@ -721,7 +721,9 @@ def changes(
         30.0, "--max-wait", metavar="SECONDS", min=0.0, help="How long to wait for an LSN not applied yet"
     ),
     no_wait: bool = typer.Option(
-        False, "--no-wait", help="End at what the service applied now (instead of the source's current LSN); excludes --until"
+        False,
+        "--no-wait",
+        help="End at what the service applied now (instead of the source's current LSN); excludes --until",
     ),
 ):
     """The rows that changed in DST between two LSNs: the table's columns plus _change (insert|delete)
@@ -783,7 +785,10 @@ def _change_lsn(opt: str, value: str) -> str:
     except (ValueError, TypeError):
         lsn = parse_cut_tag(value)
     if lsn is None:
-        fail(f"{opt} {value!r} is not an LSN: expected X/Y (two hexadecimal numbers, e.g. 0/16B3748) or a cut tag lsn-X-Y", code=2)
+        fail(
+            f"{opt} {value!r} is not an LSN: expected X/Y (two hexadecimal numbers, e.g. 0/16B3748) or a cut tag lsn-X-Y",
+            code=2,
+        )
     return str(lsn)
 
 
@@ -979,7 +984,10 @@ def _refuse_if_stopped() -> None:
 
 def _maint(op: str, dst: str, **kw):
     res = call(service_client(), op, table=dst, **kw)
-    console.print(f"{op.replace('_', '-')} {dst}: " + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in res.items()))
+    console.print(
+        f"{op.replace('_', '-')} {dst}: "
+        + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in res.items())
+    )
 
 
 @app.command()

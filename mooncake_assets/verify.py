@@ -37,7 +37,6 @@ from .readers import read_mirror, require
 READERS = ("union", *ICEBERG_READERS)
 
 
-
 def _rows(n) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
