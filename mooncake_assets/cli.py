@@ -1311,9 +1311,10 @@ def _misplaced_main_option(argv: list[str]) -> str | None:
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         i += 1 if "=" in argv[i] or argv[i] not in takes_value else 2
-    if i >= len(argv) or not isinstance(group, click.Group) or (cmd := group.commands.get(argv[i])) is None:
+    commands = getattr(group, "commands", None)  # typer's TyperGroup is no click.Group, but has them
+    if i >= len(argv) or not isinstance(commands, dict) or (cmd := commands.get(argv[i])) is None:
         return None
-    if isinstance(cmd, click.Group):  # `mooncake pg …`: its commands have options of their own
+    if hasattr(cmd, "commands"):  # `mooncake pg …`: its commands have options of their own
         return None
     own = {o for p in cmd.params for o in getattr(p, "opts", ())}
     main_opts = {o for p in group.params for o in getattr(p, "opts", ()) if o.startswith("--")}
