@@ -20,6 +20,11 @@
 
 The LSN each mirror input was read at is logged as input metadata (``mooncake/lsn``).
 
+**A run at one cut**: when the run is tagged ``mooncake/cut`` (a cut tag ``lsn-X-Y`` or its LSN
+``X/Y``; ``jobs/cuts.py`` schedules such runs), every non-incremental mirror input of every step is
+read at that cut's Iceberg snapshot instead (``engine/read/cuts.py:read_snapshot``), with the same
+projection and partition filters, so all the run's assets see one LSN.
+
 Built on dagster-duckdb's extension points only: the I/O manager is dagster-duckdb's ``DbIOManager``
 with the type handlers of ``type_handlers.py`` and :class:`MirrorDbClient`, whose connection for a
 mirror input holds the union read (the names Dagster does not export come from
