@@ -252,7 +252,7 @@ def _run_cut(context: dg.InputContext) -> str | None:
     from mooncake_assets.engine.iceberg.cuts import parse_cut_tag
 
     try:
-        tag = context.step_context.run_tags.get(CUT_TAG)
+        tag = context.step_context.dagster_run.tags.get(CUT_TAG)
     except Exception:  # an input context built outside a run (tests)
         return None
     if not tag:
