@@ -43,8 +43,8 @@ def test_schedule_cut_pins_every_step_of_the_run(mc):
     assets = _assets(mc.dsn, seen)
     job = dg.define_asset_job("totals", selection=[a.key for a in assets])
     schedule = build_cut_schedule(job, "0 * * * *")
-    ctx = dg.build_schedule_context(instance=mc.instance, resources={"replication": mc.replication})
-    req = schedule(ctx)
+    with dg.build_schedule_context(instance=mc.instance, resources={"replication": mc.replication}) as ctx:
+        req = schedule(ctx)
     if not isinstance(req, dg.RunRequest):
         req = next(iter(req))
     at_cut = _pg_totals(mc.dsn)  # nothing written since the cut was taken

@@ -39,9 +39,9 @@ def take_cut(replication: ReplicationResource, tables: list[str] | None = None) 
 
 
 def build_cut_schedule(
-    job: dg.UnresolvedAssetJobDefinition | dg.JobDefinition, cron_schedule: str, name: str | None = None
+    job, cron_schedule: str, name: str | None = None
 ) -> dg.ScheduleDefinition:
-    """A schedule (cron, UTC) whose every tick takes a cut (:func:`take_cut`) and requests a run of
+    """A schedule (cron, UTC) whose every tick (``job``: a job definition or ``define_asset_job``'s) takes a cut (:func:`take_cut`) and requests a run of
     ``job`` tagged ``mooncake/cut=<tag>`` (run key: the tag). Needs the ``replication`` resource."""
 
     @dg.schedule(job=job, cron_schedule=cron_schedule, name=name or f"{job.name}_at_cut", execution_timezone="UTC")
