@@ -38,9 +38,7 @@ def take_cut(replication: ReplicationResource, tables: list[str] | None = None) 
     )
 
 
-def build_cut_schedule(
-    job, cron_schedule: str, name: str | None = None
-) -> dg.ScheduleDefinition:
+def build_cut_schedule(job, cron_schedule: str, name: str | None = None) -> dg.ScheduleDefinition:
     """A schedule (cron, UTC) whose every tick (``job``: a job definition or ``define_asset_job``'s) takes a cut (:func:`take_cut`) and requests a run of
     ``job`` tagged ``mooncake/cut=<tag>`` (run key: the tag). Needs the ``replication`` resource."""
 
