@@ -244,6 +244,14 @@ class ReplicatorService:
                 raise MooncakeError(t.error) from None
             return rs.with_(storage=self.storage_hints or None)
 
+    def read_states(self, names: list[str], lsn: int | None = None) -> list[ReadState]:
+        """The :class:`ReadState` of each table in ``names`` at ``lsn`` (None: all applied), taken under
+        one hold of the service lock. The stream applies a committed transaction to all its tables under
+        that lock, so the states of a multi-table read are after the same transactions: a transaction
+        that touched two tables is in both or in neither. Raises as :meth:`read_state`."""
+        with self.lock:
+            return [self.read_state(n, lsn) for n in names]
+
     def changes(
         self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0
     ) -> tuple[Lsn, pa.Table]:
