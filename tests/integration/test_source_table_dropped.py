@@ -52,6 +52,7 @@ def test_dropped_source_table_leaves_a_read_only_mirror(pg_dsn, state_dir):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "kept (public.kept_src): match — source 2 rows, mirror 2 rows" in r.stdout, r.stdout
         assert "gone (public.gone_src): skipped — its source table was dropped" in r.stdout, r.stdout
+        assert "verified: 1/1 tables match" in r.stdout and "(1 read-only, skipped)" in r.stdout, r.stdout
         r = mooncake(s, "list-tables", "--json", check=True)
         listed = {t["name"]: t for t in json.loads(r.stdout)["tables"]}
         assert listed["gone"]["state"] == "read_only"
