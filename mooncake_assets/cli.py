@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from .commands import CTX, call, console, create_with_progress, err, fail, run_verify, service_client
+from .commands import CTX, call, console, create_with_progress, err, fail, n_rows, run_verify, service_client
 from .config import load_settings
 
 app = typer.Typer(
@@ -68,7 +68,10 @@ def main_options(
         "several sources, each its own state directory (docs/sources.md)",
     ),
     source: str | None = typer.Option(
-        None, "--source", metavar="NAME", help="The source of the sources file a command works on"
+        None,
+        "--source",
+        metavar="NAME",
+        help="The source of the sources file a command works on (before the command: mooncake --source NAME sync)",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log more."),
 ):
@@ -351,7 +354,7 @@ def _status_one() -> bool:
         v = t.get("verify") or {}
         console.print(
             f"  {t['name']}: {t.get('state')}; last verify: "
-            + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "none yet")
+            + (f"{v.get('result')} at LSN {v.get('lsn')} ({v.get('at')})" if v else "not yet")
             + "".join(f"; warning: {w}" for w in t.get("warnings") or []),
             highlight=False,
             soft_wrap=True,
@@ -461,7 +464,7 @@ def _sync_one(src, dry_run: bool) -> None:
             err.print(f"  (source {src.name}: {qualified} → {dst})", highlight=False)
             CTX.failed = True
             continue
-        print(f"  mirrored {res['source']} as {dst}: {res['rows']} rows copied at LSN {res['copy_lsn']}", flush=True)
+        print(f"  mirrored {res['source']} as {dst}: {n_rows(res['rows'])} copied at LSN {res['copy_lsn']}", flush=True)
     if client is not None:
         client.close()
 
@@ -520,7 +523,7 @@ def create_table(
             stop_service(CTX.settings)
         raise
     console.print(
-        f"mirrored {res['source']} as {res['table']}: {res['rows']} rows copied at LSN {res['copy_lsn']} "
+        f"mirrored {res['source']} as {res['table']}: {n_rows(res['rows'])} copied at LSN {res['copy_lsn']} "
         f"in {res['seconds']:.1f}s (key: {', '.join(res['key']) or 'whole row'})"
     )
     if res.get("text_columns"):
@@ -685,7 +688,7 @@ def query(
         fail(str(e).splitlines()[0] + hint)
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    sys.stdout.write(FORMATS[fmt](res))
+    sys.stdout.write(FORMATS[fmt](_postgres_names(sql, res)))
     sys.stdout.flush()
     _query_notes(reader, no_wait)
 
@@ -696,12 +699,19 @@ CHANGE_FORMATS = ("table", "csv", "json", "parquet")
 @app.command()
 def changes(
     dst: str = typer.Argument(..., help="The mirror (see `mooncake list-tables`)"),
-    since: str = typer.Option(..., "--since", metavar="LSN", help="First LSN of the range (X/Y), included"),
+    since: str = typer.Option(
+        ...,
+        "--since",
+        metavar="LSN",
+        help="First LSN of the range (X/Y or a cut tag lsn-X-Y), included. It must be a cut: a snapshot's "
+        "LSN (list-tables' flush_lsn, the B that --until persisted printed, a list-cuts LSN) or one in the "
+        "buffer window",
+    ),
     until: str | None = typer.Option(
         None,
         "--until",
         metavar="LSN",
-        help="End of the range (X/Y), excluded; 'persisted': the table's current Iceberg snapshot "
+        help="End of the range (X/Y or lsn-X-Y), excluded; 'persisted': the table's current Iceberg snapshot "
         "(a cursor that stays valid); default: the source's current LSN once applied "
         "(read-your-writes; with --no-wait what the service has applied)",
     ),
@@ -710,7 +720,11 @@ def changes(
     max_wait: float = typer.Option(
         30.0, "--max-wait", metavar="SECONDS", min=0.0, help="How long to wait for an LSN not applied yet"
     ),
-    no_wait: bool = typer.Option(False, "--no-wait", help="Without --until: end at what the service applied now"),
+    no_wait: bool = typer.Option(
+        False,
+        "--no-wait",
+        help="End at what the service applied now (instead of the source's current LSN); excludes --until",
+    ),
 ):
     """The rows that changed in DST between two LSNs: the table's columns plus _change (insert|delete)
     and _commit_lsn (X/Y, empty where only the persisted interval is known). See docs/changes.md.
@@ -724,13 +738,11 @@ def changes(
 
     if fmt not in CHANGE_FORMATS:
         fail(f"--format must be one of {', '.join(CHANGE_FORMATS)}, not {fmt!r}", code=2)
-    for opt, value in (("--since", since), ("--until", until)):
-        if value is None or (opt == "--until" and value == "persisted"):
-            continue
-        try:
-            Lsn.parse(value)
-        except (ValueError, TypeError):
-            fail(f"{opt} {value!r} is not an LSN: expected two hexadecimal numbers as X/Y, e.g. 0/16B3748", code=2)
+    if until is not None and no_wait:
+        fail(f"--no-wait and --until {until} exclude each other (--no-wait only chooses the end of the range)", code=2)
+    since = _change_lsn("--since", since)
+    if until not in (None, "persisted"):
+        until = _change_lsn("--until", until)
     if until not in (None, "persisted") and Lsn.parse(since) > Lsn.parse(until):
         fail(f"--since {since} is after --until {until}", code=2)
     if fmt == "parquet" and output is None and sys.stdout.isatty():
@@ -761,6 +773,23 @@ def changes(
         f"changes of {dst} in [{head['since']}, {head['until']}): {ins} inserts, {feed.num_rows - ins} deletes",
         highlight=False,
     )
+
+
+def _change_lsn(opt: str, value: str) -> str:
+    """``value`` of ``changes``' ``opt`` as an LSN ``X/Y``: an LSN, or a cut tag ``lsn-X-Y`` (exit 2 otherwise)."""
+    from .engine.iceberg.cuts import parse_cut_tag
+    from .engine.lsn import Lsn
+
+    try:
+        return str(Lsn.parse(value))
+    except (ValueError, TypeError):
+        lsn = parse_cut_tag(value)
+    if lsn is None:
+        fail(
+            f"{opt} {value!r} is not an LSN: expected X/Y (two hexadecimal numbers, e.g. 0/16B3748) or a cut tag lsn-X-Y",
+            code=2,
+        )
+    return str(lsn)
 
 
 @app.command("sql-server")
@@ -795,7 +824,8 @@ def sql_server(
 
     Every statement is a union read (SELECT/EXPLAIN; writes get SQLSTATE 25006), read-your-writes
     unless the session says SET mooncake.read = 'applied'. Authentication: SCRAM-SHA-256.
-    Connect with: psql "host=127.0.0.1 port=5433 user=NAME dbname=mooncake". See docs/sql-server.md."""
+    Connect with: psql "host=127.0.0.1 port=5433 user=NAME dbname=mooncake". With a sources file one
+    server serves one source: mooncake --source NAME sql-server. See docs/sql-server.md."""
     import os
     import signal
 
@@ -896,9 +926,20 @@ def _query_cut(sql: str, cut: str, fmt: str) -> None:
         fail(str(e).strip("'\""))
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    sys.stdout.write(FORMATS[fmt](res))
+    sys.stdout.write(FORMATS[fmt](_postgres_names(sql, res)))
     sys.stdout.flush()
     err.print(f"read the cut {info.tag} (LSN {info.lsn}): {', '.join(sorted(info.tables))}", highlight=False)
+
+
+def _postgres_names(sql: str, res):
+    """``res`` with the column names Postgres would give ``sql``'s select list (``count(*)`` -> ``count``,
+    not DuckDB's ``count_star()``), as the sql-server names them; unchanged where they cannot be placed."""
+    from .engine.read.pgwire.parsed import Parser
+
+    names = Parser(keep=1).parse(sql).output_names(res.num_columns)
+    if not names:
+        return res
+    return res.rename_columns([new or old for new, old in zip(names, res.column_names)])
 
 
 def _query_notes(reader, no_wait: bool) -> None:
@@ -943,7 +984,10 @@ def _refuse_if_stopped() -> None:
 
 def _maint(op: str, dst: str, **kw):
     res = call(service_client(), op, table=dst, **kw)
-    console.print(f"{op.replace('_', '-')} {dst}: " + ", ".join(f"{k}={v}" for k, v in res.items()))
+    console.print(
+        f"{op.replace('_', '-')} {dst}: "
+        + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in res.items())
+    )
 
 
 @app.command()
@@ -1257,7 +1301,36 @@ def bench(
     raise typer.Exit(run_bench(CTX.settings, quick=quick, json_file=json_file, plots=plots, suites=suite))
 
 
+def _misplaced_main_option(argv: list[str]) -> str | None:
+    """The one-line error for a ``mooncake`` option given after the command (``mooncake sync --source
+    shop``), which click would only call "No such option"; None when ``argv`` has no such option."""
+    import click
+
+    group = typer.main.get_command(app)
+    takes_value = {o for p in group.params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] or argv[i] not in takes_value else 2
+    commands = getattr(group, "commands", None)  # typer's TyperGroup is no click.Group, but has them
+    if i >= len(argv) or not isinstance(commands, dict) or (cmd := commands.get(argv[i])) is None:
+        return None
+    if hasattr(cmd, "commands"):  # `mooncake pg …`: its commands have options of their own
+        return None
+    own = {o for p in cmd.params for o in getattr(p, "opts", ())}
+    main_opts = {o for p in group.params for o in getattr(p, "opts", ()) if o.startswith("--")}
+    for arg in argv[i + 1 :]:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name in main_opts and name not in own:
+            return f"{name} is an option of mooncake itself: give it before the command (mooncake {name} … {argv[i]} …)"
+    return None
+
+
 def main():
+    if (msg := _misplaced_main_option(sys.argv[1:])) is not None:
+        err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+        raise SystemExit(2)
     app()
 
 

@@ -69,6 +69,11 @@ class Ctx:
 CTX = Ctx()
 
 
+def n_rows(n) -> str:
+    """``"1 row"``, ``"2 rows"``: a row count as a message says it."""
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
 def fail(msg: str, code: int = 1):
     """Print ``error: msg`` on stderr (passwords scrubbed, a password hint added when one is missing)
     and raise ``typer.Exit(code)``."""

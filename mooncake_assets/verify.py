@@ -37,6 +37,10 @@ from .readers import read_mirror, require
 READERS = ("union", *ICEBERG_READERS)
 
 
+def _rows(n) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
 @dataclass
 class TableResult:
     name: str
@@ -58,7 +62,7 @@ class TableResult:
             return f"{self.name}: ERROR {self.error}"
         state = "match" if self.match else "MISMATCH"
         return (
-            f"{self.name} ({self.source}): {state} — source {self.source_rows} rows, mirror {self.mirror_rows} rows"
+            f"{self.name} ({self.source}): {state} — source {_rows(self.source_rows)}, mirror {_rows(self.mirror_rows)}"
             + ("" if self.match else f", {self.missing} missing, {self.extra} extra")
             + (f" (values differ in: {', '.join(self.columns)})" if self.columns else "")
             + (f"; {self.note}" if self.note else "")

@@ -128,3 +128,55 @@ def test_verify_with_a_reader_of_the_persisted_table_says_when_changes_are_not_p
         assert "vp (public.vp): match" in out, out
     finally:
         mooncake(s, "stop")
+
+
+def test_a_main_option_after_the_command_and_bad_changes_ranges_are_one_line(state_dir):
+    """``mooncake sync --source shop`` says where --source goes (click only said "No such option"); a
+    command's own option of the same name is left alone. ``changes`` refuses --no-wait with --until (it
+    waited for --until all the same) and names both accepted forms of an LSN. All before any service."""
+    s = make_settings(state_dir, "postgresql://localhost/none")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mooncake_assets.cli", *args], capture_output=True, text=True, cwd=REPO
+        )
+
+    for args, name in ((["sync", "--source", "shop"], "--source"), (["status", "--config=m.yaml"], "--config")):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert f"error: {name} is an option of mooncake itself: give it before the command" in r.stderr
+        assert f"mooncake {name} … {args[0]} …" in r.stderr
+    r = cli("--state-dir", str(s.state_dir), "list-tables", "--bogus")
+    assert r.returncode == 2 and "is an option of mooncake itself" not in r.stderr  # click's own error
+
+    base = ["--state-dir", str(s.state_dir), "--dsn", s.dsn, "changes", "t"]
+    r = cli(*base, "--since", "0/1", "--until", "5/0", "--no-wait")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "--no-wait and --until 5/0 exclude each other" in r.stderr
+    for bad in ("lsn-0-xyz", "0-1"):
+        r = cli(*base, "--since", bad)
+        assert r.returncode == 2 and f"--since '{bad}' is not an LSN: expected X/Y" in r.stderr
+        assert "or a cut tag lsn-X-Y" in r.stderr
+    r = cli(*base, "--since", "lsn-0-20", "--until", "0/10")
+    assert r.returncode == 2 and "--since 0/20 is after --until 0/10" in r.stderr  # the tag read as its LSN
+
+
+def test_one_row_is_one_row_and_persist_seconds_are_rounded(pg_dsn, state_dir):
+    """One copied row reads "1 row copied" (not "1 rows"), verify says "source 1 row", status says
+    "not yet" as list-tables does, and persist's seconds are rounded to the millisecond."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE one (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO one VALUES (1, 'a')")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    try:
+        out = mooncake(s, "create-table", "one", "public.one", check=True).stdout
+        assert "1 row copied at LSN" in out, out
+        status = mooncake(s, "status").stdout
+        assert "one: " in status and "last verify: not yet" in status and "none yet" not in status, status
+        v = mooncake(s, "verify", "one", check=True).stdout
+        assert "source 1 row, mirror 1 row" in v, v
+        persist = mooncake(s, "persist", "one", check=True).stdout
+        secs = persist.split("seconds=")[1].split(",")[0].split()[0]
+        assert len(secs.split(".")[-1]) <= 3, persist
+    finally:
+        mooncake(s, "stop")

@@ -141,3 +141,27 @@ def test_query_renders_composite_and_hstore_like_psql(pg_dsn, state_dir):
         assert rows[0]["ra"][1] is None and rows[0]["ra"][2] == {"x": None, "y": "b c"}, rows[0]
     finally:
         mooncake(s, "stop")
+
+
+def test_query_names_columns_and_prints_floats_as_psql_does(pg_dsn, state_dir):
+    """``count(*)`` is headed ``count`` (DuckDB calls it ``count_star()``) and a double -1 prints ``-1``
+    (Python's ``-1.0``): the CSV equals psql's for floats across fixed and exponent notation."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE fl (id int PRIMARY KEY, f float8, r real)")
+        c.execute(
+            "INSERT INTO fl VALUES (1, -1, 1), (2, 2.5, -0.5), (3, 1e15, 1e6), (4, 123456789012345, 0.0001),"
+            " (5, 1e-5, 3e-5), (6, '-0', 100000)"
+        )
+    s = make_settings(state_dir, pg_dsn)
+    try:
+        mooncake(s, "create-table", "fl", "public.fl", check=True)
+        for sql in (
+            "SELECT id, f, r FROM fl ORDER BY id",
+            "SELECT count(*), min(f), max(r) AS top, f FROM fl WHERE id < 6 GROUP BY f ORDER BY f",  # -0: DuckDB groups it as 0
+        ):
+            csv = mooncake(s, "query", sql, "--format", "csv", check=True)
+            assert csv.stdout == _psql_csv(pg_dsn, sql), csv.stdout
+        table = mooncake(s, "query", "SELECT count(*) FROM fl", check=True).stdout
+        assert table.splitlines()[0].strip() == "count" and "count_star" not in table, table
+    finally:
+        mooncake(s, "stop")

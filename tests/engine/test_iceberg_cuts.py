@@ -84,3 +84,45 @@ def test_refs_past_max_ref_age_are_dropped(catalog, tmp_path):  # noqa: F811
     assert cuts_to_drop(md, None, ts + 500) == []
     assert cuts_to_drop(md, None, ts + 1500) == ["lsn-0-1"]
     assert cuts_to_drop(md, 1, ts) == ["lsn-0-1"]
+
+
+def test_query_of_a_cut_reads_only_the_tables_its_sql_names(catalog, tmp_path):  # noqa: F811
+    """``query_cut`` scans the tables the statement names (joins, subqueries, CTEs), not every table of the
+    cut: with the other table's data file gone, a query of ``t`` still answers, and one of ``u`` fails."""
+    import os
+    from urllib.parse import urlparse
+
+    from mooncake_assets.engine.iceberg import IcebergMirrorTable
+    from mooncake_assets.engine.read.cuts import query_cut, referenced_tables
+
+    from .test_iceberg import SCHEMA
+
+    data_file = {}
+    for name, ids in (("t", [1, 2, 3]), ("u", [7])):
+        tbl = IcebergMirrorTable.create(catalog, f"ns.{name}", SCHEMA, delete_format="deletion-vectors")
+        (tmp_path / name).mkdir()
+        data_file[name] = Files(tbl, tmp_path / name).add(name, ids)
+        snap = tbl.commit(add_files=[data_file[name]], summary={"mooncake.flush-lsn": "0/100"})
+        tbl.tag(cut_tag(0x100), snap)
+    rows, info = query_cut(catalog, "ns", "lsn-0-100", "SELECT count(*) AS n FROM t JOIN u ON t.id < u.id")
+    assert rows.to_pylist() == [{"n": 3}] and sorted(info.tables) == ["t", "u"]
+    os.remove(urlparse(data_file["u"]).path)  # u can no longer be read
+    for sql in (
+        "SELECT count(*) AS n FROM t",
+        "WITH x AS (SELECT id FROM t) SELECT count(*) AS n FROM x",
+        "SELECT count(*) AS n FROM (SELECT * FROM T WHERE id IN (SELECT id FROM t)) s",
+    ):
+        rows, info = query_cut(catalog, "ns", "0/100", sql)
+        assert rows.to_pylist() == [{"n": 3}], sql
+        assert sorted(info.tables) == ["t", "u"]  # the cut still holds both
+    with pytest.raises(Exception, match="u"):
+        query_cut(catalog, "ns", "0/100", "SELECT * FROM t UNION ALL SELECT * FROM u")
+    import duckdb
+
+    con = duckdb.connect()
+    assert referenced_tables("SELECT 1 FROM a, (SELECT * FROM B) b2 WHERE EXISTS (SELECT 1 FROM c)", con) == {
+        "a",
+        "b",
+        "c",
+    }
+    assert referenced_tables("EXPLAIN SELECT * FROM a", con) is None  # then every table is read

@@ -262,6 +262,12 @@ def test_changes_command(pg_dsn, state_dir):
         mooncake(s, "persist", "cc", check=True)  # the buffer window now starts past the cut's LSN
         r = mooncake(s, "changes", "cc", "--since", cut["lsn"], "--until", "persisted", "--format", "json", check=True)
         assert [(x["id"], x["_change"]) for x in json.loads(r.stdout)] == [(4, "insert")]
+        tag = "lsn-" + cut["lsn"].replace("/", "-")  # the cut's tag names the same LSN
+        by_tag = mooncake(s, "changes", "cc", "--since", tag, "--until", "persisted", "--format", "json", check=True)
+        assert by_tag.stdout == r.stdout and f"changes of cc in [{cut['lsn']}, " in by_tag.stderr
+        assert mooncake(s, "changes", "cc", "--since", tag, "--until", tag, check=True).stderr.startswith(
+            f"changes of cc in [{cut['lsn']}, {cut['lsn']}): 0 inserts"
+        )
 
         # a dropped and re-created mirror: its history starts anew at the new initial copy
         mooncake(s, "drop-table", "cc", check=True)

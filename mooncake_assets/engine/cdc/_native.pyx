@@ -151,15 +151,7 @@ cdef class _TxnBuf:
     cdef public object origin
 
     def __cinit__(self):
-        self.rows = NULL
-        self.cells = NULL
-        self.data = NULL
-        self.nrows = self.caprows = 0
-        self.ncells = self.capcells = self.ndata = self.capdata = 0
-        self.rels = []
-        self.last_rel = None
-        self.last_rel_idx = -1
-        self.truncs = []
+        self._reset()
         self.origin = None
 
     def __dealloc__(self):
@@ -253,6 +245,12 @@ cdef class _TxnBuf:
         free(self.rows)
         free(self.cells)
         free(self.data)
+        self._reset()
+        return 0
+
+    cdef void _reset(self) noexcept:
+        """The empty state (no arrays, no Relations, no TRUNCATEs), shared by ``__cinit__`` and
+        ``release``; the arrays must be freed (or never allocated) before. ``origin`` is kept."""
         self.rows = NULL
         self.cells = NULL
         self.data = NULL
@@ -262,7 +260,6 @@ cdef class _TxnBuf:
         self.last_rel = None
         self.last_rel_idx = -1
         self.truncs = []
-        return 0
 
     @property
     def rows_count(self):

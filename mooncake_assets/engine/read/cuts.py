@@ -8,6 +8,7 @@ deletion vectors and position deletes), each table registered in DuckDB under it
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import duckdb
@@ -62,6 +63,7 @@ def query_cut(
     con = duckdb.connect()
     try:
         check_read_only(sql, con)
+        used = referenced_tables(sql, con)  # None: read every table (a statement DuckDB cannot serialize)
         info = CutInfo(tag, lsn)
         without: list[str] = []  # mirrors of the namespace the cut does not hold
         for ident in catalog.list_tables(namespace):
@@ -78,7 +80,8 @@ def query_cut(
             snap = tbl.metadata.snapshot_by_id(ref.snapshot_id)
             info.tables[name] = ref.snapshot_id
             info.timestamp_ms = max(info.timestamp_ms, snap.timestamp_ms if snap else 0)
-            con.register(name, tbl.scan(snapshot_id=ref.snapshot_id).to_arrow())
+            if used is None or name.lower() in used:  # a table the SQL does not name is never read
+                con.register(name, tbl.scan(snapshot_id=ref.snapshot_id).to_arrow())
         if not info.tables:
             raise LookupError(f"no table has the cut {tag} (see `mooncake list-cuts`)")
         try:
@@ -88,6 +91,31 @@ def query_cut(
             raise
     finally:
         con.close()
+
+
+def referenced_tables(sql: str, con: duckdb.DuckDBPyConnection) -> set[str] | None:
+    """The lower-cased names of every table ``sql`` reads (each ``BASE_TABLE`` of DuckDB's parse tree,
+    ``json_serialize_sql``: FROM clauses, joins, subqueries and CTEs alike; a CTE's own name counts too,
+    which only reads a table more than needed). None when DuckDB cannot serialize the statement (EXPLAIN,
+    a parse error): then the caller must read every table."""
+    try:
+        row = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
+    except duckdb.Error:
+        return None
+    doc = json.loads(row[0]) if row else {"error": True}
+    if doc.get("error"):
+        return None
+    names: set[str] = set()
+    stack: list[object] = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE" and isinstance(node.get("table_name"), str):
+                names.add(node["table_name"].lower())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return names
 
 
 def read_snapshot(

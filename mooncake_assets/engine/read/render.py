@@ -9,7 +9,7 @@ Arrow type                table / csv (Postgres's text output)   json
 null (any type)           empty (csv: an empty field, as psql)   ``null``
 bool                      ``t`` / ``f``                          ``true`` / ``false``
 int*, decimal             digits (decimal keeps its scale)       a JSON number (exact digits)
-float                     shortest round-trip text, ``NaN``,     a JSON number; ``"NaN"``,
+float                     Postgres's digits (-1), ``NaN``,       a JSON number; ``"NaN"``,
                           ``Infinity``, ``-Infinity``            ``"Infinity"``, ``"-Infinity"``
 date                      ``2024-01-31``, ``0044-03-15 BC``,     the same text as a string
                           ``infinity``, ``-infinity``
@@ -37,26 +37,23 @@ import json
 from decimal import Decimal
 from typing import Any, cast
 
-import numpy as np
 import pyarrow as pa
 
 from ..cdc.text_out import TextColumn
+from ..cdc.text_out import float_text as _pg_float_text
 from ..cdc.text_out import scale_to_us as _scale_to_us
 from ..cdc.text_out import timestamp_text as _timestamp_text
 from ..pg.schema import TIMESTAMP_INFINITY
 
 
 def _float_text(x: float, single: bool) -> str:
-    if x != x:
-        return "NaN"
-    if x in (float("inf"), float("-inf")):
-        return "Infinity" if x > 0 else "-Infinity"
-    return str(np.float32(x)) if single else repr(float(x))
+    """Postgres's text of a float (``-1``, ``0.1``, ``1e+300``, ``NaN``, ``-Infinity``): as psql prints it."""
+    return _pg_float_text(x, single)
 
 
 class _Column(TextColumn):
-    """Renders one Arrow column's values (:class:`~..cdc.text_out.TextColumn`): floats as Python's
-    shortest round-trip text (``1.0``), everything else as Postgres prints it; and as JSON."""
+    """Renders one Arrow column's values (:class:`~..cdc.text_out.TextColumn`) as Postgres prints them
+    (floats too: ``-1``, not Python's ``-1.0``); and as JSON."""
 
     def __init__(self, typ: pa.DataType):
         super().__init__(typ)

@@ -59,6 +59,10 @@ class CopyOut:
 
 
 def _literal(raw: str | None) -> str:
+    """The value of one COPY option token: a quoted string literal ``'a''b'`` without its quotes and with
+    doubled quotes undone (``a'b``), any other word as it is, ``""`` for a missing token (None).
+    String constants: https://www.postgresql.org/docs/current/sql-syntax-lexical.html#SQL-SYNTAX-STRINGS
+    (the tokens ``_options`` splits are such literals and plain words)."""
     if raw is None:
         return ""
     if raw.startswith("'"):
