@@ -3,8 +3,6 @@ second source's mirror (loaded through ``io_manager__metrics``, its output store
 ``io_manager``) reads only the changes after its first run, its cursor advances, and its result equals
 Postgres's (two real databases, two real services, assets materialized in-process)."""
 
-from __future__ import annotations
-
 import dagster as dg
 import duckdb
 import pyarrow as pa
