@@ -114,104 +114,22 @@ class ChaosResult:
         )
 
 
-class _Run:
-    """One seeded chaos run: the source tables, the service, the random steps and the checks.
+class _Workload:
+    """The seeded statements of a chaos run: inserts, updates, deletes, schema changes and a big
+    transaction over ``TABLES``, each returned as SQL text for ``_Run.txn``.
 
-    The class is over 400 lines on purpose: it is the test harness of one run, and its steps, kills and
-    checks share one state (the seeded RNG, the connections, the service, the op log written to the case
-    file); split across classes they would pass that state around without making a run easier to read.
+    A base of ``_Run``: it reads the run's RNG (``rng``), source connection (``conn``), id counter
+    (``next_id``) and the columns the run added (``extra``, ``ncol``, ``widened``), which ``_Run``
+    sets; the statements depend only on them and the source's rows, so a seed replays.
     """
 
-    def __init__(
-        self,
-        seed: int,
-        steps: int,
-        base_dsn: str,
-        workdir: Path,
-        phase: int,
-        log,
-        schema_rate: float = 0.0,
-        jitter: bool = False,
-    ):
-        from .config import load_settings
-
-        self.rng = random.Random(seed)
-        self.res = ChaosResult(seed, steps, jitter=jitter)
-        self.starts = 0  # services started so far: each gets its own jitter sequence
-        self.phase = phase
-        self.log = log
-        self.ops: list[str] = []
-        self.db = f"chaos_{seed}_{uuid.uuid4().hex[:6]}"
-        with psycopg.connect(base_dsn, autocommit=True) as c:
-            c.execute(f"CREATE DATABASE {self.db}")
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        d = conninfo_to_dict(base_dsn)
-        self.plain_dsn = make_conninfo(**{**d, "dbname": self.db})
-        d["options"] = (d.get("options", "") + " -c logical_decoding_work_mem=64kB").strip()
-        d["dbname"] = self.db
-        self.dsn = make_conninfo(**d)
-        self.base_dsn = base_dsn
-        self.state = workdir
-        self.settings = load_settings(workdir, dsn=self.dsn)
-        self.res.mode = "auto" if seed % 3 == 0 else "dagster"
-        self.settings.maintenance = self.res.mode
-        self.settings.persist_interval_s = 1.0
-        self.settings.save()
-        self.conn = psycopg.connect(self.plain_dsn, autocommit=True)
-        self.client = None
-        self.next_id = 10_000
-        self.open_stream: psycopg.Connection | None = None
-        self.parts = 2
-        self.schema_rate = schema_rate
-        self.extra: dict[str, list[list[str]]] = {}  # table -> [[column, type]] added by the run
-        self.ncol = 0
-        self.widened: set[str] = set()
-
-    # -- plumbing ---------------------------------------------------------------------------------
-    def sql(self, q: str, params=None):
-        self.ops.append(q if params is None else f"{q} -- {params!r}")
-        cur = self.conn.execute(q, params)
-        return cur.fetchall() if cur.description else None
-
-    def txn(self, stmts: list, rollback: bool = False):
-        self.ops.append(("ROLLBACK: " if rollback else "TXN: ") + " ; ".join(stmts))
-        with self.conn.transaction(force_rollback=rollback):
-            for s in stmts:
-                self.conn.execute(s)
-        self.res.transactions += 1
-
-    def start(self):
-        from .engine.service import ServiceClient
-        from .engine.service.process import start_service
-
-        # the service gets the jitter seed in its environment (seed.start: a restart has a sequence of its own)
-        start_service(
-            self.settings, extra_env={"MOONCAKE_JITTER": f"{self.res.seed}.{self.starts}"} if self.res.jitter else None
-        )
-        self.starts += 1
-        if self.client is not None:
-            self.client.close()
-        self.client = ServiceClient(self.settings.socket_path)
-
-    def kill(self, during: str | None = None):
-        from .engine.service.process import kill_service
-
-        if during:
-            th = threading.Thread(target=self._quiet_call, args=(during, self.rng.choice(TABLES)), daemon=True)
-            th.start()
-            time.sleep(self.rng.random() * 0.3)
-        kill_service(self.settings)
-        self.ops.append(f"-- SIGKILL the service{' during ' + during if during else ''}")
-        self.res.kills += 1
-        time.sleep(0.2)
-        self.start()
-
-    def _quiet_call(self, action, table):
-        try:
-            self.client.call(action, table=table, timeout=30)
-        except Exception:
-            pass
+    rng: random.Random
+    conn: psycopg.Connection
+    next_id: int
+    extra: dict[str, list[list[str]]]
+    ncol: int
+    widened: set[str]
+    parts: int  # partitions of the partitioned table
 
     def count(self, table: str) -> int:
         return self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
@@ -403,6 +321,105 @@ class _Run:
             f"INSERT INTO c_comp SELECT 1000 + g % 50, 'big' || g, g FROM generate_series({lo}, {lo + 2999}) g",
             "UPDATE c_comp SET v = -v WHERE a BETWEEN 1000 AND 1010",
         ]
+
+
+class _Run(_Workload):
+    """One seeded chaos run: the source tables, the service, the random steps and the checks.
+
+    Its statements come from ``_Workload``; the steps, kills and checks here share one state (the
+    seeded RNG, the connections, the service, the op log written to the case file).
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        steps: int,
+        base_dsn: str,
+        workdir: Path,
+        phase: int,
+        log,
+        schema_rate: float = 0.0,
+        jitter: bool = False,
+    ):
+        from .config import load_settings
+
+        self.rng = random.Random(seed)
+        self.res = ChaosResult(seed, steps, jitter=jitter)
+        self.starts = 0  # services started so far: each gets its own jitter sequence
+        self.phase = phase
+        self.log = log
+        self.ops: list[str] = []
+        self.db = f"chaos_{seed}_{uuid.uuid4().hex[:6]}"
+        with psycopg.connect(base_dsn, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {self.db}")
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        d = conninfo_to_dict(base_dsn)
+        self.plain_dsn = make_conninfo(**{**d, "dbname": self.db})
+        d["options"] = (d.get("options", "") + " -c logical_decoding_work_mem=64kB").strip()
+        d["dbname"] = self.db
+        self.dsn = make_conninfo(**d)
+        self.base_dsn = base_dsn
+        self.state = workdir
+        self.settings = load_settings(workdir, dsn=self.dsn)
+        self.res.mode = "auto" if seed % 3 == 0 else "dagster"
+        self.settings.maintenance = self.res.mode
+        self.settings.persist_interval_s = 1.0
+        self.settings.save()
+        self.conn = psycopg.connect(self.plain_dsn, autocommit=True)
+        self.client = None
+        self.next_id = 10_000
+        self.open_stream: psycopg.Connection | None = None
+        self.parts = 2
+        self.schema_rate = schema_rate
+        self.extra: dict[str, list[list[str]]] = {}  # table -> [[column, type]] added by the run
+        self.ncol = 0
+        self.widened: set[str] = set()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def sql(self, q: str, params=None):
+        self.ops.append(q if params is None else f"{q} -- {params!r}")
+        cur = self.conn.execute(q, params)
+        return cur.fetchall() if cur.description else None
+
+    def txn(self, stmts: list, rollback: bool = False):
+        self.ops.append(("ROLLBACK: " if rollback else "TXN: ") + " ; ".join(stmts))
+        with self.conn.transaction(force_rollback=rollback):
+            for s in stmts:
+                self.conn.execute(s)
+        self.res.transactions += 1
+
+    def start(self):
+        from .engine.service import ServiceClient
+        from .engine.service.process import start_service
+
+        # the service gets the jitter seed in its environment (seed.start: a restart has a sequence of its own)
+        start_service(
+            self.settings, extra_env={"MOONCAKE_JITTER": f"{self.res.seed}.{self.starts}"} if self.res.jitter else None
+        )
+        self.starts += 1
+        if self.client is not None:
+            self.client.close()
+        self.client = ServiceClient(self.settings.socket_path)
+
+    def kill(self, during: str | None = None):
+        from .engine.service.process import kill_service
+
+        if during:
+            th = threading.Thread(target=self._quiet_call, args=(during, self.rng.choice(TABLES)), daemon=True)
+            th.start()
+            time.sleep(self.rng.random() * 0.3)
+        kill_service(self.settings)
+        self.ops.append(f"-- SIGKILL the service{' during ' + during if during else ''}")
+        self.res.kills += 1
+        time.sleep(0.2)
+        self.start()
+
+    def _quiet_call(self, action, table):
+        try:
+            self.client.call(action, table=table, timeout=30)
+        except Exception:
+            pass
 
     def schema_step(self):
         stmts = self.stmt_schema()  # a schema change + a row change that carries it

@@ -94,6 +94,72 @@ def _compaction_summary(runs: list[dict]) -> dict:
     }
 
 
+def _measure(client, expected: dict, ref: duckdb.DuckDBPyConnection, repeat: int) -> dict:
+    """One maintenance state of the scratch table ``bench``: its file/index/delete counts and each query
+    of ``QUERIES`` timed through the union read next to the clean Parquet copy ``ref`` (rotated rounds,
+    medians of ``repeat``, wall ms and a CPU ratio). Raises ``RuntimeError`` when a union read's answer
+    differs from ``expected`` {query: rows}."""
+    from ..engine.read import UnionReader
+
+    st = {t["name"]: t for t in client.status()["tables"]}["bench"]
+    r = UnionReader(client)
+    union, ref_ms, cpu_ratio = {}, {}, {}
+    for q, sql in QUERIES.items():
+        sql = sql.format(t="bench")
+        got = r.query(sql, tables=["bench"])
+        if [tuple(x.values()) for x in got.to_pylist()] != expected[q]:
+            raise RuntimeError(f"maintenance bench: union read {q} differs from the clean copy")
+        # rotated rounds, so both sides see the same machine load; medians, wall and CPU
+        cpu: dict = {}
+        times, _ = interleaved(
+            {"union": lambda: r.query(sql, tables=["bench"]), "clean": lambda: ref.execute(sql).fetchall()},
+            repeat,
+            cpu=cpu,
+        )
+        union[q], ref_ms[q] = round(1000 * med(times["union"]), 2), round(1000 * med(times["clean"]), 2)
+        cpu_ratio[q] = round(med(cpu["union"]) / med(cpu["clean"]), 2) if med(cpu["clean"]) else None
+    return {
+        "data_files": st["data_files"],
+        "index_blocks": st["index_blocks"],
+        "deleted_rows": st["deleted_rows"],
+        "live_rows": st["live_rows"],
+        "union_ms": union,
+        "clean_ms": ref_ms,
+        "ratio_vs_clean": {q: round(union[q] / max(ref_ms[q], 1e-3), 2) for q in QUERIES},
+        "cpu_ratio_vs_clean": cpu_ratio,
+    }
+
+
+def _sizes(quick: bool) -> tuple[int, int, int, int]:
+    """(rows, batches, updates per batch, repetitions) for the run (see ``run_maintenance_bench``)."""
+    if os.environ.get("MOONCAKE_BENCH_SIZE") == "tiny":  # the test that keeps the bench from rotting
+        return 20_000, 4, 1_000, 2
+    if quick:
+        return 100_000, 10, 5_000, 5
+    return 1_000_000, 20, 25_000, 7
+
+
+def _maintain(client, states: dict, out: dict, measure) -> list[dict]:
+    """Index merge, the compaction policy to its fixpoint, then a full compaction, measuring each state
+    into ``states`` and the merge/full-compaction reports into ``out``; returns the policy's runs."""
+    merge = client.call("merge_index", table="bench", full=True)
+    keys = ("blocks_in", "blocks_out", "entries_in", "entries_out", "dead_entries_dropped", "seconds", "lock_seconds")
+    out["index_merge"] = {k: merge.get(k) for k in keys}
+    states["index_merge_only"] = measure()
+    runs = []
+    for _ in range(8):  # the policy, to its fixpoint
+        r = client.call("compact", table="bench")
+        if not r.get("compacted"):
+            break
+        runs.append(r)
+    states["compacted"] = measure()
+    full = client.call("compact", table="bench", full=True)
+    fkeys = ("files_in", "files_out", "rows_in", "rows_out", "deleted_rows_dropped", "seconds", "lock_seconds")
+    out["full_compaction"] = {k: full.get(k) for k in fkeys}
+    states["compacted_full"] = measure()
+    return runs
+
+
 def run_maintenance_bench(settings, quick: bool) -> dict:
     """Run the maintenance benchmark (module docstring) against ``settings``' source Postgres.
 
@@ -106,20 +172,14 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
     runs, see the module docstring), ``full_compaction``, ``ingest_seconds``, ``seconds``.
     Raises ``RuntimeError`` when the scratch service cannot start; scratch state is removed either way.
 
-    It stays one function on purpose: a linear script whose steps (ingest, reference copy, each
-    maintenance state measured in turn) share the scratch service, its client, the source table and the
-    clean reference, all torn down by the one ``finally``.
+    The steps share the scratch service, its client, the source table and the clean reference, all
+    torn down by the one ``finally``.
     """
     from ..engine.read import UnionReader
     from ..engine.service import ServiceClient
     from ..engine.service.process import start_service, stop_service
 
-    if os.environ.get("MOONCAKE_BENCH_SIZE") == "tiny":  # the test that keeps the bench from rotting
-        rows, batches, per_batch, repeat = 20_000, 4, 1_000, 2
-    elif quick:
-        rows, batches, per_batch, repeat = 100_000, 10, 5_000, 5
-    else:
-        rows, batches, per_batch, repeat = 1_000_000, 20, 25_000, 7
+    rows, batches, per_batch, repeat = _sizes(quick)
     t_start = time.time()
     dsn = settings.source_dsn()
     tag = uuid.uuid4().hex[:8]
@@ -174,62 +234,10 @@ def run_maintenance_bench(settings, quick: bool) -> dict:
         expected = {q: ref.execute(sql.format(t="bench")).fetchall() for q, sql in QUERIES.items()}
 
         def measure() -> dict:
-            st = {t["name"]: t for t in client.status()["tables"]}["bench"]
-            r = UnionReader(client)
-            union, ref_ms, cpu_ratio = {}, {}, {}
-            for q, sql in QUERIES.items():
-                sql = sql.format(t="bench")
-                got = r.query(sql, tables=["bench"])
-                if [tuple(x.values()) for x in got.to_pylist()] != expected[q]:
-                    raise RuntimeError(f"maintenance bench: union read {q} differs from the clean copy")
-                # rotated rounds, so both sides see the same machine load; medians, wall and CPU
-                cpu: dict = {}
-                times, _ = interleaved(
-                    {"union": lambda: r.query(sql, tables=["bench"]), "clean": lambda: ref.execute(sql).fetchall()},
-                    repeat,
-                    cpu=cpu,
-                )
-                union[q], ref_ms[q] = round(1000 * med(times["union"]), 2), round(1000 * med(times["clean"]), 2)
-                cpu_ratio[q] = round(med(cpu["union"]) / med(cpu["clean"]), 2) if med(cpu["clean"]) else None
-            return {
-                "data_files": st["data_files"],
-                "index_blocks": st["index_blocks"],
-                "deleted_rows": st["deleted_rows"],
-                "live_rows": st["live_rows"],
-                "union_ms": union,
-                "clean_ms": ref_ms,
-                "ratio_vs_clean": {q: round(union[q] / max(ref_ms[q], 1e-3), 2) for q in QUERIES},
-                "cpu_ratio_vs_clean": cpu_ratio,
-            }
+            return _measure(client, expected, ref, repeat)
 
         states = {"no_maintenance": measure()}
-        merge = client.call("merge_index", table="bench", full=True)
-        out["index_merge"] = {
-            k: merge.get(k)
-            for k in (
-                "blocks_in",
-                "blocks_out",
-                "entries_in",
-                "entries_out",
-                "dead_entries_dropped",
-                "seconds",
-                "lock_seconds",
-            )
-        }
-        states["index_merge_only"] = measure()
-        runs = []
-        for _ in range(8):  # the policy, to its fixpoint
-            r = client.call("compact", table="bench")
-            if not r.get("compacted"):
-                break
-            runs.append(r)
-        states["compacted"] = measure()
-        full = client.call("compact", table="bench", full=True)
-        out["full_compaction"] = {
-            k: full.get(k)
-            for k in ("files_in", "files_out", "rows_in", "rows_out", "deleted_rows_dropped", "seconds", "lock_seconds")
-        }
-        states["compacted_full"] = measure()
+        runs = _maintain(client, states, out, measure)
         out["states"] = states
         out["compaction"] = _compaction_summary(runs)
         out["seconds"] = round(time.time() - t_start, 2)
