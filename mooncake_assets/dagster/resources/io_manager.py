@@ -59,7 +59,7 @@ from mooncake_assets.dagster.compat import (
 )
 from mooncake_assets.engine.service import ServiceError
 
-from .incremental import CursorKeeper, is_incremental
+from .incremental import CursorKeeper, asset_database, is_incremental
 from .replication import ReplicationResource
 from .type_handlers import default_type_handlers
 
@@ -95,7 +95,7 @@ class MirrorDbClient(DbClient):
         """dagster-duckdb's; then, when the step has cursors to commit, a transaction opens for the
         output and the cursors (committed by :meth:`connect`)."""
         DuckDbClient.delete_table_slice(context, table_slice, connection)
-        if self.cursors.pending(_step_key(context)):
+        if self.cursors.pending(_step_key(context), asset_database(context)):
             connection.execute("BEGIN TRANSACTION")
             self._in_txn.add(id(connection))
 
@@ -178,9 +178,10 @@ class MirrorDbClient(DbClient):
                 raise
             if id(con) in self._in_txn:
                 self._in_txn.discard(id(con))
-                self.cursors.commit(con, step, f"{table_slice.schema}.{table_slice.table}", step[0] if step else "")
+                output = f"{table_slice.schema}.{table_slice.table}"
+                self.cursors.commit(con, step, output, step[0] if step else "", asset_database(context))
                 con.execute("COMMIT")
-                self.cursors.forget(step)
+                self.cursors.forget(step, asset_database(context))
 
     def load_changes(self, context: dg.InputContext):
         """An incremental input (:mod:`.incremental`): the mirror's changes since the cursor of (op, input)."""
