@@ -361,12 +361,11 @@ class ReplicatorService:
         ``memory`` (:meth:`.memory.MemoryBudget.status` plus ``spilled``: transactions applied from a
         spill file since the start) and ``backpressure`` (the stream has stopped reading: over budget)."""
         src_lsn = self._source_lsn()
-        if src_lsn is not None:
-            self._check_source_tables()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
         if src_lsn is not None:
             self.stream.lag.record(src_lsn, now)
+            self._check_source_tables()  # after the lag's two reads: its round trip must not come between them
         with self.lock:
             tables: list[dict[str, Any]] = []
             for name, meta in self.registry["tables"].items():
