@@ -69,3 +69,13 @@ def run_sql(dsn: str, *stmts: str):
             cur = c.execute(s)
             out = cur.fetchall() if cur.description else None
         return out
+
+
+def service_tables(settings: Settings) -> dict:
+    """The running service's ``status()`` tables by name, straight from its socket (for polling: no
+    CLI start-up per look)."""
+    c = ServiceClient(settings.socket_path)
+    try:
+        return {t["name"]: t for t in c.status()["tables"]}
+    finally:
+        c.close()

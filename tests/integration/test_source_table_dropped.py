@@ -8,17 +8,10 @@ import json
 import psycopg
 import pytest
 
-from mooncake_assets.engine.service import ServiceClient
 from mooncake_assets.engine.service.process import stop_service
-from tests.helpers import make_settings, mooncake
+from tests.helpers import make_settings, mooncake, service_tables
 
-
-def _status(settings) -> dict:
-    c = ServiceClient(settings.socket_path)
-    try:
-        return {t["name"]: t for t in c.status()["tables"]}
-    finally:
-        c.close()
+_status = service_tables
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 from mooncake_assets.config import load_settings
 from mooncake_assets.engine.service import ServiceClient
 from mooncake_assets.engine.service.process import service_pid, start_service, stop_service
-from tests.helpers import make_settings, mooncake, running_service, wait_until
+from tests.helpers import make_settings, mooncake, running_service, service_tables, wait_until
 
 
 def _tables(settings) -> dict:
@@ -23,13 +23,7 @@ def _tables(settings) -> dict:
     return {t["name"]: t for t in json.loads(r.stdout)["tables"]}
 
 
-def _status(settings) -> dict:
-    """The same document straight from the service (for polling: no CLI start-up per look)."""
-    c = ServiceClient(settings.socket_path)
-    try:
-        return {t["name"]: t for t in c.status()["tables"]}
-    finally:
-        c.close()
+_status = service_tables
 
 
 # ------------------------------------------------------------------------------------------ item 1
