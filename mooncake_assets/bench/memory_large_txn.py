@@ -69,9 +69,7 @@ def _one_round(db: BenchDatabase, sizes: Sizes, scratch: Path, r: int, rl_first:
     rows, table, pub, slot = sizes.large_txn_rows, f"big_{r}", f"p_big_{r}", f"s_big_{r}_rl"
     db.execute(DDL.format(t=table))
     db.execute(FILL.format(t=table, rows=rows))
-    settings = Settings(
-        state_dir=scratch, dsn=db.dsn, maintenance="auto", memory_limit=sizes.large_txn_memory_limit
-    )
+    settings = Settings(state_dir=scratch, dsn=db.dsn, maintenance="auto", memory_limit=sizes.large_txn_memory_limit)
     settings.save()
     start_service(settings)
     client = ServiceClient(settings.socket_path)
@@ -142,8 +140,7 @@ def run_large_txn_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict:
         "recvlogical_seconds_per_million_rows": rl / (rows / 1e6),
         "ratio": rl / ours,
         "cpu_seconds_per_million_rows": med([x["cpu_seconds"] for x in rounds]) / (rows / 1e6),
-        "recvlogical_cpu_seconds_per_million_rows": med([x["recvlogical_cpu_seconds"] for x in rounds])
-        / (rows / 1e6),
+        "recvlogical_cpu_seconds_per_million_rows": med([x["recvlogical_cpu_seconds"] for x in rounds]) / (rows / 1e6),
         "spilled": min(x["spilled"] or 0 for x in rounds),
         "verify_match": all(x["verify_match"] for x in rounds),
         "per_round": rounds,
