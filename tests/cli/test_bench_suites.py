@@ -76,6 +76,7 @@ def test_memory_suite_times_a_large_update_against_recvlogical(pg_cluster, state
     the mirror equals Postgres after every round."""
     doc = _bench(make_settings(state_dir, pg_cluster.dsn()), state_dir, monkeypatch, "memory")
     lt, tiny = doc["memory"]["large_txn"], SIZES["tiny"]
+    print({k: v for k, v in lt.items() if k != "per_round"}, lt["per_round"])
     for k in LARGE_TXN_KEYS:
         assert lt[k] > 0, (k, lt)
     assert lt["rows"] == tiny.large_txn_rows and lt["memory_limit_bytes"] == tiny.large_txn_memory_limit
