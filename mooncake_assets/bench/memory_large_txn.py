@@ -15,8 +15,8 @@ walsenders stream the transaction in chunks, pgoutput protocol 2 with ``streamin
    slot, timed from launch until it exits; CPU = its user + system time (``getrusage`` of children);
 4. ``ours``: the service is started again and timed from launch (process start and loading the mirror
    included: ``startup_seconds`` is the part until it answers its socket, about 5 s on a loaded 2-CPU
-   machine, which dominates at the tiny size) until ``wait_lsn(end)`` answers, i.e. every row of the transaction is applied and visible to
-   a union read; CPU = the service's ``utime + stime`` (``/proc/<pid>/stat``, proc(5)); peak RSS = its
+   machine, which dominates at the tiny size) until ``wait_lsn(end)`` answers, i.e. every row of the
+   transaction is applied and visible to a union read; CPU = the service's ``utime + stime`` (``/proc/<pid>/stat``, proc(5)); peak RSS = its
    ``VmHWM`` (``/proc/<pid>/status``) at that moment, before anything else reads; ``spilled`` = the
    transactions it spilled (``status`` ``memory.spilled``);
 5. the mirror is compared with Postgres (``verify``, union read) and the service is stopped.
