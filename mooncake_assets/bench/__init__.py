@@ -187,7 +187,6 @@ def _run_suite(suite: str, doc: dict, settings, admin_dsn, sizes, quick: bool, l
         doc["union_read"] = run_union_read_bench(sizes, log=log)
     elif suite == "memory":
         from .memory import run_memory_bench
-
         from .memory_large_txn import run_large_txn_bench
 
         doc.setdefault("memory", {}).update(run_memory_bench(admin_dsn, sizes, log=log))
