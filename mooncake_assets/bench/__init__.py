@@ -6,7 +6,8 @@ initial copy vs ``COPY TO STDOUT``), ``freshness`` (commit → visible under pgb
 v3 table both read by DuckDB's ``iceberg_scan``, and vs an engine-optimal equality-delete model),
 ``maintenance``
 (:func:`.maintenance.run_maintenance_bench`), ``memory`` (service RSS per buffered row, index bytes per
-row), ``index`` (:func:`mooncake_assets.engine.index.bench.run_index_bench`) and ``sysbench``
+row, and one UPDATE of every row of a table applied under a memory budget vs ``pg_recvlogical``:
+:mod:`.memory_large_txn`), ``index`` (:func:`mooncake_assets.engine.index.bench.run_index_bench`) and ``sysbench``
 (replication lag under sysbench's ``oltp_update_index`` and ``oltp_insert``, and the catch-up until a
 read-your-writes query answers after the load: :mod:`.sysbench`). Each runs against the
 configured Postgres (the embedded one by default) in scratch databases and state directories that it
@@ -37,6 +38,8 @@ SUITES = ("ingest", "freshness", "union_read", "maintenance", "memory", "index",
 PG_SUITES = {"ingest", "freshness", "memory", "maintenance", "sysbench"}
 SYSBENCH_WORKLOADS = ("oltp_update_index", "oltp_insert")
 INGEST_KEYS = ("narrow", "wide", "narrow_large", "wide_large", "updates", "deletes")
+#: figures of ``memory.large_txn`` (one UPDATE of every row under a memory budget: :mod:`.memory_large_txn`)
+LARGE_TXN_KEYS = ("peak_rss_bytes", "seconds_per_million_rows", "ratio")
 
 # (dotted key, comparison, target, what it means)
 TARGETS = [
@@ -78,6 +81,7 @@ REQUIRED_KEYS = [
     *[f"union_read.scan.speedup_vs_equality_deletes_model.{d}" for d in ("d1", "d10", "d30")],
     "memory.service_rss_bytes_per_million_rows",
     "memory.index_bytes_per_row",
+    *[f"memory.large_txn.{f}" for f in LARGE_TXN_KEYS],
     *[f"sysbench.{w}.{f}" for w in SYSBENCH_WORKLOADS for f in ("tps", "catch_up_seconds")],
     "machine",
 ]
@@ -183,8 +187,10 @@ def _run_suite(suite: str, doc: dict, settings, admin_dsn, sizes, quick: bool, l
         doc["union_read"] = run_union_read_bench(sizes, log=log)
     elif suite == "memory":
         from .memory import run_memory_bench
+        from .memory_large_txn import run_large_txn_bench
 
         doc.setdefault("memory", {}).update(run_memory_bench(admin_dsn, sizes, log=log))
+        doc["memory"]["large_txn"] = run_large_txn_bench(admin_dsn, sizes, log=log)
     elif suite == "maintenance":
         try:
             from .maintenance import run_maintenance_bench

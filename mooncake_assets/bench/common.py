@@ -44,6 +44,9 @@ class Sizes:
     ingest_seed_rows: int = 100_000  # rows the updates/deletes shapes start from (not timed)
     sysbench_rows: int = 100_000  # rows of the sysbench table
     sysbench_seconds: int = 60  # seconds each sysbench workload runs
+    large_txn_rows: int = 2_000_000  # rows updated by the memory suite's one large transaction
+    large_txn_rounds: int = 3  # rounds of it (the two consumers going first in turn; medians)
+    large_txn_memory_limit: int = 512 << 20  # the service's memory budget for it (bytes)
 
 
 SIZES = {
@@ -68,6 +71,17 @@ for _size, (_irounds, _seed, _sb_rows, _sb_s) in {
 }.items():
     SIZES[_size] = replace(
         SIZES[_size], ingest_rounds=_irounds, ingest_seed_rows=_seed, sysbench_rows=_sb_rows, sysbench_seconds=_sb_s
+    )
+
+
+# the memory suite's large transaction: rows, rounds, the service's memory budget, by size
+for _size, (_lt_rows, _lt_rounds, _lt_limit) in {
+    "full": (2_000_000, 3, 512 << 20),
+    "quick": (300_000, 3, 128 << 20),
+    "tiny": (20_000, 2, 128 << 20),
+}.items():
+    SIZES[_size] = replace(
+        SIZES[_size], large_txn_rows=_lt_rows, large_txn_rounds=_lt_rounds, large_txn_memory_limit=_lt_limit
     )
 
 

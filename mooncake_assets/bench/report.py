@@ -229,6 +229,18 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
             f"Index: {_f(mem.get('index_bytes_per_row'))} bytes per row on disk.",
             "",
         ]
+        lt = mem.get("large_txn")
+        if lt:
+            lines += [
+                f"One UPDATE of {_f(lt.get('rows'))} rows under a {_f((lt.get('memory_limit_bytes') or 0) / 2**20)} MiB "
+                f"budget: peak RSS {_f((lt.get('peak_rss_bytes') or 0) / 2**20)} MiB, "
+                f"{_f(lt.get('seconds_per_million_rows'))} s per million rows (pg_recvlogical "
+                f"{_f(lt.get('recvlogical_seconds_per_million_rows'))}), ratio {_f(lt.get('ratio'))}; CPU s per "
+                f"million rows {_f(lt.get('cpu_seconds_per_million_rows'))} "
+                f"({_f(lt.get('recvlogical_cpu_seconds_per_million_rows'))}); spilled {lt.get('spilled')}, "
+                f"mirror matches {lt.get('verify_match')}.",
+                "",
+            ]
     ix = doc.get("index")
     if ix and "skipped" not in ix:
         lines += [

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from mooncake_assets.bench import INGEST_KEYS, SUITES, SYSBENCH_WORKLOADS, run_bench
+from mooncake_assets.bench import INGEST_KEYS, LARGE_TXN_KEYS, SUITES, SYSBENCH_WORKLOADS, run_bench
 from mooncake_assets.bench.common import SIZES
 from mooncake_assets.config import Settings
 
@@ -67,6 +67,28 @@ def test_ingest_suite_has_every_shape_with_cpu_per_row_from_rotated_rounds(pg_cl
     assert ing["deletes"]["rows_applied"] == 1 and ing["deletes"]["mirror_live_rows"] == seed - n + 1
     assert [k for k in doc["missing_keys"] if k.startswith("ingest.")] == []
     assert "updates" in doc["_md"] and "CPU µs/row" in doc["_md"]
+
+
+@pytest.mark.slow
+def test_memory_suite_times_a_large_update_against_recvlogical(pg_cluster, state_dir, monkeypatch):
+    """One UPDATE of every row under a memory budget, applied by a service process: peak RSS (VmHWM),
+    seconds per million rows and the ratio to pg_recvlogical on the same WAL, from rotated rounds, and
+    the mirror equals Postgres after every round."""
+    doc = _bench(make_settings(state_dir, pg_cluster.dsn()), state_dir, monkeypatch, "memory")
+    lt, tiny = doc["memory"]["large_txn"], SIZES["tiny"]
+    print({k: v for k, v in lt.items() if k != "per_round"}, lt["per_round"])
+    for k in LARGE_TXN_KEYS:
+        assert lt[k] > 0, (k, lt)
+    assert lt["rows"] == tiny.large_txn_rows and lt["memory_limit_bytes"] == tiny.large_txn_memory_limit
+    assert lt["rounds"] == tiny.large_txn_rounds == len(lt["per_round"])
+    assert [r["first"] for r in lt["per_round"]] == ["recvlogical", "ours"][: tiny.large_txn_rounds]
+    for r in lt["per_round"]:
+        assert r["seconds"] > 0 and r["recvlogical_seconds"] > 0 and r["cpu_seconds"] > 0, r
+        assert r["peak_rss_bytes"] > 0 and r["verify_match"] is True, r
+    assert lt["verify_match"] is True
+    assert lt["cpu_seconds_per_million_rows"] > 0 and lt["recvlogical_cpu_seconds_per_million_rows"] >= 0
+    assert [k for k in doc["missing_keys"] if k.startswith("memory.")] == []
+    assert "One UPDATE of" in doc["_md"]
 
 
 def test_bench_help_lists_every_suite(state_dir):
