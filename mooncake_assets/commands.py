@@ -194,6 +194,9 @@ def run_verify(tables, reader: str, settings: Settings | None = None) -> int:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for r in results:
         print(r.line(), flush=True)
-    ok = sum(r.match for r in results)
-    print(f"verified: {ok}/{len(results)} tables match at LSN {lsn}", flush=True)
-    return 0 if ok == len(results) and results else 1
+    skipped = [r for r in results if r.skipped]  # read-only mirrors of dropped source tables
+    checked = [r for r in results if not r.skipped]
+    ok = sum(r.match for r in checked)
+    tail = f" ({len(skipped)} read-only, skipped)" if skipped else ""
+    print(f"verified: {ok}/{len(checked)} tables match at LSN {lsn}{tail}", flush=True)
+    return 0 if ok == len(checked) and results else 1

@@ -53,8 +53,11 @@ class TableResult:
     error: str | None = None
     columns: list | None = None  # on a mismatch: the columns whose values differ (as multisets)
     note: str | None = None  # on a mismatch: what explains it (e.g. the mirror is stopped by an error)
+    skipped: str | None = None  # not compared, and why (a read-only mirror whose source table was dropped)
 
     def line(self) -> str:
+        if self.skipped:
+            return f"{self.name} ({self.source}): skipped — {self.skipped}"
         if self.error:
             return f"{self.name}: ERROR {self.error}"
         state = "match" if self.match else "MISMATCH"
@@ -204,9 +207,12 @@ def verify(
 
     last_err = None
     stopped: dict[str, str] = {}  # mirrors stopped by an error (a mismatch is then explained by it)
+    dropped: set[str] = set()  # read-only mirrors whose source table was dropped: nothing to compare with
     if client is not None:
         try:
-            stopped = {t["name"]: t.get("error") or "" for t in client.status()["tables"] if t.get("state") == "error"}
+            tables = client.status()["tables"]
+            stopped = {t["name"]: t.get("error") or "" for t in tables if t.get("state") == "error"}
+            dropped = {t["name"] for t in tables if t.get("source_dropped")}
         except Exception:
             stopped = {}
     for attempt in range(attempts):
@@ -223,6 +229,10 @@ def verify(
             with psycopg.connect(with_options(dsn)) as conn:
                 for name in names:
                     src_name = reg[name]["source"]
+                    if name in dropped:
+                        why = "its source table was dropped; the mirror is read-only (drop-table removes it)"
+                        results.append(TableResult(name, src_name, True, 0, 0, 0, 0, skipped=why))
+                        continue
                     try:
                         schema = describe_table(
                             conn, src_name, column_types=reg[name].get("column_types"), exclude=reg[name].get("exclude")

@@ -227,3 +227,41 @@ def test_lazy_bitmaps_live_in_a_duckdb_table_rewritten_only_when_the_vectors_cha
     assert r.query(sql, lsn="0/10")["n"][0].as_py() == 3000 + 5000 + 4000 + 3000
     assert "t" not in r._dv_tables
     assert not r.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '__mc_dv_t'").fetchone()[0]
+
+
+@pytest.mark.parametrize("mode", ["lazy", "arrow"])
+def test_small_in_memory_rows_are_a_duckdb_table_rewritten_only_when_they_change(table, mode, monkeypatch):
+    """A long-lived reader holds a small buffer as a DuckDB temp table (no Arrow scan per query), kept
+    while the rows are equal, written again when they change (same row count, other values) and
+    replaced by the registered Arrow table when the buffer grows past MEM_TABLE_ROWS; every query
+    returns the rows of its own buffer and the view's column types never change."""
+    import mooncake_assets.engine.read.union as union
+
+    client, expected = table
+    rs, mem = client.tables["t"]
+    files_rows = expected.slice(0, expected.num_rows - mem.num_rows)
+    r = UnionReader(client, mode=mode)
+    sql = "SELECT * FROM t"
+
+    def check(buf: pa.Table) -> None:
+        client.tables["t"] = (rs, buf)
+        got = r.query(sql, lsn="0/10")
+        assert _sorted(got) == _sorted(pa.concat_tables([files_rows, buf]))
+
+    check(mem)
+    types = r.con.execute("DESCRIBE t").fetchall()
+    assert "ARROW_SCAN" not in r.con.execute("EXPLAIN SELECT sum(val) FROM __mc_memt_t").fetchall()[0][1]
+    held = r._mem_tables["t"]
+    check(_rows(np.arange(20000, 20500), 9))  # equal rows, another Arrow object: the table stays
+    assert r._mem_tables["t"] is held
+    check(_rows(np.arange(20000, 20500), 8))  # same count, other values: written again
+    assert r._mem_tables["t"] is not held
+    assert r.source_types("t") == {}
+    monkeypatch.setattr(union, "MEM_TABLE_ROWS", 100)
+    check(mem)  # past the limit: the Arrow table, and the temp table goes
+    assert "t" not in r._mem_tables
+    assert not r.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '__mc_memt_t'").fetchone()[0]
+    assert r.con.execute("DESCRIBE t").fetchall() == types
+    check(mem.slice(0, 0))
+    check(mem.slice(0, 50))
+    assert r.con.execute("DESCRIBE t").fetchall() == types

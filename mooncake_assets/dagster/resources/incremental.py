@@ -22,11 +22,16 @@ has history for, or a stored output that is gone) is the whole table read from t
 the same DuckDB transaction as the output table, so the stored output and the cursor always belong
 together; a step that fails before that leaves the cursor where it was and the next run reads the
 same changes again (up to a later ``until``). The output's table is recorded with the cursor, and
-the next load passes it back as :attr:`MirrorChanges.previous`.
+the next load passes it back as :attr:`MirrorChanges.previous`. Pending cursors are kept per process
+(:data:`_PENDING`), not per I/O manager: with a sources file each source's mirrors load through that
+source's I/O manager (``io_manager__<source>``) while the downstream asset's output is usually
+stored by another (``io_manager``); whichever Mooncake I/O manager stores the step's output commits
+the cursors read from the same asset database.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -171,25 +176,73 @@ def _history_gone(e: Exception) -> bool:
     return "no changes before" in text or "is not a cut" in text
 
 
+class _PendingCursors:
+    """Cursors read by steps still running, waiting for their output: ``(run id, step key)`` → rows
+    ``{"op", "input", "mirror", "lsn", "database"}`` (``database``: the asset database the cursor was
+    read from, where it must be written back). One per process, shared by every I/O manager."""
+
+    def __init__(self):
+        self._rows: dict[tuple[str, str], list[dict[str, str]]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, step: tuple[str, str] | None, database: str | None = None) -> list[dict[str, str]]:
+        """The step's rows (of ``database`` only, when given)."""
+        if step is None:
+            return []
+        with self._lock:
+            rows = list(self._rows.get(step, []))
+        return rows if database is None else [r for r in rows if r["database"] == database]
+
+    def put(self, step: tuple[str, str], row: dict[str, str]) -> None:
+        """Add ``row``, replacing the step's row of the same input."""
+        with self._lock:
+            mine = [p for p in self._rows.get(step, []) if p["input"] != row["input"]]
+            self._rows[step] = [*mine, row]
+
+    def drop(self, step: tuple[str, str] | None, database: str | None = None) -> None:
+        """Forget the step's rows (of ``database`` only, when given)."""
+        if step is None:
+            return
+        with self._lock:
+            left = [] if database is None else [r for r in self._rows.get(step, []) if r["database"] != database]
+            if left:
+                self._rows[step] = left
+            else:
+                self._rows.pop(step, None)
+
+
+_PENDING = _PendingCursors()
+
+
+def asset_database(context: dg.InputContext | dg.OutputContext) -> str | None:
+    """The asset database of the I/O manager handling ``context`` (its ``database`` config)."""
+    try:
+        return str(context.resource_config["database"])
+    except Exception:  # a context built outside a run
+        return None
+
+
 class CursorKeeper:
     """The incremental side of the I/O manager: loads :class:`MirrorChanges` and commits cursors.
 
     ``replication``: the :class:`~mooncake_assets.dagster.resources.replication.ReplicationResource`.
     Per step (``(run id, step key)``) it keeps the cut LSN its incremental inputs end at (when there
-    are several) and the cursors waiting for the step's output; :meth:`commit` writes those in the
-    output's DuckDB transaction, :meth:`forget` drops them."""
+    are several); the cursors waiting for the step's output are kept per process (:data:`_PENDING`):
+    :meth:`commit` writes those of the output's asset database in the output's DuckDB transaction,
+    :meth:`forget` drops them."""
 
     def __init__(self, replication):
         self._replication = replication
         self._until: dict[tuple[str, str], str] = {}  # step -> the consistent cut its incremental inputs end at
-        self._pending: dict[tuple[str, str], list[dict[str, str]]] = {}
         self._catalog = None
 
-    def pending(self, step: tuple[str, str] | None) -> list[dict[str, str]]:
-        return self._pending.get(step, []) if step else []
+    @staticmethod
+    def pending(step: tuple[str, str] | None, database: str | None = None) -> list[dict[str, str]]:
+        """The step's cursors waiting for its output (read from ``database`` only, when given)."""
+        return _PENDING.of(step, database)
 
-    def forget(self, step: tuple[str, str] | None) -> None:
-        self._pending.pop(step, None)
+    def forget(self, step: tuple[str, str] | None, database: str | None = None) -> None:
+        _PENDING.drop(step, database)
         self._until.pop(step, None)
 
     def _step_cut(self, context: dg.InputContext, step: tuple[str, str] | None) -> str | None:
@@ -254,15 +307,23 @@ class CursorKeeper:
             data, at = self.snapshot(table, until, columns)
             out = MirrorChanges(table, None, at, as_inserts(data), None)
         if step is not None:
-            mine = [p for p in self._pending.get(step, []) if p["input"] != context.name]
-            self._pending[step] = [*mine, {"op": op, "input": context.name, "mirror": table, "lsn": out.until}]
+            row = {
+                "op": op,
+                "input": context.name,
+                "mirror": table,
+                "lsn": out.until,
+                "database": asset_database(context),
+            }
+            _PENDING.put(step, row)
         _input_metadata(context, out)
         return out
 
-    def commit(self, con: duckdb.DuckDBPyConnection, step, output: str, run_id: str) -> None:
-        """Write the step's pending cursors with ``output`` (``schema.table``) on ``con`` (inside the
-        output's transaction), then forget them."""
-        rows = self._pending.get(step)
+    def commit(
+        self, con: duckdb.DuckDBPyConnection, step, output: str, run_id: str, database: str | None = None
+    ) -> None:
+        """Write the step's pending cursors read from ``database`` (None: all) with ``output``
+        (``schema.table``) on ``con``, inside the output's transaction."""
+        rows = _PENDING.of(step, database)
         if rows:
             write_cursors(con, rows, output, run_id)
 

@@ -20,6 +20,11 @@
 
 The LSN each mirror input was read at is logged as input metadata (``mooncake/lsn``).
 
+**A run at one cut**: when the run is tagged ``mooncake/cut`` (a cut tag ``lsn-X-Y`` or its LSN
+``X/Y``; ``jobs/cuts.py`` schedules such runs), every non-incremental mirror input of every step is
+read at that cut's Iceberg snapshot instead (``engine/read/cuts.py:read_snapshot``), with the same
+projection and partition filters, so all the run's assets see one LSN.
+
 Built on dagster-duckdb's extension points only: the I/O manager is dagster-duckdb's ``DbIOManager``
 with the type handlers of ``type_handlers.py`` and :class:`MirrorDbClient`, whose connection for a
 mirror input holds the union read (the names Dagster does not export come from
@@ -54,11 +59,12 @@ from mooncake_assets.dagster.compat import (
 )
 from mooncake_assets.engine.service import ServiceError
 
-from .incremental import CursorKeeper, is_incremental
+from .incremental import CursorKeeper, asset_database, is_incremental
 from .replication import ReplicationResource
 from .type_handlers import default_type_handlers
 
 MIRROR_TABLE = "mooncake/table"  # definition metadata that marks a mirror asset (value: the mirror's name)
+CUT_TAG = "mooncake/cut"  # run tag: every mirror input of the run is read at this consistent cut (lsn-X-Y or X/Y)
 
 
 class MirrorDbClient(DbClient):
@@ -89,7 +95,7 @@ class MirrorDbClient(DbClient):
         """dagster-duckdb's; then, when the step has cursors to commit, a transaction opens for the
         output and the cursors (committed by :meth:`connect`)."""
         DuckDbClient.delete_table_slice(context, table_slice, connection)
-        if self.cursors.pending(_step_key(context)):
+        if self.cursors.pending(_step_key(context), asset_database(context)):
             connection.execute("BEGIN TRANSACTION")
             self._in_txn.add(id(connection))
 
@@ -115,6 +121,11 @@ class MirrorDbClient(DbClient):
             with DuckDbClient.connect(context, table_slice) as con:
                 yield con
             return
+        cut = _run_cut(context)
+        if cut is not None:
+            with self._lock, self._cut_connection(context, table, table_slice, cut) as con:
+                yield con
+            return
         with self._lock:
             if self._reader is None:
                 self._reader = self._replication.union_reader(read_your_writes=self._read_your_writes)
@@ -126,6 +137,31 @@ class MirrorDbClient(DbClient):
             finally:
                 con.execute(f"DROP VIEW IF EXISTS {_ident(table_slice.schema)}.{_ident(table_slice.table)}")
         _add_read_metadata(context, table, rs)
+
+    @contextmanager
+    def _cut_connection(self, context: dg.InputContext, table: str, table_slice: TableSlice, cut: str):
+        """A private DuckDB connection in which the slice's view is over ``table``'s Iceberg snapshot
+        at the run's cut ``cut`` (:func:`~mooncake_assets.engine.read.cuts.read_snapshot`, no service
+        asked); the input's partition filter applies as for a union read. ``LookupError`` (one line)
+        when the mirror has no snapshot at that cut (not in it, or expired)."""
+        input_dims = [] if table_slice.partition_dimensions else _input_partition_dimensions(context)
+        columns = _read_columns(table_slice.columns, [*(table_slice.partition_dimensions or []), *input_dims])
+        data, at = self.cursors.snapshot(table, cut, columns)
+        con = duckdb.connect()
+        try:
+            con.register("mirror_snapshot", data)
+            over = DuckDbClient.get_select_statement(
+                TableSlice(table="mirror_snapshot", schema="main", partition_dimensions=input_dims)
+            )
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(table_slice.schema)}")
+            con.execute(f"CREATE VIEW {_ident(table_slice.schema)}.{_ident(table_slice.table)} AS {over}")
+            yield con
+        finally:
+            con.close()
+        try:
+            context.add_input_metadata({"mooncake/lsn": at, "mooncake/table": table, "mooncake/cut": cut})
+        except Exception:  # best effort, as _add_read_metadata
+            pass
 
     @contextmanager
     def _output_connection(self, context: dg.OutputContext, table_slice: TableSlice):
@@ -142,9 +178,10 @@ class MirrorDbClient(DbClient):
                 raise
             if id(con) in self._in_txn:
                 self._in_txn.discard(id(con))
-                self.cursors.commit(con, step, f"{table_slice.schema}.{table_slice.table}", step[0] if step else "")
+                output = f"{table_slice.schema}.{table_slice.table}"
+                self.cursors.commit(con, step, output, step[0] if step else "", asset_database(context))
                 con.execute("COMMIT")
-                self.cursors.forget(step)
+                self.cursors.forget(step, asset_database(context))
 
     def load_changes(self, context: dg.InputContext):
         """An incremental input (:mod:`.incremental`): the mirror's changes since the cursor of (op, input)."""
@@ -209,6 +246,22 @@ def _mirror_of(context: dg.InputContext | dg.OutputContext) -> str | None:
         return None
     table = (context.upstream_output.definition_metadata or {}).get(MIRROR_TABLE)
     return str(table) if table else None
+
+
+def _run_cut(context: dg.InputContext) -> str | None:
+    """The LSN (``X/Y``) of the run's ``mooncake/cut`` tag (a cut tag ``lsn-X-Y`` or an LSN), else None."""
+    from mooncake_assets.engine.iceberg.cuts import parse_cut_tag
+
+    try:
+        tag = context.step_context.dagster_run.tags.get(CUT_TAG)
+    except Exception:  # an input context built outside a run (tests)
+        return None
+    if not tag:
+        return None
+    lsn = parse_cut_tag(str(tag))
+    if lsn is None:
+        raise ValueError(f"run tag {CUT_TAG}={tag!r} is not a cut (lsn-X-Y or X/Y; see `mooncake list-cuts`)")
+    return str(lsn)
 
 
 def _add_read_metadata(context: dg.InputContext, table: str, rs: dict) -> None:

@@ -68,6 +68,8 @@ MODES = ("auto", "lazy", "arrow", "anti")
 os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "ignore")
 
 _POOL: ThreadPoolExecutor | None = None
+#: in-memory rows up to this many are held as a DuckDB temp table between queries (UnionReader._keep_mem_table)
+MEM_TABLE_ROWS = 65_536
 PARALLEL_ROWS = 200_000  # read files with deletes in parallel when they hold at least this many rows
 
 
@@ -260,6 +262,8 @@ class UnionReader:
         self._views: dict[str, str] = {}  # view -> the DDL it was created with
         self._infos: dict[str, StatementInfo] = {}
         self._storage: dict[str, Any] | None = None  # the ReadState ``storage`` hints applied to ``con``
+        self._mem: dict[str, pa.Table] = {}  # view -> its in-memory rows (as the service sent them)
+        self._mem_tables: dict[str, pa.Table] = {}  # view -> the rows its __mc_memt_ temp table holds
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
@@ -421,11 +425,15 @@ class UnionReader:
                 objs[name] = _read_masked(dirty, cols, self.cache)
                 parts.append(f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep")
         mem_name = f"__mc_mem_{view}"
-        objs[mem_name] = mem
-        # no in-memory rows: ``WHERE false`` keeps the branch's types in the union (so a view's column types
-        # never depend on whether rows are buffered) while DuckDB's optimizer drops its Arrow scan, which
-        # costs about a millisecond of CPU per query even when empty (bench/delete_paths.py)
-        parts.append(f"SELECT {sel} FROM {_ident(mem_name)}" + (" WHERE false" if mem.num_rows == 0 else ""))
+        self._mem[view] = mem
+        if self._keep_mem_table(view, mem):  # small and non-empty: a DuckDB temp table, no Arrow scan
+            parts.append(f"SELECT {sel} FROM {_ident(f'__mc_memt_{view}')}")
+        else:
+            objs[mem_name] = mem
+            # no in-memory rows: ``WHERE false`` keeps the branch's types in the union (so a view's column
+            # types never depend on whether rows are buffered) while DuckDB's optimizer drops its Arrow
+            # scan, which costs about a millisecond of CPU per query even when empty (bench/delete_paths.py)
+            parts.append(f"SELECT {sel} FROM {_ident(mem_name)}" + (" WHERE false" if mem.num_rows == 0 else ""))
         for name in set(self._objects.get(view, [])) - set(objs):
             self._unregister(name)
         for name, obj in objs.items():
@@ -465,6 +473,35 @@ class UnionReader:
         finally:
             self.con.unregister(src)
         self._dv_tables[view] = (key, dv)
+
+    def _keep_mem_table(self, view: str, mem: pa.Table) -> bool:
+        """Hold a view's in-memory rows ``mem`` as the DuckDB temp table ``__mc_memt_<view>`` when they are
+        non-empty and at most :data:`MEM_TABLE_ROWS` rows; True when they are held so. The table is
+        written again only when the rows differ from the ones it holds (``pa.Table.equals``: same schema,
+        same values): a long-lived reader querying an unchanged buffer then scans a DuckDB table (a
+        fraction of a millisecond) instead of the registered Arrow table (several milliseconds of CPU
+        per query, even for a few rows). Larger buffers stay registered Arrow (copying them would cost
+        more than the scan it saves); the table is dropped then."""
+        name = f"__mc_memt_{view}"
+        held = self._mem_tables.get(view)
+        if mem.num_rows == 0 or mem.num_rows > MEM_TABLE_ROWS:
+            if held is not None:
+                self._drop_mem_table(view)
+            return False
+        if held is not None and held.schema.equals(mem.schema, check_metadata=True) and held.equals(mem):
+            return True
+        src = f"__mc_memsrc_{view}"
+        self.con.register(src, mem)
+        try:
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {_ident(name)} AS SELECT * FROM {_ident(src)}")
+        finally:
+            self.con.unregister(src)
+        self._mem_tables[view] = mem
+        return True
+
+    def _drop_mem_table(self, view: str) -> None:
+        if self._mem_tables.pop(view, None) is not None:
+            self.con.execute(f"DROP TABLE IF EXISTS {_ident(f'__mc_memt_{view}')}")
 
     def _drop_dv_table(self, view: str, name: str) -> None:
         self._dv_tables.pop(view, None)
@@ -543,7 +580,7 @@ class UnionReader:
         """Column name -> the source column's Postgres type (``format_type`` text, the ``pg_type`` field
         metadata of the mirror's schema) of a registered view, as its in-memory rows carry it; {} for a
         view not registered (or rows without the metadata)."""
-        mem = self._registered.get(f"__mc_mem_{view}")
+        mem = self._mem.get(view)
         schema = getattr(mem, "schema", None)
         if schema is None:
             return {}
@@ -565,6 +602,8 @@ class UnionReader:
             self.con.execute(f"DROP VIEW IF EXISTS {_ident(view)}")
             self._views.pop(view, None)
             self._drop_dv_table(view, f"__mc_dv_{view}")
+            self._drop_mem_table(view)
+            self._mem.pop(view, None)
             for name in self._objects.pop(view, []):
                 self._unregister(name)
 

@@ -174,8 +174,8 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
                 names = [n for n in names if n.lower() in wanted]
         lsn = Lsn.parse(b["lsn"]) if b.get("lsn") else None
         states, mems = [], []
-        for name in names:
-            rs = s.read_state(name, lsn)
+        together = getattr(s, "read_states", None)  # one lock hold: a transaction is in every table or none
+        for rs in together(names, lsn) if together is not None else [s.read_state(n, lsn) for n in names]:
             mem = rs.mem
             assert mem is not None  # an in-process ReadState carries its in-memory rows
             states.append(rs.with_(mem_rows=mem.num_rows).to_wire())

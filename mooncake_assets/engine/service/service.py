@@ -76,6 +76,8 @@ class ReplicatorService:
         self._clean_start = False
         self._status_conn: psycopg.Connection[Any] | None = None
         self._source_error: str | None = None  # why the source was not reachable at the last look
+        # mirrors whose source table no longer exists (by oid): read-only, their last state kept
+        self.source_dropped: set[str] = set()
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
 
     # ------------------------------------------------------------------ the parts' state, by its old names
@@ -244,6 +246,14 @@ class ReplicatorService:
                 raise MooncakeError(t.error) from None
             return rs.with_(storage=self.storage_hints or None)
 
+    def read_states(self, names: list[str], lsn: int | None = None) -> list[ReadState]:
+        """The :class:`ReadState` of each table in ``names`` at ``lsn`` (None: all applied), taken under
+        one hold of the service lock. The stream applies a committed transaction to all its tables under
+        that lock, so the states of a multi-table read are after the same transactions: a transaction
+        that touched two tables is in both or in neither. Raises as :meth:`read_state`."""
+        with self.lock:
+            return [self.read_state(n, lsn) for n in names]
+
     def changes(
         self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0
     ) -> tuple[Lsn, pa.Table]:
@@ -281,6 +291,33 @@ class ReplicatorService:
             self._status_conn = None
             self._source_error = (str(e).strip().splitlines() or [type(e).__name__])[0]
             return None
+
+    def _check_source_tables(self) -> None:
+        """Mark the mirrors whose source relation is gone (``DROP TABLE`` at the source: Postgres removes
+        it from the publication and pgoutput sends nothing, PostgreSQL docs "CREATE PUBLICATION") in
+        :attr:`source_dropped`, by looking up their source oids in ``pg_class`` over the status
+        connection, and stop them as the stream's publication watch does (``error`` naming drop-table; the
+        last state stays readable), so no status shows them ``ready`` meanwhile. A mark is kept (a table
+        re-created under the name has another oid). Needs the source reachable; a failed look changes
+        nothing."""
+        oids = {t.schema.oid: t.name for t in list(self.tables.values()) if t.name not in self.source_dropped}
+        if not oids or self._status_conn is None or self._status_conn.closed:
+            return
+        try:
+            rows = self._status_conn.execute(
+                "SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)", [list(oids)]
+            ).fetchall()
+        except psycopg.Error:
+            return
+        present = {int(r[0]) for r in rows}
+        with self.lock:
+            for oid, name in oids.items():
+                t = self.tables.get(name)
+                if oid in present or t is None:
+                    continue
+                self.source_dropped.add(name)
+                if not t.error:  # the stream's publication watch may not have noticed yet: stop it the same way
+                    self.stream._left_publication(t, self.stream.applied_lsn, "table")
 
     def _warnings(self, t: MirrorTable, src_lsn: int | None, now: float) -> list[str]:
         """What status warns about for one table: no persist for longer than ``warn_persist_age_s``,
@@ -324,6 +361,8 @@ class ReplicatorService:
         ``memory`` (:meth:`.memory.MemoryBudget.status` plus ``spilled``: transactions applied from a
         spill file since the start) and ``backpressure`` (the stream has stopped reading: over budget)."""
         src_lsn = self._source_lsn()
+        if src_lsn is not None:
+            self._check_source_tables()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
         if src_lsn is not None:
@@ -343,6 +382,7 @@ class ReplicatorService:
                 if ver and ver.get("result") == "mismatch" and not t.error:  # wrong, though it still applies
                     st["state"], st["error"] = "error", scrub(ver.get("detail"))
                 st["warnings"] = self._warnings(t, src_lsn, now)
+                st["source_dropped"] = name in self.source_dropped  # stopped: last state kept, readable
                 a = applied.get(name, t.applied_lsn)
                 st["lag_bytes"] = max(0, src_lsn - a) if src_lsn is not None else None
                 st["lag_seconds"] = (

@@ -239,6 +239,8 @@ class Verifier:
                 return {**base, "result": "skipped", "detail": "dropped"}
             if t.error:
                 return {**base, "result": "skipped", "detail": "the mirror is stopped by an error"}
+            if name in getattr(svc, "source_dropped", ()):
+                return {**base, "result": "skipped", "detail": "its source table was dropped (read-only)"}
         return None
 
     def check(
