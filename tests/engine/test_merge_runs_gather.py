@@ -72,9 +72,19 @@ def test_one_pass_join_equals_reference_and_column_join(kind, seed, monkeypatch)
     ref_runs = merge_runs([columnar_transaction(t) for t in ref])
     assert len(ref_runs) == len(fast) and all(x.equals(y) for x, y in zip(ref_runs, fast))
     # the column-by-column join of the same runs (layouts not recognised)
+    # the decoder's own layouts are the ones read back from its arrays
+    for t in nat:
+        for r in t.runs:
+            assert r.layouts is not None
+            for mine, read in zip(r.layouts, (columnar._layout(r.new), columnar._layout(r.old))):
+                assert mine[0] == read[0] and mine[1] is read[1]
+                assert (mine[2] is None) == (read[2] is None)
+                if mine[2] is not None:
+                    assert (mine[2].address, mine[3].address) == (read[2].address, read[3].address)
     layout = columnar._layout
     with monkeypatch.context() as m:
         m.setattr(columnar, "_layout", lambda cells: (layout(cells)[0], None, None, None))
+        m.setattr(columnar, "_run_layouts", lambda r: (columnar._layout(r.new), columnar._layout(r.old)))
         slow = merge_runs(nat)
     assert all(x.equals(y) for x, y in zip(slow, fast))
     for col in (fast[0].new or ()) + (fast[0].old or ()):

@@ -117,6 +117,10 @@ class ChangeRun:
     cascade: bool = False
     restart_identity: bool = False
     commit_lsns: npt.NDArray[np.uint64] | None = None
+    #: the compiled decoder's ``(new, old)`` layouts of the run's own arrays, as :func:`_layout` reads
+    #: them (saves :func:`merge_runs` reading the buffers back per run); None when not known. Not part
+    #: of the run's value (``equals`` ignores it); :func:`slice_run` drops it.
+    layouts: tuple[Any, Any] | None = None
 
     def commit_lsn_at(self, i: int, default: int) -> int:
         """Row ``i``'s commit LSN: ``commit_lsns[i]``, or ``default`` (the caller's commit LSN) for a run of
@@ -341,6 +345,23 @@ def _run_bytes(run: ChangeRun) -> int:
 _Layout = tuple[int, Any, Any, Any]
 
 
+def _describes(lay: _Layout, cells: tuple[CellColumn, ...] | None, rows: int) -> bool:
+    """Is ``lay`` (a decoder's layout) still that of ``cells`` (the same kinds array, ``rows`` rows)?"""
+    if not cells:
+        return lay[1] is None
+    base = lay[1]
+    return base is not None and base.shape[1] == rows and base is cells[0].kinds.base
+
+
+def _run_layouts(run: ChangeRun) -> tuple[_Layout, _Layout]:
+    """:func:`_layout` of a run's new and old tuples: the decoder's (``run.layouts``) when they still
+    describe the run's kinds arrays, else read from the arrays."""
+    lay = run.layouts
+    if lay is not None and _describes(lay[0], run.new, run.rows) and _describes(lay[1], run.old, run.rows):
+        return lay[0], lay[1]
+    return _layout(run.new), _layout(run.old)
+
+
 def _concat_cells(parts: list[tuple[CellColumn, ...]], layouts: list[_Layout]) -> tuple[CellColumn, ...]:
     """Column ``i`` of the result: column ``i`` of each part, in order (``layouts``: :func:`_layout` of
     each part). Parts all in the compiled decoder's layout are gathered in one pass for all columns
@@ -420,7 +441,7 @@ def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
                 group, rows, nbytes = [], 0, 0
                 out.append(_stamped(run, txn.commit_lsn))
                 continue
-            ln, lo = _layout(run.new), _layout(run.old)
+            ln, lo = _run_layouts(run)
             b = ln[0] + lo[0]
             head = group[0][0] if group else None
             if head is None or not (
@@ -491,6 +512,7 @@ def slice_run(run: ChangeRun, start: int, stop: int) -> ChangeRun:
 
     return replace(
         run,
+        layouts=None,
         rows=stop - start,
         lsns=run.lsns[start:stop],
         new=cells(run.new),
