@@ -447,13 +447,20 @@ cdef tuple _columns(_TxnBuf b, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ncol
                 nulls += 1
             j += 1
             ov[j] = off
+    ob, db = pa.py_buffer(offs), pa.py_buffer(data)
     values = pa.Array.from_buffers(
         pa.binary(),
         total_cells,
-        [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offs), pa.py_buffer(data)],
+        [pa.py_buffer(valid) if nulls else None, ob, db],
         null_count=nulls,
     )
-    return tuple([CellColumn(kinds[c], values.slice(c * n, n)) for c in range(ncols)])
+    cols = tuple([CellColumn(kinds[c], values.slice(c * n, n)) for c in range(ncols)])
+    # the run's layout as ``columnar._layout`` reads it (value bytes, kinds, offsets, data), so that
+    # ``merge_runs`` need not read the buffers back from Arrow
+    return cols, ((total, kinds, ob, db) if ncols else (0, None, None, None))
+
+
+_NO_LAYOUT = (0, None, None, None)
 
 
 cdef object _make_run(_TxnBuf b, Py_ssize_t start, Py_ssize_t end):
@@ -479,14 +486,15 @@ cdef object _make_run(_TxnBuf b, Py_ssize_t start, Py_ssize_t end):
         kind = "update"
     else:
         kind = "delete"
+    lay_new = lay_old = _NO_LAYOUT
     if r0.kind != K_DELETE:
-        new = _columns(b, start, end, ncols, False)
+        new, lay_new = _columns(b, start, end, ncols, False)
     if r0.kind != K_INSERT:
-        old = _columns(b, start, end, ncols, True)
+        old, lay_old = _columns(b, start, end, ncols, True)
         old_kinds = np.empty(end - start, dtype=np.uint8)
         for i in range(start, end):
             old_kinds[i - start] = b.rows[i].old_kind
-    return ChangeRun(kind, r0.oid, rel, end - start, lsns, new, old, old_kinds)
+    return ChangeRun(kind, r0.oid, rel, end - start, lsns, new, old, old_kinds, layouts=(lay_new, lay_old))
 
 
 cdef list _runs(_TxnBuf b):

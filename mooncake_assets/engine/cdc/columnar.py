@@ -117,6 +117,10 @@ class ChangeRun:
     cascade: bool = False
     restart_identity: bool = False
     commit_lsns: npt.NDArray[np.uint64] | None = None
+    #: the compiled decoder's ``(new, old)`` layouts of the run's own arrays, as :func:`_layout` reads
+    #: them (saves :func:`merge_runs` reading the buffers back per run); None when not known. Not part
+    #: of the run's value (``equals`` ignores it); :func:`slice_run` drops it.
+    layouts: tuple[Any, Any] | None = None
 
     def commit_lsn_at(self, i: int, default: int) -> int:
         """Row ``i``'s commit LSN: ``commit_lsns[i]``, or ``default`` (the caller's commit LSN) for a run of
@@ -251,52 +255,120 @@ def columnar_transaction(txn: Transaction) -> ColumnarTransaction:
     )
 
 
-def _shared(cells: tuple[CellColumn, ...]) -> tuple[npt.NDArray[np.uint8], pa.Array] | None:
-    """The ``(ncols, rows)`` kinds and the one ``ncols * rows`` binary array whose slices ``cells`` are
-    (the compiled decoder's layout: column ``c`` is rows ``c * rows`` …), or None for another layout."""
-    k, n = len(cells), len(cells[0])
+def _layout(cells: tuple[CellColumn, ...] | None) -> tuple[int, Any, Any, Any]:
+    """``(value bytes, kinds, offsets, data)`` of a run's tuples, read once per run by :func:`merge_runs`.
+
+    ``value bytes`` is :func:`_cells_bytes`. For the compiled decoder's layout (``cells`` are the column
+    slices of one ``ncols * rows`` binary array, kinds the rows of one ``(ncols, rows)`` array) the
+    others are that kinds array and the array's offsets and data buffers; ``None`` for another layout
+    (then the runs are joined column by column)."""
+    if not cells:
+        return 0, None, None, None
     c0, cl = cells[0].values, cells[-1].values
+    b = c0.buffers()
+    data = b[2]
+    if cl is c0:
+        same = data is not None
+    else:
+        dl = cl.buffers()[2]
+        same = data is not None and dl is not None and dl.address == data.address
+    if not same:
+        return sum(int(x.size) for c in cells if (x := c.values.buffers()[2]) is not None), None, None, None
+    k, n = len(cells), len(c0)
     base = cells[0].kinds.base
-    if not isinstance(base, np.ndarray) or base.shape != (k, n) or c0.offset != 0 or cl.offset != (k - 1) * n:
-        return None
-    bufs = c0.buffers()
-    if cl.buffers()[2].address != bufs[2].address:
-        return None
-    return base, pa.Array.from_buffers(pa.binary(), k * n, bufs)
+    if (
+        isinstance(base, np.ndarray)
+        and base.shape == (k, n)
+        and c0.offset == 0
+        and cl.offset == (k - 1) * n
+        and b[1] is not None
+        and b[1].size % 4 == 0
+    ):
+        return int(data.size), base, b[1], data
+    return int(data.size), None, None, None
+
+
+def _gather_shared(parts: list[tuple[Any, Any, Any]], k: int) -> tuple[CellColumn, ...]:
+    """:func:`_concat_cells` for parts all in the compiled decoder's layout (``(kinds, offsets buffer,
+    data buffer)`` each, from :func:`_layout`): the values of every part and column gathered in one
+    pass into one ``k * total`` binary array, column after column (validity from the kinds: a value
+    is present exactly where its kind is text or binary, the :class:`CellColumn` contract)."""
+    kinds = np.concatenate([p[0] for p in parts], axis=1)
+    ns = np.fromiter((p[0].shape[1] for p in parts), dtype=np.int64, count=len(parts))
+    total = int(kinds.shape[1])
+    kn = k * ns  # cells per part
+    osz = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=len(parts)) // 4
+    dsz = np.fromiter((p[2].size for p in parts), dtype=np.int64, count=len(parts))
+    all_off = np.frombuffer(b"".join([p[1] for p in parts]), dtype=np.int32).astype(np.int64)
+    all_data = np.frombuffer(b"".join([p[2] for p in parts]), dtype=np.uint8)
+    ostart, dstart, cstart = np.cumsum(osz) - osz, np.cumsum(dsz) - dsz, np.cumsum(kn) - kn
+    ncell = int(kn.sum())
+    cell_part = np.repeat(np.arange(len(parts)), kn)
+    at = ostart[cell_part] + np.arange(ncell, dtype=np.int64) - cstart[cell_part]  # cell's offset entry
+    starts = all_off[at] + dstart[cell_part]
+    lens = all_off[at + 1] - all_off[at]
+    # output cell (c, row of the batch) is cell c * n_p + row within part p of the concatenation
+    rstart = np.cumsum(ns) - ns
+    row_part = np.repeat(np.arange(len(parts)), ns)
+    within = np.arange(total, dtype=np.int64) - rstart[row_part]
+    perm = (cstart[row_part][None, :] + np.arange(k, dtype=np.int64)[:, None] * ns[row_part][None, :] + within).ravel()
+    out_len = lens[perm]
+    out_off = np.zeros(k * total + 1, dtype=np.int64)
+    np.cumsum(out_len, out=out_off[1:])
+    nbytes = int(out_off[-1])
+    if nbytes > 0x7FFFFFFF:
+        raise OverflowError(f"a batch run's tuples hold {nbytes} value bytes (> 2 GiB)")
+    src = np.repeat(starts[perm] - out_off[:-1], out_len) + np.arange(nbytes, dtype=np.int64)
+    data = all_data[src] if nbytes else np.empty(0, dtype=np.uint8)
+    flat = kinds.ravel()
+    valid = (flat == KIND_TEXT) | (flat == KIND_BINARY)
+    nulls = int(valid.size - np.count_nonzero(valid))
+    bufs = [
+        pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None,
+        pa.py_buffer(out_off.astype(np.int32)),
+        pa.py_buffer(data),
+    ]
+    big = pa.Array.from_buffers(pa.binary(), k * total, bufs, null_count=nulls)
+    return tuple(CellColumn(kinds[c], big.slice(c * total, total)) for c in range(k))
 
 
 def _cells_bytes(cells: tuple[CellColumn, ...] | None) -> int:
     """An upper bound of the value bytes of a run's tuples (the data buffers' sizes: exact for a
     run's own arrays, the whole parent buffer for slices)."""
-    if not cells:
-        return 0
-    b0 = cells[0].values.buffers()[2]
-    bl = cells[-1].values.buffers()[2]
-    if b0 is not None and bl is not None and b0.address == bl.address:
-        return int(b0.size)
-    return sum(int(b.size) for c in cells if (b := c.values.buffers()[2]) is not None)
+    return _layout(cells)[0]
 
 
 def _run_bytes(run: ChangeRun) -> int:
     return _cells_bytes(run.new) + _cells_bytes(run.old)
 
 
-def _concat_cells(parts: list[tuple[CellColumn, ...]]) -> tuple[CellColumn, ...]:
-    """Column ``i`` of the result: column ``i`` of each part, in order. Parts in the compiled decoder's
-    layout are joined with one concatenation and one gather (``take``) for all columns; others column
-    by column."""
+_Layout = tuple[int, Any, Any, Any]
+
+
+def _describes(lay: _Layout, cells: tuple[CellColumn, ...] | None, rows: int) -> bool:
+    """Is ``lay`` (a decoder's layout) still that of ``cells`` (the same kinds array, ``rows`` rows)?"""
+    if not cells:
+        return lay[1] is None
+    base = lay[1]
+    return base is not None and base.shape[1] == rows and base is cells[0].kinds.base
+
+
+def _run_layouts(run: ChangeRun) -> tuple[_Layout, _Layout]:
+    """:func:`_layout` of a run's new and old tuples: the decoder's (``run.layouts``) when they still
+    describe the run's kinds arrays, else read from the arrays."""
+    lay = run.layouts
+    if lay is not None and _describes(lay[0], run.new, run.rows) and _describes(lay[1], run.old, run.rows):
+        return lay[0], lay[1]
+    return _layout(run.new), _layout(run.old)
+
+
+def _concat_cells(parts: list[tuple[CellColumn, ...]], layouts: list[_Layout]) -> tuple[CellColumn, ...]:
+    """Column ``i`` of the result: column ``i`` of each part, in order (``layouts``: :func:`_layout` of
+    each part). Parts all in the compiled decoder's layout are gathered in one pass for all columns
+    (:func:`_gather_shared`); others column by column."""
     k = len(parts[0])
-    shared = [_shared(p) for p in parts]
-    if all(x is not None for x in shared):
-        ns = np.array([len(p[0]) for p in parts], dtype=np.int64)
-        total = int(ns.sum())
-        starts = np.cumsum(ns) - ns
-        bases = np.cumsum(k * ns) - k * ns
-        within = np.arange(total, dtype=np.int64) - np.repeat(starts, ns)
-        idx = np.repeat(bases, ns)[None, :] + np.arange(k, dtype=np.int64)[:, None] * np.repeat(ns, ns)[None, :]
-        big = pa.concat_arrays([x[1] for x in shared if x is not None]).take(pa.array((idx + within).ravel()))
-        kinds = np.concatenate([x[0] for x in shared if x is not None], axis=1)
-        return tuple(CellColumn(kinds[c], big.slice(c * total, total)) for c in range(k))
+    if all(x[1] is not None for x in layouts):
+        return _gather_shared([x[1:] for x in layouts], k)
     return tuple(
         CellColumn(np.concatenate([p[i].kinds for p in parts]), pa.concat_arrays([p[i].values for p in parts]))
         for i in range(k)
@@ -310,22 +382,37 @@ def _stamped(run: ChangeRun, commit_lsn: int) -> ChangeRun:
     return replace(run, commit_lsns=np.full(run.rows, commit_lsn, dtype=np.uint64))
 
 
-def _concat(group: list[tuple[ChangeRun, int]]) -> ChangeRun:
-    """One batch run of ``group`` (``(run, commit LSN of its transaction)``, commit order, same kind and
-    Relation)."""
+_Member = tuple[ChangeRun, int, _Layout, _Layout]  # a run, its transaction's commit LSN, layouts of new / old
+
+
+def _concat(group: list[_Member]) -> ChangeRun:
+    """One batch run of ``group`` (runs with the commit LSN of their transaction and their layouts,
+    commit order, same kind and Relation)."""
     first = group[0][0]
-    runs = [r for r, _ in group]
-    commit_lsns = np.concatenate(
-        [r.commit_lsns if r.commit_lsns is not None else np.full(r.rows, lsn, dtype=np.uint64) for r, lsn in group]
-    )
+    runs = [m[0] for m in group]
+    rows = np.fromiter((r.rows for r in runs), dtype=np.int64, count=len(runs))
+    if all(r.commit_lsns is None for r in runs):
+        commit_lsns = np.repeat(np.fromiter((m[1] for m in group), dtype=np.uint64, count=len(group)), rows)
+    else:
+        commit_lsns = np.concatenate(
+            [
+                r.commit_lsns if r.commit_lsns is not None else np.full(r.rows, m[1], dtype=np.uint64)
+                for r, m in zip(runs, group)
+            ]
+        )
+    new = old = None
+    if first.new is not None:
+        new = _concat_cells([r.new for r in runs if r.new is not None], [m[2] for m in group if m[0].new is not None])
+    if first.old is not None:
+        old = _concat_cells([r.old for r in runs if r.old is not None], [m[3] for m in group if m[0].old is not None])
     return ChangeRun(
         first.kind,
         first.relation_oid,
         first.relation,
-        sum(r.rows for r in runs),
+        int(rows.sum()),
         np.concatenate([r.lsns for r in runs]),
-        _concat_cells([r.new for r in runs if r.new is not None]) if first.new is not None else None,
-        _concat_cells([r.old for r in runs if r.old is not None]) if first.old is not None else None,
+        new,
+        old,
         np.concatenate([r.old_kinds for r in runs if r.old_kinds is not None]) if first.old_kinds is not None else None,
         commit_lsns=commit_lsns,
     )
@@ -340,12 +427,12 @@ def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
     left alone), so applying them row by row at those commit LSNs is applying ``txns`` in order. The
     inputs are not changed (the values are copied into new arrays only where runs are joined)."""
     out: list[ChangeRun] = []
-    group: list[tuple[ChangeRun, int]] = []
+    group: list[_Member] = []
     rows = nbytes = 0
 
     def close() -> None:
         if group:
-            out.append(_concat(group) if len(group) > 1 else _stamped(*group[0]))
+            out.append(_concat(group) if len(group) > 1 else _stamped(group[0][0], group[0][1]))
 
     for txn in txns:
         for run in txn.runs:
@@ -354,7 +441,8 @@ def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
                 group, rows, nbytes = [], 0, 0
                 out.append(_stamped(run, txn.commit_lsn))
                 continue
-            b = _run_bytes(run)
+            ln, lo = _run_layouts(run)
+            b = ln[0] + lo[0]
             head = group[0][0] if group else None
             if head is None or not (
                 run.kind == head.kind
@@ -365,7 +453,7 @@ def merge_runs(txns: Sequence[ColumnarTransaction]) -> list[ChangeRun]:
             ):
                 close()
                 group, rows, nbytes = [], 0, 0
-            group.append((run, txn.commit_lsn))
+            group.append((run, txn.commit_lsn, ln, lo))
             rows += run.rows
             nbytes += b
     close()
@@ -424,6 +512,7 @@ def slice_run(run: ChangeRun, start: int, stop: int) -> ChangeRun:
 
     return replace(
         run,
+        layouts=None,
         rows=stop - start,
         lsns=run.lsns[start:stop],
         new=cells(run.new),

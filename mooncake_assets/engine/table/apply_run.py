@@ -215,6 +215,9 @@ class RunApplyRole(ChangeApplyRole):
         mem_locs: list[tuple[int, int]] = []
         mem_hashes: list[int] = []
         mem_lsns: list[int] = []
+        disk_files: list[str] = []
+        disk_rows: list[int] = []
+        disk_lsns: list[int] = []
         row_lsns = [lsn] * len(seg) if isinstance(ls, int) else ls.tolist()
         for i, f, at in zip(seg, founds, row_lsns):
             if f is None:
@@ -225,7 +228,10 @@ class RunApplyRole(ChangeApplyRole):
                 mem_hashes.append(f[2])
                 mem_lsns.append(at)
             else:
-                self.disk.delete(f[1][0], f[1][1], at)
+                disk_files.append(f[1][0])
+                disk_rows.append(f[1][1])
+                disk_lsns.append(at)
+        self.disk.delete_many(disk_files, disk_rows, disk_lsns)
         self.mem.delete_many(mem_locs, mem_hashes, lsn if isinstance(ls, int) else mem_lsns)
         if rb is not None and hn is not None:
             self.mem.append_batch(rb, hn[idx], ls)

@@ -200,6 +200,28 @@ class DiskFileSet:
         next persist writes it into the file's deletion vector); ``KeyError`` for an unknown file."""
         self.files[fname].pending.add(row, lsn)
 
+    def delete_many(self, fnames: list[str], rows: list[int], lsns: list[int]) -> None:
+        """:meth:`delete` of ``(fnames[i], rows[i], lsns[i])`` in order, each file's positions added in one
+        batch (:meth:`~.pending_deletes.PendingDeletes.add_many`); ``KeyError`` for an unknown file, the
+        deletes before it applied (as one by one)."""
+        if not fnames:
+            return
+        if any(f not in self.files for f in set(fnames)):
+            for f, r, at in zip(fnames, rows, lsns):
+                self.delete(f, r, at)
+            return
+        first = fnames[0]
+        if all(f == first for f in fnames):
+            by_file = {first: (rows, lsns)}
+        else:
+            by_file = {}
+            for f, r, at in zip(fnames, rows, lsns):
+                rs, ls = by_file.setdefault(f, ([], []))
+                rs.append(r)
+                ls.append(at)
+        for f, (rs, ls) in by_file.items():
+            self.files[f].pending.add_many(np.asarray(rs, dtype=np.int64), np.asarray(ls, dtype=np.uint64))
+
     def truncate(self, lsn: int) -> None:
         """Every row of every file deleted by a TRUNCATE committed at ``lsn``."""
         for f in self.files.values():

@@ -80,9 +80,41 @@ class PendingDeletes:
     __setitem__ = add
 
     def add_many(self, positions: np.ndarray, lsns: np.ndarray) -> None:
-        """Add ``positions[i]`` at ``lsns[i]`` in order (both 1-D integer arrays of one length)."""
-        for p, lsn in zip(positions.tolist(), lsns.tolist()):
-            self.add(p, lsn)
+        """Add ``positions[i]`` at ``lsns[i]`` in order (both 1-D integer arrays of one length; positions
+        ≥ 0, LSNs ≥ 0): the same result as :meth:`add` of each in turn. Positions all new (distinct and
+        not pending yet, the usual case) are added in bulk: one bitmap union, one append of positions,
+        the runs of equal LSNs found with numpy; otherwise one by one."""
+        pos = np.asarray(positions)
+        at = np.asarray(lsns)
+        n = len(pos)
+        if n == 0:
+            return
+        if n < 4:
+            for p, lsn in zip(pos.tolist(), at.tolist()):
+                self.add(p, lsn)
+            return
+        pos = pos.astype(np.uint64, copy=False)
+        fresh = BitMap64(pos)
+        if len(fresh) != n or not self._bm.isdisjoint(fresh):
+            for p, lsn in zip(pos.tolist(), at.tolist()):
+                self.add(p, lsn)
+            return
+        self._bm |= fresh
+        if self._pos.typecode == "I" and int(pos.max()) > _U32:
+            self._pos = array("Q", self._pos)
+        start = len(self._pos)
+        self._pos.frombytes(pos.astype(np.uint32 if self._pos.typecode == "I" else np.uint64).tobytes())
+        at = at.astype(np.uint64, copy=False)
+        cuts = np.flatnonzero(at[1:] != at[:-1]) + 1  # where a new LSN starts, within the batch
+        run_lsn = at[np.concatenate(([0], cuts))]
+        run_end = np.concatenate((cuts, [n])).astype(np.uint64) + np.uint64(start)
+        if self._run_lsn and self._run_lsn[-1] == int(run_lsn[0]):
+            self._run_end[-1] = int(run_end[0])
+            run_lsn, run_end = run_lsn[1:], run_end[1:]
+        self._run_lsn.frombytes(run_lsn.tobytes())
+        self._run_end.frombytes(run_end.tobytes())
+        if len(run_lsn):
+            self._max = max(self._max, int(run_lsn.max()))
 
     @classmethod
     def from_arrays(cls, positions: np.ndarray, lsns: np.ndarray) -> PendingDeletes:
