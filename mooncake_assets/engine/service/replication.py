@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import shlex
 import threading
 import time
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
 log = logging.getLogger("mooncake.service")
+
+#: set to a path, the replication thread runs under cProfile (timed by its own CPU time) and writes its
+#: stats there when it ends (the service's shutdown): ``scripts/profile_service_loop.py --cprofile``
+PROFILE_ENV = "MOONCAKE_STREAM_PROFILE"
 
 
 def tune_gc() -> None:
@@ -88,6 +93,8 @@ class StreamLoop:
         self._pub_conn: psycopg.Connection[Any] | None = None  # the publication poll's connection (stream thread)
         self.pub_seen: dict[str, int] = {}  # table -> LSN at which it was last seen published
         self.spilled_txns = 0  # transactions applied from a spill file (engine/cdc/spill.py) since the start
+        # the loop's work since the start (status: stream_counts): iterations, reads that got data, transactions
+        self.counts = {"reads": 0, "batches": 0, "transactions": 0}
 
     @property
     def running(self) -> bool:
@@ -157,6 +164,19 @@ class StreamLoop:
         self._thread.start()
 
     def _run(self) -> None:
+        prof_path = os.environ.get(PROFILE_ENV)
+        if not prof_path:
+            self._run_streams()
+            return
+        import cProfile  # a measurement aid (scripts/profile_service_loop.py --cprofile), off by default
+
+        prof = cProfile.Profile(time.thread_time)  # this thread's CPU time, not the wall clock
+        try:
+            prof.runcall(self._run_streams)
+        finally:
+            prof.dump_stats(prof_path)
+
+    def _run_streams(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
             try:
@@ -213,10 +233,15 @@ class StreamLoop:
             self.lag.record(self.repl.server_wal_end)
             if got:
                 fault("stream:apply")  # (jitter: the apply loop behind the source)
+            n = 0
             if decoder is not None:
-                apply_native_batch(self, ctxns, decoder)
+                n = apply_native_batch(self, ctxns, decoder)
             elif msgs:
-                self.apply_batch(msgs, assembler)
+                n = self.apply_batch(msgs, assembler)
+            counts = self.counts
+            counts["reads"] += 1
+            counts["batches"] += got
+            counts["transactions"] += n
             # the memory budget: committed buffers flush early, backpressure past it; an idle stream
             # checks once a second (an initial copy grows a buffer without the stream reading)
             if got or memory.backpressure or time.monotonic() - last_relieve >= 1.0:

@@ -359,7 +359,9 @@ class ReplicatorService:
         ``source_reachable`` and ``source_error``, ``verify_interval_s``, ``memory_pool`` (the Arrow pool's
         backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now),
         ``memory`` (:meth:`.memory.MemoryBudget.status` plus ``spilled``: transactions applied from a
-        spill file since the start) and ``backpressure`` (the stream has stopped reading: over budget)."""
+        spill file since the start), ``backpressure`` (the stream has stopped reading: over budget) and
+        ``stream_counts`` (since the start: ``reads``, the stream loop's iterations; ``batches``, those that
+        read data; ``transactions``, transactions applied)."""
         src_lsn = self._source_lsn()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
@@ -421,4 +423,5 @@ class ReplicatorService:
                 "arrow_allocated_bytes": pa.total_allocated_bytes(),
                 "memory": {**self.memory.status(self.reg.tables.values()), "spilled": self.stream.spilled_txns},
                 "backpressure": self.memory.backpressure,
+                "stream_counts": dict(self.stream.counts),
             }
