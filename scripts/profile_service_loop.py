@@ -24,7 +24,9 @@ service's shutdown); the top functions are printed (cProfile slows the thread do
 figures of that run are not comparable).
 
 ``--rate N``: sysbench's ``--rate`` (a fixed arrival rate, transactions/s) instead of as fast as it can: a
-service that keeps up reads small batches, where the loop's per-batch work shows.
+service that keeps up reads small batches, where the loop's per-batch work shows. ``--rand-type``:
+sysbench's key distribution (its default, ``special``, sends 75 % of the updates to 1 % of the rows,
+so a batch updates the same rows again and again).
 
 Usage: ``nice .venv/bin/python scripts/profile_service_loop.py --rows 10000 --seconds 20 [--rate 1000] [--py-spy] [--cprofile]``
 """
@@ -137,7 +139,8 @@ def _run(db: BenchDatabase, scratch: Path, a: argparse.Namespace) -> dict:
     pid = start_service(settings, extra_env=extra)
     assert isinstance(pid, int)
     client = ServiceClient(settings.socket_path)
-    out: dict = {"rows": a.rows, "seconds": a.seconds, "threads": a.threads, "rate": a.rate, "service_pid": pid}
+    out: dict = {"rows": a.rows, "seconds": a.seconds, "threads": a.threads, "rate": a.rate}
+    out.update(rand_type=a.rand_type or "special (sysbench's default)", service_pid=pid)
     try:
         client.call("create_table", dst=TABLE, src=f"public.{TABLE}", timeout=600)
         with psycopg.connect(db.dsn, autocommit=True) as c:
@@ -161,6 +164,8 @@ def _run(db: BenchDatabase, scratch: Path, a: argparse.Namespace) -> dict:
         run_args = [x if not x.startswith("--threads=") else f"--threads={a.threads}" for x in run_args]
         if a.rate:
             run_args.append(f"--rate={a.rate}")  # sysbench's fixed arrival rate (transactions/s, all threads)
+        if a.rand_type:
+            run_args.append(f"--rand-type={a.rand_type}")  # sysbench 1.0's default: special (hot rows)
         samples: list[tuple[float, int | None]] = []
         stop = threading.Event()
 
@@ -230,6 +235,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--rate", type=int, default=0, help="sysbench --rate (transactions/s); 0: as fast as it can")
+    ap.add_argument("--rand-type", default=None, help="sysbench --rand-type (uniform, gaussian, special, pareto)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--py-spy", action="store_true")
     ap.add_argument("--cprofile", action="store_true")
