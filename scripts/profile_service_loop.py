@@ -40,6 +40,7 @@ import os
 import pstats
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -152,7 +153,7 @@ def _run(db: BenchDatabase, scratch: Path, a: argparse.Namespace) -> dict:
         counts0, cpu0, thr0 = client.status().get("stream_counts", {}), _cpu(Path(f"/proc/{pid}/stat")), _threads(pid)
         spy = None
         if a.py_spy:
-            spy_bin = shutil.which("py-spy", path=str(Path(os.sys.executable).parent)) or shutil.which("py-spy")
+            spy_bin = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
             spy = subprocess.Popen(
                 [spy_bin, "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--threads"]
                 + ["--duration", str(a.seconds), "-o", str(scratch / "spy.txt")],
