@@ -239,3 +239,34 @@ def test_the_full_example_of_docs_sources_md_loads(tmp_path):
     cfg = load_config(write(tmp_path, example))
     assert list(cfg.sources) == ["orders", "metrics"]
     assert cfg.sources["orders"].maintenance_policy == {"file_count_trigger": 8}
+
+
+def test_discover_interval_reaches_the_service_config(tmp_path):
+    """``discover_interval_s`` and the patterns go to settings.json's ``extra.discover`` and from there
+    to the service's :class:`ServiceConfig` (table discovery, engine/service/discovery.py); off by default."""
+    from mooncake_assets.config import load_settings
+    from mooncake_assets.engine.pg.patterns import TableSelection
+
+    text = GOOD.replace("    maintenance: dagster\n", "    maintenance: dagster\n    discover_interval_s: 2.5\n")
+    cfg = load_config(write(tmp_path, text))
+    o, m = cfg.sources["orders"], cfg.sources["metrics"]
+    assert o.discover_interval_s == 2.5 and m.discover_interval_s == 0
+    s = o.settings({"ORDERS_PG_DSN": "host=/tmp dbname=orders"}, save=True)
+    assert s.extra["discover"] == {
+        "schemas": ["sales"],
+        "tables": ["public.customers"],
+        "exclude": ["sales.tmp_*"],
+        "interval_s": 2.5,
+    }
+    sc = load_settings(o.state_dir, dsn="host=/tmp dbname=orders").service_config()  # what `serve` builds
+    assert sc.discover_interval_s == 2.5
+    sel = TableSelection.from_dict(dict(sc.table_patterns))
+    assert sel.pick([("sales", "a"), ("sales", "tmp_x"), ("public", "customers"), ("public", "other")]) == (
+        [("sales", "a"), ("public", "customers")],
+        [],
+    )
+    ms = m.settings({"METRICS_PG_DSN": "host=/tmp dbname=m"}).service_config()
+    assert ms.discover_interval_s == 0 and ms.table_patterns["tables"] == ["public.*"]
+    for bad in ("-1", "soon", "true"):
+        e = error_of(tmp_path, GOOD.replace("    maintenance: dagster\n", f"    discover_interval_s: {bad}\n"))
+        assert e.key == "sources.orders.discover_interval_s" and "seconds" in e.problem, e
