@@ -51,7 +51,10 @@ class TablePattern:
                 cut = i
                 break
         schema, table = ("public", text) if cut < 0 else (text[:cut], text[cut + 1 :])
-        unq = lambda s: s[1:-1].replace('""', '"') if len(s) >= 2 and s[0] == s[-1] == '"' else s
+
+        def unq(s: str) -> str:
+            return s[1:-1].replace('""', '"') if len(s) >= 2 and s[0] == s[-1] == '"' else s
+
         return TablePattern(text, unq(schema.strip()), unq(table.strip()))
 
     def matches(self, schema: str, table: str) -> bool:
