@@ -34,6 +34,7 @@ from ..pg.names import format_name
 from ..pg.patterns import TableSelection, list_source_tables, mirror_name
 from ..timefmt import utc_now
 from .errors import MooncakeError
+from .parts import DiscoveryHost
 
 __all__ = ["TableDiscovery", "retry_after_s"]
 
@@ -52,11 +53,11 @@ def _first_line(e: BaseException) -> str:
 
 
 class TableDiscovery:
-    """The discovery worker of one service (``svc``: the :class:`~.service.ReplicatorService`; its
-    ``lock``, ``reg`` and ``create_table``). ``selection``: the patterns; ``interval_s``: seconds
+    """The discovery worker of one service (``svc``: the :class:`~.service.ReplicatorService` as a
+    :class:`~.parts.DiscoveryHost`: its ``lock``, ``reg``, ``dsn`` and ``create_table``). ``selection``: the patterns; ``interval_s``: seconds
     between looks (0: never; :meth:`start` does nothing)."""
 
-    def __init__(self, svc: Any, selection: TableSelection, interval_s: float) -> None:
+    def __init__(self, svc: DiscoveryHost, selection: TableSelection, interval_s: float) -> None:
         self.svc = svc
         self.selection = selection
         self.interval_s = float(interval_s) if selection else 0.0
