@@ -270,3 +270,35 @@ def test_discover_interval_reaches_the_service_config(tmp_path):
     for bad in ("-1", "soon", "true"):
         e = error_of(tmp_path, GOOD.replace("    maintenance: dagster\n", f"    discover_interval_s: {bad}\n"))
         assert e.key == "sources.orders.discover_interval_s" and "seconds" in e.problem, e
+
+
+def test_sync_knows_the_refusals_of_a_race_with_table_discovery(tmp_path):
+    """``sync`` and the service's table discovery may mirror the same new table at once: the loser's
+    create is refused by the registry's one-mirror-per-source check, and sync takes exactly those
+    refusals (the registry's own messages, for a ready and a copying mirror) as "mirrored meanwhile"."""
+    import threading
+    from types import SimpleNamespace
+
+    from mooncake_assets.cli import _RaceRefusal
+    from mooncake_assets.engine.service.config import ServiceConfig
+    from mooncake_assets.engine.service.errors import MooncakeError
+    from mooncake_assets.engine.service.registry import TableRegistry
+
+    cfg = ServiceConfig(
+        state_dir=tmp_path,
+        dsn="dbname=x",
+        socket_path=tmp_path / "s",
+        catalog_uri="sqlite://",
+        warehouse_uri="file:///x",
+    )
+    reg = TableRegistry(cfg, None, threading.RLock())  # type: ignore[arg-type]  # no catalog needed
+    reg.doc["tables"]["sales__orders"] = {"source": "sales.orders", "oid": 11}
+    t = SimpleNamespace(source="sales.items", name="sales__items", schema=SimpleNamespace(oid=12))
+    reg.copying[12] = {"table": t}
+    for src, oid in (("sales.orders", 11), ("sales.items", 12)):
+        with pytest.raises(MooncakeError) as e:
+            reg.refuse_second_mirror(src.replace(".", "__"), src, oid)
+        with pytest.raises(_RaceRefusal):
+            _RaceRefusal.check(str(e.value))
+    _RaceRefusal.check("a mirrored table named 'x' already exists")  # another refusal: sync reports it
+    _RaceRefusal.check("cannot mirror sales.secrets: role r has no SELECT privilege on it")
