@@ -134,6 +134,7 @@ class Settings:
             if discover
             else {},
             discover_interval_s=float(discover.get("interval_s") or 0),
+            **({"discover_retry_s": float(discover["retry_s"])} if discover.get("retry_s") else {}),
         )
 
     def save(self) -> None:

@@ -82,6 +82,8 @@ class ServiceConfig:
       (:class:`~..pg.patterns.TableSelection`); with ``discover_interval_s`` > 0 the service looks
       every that many seconds for source tables they pick that are not mirrored yet and mirrors each
       as create-table does (mirror name :func:`~..pg.patterns.mirror_name`). 0 (the default): off.
+    - ``discover_retry_s``: a table discovery could not mirror is tried again after this many
+      seconds (None: ``max(60, 10 * discover_interval_s)``, :func:`.discovery.retry_after_s`).
 
     Initial copy:
 
@@ -118,6 +120,7 @@ class ServiceConfig:
     copy_parallel: int = field(default_factory=default_copy_parallel)
     table_patterns: Mapping[str, Any] = field(default_factory=dict)
     discover_interval_s: float = 0.0
+    discover_retry_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):

@@ -16,7 +16,7 @@ the copy queued and applied after it. The service stays the one writer of every 
 A table that cannot be mirrored (no ``SELECT`` privilege, not in an administrator's publication, a
 mirror name taken, …) is kept as a *failed* table: ``status``/``list-tables`` show it with state
 ``error`` and the one-line reason of the refusal, never ``ready``, and it is tried again after
-:func:`retry_after_s` seconds (the reason fixed: mirrored then). Patterns that match no table are
+:func:`retry_after_s` seconds (``ServiceConfig.discover_retry_s``; the reason fixed: mirrored then). Patterns that match no table are
 kept (``unmatched``), logged when they change and shown by ``status``.
 """
 
@@ -54,13 +54,17 @@ def _first_line(e: BaseException) -> str:
 
 class TableDiscovery:
     """The discovery worker of one service (``svc``: the :class:`~.service.ReplicatorService` as a
-    :class:`~.parts.DiscoveryHost`: its ``lock``, ``reg``, ``dsn`` and ``create_table``). ``selection``: the patterns; ``interval_s``: seconds
-    between looks (0: never; :meth:`start` does nothing)."""
+    :class:`~.parts.DiscoveryHost`: its ``lock``, ``reg``, ``dsn`` and ``create_table``).
+    ``selection``: the patterns; ``interval_s``: seconds between looks (0: never; :meth:`start` does
+    nothing); ``retry_s``: seconds before a failed table is tried again (None: :func:`retry_after_s`)."""
 
-    def __init__(self, svc: DiscoveryHost, selection: TableSelection, interval_s: float) -> None:
+    def __init__(
+        self, svc: DiscoveryHost, selection: TableSelection, interval_s: float, retry_s: float | None = None
+    ) -> None:
         self.svc = svc
         self.selection = selection
         self.interval_s = float(interval_s) if selection else 0.0
+        self.retry_s = retry_after_s(self.interval_s) if retry_s is None else float(retry_s)
         self.failed: dict[int, dict[str, Any]] = {}  # source oid -> {name, source, error, at, tried}
         self.unmatched: list[str] = []
         self.last_look: str | None = None
@@ -157,7 +161,7 @@ class TableDiscovery:
             self.failed.pop(oid, None)
             return False
         prev = self.failed.get(oid)
-        if prev is not None and time.time() - prev["tried"] < retry_after_s(self.interval_s):
+        if prev is not None and time.time() - prev["tried"] < self.retry_s:
             return False
         if why:
             self._fail(oid, dst, qualified, why)

@@ -83,7 +83,10 @@ class ReplicatorService:
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
         # new source tables the patterns pick, mirrored as they appear (off without patterns or interval)
         self.discovery = TableDiscovery(
-            self, TableSelection.from_dict(dict(config.table_patterns)), config.discover_interval_s
+            self,
+            TableSelection.from_dict(dict(config.table_patterns)),
+            config.discover_interval_s,
+            config.discover_retry_s,
         )
 
     # ------------------------------------------------------------------ the parts' state, by its old names
