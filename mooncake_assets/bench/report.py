@@ -130,7 +130,7 @@ def _union_read_table(ur: dict, sec_root: dict, readers: list[str], ratio_key: s
 
 def _changes_section(ch: dict) -> list[str]:
     """The ``## Change feed`` paragraph: the feed of 1 % of a table vs a full union read of it."""
-    ms = lambda v: _f(None if v is None else v * 1000)  # noqa: E731
+    ms = lambda v: _f(None if v is None else v * 1000)
     return [
         f"## Change feed (the changes of 1% of a {_f(ch.get('rows'))}-row table vs a full union read)",
         "",
