@@ -155,7 +155,7 @@ def _setup(db: BenchDatabase, sizes: Sizes, scratch: Path, log) -> tuple[Any, An
     """Fill and mirror the table, cut, change 1 %, cut; returns (settings, client, facts)."""
     from ..config import Settings
     from ..engine.service import ServiceClient
-    from ..engine.service.process import start_service
+    from ..engine.service.process import start_service, stop_service
 
     rows = sizes.changes_rows
     db.execute(DDL)
@@ -165,6 +165,16 @@ def _setup(db: BenchDatabase, sizes: Sizes, scratch: Path, log) -> tuple[Any, An
     settings.save()
     start_service(settings, timeout=120)
     client = ServiceClient(settings.socket_path)
+    try:
+        return settings, client, _mirror_and_change(db, rows, client, log)
+    except BaseException:
+        client.close()
+        stop_service(settings)
+        raise
+
+
+def _mirror_and_change(db: BenchDatabase, rows: int, client: Any, log) -> dict[str, Any]:
+    """Mirror the table, cut, change 1 % of its rows, cut; returns the facts of the run."""
     t0 = time.perf_counter()
     client.call("create_table", dst=TABLE, src=f"public.{TABLE}", timeout=3600)
     copy_s = time.perf_counter() - t0
@@ -177,8 +187,7 @@ def _setup(db: BenchDatabase, sizes: Sizes, scratch: Path, log) -> tuple[Any, An
     change_s = time.perf_counter() - t0
     until = client.call("cut", tables=[TABLE], timeout=3600)["lsn"]
     log(f"  changes: {rows:,} rows mirrored in {copy_s:.1f}s; 1% changed in {change_s:.1f}s; [{since}, {until})")
-    facts = {"since": since, "until": until, "create_table_seconds": copy_s, "change_seconds": change_s, "w": w}
-    return settings, client, facts
+    return {"since": since, "until": until, "create_table_seconds": copy_s, "change_seconds": change_s, "w": w}
 
 
 def run_changes_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict[str, Any]:
