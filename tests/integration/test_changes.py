@@ -304,6 +304,7 @@ def test_changes_older_than_expired_snapshots_name_the_oldest_lsn(pg_dsn, state_
     s = make_settings(state_dir, pg_dsn, maintenance="dagster", extra={"maintenance": policy})
     with running_service(s) as client:
         client.call("create_table", dst="ex", src="public.ex")
+        client.settings = s
         first = _snapshot_lsn(s, "ex")
         for stmt in ("UPDATE ex SET v = 'a' WHERE id % 2 = 0", "INSERT INTO ex VALUES (100, 'x')"):
             _step(pg_dsn, client, [stmt], "persist", "ex")
