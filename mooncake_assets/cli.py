@@ -1304,15 +1304,16 @@ def bench(
     suite: list[str] | None = typer.Option(
         None,
         "--suite",
-        help="Run only this suite (repeatable; default: all): ingest, freshness, union_read, maintenance, "
-        "memory, index, sysbench",
+        help="Run only this suite (repeatable; default: all): ingest, freshness, union_read, changes, "
+        "maintenance, memory, index, sysbench",
     ),
 ):
     """Benchmarks reported as ratios measured side by side in one run.
 
     Suites: ingest (rows/s and CPU µs/row applied vs pg_recvlogical on the same WAL: inserts, updates,
     deletes; initial copy vs COPY TO STDOUT), freshness (commit → visible under pgbench load), union_read
-    (vs clean Parquet and a Flink-style equality-delete table), maintenance, memory (RSS per buffered row),
+    (vs clean Parquet and a Flink-style equality-delete table), changes (the change feed of 1 % of a
+    table's rows vs a full union read of it), maintenance, memory (RSS per buffered row),
     index (IndexBlock lookups), sysbench (replication lag under oltp_update_index / oltp_insert and the
     catch-up until a read-your-writes query answers). An embedded Postgres the bench starts is stopped
     at the end.
