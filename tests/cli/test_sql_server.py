@@ -20,7 +20,7 @@ import pytest
 
 from mooncake_assets.engine.read.pgwire import write_user
 
-from ..helpers import make_settings, mooncake, wait_until
+from ..helpers import make_settings, mooncake, run_sql, wait_until
 
 PASSWORD = "s3cret-pw"
 SETUP = [
@@ -109,6 +109,8 @@ def _run_psql(dsn: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_psql_select_join_and_dt_equal_postgres(served, pg_dsn):
     s, server = served
+    # a write to each mirror just before: the endpoint's latest read is of Postgres at the same LSN
+    run_sql(pg_dsn, "UPDATE owner SET q_id = 4 WHERE id = 4", "UPDATE q SET big = 41, note = 'four' WHERE id = 4")
     for sql in (
         f"SELECT {COLS} FROM q ORDER BY id",
         "SELECT q.id, o.name, q.n FROM q JOIN owner o ON o.q_id = q.id ORDER BY o.id",
@@ -144,6 +146,7 @@ def test_psycopg_server_side_parameters_equal_postgres(served, pg_dsn):
         ("SELECT id FROM q WHERE d = %s AND b = %s", ("2024-01-31", None)),
         ("SELECT %s::text AS s, %s AS i", ("x'); DROP TABLE q; --", 7)),
     ]
+    run_sql(pg_dsn, "UPDATE q SET n = 2.5 WHERE id = 1")  # the note-or-n answer holds it: same LSN both sides
     with psycopg.connect(server.dsn(), autocommit=True) as ours, psycopg.connect(pg_dsn, autocommit=True) as src:
         for sql, params in queries:
             got = ours.execute(sql, params).fetchall()
