@@ -225,7 +225,7 @@ def _cut_schedule(config: DagsterConfig, has_analytics: bool) -> tuple[list, lis
         return [], []
     job = dg.define_asset_job(CUT_JOB, selection=dg.AssetSelection.groups("analytics"))
     status = dg.DefaultScheduleStatus.RUNNING if config.automation else dg.DefaultScheduleStatus.STOPPED
-    return [job], [build_cut_schedule(job, cron, default_status=status)]
+    return [job], [build_cut_schedule(job, cron, name=f"{CUT_JOB}_schedule", default_status=status)]
 
 
 def dagster_home(state_dir: str | os.PathLike) -> Path:

@@ -119,10 +119,12 @@ class PgbenchLoad(threading.Thread):
 
 def _replay(pg_dsn: str) -> list[tuple[dict, dict]]:
     """``states[k]``: the (a, b) balances after the load's transaction ``k`` (``states[0]``: the start),
-    replayed from Postgres's ``ops``; asserts its numbers are ``1..n`` (every transaction committed)."""
+    replayed from Postgres's ``ops``; asserts its numbers are ``1..n`` (every transaction committed)
+    and that the replay ends at Postgres's balances."""
     with psycopg.connect(pg_dsn, autocommit=True) as pg:
         ops = pg.execute("SELECT seq, src, dst, amount, dir FROM ops ORDER BY seq").fetchall()
         (n,) = pg.execute("SELECT n FROM counter").fetchone()
+        now = tuple(dict(pg.execute(f"SELECT id, bal FROM {t}").fetchall()) for t in ("a", "b"))
     assert [op[0] for op in ops] == list(range(1, n + 1)), (n, ops[:5])
     bal = {"a": dict.fromkeys(range(1, ACCOUNTS + 1), START), "b": dict.fromkeys(range(1, ACCOUNTS + 1), START)}
     states = [(dict(bal["a"]), dict(bal["b"]))]
@@ -130,6 +132,7 @@ def _replay(pg_dsn: str) -> list[tuple[dict, dict]]:
         bal[direction[0]][src] -= amount
         bal[direction[1]][dst] += amount
         states.append((dict(bal["a"]), dict(bal["b"])))
+    assert states[-1] == now, "the ops log does not replay to Postgres's balances"
     return states
 
 

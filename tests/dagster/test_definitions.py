@@ -131,7 +131,7 @@ def test_the_cut_schedule_is_off_by_default_and_turned_on_by_a_cron(tmp_path):
     ``analytics_at_cut_schedule`` over the job ``analytics_at_cut`` (the analytics assets), running
     under automation; absent by default, with ``off``, and without analytics assets."""
     state = tmp_path / "state"
-    state.mkdir()
+    state.mkdir(mode=0o700)
     env = {"MOONCAKE_STATE_DIR": str(state), "MOONCAKE_TABLES": ",".join(PGBENCH)}
     assert "analytics_at_cut_schedule" not in {s.name for s in build_definitions(load_config(env)).schedules}
     assert "analytics_at_cut_schedule" not in {
