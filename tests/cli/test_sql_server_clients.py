@@ -168,7 +168,7 @@ def test_psql_copy_to_a_file_equals_postgres_at_the_same_lsn(served, pg_dsn, tmp
         "UPDATE docs SET tag = 'green', note = 'after' WHERE id = 3",
         "DELETE FROM docs WHERE id = 1",
         "INSERT INTO docs (id, tag, arr) VALUES (4, 'new', '{4}')",
-        'INSERT INTO "User" VALUES (4, \'dee\')',
+        "INSERT INTO \"User\" VALUES (4, 'dee')",
         "SELECT pg_current_wal_lsn()::text",
     )[0][0]
     join = 'SELECT d.id, d.tag, d.note, d.arr, u."Name" FROM docs d LEFT JOIN "User" u USING (id) ORDER BY d.id'
