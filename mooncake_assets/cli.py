@@ -459,7 +459,10 @@ def _sync_one(src, dry_run: bool) -> None:
             continue
         client = client or service_client()
         try:
-            res = create_with_progress(client, dst, qualified)
+            res = create_with_progress(client, dst, qualified, refused=_RaceRefusal)
+        except _RaceRefusal as e:  # the service's table discovery mirrors it (discover_interval_s)
+            print(f"  {qualified}: mirrored by the service's table discovery meanwhile ({e})", flush=True)
+            continue
         except typer.Exit:  # fail() printed why
             err.print(f"  (source {src.name}: {qualified} → {dst})", highlight=False)
             CTX.failed = True
@@ -467,6 +470,16 @@ def _sync_one(src, dry_run: bool) -> None:
         print(f"  mirrored {res['source']} as {dst}: {n_rows(res['rows'])} copied at LSN {res['copy_lsn']}", flush=True)
     if client is not None:
         client.close()
+
+
+class _RaceRefusal(Exception):
+    """``sync``'s create of a table that the service mirrored (or began to) since sync listed the
+    mirrors: its table discovery won the race; the message is the service's refusal."""
+
+    @staticmethod
+    def check(msg: str) -> None:
+        if " is already mirrored as " in msg or " is being mirrored as " in msg:
+            raise _RaceRefusal(msg.split(";")[0])
 
 
 @app.command("create-table")
@@ -547,18 +560,23 @@ def drop_table(dst: str = typer.Argument(..., help="Name of the mirror to drop (
 @app.command("list-tables")
 def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-readable output")):
     """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors (with a sources
-    file: a table per source, or --source's; --json: {"sources": {name: {"tables", "maintenance"}}})."""
+    file: a table per source, or --source's; --json: {"sources": {name: {"tables", "maintenance"}}}).
+    With table discovery on (a source's discover_interval_s), the tables it could not mirror are
+    listed too, state error, with the reason (--json: "discovery": {"failed": [...], "unmatched": [...]})."""
     CTX.failed = False
     out = {}
     for name in _each_source():
         st = call(service_client(), "status")
+        doc = {"tables": st["tables"], "maintenance": st.get("maintenance")}
+        if st.get("discovery"):  # the service mirrors new tables the patterns pick (docs/sources.md)
+            doc["discovery"] = st["discovery"]
         if name is None:
             if as_json:
-                print(json.dumps({"tables": st["tables"], "maintenance": st.get("maintenance")}, indent=1))
+                print(json.dumps(doc, indent=1))
                 return
             _print_tables(st, "")
             return
-        out[name] = {"tables": st["tables"], "maintenance": st.get("maintenance")}
+        out[name] = doc
         if not as_json:
             _print_tables(st, f"source {name}: ")
     if as_json:
@@ -587,8 +605,9 @@ def _print_tables(st: dict, prefix: str) -> None:
     for c in cols:
         t.add_column(c.replace("_", " "))
     t.add_column("verified")
-    for row in st["tables"]:
-        row = dict(row, lag=_lag_text(row))
+    failed = list(((st.get("discovery") or {}).get("failed")) or [])  # picked, not mirrored: why
+    for i, row in enumerate(st["tables"] + failed):
+        row = dict(row, lag=_lag_text(row) if i < len(st["tables"]) else "not mirrored")
         v = row.get("verify") or {}
         state = row.get("state", "")
         if row.get("warnings") and state == "ready":
@@ -600,7 +619,7 @@ def _print_tables(st: dict, prefix: str) -> None:
     console.print(t)
     from rich.markup import escape
 
-    for row in st["tables"]:  # what the table view has no room for
+    for row in st["tables"] + failed:  # what the table view has no room for
         if row.get("error"):
             console.print(f"[red]{escape(row['name'])}:[/red] {escape(str(row['error']))}", highlight=False)
         for w in row.get("warnings") or []:
@@ -609,6 +628,8 @@ def _print_tables(st: dict, prefix: str) -> None:
             )
         if row.get("last_schema_change"):
             console.print(f"{escape(row['name'])}: {escape(row['last_schema_change'])}", highlight=False)
+    for u in (st.get("discovery") or {}).get("unmatched") or []:
+        console.print(f"[yellow]warning:[/yellow] {prefix}{escape(u)} matches no table", highlight=False)
 
 
 def _lag_text(row: dict) -> str:
@@ -1283,15 +1304,16 @@ def bench(
     suite: list[str] | None = typer.Option(
         None,
         "--suite",
-        help="Run only this suite (repeatable; default: all): ingest, freshness, union_read, maintenance, "
-        "memory, index, sysbench",
+        help="Run only this suite (repeatable; default: all): ingest, freshness, union_read, changes, "
+        "maintenance, memory, index, sysbench",
     ),
 ):
     """Benchmarks reported as ratios measured side by side in one run.
 
     Suites: ingest (rows/s and CPU µs/row applied vs pg_recvlogical on the same WAL: inserts, updates,
     deletes; initial copy vs COPY TO STDOUT), freshness (commit → visible under pgbench load), union_read
-    (vs clean Parquet and a Flink-style equality-delete table), maintenance, memory (RSS per buffered row),
+    (vs clean Parquet and a Flink-style equality-delete table), changes (the change feed of 1 % of a
+    table's rows vs a full union read of it), maintenance, memory (RSS per buffered row),
     index (IndexBlock lookups), sysbench (replication lag under oltp_update_index / oltp_insert and the
     catch-up until a read-your-writes query answers). An embedded Postgres the bench starts is stopped
     at the end.

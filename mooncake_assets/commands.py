@@ -124,12 +124,13 @@ def call(client, action: str, **kw) -> dict:
 
 
 def create_with_progress(
-    client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None, exclude=None
+    client, dst, src, delete_format="deletion-vectors", quiet=False, column_types=None, exclude=None, refused=None
 ) -> dict:
     """The service's ``create_table`` of mirror ``dst`` from source ``src`` (initial copy, then CDC) with a
     progress bar of the copied rows on a terminal (``quiet``: none). Sends the publication of this
     command's settings when there are some (``CTX.settings``). Returns the service's result (``table``,
-    ``source``, ``rows``, ``copy_lsn``, ``seconds``, ``key``, …); a refused create is :func:`fail`."""
+    ``source``, ``rows``, ``copy_lsn``, ``seconds``, ``key``, …); a refused create is :func:`fail`
+    (``refused``: an object whose ``check(message)`` may raise its own exception first)."""
     from .engine.service import ServiceClient, ServiceError
 
     box: dict = {}
@@ -178,6 +179,8 @@ def create_with_progress(
                 pass
     poll.close()
     if "err" in box:
+        if refused is not None:
+            refused.check(box["err"])
         fail(box["err"])
     return box["res"]
 

@@ -99,10 +99,12 @@ class Settings:
         """The replicator service's configuration (``engine/service/config.py``) for these settings:
         the source DSN resolved (:meth:`source_dsn`, which starts the embedded Postgres when there is
         no DSN), the catalog and warehouse URIs with their defaults, the maintenance policies of
-        ``extra`` (``maintenance``, ``maintenance_tables``)."""
+        ``extra`` (``maintenance``, ``maintenance_tables``) and its table discovery (``discover``: the
+        ``schemas``/``tables``/``exclude`` patterns and ``interval_s``)."""
         from .engine.service.config import ServiceConfig
 
         extra = self.extra or {}
+        discover = extra.get("discover") or {}  # a sources file's patterns (sources.SourceConfig.settings)
         return ServiceConfig(
             state_dir=self.state_dir,
             dsn=self.source_dsn(),
@@ -128,6 +130,11 @@ class Settings:
             **({"copy_parallel": int(self.copy_parallel)} if self.copy_parallel else {}),
             maintenance_policy=dict(extra.get("maintenance") or {}),
             maintenance_tables={k: dict(v or {}) for k, v in (extra.get("maintenance_tables") or {}).items()},
+            table_patterns={k: list(discover.get(k) or []) for k in ("schemas", "tables", "exclude")}
+            if discover
+            else {},
+            discover_interval_s=float(discover.get("interval_s") or 0),
+            **({"discover_retry_s": float(discover["retry_s"])} if discover.get("retry_s") else {}),
         )
 
     def save(self) -> None:

@@ -25,6 +25,7 @@ The file (every key but ``sources`` optional; checked by :func:`parse_config`, w
         maintenance: auto             # auto | dagster
         maintenance_policy: {file_count_trigger: 8}    # settings.json extra.maintenance
         table_policies: {orders: {index_max_blocks: 4}} # extra.maintenance_tables
+        discover_interval_s: 5        # the service mirrors new tables the patterns pick (0, default: off)
 
 No password may be written in the file: a ``dsn`` key, or any value holding ``password=`` or a
 ``user:password@`` URI, is an error (the DSN's password comes with its variable, ``PGPASSWORD``,
@@ -33,7 +34,6 @@ No password may be written in the file: a ``dsn`` key, or any value holding ``pa
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from collections.abc import Mapping
@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Settings, load_settings
+from .engine.pg.patterns import TablePattern, TableSelection, list_source_tables
+from .engine.pg.patterns import mirror_name as mirror_name  # re-exported: sync and the service name mirrors alike
 
 CONFIG_NAME = "mooncake.yaml"
 _SOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -60,6 +62,7 @@ _SOURCE_KEYS = {
     "maintenance": "auto or dagster",
     "maintenance_policy": "maintenance policy of every table (mapping)",
     "table_policies": "maintenance policy per mirror name (mapping of mappings)",
+    "discover_interval_s": "seconds between the running service's looks for new tables the patterns pick (0: off)",
 }
 _TOP_KEYS = ("state_root", "sources")
 
@@ -74,33 +77,6 @@ class ConfigError(ValueError):
 
 class MissingDsn(ValueError):
     """A source's ``dsn_env`` variable is not set (the message names the variable and the source)."""
-
-
-@dataclass(frozen=True)
-class TablePattern:
-    """One ``schema.table`` glob pattern (``fnmatch`` rules, case-sensitive, matched against the names
-    as the Postgres catalogs spell them; a pattern without a dot is ``public.<pattern>``; double quotes
-    group a part that holds a dot)."""
-
-    text: str
-    schema: str
-    table: str
-
-    @staticmethod
-    def parse(text: str) -> TablePattern:
-        quoted, cut = False, -1
-        for i, ch in enumerate(text):
-            if ch == '"':
-                quoted = not quoted
-            elif ch == "." and not quoted:
-                cut = i
-                break
-        schema, table = ("public", text) if cut < 0 else (text[:cut], text[cut + 1 :])
-        unq = lambda s: s[1:-1].replace('""', '"') if len(s) >= 2 and s[0] == s[-1] == '"' else s
-        return TablePattern(text, unq(schema.strip()), unq(table.strip()))
-
-    def matches(self, schema: str, table: str) -> bool:
-        return fnmatch.fnmatchcase(schema, self.schema) and fnmatch.fnmatchcase(table, self.table)
 
 
 @dataclass
@@ -119,6 +95,7 @@ class SourceConfig:
     maintenance: str | None = None
     maintenance_policy: dict = field(default_factory=dict)
     table_policies: dict = field(default_factory=dict)
+    discover_interval_s: float = 0.0
 
     def dsn(self, environ: Mapping[str, str] | None = None) -> str:
         """The DSN from ``$<dsn_env>``; :class:`MissingDsn` naming the variable when it is unset/empty."""
@@ -158,20 +135,23 @@ class SourceConfig:
         if self.table_policies:
             extra["maintenance_tables"] = {k: dict(v) for k, v in self.table_policies.items()}
         extra["source"] = self.name
+        # the running service's table discovery (engine/service/discovery.py): the patterns, and how often
+        extra["discover"] = {**self.selection.to_dict(), "interval_s": float(self.discover_interval_s)}
         s.extra = extra
         if save:
             s.save()
         return s
 
+    @property
+    def selection(self) -> TableSelection:
+        """The source's ``schemas``/``tables``/``exclude`` as one :class:`TableSelection`."""
+        return TableSelection(tuple(self.schemas), tuple(self.tables), tuple(self.exclude))
+
     def pick(self, tables: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
         """``(the (schema, table) pairs of tables that the patterns pick, in order, the patterns that
-        match none of tables)``; an exclude pattern that excludes nothing is reported too."""
-        include = [(f"schemas: {s}", TablePattern(s, s, "*")) for s in self.schemas]
-        include += [(f"tables: {p.text}", p) for p in self.tables]
-        unmatched = [label for label, p in include if not any(p.matches(*t) for t in tables)]
-        picked = [t for t in tables if any(p.matches(*t) for _, p in include)]
-        unmatched += [f"exclude: {p.text}" for p in self.exclude if not any(p.matches(*t) for t in picked)]
-        return [t for t in picked if not any(p.matches(*t) for p in self.exclude)], unmatched
+        match none of tables)``; an exclude pattern that excludes nothing is reported too
+        (:meth:`TableSelection.pick`)."""
+        return self.selection.pick(tables)
 
 
 @dataclass
@@ -340,6 +320,9 @@ def _parse_source(name: str, d, path: Path, state_root: Path) -> SourceConfig:
     if not isinstance(per_table, dict) or not all(isinstance(v, dict) for v in per_table.values()):
         raise ConfigError(path, f"{at}.table_policies", "expected a mapping of mirror names to policy mappings")
     _check_policy(policy, path, f"{at}.maintenance_policy")
+    every = d.get("discover_interval_s", 0)
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
+        raise ConfigError(path, f"{at}.discover_interval_s", f"expected a number of seconds (0: off), not {every!r}")
     for mirror, p in per_table.items():
         _check_policy(p, path, f"{at}.table_policies.{mirror}")
     return SourceConfig(
@@ -351,6 +334,7 @@ def _parse_source(name: str, d, path: Path, state_root: Path) -> SourceConfig:
         exclude=[TablePattern.parse(t) for t in lists["exclude"]],
         maintenance_policy=dict(policy),
         table_policies={str(k): dict(v) for k, v in per_table.items()},
+        discover_interval_s=float(every),
         **strs,
     )
 
@@ -386,30 +370,8 @@ def _opt_str(v, path: Path, key: str) -> str | None:
 def source_tables(dsn: str) -> list[tuple[str, str]]:
     """Every table of the source database that could be mirrored, as ``(schema, table)`` sorted:
     ordinary and partitioned tables (``relkind`` r/p, not partitions, not temporary or unlogged), outside
-    the system schemas (PostgreSQL docs, "pg_class")."""
+    the system schemas (PostgreSQL docs, "pg_class"; :func:`~.engine.pg.patterns.list_source_tables`)."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as c:
-        rows = c.execute(
-            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence = 'p' "
-            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%' "
-            "ORDER BY 1, 2"
-        ).fetchall()
-    return [(s, t) for s, t in rows]
-
-
-def mirror_name(schema: str, table: str) -> str:
-    """The mirror name ``sync`` gives source table ``schema.table``: ``table`` for schema ``public``,
-    else ``<schema>__<table>``; parts that are not ``[A-Za-z0-9_]`` are mapped as asset key parts are
-    (``Sales Data`` → ``Sales_Data_<hash>``), and the name is cut to 63 characters keeping a hash."""
-    import hashlib
-
-    from .engine.pg.names import asset_key_part
-
-    name = asset_key_part(table) if schema == "public" else f"{asset_key_part(schema)}__{asset_key_part(table)}"
-    if name[0].isdigit():
-        name = "t_" + name
-    if len(name) > 63:
-        name = name[:54] + "_" + hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:8]
-    return name
+        return [(s, t) for s, t, _oid in list_source_tables(c)]

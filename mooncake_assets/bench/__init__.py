@@ -4,7 +4,8 @@ Suites (``--suite``, default all): ``ingest`` (rows/s applied vs ``pg_recvlogica
 initial copy vs ``COPY TO STDOUT``), ``freshness`` (commit → visible under pgbench load),
 ``union_read`` (vs a clean Parquet copy, vs a Flink-style equality-delete Iceberg v2 table and our own
 v3 table both read by DuckDB's ``iceberg_scan``, and vs an engine-optimal equality-delete model),
-``maintenance``
+``changes`` (the change feed between two cuts around 1 % of a table's rows changed vs a full union read
+of the table: :mod:`.changes`), ``maintenance``
 (:func:`.maintenance.run_maintenance_bench`), ``memory`` (service RSS per buffered row, index bytes per
 row, and one UPDATE of every row of a table applied under a memory budget vs ``pg_recvlogical``:
 :mod:`.memory_large_txn`), ``index`` (:func:`mooncake_assets.engine.index.bench.run_index_bench`) and ``sysbench``
@@ -32,14 +33,16 @@ from pathlib import Path
 
 from .common import SIZES, get_path, machine, set_path
 
-__all__ = ["run_bench", "SUITES", "TARGETS", "REQUIRED_KEYS"]
+__all__ = ["run_bench", "SUITES", "TARGETS", "REQUIRED_KEYS", "CHANGES_KEYS"]
 
-SUITES = ("ingest", "freshness", "union_read", "maintenance", "memory", "index", "sysbench")
-PG_SUITES = {"ingest", "freshness", "memory", "maintenance", "sysbench"}
+SUITES = ("ingest", "freshness", "union_read", "changes", "maintenance", "memory", "index", "sysbench")
+PG_SUITES = {"ingest", "freshness", "changes", "memory", "maintenance", "sysbench"}
 SYSBENCH_WORKLOADS = ("oltp_update_index", "oltp_insert")
 INGEST_KEYS = ("narrow", "wide", "narrow_large", "wide_large", "updates", "deletes")
 #: figures of ``memory.large_txn`` (one UPDATE of every row under a memory budget: :mod:`.memory_large_txn`)
 LARGE_TXN_KEYS = ("peak_rss_bytes", "seconds_per_million_rows", "ratio")
+#: figures of ``changes`` (the change feed of 1 % of a table vs a full union read: :mod:`.changes`)
+CHANGES_KEYS = ("ratio_vs_full_read", "seconds", "full_read_seconds", "cpu_seconds", "full_read_cpu_seconds")
 
 # (dotted key, comparison, target, what it means)
 TARGETS = [
@@ -51,6 +54,12 @@ TARGETS = [
         ">=",
         5.0,
         "our v3 table ≥ 5× faster than a Flink-style equality-delete table at 10% deletes (DuckDB iceberg_scan on both)",
+    ),
+    (
+        "changes.ratio_vs_full_read",
+        "<=",
+        0.05,
+        "reading the changes of 1% of a table ≤ 0.05 of a full union read of it",
     ),
     *[
         t
@@ -79,6 +88,7 @@ REQUIRED_KEYS = [
         for d in ("d1", "d10", "d30")
     ],
     *[f"union_read.scan.speedup_vs_equality_deletes_model.{d}" for d in ("d1", "d10", "d30")],
+    *[f"changes.{f}" for f in CHANGES_KEYS],
     "memory.service_rss_bytes_per_million_rows",
     "memory.index_bytes_per_row",
     *[f"memory.large_txn.{f}" for f in LARGE_TXN_KEYS],
@@ -185,6 +195,10 @@ def _run_suite(suite: str, doc: dict, settings, admin_dsn, sizes, quick: bool, l
         from .union_read import run_union_read_bench
 
         doc["union_read"] = run_union_read_bench(sizes, log=log)
+    elif suite == "changes":
+        from .changes import run_changes_bench
+
+        doc["changes"] = run_changes_bench(admin_dsn, sizes, log=log)
     elif suite == "memory":
         from .memory import run_memory_bench
         from .memory_large_txn import run_large_txn_bench

@@ -47,6 +47,8 @@ class Sizes:
     large_txn_rows: int = 2_000_000  # rows updated by the memory suite's one large transaction
     large_txn_rounds: int = 3  # rounds of it (the two consumers going first in turn; medians)
     large_txn_memory_limit: int = 512 << 20  # the service's memory budget for it (bytes)
+    changes_rows: int = 5_000_000  # rows of the change-feed suite's table (1% of them change: .changes)
+    changes_rounds: int = 5  # rotated rounds of the change-feed read vs the full union read
 
 
 SIZES = {
@@ -83,6 +85,14 @@ for _size, (_lt_rows, _lt_rounds, _lt_limit) in {
     SIZES[_size] = replace(
         SIZES[_size], large_txn_rows=_lt_rows, large_txn_rounds=_lt_rounds, large_txn_memory_limit=_lt_limit
     )
+
+# the change-feed suite's table rows and rounds, by size
+for _size, (_ch_rows, _ch_rounds) in {
+    "full": (5_000_000, 5),
+    "quick": (500_000, 5),
+    "tiny": (20_000, 2),
+}.items():
+    SIZES[_size] = replace(SIZES[_size], changes_rows=_ch_rows, changes_rounds=_ch_rounds)
 
 
 def interleaved(

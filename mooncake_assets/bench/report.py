@@ -128,6 +128,25 @@ def _union_read_table(ur: dict, sec_root: dict, readers: list[str], ratio_key: s
     return lines + [""]
 
 
+def _changes_section(ch: dict) -> list[str]:
+    """The ``## Change feed`` paragraph: the feed of 1 % of a table vs a full union read of it."""
+    ms = lambda v: _f(None if v is None else v * 1000)
+    return [
+        f"## Change feed (the changes of 1% of a {_f(ch.get('rows'))}-row table vs a full union read)",
+        "",
+        f"{_f(ch.get('changed_rows'))} rows changed between two consistent cuts ({_f(ch.get('updated_rows'))} "
+        f"updated, {_f(ch.get('deleted_rows'))} deleted, {_f(ch.get('inserted_rows'))} inserted); "
+        f"`ServiceClient.changes` returned {_f(ch.get('feed_rows'))} rows in {ms(ch.get('seconds'))} ms "
+        f"(CPU {ms(ch.get('cpu_seconds'))} ms), a union read `SELECT *` of the table's "
+        f"{_f(ch.get('full_read_rows'))} rows took {ms(ch.get('full_read_seconds'))} ms "
+        f"(CPU {ms(ch.get('full_read_cpu_seconds'))} ms): `ratio_vs_full_read` **{_f(ch.get('ratio_vs_full_read'))}** "
+        f"(CPU {_f(ch.get('cpu_ratio_vs_full_read'))}; target ≤ 0.05). Medians of {ch.get('rounds')} rotated rounds; "
+        f"CPU = this process + the service process; row counts as expected in every round: "
+        f"{'yes' if (ch.get('check') or {}).get('ok') else '**NO**'}.",
+        "",
+    ]
+
+
 def _union_read_section(ur: dict) -> list[str]:
     """The ``## Union read`` tables: per query and delete share the readers' median ms and the ratios, at
     the main size and on the DuckDB-iceberg comparison tables; the fixed cost per query."""
@@ -216,6 +235,8 @@ def write_markdown(doc: dict, path: Path, plots: list[Path] | None = None, base:
         lines += _sysbench_section(doc["sysbench"])
     if doc.get("union_read"):
         lines += _union_read_section(doc["union_read"])
+    if doc.get("changes"):
+        lines += _changes_section(doc["changes"])
     mt = doc.get("maintenance")
     if mt:
         lines += ["## Maintenance", "", "```", _short_json(mt), "```", ""]

@@ -15,12 +15,20 @@ environment                        settings.json ``extra.dagster``              
 ``MOONCAKE_SENSOR_INTERVAL_S``     ``sensor_interval_s``                        10 (seconds)
 ``MOONCAKE_SCHEDULE_<KIND>``       ``schedules.<kind>``                         ``jobs.maintenance.DEFAULT_CRON``
                                                                                 (cron; ``off`` disables one)
+``MOONCAKE_SCHEDULE_CUT``          ``schedules.cut``                            ``off``; a cron: the schedule
+                                                                                ``analytics_at_cut_schedule``
 ``MOONCAKE_DAGSTER_AUTOMATION``    ``automation``                               ``on``: sensor and schedules run by
                                                                                 default (``off``: stopped)
 ``MOONCAKE_DUCKDB``                ``database``                                 ``<state>/dagster.duckdb``
 —                                  ``thresholds`` (MaintenanceThresholds        see ``MaintenanceThresholds``
                                    fields)
 =================================  ===========================================  =====================================
+
+``schedules.cut``: every tick takes a consistent cut (every mirror committed to Iceberg at one LSN,
+tagged ``lsn-X-Y``; ``jobs.cuts.build_cut_schedule``) and runs the job ``analytics_at_cut`` (the
+``analytics`` assets) tagged with it, so all of its mirror reads are of Postgres at that LSN. Off by
+default: a cut commits every mirror on each tick. Not built without analytics assets, nor with a
+sources file (a cut is of one service's mirrors).
 
 A table is ``name`` (source ``public.name``), ``schema.table`` or ``name=schema.table``. The DSN,
 warehouse and catalog are the state directory's (``mooncake`` settings and ``MOONCAKE_PG_DSN`` etc.).
@@ -47,6 +55,7 @@ from pathlib import Path
 import dagster as dg
 
 from mooncake_assets.config import load_settings
+from mooncake_assets.dagster.jobs.cuts import CUT_JOB, build_cut_schedule
 from mooncake_assets.dagster.jobs.maintenance import (
     DEFAULT_CRON,
     build_maintenance_jobs,
@@ -135,7 +144,7 @@ def _automation(env: Mapping[str, str], saved: Mapping) -> dict:
     ``saved`` (settings.json ``extra.dagster``; ``{}`` with a sources file)."""
     cron = dict(DEFAULT_CRON)
     cron.update(saved.get("schedules", {}))
-    for kind in DEFAULT_CRON:
+    for kind in (*DEFAULT_CRON, "cut"):
         v = env.get(f"MOONCAKE_SCHEDULE_{kind.upper()}")
         if v is not None:
             cron[kind] = v
@@ -195,18 +204,28 @@ def build_definitions(config: DagsterConfig) -> dg.Definitions:
     jobs = build_maintenance_jobs()
     mirror_job = build_mirror_job()
     all_jobs = [*jobs.values(), mirror_job]
+    analytics = analytics_assets(t.name for t in config.tables)
+    cut_jobs, cut_schedules = _cut_schedule(config, bool(analytics))
     return dg.Definitions(
-        assets=[
-            *build_table_assets(config.tables, config.catalog_uri),
-            *analytics_assets(t.name for t in config.tables),
-        ],
+        assets=[*build_table_assets(config.tables, config.catalog_uri), *analytics],
         asset_checks=[*build_mirror_checks(config.tables), *analytics_checks(t.name for t in config.tables)],
-        jobs=all_jobs,
-        schedules=build_schedules(jobs, config.cron, running=config.automation),
+        jobs=[*all_jobs, *cut_jobs],
+        schedules=[*build_schedules(jobs, config.cron, running=config.automation), *cut_schedules],
         sensors=[build_replication_sensor(all_jobs, config.sensor_interval_s, running=config.automation)],
         resources={"replication": replication, "io_manager": io_manager},
         executor=dg.in_process_executor,
     )
+
+
+def _cut_schedule(config: DagsterConfig, has_analytics: bool) -> tuple[list, list]:
+    """([the job ``analytics_at_cut``], [its cut schedule]) when ``config.cron["cut"]`` is a cron and
+    there are analytics assets; else ``([], [])``. Running by default when ``config.automation``."""
+    cron = config.cron.get("cut", "")
+    if not cron or not has_analytics:
+        return [], []
+    job = dg.define_asset_job(CUT_JOB, selection=dg.AssetSelection.groups("analytics"))
+    status = dg.DefaultScheduleStatus.RUNNING if config.automation else dg.DefaultScheduleStatus.STOPPED
+    return [job], [build_cut_schedule(job, cron, name=f"{CUT_JOB}_schedule", default_status=status)]
 
 
 def dagster_home(state_dir: str | os.PathLike) -> Path:

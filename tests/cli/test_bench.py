@@ -19,7 +19,7 @@ def test_tiny_bench_writes_every_figure_and_both_sides_read_the_same_rows(pg_clu
     s = make_settings(state_dir, pg_cluster.dsn())
     out = state_dir / "out"
     monkeypatch.setenv("MOONCAKE_BENCH_SIZE", "tiny")
-    r = mooncake(s, "bench", "--quick", "--json", str(out / "bench.json"), "--plots", str(out / "plots"), timeout=900)
+    r = mooncake(s, "bench", "--quick", "--json", str(out / "bench.json"), "--plots", str(out / "plots"), timeout=1200)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((out / "bench.json").read_text())
     assert doc["size"] == "tiny" and not doc["errors"], doc.get("tracebacks")

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from mooncake_assets.bench import INGEST_KEYS, LARGE_TXN_KEYS, SUITES, SYSBENCH_WORKLOADS, run_bench
+from mooncake_assets.bench import CHANGES_KEYS, INGEST_KEYS, LARGE_TXN_KEYS, SUITES, SYSBENCH_WORKLOADS, run_bench
 from mooncake_assets.bench.common import SIZES
 from mooncake_assets.config import Settings
 
@@ -89,6 +89,35 @@ def test_memory_suite_times_a_large_update_against_recvlogical(pg_cluster, state
     assert lt["cpu_seconds_per_million_rows"] > 0 and lt["recvlogical_cpu_seconds_per_million_rows"] >= 0
     assert [k for k in doc["missing_keys"] if k.startswith("memory.")] == []
     assert "One UPDATE of" in doc["_md"]
+
+
+@pytest.mark.slow
+def test_changes_suite_times_the_feed_of_one_percent_against_a_full_read(pg_cluster, state_dir, monkeypatch):
+    """The change feed between two cuts around 1 % of the rows changed vs a full union read, in rotated
+    rounds; every round's feed holds exactly the changed rows (an UPDATE as a delete and an insert)."""
+    doc = _bench(make_settings(state_dir, pg_cluster.dsn()), state_dir, monkeypatch, "changes")
+    ch, tiny = doc["changes"], SIZES["tiny"]
+    print({k: v for k, v in ch.items() if k != "per_round"})
+    for k in CHANGES_KEYS:
+        assert ch[k] > 0, (k, ch)
+    assert ch["ratio_vs_full_read"] == ch["seconds"] / ch["full_read_seconds"]
+    rows, upd, dele, ins = ch["rows"], ch["updated_rows"], ch["deleted_rows"], ch["inserted_rows"]
+    assert rows == tiny.changes_rows and upd + dele + ins == ch["changed_rows"] == rows // 100
+    assert upd > 0 and dele > 0 and ins > 0
+    assert ch["rounds"] == tiny.changes_rounds == len(ch["per_round"])
+    assert [r["first"] for r in ch["per_round"]] == ["changes", "full_read"][: tiny.changes_rounds]
+    for r in ch["per_round"]:
+        assert r["changes"]["rows"] == 2 * upd + dele + ins, r
+        assert (r["changes"]["inserts"], r["changes"]["deletes"]) == (upd + ins, upd + dele), r
+        assert r["full_read"]["rows"] == rows - dele + ins, r
+        assert r["changes"]["ok"] and r["full_read"]["ok"], r
+        for side in ("changes", "full_read"):
+            assert r[side]["seconds"] > 0 and r[side]["cpu_seconds"] > 0, r
+    assert ch["check"]["ok"] is True
+    t = doc["targets"]["changes.ratio_vs_full_read"]
+    assert t["value"] == ch["ratio_vs_full_read"] and isinstance(t["met"], bool)
+    assert [k for k in doc["missing_keys"] if k.startswith("changes.")] == []
+    assert "## Change feed" in doc["_md"] and "ratio_vs_full_read" in doc["_md"]
 
 
 def test_bench_help_lists_every_suite(state_dir):

@@ -239,3 +239,66 @@ def test_the_full_example_of_docs_sources_md_loads(tmp_path):
     cfg = load_config(write(tmp_path, example))
     assert list(cfg.sources) == ["orders", "metrics"]
     assert cfg.sources["orders"].maintenance_policy == {"file_count_trigger": 8}
+
+
+def test_discover_interval_reaches_the_service_config(tmp_path):
+    """``discover_interval_s`` and the patterns go to settings.json's ``extra.discover`` and from there
+    to the service's :class:`ServiceConfig` (table discovery, engine/service/discovery.py); off by default."""
+    from mooncake_assets.config import load_settings
+    from mooncake_assets.engine.pg.patterns import TableSelection
+
+    text = GOOD.replace("    maintenance: dagster\n", "    maintenance: dagster\n    discover_interval_s: 2.5\n")
+    cfg = load_config(write(tmp_path, text))
+    o, m = cfg.sources["orders"], cfg.sources["metrics"]
+    assert o.discover_interval_s == 2.5 and m.discover_interval_s == 0
+    s = o.settings({"ORDERS_PG_DSN": "host=/tmp dbname=orders"}, save=True)
+    assert s.extra["discover"] == {
+        "schemas": ["sales"],
+        "tables": ["public.customers"],
+        "exclude": ["sales.tmp_*"],
+        "interval_s": 2.5,
+    }
+    sc = load_settings(o.state_dir, dsn="host=/tmp dbname=orders").service_config()  # what `serve` builds
+    assert sc.discover_interval_s == 2.5
+    sel = TableSelection.from_dict(dict(sc.table_patterns))
+    assert sel.pick([("sales", "a"), ("sales", "tmp_x"), ("public", "customers"), ("public", "other")]) == (
+        [("sales", "a"), ("public", "customers")],
+        [],
+    )
+    ms = m.settings({"METRICS_PG_DSN": "host=/tmp dbname=m"}).service_config()
+    assert ms.discover_interval_s == 0 and ms.table_patterns["tables"] == ["public.*"]
+    for bad in ("-1", "soon", "true"):
+        e = error_of(tmp_path, GOOD.replace("    maintenance: dagster\n", f"    discover_interval_s: {bad}\n"))
+        assert e.key == "sources.orders.discover_interval_s" and "seconds" in e.problem, e
+
+
+def test_sync_knows_the_refusals_of_a_race_with_table_discovery(tmp_path):
+    """``sync`` and the service's table discovery may mirror the same new table at once: the loser's
+    create is refused by the registry's one-mirror-per-source check, and sync takes exactly those
+    refusals (the registry's own messages, for a ready and a copying mirror) as "mirrored meanwhile"."""
+    import threading
+    from types import SimpleNamespace
+
+    from mooncake_assets.cli import _RaceRefusal
+    from mooncake_assets.engine.service.config import ServiceConfig
+    from mooncake_assets.engine.service.errors import MooncakeError
+    from mooncake_assets.engine.service.registry import TableRegistry
+
+    cfg = ServiceConfig(
+        state_dir=tmp_path,
+        dsn="dbname=x",
+        socket_path=tmp_path / "s",
+        catalog_uri="sqlite://",
+        warehouse_uri="file:///x",
+    )
+    reg = TableRegistry(cfg, None, threading.RLock())  # type: ignore[arg-type]  # no catalog needed
+    reg.doc["tables"]["sales__orders"] = {"source": "sales.orders", "oid": 11}
+    t = SimpleNamespace(source="sales.items", name="sales__items", schema=SimpleNamespace(oid=12))
+    reg.copying[12] = {"table": t}
+    for src, oid in (("sales.orders", 11), ("sales.items", 12)):
+        with pytest.raises(MooncakeError) as e:
+            reg.refuse_second_mirror(src.replace(".", "__"), src, oid)
+        with pytest.raises(_RaceRefusal):
+            _RaceRefusal.check(str(e.value))
+    _RaceRefusal.check("a mirrored table named 'x' already exists")  # another refusal: sync reports it
+    _RaceRefusal.check("cannot mirror sales.secrets: role r has no SELECT privilege on it")

@@ -20,7 +20,7 @@ import pytest
 
 from mooncake_assets.engine.read.pgwire import write_user
 
-from ..helpers import make_settings, mooncake, wait_until
+from ..helpers import make_settings, mooncake, run_sql, wait_until
 
 PASSWORD = "s3cret-pw"
 SETUP = [
@@ -109,6 +109,8 @@ def _run_psql(dsn: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_psql_select_join_and_dt_equal_postgres(served, pg_dsn):
     s, server = served
+    # a write to each mirror just before: the endpoint's latest read is of Postgres at the same LSN
+    run_sql(pg_dsn, "UPDATE owner SET q_id = 4 WHERE id = 4", "UPDATE q SET big = 41, note = 'four' WHERE id = 4")
     for sql in (
         f"SELECT {COLS} FROM q ORDER BY id",
         "SELECT q.id, o.name, q.n FROM q JOIN owner o ON o.q_id = q.id ORDER BY o.id",
@@ -144,6 +146,7 @@ def test_psycopg_server_side_parameters_equal_postgres(served, pg_dsn):
         ("SELECT id FROM q WHERE d = %s AND b = %s", ("2024-01-31", None)),
         ("SELECT %s::text AS s, %s AS i", ("x'); DROP TABLE q; --", 7)),
     ]
+    run_sql(pg_dsn, "UPDATE q SET n = 2.5 WHERE id = 1")  # the note-or-n answer holds it: same LSN both sides
     with psycopg.connect(server.dsn(), autocommit=True) as ours, psycopg.connect(pg_dsn, autocommit=True) as src:
         for sql, params in queries:
             got = ours.execute(sql, params).fetchall()
@@ -195,6 +198,52 @@ def test_errors_get_their_sqlstate_and_the_server_keeps_serving(served):
     with pytest.raises(psycopg.OperationalError) as e:  # psycopg does not expose the FATAL's SQLSTATE: raw
         psycopg.connect(server.dsn(user="nobody"))
     assert "password authentication failed" in str(e.value)
+    for user in ("ana", "nobody"):  # a wrong SCRAM proof over the raw protocol: 28P01, then the close
+        fields, closed = _wrong_scram_proof(server.port, user)
+        assert fields.get("C") == "28P01" and fields.get("S") == "FATAL", fields
+        assert closed, "the connection stays open after the FATAL"
+    with psycopg.connect(server.dsn(), autocommit=True) as c:  # still serving
+        assert c.execute("SELECT count(*) FROM q").fetchone() == (4,)
+
+
+def _wrong_scram_proof(port: int, user: str) -> tuple[dict, bool]:
+    """A StartupMessage for ``user``, SCRAM-SHA-256 with a client proof of 32 zero bytes (RFC 5802
+    §7; the PostgreSQL protocol's SASL flow, "Message Flow" / "SASL Authentication"): the
+    ErrorResponse's fields (code letter -> value) and whether the server then closed the connection."""
+    import base64
+    import socket
+    import struct
+
+    def recv_exact(sock, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            assert chunk, f"the server closed the connection after {out!r}"
+            out += chunk
+        return out
+
+    def message(sock) -> tuple[bytes, bytes]:
+        kind, length = struct.unpack("!cI", recv_exact(sock, 5))
+        return kind, recv_exact(sock, length - 4)
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        body = struct.pack("!I", 196608) + f"user\0{user}\0database\0mooncake\0\0".encode()
+        sock.sendall(struct.pack("!I", len(body) + 4) + body)
+        kind, payload = message(sock)
+        assert kind == b"R" and struct.unpack("!I", payload[:4])[0] == 10 and b"SCRAM-SHA-256" in payload
+        first = b"n,,n=,r=abcdefghijklmnopqrstuvwx"
+        init = b"SCRAM-SHA-256\0" + struct.pack("!I", len(first)) + first
+        sock.sendall(b"p" + struct.pack("!I", len(init) + 4) + init)
+        kind, payload = message(sock)
+        assert kind == b"R" and struct.unpack("!I", payload[:4])[0] == 11, (kind, payload)
+        server_first = dict(kv.split("=", 1) for kv in payload[4:].decode().split(","))
+        final = f"c=biws,r={server_first['r']},p={base64.b64encode(bytes(32)).decode()}".encode()
+        sock.sendall(b"p" + struct.pack("!I", len(final) + 4) + final)
+        kind, payload = message(sock)
+        assert kind == b"E", (kind, payload)
+        fields = {f[:1]: f[1:] for f in payload.decode().split("\0") if f}
+        closed = sock.recv(1) == b""
+    return fields, closed
 
 
 def test_two_clients_at_once(served):

@@ -1,6 +1,11 @@
 """``mooncake sql-server`` with the clients people use (psql's meta-commands and ``\\copy``, psycopg's
 list parameters and jsonb/uuid decoding, SQLAlchemy/pandas, schema browsers' ``information_schema``
 queries, several clients at once), every answer compared with the same statement run on Postgres.
+
+"At the same LSN": each comparison follows a write committed in Postgres just before it, and nothing
+writes after it; a ``latest`` read waits until the service has applied the source's LSN at the
+statement's start, so the endpoint and Postgres answer over the same committed state (a mirror one
+write behind would differ).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import pytest
 
 from mooncake_assets.engine.read.pgwire import write_user
 
-from ..helpers import make_settings, mooncake
+from ..helpers import make_settings, mooncake, run_sql
 from .test_sql_server import PASSWORD, SqlServer, _run_psql
 
 U1, U2 = uuid.UUID(int=1), uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
@@ -57,8 +62,12 @@ def _same(ours: psycopg.Connection, src: psycopg.Connection, sql: str, params=No
 
 
 def test_psql_names_meta_commands_and_copy_equal_postgres(served, pg_dsn):
-    # schema-qualified and quoted names; Postgres's output column names; COPY … TO STDOUT
+    # schema-qualified and quoted names; Postgres's output column names; COPY … TO STDOUT. The first
+    # has no ORDER BY (both answer in insertion order), so it runs before the write, which the others
+    # see on both sides (an updated row's place in an unordered answer is not the same on both)
     for sql in (
+        r"\copy docs (id, tag) to stdout csv header",
+        "UPDATE docs SET tag = 'amber', n = 3.75 WHERE id = 3",
         "SELECT id, tag FROM public.docs ORDER BY id",
         'SELECT "Name" FROM public."User" ORDER BY id',
         "SELECT public.docs.id, d.tag FROM public.docs JOIN docs d USING (id) ORDER BY 1",
@@ -68,8 +77,10 @@ def test_psql_names_meta_commands_and_copy_equal_postgres(served, pg_dsn):
         "SELECT 1 UNION ALL SELECT 2",
         r"\copy (SELECT id, tag, note, n FROM public.docs ORDER BY id) to stdout",
         r"\copy (SELECT id, tag, note, arr FROM docs ORDER BY id) to stdout with (format csv, header)",
-        r"\copy docs (id, tag) to stdout csv header",
     ):
+        if sql.startswith("UPDATE"):
+            run_sql(pg_dsn, sql)
+            continue
         ours = _run_psql(served.dsn(), "--csv", "-c", sql)
         assert ours.returncode == 0, (sql, ours.stderr)
         src = _run_psql(pg_dsn, "--csv", "-c", sql)
@@ -103,6 +114,7 @@ def test_psql_names_meta_commands_and_copy_equal_postgres(served, pg_dsn):
 
 
 def test_psycopg_arrays_types_information_schema_sqlalchemy_equal_postgres(served, pg_dsn):
+    run_sql(pg_dsn, "UPDATE docs SET tag = 'x y' WHERE id = 3")  # the tag = ANY(…) answer below holds it
     with psycopg.connect(served.dsn(), autocommit=True) as ours, psycopg.connect(pg_dsn, autocommit=True) as src:
         # array parameters (psycopg sends a list as an array: typed for numbers, untyped text for strings)
         _same(ours, src, "SELECT id FROM docs WHERE id = ANY(%s) ORDER BY id", ([1, 3, 99],))
@@ -135,6 +147,7 @@ def test_psycopg_arrays_types_information_schema_sqlalchemy_equal_postgres(serve
     pd = pytest.importorskip("pandas")
     ours_engine = sqlalchemy.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(served.dsn()))
     src_engine = sqlalchemy.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(pg_dsn))
+    run_sql(pg_dsn, "UPDATE docs SET n = 7.25 WHERE id = 2")  # pandas' frames below hold it
     q = sqlalchemy.text("SELECT id, tag, n FROM public.docs WHERE id = ANY(:ids) ORDER BY id")
     frames = []
     for engine in (ours_engine, src_engine):
@@ -143,6 +156,39 @@ def test_psycopg_arrays_types_information_schema_sqlalchemy_equal_postgres(serve
             assert c.execute(sqlalchemy.text("SELECT count(*) FROM docs")).scalar() == 3
         engine.dispose()
     pd.testing.assert_frame_equal(frames[0], frames[1])
+    assert frames[0]["n"].tolist() == [1.5, 7.25], frames[0]  # the write just made, through SQLAlchemy
+
+
+def test_psql_copy_to_a_file_equals_postgres_at_the_same_lsn(served, pg_dsn, tmp_path):
+    """psql's ``\\copy (SELECT …) to '<file>'`` (psql sends ``COPY … TO STDOUT`` and writes the file):
+    the file written through the endpoint has the rows of the file written from Postgres, right after
+    writes to both mirrors (a join of the two, text and CSV formats)."""
+    lsn = run_sql(
+        pg_dsn,
+        "UPDATE docs SET tag = 'green', note = 'after' WHERE id = 3",
+        "DELETE FROM docs WHERE id = 1",
+        "INSERT INTO docs (id, tag, arr) VALUES (4, 'new', '{4}')",
+        "INSERT INTO \"User\" VALUES (4, 'dee')",
+        "SELECT pg_current_wal_lsn()::text",
+    )[0][0]
+    join = 'SELECT d.id, d.tag, d.note, d.arr, u."Name" FROM docs d LEFT JOIN "User" u USING (id) ORDER BY d.id'
+    for name, options, copied in (
+        ("join.csv", " with (format csv, header)", (join, 3)),
+        ("join.txt", "", (join, 3)),
+        ("docs.txt", "", ("SELECT id, u, j, n FROM public.docs WHERE id > 1 ORDER BY id", 3)),
+    ):
+        sql, count = copied
+        files = {}
+        for side, dsn in (("ours", served.dsn()), ("postgres", pg_dsn)):
+            f = tmp_path / f"{side}-{name}"
+            r = _run_psql(dsn, "-c", f"\\copy ({sql}) to '{f}'{options}")
+            assert r.returncode == 0 and r.stdout.strip() == f"COPY {count}", (side, sql, r)
+            files[side] = f.read_text()
+        assert files["ours"] == files["postgres"], (name, lsn, files["ours"])
+        if "csv" not in options:  # the text format escapes the newline in row 2's note: one line a row
+            assert len(files["ours"].splitlines()) == count, files["ours"]
+    assert "4,new,,{4},dee" in (tmp_path / "ours-join.csv").read_text().splitlines()  # the writes are there
+    assert "3\tgreen\tafter\t{}\t\\N" in (tmp_path / "ours-join.txt").read_text().splitlines()
 
 
 def test_eight_clients_at_once_each_get_their_answer(served):

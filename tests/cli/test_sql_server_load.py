@@ -1,18 +1,22 @@
-"""``mooncake sql-server`` under a write load: eight clients at once (seven psycopg sessions and psql)
-while a writer moves amounts between two source tables and cuts are taken, every answer checked.
+"""``mooncake sql-server`` under a pgbench load: eight clients at once (seven psycopg sessions and psql)
+while the real ``pgbench`` (two connections, a custom ``-f`` script) moves amounts between two source
+tables and cuts are taken, every answer checked.
 
-The oracles: the total of both tables never changes (each transfer is one Postgres transaction over
-both tables); a client's own insert is in its next ``latest`` answer, and still there with
+The oracles: the total of both tables never changes (each pgbench transaction moves one amount from one
+table to the other); a client's own insert is in its next ``latest`` answer, and still there with
 ``mooncake.read = 'applied'`` (the service has applied at least that LSN once a ``latest`` read
-returned); and a cut equals Postgres as it was after one of the writer's transactions: the ``ops`` rows
-it holds are exactly ``1..k`` and both tables' balances equal the writer's own record after transfer
-``k``.
+returned); and a cut equals Postgres as it was after one of the load's transactions: the ``ops`` rows
+it holds are exactly ``1..k`` and both tables' balances equal the replay of ``ops`` rows ``1..k``
+(each transaction takes the next number from a counter row it keeps locked until its commit, so the
+numbers are the commit order).
 """
 
 from __future__ import annotations
 
 import json
-import random
+import re
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -39,7 +43,9 @@ def loaded(pg_dsn, state_dir):
         for t in ("a", "b"):
             c.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, bal bigint NOT NULL)")
             c.execute(f"INSERT INTO {t} SELECT i, {START} FROM generate_series(1, {ACCOUNTS}) i")
-        c.execute("CREATE TABLE ops (seq int PRIMARY KEY, src int, dst int, amount int)")
+        c.execute("CREATE TABLE ops (seq int PRIMARY KEY, src int, dst int, amount int, dir text NOT NULL)")
+        c.execute("CREATE TABLE counter (n int NOT NULL)")  # not mirrored: the load's commit order
+        c.execute("INSERT INTO counter VALUES (0)")
         c.execute("CREATE TABLE notes (client int, seq int, PRIMARY KEY (client, seq))")
     s = make_settings(state_dir, pg_dsn, maintenance="dagster")
     for t in ("a", "b", "ops", "notes"):
@@ -54,38 +60,80 @@ def loaded(pg_dsn, state_dir):
         mooncake(s, "stop")
 
 
-class Writer(threading.Thread):
-    """Transfers between ``a`` and ``b``, one Postgres transaction each, until ``stop`` is set;
-    ``states[k]`` is (a, b) balances after transfer ``k`` (``states[0]``: the start)."""
+def _pgbench() -> str:
+    found = shutil.which("pgbench") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"))), None)
+    assert found, "pgbench not found"
+    return str(found)
 
-    def __init__(self, dsn: str, stop: threading.Event):
+
+# one pgbench transaction: the next number from the counter (its row lock, held to the commit, orders
+# the commits), an amount moved from one table to the other, the move recorded in ops
+TRANSFER = """\\set src random(1, {accounts})
+\\set dst random(1, {accounts})
+\\set amount random(1, 50)
+BEGIN;
+UPDATE counter SET n = n + 1 RETURNING n AS seq \\gset
+UPDATE {frm} SET bal = bal - :amount WHERE id = :src;
+UPDATE {to} SET bal = bal + :amount WHERE id = :dst;
+INSERT INTO ops VALUES (:seq, :src, :dst, :amount, '{frm}{to}');
+END;
+"""
+PER_RUN = 20  # transactions per pgbench client per run (a count, not a duration)
+
+
+class PgbenchLoad(threading.Thread):
+    """Runs of ``pgbench -n -c 2 -t PER_RUN -f ab.sql -f ba.sql`` (a -> b or b -> a, equal weights)
+    until ``stop`` is set or 5000 transactions are done; ``error`` says why a run failed (its exit
+    code, failed or missing transactions)."""
+
+    def __init__(self, dsn: str, scripts: Path, stop: threading.Event):
         super().__init__(daemon=True)
         self.dsn, self.stop = dsn, stop
-        self.a = dict.fromkeys(range(1, ACCOUNTS + 1), START)
-        self.b = dict(self.a)
-        self.states = [(dict(self.a), dict(self.b))]
-        self.error: BaseException | None = None
+        self.files = []
+        for frm, to in (("a", "b"), ("b", "a")):
+            f = scripts / f"{frm}{to}.sql"
+            f.write_text(TRANSFER.format(accounts=ACCOUNTS, frm=frm, to=to))
+            self.files += ["-f", f"{f}@1"]
+        self.done = 0
+        self.error: str | None = None
 
     def run(self) -> None:
-        rnd = random.Random(16)
         try:
-            with psycopg.connect(self.dsn) as c:
-                seq = 0
-                while not self.stop.is_set() and seq < 5000:
-                    seq += 1
-                    src, dst, amount = rnd.randint(1, ACCOUNTS), rnd.randint(1, ACCOUNTS), rnd.randint(1, 50)
-                    forward = seq % 2 == 0  # a -> b, or b -> a
-                    frm, to = ("a", "b") if forward else ("b", "a")
-                    with c.transaction():
-                        c.execute(f"UPDATE {frm} SET bal = bal - %s WHERE id = %s", (amount, src))
-                        c.execute(f"UPDATE {to} SET bal = bal + %s WHERE id = %s", (amount, dst))
-                        c.execute("INSERT INTO ops VALUES (%s, %s, %s, %s)", (seq, src, dst, amount))
-                    mf, mt = (self.a, self.b) if forward else (self.b, self.a)
-                    mf[src] -= amount
-                    mt[dst] += amount
-                    self.states.append((dict(self.a), dict(self.b)))
+            while not self.stop.is_set() and self.done < 5000:
+                r = subprocess.run(
+                    [_pgbench(), "-n", "-c", "2", "-j", "1", "-t", str(PER_RUN), *self.files, self.dsn],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                processed = re.search(r"number of transactions actually processed: (\d+)/(\d+)", r.stdout)
+                failed = re.search(r"number of failed transactions: (\d+)", r.stdout)
+                complete = processed and processed.group(1) == processed.group(2)
+                if r.returncode != 0 or not complete or not failed or failed.group(1) != "0":
+                    self.error = f"pgbench rc {r.returncode}: {r.stdout[-800:]} {r.stderr[-800:]}"
+                    return
+                self.done += int(processed.group(1))
         except BaseException as e:  # reported by the test
-            self.error = e
+            self.error = f"{type(e).__name__}: {e}"
+
+
+def _replay(pg_dsn: str) -> list[tuple[dict, dict]]:
+    """``states[k]``: the (a, b) balances after the load's transaction ``k`` (``states[0]``: the start),
+    replayed from Postgres's ``ops``; asserts its numbers are ``1..n`` (every transaction committed)
+    and that the replay ends at Postgres's balances."""
+    with psycopg.connect(pg_dsn, autocommit=True) as pg:
+        ops = pg.execute("SELECT seq, src, dst, amount, dir FROM ops ORDER BY seq").fetchall()
+        (n,) = pg.execute("SELECT n FROM counter").fetchone()
+        now = tuple(dict(pg.execute(f"SELECT id, bal FROM {t}").fetchall()) for t in ("a", "b"))
+    assert [op[0] for op in ops] == list(range(1, n + 1)), (n, ops[:5])
+    bal = {"a": dict.fromkeys(range(1, ACCOUNTS + 1), START), "b": dict.fromkeys(range(1, ACCOUNTS + 1), START)}
+    states = [(dict(bal["a"]), dict(bal["b"]))]
+    for _seq, src, dst, amount, direction in ops:
+        bal[direction[0]][src] -= amount
+        bal[direction[1]][dst] += amount
+        states.append((dict(bal["a"]), dict(bal["b"])))
+    assert states[-1] == now, "the ops log does not replay to Postgres's balances"
+    return states
 
 
 def _client(k: int, dsn: str, pg_dsn: str, cuts: list[str], errors: list[str], torn: list[str]) -> None:
@@ -123,11 +171,11 @@ def _psql_client(dsn: str, errors: list[str], torn: list[str]) -> None:
             errors.append(f"psql round {i}: rc {r.returncode} out {r.stdout!r} err {r.stderr!r}")
 
 
-def test_eight_clients_under_writes_with_cuts(loaded, pg_dsn):
+def test_eight_clients_under_a_pgbench_load_with_cuts(loaded, pg_dsn, tmp_path):
     s, server = loaded
     stop = threading.Event()
-    writer = Writer(pg_dsn, stop)
-    writer.start()
+    load = PgbenchLoad(pg_dsn, tmp_path, stop)
+    load.start()
     cuts: list[str] = []
     errors: list[str] = []
     torn: list[str] = []  # latest-mode totals over both mirrors that were not TOTAL
@@ -140,17 +188,19 @@ def test_eight_clients_under_writes_with_cuts(loaded, pg_dsn):
         clients.append(threading.Thread(target=_psql_client, args=(server.dsn(), errors, torn), daemon=True))
         for t in clients:
             t.start()
-        for _ in range(2):  # cuts taken while the clients read and the writer writes
+        for _ in range(2):  # cuts taken while the clients read and the load writes
             cuts.append(json.loads(mooncake(s, "cut", "--json", check=True).stdout)["tag"])
         for t in clients:
             t.join(timeout=600)
             assert not t.is_alive(), "a client hung"
     finally:
         stop.set()
-        writer.join(timeout=60)
-    assert writer.error is None, writer.error
-    assert len(writer.states) > 1, "the writer made no transfer"
+        load.join(timeout=60)
+    assert load.error is None, load.error
+    assert load.done > 0, "pgbench made no transfer"
     assert errors == [], errors
+    states = _replay(pg_dsn)
+    assert len(states) - 1 == load.done, (len(states), load.done)
 
     cuts.append(json.loads(mooncake(s, "cut", "--json", check=True).stdout)["tag"])  # after the last write
     with psycopg.connect(server.dsn(), autocommit=True) as c, psycopg.connect(pg_dsn, autocommit=True) as pg:
@@ -159,12 +209,12 @@ def test_eight_clients_under_writes_with_cuts(loaded, pg_dsn):
             c.execute(f"SET mooncake.as_of_lsn = '{cut}'")
             seqs = [r[0] for r in c.execute("SELECT seq FROM ops ORDER BY seq").fetchall()]
             k = len(seqs)
-            assert seqs == list(range(1, k + 1)), (cut, seqs[:5], k)  # a prefix of the writer's commits
+            assert seqs == list(range(1, k + 1)), (cut, seqs[:5], k)  # a prefix of the load's commits
             a, b = ({i: bal for i, bal in c.execute(f"SELECT id, bal FROM {t} ORDER BY id").fetchall()} for t in "ab")
-            assert (a, b) == writer.states[k], (cut, k)  # Postgres as it was after transfer k
+            assert (a, b) == states[k], (cut, k)  # Postgres as it was after transfer k
             seen.append(k)
         assert seen == sorted(seen), seen  # later cuts, later LSNs
-        assert seen[-1] == len(writer.states) - 1  # the last cut has every transfer
+        assert seen[-1] == len(states) - 1  # the last cut has every transfer
         for t in ("a", "b", "ops", "notes"):  # and equals Postgres now (no writes since)
             sql = f"SELECT * FROM {t} ORDER BY 1, 2"
             assert c.execute(sql).fetchall() == pg.execute(sql).fetchall(), t

@@ -126,6 +126,36 @@ def test_jobs_schedules_and_sensor_defaults(tmp_path):
         assert {k.path[0] for k in job.asset_layer.selected_asset_keys} == {kind}
 
 
+def test_the_cut_schedule_is_off_by_default_and_turned_on_by_a_cron(tmp_path):
+    """``MOONCAKE_SCHEDULE_CUT`` / settings.json ``schedules.cut``: the schedule
+    ``analytics_at_cut_schedule`` over the job ``analytics_at_cut`` (the analytics assets), running
+    under automation; absent by default, with ``off``, and without analytics assets."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = {"MOONCAKE_STATE_DIR": str(state), "MOONCAKE_TABLES": ",".join(PGBENCH)}
+    assert "analytics_at_cut_schedule" not in {s.name for s in build_definitions(load_config(env)).schedules}
+    assert "analytics_at_cut_schedule" not in {
+        s.name for s in build_definitions(load_config({**env, "MOONCAKE_SCHEDULE_CUT": "off"})).schedules
+    }
+    defs = build_definitions(load_config({**env, "MOONCAKE_SCHEDULE_CUT": "*/15 * * * *"}))
+    sched = {s.name: s for s in defs.schedules}["analytics_at_cut_schedule"]
+    assert sched.cron_schedule == "*/15 * * * *" and sched.job_name == "analytics_at_cut"
+    assert sched.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert sched.required_resource_keys == {"replication"}
+    job = defs.resolve_job_def("analytics_at_cut")
+    assert {k.path[0] for k in job.asset_layer.selected_asset_keys} == {"analytics"}
+    assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} >= {
+        "analytics/branch_balances",
+        "analytics/teller_activity",
+    }
+    (state / "settings.json").write_text(json.dumps({"extra": {"dagster": {"schedules": {"cut": "5 * * * *"}}}}))
+    off = build_definitions(load_config({**env, "MOONCAKE_DAGSTER_AUTOMATION": "off"}))
+    sched = {s.name: s for s in off.schedules}["analytics_at_cut_schedule"]
+    assert sched.cron_schedule == "5 * * * *" and sched.default_status == dg.DefaultScheduleStatus.STOPPED
+    no_analytics = build_definitions(load_config({**env, "MOONCAKE_TABLES": "orders"}))
+    assert "analytics_at_cut_schedule" not in {s.name for s in no_analytics.schedules}
+
+
 def test_plan_maintenance_rules():
     th = MaintenanceThresholds(
         flush_buffer_bytes=1000, flush_buffer_rows=0, persist_pending_deletes=10, persist_max_age_s=60

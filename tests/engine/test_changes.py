@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mooncake_assets.engine.cdc.txn import Change
-from mooncake_assets.engine.table.changes import HistoryError, cancel_pairs, plan_changes
+from mooncake_assets.engine.table.changes import HistoryError, cancel_pairs, plan_changes, read_positions
 
 from .test_apply import COLS, OID, commit, delete, insert, make_table, read, update
 
@@ -225,3 +225,22 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
         if m not in cuts and m < t.flushed_lsn and m > min(cuts):
             with pytest.raises(NotACutError, match="is not a cut"):
                 plan_changes(t, m, t.applied_lsn)
+
+
+def test_read_positions_reads_the_rows_at_positions_across_row_groups(tmp_path):
+    """Rows of several row groups (one holding none of the positions), in position order, equal a take
+    over the whole file; every position, and none, too."""
+    import pyarrow.parquet as pq
+    from pyroaring import BitMap64
+
+    t = pa.table({"id": pa.array(range(1000), pa.int64()), "v": pa.array([f"s{i}" * (i % 5) for i in range(1000)])})
+    path = tmp_path / "f.parquet"
+    pq.write_table(t, path, row_group_size=128)
+    pf = pq.ParquetFile(path)
+    assert pf.num_row_groups == 8
+    want = [0, 1, 127, 128, 300, 383, 640, 641, 999]  # row groups 0, 1, 2, 5, 7; none of 3, 4, 6
+    got = read_positions(pf, BitMap64(want))
+    assert got.to_pylist() == t.take(pa.array(want)).to_pylist()
+    assert got.column("id").to_pylist() == want
+    assert read_positions(pf, BitMap64(range(1000))).to_pylist() == t.to_pylist()
+    assert read_positions(pf, BitMap64()).num_rows == 0

@@ -7,6 +7,7 @@ import base64
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap64
@@ -265,3 +266,67 @@ def test_small_in_memory_rows_are_a_duckdb_table_rewritten_only_when_they_change
     check(mem.slice(0, 0))
     check(mem.slice(0, 50))
     assert r.con.execute("DESCRIBE t").fetchall() == types
+
+
+def test_arrow_mode_holds_the_live_rows_of_files_with_deletes_until_a_vector_changes(table, monkeypatch):
+    """A whole-table query (the arrow way) of a long-lived reader reads the files with deletes with
+    PyArrow once: while their deletion vectors and the columns are unchanged, later queries scan a
+    DuckDB temp table of their live rows (no PyArrow read, no Arrow scan); a changed vector reads them
+    again; past MEM_TABLE_ROWS live rows they are a registered Arrow table, the same object again
+    while unchanged; with no file with deletes left the temp table goes, unless the whole table has at
+    most MEM_TABLE_ROWS live rows (then every file is held). An unchanged empty buffer keeps its
+    registration. Every query equals the expected rows."""
+    import mooncake_assets.engine.read.union as union
+
+    client, expected = table
+    rs, mem = client.tables["t"]
+    reads: list[int] = []
+    real = union._read_masked
+    monkeypatch.setattr(union, "_read_masked", lambda files, cols, cache: reads.append(1) or real(files, cols, cache))
+    r = UnionReader(client, mode="arrow")
+    sql = "SELECT * FROM t"
+
+    def check(want: pa.Table) -> None:
+        assert _sorted(r.query(sql, lsn="0/10")) == _sorted(want)
+
+    check(expected)
+    assert len(reads) == 1 and "t" in r._dirty_tables
+    types = r.con.execute("DESCRIBE t").fetchall()
+    for _ in range(3):
+        check(expected)
+    assert len(reads) == 1  # unchanged: nothing read again
+    assert "ARROW_SCAN" not in r.con.execute("EXPLAIN SELECT sum(val) FROM __mc_dirtyt_t").fetchall()[0][1]
+
+    f = next(f for f in rs["files"] if f["name"] == "random.parquet")  # one more delete in one file
+    old = set(deleted_positions(f["deleted"]).tolist())
+    extra = next(p for p in range(5000) if p not in old)
+    f["deleted"] = _dv(sorted(old | {extra}))
+    gone = expected.filter(pc.not_equal(expected["id"], 3000 + extra))
+    check(gone)
+    assert len(reads) == 2 and r.con.execute("DESCRIBE t").fetchall() == types
+
+    monkeypatch.setattr(union, "MEM_TABLE_ROWS", 100)  # too many live rows for a temp table: Arrow
+    f["deleted"] = _dv(sorted(old))
+    check(expected)
+    assert "t" not in r._dirty_tables and len(reads) == 3
+    held = r._registered["__mc_dirty_t"]
+    check(expected)
+    assert r._registered["__mc_dirty_t"] is held and len(reads) == 3  # the same object, not read again
+    assert not r.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '__mc_dirtyt_t'").fetchone()[0]
+
+    empty = mem.slice(0, 0)
+    client.tables["t"] = (rs, empty)
+    check(expected.slice(0, expected.num_rows - mem.num_rows))
+    kept = r._registered["__mc_mem_t"]
+    client.tables["t"] = (rs, mem.slice(0, 0))  # another empty object of the same schema
+    check(expected.slice(0, expected.num_rows - mem.num_rows))
+    assert r._registered["__mc_mem_t"] is kept
+
+    clean = [g for g in rs["files"] if g["deleted"] is None]
+    client.tables["t"] = (dict(rs, files=clean), mem)
+    check(pa.concat_tables([_rows(np.arange(0, 3000), 0), mem]))  # 3000 rows, no deletes: read_parquet
+    assert "t" not in r._dirty_tables and "__mc_dirty_t" not in r._registered
+    assert "read_parquet" in r._views["t"]
+    monkeypatch.setattr(union, "MEM_TABLE_ROWS", 65_536)  # a small table: all its files held as one table
+    check(pa.concat_tables([_rows(np.arange(0, 3000), 0), mem]))
+    assert [k[0] for k in r._dirty_tables["t"][1]] == [clean[0]["path"]] and "read_parquet" not in r._views["t"]

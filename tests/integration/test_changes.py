@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 from collections import Counter
 from itertools import combinations
@@ -229,9 +230,23 @@ def test_changes_command(pg_dsn, state_dir):
         assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "is after --until" in bad.stderr
         old = mooncake(s, "changes", "cc", "--since", "0/1", "--until", until)
         assert old.returncode == 1 and "oldest available LSN is" in old.stderr
+        assert "table cc: no changes before LSN" in old.stderr and "created" in old.stderr
         assert Lsn.parse(old.stderr.split()[-1]) <= Lsn.parse(since) and old.stderr.strip().count("\n") == 0
         future = mooncake(s, "changes", "cc", "--since", since, "--until", "FF/0", "--max-wait", "0.5")
         assert future.returncode == 1 and "timed out" in future.stderr
+        # an LSN not applied yet is waited for (read-your-writes), then served
+        later = threading.Timer(1.0, _sql, (pg_dsn, "INSERT INTO other_wal SELECT 1"))
+        _sql(pg_dsn, "CREATE TABLE other_wal (x int)")
+        ahead = str(Lsn(Lsn.parse(_lsn(pg_dsn)) + 1))  # past everything written so far
+        later.start()
+        try:
+            waited = mooncake(
+                s, "changes", "cc", "--since", since, "--until", ahead, "--format", "csv", "--max-wait", "60"
+            )
+        finally:
+            later.join()
+        assert waited.returncode == 0, waited.stderr
+        assert f"changes of cc in [{since}, {ahead}): 2 inserts, 2 deletes" in waited.stderr
         nolsn = mooncake(s, "changes", "cc", "--since", "nope")
         assert nolsn.returncode == 2 and "is not an LSN" in nolsn.stderr
         persisted = mooncake(
@@ -274,3 +289,34 @@ def test_changes_command(pg_dsn, state_dir):
         mooncake(s, "create-table", "cc", "public.cc", check=True)
         again = mooncake(s, "changes", "cc", "--since", since)
         assert again.returncode == 1 and "re-created" in again.stderr and "oldest available LSN is" in again.stderr
+
+
+def test_changes_older_than_expired_snapshots_name_the_oldest_lsn(pg_dsn, state_dir):
+    """Once a compaction's cleanup has expired the older snapshots, a range from one of them is refused
+    in one line naming the table, that snapshots expired, and the oldest LSN still available, which is
+    then a valid start."""
+    _sql(
+        pg_dsn,
+        "CREATE TABLE ex (id int PRIMARY KEY, v text)",
+        "INSERT INTO ex SELECT g, 'v' FROM generate_series(1, 50) g",
+    )
+    policy = dict(POLICY, snapshot_retention_s=0, retain_snapshots=1, keep_cuts=0)
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster", extra={"maintenance": policy})
+    with running_service(s) as client:
+        client.call("create_table", dst="ex", src="public.ex")
+        client.settings = s
+        first = _snapshot_lsn(s, "ex")
+        for stmt in ("UPDATE ex SET v = 'a' WHERE id % 2 = 0", "INSERT INTO ex VALUES (100, 'x')"):
+            _step(pg_dsn, client, [stmt], "persist", "ex")
+        _step(pg_dsn, client, [], "compact", "ex")  # its cleanup expires all but the newest snapshot
+        with pytest.raises(ServiceError, match="older snapshots have expired") as e:
+            client.changes("ex", str(first))
+        msg = str(e.value)
+        assert msg.count("\n") == 0 and "table ex: no changes before LSN" in msg, msg
+        oldest = Lsn.parse(msg.rsplit(" ", 1)[1])
+        assert oldest > first
+        head, feed = client.changes("ex", str(oldest))  # the LSN it names is a start that works
+        assert head["since"] == str(oldest) and feed.num_rows == 0
+        old = mooncake(s, "changes", "ex", "--since", str(first))
+        assert old.returncode == 1 and old.stderr.strip().count("\n") == 0
+        assert "table ex:" in old.stderr and f"the oldest available LSN is {oldest}" in old.stderr

@@ -1,7 +1,8 @@
 """Consistent cuts (``mooncake cut`` / ``persist --all``): every mirror committed at ONE LSN and tagged
 ``lsn-X-Y``. A workload moves amounts between two mirrored tables in single transactions (the sum of
 both is constant) while cuts are taken; every cut read by PyIceberg at the tags' snapshots and by
-DuckDB's ``iceberg_scan`` at those snapshots has the constant sum. An untouched third table is tagged
+DuckDB's ``iceberg_scan`` at those snapshots has the constant sum, and so does every union read
+(``mooncake query``, read-your-writes and ``--no-wait``) taken while the workload runs. An untouched third table is tagged
 on its current snapshot. Expiry keeps the tagged snapshots (and drops cuts beyond ``keep_cuts``).
 """
 
@@ -24,6 +25,7 @@ from ..helpers import make_settings, mooncake, running_service
 
 ROWS = 50
 TOTAL = 2 * ROWS * 100
+SUM_SQL = "SELECT (SELECT sum(amount) FROM a) + (SELECT sum(amount) FROM b) AS total"
 
 
 def _workload(dsn: str, stop: threading.Event, done: list[int]) -> None:
@@ -69,6 +71,7 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
         worker = threading.Thread(target=_workload, args=(pg_dsn, stop, done), daemon=True)
         worker.start()
         cuts = []
+        union_totals: list[str] = []
         try:
             for i in range(4):
                 before = done[0]
@@ -88,10 +91,15 @@ def test_cuts_have_the_constant_sum(pg_dsn, state_dir):
                     assert set(res["tables"]) == {"a", "b", "c"}
                     assert res["tables"]["a"]["committed"] and res["tables"]["a"]["flush_lsn"] == res["lsn"]
                     cuts.append(res["tag"])
+                # a union read over both mirrors while the workload runs (latest, then what is applied)
+                for mode in ((), ("--no-wait",)):
+                    r = mooncake(s, "query", "--format", "csv", *mode, SUM_SQL, check=True)
+                    union_totals.append(r.stdout.splitlines()[1])
         finally:
             stop.set()
             worker.join(timeout=30)
         assert done[0] >= 60 and len(set(cuts)) == 4
+        assert union_totals == [str(TOTAL)] * 8, union_totals  # every union read has the constant sum
 
         catalog = make_catalog(s.catalog, s.warehouse_uri)
         tables = {t: catalog.load_table(f"mooncake.{t}") for t in ("a", "b", "c")}

@@ -1,7 +1,9 @@
 """The service's memory budget against a real Postgres and the real service process: a single-transaction
 UPDATE of a large table spills to disk and is applied in chunks (peak RSS bounded relative to the
-budget), a top-level abort of a large streamed transaction leaves no spill file, and the mirror equals
-Postgres afterwards."""
+budget), also as a streamed transaction whose savepoints are rolled back inside it (Stream Abort of a
+subtransaction, pgoutput protocol version 2), a top-level abort of a large streamed transaction leaves
+no spill file, and afterwards the mirror equals Postgres in the union read and, once persisted, in
+PyIceberg's and DuckDB's (``iceberg_scan``) reads of the Iceberg table (:func:`_matches`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from mooncake_assets.engine.iceberg import make_catalog
 from mooncake_assets.engine.service.process import kill_service, service_pid, start_service
+from mooncake_assets.engine.storage.duckdb_ext import connect_with_iceberg
 from mooncake_assets.verify import verify
 
 from ..helpers import make_settings, mooncake, running_service, wait_until
@@ -32,10 +36,64 @@ def _reset_hwm(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
-def _matches(settings, client, name: str) -> None:
+#: count, sum(n) and a checksum of ``big``'s rows (md5 of every row's text, in id order)
+_PG_SUMMARY = (
+    "SELECT count(*), coalesce(sum(n), 0), md5(coalesce(string_agg(id::text || ':' || n::text || ':' || v, ','"
+    " ORDER BY id), '')) FROM big"
+)
+_DUCK_SUMMARY = (
+    "SELECT count(*), coalesce(sum(n), 0), md5(coalesce(string_agg(CAST(id AS VARCHAR) || ':' || CAST(n AS VARCHAR)"
+    " || ':' || v, ',' ORDER BY id), '')) FROM {src}"
+)
+
+
+def _summaries(settings, dsn: str, name: str) -> dict[str, tuple]:
+    """(count, sum(n), checksum) of ``big`` in Postgres and of the persisted mirror ``name`` as PyIceberg
+    and DuckDB's ``iceberg_scan`` read it."""
+    with psycopg.connect(dsn) as c:
+        pg = c.execute(_PG_SUMMARY).fetchone()
+    tbl = make_catalog(settings.catalog, settings.warehouse_uri).load_table(f"mooncake.{name}")
+    duck = connect_with_iceberg()
+    try:
+        duck.register("scanned", tbl.scan().to_arrow())
+        py = duck.execute(_DUCK_SUMMARY.format(src="scanned")).fetchone()
+        loc = tbl.metadata_location.replace("'", "''")
+        ice = duck.execute(_DUCK_SUMMARY.format(src=f"iceberg_scan('{loc}')")).fetchone()
+    finally:
+        duck.close()
+    return {"postgres": tuple(pg), "pyiceberg": tuple(py), "duckdb-iceberg": tuple(ice)}
+
+
+def _matches(settings, client, name: str, dsn: str | None = None) -> None:
+    """The mirror ``name`` equals its source: the union read at one LSN (``verify``, row for row); then,
+    persisted, PyIceberg's and DuckDB's (``iceberg_scan``) reads of the Iceberg table against Postgres
+    (nothing writes meanwhile, so Postgres now is Postgres at that LSN). With ``dsn`` (a mirror of
+    ``big``, up to 3M rows) those two compare count, sum(n) and the md5 of every row's text in id order
+    (equal only when every row is); without, ``verify`` compares them row for row."""
     results, lsn = verify(settings, [name], "union", client)
     bad = [r.line() for r in results if not r.match]
-    assert not bad, f"at LSN {lsn}: {bad}"
+    assert not bad, f"union read at LSN {lsn}: {bad}"
+    client.call("persist", table=name)
+    if dsn is not None:
+        sums = _summaries(settings, dsn, name)
+        print(f"{name}: (count, sum(n), checksum) {sums}")
+        assert sums["pyiceberg"] == sums["postgres"] and sums["duckdb-iceberg"] == sums["postgres"], sums
+        return
+    for reader in ("pyiceberg", "duckdb-iceberg"):
+        results, lsn = verify(settings, [name], reader, client)
+        bad = [r.line() for r in results if not r.match]
+        assert not bad, f"{reader} after persist at LSN {lsn}: {bad}"
+
+
+def _spilled_bytes(spill: Path) -> int:
+    """Bytes in the spill directory's files (0: none)."""
+    n = 0
+    for p in spill.glob("*.arrow"):
+        try:
+            n += p.stat().st_size
+        except FileNotFoundError:  # (deleted meanwhile)
+            pass
+    return n
 
 
 def _big_table(dsn: str, rows: int) -> None:
@@ -66,7 +124,7 @@ def _update_all(settings, dsn: str, rows: int, limit: int) -> dict:
             lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
         client.wait_lsn(lsn, timeout=600)
         hwm = _proc_kb(pid, "VmHWM")  # (before the verify: its reads are not the apply's)
-        _matches(settings, client, "big")
+        _matches(settings, client, "big", dsn)
         mem = client.status()["memory"]
         spill_files = list((settings.state_dir / "spill").glob("*.arrow"))
         with psycopg.connect(dsn) as c:
@@ -92,6 +150,7 @@ def test_large_update_spills_and_stays_in_budget(pg_dsn, state_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # (a hang guard: the 3M-row copy, UPDATE and four reads of 3M rows)
 def test_three_million_row_update_under_512mib(pg_dsn, state_dir):
     """The target: 3M rows updated in one transaction under ``--memory-limit 512MiB``; peak RSS at most
     1.5x the budget."""
@@ -103,22 +162,118 @@ def test_three_million_row_update_under_512mib(pg_dsn, state_dir):
     assert m["hwm"] <= 1.5 * limit
 
 
-def test_aborted_large_transaction_leaves_no_spill(pg_dsn, state_dir):
-    """A large UPDATE streamed by Postgres while open, spilled by the service, then rolled back: the
-    spill file goes with the Stream Abort and the mirror still equals Postgres."""
-    s = make_settings(state_dir, pg_dsn, memory_limit=128 * MiB, maintenance="auto")
-    _big_table(pg_dsn, 200_000)
+def _abort_large_update(dsn: str, state_dir: Path, rows: int) -> None:
+    """Mirror ``big`` (``rows`` rows), UPDATE every row twice in one transaction that Postgres streams
+    while open and the service spills, roll it back: the spill file goes with the Stream Abort, nothing
+    counts as spilled, and the mirror still equals Postgres in every reader."""
+    s = make_settings(state_dir, dsn, memory_limit=128 * MiB, maintenance="auto")
+    _big_table(dsn, rows)
     spill = state_dir / "spill"
     with running_service(s) as client:
         client.call("create_table", dst="big", src="public.big")
-        with psycopg.connect(pg_dsn) as c:
+        with psycopg.connect(dsn) as c:
             c.execute("UPDATE big SET n = n + 1, v = v || 'x'")
             c.execute("UPDATE big SET n = n + 1")
             wait_until(lambda: list(spill.glob("*.arrow")), timeout=120, what="a spill file of the open transaction")
             c.rollback()
-        wait_until(lambda: not list(spill.glob("*.arrow")), timeout=120, what="the spill file to go")
-        _matches(s, client, "big")
+        wait_until(lambda: not list(spill.glob("*.arrow")), timeout=max(120, rows / 2000), what="the spill file to go")
+        _matches(s, client, "big", dsn)
         assert client.status()["memory"]["spilled"] == 0
+        assert not list(spill.glob("*.arrow"))
+
+
+def test_aborted_large_transaction_leaves_no_spill(pg_dsn, state_dir):
+    """A large UPDATE streamed by Postgres while open, spilled by the service, then rolled back: the
+    spill file goes with the Stream Abort and the mirror still equals Postgres."""
+    _abort_large_update(pg_dsn, state_dir, 200_000)
+
+
+@pytest.mark.slow
+def test_aborted_million_row_transaction_leaves_no_spill(pg_dsn, state_dir):
+    """The same with 1M rows (two UPDATEs of every row: 2M changes, several spill writes) rolled back."""
+    _abort_large_update(pg_dsn, state_dir, 1_000_000)
+
+
+def test_streamed_transaction_with_savepoint_rollbacks_spills_and_stays_in_budget(pg_dsn, state_dir):
+    """One transaction of several large chunks, some inside ``SAVEPOINT … ROLLBACK TO SAVEPOINT`` (one
+    with a released savepoint nested inside it), streamed by Postgres while open (protocol version 2:
+    each rolled-back savepoint is a Stream Abort naming its subtransaction) and spilled by the service
+    under a 128 MiB budget: at commit the rows of the aborted subtransactions are left out — those
+    already in the spill file and those still in memory — the mirror equals Postgres in every reader,
+    nothing is left in the spill directory, and the RSS the apply adds stays within 1.5x the budget."""
+    limit = 128 * MiB
+    rows = 200_000
+    s = make_settings(state_dir, pg_dsn, memory_limit=limit, maintenance="auto")
+    _big_table(pg_dsn, rows)
+    spill = state_dir / "spill"
+    with running_service(s) as client:
+        client.call("create_table", dst="big", src="public.big")
+        client.call("persist", table="big")
+        pid = service_pid(s)
+        assert pid
+        _reset_hwm(pid)
+        base = _proc_kb(pid, "VmRSS")
+        with psycopg.connect(pg_dsn) as c:
+            c.execute("UPDATE big SET n = n + 1")  # top level: kept (more than one spill write)
+            first = wait_until(lambda: _spilled_bytes(spill), timeout=120, what="a spill file of the open transaction")
+            c.execute("SAVEPOINT a")
+            c.execute("UPDATE big SET n = n + 100, v = v || 'a'")  # every row again, then rolled back
+            c.execute("INSERT INTO big SELECT g, 7, 'a' FROM generate_series(1000001, 1050000) g")
+            # the next spill write holds rows of subtransaction a (and more of a stays in memory)
+            wait_until(lambda: _spilled_bytes(spill) > first, timeout=120, what="savepoint a's rows spilled")
+            c.execute("ROLLBACK TO SAVEPOINT a")
+            c.execute("SAVEPOINT b")
+            c.execute("UPDATE big SET n = n + 2 WHERE id % 3 = 0")  # released: kept
+            c.execute("INSERT INTO big SELECT g, g % 7, 'b' || g FROM generate_series(2000001, 2030000) g")
+            c.execute("RELEASE SAVEPOINT b")
+            c.execute("SAVEPOINT c")
+            c.execute("DELETE FROM big WHERE id % 5 = 0")
+            c.execute("SAVEPOINT d")
+            c.execute("UPDATE big SET n = n + 1000, v = 'd' WHERE id % 2 = 0")
+            c.execute("RELEASE SAVEPOINT d")  # d's rows belong to c now: rolled back with it
+            c.execute("ROLLBACK TO SAVEPOINT c")
+            c.execute("DELETE FROM big WHERE id % 11 = 0")  # top level: kept
+            c.execute("SAVEPOINT e")
+            c.execute("UPDATE big SET n = -n")  # the last chunk rolled back, right before the commit
+            c.execute("ROLLBACK TO SAVEPOINT e")
+            c.commit()
+            lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        client.wait_lsn(lsn, timeout=600)
+        hwm = _proc_kb(pid, "VmHWM")
+        mem = client.status()["memory"]
+        _matches(s, client, "big", pg_dsn)
+        print(f"memory: base RSS {base / MiB:.0f} MiB, peak {hwm / MiB:.0f} MiB, status {mem}")
+        with psycopg.connect(pg_dsn) as c:  # what the kept chunks alone make
+            expect_rows = sum(1 for g in range(1, rows + 1) if g % 11) + sum(
+                1 for g in range(2000001, 2030001) if g % 11
+            )
+            assert c.execute("SELECT count(*) FROM big").fetchone() == (expect_rows,)
+            assert c.execute("SELECT count(*) FROM big WHERE v LIKE '%a' OR v = 'd' OR n < 0").fetchone() == (0,)
+        assert mem["spilled"] >= 1
+        assert not list(spill.glob("*.arrow"))
+        assert hwm - base <= 1.5 * limit
+
+
+def test_reference_decoder_says_it_does_not_spill(pg_dsn, state_dir, monkeypatch):
+    """``decoder: python`` (the reference decoder) does not spill: a stream started with it logs one
+    warning saying so, naming the budget, and the mirror is still right; the compiled decoder logs none."""
+    monkeypatch.delenv("MOONCAKE_DECODER", raising=False)
+    s = make_settings(state_dir, pg_dsn, memory_limit=128 * MiB, decoder="python")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE small (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 100) g")
+    log = state_dir / "service.log"
+    warning = "the reference decoder does not spill: an open transaction is held in memory whole, outside the memory budget of 128.0 MiB"
+    with running_service(s) as client:
+        client.call("create_table", dst="small", src="public.small")
+        wait_until(lambda: "replication stream started (reference decoder)" in log.read_text(), what="the stream")
+        assert warning in log.read_text()
+        _matches(s, client, "small")
+    s = make_settings(state_dir, pg_dsn, memory_limit=128 * MiB, decoder="native")
+    log.write_text("")
+    with running_service(s) as client:
+        wait_until(lambda: "replication stream started (compiled decoder)" in log.read_text(), what="the stream")
+        assert "does not spill" not in log.read_text()
 
 
 def test_memory_limit_on_the_command_line(pg_dsn, state_dir):
@@ -178,7 +333,7 @@ def test_sigkill_while_spilled_converges(pg_dsn, state_dir):
         kill_service(s)
         start_service(s)
         client.close()
-        _matches(s, client, "big")
+        _matches(s, client, "big", pg_dsn)
         assert not list(spill.glob("*.arrow"))
 
 

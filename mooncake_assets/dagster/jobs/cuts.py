@@ -12,6 +12,11 @@ Example::
     job = dg.define_asset_job("reports", selection=["daily_report", "branch_totals"])
     schedule = build_cut_schedule(job, "0 * * * *")
     dg.Definitions(assets=..., jobs=[job], schedules=[schedule], resources={"replication": ..., "io_manager": ...})
+
+The default definitions (``mooncake_assets.definitions``) add one, ``analytics_at_cut_schedule`` over
+the job ``analytics_at_cut`` (the ``analytics`` assets), when ``MOONCAKE_SCHEDULE_CUT`` (or
+settings.json ``extra.dagster.schedules.cut``) is a cron expression; see
+:mod:`mooncake_assets.dagster.definitions`.
 """
 
 import dagster as dg
@@ -38,11 +43,27 @@ def take_cut(replication: ReplicationResource, tables: list[str] | None = None) 
     )
 
 
-def build_cut_schedule(job, cron_schedule: str, name: str | None = None) -> dg.ScheduleDefinition:
-    """A schedule (cron, UTC) whose every tick (``job``: a job definition or ``define_asset_job``'s) takes a cut (:func:`take_cut`) and requests a run of
-    ``job`` tagged ``mooncake/cut=<tag>`` (run key: the tag). Needs the ``replication`` resource."""
+CUT_JOB = "analytics_at_cut"  # the default definitions' job of the cut schedule (``schedules.cut``)
 
-    @dg.schedule(job=job, cron_schedule=cron_schedule, name=name or f"{job.name}_at_cut", execution_timezone="UTC")
+
+def build_cut_schedule(
+    job,
+    cron_schedule: str,
+    name: str | None = None,
+    default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
+) -> dg.ScheduleDefinition:
+    """A schedule (cron, UTC) whose every tick (``job``: a job definition or ``define_asset_job``'s)
+    takes a cut (:func:`take_cut`) and requests a run of ``job`` tagged ``mooncake/cut=<tag>`` (run
+    key: the tag). Named ``<job>_at_cut`` unless ``name``; ``default_status``: Dagster's (stopped
+    until turned on, as Dagster's own default). Needs the ``replication`` resource."""
+
+    @dg.schedule(
+        job=job,
+        cron_schedule=cron_schedule,
+        name=name or f"{job.name}_at_cut",
+        execution_timezone="UTC",
+        default_status=default_status,
+    )
     def _at_cut(context: dg.ScheduleEvaluationContext, replication: ReplicationResource):
         cut = take_cut(replication)
         context.log.info(f"cut {cut['tag']} at LSN {cut['lsn']}")

@@ -32,7 +32,10 @@ reads go the ``lazy`` way (PyArrow's column reads go by name).
 
 :meth:`query` picks the mode per statement from DuckDB's own parse tree (``json_serialize_sql``):
 a statement without ``WHERE``/``HAVING``/``QUALIFY``/join conditions/``LIMIT``/``SAMPLE`` reads whole
-tables, so it gets ``arrow`` with the referenced columns only; any other statement gets ``lazy``.
+tables, so it gets ``arrow`` with the referenced columns only; any other statement gets ``lazy``,
+except when the files with deletes hold at most :data:`MEM_TABLE_ROWS` live rows in all: then
+``arrow``, whose rows a long-lived reader holds as a DuckDB table until a vector changes (a scan of
+it costs less per query than the bitmap join of ``lazy``).
 Both modes return the same rows (tests/engine/test_union_read.py checks every mode against the
 expected rows). Only the tables a statement names are registered.
 
@@ -53,6 +56,7 @@ import duckdb
 import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import FrozenBitMap64
 
@@ -264,6 +268,8 @@ class UnionReader:
         self._storage: dict[str, Any] | None = None  # the ReadState ``storage`` hints applied to ``con``
         self._mem: dict[str, pa.Table] = {}  # view -> its in-memory rows (as the service sent them)
         self._mem_tables: dict[str, pa.Table] = {}  # view -> the rows its __mc_memt_ temp table holds
+        self._masked: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its arrow-mode files and columns, their rows)
+        self._dirty_tables: dict[str, Any] = {}  # view -> the files and columns its __mc_dirtyt_ temp table holds
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
@@ -402,8 +408,13 @@ class UnionReader:
         opts = _schema_option(rs.fields) if rs.fields else ""
         if opts and mode == "arrow":
             mode = "lazy"
+        if mode == "arrow" and rs.files and sum(f.live_rows for f in rs.files) <= MEM_TABLE_ROWS:
+            clean, dirty = [], list(rs.files)  # a small table: every file's live rows held as one DuckDB table
         if clean:
             parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(sql_str(p) for p in clean)}]{opts})")
+        if mode != "arrow":  # what an arrow-mode query of the view held goes
+            self._drop_dirty_table(view)
+            self._masked.pop(view, None)
         # Arrow objects keep one name per view and role, so an unchanged plan reuses the view as it is
         if mode == "anti":
             for i, f in enumerate(dirty):
@@ -420,11 +431,9 @@ class UnionReader:
             parts.extend(_lazy_parts(plans, cols, dv_name, objs, opts))
             self._keep_dv_table(view, dv_name, objs.pop(dv_name, None), tuple((f.path, f.deleted) for f in dirty))
         else:  # arrow
-            if dirty:
-                name = f"__mc_dirty_{view}"
-                objs[name] = _read_masked(dirty, cols, self.cache)
-                parts.append(f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep")
+            parts.extend(self._masked_part(view, dirty, cols, sel, objs))
         mem_name = f"__mc_mem_{view}"
+        mem = self._same_empty(mem_name, mem)
         self._mem[view] = mem
         if self._keep_mem_table(view, mem):  # small and non-empty: a DuckDB temp table, no Arrow scan
             parts.append(f"SELECT {sel} FROM {_ident(f'__mc_memt_{view}')}")
@@ -449,6 +458,64 @@ class UnionReader:
         self.states[view] = rs
         # the cache keeps only what files still read need (compacted or fully deleted files go)
         self.cache.retain(f.path for st in self.states.values() for f in st.files)
+
+    def _masked_part(self, view: str, dirty: list[FileState], cols: list[str], sel: str, objs: dict) -> list[str]:
+        """The arrow-mode branch of a view over its files with deletes (:func:`_read_masked`; none: []),
+        or over all its files when they hold at most :data:`MEM_TABLE_ROWS` live rows together.
+
+        A file never changes and a deletion vector is a value, so while a view's files, their vectors
+        and the columns are unchanged its live rows are exactly those of the last query. Up to
+        :data:`MEM_TABLE_ROWS` of them are held as the DuckDB temp table ``__mc_dirtyt_<view>``, written
+        once per change (a DuckDB table costs a fraction of a millisecond per query, a registered Arrow
+        table several). More are registered as Arrow (``objs``), the same object again while unchanged
+        when they fit in a quarter of the reader's cache budget (DuckDB keeps the registration and
+        PyArrow reads nothing); larger ones are read again."""
+        held_name = f"__mc_dirtyt_{view}"
+        if not dirty:
+            self._drop_dirty_table(view)
+            return []
+        key = (tuple(cols), tuple((f.path, f.rows, f.deleted) for f in dirty))
+        if self._dirty_tables.get(view) == key:
+            return [f"SELECT {sel} FROM {_ident(held_name)}"]
+        prev = self._masked.get(view)
+        rows = prev[1] if prev is not None and prev[0] == key else _read_masked(dirty, cols, self.cache)
+        if int(pc.sum(rows["__mc_keep"]).as_py() or 0) <= MEM_TABLE_ROWS:
+            src = f"__mc_dirtysrc_{view}"
+            self.con.register(src, rows)
+            try:
+                self.con.execute(
+                    f"CREATE OR REPLACE TEMP TABLE {_ident(held_name)} AS SELECT {sel} FROM {_ident(src)} WHERE __mc_keep"
+                )
+            finally:
+                self.con.unregister(src)
+            self._dirty_tables[view] = key
+            self._masked.pop(view, None)
+            return [f"SELECT {sel} FROM {_ident(held_name)}"]
+        self._drop_dirty_table(view)
+        if rows.nbytes <= self.cache.budget_bytes // 4:
+            self._masked[view] = (key, rows)
+        else:
+            self._masked.pop(view, None)
+        name = f"__mc_dirty_{view}"
+        objs[name] = rows
+        return [f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep"]
+
+    def _drop_dirty_table(self, view: str) -> None:
+        if self._dirty_tables.pop(view, None) is not None:
+            self.con.execute(f"DROP TABLE IF EXISTS {_ident(f'__mc_dirtyt_{view}')}")
+
+    def _same_empty(self, name: str, mem: pa.Table) -> pa.Table:
+        """``mem``, or the object registered as ``name`` when both are empty with the same schema (so an
+        unchanged empty buffer costs no new DuckDB registration)."""
+        prev = self._registered.get(name)
+        if (
+            mem.num_rows == 0
+            and isinstance(prev, pa.Table)
+            and prev.num_rows == 0
+            and prev.schema.equals(mem.schema, check_metadata=True)
+        ):
+            return prev
+        return mem
 
     def _keep_dv_table(self, view: str, name: str, dv: pa.Table | None, key: tuple[Any, ...]) -> None:
         """Hold a lazy view's bitmaps (``dv``: the Arrow table :func:`_lazy_parts` built; None when no file
@@ -545,7 +612,7 @@ class UnionReader:
             rs, mem = got.with_(mem=None), cast(pa.Table, got.mem)
             mode, cols = self.mode, None
             if mode == "auto":
-                mode = "arrow" if info.whole else "lazy"
+                mode = "arrow" if info.whole or _few_live_rows(rs) else "lazy"
             if mode == "arrow" and info.columns is not None:
                 cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
             self.register_state(rs, mem, t, columns=cols, mode=mode)
@@ -604,8 +671,20 @@ class UnionReader:
             self._drop_dv_table(view, f"__mc_dv_{view}")
             self._drop_mem_table(view)
             self._mem.pop(view, None)
+            self._masked.pop(view, None)
+            self._drop_dirty_table(view)
             for name in self._objects.pop(view, []):
                 self._unregister(name)
+
+
+def _few_live_rows(rs: ReadState) -> bool:
+    """Whether the files with deletes of ``rs`` hold at most :data:`MEM_TABLE_ROWS` live rows in all
+    (rows less the deletion vector's cardinality), in a table without a schema change (whose reads go
+    the ``lazy`` way anyway)."""
+    if rs.fields:
+        return False
+    live = sum(f.live_rows for f in rs.files if f.deleted)
+    return 0 < live <= MEM_TABLE_ROWS
 
 
 def _schema_option(fields: tuple[ReadField, ...]) -> str:

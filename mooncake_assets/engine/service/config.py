@@ -76,6 +76,15 @@ class ServiceConfig:
       Past shares of it committed buffers flush early, open transactions spill to
       ``<state_dir>/spill``, and last the stream stops reading (backpressure).
 
+    Table discovery (``engine/service/discovery.py``):
+
+    - ``table_patterns``: ``{"schemas": [...], "tables": [...], "exclude": [...]}`` glob patterns
+      (:class:`~..pg.patterns.TableSelection`); with ``discover_interval_s`` > 0 the service looks
+      every that many seconds for source tables they pick that are not mirrored yet and mirrors each
+      as create-table does (mirror name :func:`~..pg.patterns.mirror_name`). 0 (the default): off.
+    - ``discover_retry_s``: a table discovery could not mirror is tried again after this many
+      seconds (None: ``max(60, 10 * discover_interval_s)``, :func:`.discovery.retry_after_s`).
+
     Initial copy:
 
     - ``copy_parallel``: connections create-table's initial copy reads the table's CTID ranges on, at
@@ -109,6 +118,9 @@ class ServiceConfig:
     native_run_min_rows: int = 64
     memory_limit: int | None = None
     copy_parallel: int = field(default_factory=default_copy_parallel)
+    table_patterns: Mapping[str, Any] = field(default_factory=dict)
+    discover_interval_s: float = 0.0
+    discover_retry_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):
@@ -119,6 +131,8 @@ class ServiceConfig:
 
         limit = default_memory_limit() if self.memory_limit is None else int(self.memory_limit)
         object.__setattr__(self, "memory_limit", check_memory_limit(limit))
+        if self.discover_interval_s < 0:
+            raise ValueError(f"discover_interval_s must be 0 (off) or more, found {self.discover_interval_s!r}")
         if self.copy_parallel < 1:
             raise ValueError(f"copy_parallel must be 1 or more, found {self.copy_parallel!r}")
         object.__setattr__(self, "state_dir", Path(self.state_dir))

@@ -15,8 +15,10 @@ One number bounds what the service holds for replication, ``ServiceConfig.memory
 - **Spill** (``engine/cdc/spill.py``): an open transaction of the compiled decoder whose buffer passes
   :meth:`MemoryBudget.spill_bytes` goes to disk; it is applied from there at commit, chunk by chunk.
 - **Backpressure** (:attr:`MemoryBudget.backpressure`): still over the budget after flushing (a table
-  that cannot flush, a reference-decoder transaction that cannot spill), the stream stops reading from
-  the slot until usage drops (``status`` shows ``backpressure: true``).
+  that cannot flush), the stream stops reading from the slot until usage drops (``status`` shows
+  ``backpressure: true``). Open transactions are left out of that test (reading on is what completes
+  them): the reference decoder, which does not spill, holds a large transaction whole, unbounded by
+  the budget (the stream logs a warning when it starts with that decoder).
 
 Sizes on the command line (:func:`parse_size`): an integer with an optional unit, ``B``, ``KiB``,
 ``MiB``, ``GiB``, ``TiB`` (powers of 1024) or ``KB``, ``MB``, ``GB``, ``TB`` (powers of 1000); ``K``,

@@ -18,6 +18,7 @@ role                              attributes                                    
                                   (:class:`StreamControl`)
 :class:`VerifierHost`             the service's public face: ``lock``, ``dsn``, ``tables``,     ``Verifier``
                                   ``registry``, ``record_verify``, ``wait_lsn``, ``read_state``
+:class:`DiscoveryHost`            SharedState + ``dsn``, ``create_table``                       ``TableDiscovery``
 ================================  ===========================================================  =====================
 
 The part-to-part roles (:class:`StopsTables`, :class:`Ticks`, :class:`StreamControl`) are Protocols
@@ -154,3 +155,21 @@ class VerifierHost(Protocol):
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int: ...
 
     def read_state(self, name: str, lsn: int | None = None) -> ReadState: ...
+
+
+class DiscoveryHost(SharedState, Protocol):
+    """What :class:`~.discovery.TableDiscovery` uses: the registry and lock (which source tables a
+    mirror follows), the source DSN (its catalog look) and create-table (the one way a mirror is made)."""
+
+    @property
+    def dsn(self) -> str: ...
+
+    def create_table(
+        self,
+        dst: str,
+        src: str,
+        delete_format: str = "deletion-vectors",
+        column_types: dict[str, str] | None = None,
+        exclude: list[str] | None = None,
+        **kw: Any,
+    ) -> dict[str, Any]: ...

@@ -42,6 +42,7 @@ from ..timefmt import utc_now
 from .apply_items import apply_item, generated_work, long_runs
 from .errors import MooncakeError
 from .lag import LagTracker
+from .memory import format_size
 from .native_batch import apply_native_batch, native_decoder, read_native_batch
 from .parts import StreamHost
 
@@ -211,6 +212,13 @@ class StreamLoop:
         memory.decoder = decoder if decoder is not None else assembler
         ctxns: list[ColumnarTransaction] = []
         log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
+        if decoder is None:  # (docs/monitoring.md, "The memory budget": only the compiled decoder spills)
+            log.warning(
+                "the reference decoder does not spill: an open transaction is held in memory whole, "
+                "outside the memory budget of %s (decoder: native spills past %s)",
+                format_size(memory.limit),
+                format_size(memory.spill_bytes()),
+            )
         self.stream_error = None
         last_status = 0.0
         last_maint = 0.0

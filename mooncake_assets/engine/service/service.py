@@ -32,6 +32,7 @@ from ..iceberg import make_catalog
 from ..lsn import Lsn
 from ..pg.catalog import SourceCatalog
 from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_options: re-exported)
+from ..pg.patterns import TableSelection
 from ..pg.slot import current_wal_lsn
 from ..table.changes import persisted_cut, plan_changes
 from ..table.memslice import BadRowError
@@ -40,6 +41,7 @@ from ..table.read_state import ReadState
 from ..timefmt import utc_now
 from .config import ServiceConfig
 from .cut import take_cut
+from .discovery import TableDiscovery
 from .errors import MooncakeError
 from .memory import MemoryBudget
 from .persist import PersistScheduler
@@ -79,6 +81,13 @@ class ReplicatorService:
         # mirrors whose source table no longer exists (by oid): read-only, their last state kept
         self.source_dropped: set[str] = set()
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
+        # new source tables the patterns pick, mirrored as they appear (off without patterns or interval)
+        self.discovery = TableDiscovery(
+            self,
+            TableSelection.from_dict(dict(config.table_patterns)),
+            config.discover_interval_s,
+            config.discover_retry_s,
+        )
 
     # ------------------------------------------------------------------ the parts' state, by its old names
     @property
@@ -134,10 +143,12 @@ class ReplicatorService:
         if self.reg.doc["tables"] or self.reg.copying:
             self.stream.ensure_stream()
         self.verifier.start()
+        self.discovery.start()
 
     def stop(self) -> None:
-        """Stop the verifier, maintenance, persists and the stream; mark a clean stop."""
+        """Stop table discovery, the verifier, maintenance, persists and the stream; mark a clean stop."""
         self.stream.request_stop()
+        self.discovery.stop()
         self.verifier.stop()
         self.persister.close()
         self.stream.close()
@@ -359,9 +370,11 @@ class ReplicatorService:
         ``source_reachable`` and ``source_error``, ``verify_interval_s``, ``memory_pool`` (the Arrow pool's
         backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now),
         ``memory`` (:meth:`.memory.MemoryBudget.status` plus ``spilled``: transactions applied from a
-        spill file since the start), ``backpressure`` (the stream has stopped reading: over budget) and
+        spill file since the start), ``backpressure`` (the stream has stopped reading: over budget),
         ``stream_counts`` (since the start: ``reads``, the stream loop's iterations; ``batches``, those that
-        read data; ``transactions``, transactions applied)."""
+        read data; ``transactions``, transactions applied) and
+        ``discovery`` (:meth:`.discovery.TableDiscovery.status`: None when off; its ``failed`` tables are
+        not in ``tables``, which lists mirrors only)."""
         src_lsn = self._source_lsn()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
@@ -424,4 +437,5 @@ class ReplicatorService:
                 "memory": {**self.memory.status(self.reg.tables.values()), "spilled": self.stream.spilled_txns},
                 "backpressure": self.memory.backpressure,
                 "stream_counts": dict(self.stream.counts),
+                "discovery": self.discovery.status(),
             }

@@ -37,6 +37,7 @@ table was created or re-created), and ``since`` after ``until`` or ``until`` pas
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -63,6 +64,7 @@ __all__ = [
     "SnapshotCut",
     "persisted_cut",
     "plan_changes",
+    "read_positions",
     "snapshot_cuts",
 ]
 
@@ -187,10 +189,9 @@ class ChangePlan:
     def _read(self, fr: _FileRows) -> pa.Table:
         if fr.location:
             with self.io.new_input(fr.where).open() as stream:
-                data = pq.read_table(stream)
+                rows = read_positions(pq.ParquetFile(stream), fr.positions)
         else:
-            data = pq.read_table(fr.where)
-        rows = data.take(pa.array(list(fr.positions), type=pa.int64()))
+            rows = read_positions(pq.ParquetFile(fr.where), fr.positions)
         return project(rows, self.schema, self.defaults)
 
     def _concat(self, tabs: list[pa.Table], lsns: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
@@ -211,6 +212,24 @@ class ChangePlan:
             return out.sort_by(order) if self.key else out
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
             return out  # a key type Arrow cannot sort: rows stay deletes first, then inserts
+
+
+def read_positions(pf: pq.ParquetFile, positions: BitMap64) -> pa.Table:
+    """The rows at ``positions`` (0-based, ascending) of the Parquet file ``pf``, in that order. Only the
+    row groups holding one of them are read, and each is taken from on its own (a take over the whole
+    file's chunked columns would first concatenate them); every row of the file: read as it is."""
+    md = pf.metadata
+    if len(positions) == md.num_rows:
+        return pf.read()
+    pos = np.fromiter(positions, dtype=np.int64, count=len(positions))
+    parts, start = [], 0
+    for rg in range(md.num_row_groups):
+        n = md.row_group(rg).num_rows
+        lo, hi = np.searchsorted(pos, [start, start + n])
+        if hi > lo:
+            parts.append(pf.read_row_group(rg).take(pa.array(pos[lo:hi] - start)))
+        start += n
+    return pa.concat_tables(parts) if parts else pf.schema_arrow.empty_table()
 
 
 def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -243,18 +262,25 @@ def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]
     return keep_i, keep_d
 
 
+_local = threading.local()
+
+
 def _row_hashes(t: pa.Table) -> np.ndarray:
+    """DuckDB ``hash`` over all columns of every row of ``t`` (uint64). One in-memory DuckDB connection
+    per thread is kept for it (opening one costs more than hashing a feed of thousands of rows)."""
     import duckdb
 
-    con = duckdb.connect()
+    con = getattr(_local, "con", None)
+    if con is None:
+        con = _local.con = duckdb.connect()
     try:
-        con.register("t", t)
+        con.register("_feed_rows", t)
         cols = ", ".join('"' + c.replace('"', '""') + '"' for c in t.column_names)
-        out = con.execute(f"SELECT hash({cols}) AS h FROM t").arrow()
+        out = con.execute(f"SELECT hash({cols}) AS h FROM _feed_rows").arrow()
         h = out.column("h") if isinstance(out, pa.Table) else out.read_all().column("h")
         return np.asarray(h.to_numpy(zero_copy_only=False), dtype=np.uint64)
     finally:
-        con.close()
+        con.unregister("_feed_rows")
 
 
 # ---------------------------------------------------------------------------------------------- planning
