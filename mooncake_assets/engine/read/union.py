@@ -433,7 +433,7 @@ class UnionReader:
         else:  # arrow
             parts.extend(self._masked_part(view, dirty, cols, sel, objs))
         mem_name = f"__mc_mem_{view}"
-        mem = self._same_empty(mem_name, mem)
+        mem = _same_empty(self._registered.get(mem_name), mem)
         self._mem[view] = mem
         if self._keep_mem_table(view, mem):  # small and non-empty: a DuckDB temp table, no Arrow scan
             parts.append(f"SELECT {sel} FROM {_ident(f'__mc_memt_{view}')}")
@@ -459,7 +459,9 @@ class UnionReader:
         # the cache keeps only what files still read need (compacted or fully deleted files go)
         self.cache.retain(f.path for st in self.states.values() for f in st.files)
 
-    def _masked_part(self, view: str, dirty: list[FileState], cols: list[str], sel: str, objs: dict) -> list[str]:
+    def _masked_part(
+        self, view: str, dirty: list[FileState], cols: list[str], sel: str, objs: dict[str, object]
+    ) -> list[str]:
         """The arrow-mode branch of a view over its files with deletes (:func:`_read_masked`; none: []),
         or over all its files when they hold at most :data:`MEM_TABLE_ROWS` live rows together.
 
@@ -480,14 +482,7 @@ class UnionReader:
         prev = self._masked.get(view)
         rows = prev[1] if prev is not None and prev[0] == key else _read_masked(dirty, cols, self.cache)
         if int(pc.sum(rows["__mc_keep"]).as_py() or 0) <= MEM_TABLE_ROWS:
-            src = f"__mc_dirtysrc_{view}"
-            self.con.register(src, rows)
-            try:
-                self.con.execute(
-                    f"CREATE OR REPLACE TEMP TABLE {_ident(held_name)} AS SELECT {sel} FROM {_ident(src)} WHERE __mc_keep"
-                )
-            finally:
-                self.con.unregister(src)
+            _temp_table(self.con, held_name, rows, sel, " WHERE __mc_keep")
             self._dirty_tables[view] = key
             self._masked.pop(view, None)
             return [f"SELECT {sel} FROM {_ident(held_name)}"]
@@ -503,19 +498,6 @@ class UnionReader:
     def _drop_dirty_table(self, view: str) -> None:
         if self._dirty_tables.pop(view, None) is not None:
             self.con.execute(f"DROP TABLE IF EXISTS {_ident(f'__mc_dirtyt_{view}')}")
-
-    def _same_empty(self, name: str, mem: pa.Table) -> pa.Table:
-        """``mem``, or the object registered as ``name`` when both are empty with the same schema (so an
-        unchanged empty buffer costs no new DuckDB registration)."""
-        prev = self._registered.get(name)
-        if (
-            mem.num_rows == 0
-            and isinstance(prev, pa.Table)
-            and prev.num_rows == 0
-            and prev.schema.equals(mem.schema, check_metadata=True)
-        ):
-            return prev
-        return mem
 
     def _keep_dv_table(self, view: str, name: str, dv: pa.Table | None, key: tuple[Any, ...]) -> None:
         """Hold a lazy view's bitmaps (``dv``: the Arrow table :func:`_lazy_parts` built; None when no file
@@ -557,12 +539,7 @@ class UnionReader:
             return False
         if held is not None and held.schema.equals(mem.schema, check_metadata=True) and held.equals(mem):
             return True
-        src = f"__mc_memsrc_{view}"
-        self.con.register(src, mem)
-        try:
-            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {_ident(name)} AS SELECT * FROM {_ident(src)}")
-        finally:
-            self.con.unregister(src)
+        _temp_table(self.con, name, mem)
         self._mem_tables[view] = mem
         return True
 
@@ -675,6 +652,29 @@ class UnionReader:
             self._drop_dirty_table(view)
             for name in self._objects.pop(view, []):
                 self._unregister(name)
+
+
+def _same_empty(prev: object, mem: pa.Table) -> pa.Table:
+    """``mem``, or ``prev`` (the object registered for a view's in-memory rows) when both are empty
+    with the same schema (so an unchanged empty buffer costs no new DuckDB registration)."""
+    if (
+        mem.num_rows == 0
+        and isinstance(prev, pa.Table)
+        and prev.num_rows == 0
+        and prev.schema.equals(mem.schema, check_metadata=True)
+    ):
+        return prev
+    return mem
+
+
+def _temp_table(con: duckdb.DuckDBPyConnection, name: str, rows: pa.Table, select: str = "*", where: str = "") -> None:
+    """Write ``rows`` (``select`` of them, ``where`` kept) as the DuckDB temp table ``name``, replacing it."""
+    src = f"__mc_src_{name}"
+    con.register(src, rows)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {_ident(name)} AS SELECT {select} FROM {_ident(src)}{where}")
+    finally:
+        con.unregister(src)
 
 
 def _few_live_rows(rs: ReadState) -> bool:
