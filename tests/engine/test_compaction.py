@@ -200,9 +200,7 @@ def test_rewrite_outputs_are_not_small_again(tmp_path):
 
 
 def _with_ids(schema):
-    return pa.schema(
-        [f.with_metadata({b"PARQUET:field_id": str(i + 1).encode()}) for i, f in enumerate(schema)]
-    )
+    return pa.schema([f.with_metadata({b"PARQUET:field_id": str(i + 1).encode()}) for i, f in enumerate(schema)])
 
 
 def _lineage_of(path):
@@ -243,7 +241,9 @@ def test_rewrite_carries_row_lineage(tmp_path):
     want += [(i, 50_000 + p, 9) for p, i in enumerate(b_ids) if p != 5]
     assert got == want
     # the outputs are rewritten again (first_row_id 7 and sequence number 12 of their own): stored values win
-    again_in = [RewriteInput(o.name, o.path, o.rows, BitMap64([0]), o.size_bytes, FileLineage(7, 12)) for o in res.outputs]
+    again_in = [
+        RewriteInput(o.name, o.path, o.rows, BitMap64([0]), o.size_bytes, FileLineage(7, 12)) for o in res.outputs
+    ]
     again = rewrite_files(again_in, tmp_path / "out2", schema, target_bytes=1 << 30, lineage=True)
     assert [row for o in again.outputs for row in _lineage_of(o.path)] == want[1:]
     # without a first_row_id (a file from before an upgrade to v3): row ids stay NULL, sequence inherited

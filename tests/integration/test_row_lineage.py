@@ -155,7 +155,9 @@ def _lsn(dsn: str) -> str:
 def _ice(s, name: str) -> IcebergMirrorTable:
     from mooncake_assets.engine.storage import catalog_properties
 
-    return IcebergMirrorTable.load(make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{name}")
+    return IcebergMirrorTable.load(
+        make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{name}"
+    )
 
 
 def _sql(dsn: str, *stmts: str) -> None:

@@ -145,7 +145,7 @@ def data_file_from_parquet(
 def _drop_lineage_metrics(stats: dict[str, Any]) -> None:
     """Leave the row lineage columns (reserved ids, not table columns) out of a file's metrics: they are
     about the table's columns, which readers prune and plan with."""
-    for key, value in stats.items():
+    for value in stats.values():
         if isinstance(value, dict):
             for fid in LINEAGE_FIELD_IDS:
                 value.pop(fid, None)
