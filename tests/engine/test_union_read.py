@@ -273,8 +273,9 @@ def test_arrow_mode_holds_the_live_rows_of_files_with_deletes_until_a_vector_cha
     PyArrow once: while their deletion vectors and the columns are unchanged, later queries scan a
     DuckDB temp table of their live rows (no PyArrow read, no Arrow scan); a changed vector reads them
     again; past MEM_TABLE_ROWS live rows they are a registered Arrow table, the same object again
-    while unchanged; with no file with deletes left the temp table goes. An unchanged empty buffer
-    keeps its registration. Every query equals the expected rows."""
+    while unchanged; with no file with deletes left the temp table goes, unless the whole table has at
+    most MEM_TABLE_ROWS live rows (then every file is held). An unchanged empty buffer keeps its
+    registration. Every query equals the expected rows."""
     import mooncake_assets.engine.read.union as union
 
     client, expected = table
@@ -321,8 +322,11 @@ def test_arrow_mode_holds_the_live_rows_of_files_with_deletes_until_a_vector_cha
     check(expected.slice(0, expected.num_rows - mem.num_rows))
     assert r._registered["__mc_mem_t"] is kept
 
-    monkeypatch.setattr(union, "MEM_TABLE_ROWS", 65_536)
     clean = [g for g in rs["files"] if g["deleted"] is None]
     client.tables["t"] = (dict(rs, files=clean), mem)
-    check(pa.concat_tables([_rows(np.arange(0, 3000), 0), mem]))
+    check(pa.concat_tables([_rows(np.arange(0, 3000), 0), mem]))  # 3000 rows, no deletes: read_parquet
     assert "t" not in r._dirty_tables and "__mc_dirty_t" not in r._registered
+    assert "read_parquet" in r._views["t"]
+    monkeypatch.setattr(union, "MEM_TABLE_ROWS", 65_536)  # a small table: all its files held as one table
+    check(pa.concat_tables([_rows(np.arange(0, 3000), 0), mem]))
+    assert [k[0] for k in r._dirty_tables["t"][1]] == [clean[0]["path"]] and "read_parquet" not in r._views["t"]

@@ -32,7 +32,10 @@ reads go the ``lazy`` way (PyArrow's column reads go by name).
 
 :meth:`query` picks the mode per statement from DuckDB's own parse tree (``json_serialize_sql``):
 a statement without ``WHERE``/``HAVING``/``QUALIFY``/join conditions/``LIMIT``/``SAMPLE`` reads whole
-tables, so it gets ``arrow`` with the referenced columns only; any other statement gets ``lazy``.
+tables, so it gets ``arrow`` with the referenced columns only; any other statement gets ``lazy``,
+except when the files with deletes hold at most :data:`MEM_TABLE_ROWS` live rows in all: then
+``arrow``, whose rows a long-lived reader holds as a DuckDB table until a vector changes (a scan of
+it costs less per query than the bitmap join of ``lazy``).
 Both modes return the same rows (tests/engine/test_union_read.py checks every mode against the
 expected rows). Only the tables a statement names are registered.
 
@@ -405,6 +408,8 @@ class UnionReader:
         opts = _schema_option(rs.fields) if rs.fields else ""
         if opts and mode == "arrow":
             mode = "lazy"
+        if mode == "arrow" and rs.files and sum(f.live_rows for f in rs.files) <= MEM_TABLE_ROWS:
+            clean, dirty = [], list(rs.files)  # a small table: every file's live rows held as one DuckDB table
         if clean:
             parts.append(f"SELECT {sel} FROM read_parquet([{', '.join(sql_str(p) for p in clean)}]{opts})")
         if mode != "arrow":  # what an arrow-mode query of the view held goes
@@ -455,7 +460,8 @@ class UnionReader:
         self.cache.retain(f.path for st in self.states.values() for f in st.files)
 
     def _masked_part(self, view: str, dirty: list[FileState], cols: list[str], sel: str, objs: dict) -> list[str]:
-        """The arrow-mode branch of a view over its files with deletes (:func:`_read_masked`; none: []).
+        """The arrow-mode branch of a view over its files with deletes (:func:`_read_masked`; none: []),
+        or over all its files when they hold at most :data:`MEM_TABLE_ROWS` live rows together.
 
         A file never changes and a deletion vector is a value, so while a view's files, their vectors
         and the columns are unchanged its live rows are exactly those of the last query. Up to
@@ -606,7 +612,7 @@ class UnionReader:
             rs, mem = got.with_(mem=None), cast(pa.Table, got.mem)
             mode, cols = self.mode, None
             if mode == "auto":
-                mode = "arrow" if info.whole else "lazy"
+                mode = "arrow" if info.whole or _few_live_rows(rs) else "lazy"
             if mode == "arrow" and info.columns is not None:
                 cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
             self.register_state(rs, mem, t, columns=cols, mode=mode)
@@ -669,6 +675,16 @@ class UnionReader:
             self._drop_dirty_table(view)
             for name in self._objects.pop(view, []):
                 self._unregister(name)
+
+
+def _few_live_rows(rs: ReadState) -> bool:
+    """Whether the files with deletes of ``rs`` hold at most :data:`MEM_TABLE_ROWS` live rows in all
+    (rows less the deletion vector's cardinality), in a table without a schema change (whose reads go
+    the ``lazy`` way anyway)."""
+    if rs.fields:
+        return False
+    live = sum(f.live_rows for f in rs.files if f.deleted)
+    return 0 < live <= MEM_TABLE_ROWS
 
 
 def _schema_option(fields: tuple[ReadField, ...]) -> str:
