@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import struct
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from pyroaring import BitMap64
 
 from mooncake_assets.engine.iceberg import IcebergMirrorTable, connect_with_iceberg, make_catalog
 from mooncake_assets.engine.read.union import UnionReader
+from mooncake_assets.readers import READERS, ReaderUnavailable, require
+from mooncake_assets.verify import verify
 
 from ..helpers import make_settings, running_service
 
@@ -281,8 +284,6 @@ def test_changes_to_compacted_rows_read_the_table_columns(pg_dsn, state_dir):
     a keyless table's UPDATE/DELETE re-check the whole stored row, and a keyed UPDATE that leaves a TOASTed
     column out carries its value over from the file. The union read then equals Postgres, and a restart
     (files, DVs and index back from Iceberg) too."""
-    from mooncake_assets.verify import verify
-
     _sql(
         pg_dsn,
         "CREATE TABLE nk (a int, b text)",
@@ -325,3 +326,48 @@ def test_changes_to_compacted_rows_read_the_table_columns(pg_dsn, state_dir):
 
 def _key(table: str) -> str:
     return {"nk": "b", "tst": "id"}[table]
+
+
+@pytest.fixture(scope="module")
+def compacted(pg_cluster, tmp_path_factory):
+    """A v3 mirror whose live files are a compaction's outputs (lineage columns, some with DVs) and a
+    later flush's file (none), all persisted."""
+    name = f"lin_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    dsn = pg_cluster.dsn(name)
+    _sql(
+        dsn,
+        "CREATE TABLE lr (id int PRIMARY KEY, name text, qty int, at timestamptz)",
+        "INSERT INTO lr SELECT g, 'n' || g, g % 13, '2026-01-01 00:00+00'::timestamptz + g * interval '1 hour' "
+        "FROM generate_series(1, 400) g",
+    )
+    s = make_settings(tmp_path_factory.mktemp("state"), dsn, maintenance="dagster")
+    with running_service(s) as client:
+        client.call("create_table", dst="lr", src="public.lr")
+        _sql(dsn, "UPDATE lr SET qty = qty + 100 WHERE id % 7 = 0", "DELETE FROM lr WHERE id % 11 = 0")
+        client.wait_lsn(_lsn(dsn))
+        client.call("persist", table="lr")
+        assert client.call("compact", table="lr", full=True)["compacted"]
+        _sql(dsn, "UPDATE lr SET name = 'u' WHERE id % 5 = 0", "INSERT INTO lr VALUES (1000, 'late', 1, now())")
+        client.wait_lsn(_lsn(dsn))
+        client.call("persist", table="lr")
+    lin = table_lineage(_ice(s, "lr").metadata_location)
+    assert {stores for *_, stores in lin.files.values()} == {True, False}
+    yield s
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)).fetchall():
+            c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_reads_compacted_files(compacted, reader):
+    """Each engine of README's reader table reads a mirror whose files store lineage columns as the table's
+    columns and equals Postgres (``verify``, as ``mooncake verify --reader R`` runs it)."""
+    try:
+        require(reader)
+    except ReaderUnavailable as e:
+        pytest.skip(str(e))
+    results, lsn = verify(compacted, ["lr"], reader)
+    assert [r.match for r in results] == [True], f"at LSN {lsn}: {[r.line() for r in results]}"
