@@ -19,6 +19,7 @@ from mooncake_assets.engine.compaction import (
 )
 from mooncake_assets.engine.compaction.runner import _dead_file_maps
 from mooncake_assets.engine.faults import faults
+from mooncake_assets.engine.iceberg.lineage import FileLineage
 from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
 
 KiB = 1024
@@ -196,6 +197,70 @@ def test_rewrite_outputs_are_not_small_again(tmp_path):
     pol = MaintenancePolicy(target_file_bytes=target, file_count_trigger=2)
     again = plan_compaction([FileStats(o.name, o.rows, 0, o.size_bytes) for o in res.outputs], pol)
     assert not again, again
+
+
+def _with_ids(schema):
+    return pa.schema([f.with_metadata({b"PARQUET:field_id": str(i + 1).encode()}) for i, f in enumerate(schema)])
+
+
+def _lineage_of(path):
+    """(id, _row_id, _last_updated_sequence_number) of every row of a rewritten file, the lineage
+    columns found by their reserved Parquet field ids (Iceberg spec "Reserved Field IDs")."""
+    pf = pq.ParquetFile(path)
+    t = pf.read()
+    by_id = {int(f.metadata[b"PARQUET:field_id"]): f.name for f in t.schema}
+    assert {2147483540, 2147483539} <= set(by_id), t.schema
+    assert pf.schema_arrow.field(by_id[2147483540]).type == pa.int64()
+    return list(
+        zip(
+            t.column("id").to_pylist(),
+            t.column(by_id[2147483540]).to_pylist(),
+            t.column(by_id[2147483539]).to_pylist(),
+        )
+    )
+
+
+def test_rewrite_carries_row_lineage(tmp_path):
+    """With lineage, every moved row keeps its row id (inherited: the file's first_row_id + position) and
+    its last-updated sequence number (the file's); a second rewrite of those outputs copies the stored
+    values, not the outputs' own (new) first_row_id."""
+    schema = _with_ids(SCHEMA)
+    a_ids, b_ids = list(range(0, 3000)), list(range(10_000, 11_000))
+    for name, ids in (("a.parquet", a_ids), ("b.parquet", b_ids)):
+        pq.write_table(
+            pa.table({"id": pa.array(ids, pa.int64()), "v": [f"v{i}" for i in ids]}, schema=schema), tmp_path / name
+        )
+    del_a = BitMap64(range(0, 3000, 7))
+    inputs = [
+        RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 3000, del_a, 1, FileLineage(100, 4)),
+        RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 1000, BitMap64([5]), 1, FileLineage(50_000, 9)),
+    ]
+    res = rewrite_files(inputs, tmp_path / "out", schema, target_bytes=1 << 30, lineage=True)
+    got = [row for o in res.outputs for row in _lineage_of(o.path)]
+    want = [(i, 100 + p, 4) for p, i in enumerate(a_ids) if p not in del_a]
+    want += [(i, 50_000 + p, 9) for p, i in enumerate(b_ids) if p != 5]
+    assert got == want
+    # the outputs are rewritten again (first_row_id 7 and sequence number 12 of their own): stored values win
+    again_in = [
+        RewriteInput(o.name, o.path, o.rows, BitMap64([0]), o.size_bytes, FileLineage(7, 12)) for o in res.outputs
+    ]
+    again = rewrite_files(again_in, tmp_path / "out2", schema, target_bytes=1 << 30, lineage=True)
+    assert [row for o in again.outputs for row in _lineage_of(o.path)] == want[1:]
+    # without a first_row_id (a file from before an upgrade to v3): row ids stay NULL, sequence inherited
+    c = RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 3000, BitMap64(), 1, FileLineage(None, 3))
+    (out,) = rewrite_files([c], tmp_path / "out3", schema, target_bytes=1 << 30, lineage=True).outputs
+    assert {(r, s) for _, r, s in _lineage_of(out.path)} == {(None, 3)}
+    with pytest.raises(ValueError, match="needs the file's lineage"):
+        rewrite_files(
+            [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 3000, BitMap64(), 1)],
+            tmp_path / "out4",
+            schema,
+            target_bytes=1 << 30,
+            lineage=True,
+        )
+    # without lineage (format v2) the outputs have the table's columns only
+    (plain,) = rewrite_files(inputs[:1], tmp_path / "out5", schema, target_bytes=1 << 30).outputs
+    assert pq.read_schema(plain.path).names == ["id", "v"]
 
 
 def test_rewrite_failure_leaves_no_output(tmp_path):

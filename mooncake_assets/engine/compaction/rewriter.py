@@ -11,6 +11,12 @@ input's before its first row group; at least ``MIN_ROW_GROUP_ROWS``), and the fi
 as its written bytes reach the target. So every output but the last of a run holds at least
 ``target_bytes`` (and less than one more row group): a freshly compacted file is never "small" to the
 planner, which is what keeps compaction from rewriting its own output over and over.
+
+Row lineage (format v3, Iceberg spec "Row Lineage"): with ``lineage=True`` the outputs carry the
+reserved ``_row_id`` and ``_last_updated_sequence_number`` columns (:mod:`..iceberg.lineage`), each
+row's values from before the move: the source file's stored column where it has one, else inherited
+(the input's ``first_row_id`` + position, its data sequence number). Compaction modifies no row, so
+both are copied, never reset.
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from ..iceberg.lineage import FileLineage, fill_lineage, with_lineage
 from ..index import PositionMap
 from ..table.evolution import project
 
@@ -40,13 +47,15 @@ READ_BATCH_ROWS = 64 * 1024
 @dataclass(frozen=True)
 class RewriteInput:
     """One file to rewrite: ``name`` (its data file name, the position map's source), ``path`` (a local
-    path or URI PyArrow opens), ``rows`` (all rows), ``deleted`` (positions to drop), ``size_bytes``."""
+    path or URI PyArrow opens), ``rows`` (all rows), ``deleted`` (positions to drop), ``size_bytes``;
+    ``lineage``: what its rows inherit in the Iceberg table (needed when rewriting with lineage)."""
 
     name: str
     path: str
     rows: int
     deleted: BitMap64
     size_bytes: int
+    lineage: FileLineage | None = None
 
 
 @dataclass(frozen=True)
@@ -187,8 +196,12 @@ def _rewrite_one(
     out: _Outputs,
     open_input: Callable[[str], Any] | None,
     defaults: dict[int, pa.Scalar] | None,
+    lineage: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Copy the live rows of one input into ``out``; returns its (new file index, new row) arrays."""
+    """Copy the live rows of one input into ``out``; returns its (new file index, new row) arrays.
+    ``lineage``: ``out.schema`` ends with the lineage columns, filled from the input (module docstring)."""
+    if lineage and inp.lineage is None:
+        raise ValueError(f"data file {inp.name}: rewriting with row lineage needs the file's lineage")
     res = out.res
     res.rows_in += inp.rows
     res.bytes_in += inp.size_bytes
@@ -208,6 +221,8 @@ def _rewrite_one(
         for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
             if not batch.schema.equals(out.schema, check_metadata=True):
                 batch = project(batch, out.schema, defaults)
+            if lineage:
+                batch = fill_lineage(batch, cast(FileLineage, inp.lineage), start)
             n = batch.num_rows
             keep = _keep_mask(deleted, start, n)
             whole = bool(keep.all())
@@ -229,6 +244,7 @@ def rewrite_files(
     compression: str = "zstd",
     open_input: Callable[[str], Any] | None = None,
     defaults: dict[int, pa.Scalar] | None = None,
+    lineage: bool = False,
 ) -> RewriteResult:
     """Rewrite ``inputs`` into new files under ``out_dir`` (see the module docstring).
 
@@ -239,17 +255,18 @@ def rewrite_files(
     path → what ``pyarrow.parquet.ParquetFile`` takes (e.g. a FileIO stream for ``s3://``); default:
     the path itself. ``compression``: the Parquet codec (default ZSTD, as flushes write). Returns a
     :class:`RewriteResult`; on any error the partly written outputs are deleted and the error raised.
-    ``OSError`` passes through (may be temporary).
+    ``OSError`` passes through (may be temporary). ``lineage``: write the row lineage columns after
+    ``schema``'s (format v3; every input must carry its ``lineage``, else ``ValueError``).
     """
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     res = RewriteResult()
-    out = _Outputs(out_dir, schema, target_bytes, compression, res)
+    out = _Outputs(out_dir, with_lineage(schema) if lineage else schema, target_bytes, compression, res)
     maps: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}  # input name -> (new file index, new row)
     try:
         for inp in inputs:
-            maps[inp.name] = _rewrite_one(inp, out, open_input, defaults)
+            maps[inp.name] = _rewrite_one(inp, out, open_input, defaults, lineage)
         out.close_current()
     except BaseException:
         out.abandon()

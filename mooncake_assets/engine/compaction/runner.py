@@ -384,7 +384,13 @@ def _work(
     rebuild the IndexBlock of ``inp.blocks`` in one pass. Returns (RewriteResult, CompactionResult,
     upload seconds, index seconds); on failure deletes what it wrote and re-raises."""
     ice = table.iceberg
-    inputs = [RewriteInput(f.name, f.path, f.rows, BitMap64(f.committed), f.size_bytes) for f in inp.files]
+    lineage = inp.lineage
+    inputs = [
+        RewriteInput(
+            f.name, f.path, f.rows, BitMap64(f.committed), f.size_bytes, lineage.get(f.name) if lineage else None
+        )
+        for f in inp.files
+    ]
     uploaded: list[str] = []
     new_block = None
     rw = rewrite_files(
@@ -394,6 +400,7 @@ def _work(
         policy.target_file_bytes,
         open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
         defaults=inp.defaults,
+        lineage=lineage is not None,
     )
     assert rw.position_map is not None  # rewrite_files always sets it
     try:

@@ -9,7 +9,7 @@ id that disagrees with the table's id for that name is an error, because readers
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +20,7 @@ from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.typedef import TableVersion
 
 from .compat import parquet_column_ids, parquet_statistics
+from .lineage import LINEAGE_FIELD_IDS
 from .manifest import new_data_file
 
 PARQUET_FIELD_ID = b"PARQUET:field_id"
@@ -64,12 +65,13 @@ def data_file_from_parquet_metadata(
     described by its own schema (it may have been written under an older or newer schema of the table:
     schema evolution keeps ids stable, so metrics keyed by id stay right); a file without ids must match
     the table ``schema`` by name. ``known_field_ids``: every field id the table has had or is about to
-    have (default: those of ``schema``). Raises ``ValueError`` when the columns do not match (see
+    have (default: those of ``schema``); the row lineage columns' reserved ids (spec "Reserved Field
+    IDs", written by compaction) are always allowed, and left out of the metrics. Raises ``ValueError`` when the columns do not match (see
     ``check_parquet_schema``) or a field id is unknown to the table.
     """
     file_arrow = parquet_metadata.schema.to_arrow_schema()
     if file_arrow and all(f.metadata and PARQUET_FIELD_ID in f.metadata for f in file_arrow):
-        known = known_field_ids if known_field_ids is not None else set(index_by_id(schema))
+        known = (known_field_ids if known_field_ids is not None else set(index_by_id(schema))) | LINEAGE_FIELD_IDS
         for f in file_arrow:
             fid = int(f.metadata[PARQUET_FIELD_ID])
             if fid not in known:
@@ -100,6 +102,7 @@ def data_file_from_parquet_metadata(
             stats = parquet_statistics(parquet_metadata, schema, {**table_properties, **counts_only})
     except KeyError as e:
         raise ValueError(f"data file {location}: Parquet column {e} does not map to the table schema") from None
+    _drop_lineage_metrics(stats)
     return new_data_file(
         format_version,
         content=DataFileContent.DATA,
@@ -137,6 +140,15 @@ def data_file_from_parquet(
     return data_file_from_parquet_metadata(
         location, len(input_file), metadata, schema, table_properties, format_version, known_field_ids
     )
+
+
+def _drop_lineage_metrics(stats: dict[str, Any]) -> None:
+    """Leave the row lineage columns (reserved ids, not table columns) out of a file's metrics: they are
+    about the table's columns, which readers prune and plan with."""
+    for value in stats.values():
+        if isinstance(value, dict):
+            for fid in LINEAGE_FIELD_IDS:
+                value.pop(fid, None)
 
 
 def _unreadable_bounds(parquet_metadata: pq.FileMetaData) -> set[str]:

@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..cdc.text_out import TextColumn
+from ..iceberg.lineage import has_lineage
 from ..index import FileIndex, IndexBlock
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def key_text_columns(table: pa.Table, names: Sequence[str], type_oids: Sequence[
 def _read_file(table: RestoredTable, f: DiskFile) -> pa.Table:
     path = f.read_path
     t = pq.read_table(table.iceberg.io.new_input(path).open() if "://" in path else path)
-    if table.evolved:
+    if table.evolved or has_lineage(t.schema):  # an older layout, or a compaction's lineage columns
         from .evolution import project
 
         t = project(t, table.arrow_schema, table.defaults)

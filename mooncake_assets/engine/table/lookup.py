@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..cdc import decode_text_columns
+from ..iceberg.lineage import has_lineage
 from .evolution import project
 from .memslice import Carried
 
@@ -140,7 +141,8 @@ class KeyLookup:
             path = self.disk.files[fname].read_path
             # a persisted file in an object store is read through the table's FileIO (same endpoint/credentials)
             t = pq.read_table(self.iceberg.io.new_input(path).open() if "://" in path else path)
-            if self.evolved:  # written under an older schema: in today's layout
+            # written under an older schema, or by a compaction (row lineage columns): in today's layout
+            if self.evolved or has_lineage(t.schema):
                 t = project(t, self.arrow_schema, self.defaults)
             if len(self._row_cache) > 4:
                 self._row_cache.pop(next(iter(self._row_cache)))

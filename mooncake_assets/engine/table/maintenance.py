@@ -58,13 +58,16 @@ class FileSnapshot:
 class CompactionInput:
     """What a compaction works on (taken under the lock; immutable). ``blocks``: the IndexBlocks that
     cover the picked files; ``live``: every data file name of the table then; ``schema`` and
-    ``defaults``: the layout the Iceberg table has (Arrow schema, field id → initial-default)."""
+    ``defaults``: the layout the Iceberg table has (Arrow schema, field id → initial-default);
+    ``lineage``: file name → its :class:`~mooncake_assets.engine.iceberg.lineage.FileLineage` (format v3;
+    None: the table keeps no row lineage)."""
 
     files: tuple[FileSnapshot, ...]
     blocks: tuple[IndexBlock, ...]
     live: frozenset[str]
     schema: Any
     defaults: dict[int, Any]
+    lineage: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,11 @@ class PreparedSwap:
     vanished: int
 
 
-def compaction_input(disk: DiskFileSet, names: list[str], schema: Any, defaults: dict[int, Any]) -> CompactionInput:
-    """Snapshot the picked files ``names`` of ``disk`` (call under the lock)."""
+def compaction_input(
+    disk: DiskFileSet, names: list[str], schema: Any, defaults: dict[int, Any], lineage: dict[str, Any] | None = None
+) -> CompactionInput:
+    """Snapshot the picked files ``names`` of ``disk`` (call under the lock); ``lineage``: see
+    :class:`CompactionInput`."""
     files = tuple(
         FileSnapshot(n, f.read_path, f.num_rows, f.size_bytes, f.location, FrozenBitMap64(f.committed))
         for n in names
@@ -116,6 +122,7 @@ def compaction_input(disk: DiskFileSet, names: list[str], schema: Any, defaults:
         live=frozenset(disk.files),
         schema=schema,
         defaults=dict(defaults or {}),
+        lineage=lineage,
     )
 
 

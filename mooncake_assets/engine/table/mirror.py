@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,7 @@ from .schema_state import TableSchemaRole
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
 
+    from ..iceberg.lineage import FileLineage
     from ..iceberg.table import IcebergMirrorTable
     from ..index import IndexBlock
 
@@ -282,8 +283,18 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
     # Compaction and index merge take a frozen input and hand back a result this table applies; the
     # caller holds the service lock around each of these (see :mod:`.maintenance`).
     def compaction_input(self, names: list[str]) -> CompactionInput:
-        """A frozen snapshot of the picked files, their IndexBlocks and the Iceberg layout."""
-        return maintenance.compaction_input(self.disk, names, self.arrow_schema, self.defaults)
+        """A frozen snapshot of the picked files, their IndexBlocks, the Iceberg layout and (format v3)
+        each file's row lineage in the current snapshot (the rewrite carries it into the new files)."""
+        return maintenance.compaction_input(self.disk, names, self.arrow_schema, self.defaults, self._lineage(names))
+
+    def _lineage(self, names: list[str]) -> dict[str, FileLineage] | None:
+        """File name -> :class:`FileLineage` of the persisted files ``names`` (None before format v3)."""
+        row_lineage = getattr(self.iceberg, "row_lineage", None)  # test doubles of the Iceberg side may lack it
+        if row_lineage is None or getattr(self.iceberg, "format_version", 3) < 3:
+            return None
+        locations = {n: cast(str, self.disk.files[n].location) for n in names}
+        got = row_lineage(locations.values())
+        return {n: got[loc] for n, loc in locations.items()}
 
     def prepare_compaction(self, inp: CompactionInput, res: CompactionResult) -> PreparedSwap:
         """The swap a compaction's result makes, ready to commit (nothing changes yet)."""
