@@ -79,3 +79,24 @@ def service_tables(settings: Settings) -> dict:
         return {t["name"]: t for t in c.status()["tables"]}
     finally:
         c.close()
+
+
+@contextlib.contextmanager
+def replication_role(admin_dsn: str, db_dsn: str, prefix: str, password: str):
+    """A throwaway role with exactly ``LOGIN REPLICATION`` and a SCRAM password (created over
+    ``admin_dsn``); yields its name. On exit what it owns in ``db_dsn``'s database is dropped, then the
+    role."""
+    import uuid
+
+    import psycopg
+
+    role = prefix + uuid.uuid4().hex[:8]
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{password}'")
+    try:
+        yield role
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as c:
+            c.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(admin_dsn, autocommit=True) as c:
+            c.execute(f"DROP ROLE IF EXISTS {role}")

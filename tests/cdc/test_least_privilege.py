@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -27,7 +26,7 @@ import pytest
 from mooncake_assets.engine.pg import EmbeddedPostgres
 from mooncake_assets.verify import verify
 
-from ..helpers import make_settings, mooncake, run_sql, running_service, wait_until
+from ..helpers import make_settings, mooncake, replication_role, run_sql, running_service, wait_until
 
 PASSWORD = "s3cr3t-Pw!"
 
@@ -39,14 +38,8 @@ def _role_dsn(pg: EmbeddedPostgres, db: str, role: str, password: str | None = P
 @pytest.fixture()
 def lp_role(pg_cluster, pg_dsn):
     """A role with exactly LOGIN REPLICATION and a SCRAM password; yields its name. Dropped after."""
-    role = "lp_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
-        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{PASSWORD}'")
-    yield role
-    with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(f"DROP OWNED BY {role}")
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
-        c.execute(f"DROP ROLE IF EXISTS {role}")
+    with replication_role(pg_cluster.dsn(), pg_dsn, "lp_", PASSWORD) as role:
+        yield role
 
 
 def _verify_all(settings, client, names):

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import textwrap
-import uuid
 
-import psycopg
 import pytest
 
 from mooncake_assets.verify import verify
 
-from ..helpers import make_settings, mooncake, run_sql, running_service, service_tables, wait_until
+from ..helpers import make_settings, mooncake, replication_role, run_sql, running_service, service_tables, wait_until
 from .test_sources import asset_keys, cli
 
 pytestmark = pytest.mark.slow
@@ -133,14 +131,8 @@ def test_new_table_in_a_mirrored_schema_is_mirrored_without_sync_or_restart(pg_d
 @pytest.fixture()
 def reader_role(pg_cluster, pg_dsn):
     """A role with LOGIN REPLICATION and a SCRAM password; yields its name. Dropped after."""
-    role = "disc_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
-        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{PASSWORD}'")
-    yield role
-    with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(f"DROP OWNED BY {role}")
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
-        c.execute(f"DROP ROLE IF EXISTS {role}")
+    with replication_role(pg_cluster.dsn(), pg_dsn, "disc_", PASSWORD) as role:
+        yield role
 
 
 def test_a_new_table_the_role_cannot_read_is_an_error_not_ready(pg_cluster, pg_dsn, reader_role, state_dir):
