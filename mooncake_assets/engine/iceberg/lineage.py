@@ -15,7 +15,9 @@ whether a column is one of them (:func:`is_lineage_field`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -91,3 +93,35 @@ def fill_lineage(batch: pa.RecordBatch, source: FileLineage, start: int) -> pa.R
     if arrays[i_seq].null_count:
         arrays[i_seq] = pc.coalesce(arrays[i_seq], pa.scalar(source.sequence_number, pa.int64()))
     return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)
+
+
+def live_file_lineage(
+    catalog: Any, identifier: str, loaded: Any, format_version: int, locations: Iterable[str]
+) -> dict[str, FileLineage]:
+    """What the rows of each live data file in ``locations`` inherit in the current snapshot (spec "Row
+    Lineage", "First Row ID Inheritance", "Sequence Number Inheritance"): its ``first_row_id`` and data
+    sequence number. Empty before format v3 (no lineage). ``loaded`` (a PyIceberg ``Table``, the table as
+    loaded last) is looked at first, then ``catalog``'s (not kept) if a location is missing;
+    ``ValueError`` names a location still not live. Reads the manifests with a reader of its own and
+    leaves ``loaded`` as it is (safe beside a commit in another thread)."""
+    from .manifest import data_file_field
+    from .snapshots import SnapshotReader
+
+    wanted = list(dict.fromkeys(locations))
+    if format_version < 3 or not wanted:
+        return {}
+    for attempt in (0, 1):
+        table = catalog.load_table(identifier) if attempt else loaded
+        live = SnapshotReader(identifier).files(table.io, table.metadata, table.metadata.current_snapshot())
+        missing = [loc for loc in wanted if loc not in live.data]
+        if not missing:
+            break
+    else:
+        raise ValueError(f"{identifier}: data files not in the current snapshot: {missing}")
+    out = {}
+    for loc in wanted:
+        entry = live.data[loc]
+        out[loc] = FileLineage(
+            data_file_field(entry.entry.data_file, "first_row_id", format_version), entry.sequence_number
+        )
+    return out

@@ -69,8 +69,7 @@ from .catalog import (
 from .cuts import tag_updates
 from .datafile import data_file_from_parquet, data_file_from_parquet_metadata, iceberg_arrow_schema
 from .errors import CommitConflict, CommitStateUnknown
-from .lineage import FileLineage
-from .manifest import data_file_field
+from .lineage import FileLineage, live_file_lineage
 from .names import (
     CREATED_BY,
     DELETE_FORMATS,
@@ -429,29 +428,8 @@ class IcebergMirrorTable:
         return read_state(self._reader, self._table, snapshot)
 
     def row_lineage(self, locations: Iterable[str]) -> dict[str, FileLineage]:
-        """What the rows of each live data file in ``locations`` inherit in the current snapshot (spec "Row
-        Lineage", "First Row ID Inheritance", "Sequence Number Inheritance"): its ``first_row_id`` and data
-        sequence number. Empty before format v3 (no lineage). The table as loaded last is looked at
-        first, then the catalog's (not kept) if a location is missing; ``ValueError`` names a location
-        still not live. Reads the manifests with a reader of its own and leaves the loaded table as it is
-        (safe beside a commit in another thread)."""
-        wanted = list(dict.fromkeys(locations))
-        if self.format_version < 3 or not wanted:
-            return {}
-        for attempt in (0, 1):
-            table = self.catalog.load_table(self.identifier) if attempt else self._table
-            live = SnapshotReader(self.identifier).files(table.io, table.metadata, table.metadata.current_snapshot())
-            missing = [loc for loc in wanted if loc not in live.data]
-            if not missing:
-                break
-        else:
-            raise ValueError(f"{self.identifier}: data files not in the current snapshot: {missing}")
-        out = {}
-        for loc in wanted:
-            entry = live.data[loc]
-            first = data_file_field(entry.entry.data_file, "first_row_id", self.format_version)
-            out[loc] = FileLineage(first, entry.sequence_number)
-        return out
+        """:func:`.lineage.live_file_lineage` of this table (the table as loaded last looked at first)."""
+        return live_file_lineage(self.catalog, self.identifier, self._table, self.format_version, locations)
 
     def files_of(
         self, snapshot: Snapshot, *, io: FileIO | None = None, metadata: TableMetadata | None = None
