@@ -19,18 +19,28 @@ $(EXT_STAMP): $(STAMP) setup.py $(EXT_SRC)
 # hstore/ltree), PostGIS for the server's major version (geometry/geography mapping tests), Chromium
 # for the Dagster UI test, sysbench (its OLTP workloads, tests/integration/test_sysbench.py), Node.js + npm for
 # Azurite (the Azure Blob emulator of the abfs:// tests). Installed only when missing (CI runs as root
-# on Debian).
+# on Debian). Only the missing ones are asked for: a
+# machine with NodeSource's nodejs (which carries npm) must not be asked for Debian's npm, which
+# conflicts with it.
 system-deps:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
-	    || ! command -v sysbench >/dev/null 2>&1 \
-	    || ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1 \
-	    || ! command -v npm >/dev/null 2>&1; then \
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql postgresql-contrib"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v sysbench >/dev/null 2>&1 || missing="$$missing sysbench"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	if [ -n "$$missing" ] || ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib chromium sysbench nodejs npm >/dev/null; \
+	    apt-get update -qq; \
+	    if [ -n "$$missing" ]; then \
+	      echo "installing Debian packages:$$missing"; \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
+	        || echo "warning: apt-get could not install$$missing (tests that need them will skip)"; \
+	    fi; \
 	    major=$$(ls /usr/lib/postgresql/ | sort -n | tail -1); \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$$major-postgis-3 >/dev/null \
 	      || echo "warning: postgresql-$$major-postgis-3 could not be installed (PostGIS tests will skip)"; \
-	  else echo "warning: install Debian's postgresql, chromium, sysbench, nodejs and npm packages (need root)"; fi; \
+	  else echo "warning: install Debian's$$missing packages (need root)"; fi; \
 	fi
 
 # Azurite (npm) for the Azure tests, in the venv: tests find it at $(AZURITE).
