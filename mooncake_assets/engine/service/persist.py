@@ -19,6 +19,7 @@ from typing import Any
 from .. import storage
 from ..compaction import BackgroundMaintenance
 from ..faults import fault
+from ..heap import release_unused
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
 from .errors import MooncakeError
@@ -112,6 +113,7 @@ class PersistScheduler:
             self._persist_failed(t, e)
         if self.faults.pop(t.name, None) is not None:
             log.warning("table %s: persisted again after a storage fault", t.name)
+        release_unused()  # (the persist's Arrow tables, delete files and index copies are freed)
         return res
 
     def _persist_failed(self, t: MirrorTable, e: Exception) -> None:

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from ..cdc import TableSchema
 from ..faults import fault
+from ..heap import release_unused
 from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
 from ..index.saved import decode_index_blob
@@ -134,9 +135,9 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
     def flush(self) -> dict[str, Any]:
         """Write the MemSlice's live rows to Parquet in ``staging/`` plus one IndexBlock for them.
 
-        Rows stay visible throughout (the caller holds the service lock). The Arrow pool's unused memory
-        is released afterwards (``MemoryPool.release_unused``). Returns ``{"rows", "files", "bytes",
-        "seconds"}``.
+        Rows stay visible throughout (the caller holds the service lock). The freed memory is released
+        afterwards (:func:`~..heap.release_unused`: Arrow's pool and glibc's heap). Returns
+        ``{"rows", "files", "bytes", "seconds"}``.
         """
         t0 = time.time()
         table, hashes, horizon = self.mem.drain()
@@ -148,9 +149,9 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         files, nbytes = self.disk.write(table, hashes)
         rows = table.num_rows
         del table, hashes
-        # hand the drained buffers' free pages back to the OS (the system pool: malloc_trim, which also
-        # trims the numpy arrays and the MemIndex of the slice; see service.process.select_memory_pool)
-        pa.default_memory_pool().release_unused()
+        # hand the drained buffers' free pages back to the OS: Arrow's pool and glibc's heap (the numpy
+        # arrays and the MemIndex of the slice; see engine/heap.py, service.process.select_memory_pool)
+        release_unused()
         return {"rows": rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
 
     def add_copied_file(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:

@@ -1,0 +1,76 @@
+"""Hand memory freed after a peak back to the operating system.
+
+A large transaction's apply, a flush or a persist frees much more than the process keeps using
+afterwards, but freed memory stays in the allocators' free lists: Arrow's memory pool (jemalloc or
+mimalloc keep pages cached) and glibc's ``malloc`` heap (where the system pool, numpy arrays, the
+MemIndex and Python's larger objects live; it returns only the top of its main arena by itself).
+:func:`release_unused` asks both to give their free pages back, so the service's RSS falls back
+after a peak instead of staying at it (measured in ``tests/engine/test_heap.py`` and issue 20).
+
+- ``pyarrow.default_memory_pool().release_unused()`` (Arrow ``MemoryPool::ReleaseUnused``: jemalloc
+  purges its dirty pages, mimalloc collects, the system pool calls ``malloc_trim`` itself);
+- glibc's ``malloc_trim(0)`` (malloc_trim(3)) through ``ctypes``, only when the C library is glibc
+  (``os.confstr("CS_GNU_LIBC_VERSION")``); elsewhere (musl, macOS) it is skipped.
+
+It costs a few milliseconds per GiB of heap (``malloc_trim`` walks every arena), so callers use it
+after a large piece of work (a flush, a persist, a spilled transaction's apply), not per row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Callable
+
+import pyarrow as pa
+
+__all__ = ["release_unused", "malloc_trim_available"]
+
+log = logging.getLogger(__name__)
+
+_TRIM: Callable[[int], int] | None = None
+_LOOKED = False
+
+
+def _glibc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (``int malloc_trim(size_t pad)``), or None when the C library is not glibc."""
+    global _TRIM, _LOOKED
+    if _LOOKED:
+        return _TRIM
+    _LOOKED = True
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.malloc_trim
+    except (AttributeError, OSError, ValueError):  # (no confstr name, no glibc, no symbol)
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    _TRIM = fn
+    return fn
+
+
+def malloc_trim_available() -> bool:
+    """True when this process runs on glibc, so :func:`release_unused` also trims the ``malloc`` heap."""
+    return _glibc_trim() is not None
+
+
+def release_unused() -> bool:
+    """Release the free memory of Arrow's default pool and, on glibc, of the ``malloc`` heap
+    (module docstring). Returns True when ``malloc_trim`` gave memory back (its return value), False
+    when it had nothing to give or is not available. Never raises: a failure is logged at debug level."""
+    try:
+        pa.default_memory_pool().release_unused()
+    except Exception as e:  # (a pool without the call: nothing to release)
+        log.debug("Arrow memory pool release_unused failed: %s", e)
+    trim = _glibc_trim()
+    if trim is None:
+        return False
+    try:
+        return bool(trim(0))
+    except Exception as e:
+        log.debug("malloc_trim failed: %s", e)
+        return False
