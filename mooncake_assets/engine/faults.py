@@ -48,6 +48,9 @@ Points:
 ``persist:after_commit``               a persist's commit landed, in-memory state not updated yet
 ``spill:write``                        an open transaction's run about to be appended to its spill
                                        file (``engine/cdc/spill.py``; ``errno:ENOSPC``: a full disk)
+``spill:apply``                        a run of a spilled transaction applied at its commit, after
+                                       part of it was flushed early to local staging (the memory
+                                       budget; ``engine/service/native_batch.py``), the rest not yet
 =====================================  ========================================================
 
 Unknown points are ignored (a typo cannot crash a production service: the variable is for tests).

@@ -51,6 +51,8 @@ import numpy as np
 from ..cdc.columnar import ChangeRun, ColumnarTransaction, changes_from_run, merge_runs, slice_run, split_by_commit
 from ..cdc.spill import SpillError
 from ..cdc.txn import Transaction
+from ..faults import fault
+from ..heap import release_unused
 from ..lsn import Lsn
 from ..table.mirror import MirrorTable
 from .apply_items import apply_item, generated_work
@@ -194,7 +196,8 @@ def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
     its file, then its in-memory tail (the caller holds the lock): one run (at most ``MAX_RUN_ROWS``
     rows) in memory at a time; between runs the memory budget flushes committed buffers
     (``MemoryBudget.relieve``; local staging only, no Iceberg commit, and nothing is read while the
-    lock is held, so no one sees part of the transaction). The applied LSNs move once, at the end.
+    lock is held, so no one sees part of the transaction). The applied LSNs move once, at the end,
+    and the memory the apply freed goes back to the OS (:func:`~..heap.release_unused`).
     A failing flush stops its table at the transaction's commit."""
     assert txn.spilled is not None
     if txn.spilled.failed is not None:
@@ -202,17 +205,20 @@ def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
         return
     touched: dict[MirrorTable, int] = {}
     budget = loop.svc.memory
-    last = time.monotonic()
+    last, flushes = time.monotonic(), budget.early_flushes
     for run in chain(txn.spilled.runs(), txn.runs):
         one = ColumnarTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, [run], txn.streamed)
         _apply_runs(loop, [one], decoder, touched)
         del one, run
         budget.relieve(loop.reg.tables.values(), on_error=lambda t, e: loop.stop_table(t, e, txn.commit_lsn))
+        if budget.early_flushes > flushes:  # (part of the transaction is in local staging now)
+            fault("spill:apply")
         if time.monotonic() - last > 5.0:  # a long apply: the walsender hears from us (wal_sender_timeout)
             loop.send_status()
             last = time.monotonic()
     _finish(loop, touched, txn.end_lsn)
     loop.spilled_txns += 1
+    release_unused()  # (the runs read back, the apply's buffers: engine/heap.py)
 
 
 def _spill_failed(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDecoder) -> None:
