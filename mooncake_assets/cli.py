@@ -161,11 +161,21 @@ _MEMORY_LIMIT_HELP = (
 
 def _set_memory_limit(text: str | None) -> None:
     """``--memory-limit``: parse, check against the minimum and keep it in the settings (saved when
-    the service is started); one-line failure otherwise."""
-    if text is None:
-        return
+    the service is started); one-line failure otherwise. Without one, the budget kept in settings.json
+    (perhaps edited by hand) is checked the same way, the file named in the failure."""
     from .engine.service.memory import check_memory_limit, parse_size
 
+    if text is None:
+        saved = CTX.settings.memory_limit
+        where = f"memory_limit in {CTX.settings.state_dir / 'settings.json'}"
+        if saved is not None and (isinstance(saved, bool) or not isinstance(saved, int)):
+            fail(f"{where}: {saved!r} is not a number of bytes; set the budget with --memory-limit SIZE")
+        try:
+            if saved is not None:
+                check_memory_limit(saved)
+        except ValueError as e:
+            fail(f"{where}: {e}; set another with --memory-limit SIZE")
+        return
     try:
         CTX.settings.memory_limit = check_memory_limit(parse_size(text))
     except ValueError as e:

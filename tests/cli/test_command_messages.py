@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -180,3 +181,21 @@ def test_one_row_is_one_row_and_persist_seconds_are_rounded(pg_dsn, state_dir):
         assert len(secs.split(".")[-1]) <= 3, persist
     finally:
         mooncake(s, "stop")
+
+
+def test_a_hand_edited_memory_limit_below_the_minimum_is_refused_naming_the_file(state_dir):
+    """``memory_limit`` edited by hand in settings.json below the working minimum (or not a number):
+    ``start`` and ``serve`` refuse in one line naming the file, the budget and the minimum, and start
+    nothing; ``start --memory-limit`` with a good size replaces it."""
+    s = make_settings(state_dir, "postgresql://nobody@127.0.0.1:1/none", memory_limit=64 << 20)
+    f = state_dir / "settings.json"
+    for cmd in ("start", "serve"):
+        r = mooncake(s, cmd, timeout=120)
+        msg = r.stderr.strip()
+        assert r.returncode == 1 and len(msg.splitlines()) == 1, (cmd, r.stdout, r.stderr)
+        assert f"memory_limit in {f}: memory limit 64.0 MiB" in msg and "minimum of 128.0 MiB" in msg, msg
+    assert not (state_dir / "service.pid").exists()
+    doc = json.loads(f.read_text())
+    f.write_text(json.dumps({**doc, "memory_limit": "lots"}))
+    r = mooncake(s, "start", timeout=120)
+    assert r.returncode == 1 and "'lots' is not a number of bytes" in r.stderr and str(f) in r.stderr, r.stderr
