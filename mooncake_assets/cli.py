@@ -756,6 +756,12 @@ def changes(
         "--no-wait",
         help="End at what the service applied now (instead of the source's current LSN); excludes --until",
     ),
+    deletes: str = typer.Option(
+        "rows",
+        "--deletes",
+        help="rows: deleted rows in full; keys: deleted rows as their primary key only, other columns "
+        "empty (much cheaper to read; needs a primary key)",
+    ),
 ):
     """The rows that changed in DST between two LSNs: the table's columns plus _change (insert|delete)
     and _commit_lsn (X/Y, empty where only the persisted interval is known). See docs/changes.md.
@@ -769,6 +775,8 @@ def changes(
 
     if fmt not in CHANGE_FORMATS:
         fail(f"--format must be one of {', '.join(CHANGE_FORMATS)}, not {fmt!r}", code=2)
+    if deletes not in ("rows", "keys"):
+        fail(f"--deletes must be rows or keys, not {deletes!r}", code=2)
     if until is not None and no_wait:
         fail(f"--no-wait and --until {until} exclude each other (--no-wait only chooses the end of the range)", code=2)
     since = _change_lsn("--since", since)
@@ -782,7 +790,7 @@ def changes(
     try:
         if until is None and not no_wait:
             until = current_wal_lsn(CTX.settings.source_dsn())
-        head, feed = service_client().changes(dst, since, until, timeout=max_wait)
+        head, feed = service_client().changes(dst, since, until, timeout=max_wait, deletes=deletes)
     except (TimeoutError, ServiceError) as e:
         hint = " (raise --max-wait)" if "timed out" in str(e) else ""
         fail(str(e).splitlines()[0] + hint)

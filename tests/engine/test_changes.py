@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mooncake_assets.engine.cdc.txn import Change
+from mooncake_assets.engine.table.change_keys import run_plan
 from mooncake_assets.engine.table.changes import HistoryError, cancel_pairs, plan_changes, read_positions
 
 from .test_apply import COLS, OID, commit, delete, insert, make_table, read, update
@@ -221,10 +222,52 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
             assert _apply(ra, feed) == rb, (a, b)
             if a >= t.flushed_lsn:
                 assert feed.column("_commit_lsn").null_count == 0
+            if keyed:
+                _same_as_keys_feed(feed, run_plan(plan_changes(t, a, b, "keys")))
     for m, _ in marks:
         if m not in cuts and m < t.flushed_lsn and m > min(cuts):
             with pytest.raises(NotACutError, match="is not a cut"):
                 plan_changes(t, m, t.applied_lsn)
+
+
+def _same_as_keys_feed(feed: pa.Table, keys: pa.Table) -> None:
+    """The keys feed has the full feed's inserts (rows, LSNs, order) and its deletes' keys and LSNs,
+    with every other column of a delete null."""
+    full, got = feed.to_pylist(), keys.to_pylist()
+    assert [r for r in got if r["_change"] == "insert"] == [r for r in full if r["_change"] == "insert"]
+    dels = [r for r in got if r["_change"] == "delete"]
+    assert [(r["id"], r["_commit_lsn"]) for r in dels] == [
+        (r["id"], r["_commit_lsn"]) for r in full if r["_change"] == "delete"
+    ]
+    assert all(r["v"] is None and r["n"] is None for r in dels)
+    assert [r["id"] for r in got] == [r["id"] for r in full]  # by key, a key's delete before its insert
+
+
+def test_keys_feed_of_the_buffer_window_and_a_keyless_table(tmp_path):
+    t = make_table(tmp_path / "k")
+    commit(t, 10, *(insert(i, f"a{i}", i) for i in range(1, 6)))
+    t.flush()  # rows 1..5 in a staged file: their deletes are read back as keys from it
+    lo = t.flushed_lsn
+    commit(t, 20, update((2, "B", 2), (2,), "K"), insert(6, "f", 6), delete((3,)))
+    commit(t, 30, delete((6,)), update((4, "D", 4), (4,), "K"))
+    full = _feed(t, lo, 31)
+    keys = run_plan(plan_changes(t, lo, 31, "keys"))
+    _same_as_keys_feed(full, keys)
+    assert [(r["id"], r["_change"]) for r in keys.to_pylist()] == [
+        (2, "delete"),
+        (2, "insert"),
+        (3, "delete"),
+        (4, "delete"),
+        (4, "insert"),
+    ]
+    assert keys.schema.field("v").nullable and keys.schema.field("n").nullable
+    kl = make_table(tmp_path / "kl", keyed=False)
+    commit(kl, 10, insert(1, "a", 1))
+    with pytest.raises(ValueError, match="table t has no primary key: deletes as keys need one") as e:
+        plan_changes(kl, kl.flushed_lsn, 11, "keys")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="deletes must be one of rows, keys, not 'all'"):
+        plan_changes(t, lo, 31, "all")
 
 
 def test_read_positions_reads_the_rows_at_positions_across_row_groups(tmp_path):

@@ -53,6 +53,17 @@ def _apply(before: Counter, feed) -> Counter:
     return +out
 
 
+def _same_keys(feed, keys, where: str) -> None:
+    """The keys feed (``deletes="keys"``) holds the full feed's inserts and its deletes' keys (the
+    workload has no UPDATE that leaves a row as it was), the deletes' other columns null."""
+    full, got = feed.to_pylist(), keys.to_pylist()
+    ins = [r for r in got if r["_change"] == "insert"]
+    assert ins == [r for r in full if r["_change"] == "insert"], where
+    dels = [r for r in got if r["_change"] == "delete"]
+    assert [r["id"] for r in dels] == [r["id"] for r in full if r["_change"] == "delete"], where
+    assert all(r["v"] is None and r["n"] is None for r in dels), where
+
+
 def _wait_streaming(client, timeout: float = 60.0) -> None:
     """After a restart the socket answers while the service still restores; wait until it streams."""
     deadline = time.time() + timeout
@@ -149,6 +160,8 @@ def test_feed_applied_to_since_gives_until(pg_dsn, state_dir):
             head, feed = client.changes("ct", str(Lsn(a)), str(Lsn(b)))
             assert head["since"] == str(Lsn(a)) and head["until"] == str(Lsn(b))
             assert _apply(ra, feed) == rb, f"[{Lsn(a)}, {Lsn(b)})"
+            _, keys = client.changes("ct", str(Lsn(a)), str(Lsn(b)), deletes="keys")
+            _same_keys(feed, keys, f"[{Lsn(a)}, {Lsn(b)})")
             checked += 1
         assert checked == len(cuts) * (len(cuts) - 1) // 2 >= 21
 
@@ -179,6 +192,9 @@ def test_feed_applied_to_since_gives_until(pg_dsn, state_dir):
             client.changes("ct", str(Lsn(cuts[1][0] + 1)), str(Lsn(b)))
         with pytest.raises(ServiceError, match="is after"):
             client.changes("ct", str(Lsn(b)), str(Lsn(a)))
+        with pytest.raises(ServiceError, match="table kl has no primary key: deletes as keys need one") as e:
+            client.changes("kl", str(Lsn(kl_first)), str(Lsn(b)), deletes="keys")
+        assert "\n" not in str(e.value)
         with pytest.raises(ServiceError, match="timed out"):
             client.changes("ct", str(Lsn(a)), str(Lsn(b + (1 << 40))), timeout=0.5)
 

@@ -115,13 +115,14 @@ class ServiceClient:
         return out
 
     def changes(
-        self, table: str, since: str, until: str | None = None, timeout: float = 30.0
+        self, table: str, since: str, until: str | None = None, timeout: float = 30.0, deletes: str = "rows"
     ) -> tuple[dict[str, Any], pa.Table]:
         """The change feed of ``table`` over ``[since, until)`` (``X/Y`` text; ``until`` None: all applied,
         ``"persisted"``: the current snapshot's LSN), the ``changes`` action (:mod:`.flight`; shape: :mod:`..table.changes`). LSNs not
-        applied yet are waited for up to ``timeout`` s. Returns ``({"table", "since", "until",
+        applied yet are waited for up to ``timeout`` s. ``deletes``: ``rows`` (deleted rows in full) or
+        ``keys`` (deleted rows as their primary key, other columns null: :mod:`..table.change_keys`). Returns ``({"table", "since", "until",
         "rows"}, feed)``; ``ServiceError`` with the service's one-line message otherwise."""
-        body = {"table": table, "since": since, "until": until, "timeout_s": timeout}
+        body = {"table": table, "since": since, "until": until, "timeout_s": timeout, "deletes": deletes}
         opts = flight.FlightCallOptions(timeout=max(self.timeout, timeout + 10))
         try:
             results = iter(self._conn().do_action(flight.Action("changes", json.dumps(body).encode()), opts))

@@ -5,7 +5,7 @@ Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, 
 (returns the ReadState with a ``ticket`` for its in-memory rows), ``wait_lsn {lsn, timeout_s}``,
 ``cut {tables, wait_lsn, timeout_s}`` (every mirror, or ``tables``, committed at one LSN and tagged
 ``lsn-X-Y``, after waiting for ``wait_lsn``: ``cut.py``), ``read_states`` (below), ``changes {table,
-since, until, timeout_s}`` (the change feed, :mod:`..table.changes`: first a JSON ``{"table",
+since, until, timeout_s, deletes}`` (the change feed, :mod:`..table.changes`; ``deletes``: rows|keys: first a JSON ``{"table",
 "since", "until", "rows"}`` result, then the feed as an Arrow IPC stream; LSNs not applied yet are
 waited for up to ``timeout_s``), ``shutdown``.
 
@@ -193,7 +193,8 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         since = Lsn.parse(b["since"])
         u = b.get("until")
         until = u if u == "persisted" else (Lsn.parse(u) if u else None)
-        end, feed = self.service.changes(b["table"], since, until, float(b.get("timeout_s", 30)))
+        timeout_s = float(b.get("timeout_s", 30))
+        end, feed = self.service.changes(b["table"], since, until, timeout_s, str(b.get("deletes") or "rows"))
         head = {"table": b["table"], "since": str(since), "until": str(end), "rows": feed.num_rows}
         yield flight.Result(json.dumps(head).encode())
         sink = pa.BufferOutputStream()

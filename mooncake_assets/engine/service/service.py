@@ -34,6 +34,7 @@ from ..pg.catalog import SourceCatalog
 from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_options: re-exported)
 from ..pg.patterns import TableSelection
 from ..pg.slot import current_wal_lsn
+from ..table.change_keys import run_plan
 from ..table.changes import persisted_cut, plan_changes
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
@@ -266,11 +267,12 @@ class ReplicatorService:
             return [self.read_state(n, lsn) for n in names]
 
     def changes(
-        self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0
+        self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0, deletes: str = "rows"
     ) -> tuple[Lsn, pa.Table]:
         """The change feed of table ``name`` over ``[since, until)`` (:mod:`..table.changes`; ``until``
         None: everything applied now; ``"persisted"``: the LSN of the table's current Iceberg
-        snapshot, a cut that stays valid while that snapshot is retained). An LSN not applied yet is
+        snapshot, a cut that stays valid while that snapshot is retained; ``deletes``: ``rows`` or ``keys``,
+        :mod:`..table.change_keys`). An LSN not applied yet is
         first waited for, up to ``timeout_s`` seconds (``TimeoutError`` naming both LSNs). Returns
         ``(until, feed)``; raises ``ValueError``
         for a range that cannot be served (one line, naming the LSNs that can), :class:`MooncakeError`
@@ -282,11 +284,11 @@ class ReplicatorService:
             t = self.table(name)
             end = t.applied_lsn if until is None else persisted_cut(t) if until == "persisted" else int(until)
             try:
-                plan = plan_changes(t, since, end)
+                plan = plan_changes(t, since, end, deletes)
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
-        return Lsn(end), plan.execute()
+        return Lsn(end), run_plan(plan)
 
     # ------------------------------------------------------------------ status
     def _source_lsn(self) -> int | None:

@@ -37,7 +37,6 @@ table was created or re-created), and ``since`` after ``until`` or ``until`` pas
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,6 +48,7 @@ from pyroaring import BitMap64
 
 from ..iceberg.cuts import CUT_TAG_PREFIX, parse_cut_tag
 from ..lsn import Lsn
+from .change_rows import cancel_pairs, read_positions
 from .evolution import project
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ __all__ = [
     "NotACutError",
     "SnapshotCut",
     "persisted_cut",
+    "cancel_pairs",
+    "check_deletes_mode",
     "plan_changes",
     "read_positions",
     "snapshot_cuts",
@@ -146,6 +148,7 @@ class _FileRows:
     positions: BitMap64
     change: str
     lsns: dict[int, int] = field(default_factory=dict)
+    whole: bool = False  # a delete of every live row of a file that leaves the table (compaction, all deleted)
 
 
 @dataclass
@@ -153,7 +156,9 @@ class ChangePlan:
     """What :func:`plan_changes` captured (under the service lock); :meth:`execute` reads the file rows
     (no lock needed: data files are immutable) and returns the feed.
 
-    ``since``/``until``: the cuts; ``exact``: every ``_commit_lsn`` is known (both in the buffer window)."""
+    ``since``/``until``: the cuts; ``exact``: every ``_commit_lsn`` is known (both in the buffer window);
+    ``deletes``: ``rows`` (deleted rows in full) or ``keys`` (deleted rows as their key only:
+    :mod:`.change_keys`)."""
 
     since: Lsn
     until: Lsn
@@ -164,9 +169,11 @@ class ChangePlan:
     io: Any
     files: list[_FileRows] = field(default_factory=list)
     mem: tuple[pa.Table, np.ndarray, pa.Table, np.ndarray] | None = None
+    deletes: str = "rows"
 
     def execute(self) -> pa.Table:
-        """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``."""
+        """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``; deleted rows
+        in full whatever ``deletes`` says (:func:`.change_keys.run_plan` honours it)."""
         ins, ins_l, dels, del_l = [], [], [], []
         if self.mem is not None:
             mi, mil, md, mdl = self.mem
@@ -177,29 +184,36 @@ class ChangePlan:
         for fr in self.files:
             if not len(fr.positions):
                 continue
-            rows = self._read(fr)
+            rows = self.read_rows(fr)
             lsns = np.array([fr.lsns.get(p, 0) for p in fr.positions], dtype=np.uint64)
             (ins if fr.change == "insert" else dels).append(rows)
             (ins_l if fr.change == "insert" else del_l).append(lsns)
-        i_tab, i_lsn = self._concat(ins, ins_l)
-        d_tab, d_lsn = self._concat(dels, del_l)
+        i_tab, i_lsn = self.concat_rows(ins, ins_l)
+        d_tab, d_lsn = self.concat_rows(dels, del_l)
         keep_i, keep_d = cancel_pairs(i_tab, d_tab)
-        return self._output(i_tab.filter(keep_i), i_lsn[keep_i], d_tab.filter(keep_d), d_lsn[keep_d])
+        return self.output(i_tab.filter(keep_i), i_lsn[keep_i], d_tab.filter(keep_d), d_lsn[keep_d])
 
-    def _read(self, fr: _FileRows) -> pa.Table:
+    def read_rows(self, fr: _FileRows, schema: pa.Schema | None = None) -> pa.Table:
+        """The rows at ``fr.positions`` in the layout ``schema`` (default: the table's); with a
+        ``schema`` of some of the table's columns only those columns are read from the file."""
+        target = self.schema if schema is None else schema
         if fr.location:
             with self.io.new_input(fr.where).open() as stream:
-                rows = read_positions(pq.ParquetFile(stream), fr.positions)
+                rows = read_positions(pq.ParquetFile(stream), fr.positions, None if schema is None else target)
         else:
-            rows = read_positions(pq.ParquetFile(fr.where), fr.positions)
-        return project(rows, self.schema, self.defaults)
+            rows = read_positions(pq.ParquetFile(fr.where), fr.positions, None if schema is None else target)
+        return project(rows, target, self.defaults)
 
-    def _concat(self, tabs: list[pa.Table], lsns: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
+    def concat_rows(self, tabs: list[pa.Table], lsns: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
+        """``tabs`` (cast to the table's layout) as one table, with their commit LSNs (uint64, 0: unknown)."""
         tabs = [t.cast(self.schema) if not t.schema.equals(self.schema) else t for t in tabs]
         tab = pa.concat_tables(tabs) if tabs else self.schema.empty_table()
         return tab.combine_chunks(), (np.concatenate(lsns) if lsns else np.zeros(0, dtype=np.uint64))
 
-    def _output(self, i_tab: pa.Table, i_lsn: np.ndarray, d_tab: pa.Table, d_lsn: np.ndarray) -> pa.Table:
+    def output(self, i_tab: pa.Table, i_lsn: np.ndarray, d_tab: pa.Table, d_lsn: np.ndarray) -> pa.Table:
+        """Inserted and deleted rows (same schema) with their LSNs as the feed: ``_change`` and
+        ``_commit_lsn`` appended, ordered by key with a key's delete before its insert."""
+
         def tagged(t: pa.Table, lsns: np.ndarray, kind: str) -> pa.Table:
             text = pa.array([str(Lsn(int(x))) if x else None for x in lsns], type=pa.string())
             return t.append_column(CHANGE, pa.repeat(pa.scalar(kind), t.num_rows).cast(pa.string())).append_column(
@@ -214,84 +228,29 @@ class ChangePlan:
             return out  # a key type Arrow cannot sort: rows stay deletes first, then inserts
 
 
-def read_positions(pf: pq.ParquetFile, positions: BitMap64) -> pa.Table:
-    """The rows at ``positions`` (0-based, ascending) of the Parquet file ``pf``, in that order. Only the
-    row groups holding one of them are read, and each is taken from on its own (a take over the whole
-    file's chunked columns would first concatenate them); every row of the file: read as it is."""
-    md = pf.metadata
-    if len(positions) == md.num_rows:
-        return pf.read()
-    pos = np.fromiter(positions, dtype=np.int64, count=len(positions))
-    parts, start = [], 0
-    for rg in range(md.num_row_groups):
-        n = md.row_group(rg).num_rows
-        lo, hi = np.searchsorted(pos, [start, start + n])
-        if hi > lo:
-            parts.append(pf.read_row_group(rg).take(pa.array(pos[lo:hi] - start)))
-        start += n
-    return pa.concat_tables(parts) if parts else pf.schema_arrow.empty_table()
-
-
-def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean keep masks (one per row of ``ins``, of ``dels``) after removing pairs of equal rows, one
-    insert with one delete each (multiset difference; same schema). Rows are matched by a 64-bit hash
-    of all their values (DuckDB ``hash``) and then compared value by value, so a hash collision never
-    cancels two different rows."""
-    keep_i = np.ones(ins.num_rows, dtype=bool)
-    keep_d = np.ones(dels.num_rows, dtype=bool)
-    if not ins.num_rows or not dels.num_rows:
-        return keep_i, keep_d
-    hi, hd = _row_hashes(ins), _row_hashes(dels)
-    common = np.intersect1d(hi, hd)
-    if not len(common):
-        return keep_i, keep_d
-    by_hash: dict[int, list[int]] = {}
-    for dj in np.nonzero(np.isin(hd, common))[0]:
-        by_hash.setdefault(int(hd[dj]), []).append(int(dj))
-    cand_i = np.nonzero(np.isin(hi, common))[0]
-    i_rows = ins.take(pa.array(cand_i)).to_pylist()
-    d_idx = sorted({j for js in by_hash.values() for j in js})
-    d_rows = dict(zip(d_idx, dels.take(pa.array(d_idx, type=pa.int64())).to_pylist()))
-    for i, row in zip(cand_i, i_rows):
-        js = by_hash.get(int(hi[i]), [])
-        for n, j in enumerate(js):
-            if repr(d_rows[j]) == repr(row):  # repr: NaN equals NaN, as in the rows' multiset
-                keep_i[i] = keep_d[j] = False
-                del js[n]
-                break
-    return keep_i, keep_d
-
-
-_local = threading.local()
-
-
-def _row_hashes(t: pa.Table) -> np.ndarray:
-    """DuckDB ``hash`` over all columns of every row of ``t`` (uint64). One in-memory DuckDB connection
-    per thread is kept for it (opening one costs more than hashing a feed of thousands of rows)."""
-    import duckdb
-
-    con = getattr(_local, "con", None)
-    if con is None:
-        con = _local.con = duckdb.connect()
-    try:
-        con.register("_feed_rows", t)
-        cols = ", ".join('"' + c.replace('"', '""') + '"' for c in t.column_names)
-        out = con.execute(f"SELECT hash({cols}) AS h FROM _feed_rows").arrow()
-        h = out.column("h") if isinstance(out, pa.Table) else out.read_all().column("h")
-        return np.asarray(h.to_numpy(zero_copy_only=False), dtype=np.uint64)
-    finally:
-        con.unregister("_feed_rows")
-
-
 # ---------------------------------------------------------------------------------------------- planning
-def plan_changes(table: MirrorTable, since: int, until: int) -> ChangePlan:
+DELETE_MODES = ("rows", "keys")
+
+
+def check_deletes_mode(name: str, key: list[str], deletes: str) -> None:
+    """``ValueError`` (one line naming table ``name``) unless ``deletes`` is one of :data:`DELETE_MODES`
+    and, for ``keys``, the table has a primary key (``key``: its columns)."""
+    if deletes not in DELETE_MODES:
+        raise ValueError(f"table {name}: deletes must be one of {', '.join(DELETE_MODES)}, not {deletes!r}")
+    if deletes == "keys" and not key:
+        raise ValueError(f"table {name} has no primary key: deletes as keys need one (ask for deletes as rows instead)")
+
+
+def plan_changes(table: MirrorTable, since: int, until: int, deletes: str = "rows") -> ChangePlan:
     """Validate ``[since, until)`` for ``table`` and capture what the feed needs (call under the
-    service lock; :meth:`ChangePlan.execute` then runs without it).
+    service lock; :meth:`ChangePlan.execute` then runs without it). ``deletes``: ``rows`` or ``keys``
+    (:mod:`.change_keys`; ``ValueError`` for another value or ``keys`` on a table without a key).
 
     Raises ``ValueError`` when ``since > until`` or ``until`` is past ``applied_lsn`` (the caller waits
     for it first), :class:`HistoryError` when ``since`` is older than the oldest retained cut,
     :class:`NotACutError` for an LSN of persisted history no snapshot records."""
     name = table.name
+    check_deletes_mode(name, list(table.schema.key_columns or []), deletes)
     if since > until:
         raise ValueError(f"table {name}: --since {Lsn(since)} is after --until {Lsn(until)}")
     if until > table.applied_lsn:
@@ -319,6 +278,7 @@ def plan_changes(table: MirrorTable, since: int, until: int) -> ChangePlan:
         defaults=table.defaults,
         key=list(table.schema.key_columns or []),
         io=table.iceberg.io if table.iceberg is not None else None,
+        deletes=deletes,
     )
     if since == until:
         return plan
@@ -404,7 +364,7 @@ def _diff_to_live(table: MirrorTable, a: PersistedState, since: int, until: int)
             out.append(_FileRows(*_where(f), _all_but(f.num_rows, now), "insert"))
     for name, (loc, df) in old.items():
         if name not in table.files:
-            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete"))
+            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete", whole=True))
     return out
 
 
@@ -421,7 +381,7 @@ def _diff_snapshots(a: PersistedState, b: PersistedState) -> list[_FileRows]:
                 out.append(_FileRows(loc, True, newly, "delete"))
     for loc, df in a.data_files.items():
         if loc not in b.data_files:
-            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete"))
+            out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete", whole=True))
     return out
 
 
