@@ -55,6 +55,7 @@ from pathlib import Path
 import dagster as dg
 
 from mooncake_assets.config import load_settings
+from mooncake_assets.dagster.jobs.chunked import build_chunked_copy_job
 from mooncake_assets.dagster.jobs.cuts import CUT_JOB, build_cut_schedule
 from mooncake_assets.dagster.jobs.maintenance import (
     DEFAULT_CRON,
@@ -209,7 +210,7 @@ def build_definitions(config: DagsterConfig) -> dg.Definitions:
     return dg.Definitions(
         assets=[*build_table_assets(config.tables, config.catalog_uri), *analytics],
         asset_checks=[*build_mirror_checks(config.tables), *analytics_checks(t.name for t in config.tables)],
-        jobs=[*all_jobs, *cut_jobs],
+        jobs=[*all_jobs, *cut_jobs, build_chunked_copy_job(None, "replication")],
         schedules=[*build_schedules(jobs, config.cron, running=config.automation), *cut_schedules],
         sensors=[build_replication_sensor(all_jobs, config.sensor_interval_s, running=config.automation)],
         resources={"replication": replication, "io_manager": io_manager},
@@ -315,10 +316,11 @@ def _build_sources(config: DagsterConfig) -> dg.Definitions:
                 keys=keys,
             )
         )
+    chunked = [build_chunked_copy_job(src.name, src.keys.resource_key) for src in config.sources]
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
-        jobs=all_jobs,
+        jobs=[*all_jobs, *chunked],
         schedules=build_schedules(jobs, config.cron, running=config.automation),
         sensors=sensors,
         resources=resources,

@@ -7,7 +7,9 @@ Actions (JSON body → JSON result): ``ping``, ``status``, ``create_table {dst, 
 ``lsn-X-Y``, after waiting for ``wait_lsn``: ``cut.py``), ``read_states`` (below), ``changes {table,
 since, until, timeout_s, deletes}`` (the change feed, :mod:`..table.changes`; ``deletes``: rows|keys: first a JSON ``{"table",
 "since", "until", "rows"}`` result, then the feed as an Arrow IPC stream; LSNs not applied yet are
-waited for up to ``timeout_s``), ``shutdown``.
+waited for up to ``timeout_s``), ``chunked_copy_begin {dst, src, delete_format, column_types, exclude,
+parts, min_range_pages}`` / ``chunked_copy_finish {slot}`` / ``chunked_copy_abort {slot}`` (``chunked.py``),
+``shutdown``.
 
 ``read_states {tables | match, lsn, wait_lsn, timeout_s}`` is a union read's **one round trip**: it
 first waits (``timeout_s``) until ``wait_lsn`` is applied (when given), then answers the ReadStates of
@@ -101,6 +103,9 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             ("wait_lsn", "read-your-writes barrier"),
             ("changes", "the change feed of a table between two LSNs"),
             ("verify_now", "the scheduled checksum verify, now"),
+            ("chunked_copy_begin", "create-table up to its copy: the snapshot held, the CTID ranges planned"),
+            ("chunked_copy_finish", "the staged chunks into the mirror, one commit at the snapshot's LSN"),
+            ("chunked_copy_abort", "give up a chunked copy"),
             ("shutdown", "stop the service"),
         ]
 
@@ -129,6 +134,20 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             )
         if kind == "drop_table":
             return s.drop_table(b["table"])
+        if kind == "chunked_copy_begin":
+            return s.chunked.begin(
+                b["dst"],
+                b["src"],
+                b.get("delete_format") or "deletion-vectors",
+                column_types=b.get("column_types"),
+                exclude=b.get("exclude"),
+                parts=int(b.get("parts", 4)),
+                min_range_pages=int(b.get("min_range_pages", 1024)),
+            )
+        if kind == "chunked_copy_finish":
+            return s.chunked.finish(b["slot"])
+        if kind == "chunked_copy_abort":
+            return s.chunked.abort(b["slot"])
         if kind in ("flush", "persist", "merge_index", "compact"):
             kw = {k: v for k, v in b.items() if k != "table"}
             return s.maintenance(kind, b["table"], **kw)

@@ -8,7 +8,8 @@ composed of four parts that share its lock (``lock``: every change of table stat
 - :class:`~.replication.StreamLoop` (``stream``): the replication thread (receive, apply, confirm,
   the publication check);
 - :class:`~.persist.PersistScheduler` (``persister``): flushes, persists and background maintenance;
-- :class:`~.provision.TableProvisioner` (``provisioner``): create-table and drop-table.
+- :class:`~.provision.TableProvisioner` (``provisioner``): create-table and drop-table;
+  :class:`~.chunked.ChunkedCopies` (``chunked``): create-table with a copy cut into chunks for workers.
 
 Publication (``engine/pg/publication.py``): the service's own (default; it adds and removes each
 mirrored table) or the one an administrator created (``ServiceConfig.publication``, never altered).
@@ -40,6 +41,7 @@ from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from ..timefmt import utc_now
+from .chunked import ChunkedCopies
 from .config import ServiceConfig
 from .cut import take_cut
 from .discovery import TableDiscovery
@@ -76,6 +78,7 @@ class ReplicatorService:
         self.generated = GeneratedColumns(self.stream.generated_session)
         self.persister = PersistScheduler(self)
         self.provisioner = TableProvisioner(self)
+        self.chunked = ChunkedCopies(self.provisioner)
         self._clean_start = False
         self._status_conn: psycopg.Connection[Any] | None = None
         self._source_error: str | None = None  # why the source was not reachable at the last look
@@ -149,6 +152,7 @@ class ReplicatorService:
     def stop(self) -> None:
         """Stop table discovery, the verifier, maintenance, persists and the stream; mark a clean stop."""
         self.stream.request_stop()
+        self.chunked.close()
         self.discovery.stop()
         self.verifier.stop()
         self.persister.close()
