@@ -82,9 +82,10 @@ def test_one_long_lived_reader_equals_postgres_across_every_change(m):
         _applied(m)
         m.call("persist", table="wr")
         _equal(m, r, "the deletes committed as deletion vectors")
-        hits = r.cache.hits
+        hits, unchanged = r.cache.hits, m.client.unchanged
         _equal(m, r, "nothing")  # nothing changed: footers, vectors and plans come from the cache
         assert r.cache.hits > hits
+        assert m.client.unchanged > unchanged  # and the service sent only the LSN, not the state again
         m.sql("DELETE FROM wr WHERE id % 7 = 0")
         _applied(m)
         m.call("persist", table="wr")

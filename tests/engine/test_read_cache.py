@@ -107,3 +107,39 @@ def test_read_states_is_one_round_trip_with_the_rows(tmp_path):
     finally:
         client.close()
         server.shutdown()
+
+
+def test_read_states_sends_only_the_lsn_of_an_unchanged_state(tmp_path):
+    path = _file(tmp_path, "a.parquet", 500)
+    mem = pa.table({"id": pa.array([1000, 1001], pa.int64())})
+    f = FileState("a.parquet", path, 500, FrozenBitMap64(BitMap64([0, 7])))
+    svc = _Service({"t": ReadState("t", Lsn.parse("0/20"), (f,), ("id",), mem=mem)})
+    sock = str(tmp_path / "f.sock")
+    server = MooncakeFlightServer(svc, sock)
+    threading.Thread(target=server.serve, daemon=True).start()
+    client = ServiceClient(sock)
+    try:
+        (first,) = client.read_states(tables=["t"])
+        svc.states["t"] = svc.states["t"].with_(lsn=Lsn.parse("0/30"))  # other tables' commits moved the LSN
+        (again,) = client.read_states(tables=["t"])
+        assert client.unchanged == 1 and again.mem is first.mem and again.lsn == Lsn.parse("0/30")
+        assert again.with_(lsn=first.lsn) == first
+        # every kind of change is a new state: rows, a vector, a file, the schema
+        changes = [
+            dict(mem=pa.table({"id": pa.array([1000, 1002], pa.int64())})),
+            dict(files=(FileState("a.parquet", path, 500, FrozenBitMap64(BitMap64([0, 8]))),)),
+            dict(files=(FileState("b.parquet", path, 500, None),)),
+            dict(schema=("id", "x")),
+        ]
+        for k, change in enumerate(changes):
+            want = svc.states["t"].with_(lsn=Lsn.parse(f"0/{40 + k}"), **change)
+            svc.states["t"] = want
+            (got,) = client.read_states(tables=["t"])
+            assert client.unchanged == 1, change
+            assert got.with_(mem=None) == want.with_(mem_rows=want.mem.num_rows, mem=None)
+            assert got.mem.equals(want.mem)
+        (last,) = client.read_states(match=["T"])  # held by the name asked for: a match asks by registry name
+        assert last.mem.equals(svc.states["t"].mem)
+    finally:
+        client.close()
+        server.shutdown()

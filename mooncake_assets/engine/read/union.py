@@ -537,7 +537,9 @@ class UnionReader:
             if held is not None:
                 self._drop_mem_table(view)
             return False
-        if held is not None and held.schema.equals(mem.schema, check_metadata=True) and held.equals(mem):
+        if held is mem or (
+            held is not None and held.schema.equals(mem.schema, check_metadata=True) and held.equals(mem)
+        ):
             return True
         _temp_table(self.con, name, mem)
         self._mem_tables[view] = mem

@@ -17,7 +17,13 @@ from typing import Any, cast
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from ..lsn import Lsn
 from ..table.read_state import ReadState
+
+#: in-memory rows up to this many bytes are held by the client between ``read_states`` calls, for this
+#: many tables at most (the oldest held first dropped)
+HOLD_BYTES = 64 << 20
+HOLD_TABLES = 256
 
 
 class ServiceError(RuntimeError):
@@ -35,6 +41,8 @@ class ServiceClient:
         self.socket_path = Path(socket_path)
         self.timeout = timeout
         self._client: Any = None  # a pyarrow FlightClient once connected (pyarrow has no type information)
+        self._held: dict[str, tuple[str, ReadState]] = {}  # name -> (token, its last ReadState with rows)
+        self.unchanged = 0  # read_states answers that were "unchanged" (the held state at a new LSN)
 
     def _conn(self) -> flight.FlightClient:
         if self._client is None:
@@ -97,22 +105,63 @@ class ServiceClient:
         action, :mod:`.flight`): after waiting up to ``timeout`` s until ``wait_lsn`` is applied (when
         given; ``ServiceError`` "timed out…" after), the states of ``tables`` (names, each must exist),
         or of every readable mirror whose lower-cased name is in ``match`` (None: all), at ``lsn``
-        (``X/Y``; None: all applied). Returns them in the order of ``tables`` / the registry."""
-        body = {"tables": tables, "match": match, "lsn": lsn, "wait_lsn": wait_lsn, "timeout_s": timeout}
+        (``X/Y``; None: all applied). Returns them in the order of ``tables`` / the registry.
+
+        The client holds the last state of each table (rows up to :data:`HOLD_BYTES`) with its token:
+        when the service finds a table unchanged it sends only the new LSN, and the state returned
+        is the held one (the same ``mem`` object) at that LSN. ``unchanged`` counts such answers."""
+        held = dict(self._held)  # this call's view of the held states (another thread may replace them)
+        if tables is not None:
+            held = {t: v for t, v in held.items() if t in tables}
+        elif match is not None:
+            wanted = {m.lower() for m in match}
+            held = {t: v for t, v in held.items() if t.lower() in wanted}
+        body = {
+            "tables": tables,
+            "match": match,
+            "lsn": lsn,
+            "wait_lsn": wait_lsn,
+            "timeout_s": timeout,
+            "known": {t: token for t, (token, _) in held.items()},
+        }
         opts = flight.FlightCallOptions(timeout=max(self.timeout, timeout + 10))
         try:
             results = iter(self._conn().do_action(flight.Action("read_states", json.dumps(body).encode()), opts))
             head = json.loads(next(results).body.to_pybytes())
             out = []
             for wire in head["states"]:
+                if wire.get("same") is not None:  # unchanged: the held state and rows, at the new LSN
+                    token, same = held[wire["key"]]  # the service answers so only to a token sent from held
+                    if token != wire["same"]:
+                        raise ServiceError(f"read_states: {wire['table']} answered for a state this client never held")
+                    out.append(same.with_(lsn=Lsn.parse(wire["lsn"])))
+                    self.unchanged += 1
+                    continue
                 mem = pa.ipc.open_stream(next(results).body).read_all()
-                out.append(ReadState.from_wire(wire).with_(mem=mem))
+                rs = ReadState.from_wire(wire).with_(mem=mem)
+                out.append(rs)
+                self._hold(wire.get("key"), wire.get("token"), rs)
         except flight.FlightUnavailableError as e:
             self.close()
             raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None
         except flight.FlightError as e:
             raise ServiceError(_clean(e)) from None
         return out
+
+    def _hold(self, key: str | None, token: str | None, rs: ReadState) -> None:
+        """Keep ``rs`` (with its rows) under ``key`` (the name the service answered it for) and its
+        ``token`` for the next :meth:`read_states`, unless its rows exceed :data:`HOLD_BYTES` (then
+        nothing is held for it). A service without tokens (None) holds nothing."""
+        if key is None:
+            return
+        mem = cast(pa.Table, rs.mem)
+        if token is None or mem.nbytes > HOLD_BYTES:
+            self._held.pop(key, None)
+            return
+        self._held.pop(key, None)  # re-inserted last: the oldest held go first
+        self._held[key] = (token, rs)
+        while len(self._held) > HOLD_TABLES:
+            self._held.pop(next(iter(self._held)))
 
     def changes(
         self, table: str, since: str, until: str | None = None, timeout: float = 30.0, deletes: str = "rows"

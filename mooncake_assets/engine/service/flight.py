@@ -17,12 +17,17 @@ first waits (``timeout_s``) until ``wait_lsn`` is applied (when given), then ans
 ``match`` (None: every readable mirror), each at ``lsn`` (None: all applied), *with* their in-memory
 rows. Its results are several Flight ``Result`` messages: the first a JSON ``{"states": [wire
 ReadState, …]}`` (:meth:`~..table.read_state.ReadState.to_wire`, ``mem_rows`` set, no ticket), then
-one per state, in order, the in-memory rows as an Arrow IPC stream (schema + batches). The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
+one per state, in order, the in-memory rows as an Arrow IPC stream (schema + batches). Each state
+carries a ``token`` (:func:`state_token`, its content without the LSN) and ``key`` (the name it was
+asked by, or its registry name); a client that holds a state sends ``known {key: token}``, and a
+state whose token is unchanged comes back as ``{"key", "table", "lsn", "same": token}`` without its
+rows (nothing else travels). The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
 expire after 10 minutes). Errors reach the client as one-line Flight errors.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -192,19 +197,27 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
                 wanted = {str(m).lower() for m in match}
                 names = [n for n in names if n.lower() in wanted]
         lsn = Lsn.parse(b["lsn"]) if b.get("lsn") else None
+        known = b.get("known") or {}
         states, mems = [], []
         together = getattr(s, "read_states", None)  # one lock hold: a transaction is in every table or none
-        for rs in together(names, lsn) if together is not None else [s.read_state(n, lsn) for n in names]:
+        got = together(names, lsn) if together is not None else [s.read_state(n, lsn) for n in names]
+        for name, rs in zip(names, got):
             mem = rs.mem
             assert mem is not None  # an in-process ReadState carries its in-memory rows
-            states.append(rs.with_(mem_rows=mem.num_rows).to_wire())
-            mems.append(mem)
-        yield flight.Result(json.dumps({"states": states}, default=str).encode())
-        for mem in mems:
+            wire = rs.with_(mem_rows=mem.num_rows).to_wire()
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, mem.schema) as w:
                 w.write_table(mem)
-            yield flight.Result(sink.getvalue())
+            rows = sink.getvalue()
+            token = state_token(wire, rows)
+            if known.get(name) == token:  # the client holds this very state: only the LSN travels
+                states.append({"key": name, "table": rs.table, "lsn": wire["lsn"], "same": token})
+                continue
+            states.append({**wire, "key": name, "token": token})
+            mems.append(rows)
+        yield flight.Result(json.dumps({"states": states}, default=str).encode())
+        for rows in mems:
+            yield flight.Result(rows)
 
     def _changes(self, b: dict[str, Any]) -> Iterator[Any]:
         """The ``changes`` action (module docstring): JSON ``{"table", "since", "until", "rows"}``, then
@@ -269,3 +282,13 @@ def serve(config: ServiceConfig, ready_cb: Callable[[], object] | None = None) -
                 pidfile.unlink()
         except OSError:
             pass
+
+
+def state_token(wire: dict[str, Any], rows: Any) -> str:
+    """A ReadState's content token for ``read_states``: 32 hex digits of BLAKE2b over its wire form
+    without the LSN (files, paths, deletion vectors, schema, fields, storage, row count) and its
+    in-memory rows' IPC bytes ``rows``. Equal tokens mean the same rows to read, at any LSN."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps({k: v for k, v in wire.items() if k != "lsn"}, sort_keys=True, default=str).encode())
+    h.update(memoryview(rows))
+    return h.hexdigest()
