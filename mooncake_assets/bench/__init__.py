@@ -42,7 +42,16 @@ INGEST_KEYS = ("narrow", "wide", "narrow_large", "wide_large", "updates", "delet
 #: figures of ``memory.large_txn`` (one UPDATE of every row under a memory budget: :mod:`.memory_large_txn`)
 LARGE_TXN_KEYS = ("peak_rss_bytes", "seconds_per_million_rows", "ratio")
 #: figures of ``changes`` (the change feed of 1 % of a table vs a full union read: :mod:`.changes`)
-CHANGES_KEYS = ("ratio_vs_full_read", "seconds", "full_read_seconds", "cpu_seconds", "full_read_cpu_seconds")
+CHANGES_KEYS = (
+    "ratio_vs_full_read",
+    "seconds",
+    "full_read_seconds",
+    "cpu_seconds",
+    "full_read_cpu_seconds",
+    "keys_ratio_vs_full_read",
+    "keys_seconds",
+    "keys_cpu_seconds",
+)
 
 # (dotted key, comparison, target, what it means)
 TARGETS = [

@@ -16,6 +16,8 @@ Contenders, timed in ``Sizes.changes_rounds`` rotated rounds (medians; :mod:`.co
 - ``changes``: ``ServiceClient.changes(table, since, until)`` — the ``changes`` Flight action, the
   service planning the range over its Iceberg snapshots and reading the rows of the files that the
   range touches, then the feed's Arrow rows sent to this process;
+- ``changes_keys``: the same with ``deletes="keys"`` (:mod:`..engine.table.change_keys`): inserted
+  rows in full, deleted rows as their key only;
 - ``full_read``: ``UnionReader.query("SELECT * FROM t")`` — a union read of the whole table
   (ReadState over Flight, the data files with their deletion vectors read by DuckDB in this process)
   into one Arrow table: what a downstream job without the feed reads each run.
@@ -23,9 +25,12 @@ Contenders, timed in ``Sizes.changes_rounds`` rotated rounds (medians; :mod:`.co
 Figures: ``ratio_vs_full_read`` = median ``changes`` seconds ÷ median ``full_read`` seconds (target
 ≤ 0.05), the raw ``seconds`` and ``cpu_seconds`` of each (CPU = this process's CPU time plus the
 service process's ``utime + stime`` from ``/proc/<pid>/stat``, proc(5), over the call: the feed is
-computed in the service, the full read here), ``cpu_ratio_vs_full_read``, ``per_round``. Checks:
+computed in the service, the full read here), ``cpu_ratio_vs_full_read``, ``per_round``; the same
+for ``changes_keys`` as ``keys_ratio_vs_full_read``, ``keys_seconds``, ``keys_cpu_seconds``,
+``keys_cpu_ratio_vs_full_read``. Checks:
 ``feed_rows`` must be ``2 × updated + deleted + inserted`` (an UPDATE is a delete and an insert),
-with ``feed_inserts`` / ``feed_deletes`` split accordingly, and the full read must return
+with ``feed_inserts`` / ``feed_deletes`` split accordingly (for ``changes_keys`` too, every delete's
+non-key columns null), and the full read must return
 ``rows − deleted + inserted`` rows; ``check.ok`` says whether all held in every round.
 Units: seconds, rows; ratios plain numbers.
 """
@@ -113,10 +118,11 @@ def _rounds(contenders: dict[str, Any], rounds: int, pid: int | None, check) -> 
 
 def _summary(per_round: list[dict], rows: int, w: dict, expect: dict, extra: dict) -> dict[str, Any]:
     """The ``changes`` section from the rounds (module docstring)."""
-    m = {n: med([r[n]["seconds"] for r in per_round]) for n in ("changes", "full_read")}
-    mc = {n: med([r[n]["cpu_seconds"] for r in per_round]) for n in ("changes", "full_read")}
+    names = ("changes", "changes_keys", "full_read")
+    m = {n: med([r[n]["seconds"] for r in per_round]) for n in names}
+    mc = {n: med([r[n]["cpu_seconds"] for r in per_round]) for n in names}
     last = per_round[-1]
-    ok = all(r["changes"]["ok"] and r["full_read"]["ok"] for r in per_round)
+    ok = all(r[n]["ok"] for r in per_round for n in names)
     return {
         "rows": rows,
         "changed_rows": len(w["updated"]) + len(w["deleted"]) + w["inserted"],
@@ -132,6 +138,10 @@ def _summary(per_round: list[dict], rows: int, w: dict, expect: dict, extra: dic
         "ratio_vs_full_read_best": min(r["changes"]["seconds"] for r in per_round)
         / min(r["full_read"]["seconds"] for r in per_round),
         "cpu_ratio_vs_full_read": mc["changes"] / mc["full_read"] if mc["full_read"] else None,
+        "keys_seconds": m["changes_keys"],
+        "keys_cpu_seconds": mc["changes_keys"],
+        "keys_ratio_vs_full_read": m["changes_keys"] / m["full_read"],
+        "keys_cpu_ratio_vs_full_read": mc["changes_keys"] / mc["full_read"] if mc["full_read"] else None,
         "feed_rows": last["changes"]["rows"],
         "feed_inserts": last["changes"]["inserts"],
         "feed_deletes": last["changes"]["deletes"],
@@ -143,6 +153,14 @@ def _summary(per_round: list[dict], rows: int, w: dict, expect: dict, extra: dic
         "SELECT * of the whole table; rotated rounds, medians; CPU = this process + the service process; "
         "see mooncake_assets/bench/changes.py",
     }
+
+
+def _keys_only(feed: Any) -> bool:
+    """Whether every ``delete`` row of ``feed`` has its non-key columns (``bid``, ``abalance``, ``filler``) null."""
+    import pyarrow.compute as pc
+
+    dels = feed.filter(pc.equal(feed.column("_change"), "delete"))
+    return all(dels.column(c).null_count == dels.num_rows for c in ("bid", "abalance", "filler"))
 
 
 def _wait_applied(client: Any, dsn: str) -> None:
@@ -220,7 +238,8 @@ def run_changes_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict[str, Any]
                         return {"rows": res.num_rows, "ok": res.num_rows == expect["full_read_rows"]}
                     head, feed = res
                     st = lsn_stats(feed)
-                    ok = (
+                    ok = _keys_only(feed) if name == "changes_keys" else True
+                    ok = ok and (
                         head["since"] == since
                         and head["until"] == until
                         and (feed.num_rows, st["inserts"], st["deletes"])
@@ -230,6 +249,7 @@ def run_changes_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict[str, Any]
 
                 contenders = {
                     "changes": lambda: client.changes(TABLE, since, until, timeout=600),
+                    "changes_keys": lambda: client.changes(TABLE, since, until, timeout=600, deletes="keys"),
                     "full_read": lambda: reader.query(FULL_SQL, tables=[TABLE]),
                 }
                 for c in contenders.values():  # warm both (page cache, plans) before timing
@@ -247,6 +267,8 @@ def run_changes_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict[str, Any]
         f"  changes: feed of {out['feed_rows']:,} rows ({out['changed_rows']:,} rows changed of {rows:,}) in "
         f"{out['seconds'] * 1000:.1f} ms vs full read of {out['full_read_rows']:,} rows in "
         f"{out['full_read_seconds'] * 1000:.1f} ms: ratio {out['ratio_vs_full_read']:.3f} "
-        f"(CPU {out['cpu_ratio_vs_full_read'] or 0:.3f}); checks ok: {out['check']['ok']}"
+        f"(CPU {out['cpu_ratio_vs_full_read'] or 0:.3f}); deletes as keys in {out['keys_seconds'] * 1000:.1f} ms: "
+        f"ratio {out['keys_ratio_vs_full_read']:.3f} (CPU {out['keys_cpu_ratio_vs_full_read'] or 0:.3f}); "
+        f"checks ok: {out['check']['ok']}"
     )
     return out

@@ -140,7 +140,10 @@ def _changes_section(ch: dict) -> list[str]:
         f"(CPU {ms(ch.get('cpu_seconds'))} ms), a union read `SELECT *` of the table's "
         f"{_f(ch.get('full_read_rows'))} rows took {ms(ch.get('full_read_seconds'))} ms "
         f"(CPU {ms(ch.get('full_read_cpu_seconds'))} ms): `ratio_vs_full_read` **{_f(ch.get('ratio_vs_full_read'))}** "
-        f"(CPU {_f(ch.get('cpu_ratio_vs_full_read'))}; target ≤ 0.05). Medians of {ch.get('rounds')} rotated rounds; "
+        f"(CPU {_f(ch.get('cpu_ratio_vs_full_read'))}; target ≤ 0.05). With deletes as keys "
+        f'(`deletes="keys"`) the feed took {ms(ch.get("keys_seconds"))} ms (CPU {ms(ch.get("keys_cpu_seconds"))} ms): '
+        f"`keys_ratio_vs_full_read` **{_f(ch.get('keys_ratio_vs_full_read'))}** "
+        f"(CPU {_f(ch.get('keys_cpu_ratio_vs_full_read'))}). Medians of {ch.get('rounds')} rotated rounds; "
         f"CPU = this process + the service process; row counts as expected in every round: "
         f"{'yes' if (ch.get('check') or {}).get('ok') else '**NO**'}.",
         "",

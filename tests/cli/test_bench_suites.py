@@ -101,23 +101,25 @@ def test_changes_suite_times_the_feed_of_one_percent_against_a_full_read(pg_clus
     for k in CHANGES_KEYS:
         assert ch[k] > 0, (k, ch)
     assert ch["ratio_vs_full_read"] == ch["seconds"] / ch["full_read_seconds"]
+    assert ch["keys_ratio_vs_full_read"] == ch["keys_seconds"] / ch["full_read_seconds"]
     rows, upd, dele, ins = ch["rows"], ch["updated_rows"], ch["deleted_rows"], ch["inserted_rows"]
     assert rows == tiny.changes_rows and upd + dele + ins == ch["changed_rows"] == rows // 100
     assert upd > 0 and dele > 0 and ins > 0
     assert ch["rounds"] == tiny.changes_rounds == len(ch["per_round"])
-    assert [r["first"] for r in ch["per_round"]] == ["changes", "full_read"][: tiny.changes_rounds]
+    assert [r["first"] for r in ch["per_round"]] == ["changes", "changes_keys", "full_read"][: tiny.changes_rounds]
     for r in ch["per_round"]:
         assert r["changes"]["rows"] == 2 * upd + dele + ins, r
         assert (r["changes"]["inserts"], r["changes"]["deletes"]) == (upd + ins, upd + dele), r
         assert r["full_read"]["rows"] == rows - dele + ins, r
-        assert r["changes"]["ok"] and r["full_read"]["ok"], r
-        for side in ("changes", "full_read"):
+        assert (r["changes_keys"]["rows"], r["changes_keys"]["deletes"]) == (2 * upd + dele + ins, upd + dele), r
+        assert r["changes"]["ok"] and r["changes_keys"]["ok"] and r["full_read"]["ok"], r
+        for side in ("changes", "changes_keys", "full_read"):
             assert r[side]["seconds"] > 0 and r[side]["cpu_seconds"] > 0, r
     assert ch["check"]["ok"] is True
     t = doc["targets"]["changes.ratio_vs_full_read"]
     assert t["value"] == ch["ratio_vs_full_read"] and isinstance(t["met"], bool)
     assert [k for k in doc["missing_keys"] if k.startswith("changes.")] == []
-    assert "## Change feed" in doc["_md"] and "ratio_vs_full_read" in doc["_md"]
+    assert "## Change feed" in doc["_md"] and "keys_ratio_vs_full_read" in doc["_md"]
 
 
 def test_bench_help_lists_every_suite(state_dir):
