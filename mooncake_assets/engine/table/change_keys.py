@@ -58,7 +58,7 @@ def execute_keys(plan: ChangePlan) -> pa.Table:
     for fr in plan.files:
         if not len(fr.positions):
             continue
-        lsns = np.array([fr.lsns.get(p, 0) for p in fr.positions], dtype=np.uint64)
+        lsns = fr.lsn_array()
         if fr.change == "insert":
             ins.append(plan.read_rows(fr))
             ins_l.append(lsns)

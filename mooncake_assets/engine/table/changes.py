@@ -150,6 +150,12 @@ class _FileRows:
     lsns: dict[int, int] = field(default_factory=dict)
     whole: bool = False  # a delete of every live row of a file that leaves the table (compaction, all deleted)
 
+    def lsn_array(self) -> np.ndarray:
+        """The commit LSN of each of ``positions`` in order (uint64; 0 where unknown)."""
+        if not self.lsns:  # persisted history: none known
+            return np.zeros(len(self.positions), dtype=np.uint64)
+        return np.array([self.lsns.get(p, 0) for p in self.positions], dtype=np.uint64)
+
 
 @dataclass
 class ChangePlan:
@@ -185,7 +191,7 @@ class ChangePlan:
             if not len(fr.positions):
                 continue
             rows = self.read_rows(fr)
-            lsns = np.array([fr.lsns.get(p, 0) for p in fr.positions], dtype=np.uint64)
+            lsns = fr.lsn_array()
             (ins if fr.change == "insert" else dels).append(rows)
             (ins_l if fr.change == "insert" else del_l).append(lsns)
         i_tab, i_lsn = self.concat_rows(ins, ins_l)
@@ -215,7 +221,7 @@ class ChangePlan:
         ``_commit_lsn`` appended, ordered by key with a key's delete before its insert."""
 
         def tagged(t: pa.Table, lsns: np.ndarray, kind: str) -> pa.Table:
-            text = pa.array([str(Lsn(int(x))) if x else None for x in lsns], type=pa.string())
+            text = lsn_texts(lsns)
             return t.append_column(CHANGE, pa.repeat(pa.scalar(kind), t.num_rows).cast(pa.string())).append_column(
                 COMMIT_LSN, text
             )
@@ -230,6 +236,15 @@ class ChangePlan:
 
 # ---------------------------------------------------------------------------------------------- planning
 DELETE_MODES = ("rows", "keys")
+
+
+def lsn_texts(lsns: np.ndarray) -> pa.Array:
+    """``X/Y`` text of each LSN of ``lsns`` (uint64), null for 0 (unknown); each distinct LSN formatted once."""
+    if not len(lsns) or not lsns.any():
+        return pa.nulls(len(lsns), pa.string())
+    uniq, inverse = np.unique(lsns, return_inverse=True)
+    texts = pa.array([str(Lsn(int(x))) if x else None for x in uniq], type=pa.string())
+    return texts.take(pa.array(inverse.astype(np.int64)))
 
 
 def check_deletes_mode(name: str, key: list[str], deletes: str) -> None:
