@@ -1,6 +1,6 @@
 """The Dagster resources of mooncake-assets: the service client and the DuckDB I/O manager."""
 
-from .incremental import CURSORS, INCREMENTAL, MirrorChanges, read_mirror_at
+from .incremental import CURSORS, DELETES, INCREMENTAL, MirrorChanges, read_mirror_at
 from .io_manager import MIRROR_TABLE, MirrorDbClient, MooncakeDuckDBIOManager
 from .replication import (
     DEFAULT_TABLES,
@@ -21,6 +21,7 @@ from .type_handlers import (
 
 __all__ = [
     "CURSORS",
+    "DELETES",
     "INCREMENTAL",
     "MirrorChanges",
     "read_mirror_at",

@@ -18,6 +18,12 @@ step, so all of them end at one LSN). The first load (no cursor, or a cursor the
 has history for, or a stored output that is gone) is the whole table read from the snapshot at
 ``until`` (``engine/read/cuts.py:read_snapshot``), every row an ``insert``.
 
+**Deletes as keys.** With input metadata ``"mooncake/deletes": "keys"`` the feed's ``delete`` rows
+carry only the primary key, their other columns null (``engine/table/change_keys.py``: far cheaper
+for the service than reading each deleted row back); fold them by key. ``columns`` metadata must then
+name the key columns too. A mirror without a primary key fails the load with the service's one-line
+error.
+
 **Commit.** The new cursor is written when the step stores its output through this I/O manager, in
 the same DuckDB transaction as the output table, so the stored output and the cursor always belong
 together; a step that fails before that leaves the cursor where it was and the next run reads the
@@ -41,6 +47,7 @@ import duckdb
 import pyarrow as pa
 
 INCREMENTAL = "mooncake/incremental"  # input metadata that asks for changes instead of a full read
+DELETES = "mooncake/deletes"  # input metadata: "rows" (default) or "keys": deleted rows as their primary key only
 CURSORS = "mooncake_state.cursors"  # the cursor table of the asset database
 CHANGE = "_change"
 COMMIT_LSN = "_commit_lsn"
@@ -108,6 +115,15 @@ def is_incremental(context: dg.InputContext) -> bool:
         return context.dagster_type.typing_type is MirrorChanges
     except Exception:  # an input context without a Dagster type
         return False
+
+
+def deletes_mode(context: dg.InputContext) -> str:
+    """The input's ``mooncake/deletes`` metadata: ``rows`` (default) or ``keys``; ``ValueError`` (one
+    line naming the input) for another value."""
+    mode = str((context.definition_metadata or {}).get(DELETES) or "rows")
+    if mode not in ("rows", "keys"):
+        raise ValueError(f"input {context.name}: metadata {DELETES} must be 'rows' or 'keys', not {mode!r}")
+    return mode
 
 
 def incremental_inputs(op_def: dg.OpDefinition) -> list[str]:
@@ -285,6 +301,7 @@ class CursorKeeper:
                 "a partitioned asset cannot have one"
             )
         op = context.op_def.name
+        deletes = deletes_mode(context)
         with connect() as con:
             cursor = read_cursor(con, op, context.name)
             previous = read_output(con, cursor["output"]) if cursor and cursor["mirror"] == table else None
@@ -292,7 +309,7 @@ class CursorKeeper:
         out = None
         if cursor is not None and previous is not None:
             try:
-                end, feed = self._replication.changes(table, cursor["lsn"], until or "persisted")
+                end, feed = self._replication.changes(table, cursor["lsn"], until or "persisted", deletes=deletes)
                 out = MirrorChanges(table, cursor["lsn"], str(end), project(feed, columns), previous)
             except ServiceError as e:
                 if not _history_gone(e):

@@ -319,14 +319,17 @@ class ReplicationResource(dg.ConfigurableResource):
             rs = rs.with_(mem=self.client().fetch(rs.ticket))
         return rs
 
-    def changes(self, name: str, since: str, until: str | None = "persisted") -> tuple[str, pa.Table]:
+    def changes(
+        self, name: str, since: str, until: str | None = "persisted", deletes: str = "rows"
+    ) -> tuple[str, pa.Table]:
         """The rows of mirror ``name`` that changed in ``[since, until)`` (``X/Y`` LSNs; ``until``
         ``"persisted"``, the default: the table's current Iceberg snapshot, a cursor that stays valid;
         None: everything applied), as one Arrow table: the table's columns plus ``_change``
         (``insert``/``delete``) and ``_commit_lsn`` (docs/changes.md). Returns ``(until, feed)``:
-        keep ``until`` as the next call's ``since``. ``ServiceError`` (one line) for a range that cannot
+        keep ``until`` as the next call's ``since``. ``deletes="keys"``: deleted rows as their primary key
+        only, other columns null. ``ServiceError`` (one line) for a range that cannot
         be served; waits up to ``wait_timeout_s`` for an LSN not applied yet."""
-        head, feed = self.client().changes(name, since, until, timeout=self.wait_timeout_s)
+        head, feed = self.client().changes(name, since, until, timeout=self.wait_timeout_s, deletes=deletes)
         return head["until"], feed
 
     def wait_lsn(self, lsn: str, timeout: float | None = None) -> dict:
