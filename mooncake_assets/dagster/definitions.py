@@ -39,8 +39,10 @@ state directory's ``tables.json`` lists (what ``mooncake sync`` created — so a
 picks up new tables, no restart), keyed ``<source>/<schema>/<table>`` (maintenance
 ``<kind>/<source>/<schema>/<table>``, see ``mooncake_assets.dagster.keys``), a resource
 ``replication__<source>`` whose DSN is the source's ``dsn_env`` variable (``dg.EnvVar``: read when a
-run needs it, never at load), an I/O manager ``io_manager__<source>`` that loads its mirrors, and a
-sensor ``replication_sensor__<source>``. ``MOONCAKE_TABLES`` and settings.json's ``extra.dagster``
+run needs it, never at load), an I/O manager ``io_manager__<source>`` that loads its mirrors, a
+sensor ``replication_sensor__<source>``, asset checks, maintenance jobs and schedules of its own
+(``<kind>_job__<source>``, ``<kind>_schedule__<source>``) and the job ``chunked_copy__<source>``
+(docs/scaling.md). ``MOONCAKE_TABLES`` and settings.json's ``extra.dagster``
 do not apply then; the sensor interval, schedules, automation and ``MOONCAKE_DUCKDB`` (default
 ``<state_root>/dagster.duckdb``) come from the environment as above.
 """
@@ -281,7 +283,9 @@ def materialize_keys(
 
 def _build_sources(config: DagsterConfig) -> dg.Definitions:
     """The definitions of a sources file: per source its mirror and maintenance assets, checks, resource,
-    I/O manager and sensor (see the module docstring); the maintenance jobs and schedules cover all."""
+    I/O manager, sensor, maintenance jobs ``<kind>_job__<source>`` with their schedules
+    ``<kind>_schedule__<source>`` and the job ``chunked_copy__<source>``; the maintenance jobs without a
+    suffix (the sensors' and the UI's) cover all sources."""
     database = config.database or str(config.state_dir / "dagster.duckdb")
     thresholds = MaintenanceThresholds(**config.thresholds)
     jobs = build_maintenance_jobs()
@@ -316,12 +320,18 @@ def _build_sources(config: DagsterConfig) -> dg.Definitions:
                 keys=keys,
             )
         )
-    chunked = [build_chunked_copy_job(src.name, src.keys.resource_key) for src in config.sources]
+    per_source = [build_chunked_copy_job(src.name, src.keys.resource_key) for src in config.sources]
+    # schedules per source: each source's maintenance jobs over its own assets, on the configured crons
+    schedules: list = []
+    for src in config.sources:
+        own = build_maintenance_jobs(src.name)
+        per_source += own.values()
+        schedules += build_schedules(own, config.cron, running=config.automation, source=src.name)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
-        jobs=[*all_jobs, *chunked],
-        schedules=build_schedules(jobs, config.cron, running=config.automation),
+        jobs=[*all_jobs, *per_source],
+        schedules=schedules,
         sensors=sensors,
         resources=resources,
         executor=dg.in_process_executor,

@@ -228,6 +228,18 @@ def test_definitions_from_a_sources_file(tmp_path):
     assert {"replication__a", "replication__b", "io_manager__a", "io_manager__b", "io_manager"} <= set(defs.resources)
     for src in ("a", "b"):
         assert defs.resolve_sensor_def(f"replication_sensor__{src}").required_resource_keys == {f"replication__{src}"}
+    # checks and schedules per source: each source's maintenance jobs select its own assets only
+    for src, key in (("a", "a/public/orders"), ("b", "b/sales/q1")):
+        assert {
+            c.asset_key.to_user_string()
+            for c in defs.resolve_asset_graph().asset_check_keys
+            if c.asset_key.path[0] == src
+        } == {key}
+        flush = defs.resolve_job_def(f"flush_job__{src}")
+        assert {k.to_user_string() for k in flush.asset_layer.selected_asset_keys} == {f"flush/{key}"}
+        sched = {s.name: s for s in defs.schedules}[f"compaction_schedule__{src}"]
+        assert sched.job_name == f"compaction_job__{src}" and sched.cron_schedule == "0 * * * *"
+        assert defs.resolve_job_def(f"chunked_copy__{src}").executor_def.name == "chunked_copy_executor"
     mirror_job = defs.resolve_job_def("mirror_job")
     assert {k.to_user_string() for k in mirror_job.asset_layer.selected_asset_keys} == {"a/public/orders", "b/sales/q1"}
     # the one-source mode is untouched when a state directory is named

@@ -41,24 +41,31 @@ def job_name(kind: str) -> str:
     return f"{kind}_job"
 
 
-def build_maintenance_jobs() -> dict:
+def build_maintenance_jobs(source: str | None = None) -> dict:
     """``{kind: job}`` for each kind plus ``full_optimize``; jobs select assets by key prefix, so they
-    cover whatever tables are configured."""
+    cover whatever tables are configured. ``source`` (a sources file's): jobs ``<kind>_job__<source>``
+    over that source's assets only (keys ``<kind>/<source>/…``)."""
+    suffix = "" if source is None else f"__{source}"
+    of = "every mirrored table" if source is None else f"every mirrored table of source {source}"
+
+    def prefix(kind: str) -> list[str]:
+        return [kind] if source is None else [kind, source]
+
     jobs = {}
     for kind in KINDS:
         jobs[kind] = dg.define_asset_job(
-            job_name(kind),
-            selection=dg.AssetSelection.key_prefixes(kind),
+            job_name(kind) + suffix,
+            selection=dg.AssetSelection.key_prefixes(prefix(kind)),
             executor_def=dg.in_process_executor,
             tags={MAINTENANCE_TAG: kind},
-            description=f"{kind.replace('_', ' ')} of every mirrored table (one service call per table).",
+            description=f"{kind.replace('_', ' ')} of {of} (one service call per table).",
         )
     jobs[FULL_OPTIMIZE] = dg.define_asset_job(
-        job_name(FULL_OPTIMIZE),
-        selection=dg.AssetSelection.key_prefixes(*KINDS),
+        job_name(FULL_OPTIMIZE) + suffix,
+        selection=dg.AssetSelection.key_prefixes(*(prefix(k) for k in KINDS)),
         executor_def=dg.in_process_executor,
         tags={MAINTENANCE_TAG: FULL_OPTIMIZE},
-        description="Flush, persist deletion vectors, merge index blocks and compact every mirrored table, in order.",
+        description=f"Flush, persist deletion vectors, merge index blocks and compact {of}, in order.",
     )
     return jobs
 
@@ -81,22 +88,23 @@ def active_runs(instance: dg.DagsterInstance, job: str | None = None, limit: int
 
 
 def build_schedules(
-    jobs: Mapping, cron: Mapping[str, str] | None = None, running: bool = True
+    jobs: Mapping, cron: Mapping[str, str] | None = None, running: bool = True, source: str | None = None
 ) -> list[dg.ScheduleDefinition]:
-    """A schedule per job (``cron`` overrides :data:`DEFAULT_CRON`; an empty string disables one)."""
+    """A schedule per job (``cron`` overrides :data:`DEFAULT_CRON`; an empty string disables one), named
+    ``<kind>_schedule`` (``<kind>_schedule__<source>`` for the jobs of one source)."""
     cron = {**DEFAULT_CRON, **(cron or {})}
     status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     out = []
     for kind, job in jobs.items():
         if not cron.get(kind):
             continue
-        out.append(_schedule(kind, job, cron[kind], status))
+        out.append(_schedule(kind, job, cron[kind], status, "" if source is None else f"__{source}"))
     return out
 
 
-def _schedule(kind: str, job, cron: str, status) -> dg.ScheduleDefinition:
+def _schedule(kind: str, job, cron: str, status, suffix: str = "") -> dg.ScheduleDefinition:
     @dg.schedule(
-        name=f"{kind}_schedule",
+        name=f"{kind}_schedule{suffix}",
         cron_schedule=cron,
         job=job,
         default_status=status,
