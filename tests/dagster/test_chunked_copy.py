@@ -96,3 +96,35 @@ def test_chunked_copy_job_is_in_the_definitions(tmp_path):
     defs = build_definitions(DagsterConfig(state_dir=tmp_path))
     job = defs.get_job_def("chunked_copy")
     assert {n.name for n in job.graph.node_defs} == {"plan", "copy_chunk", "publish"}
+
+
+def test_chunked_copy_abort_leaves_nothing_and_bad_calls_say_so(pg_dsn, state_dir):
+    """A chunked copy begun then aborted (what a failed chunk step does) leaves no mirror, no slot and no
+    staged files; a chunk whose snapshot is gone, and finishing an unknown copy, fail in one line."""
+    from mooncake_assets.engine.service.chunked import copy_chunk, staging_filesystem
+    from mooncake_assets.engine.service.client import ServiceError
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="auto")
+    fs, root = staging_filesystem(s.warehouse_uri, None)
+    with running_service(s) as client:
+        plan = client.call("chunked_copy_begin", dst="t", src="t", parts=2, min_range_pages=8)
+        assert len(plan["ranges"]) == 2 and plan["src"] == "public.t"
+        assert [t["state"] for t in client.status()["tables"] if t["name"] == "t"] == ["copying"]
+        done = copy_chunk(pg_dsn, plan, 0, fs, root)  # one chunk staged, then the copy is given up
+        assert done["rows"] > 0 and fs.exists(done["files"][0])
+        assert client.call("chunked_copy_abort", slot=plan["slot"]) == {"aborted": plan["slot"], "table": "t"}
+        assert not fs.exists(plan["staging"])
+        with psycopg.connect(pg_dsn) as c:
+            slots = [r[0] for r in c.execute("SELECT slot_name FROM pg_replication_slots").fetchall()]
+        assert plan["slot"] not in slots
+        with pytest.raises(Exception, match=rf"snapshot {plan['snapshot']} of slot {plan['slot']} is gone"):
+            copy_chunk(pg_dsn, plan, 1, fs, root)
+        with pytest.raises(ServiceError, match=rf"no chunked copy in progress with slot '{plan['slot']}'"):
+            client.call("chunked_copy_finish", slot=plan["slot"])
+        # the table can be mirrored afresh: nothing of the aborted copy is in the way
+        assert [t["name"] for t in client.status()["tables"]] == []
+        again = client.call("create_table", dst="t", src="public.t")
+        assert again["rows"] == 20000
