@@ -90,7 +90,7 @@ REQUIRED_KEYS = [
     "freshness.p99_ms",
     *[f"union_read.{q}.ratio_vs_clean.{d}" for q in ("scan", "filter") for d in ("d1", "d10", "d30")],
     *[f"union_read.{q}.cpu_ratio_vs_clean.{d}" for q in ("scan", "filter") for d in ("d1", "d10", "d30")],
-    *[f"union_read.{q}.fixed_ms_per_query" for q in ("scan", "filter")],
+    *[f"union_read.{q}.fixed_ms_per_query{w}" for q in ("scan", "filter") for w in ("", "_warm", "_cold")],
     *[
         f"union_read.{q}.speedup_vs_duckdb_iceberg_equality_deletes.{d}"
         for q in ("scan", "filter")

@@ -87,6 +87,7 @@ def _sysbench_section(sb: dict) -> list[str]:
 _SHORT = {
     "clean": "clean",
     "union": "union",
+    "union_cold": "union (new reader per query)",
     "anti_join": "anti join",
     "equality_deletes_model": "eq. model",
     "duckdb_iceberg_v2_equality_deletes": "DuckDB v2 eq.",

@@ -59,7 +59,8 @@ def test_tiny_bench_writes_every_figure_and_both_sides_read_the_same_rows(pg_clu
     for q in ("scan", "filter"):
         sides = {(v["rows"], v["checksum"]) for v in ur["fixed"]["check"][q].values()}
         assert len(ur["fixed"]["check"][q]) == 5 and len(sides) == 1, ur["fixed"]["check"][q]
-        assert ur[q]["fixed_ms_per_query"] > 0
+        assert ur[q]["fixed_ms_per_query"] == ur[q]["fixed_ms_per_query_warm"] > 0
+        assert ur[q]["fixed_ms_per_query_cold"] > 0 and ur["fixed"]["cold_equals_warm"][q]
     assert ur["tables"]["d30"]["files_with_deletes"] >= 2 and ur["tables"]["d30"]["pending_deletes"] > 0
     assert ur["tables"]["d30"]["memory_deleted"] >= 0 and ur["tables"]["d30"]["memory_rows"] > 0
 
