@@ -143,3 +143,22 @@ def test_read_states_sends_only_the_lsn_of_an_unchanged_state(tmp_path):
     finally:
         client.close()
         server.shutdown()
+
+
+def test_the_client_holds_states_within_its_budget(tmp_path, monkeypatch):
+    from mooncake_assets.engine.service import client as client_mod
+
+    monkeypatch.setattr(client_mod, "HOLD_TABLES", 2)
+    c = ServiceClient(tmp_path / "none.sock")
+    rows = pa.table({"id": pa.array(range(100), pa.int64())})
+    for name in ("a", "b", "c"):
+        c._hold(name, "tok-" + name, ReadState(name, Lsn.parse("0/1"), mem=rows))
+    assert list(c._held) == ["b", "c"]  # the least recently read dropped
+    c._touch("b", "tok-b", c._held["b"][1])
+    c._hold("d", "tok-d", ReadState("d", Lsn.parse("0/1"), mem=rows))
+    assert list(c._held) == ["b", "d"]
+    monkeypatch.setattr(client_mod, "HOLD_BYTES", rows.nbytes)
+    c._hold("e", "tok-e", ReadState("e", Lsn.parse("0/1"), mem=rows))
+    assert list(c._held) == ["e"]  # two tables' rows exceed the byte budget
+    c._hold("e", None, ReadState("e", Lsn.parse("0/2"), mem=rows))  # a service without tokens: nothing held
+    assert c._held == {}

@@ -20,9 +20,10 @@ import pyarrow.flight as flight
 from ..lsn import Lsn
 from ..table.read_state import ReadState
 
-#: in-memory rows up to this many bytes are held by the client between ``read_states`` calls, for this
-#: many tables at most (the oldest held first dropped)
-HOLD_BYTES = 64 << 20
+#: the client holds the in-memory rows of the tables it last read between ``read_states`` calls, up to
+#: this many bytes in all and this many tables (the least recently read dropped first; a reader
+#: registering the rows holds the same objects, so they cost nothing more while it reads the table)
+HOLD_BYTES = 256 << 20
 HOLD_TABLES = 256
 
 
@@ -107,7 +108,7 @@ class ServiceClient:
         or of every readable mirror whose lower-cased name is in ``match`` (None: all), at ``lsn``
         (``X/Y``; None: all applied). Returns them in the order of ``tables`` / the registry.
 
-        The client holds the last state of each table (rows up to :data:`HOLD_BYTES`) with its token:
+        The client holds the last state of each table (rows: :data:`HOLD_BYTES` in all) with its token:
         when the service finds a table unchanged it sends only the new LSN, and the state returned
         is the held one (the same ``mem`` object) at that LSN. ``unchanged`` counts such answers."""
         held = dict(self._held)  # this call's view of the held states (another thread may replace them)
@@ -135,6 +136,7 @@ class ServiceClient:
                     if token != wire["same"]:
                         raise ServiceError(f"read_states: {wire['table']} answered for a state this client never held")
                     out.append(same.with_(lsn=Lsn.parse(wire["lsn"])))
+                    self._touch(wire["key"], token, same)
                     self.unchanged += 1
                     continue
                 mem = pa.ipc.open_stream(next(results).body).read_all()
@@ -158,10 +160,18 @@ class ServiceClient:
         if token is None or mem.nbytes > HOLD_BYTES:
             self._held.pop(key, None)
             return
-        self._held.pop(key, None)  # re-inserted last: the oldest held go first
+        self._held.pop(key, None)  # re-inserted last: the least recently read go first
         self._held[key] = (token, rs)
-        while len(self._held) > HOLD_TABLES:
+        while (
+            len(self._held) > HOLD_TABLES
+            or sum(cast(pa.Table, h.mem).nbytes for _, h in self._held.values()) > HOLD_BYTES
+        ):
             self._held.pop(next(iter(self._held)))
+
+    def _touch(self, key: str, token: str, rs: ReadState) -> None:
+        """An unchanged ``rs`` (held under ``key``, ``token``) was read again: it goes last (read recently)."""
+        self._held.pop(key, None)
+        self._held[key] = (token, rs)
 
     def changes(
         self, table: str, since: str, until: str | None = None, timeout: float = 30.0, deletes: str = "rows"
