@@ -198,7 +198,12 @@ def serve(
         s.save()
     logging.getLogger().setLevel(logging.INFO)
     try:
-        _serve(s.service_config())
+        import dataclasses
+
+        from .sources import patterns_reloader
+
+        # a sources file's service re-reads its patterns when the file is edited (table discovery)
+        _serve(dataclasses.replace(s.service_config(), discover_reload=patterns_reloader(s)))
     except Exception as e:
         fail(f"the service stopped: {type(e).__name__}: {e}")
 

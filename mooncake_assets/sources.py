@@ -34,6 +34,7 @@ No password may be written in the file: a ``dsn`` key, or any value holding ``pa
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -96,6 +97,7 @@ class SourceConfig:
     maintenance_policy: dict = field(default_factory=dict)
     table_policies: dict = field(default_factory=dict)
     discover_interval_s: float = 0.0
+    config_path: Path | None = None  # the file it came from: the running service re-reads its patterns
 
     def dsn(self, environ: Mapping[str, str] | None = None) -> str:
         """The DSN from ``$<dsn_env>``; :class:`MissingDsn` naming the variable when it is unset/empty."""
@@ -137,6 +139,8 @@ class SourceConfig:
         extra["source"] = self.name
         # the running service's table discovery (engine/service/discovery.py): the patterns, and how often
         extra["discover"] = {**self.selection.to_dict(), "interval_s": float(self.discover_interval_s)}
+        if self.config_path is not None:  # edited patterns reach the running service without a restart
+            extra["discover"]["config"] = str(self.config_path)
         s.extra = extra
         if save:
             s.save()
@@ -335,6 +339,7 @@ def _parse_source(name: str, d, path: Path, state_root: Path) -> SourceConfig:
         maintenance_policy=dict(policy),
         table_policies={str(k): dict(v) for k, v in per_table.items()},
         discover_interval_s=float(every),
+        config_path=Path(path).resolve(),
         **strs,
     )
 
@@ -375,3 +380,39 @@ def source_tables(dsn: str) -> list[tuple[str, str]]:
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as c:
         return [(s, t) for s, t, _oid in list_source_tables(c)]
+
+
+def patterns_reloader(settings: Settings):
+    """:func:`reload_patterns` for the source whose settings are ``settings`` (settings.json's
+    ``extra.discover.config`` and ``extra.source``, written by :meth:`SourceConfig.settings`), or None
+    for a state directory that no sources file describes."""
+    extra = settings.extra or {}
+    path, source = (extra.get("discover") or {}).get("config"), extra.get("source")
+    return reload_patterns(path, source) if path and source else None
+
+
+def reload_patterns(path: str, source: str):
+    """A function the service's table discovery calls before each look: the ``schemas``/``tables``/
+    ``exclude`` patterns of ``source`` in the sources file ``path`` when the file changed since the
+    last call (its modification time), else None. A file that no longer loads (or lost the source) is
+    logged once per change and gives None: the patterns in use stay."""
+    seen: list[float | None] = [None]
+
+    def reload():
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return None
+        if seen[0] is None:  # the first call: the patterns the service started with come from this file
+            seen[0] = mtime
+            return None
+        if mtime == seen[0]:
+            return None
+        seen[0] = mtime
+        try:
+            return load_config(path).source(source).selection.to_dict()
+        except (ConfigError, ValueError, OSError) as e:
+            logging.getLogger("mooncake.service").warning("table discovery: %s not reloaded: %s", path, e)
+            return None
+
+    return reload

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 import pytest
 
@@ -191,3 +192,45 @@ def test_a_new_table_the_role_cannot_read_is_an_error_not_ready(pg_cluster, pg_d
         results, lsn = verify(settings, ["app__orders", "app__items", "app__secrets"], "union", client)
         assert [r.match for r in results] == [True, True, True], [r.line() for r in results]
     assert run_sql(admin, "SELECT count(*) FROM pg_publication_rel") == [(0,)]  # FOR TABLES IN SCHEMA: never altered
+
+
+def test_edited_patterns_reach_the_running_service_without_a_restart(pg_dsn, state_dir):
+    """mooncake.yaml edited while the service runs: a schema added to ``schemas`` is mirrored by the same
+    service process (no command, no restart); a file edited into an invalid one keeps the patterns in use."""
+    run_sql(
+        pg_dsn,
+        "CREATE SCHEMA shop",
+        "CREATE SCHEMA billing",
+        "CREATE TABLE shop.orders (id int PRIMARY KEY)",
+        "INSERT INTO shop.orders SELECT g FROM generate_series(1, 10) g",
+        "CREATE TABLE billing.invoices (id int PRIMARY KEY, total int)",
+        "INSERT INTO billing.invoices SELECT g, g FROM generate_series(1, 30) g",
+    )
+    cfg = state_dir / "mooncake.yaml"
+    text = "state_root: state\nsources:\n  o:\n    dsn_env: O_DSN\n    schemas: [{}]\n    discover_interval_s: 0.5\n"
+    cfg.write_text(text.format("shop"))
+    env = {"O_DSN": pg_dsn}
+    try:
+        r = cli(cfg, "start", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        pid = (state_dir / "state" / "o" / "service.pid").read_text().strip()
+        wait_until(lambda: _ready(cfg, "o", "shop__orders"), 120, "shop.orders mirrored")
+        from mooncake_assets.engine.service import ServiceClient
+        from mooncake_assets.sources import load_config
+
+        client = ServiceClient(load_config(cfg).source("o").settings(need_dsn=False).socket_path)
+        try:
+            cfg.write_text("sources: [not, a, mapping]\n")  # invalid: logged, the patterns in use stay
+            time.sleep(2.0)  # a few looks
+            assert client.status()["discovery"]["patterns"]["schemas"] == ["shop"]
+        finally:
+            client.close()
+        cfg.write_text(text.format("shop, billing"))
+        wait_until(lambda: _ready(cfg, "o", "billing__invoices"), 120, "billing.invoices mirrored after the edit")
+        st = _status(cfg, "o")
+        assert st["discovery"]["patterns"]["schemas"] == ["shop", "billing"]
+        assert (state_dir / "state" / "o" / "service.pid").read_text().strip() == pid  # no restart
+        r = cli(cfg, "verify", env=env)
+        assert r.returncode == 0 and "verified: 2/2 tables match" in r.stdout, r.stdout + r.stderr
+    finally:
+        cli(cfg, "stop", env=env)

@@ -257,9 +257,14 @@ def test_discover_interval_reaches_the_service_config(tmp_path):
         "tables": ["public.customers"],
         "exclude": ["sales.tmp_*"],
         "interval_s": 2.5,
+        "config": str((tmp_path / "mooncake.yaml").resolve()),  # the service re-reads edited patterns there
     }
     sc = load_settings(o.state_dir, dsn="host=/tmp dbname=orders").service_config()  # what `serve` builds
     assert sc.discover_interval_s == 2.5
+    from mooncake_assets.sources import patterns_reloader
+
+    reload = patterns_reloader(load_settings(o.state_dir, dsn="host=/tmp dbname=orders"))  # what `serve` adds
+    assert reload is not None and reload() is None  # the first call: unchanged since the start
     sel = TableSelection.from_dict(dict(sc.table_patterns))
     assert sel.pick([("sales", "a"), ("sales", "tmp_x"), ("public", "customers"), ("public", "other")]) == (
         [("sales", "a"), ("public", "customers")],

@@ -9,7 +9,7 @@ and hands the result over as a :class:`ServiceConfig` (the application's ``Setti
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,9 @@ class ServiceConfig:
       as create-table does (mirror name :func:`~..pg.patterns.mirror_name`). 0 (the default): off.
     - ``discover_retry_s``: a table discovery could not mirror is tried again after this many
       seconds (None: ``max(60, 10 * discover_interval_s)``, :func:`.discovery.retry_after_s`).
+    - ``discover_reload``: called before each look; returns new patterns (as ``table_patterns``) when
+      the sources file they came from was edited, else None (the application's
+      ``config.patterns_reloader``): an edited ``mooncake.yaml`` takes effect without a restart.
 
     Initial copy:
 
@@ -121,6 +124,7 @@ class ServiceConfig:
     table_patterns: Mapping[str, Any] = field(default_factory=dict)
     discover_interval_s: float = 0.0
     discover_retry_s: float | None = None
+    discover_reload: Callable[[], Mapping[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.apply_mode not in ("change", "run", "auto"):

@@ -113,6 +113,7 @@ class TableDiscovery:
     def look(self) -> list[str]:
         """One look at the source's catalog: mirror each picked table no mirror follows. Returns the
         names of the mirrors it created (the failed tables are in :attr:`failed`)."""
+        self._reload()
         rows = self._source_tables()
         if rows is None:
             return []
@@ -133,6 +134,18 @@ class TableDiscovery:
             if self._mirror_one(schema, table, oid):
                 made.append(mirror_name(schema, table))
         return made
+
+    def _reload(self) -> None:
+        """Take the patterns the service's ``discover_reload`` hands over (the sources file was edited);
+        a table no longer picked keeps its mirror (drop-table drops it)."""
+        reload = getattr(self.svc.config, "discover_reload", None)
+        patterns = reload() if reload is not None else None
+        if patterns is None:
+            return
+        selection = TableSelection.from_dict(dict(patterns))
+        if selection.to_dict() != self.selection.to_dict():
+            log.info("table discovery: patterns now %s", selection.to_dict())
+            self.selection = selection
 
     def _followed(self, oid: int, qualified: str) -> str | None:
         """None when a mirror (ready, stopped or copying) follows source ``oid``; else why not:
