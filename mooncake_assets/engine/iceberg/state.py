@@ -77,9 +77,10 @@ class PersistedState:
         return sum(f.live_rows for f in self.data_files.values())
 
 
-def read_state(reader: SnapshotReader, table: Table, snapshot: Snapshot | None) -> PersistedState:
-    """The ``PersistedState`` of ``snapshot`` of ``table`` (empty for None). Raises ``ValueError`` when the
-    referenced index file has no ``mooncake-hash-index-v1`` blob."""
+def read_state(reader: SnapshotReader, table: Table, snapshot: Snapshot | None, index: bool = True) -> PersistedState:
+    """The ``PersistedState`` of ``snapshot`` of ``table`` (empty for None). ``index`` False: the index
+    file is not read (``index_blob`` None; it is about as large as the table's keys). Raises
+    ``ValueError`` when the referenced index file has no ``mooncake-hash-index-v1`` blob."""
     md = table.metadata
     fv = md.format_version
     if snapshot is None:
@@ -112,7 +113,7 @@ def read_state(reader: SnapshotReader, table: Table, snapshot: Snapshot | None) 
         sequence_number=snapshot.sequence_number or 0,
         summary=summary,
         data_files=files,
-        index_blob=_index_blob(table, summary.get(SUMMARY_INDEX_FILE), reader.identifier),
+        index_blob=_index_blob(table, summary.get(SUMMARY_INDEX_FILE), reader.identifier) if index else None,
         metadata_location=table.metadata_location,
         format_version=fv,
     )

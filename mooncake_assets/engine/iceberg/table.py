@@ -414,9 +414,10 @@ class IcebergMirrorTable:
 
     # ----------------------------------------------------------------- reading snapshots
 
-    def state(self, snapshot_id: int | None = None) -> PersistedState:
+    def state(self, snapshot_id: int | None = None, index: bool = True) -> PersistedState:
         """The persisted state of the current snapshot (or of ``snapshot_id``, time travel), reloaded from the
-        catalog. Raises ``ValueError`` for an unknown ``snapshot_id``."""
+        catalog; ``index`` False: without the index blob (:func:`.state.read_state`). Raises
+        ``ValueError`` for an unknown ``snapshot_id``."""
         self.refresh()
         md = self._table.metadata
         if snapshot_id is None:
@@ -425,7 +426,7 @@ class IcebergMirrorTable:
             snapshot = md.snapshot_by_id(snapshot_id)
             if snapshot is None:
                 raise ValueError(f"{self.identifier}: no snapshot {snapshot_id} (expired?)")
-        return read_state(self._reader, self._table, snapshot)
+        return read_state(self._reader, self._table, snapshot, index)
 
     def row_lineage(self, locations: Iterable[str]) -> dict[str, FileLineage]:
         """:func:`.lineage.live_file_lineage` of this table (the table as loaded last looked at first)."""

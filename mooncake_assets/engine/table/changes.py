@@ -329,7 +329,7 @@ def _snapshot_at(table: MirrorTable, cuts: list[SnapshotCut], lsn: int, live_lo:
 
 def _persisted(table: MirrorTable, snapshot_id: int) -> PersistedState:
     assert table.iceberg is not None  # a snapshot cut exists only with an Iceberg table
-    return cast("PersistedState", table.iceberg.state(snapshot_id))
+    return cast("PersistedState", table.iceberg.state(snapshot_id, index=False))  # the feed needs no index
 
 
 def _all_but(rows: int, deleted: BitMap64) -> BitMap64:
