@@ -242,6 +242,15 @@ def test_changes_command(pg_dsn, state_dir):
         assert csv.splitlines()[0] == "id,v,_change,_commit_lsn" and len(csv.splitlines()) == 5
         assert pq.read_table(io.BytesIO(out.read_bytes())).column_names[-2:] == ["_change", "_commit_lsn"]
 
+        keys = mooncake(s, "changes", "cc", "--since", since, "--until", until, "--format", "json", "--deletes", "keys")
+        assert [(x["id"], x["v"], x["_change"]) for x in json.loads(keys.stdout)] == [
+            (1, None, "delete"),
+            (2, None, "delete"),
+            (2, "z", "insert"),
+            (3, "c", "insert"),
+        ]
+        wrong = mooncake(s, "changes", "cc", "--since", since, "--deletes", "all")
+        assert wrong.returncode == 2 and "--deletes must be rows or keys, not 'all'" in wrong.stderr
         bad = mooncake(s, "changes", "cc", "--since", until, "--until", since)
         assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "is after --until" in bad.stderr
         old = mooncake(s, "changes", "cc", "--since", "0/1", "--until", until)
