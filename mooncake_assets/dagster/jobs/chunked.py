@@ -69,6 +69,8 @@ def build_chunked_copy_job(source: str | None, resource_key: str) -> dg.JobDefin
         out={"chunks": dg.DynamicOut(dict), "plan": dg.Out(dict)},
     )
     def plan(context: dg.OpExecutionContext, config: ChunkedCopyConfig):
+        """Ask the service to begin the copy (``chunked_copy_begin``): the plan dict (slot, exported
+        snapshot, copy LSN, CTID ranges, staging root) on ``plan`` and one ``chunks`` output per range."""
         resource: ReplicationResource = getattr(context.resources, resource_key)
         spec = _spec(resource, config.table)
         resource.ensure_running()
@@ -87,6 +89,8 @@ def build_chunked_copy_job(source: str | None, resource_key: str) -> dg.JobDefin
 
     @dg.op(name=f"copy_chunk{suffix}", required_resource_keys={resource_key})
     def chunk(context: dg.OpExecutionContext, item: dict) -> dict:
+        """Copy one CTID range of the exported snapshot to Parquet under the staging root
+        (:func:`copy_chunk`); a failure gives up the whole copy (``chunked_copy_abort``) and re-raises."""
         resource: ReplicationResource = getattr(context.resources, resource_key)
         s = resource.settings()
         fs, root = staging_filesystem(s.warehouse_uri, warehouse_store(s))
@@ -103,6 +107,8 @@ def build_chunked_copy_job(source: str | None, resource_key: str) -> dg.JobDefin
 
     @dg.op(name=f"publish{suffix}", required_resource_keys={resource_key})
     def publish(context: dg.OpExecutionContext, p: dict, done: list[dict]) -> dict:
+        """Once every chunk is staged: ``chunked_copy_finish``, one Iceberg commit at the snapshot's LSN;
+        returns the service's ``{"table", "rows", "files", "copy_lsn", …}``."""
         resource: ReplicationResource = getattr(context.resources, resource_key)
         out = resource.call("chunked_copy_finish", slot=p["slot"])
         context.log.info(f"table {out['table']}: {out['rows']} rows in {out['files']} files at {out['copy_lsn']}")
@@ -111,6 +117,7 @@ def build_chunked_copy_job(source: str | None, resource_key: str) -> dg.JobDefin
 
     @dg.graph(name=job_name(source))
     def chunked_copy():
+        """plan → copy_chunk per range (a separate step each) → publish."""
         chunks, p = plan()
         publish(p, chunks.map(chunk).collect())
 

@@ -38,6 +38,8 @@ MAINTENANCE_TAG = "mooncake/maintenance"
 
 
 def job_name(kind: str) -> str:
+    """The unsuffixed job of a maintenance ``kind`` (``<kind>_job``, every source's tables), the one the
+    sensors run; per-source jobs are ``<kind>_job__<source>`` (:func:`build_maintenance_jobs`)."""
     return f"{kind}_job"
 
 

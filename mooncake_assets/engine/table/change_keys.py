@@ -41,33 +41,11 @@ def run_plan(plan: ChangePlan) -> pa.Table:
 
 
 def execute_keys(plan: ChangePlan) -> pa.Table:
-    """The feed of ``plan`` with deletes as keys (module docstring)."""
+    """The feed of ``plan`` with deletes as keys (module docstring): an Arrow table of the table's
+    columns (non-key ones nullable) + ``_change`` + ``_commit_lsn``, the rows read once by
+    :meth:`.changes.ChangePlan.gather`."""
     key_schema = pa.schema([plan.schema.field(k) for k in plan.key])
-    ins: list[pa.Table] = []
-    ins_l: list[np.ndarray] = []
-    full_d: list[pa.Table] = []
-    full_dl: list[np.ndarray] = []
-    key_d: list[pa.Table] = []
-    key_dl: list[np.ndarray] = []
-    if plan.mem is not None:
-        mi, mil, md, mdl = plan.mem
-        ins.append(mi)
-        ins_l.append(mil)
-        full_d.append(md)
-        full_dl.append(mdl)
-    for fr in plan.files:
-        if not len(fr.positions):
-            continue
-        lsns = fr.lsn_array()
-        if fr.change == "insert":
-            ins.append(plan.read_rows(fr))
-            ins_l.append(lsns)
-        elif fr.whole:
-            full_d.append(plan.read_rows(fr))
-            full_dl.append(lsns)
-        else:
-            key_d.append(plan.read_rows(fr, key_schema))
-            key_dl.append(lsns)
+    ins, ins_l, full_d, full_dl, key_d, key_dl = plan.gather(key_schema)
     i_tab, i_lsn = plan.concat_rows(ins, ins_l)
     d_tab, d_lsn = plan.concat_rows(full_d, full_dl)
     keep_i, keep_d = cancel_pairs(i_tab, d_tab)

@@ -177,10 +177,20 @@ class ChangePlan:
     mem: tuple[pa.Table, np.ndarray, pa.Table, np.ndarray] | None = None
     deletes: str = "rows"
 
-    def execute(self) -> pa.Table:
-        """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``; deleted rows
-        in full whatever ``deletes`` says (:func:`.change_keys.run_plan` honours it)."""
-        ins, ins_l, dels, del_l = [], [], [], []
+    def gather(
+        self, key_schema: pa.Schema | None = None
+    ) -> tuple[list[pa.Table], list[np.ndarray], list[pa.Table], list[np.ndarray], list[pa.Table], list[np.ndarray]]:
+        """Read the plan's rows once: ``(inserts, their LSNs, deletes in full, their LSNs, deletes as
+        keys, their LSNs)``, each a list of Arrow tables and matching uint64 LSN arrays. ``key_schema``
+        None: every deleted row is read in full (the key lists stay empty); given: deleted positions of
+        files that stay in the table are read as those key columns only (by field id), while the
+        buffer's deletes and the rows of files leaving the table (``whole``) are read in full."""
+        ins: list[pa.Table] = []
+        ins_l: list[np.ndarray] = []
+        dels: list[pa.Table] = []
+        del_l: list[np.ndarray] = []
+        keys: list[pa.Table] = []
+        key_l: list[np.ndarray] = []
         if self.mem is not None:
             mi, mil, md, mdl = self.mem
             ins.append(mi)
@@ -190,10 +200,21 @@ class ChangePlan:
         for fr in self.files:
             if not len(fr.positions):
                 continue
-            rows = self.read_rows(fr)
-            lsns = fr.lsn_array()
-            (ins if fr.change == "insert" else dels).append(rows)
-            (ins_l if fr.change == "insert" else del_l).append(lsns)
+            if fr.change == "insert":
+                ins.append(self.read_rows(fr))
+                ins_l.append(fr.lsn_array())
+            elif key_schema is None or fr.whole:
+                dels.append(self.read_rows(fr))
+                del_l.append(fr.lsn_array())
+            else:
+                keys.append(self.read_rows(fr, key_schema))
+                key_l.append(fr.lsn_array())
+        return ins, ins_l, dels, del_l, keys, key_l
+
+    def execute(self) -> pa.Table:
+        """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``; deleted rows
+        in full whatever ``deletes`` says (:func:`.change_keys.run_plan` honours it)."""
+        ins, ins_l, dels, del_l, _, _ = self.gather()
         i_tab, i_lsn = self.concat_rows(ins, ins_l)
         d_tab, d_lsn = self.concat_rows(dels, del_l)
         keep_i, keep_d = cancel_pairs(i_tab, d_tab)
