@@ -147,9 +147,13 @@ class _Service:
     def __init__(self, tables: dict):
         self.tables = tables
 
-    def read_state(self, name: str, lsn=None):
+    def read_state(self, name: str, lsn=None, known=None):
         t = self.tables[name]
-        return t.read_state(lsn)
+        return t.read_state(lsn, known)
+
+    def read_states(self, names: list, lsn=None, known=None) -> list:
+        """As ``ReplicatorService.read_states``: a held state's rows are not gathered again."""
+        return [self.read_state(n, lsn, (known or {}).get(n)) for n in names]
 
     def status(self) -> dict:
         return {"tables": [{"name": n, "state": "ready"} for n in self.tables]}
@@ -295,6 +299,7 @@ def _load_engine_view(table: Any, files: list[dict], mem_rows: pa.Table, mem_del
             table.mem.batches.append(
                 Batch(rb, np.full(e - s, lsn - 1, dtype=np.uint64), dl[s:e], np.zeros(e - s, dtype=np.uint64))
             )
+    table.mem.bump()
     table.applied_lsn = lsn + 1
 
 

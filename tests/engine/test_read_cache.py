@@ -162,3 +162,46 @@ def test_the_client_holds_states_within_its_budget(tmp_path, monkeypatch):
     assert list(c._held) == ["e"]  # two tables' rows exceed the byte budget
     c._hold("e", None, ReadState("e", Lsn.parse("0/2"), mem=rows))  # a service without tokens: nothing held
     assert c._held == {}
+
+
+def test_the_service_token_names_a_tables_rows_without_hashing_them(tmp_path):
+    """MirrorTable.read_state's token (the MemSlice's version, the file list's content): equal while
+    nothing changes, new after every kind of change, even one that leaves the same rows (a flush);
+    a read at an LSN below a buffered change has its own; a held token gets the state without rows."""
+    from mooncake_assets.engine.pg.schema import ColumnSpec
+    from mooncake_assets.engine.table.evolution import SchemaChange
+
+    from .test_apply import commit, delete, insert, make_table, read, update
+
+    t = make_table(tmp_path / "t")
+    commit(t, 10, *[insert(i, f"v{i}", i) for i in range(5)])
+    first = t.read_state()
+    assert t.read_state().token == first.token and t.read_state(11).token == first.token  # past every stamp
+    assert t.read_state(10).token != first.token and t.read_state(10).mem.num_rows == 0  # before the commit
+    held = t.read_state(known=first.token)
+    assert held.mem is None and held.with_(mem=first.mem) == first
+    tokens = {first.token}
+
+    def changed(step: str) -> None:
+        rs = t.read_state()
+        assert rs.token not in tokens and rs.mem is not None, step
+        tokens.add(rs.token)
+
+    commit(t, 20, update((1, "x", 1)))
+    changed("an update in memory")
+    rows = read(t)
+    t.flush()
+    assert read(t) == rows
+    changed("a flush: the same rows, now in a file")
+    commit(t, 30, delete((2, None, None)))
+    changed("a delete of a file's row (pending)")
+    commit(t, 40, insert(9, "v9", 9))
+    changed("a new in-memory row")
+    cols = t.schema.columns + [ColumnSpec("c", 23, -1, "integer", pa.int32(), field_id=t.next_field_id)]
+    t.evolve(SchemaChange(cols, ["id"], 45, t.next_field_id + 1, added=["c"]))
+    changed("ADD COLUMN (the buffered rows converted)")
+    t.truncate(50)
+    t.applied_lsn = 51
+    changed("a TRUNCATE")
+    again = make_table(tmp_path / "t2")  # dropped and created again: nothing in common with the old one
+    assert again.read_state().token != make_table(tmp_path / "t3").read_state().token

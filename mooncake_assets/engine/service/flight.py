@@ -18,7 +18,9 @@ first waits (``timeout_s``) until ``wait_lsn`` is applied (when given), then ans
 rows. Its results are several Flight ``Result`` messages: the first a JSON ``{"states": [wire
 ReadState, …]}`` (:meth:`~..table.read_state.ReadState.to_wire`, ``mem_rows`` set, no ticket), then
 one per state, in order, the in-memory rows as an Arrow IPC stream (schema + batches). Each state
-carries a ``token`` (:func:`state_token`, its content without the LSN) and ``key`` (the name it was
+carries a ``token`` (the service's :meth:`~..table.read_state.ReadState.content_token`, kept by a
+version of the in-memory rows, or for services without one :func:`state_token`; its content without
+the LSN either way) and ``key`` (the name it was
 asked by, or its registry name); a client that holds a state sends ``known {key: token}``, and a
 state whose token is unchanged comes back as ``{"key", "table", "lsn", "same": token}`` without its
 rows (nothing else travels). The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
@@ -200,8 +202,12 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         known = b.get("known") or {}
         states, mems = [], []
         together = getattr(s, "read_states", None)  # one lock hold: a transaction is in every table or none
-        got = together(names, lsn) if together is not None else [s.read_state(n, lsn) for n in names]
+        asked = {n: known[n] for n in names if n in known}
+        got = together(names, lsn, asked) if together is not None else [s.read_state(n, lsn) for n in names]
         for name, rs in zip(names, got):
+            if rs.token is not None and rs.token == known.get(name):  # the service's token: nothing serialized
+                states.append({"key": name, "table": rs.table, "lsn": str(rs.lsn), "same": rs.token})
+                continue
             mem = rs.mem
             assert mem is not None  # an in-process ReadState carries its in-memory rows
             wire = rs.with_(mem_rows=mem.num_rows).to_wire()
@@ -209,7 +215,7 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             with pa.ipc.new_stream(sink, mem.schema) as w:
                 w.write_table(mem)
             rows = sink.getvalue()
-            token = state_token(wire, rows)
+            token = rs.token or state_token(wire, rows)  # services without tokens: one over the content
             if known.get(name) == token:  # the client holds this very state: only the LSN travels
                 states.append({"key": name, "table": rs.table, "lsn": wire["lsn"], "same": token})
                 continue

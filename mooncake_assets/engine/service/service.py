@@ -250,25 +250,30 @@ class ReplicatorService:
                 return compact(t, **kw)
         raise MooncakeError(f"unknown maintenance operation {op!r}")
 
-    def read_state(self, name: str, lsn: int | None = None) -> ReadState:
+    def read_state(self, name: str, lsn: int | None = None, known: str | None = None) -> ReadState:
         """The table's :class:`ReadState` at ``lsn`` (None: all applied), with the warehouse's storage
-        hints for readers. Raises :class:`MooncakeError` (the table stops) on an undecodable buffered row."""
+        hints for readers and its ``token``; ``mem`` None when ``known`` is that token
+        (:meth:`~..table.mirror.MirrorTable.read_state`).
+        Raises :class:`MooncakeError` (the table stops) on an undecodable buffered row."""
         with self.lock:
             t = self.table(name)
             try:
-                rs = t.read_state(lsn)
+                return t.read_state(lsn, known, self.storage_hints or None)
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
-            return rs.with_(storage=self.storage_hints or None)
 
-    def read_states(self, names: list[str], lsn: int | None = None) -> list[ReadState]:
+    def read_states(
+        self, names: list[str], lsn: int | None = None, known: dict[str, str] | None = None
+    ) -> list[ReadState]:
         """The :class:`ReadState` of each table in ``names`` at ``lsn`` (None: all applied), taken under
-        one hold of the service lock. The stream applies a committed transaction to all its tables under
+        one hold of the service lock (``known``: name → the token the asker holds, :meth:`read_state`).
+        The stream applies a committed transaction to all its tables under
         that lock, so the states of a multi-table read are after the same transactions: a transaction
         that touched two tables is in both or in neither. Raises as :meth:`read_state`."""
+        known = known or {}
         with self.lock:
-            return [self.read_state(n, lsn) for n in names]
+            return [self.read_state(n, lsn, known.get(n)) for n in names]
 
     def changes(
         self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0, deletes: str = "rows"

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..index import MemIndex
 from ..lsn import Lsn
 from .lookup import KeyLookup
 from .memslice import Carried
@@ -154,12 +153,7 @@ class ChangeApplyRole(KeyLookup):
 
     def truncate(self, lsn: int) -> None:
         """TRUNCATE at ``lsn``: every row deleted as of that LSN."""
-        self.mem.seal()
-        for b in self.mem.batches:
-            live = b.del_lsn == 0
-            b.del_lsn[live] = lsn
-            self.mem.deleted_rows += int(live.sum())
-        self.mem.index = MemIndex()
+        self.mem.truncate(lsn)
         self.disk.truncate(lsn)
 
 

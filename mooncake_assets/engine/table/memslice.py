@@ -20,6 +20,7 @@ maps key hash → locations (several for duplicate rows of key-less tables).
 
 from __future__ import annotations
 
+import uuid
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +89,10 @@ class MemSlice:
     values that are :class:`Carried` are patched in after the vectorized decode. ``specs``: the
     table's ColumnSpecs, one per ``schema`` field (what :func:`_suspect_checks` needs beyond Arrow
     types: a PostGIS column's SRID).
+
+    ``version``: bumped by every change of what :meth:`visible` may return (append, delete, TRUNCATE,
+    schema change, drain); with ``incarnation`` (random, unique per slice) it names the rows
+    a read sees (:meth:`read_token`). Code that changes ``batches`` directly calls :meth:`bump`.
     """
 
     def __init__(
@@ -103,6 +108,26 @@ class MemSlice:
         self.deleted_rows = 0
         self._bytes = 0
         self._suspects = _suspect_checks(schema, specs)
+        self.incarnation = uuid.uuid4().hex
+        self.version = 0
+        self._max_stamp: tuple[int, int] = (-1, 0)  # (version, largest insert/delete LSN held then)
+
+    def bump(self) -> None:
+        """Record a change of the rows (a new :attr:`version`)."""
+        self.version += 1
+
+    def read_token(self, lsn: int | None = None) -> str:
+        """Names the rows :meth:`visible` returns for ``lsn`` until the next change: equal tokens, equal
+        rows. ``"<incarnation>.<version>"``, plus ``@<lsn>`` when ``lsn`` falls at or below a stamp held
+        (a read at a larger LSN, or None, sees every row held)."""
+        base = f"{self.incarnation}.{self.version}"
+        if lsn is None:
+            return base
+        if self._max_stamp[0] != self.version:
+            ins, dels, _ = self.row_stamps()
+            top = max(int(ins.max()) if len(ins) else 0, int(dels.max()) if len(dels) else 0)
+            self._max_stamp = (self.version, top)
+        return base if lsn > self._max_stamp[1] else f"{base}@{lsn}"
 
     def _reset_open(self) -> None:
         # the open buffer: ``_parts`` (text-row lists and decoded RecordBatches, in row order, starting at
@@ -135,6 +160,7 @@ class MemSlice:
                     pass
                 break
         loc = (len(self.batches), self._rows_start + len(self._rows))
+        self.version += 1
         self._rows.append(values)
         self._ins.append(lsn)
         self._hashes.append(h)
@@ -161,6 +187,7 @@ class MemSlice:
         start = self._rows_start
         if n == 0:
             return start
+        self.version += 1
         self._parts.append(rb)
         self._part_starts.append(start)
         self._rows_start = start + n
@@ -182,6 +209,7 @@ class MemSlice:
     def delete(self, loc: tuple[int, int], h: int, lsn: int) -> None:
         """Mark the row at ``loc`` deleted by the commit at ``lsn`` and drop it from the MemIndex."""
         b, r = loc
+        self.version += 1
         if b == len(self.batches):
             self._open_del[r] = lsn
         else:
@@ -193,6 +221,7 @@ class MemSlice:
         """:meth:`delete` of many rows (distinct live locations, their key hashes) by the commit at ``lsn``
         (or one commit LSN per row, for rows of several transactions)."""
         nb = len(self.batches)
+        self.version += 1
         lsns = [lsn] * len(locs) if isinstance(lsn, int) else lsn
         for (b, r), at in zip(locs, lsns):
             if b == nb:
@@ -296,6 +325,7 @@ class MemSlice:
         hashes and the MemIndex are unchanged (locations stay valid). Raises :class:`BadRowError`
         from sealing (the slice is then unchanged)."""
         self.seal()
+        self.version += 1
         self.batches = [Batch(convert(b.rb), b.ins_lsn, b.del_lsn, b.hashes) for b in self.batches]
         self._bytes = sum(b.rb.nbytes for b in self.batches)
         self.schema = schema
@@ -383,7 +413,19 @@ class MemSlice:
         self.clear()
         return table, hs, horizon
 
+    def truncate(self, lsn: int) -> None:
+        """TRUNCATE committed at ``lsn``: every live row deleted as of that LSN; the MemIndex emptied."""
+        self.seal()
+        self.version += 1
+        for b in self.batches:
+            live = b.del_lsn == LIVE
+            b.del_lsn[live] = lsn
+            self.deleted_rows += int(live.sum())
+        self.index = MemIndex()
+
     def clear(self) -> None:
+        """Empty the slice (every row gone)."""
+        self.version += 1
         self.batches = []
         self.index = MemIndex()
         self._reset_open()

@@ -315,10 +315,15 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         maintenance.apply_index_merge(self.disk, old_blocks, new_block)
 
     # ------------------------------------------------------------------ reads
-    def read_state(self, lsn: int | None = None) -> ReadState:
+    def read_state(
+        self, lsn: int | None = None, known: str | None = None, storage: dict[str, Any] | None = None
+    ) -> ReadState:
         """The :class:`ReadState` at ``lsn`` (None = all applied): live files with their deleted positions,
-        the column names, ``fields`` when files may have older layouts, and the visible in-memory rows
-        (``mem``). Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served
+        the column names, ``fields`` when files may have older layouts, ``storage`` (the warehouse's
+        hints for readers), the visible in-memory rows (``mem``) and ``token``
+        (:meth:`ReadState.content_token` with :meth:`MemSlice.read_token`: no row is serialized or
+        hashed for it). When ``known`` equals the token, ``mem`` is None (the asker holds those rows).
+        Raises ``ValueError`` when ``lsn`` is below the last flush boundary (it cannot be served
         exactly), :class:`BadRowError` when a buffered row cannot be decoded."""
         if lsn is not None and lsn < self.flushed_lsn:
             raise ValueError(
@@ -326,16 +331,17 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
                 f"{Lsn(self.flushed_lsn)}; read at a newer LSN"
             )
         files = self.disk.file_states(lsn)
-        mem = self.mem.visible(lsn)
         fields = self.read_fields()
-        return ReadState(
+        rs = ReadState(
             table=self.name,
             lsn=Lsn(lsn if lsn is not None else self.applied_lsn),
             files=files,
             schema=tuple(f.name for f in self.arrow_schema),
             fields=tuple(ReadField(**d) for d in fields) if fields else None,
-            mem=mem,
+            storage=storage or None,
         )
+        token = rs.content_token(self.mem.read_token(lsn))
+        return rs.with_(token=token, mem=None if known == token else self.mem.visible(lsn))
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

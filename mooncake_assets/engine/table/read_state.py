@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,7 +76,9 @@ class ReadState:
     order; ``fields``: per column, how to read files of older layouts (None when every file has
     today's layout); ``storage``: the warehouse's object-store hints for readers (None for a local
     warehouse); ``mem``: the in-memory rows (in-process), or, on the client side of the socket,
-    ``ticket`` (fetch the rows with it once) and ``mem_rows`` (their count).
+    ``ticket`` (fetch the rows with it once) and ``mem_rows`` (their count). ``token`` (in-process,
+    set by the service): :meth:`content_token` of the state; ``mem`` is None when the asker already
+    holds the state of that token.
     """
 
     table: str
@@ -86,10 +90,23 @@ class ReadState:
     ticket: str | None = None
     mem_rows: int | None = None
     mem: pa.Table | None = field(default=None, compare=False, repr=False)
+    token: str | None = field(default=None, compare=False, repr=False)
 
     def with_(self, **changes: Any) -> ReadState:
         """A copy with ``changes`` (``dataclasses.replace``)."""
         return replace(self, **changes)
+
+    def content_token(self, rows: str) -> str:
+        """32 hex digits naming what a read of this state sees, at any LSN: BLAKE2b over the wire form
+        without ``lsn``, ``ticket`` and ``mem_rows`` (files, paths, deletion vectors, schema, fields,
+        storage) and ``rows``, the token of the in-memory rows
+        (:meth:`~.memslice.MemSlice.read_token`). Costs what the file list costs, nothing per row."""
+        wire = self.to_wire()
+        for k in ("lsn", "ticket", "mem_rows"):
+            wire.pop(k, None)
+        h = hashlib.blake2b(json.dumps(wire, sort_keys=True, default=str).encode(), digest_size=16)
+        h.update(rows.encode())
+        return h.hexdigest()
 
     # ------------------------------------------------------------------ the wire (Flight edge only)
     def to_wire(self) -> dict[str, Any]:
