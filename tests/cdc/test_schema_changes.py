@@ -493,3 +493,36 @@ def test_position_delete_tables_evolve_too_but_not_with_defaults(mirror):
     m.client.wait_lsn(m.sql("SELECT pg_current_wal_lsn()::text")[0][0])
     err = m.status("se_v2")["error"] or ""
     assert "table se_v2" in err and "column d was added with a default" in err and "format v2" in err, err
+
+
+def test_prisma_enum_migration_then_restart(fresh_mirror):
+    """Prisma's enum migration (a new enum, the column retyped to it, the old enum dropped, the new one
+    renamed) made while the service is down: the restart reads the column, whose saved type no longer
+    exists, as its current enum (both are strings in the mirror); every mirror starts and follows."""
+    m = fresh_mirror
+    m.sql(
+        """CREATE TYPE "Role" AS ENUM ('USER', 'ADMIN')""",
+        """CREATE TABLE pm_users (id int PRIMARY KEY, role "Role" NOT NULL DEFAULT 'USER')""",
+        "INSERT INTO pm_users VALUES (1, 'USER'), (2, 'ADMIN')",
+        "CREATE TABLE pm_other (id int PRIMARY KEY)",
+    )
+    m.create("pm_users")
+    m.create("pm_other")
+    m.sql("INSERT INTO pm_users VALUES (3, 'ADMIN')")  # in the buffer, not persisted: replayed
+    stop_service(m.settings)
+    m.txn(
+        """CREATE TYPE "Role_new" AS ENUM ('USER', 'ADMIN', 'OWNER')""",
+        "ALTER TABLE pm_users ALTER COLUMN role DROP DEFAULT",
+        """ALTER TABLE pm_users ALTER COLUMN role TYPE "Role_new" USING (role::text::"Role_new")""",
+        """ALTER TYPE "Role" RENAME TO "Role_old\"""",
+        """ALTER TYPE "Role_new" RENAME TO "Role\"""",
+        """DROP TYPE "Role_old\"""",
+        "ALTER TABLE pm_users ALTER COLUMN role SET DEFAULT 'USER'",
+    )
+    m.sql("INSERT INTO pm_users VALUES (4, 'OWNER')", "UPDATE pm_users SET role = 'OWNER' WHERE id = 1")
+    m.sql("INSERT INTO pm_other VALUES (1)")
+    start_service(m.settings)
+    m.client.close()
+    assert m.status("pm_users")["state"] == "ready", m.status("pm_users")
+    m.sql("INSERT INTO pm_users VALUES (5, 'OWNER')", "INSERT INTO pm_other VALUES (2)")
+    m.check("pm_users", "pm_other", iceberg=True)

@@ -17,10 +17,11 @@ Catalog reads take no lock on the user's tables (the partition walk reads ``pg_i
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -379,14 +380,22 @@ def describe_mirrored(
     *,
     column_types: dict[str, str] | None = None,
     exclude: Sequence[str] | None = None,
+    text_field_ids: Collection[int] = (),
 ) -> TableSchema:
     """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
     :func:`column_signature`), decoded with the source's current catalogs: columns that still exist
     with the same type are taken from :func:`describe_table`; the others (dropped, renamed or retyped
     since) are resolved from their saved type oid. ``key``: the mirror's key columns (default: the
     source's current key). ``column_types``/``exclude``: the mirror's create-table column options
-    (see :func:`describe_table`). Without a signature: :func:`describe_table`. ``current_columns`` of the
-    result: the source's columns now (names)."""
+    (see :func:`describe_table`). ``text_field_ids``: the Iceberg field ids that are plain strings in
+    the mirror; a saved type that no longer exists (an enum dropped after its column moved to a new
+    enum, as Prisma's enum migrations do) is read as the column's current type when that is a plain
+    string too and the field is one of these (the saved type oid is kept, so the replayed stream meets
+    the retype at its LSN). Without a signature: :func:`describe_table`. ``current_columns`` of the
+    result: the source's columns now (names).
+
+    Raises :class:`UnsupportedTypeError` naming the table, column and type oid when a saved type can
+    neither be resolved nor read as the column's current one."""
     column_types = dict(column_types or {})
     exclude = list(exclude or [])
     if not signature:
@@ -411,6 +420,25 @@ def describe_mirrored(
                 else:
                     spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
             except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
+                if (
+                    c is not None
+                    and sig.get("field_id") in text_field_ids
+                    and _plain_string(c)
+                    and (not sig.get("attnum") or sig.get("attnum") == c.attnum)
+                ):
+                    log.warning(
+                        "table %s: type oid %s of column %s no longer exists (%s); reading it as its current "
+                        "type %s (both are text in the mirror)",
+                        qualified_name,
+                        sig["oid"],
+                        sig["name"],
+                        e,
+                        c.type_name,
+                    )
+                    spec = copy.copy(c)
+                    spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
+                    cols.append(_apply_signature(spec, sig))
+                    continue
                 raise UnsupportedTypeError(
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
                     f"be resolved ({e})"
@@ -435,6 +463,11 @@ def describe_mirrored(
     out.current_columns = current_names
     out.catalog_lsn = current.catalog_lsn
     return out
+
+
+def _plain_string(c: ColumnSpec) -> bool:
+    """True when ``c`` is mirrored as a plain string (an enum, a text type, a type as its exact text)."""
+    return c.arrow_type == pa.string() and c.element is None and not c.fields and not c.kind
 
 
 # Catalog lookups for schema evolution -----------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import psycopg
 from pyiceberg.catalog import Catalog
+from pyiceberg.types import StringType
 
 from .. import storage
 from ..compaction import cleanup_after_restore
@@ -145,9 +146,17 @@ class TableRegistry:
         if prop:
             saved = json.loads(prop)
             cols, key, hash_ids = saved["columns"], saved["key"], saved.get("hash_field_ids")
+        # a saved type dropped since (an enum migration) reads as the current one when both are strings
+        text_ids = {f.field_id for f in ice.table.schema().fields if isinstance(f.field_type, StringType)}
         with psycopg.connect(with_options(self.dsn)) as conn:
             schema = describe_mirrored(
-                conn, meta["source"], cols, key, column_types=meta.get("column_types"), exclude=meta.get("exclude")
+                conn,
+                meta["source"],
+                cols,
+                key,
+                column_types=meta.get("column_types"),
+                exclude=meta.get("exclude"),
+                text_field_ids=text_ids,
             )
         cast(Any, schema).hash_field_ids = hash_ids  # an extra attribute: MirrorTable reads it with getattr
         t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
