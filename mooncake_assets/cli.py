@@ -103,14 +103,17 @@ def main_options(
         return
     if source is not None:
         fail("--source needs a sources file (--config FILE, $MOONCAKE_CONFIG or ./mooncake.yaml)", code=2)
-    CTX.settings = load_settings(
-        state_dir,
-        dsn=dsn,
-        warehouse=warehouse,
-        catalog_uri=catalog_uri,
-        s3_endpoint=s3_endpoint,
-        publication=publication,
-    )
+    try:
+        CTX.settings = load_settings(
+            state_dir,
+            dsn=dsn,
+            warehouse=warehouse,
+            catalog_uri=catalog_uri,
+            s3_endpoint=s3_endpoint,
+            publication=publication,
+        )
+    except ValueError as e:  # a DSN libpq cannot parse: refused before anything is saved
+        fail(str(e), code=2)
 
 
 # ---------------------------------------------------------------------------------------- pg
@@ -297,12 +300,11 @@ def _each_source(need_dsn: bool = True):
     if CTX.config is None or CTX.source is not None:
         yield None
         return
-    from .sources import MissingDsn
 
     for src in CTX.config.sources.values():
         try:
             CTX.settings = src.settings(need_dsn=need_dsn)
-        except MissingDsn as e:
+        except ValueError as e:  # MissingDsn, or a DSN that does not parse
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             CTX.failed = True
             continue

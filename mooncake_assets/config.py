@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .engine.pg.conninfo import PASSWORD_HINT, split_password, split_uri_password, strip_password
+from .engine.pg.conninfo import PASSWORD_HINT, dsn_problem, split_password, split_uri_password, strip_password
 from .engine.private import ensure_private_dir, warn_if_open, write_private
 
 
@@ -138,7 +138,11 @@ class Settings:
         )
 
     def save(self) -> None:
-        """Write ``settings.json`` (``0600``, in a ``0700`` state directory), without passwords."""
+        """Write ``settings.json`` (``0600``, in a ``0700`` state directory), without passwords.
+        Raises ``ValueError`` (one line, the DSN without its password) for a DSN libpq cannot parse,
+        writing nothing."""
+        if (problem := dsn_problem(self.dsn)) is not None:
+            raise ValueError(problem)
         ensure_private_dir(self.state_dir)
         d = _without_passwords({k: v for k, v in asdict(self).items() if k != "state_dir"})
         write_private(self.settings_file, json.dumps(d, indent=1))
@@ -165,7 +169,9 @@ def load_settings(
     s3_endpoint: str | None = None,
     publication: str | None = None,
 ) -> Settings:
-    """Settings for a state dir: explicit arguments beat the environment, which beats the saved file."""
+    """Settings for a state dir: explicit arguments beat the environment, which beats the saved file.
+    Raises ``ValueError`` naming the bad parameter (the DSN shown without its password) when the
+    resulting DSN does not parse; nothing is written."""
     sd = Path(state_dir or os.environ.get("MOONCAKE_STATE_DIR") or ".mooncake").resolve()
     s = Settings(state_dir=sd)
     f = s.settings_file
@@ -190,6 +196,8 @@ def load_settings(
     apply_s3_settings(s, endpoint=s3_endpoint)
     split_password(s.dsn)  # remember the passwords, to blank them out of output and logs
     split_uri_password(s.catalog_uri)
+    if (problem := dsn_problem(s.dsn)) is not None:  # a typo (prot=, ?sslmod=) is refused, never saved
+        raise ValueError(problem)
     return s
 
 

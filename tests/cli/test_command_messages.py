@@ -199,3 +199,26 @@ def test_a_hand_edited_memory_limit_below_the_minimum_is_refused_naming_the_file
     f.write_text(json.dumps({**doc, "memory_limit": "lots"}))
     r = mooncake(s, "start", timeout=120)
     assert r.returncode == 1 and "'lots' is not a number of bytes" in r.stderr and str(f) in r.stderr, r.stderr
+
+
+def test_a_dsn_with_a_typo_is_refused_in_one_line_and_not_saved(pg_dsn, state_dir):
+    """A DSN libpq cannot parse (``prot=`` for ``port=``, ``?sslmod=`` for ``?sslmode=``) is refused
+    naming the bad parameter, shown without its password, and nothing is written to settings.json."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    p = conninfo_to_dict(pg_dsn)
+    bad = {
+        "prot": f"host={p['host']} prot={p.get('port', 5432)} dbname={p['dbname']} user={p['user']} password=hunter2secret",
+        "sslmod": f"postgresql://{p['user']}:hunter2secret@localhost:{p.get('port', 5432)}/{p['dbname']}?sslmod=require",
+    }
+    for param, dsn in bad.items():
+        r = subprocess.run(
+            [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(state_dir), "--dsn", dsn, "start"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out = r.stdout + r.stderr
+        assert r.returncode == 2 and len(out.strip().splitlines()) == 1, out
+        assert f'"{param}"' in out and "hunter2secret" not in out and "********" in out, out
+        assert not (state_dir / "settings.json").exists() and not (state_dir / "service.log").exists()

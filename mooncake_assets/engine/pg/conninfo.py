@@ -25,6 +25,7 @@ __all__ = [
     "split_password",
     "strip_password",
     "redact",
+    "dsn_problem",
     "remember_secret",
     "scrub",
     "ScrubFilter",
@@ -108,6 +109,22 @@ def redact(dsn: str | None) -> str | None:
     """A DSN to show: without its password (``str(dsn)`` scrubbed when it does not parse)."""
     out, _ = split_password(dsn)
     return scrub(out) if out else out
+
+
+def dsn_problem(dsn: str | None) -> str | None:
+    """Why libpq cannot parse ``dsn`` (key/value string or URI), in one line naming the bad parameter
+    and showing the DSN without its password — or None when it parses (or is empty). Parsing only: no
+    connection is made."""
+    if not dsn:
+        return None
+    try:
+        conninfo_to_dict(dsn)
+    except Exception as e:
+        for m in _LOOSE_PASSWORD.finditer(dsn):
+            remember_secret(next(g for g in m.groups() if g))
+        why = " ".join(str(e).split())
+        return f"DSN {scrub(dsn)} is not valid: {scrub(why)}"
+    return None
 
 
 def split_uri_password(uri: str | None) -> tuple[str | None, str | None]:
