@@ -171,7 +171,9 @@ PERSISTED_OPS = st.lists(
 @given(ops=PERSISTED_OPS, keyed=st.booleans())
 def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops, keyed):
     """Snapshots are cuts (their rows carry no commit LSN), the buffer window is exact; flushes,
-    persists, compactions, index merges and restarts in between; every LSN that is neither is refused."""
+    persists, compactions, index merges and restarts in between; every LSN that is neither is refused.
+    Keyed: the keys feed equals the full feed's keys, with deleted keys from the delete logs and
+    without them (read from the data files)."""
     from mooncake_assets.engine.compaction import compact, merge_index
     from mooncake_assets.engine.table.changes import NotACutError, snapshot_cuts
 
@@ -181,6 +183,12 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
     live: dict[int, tuple] = {}
     log: list[tuple[int, Change]] = []  # every commit, replayed after a restart from the flush LSN
     marks = [(t.flush_lsn, [])]
+    for k in range(10):  # a persisted file for updates and deletes to hit (delete logs, keyed)
+        live[k] = (k, "s", k)
+        commit(t, 50 + k, insert(*live[k]))
+        log.append((50 + k, insert(*live[k])))
+    t.persist()
+    marks.append((t.flush_lsn, sorted(live.values(), key=repr)))
     lsn = 100
     for i, (op, k) in enumerate(ops):
         lsn += 10
@@ -223,11 +231,28 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
             if a >= t.flushed_lsn:
                 assert feed.column("_commit_lsn").null_count == 0
             if keyed:
-                _same_as_keys_feed(feed, run_plan(plan_changes(t, a, b, "keys")))
+                _same_as_keys_feed(feed, _keys_both_ways(t, a, b))
     for m, _ in marks:
         if m not in cuts and m < t.flushed_lsn and m > min(cuts):
             with pytest.raises(NotACutError, match="is not a cut"):
                 plan_changes(t, m, t.applied_lsn)
+
+
+_KEY_SOURCES: Counter[str] = Counter()  # over the run: deleted keys taken from delete logs / read from files
+
+
+def _keys_both_ways(t, a: int, b: int) -> pa.Table:
+    """The keys feed of ``[a, b)`` with deleted keys from the snapshots' delete logs, checked equal to
+    the one that reads every deleted key from the data files (no logs: the fallback)."""
+    plan = plan_changes(t, a, b, "keys")
+    with_logs = run_plan(plan)
+    bare = plan_changes(t, a, b, "keys")
+    bare.logs, bare.mem_log = [], None
+    without = run_plan(bare)
+    assert bare.key_sources["logged"] == 0
+    assert with_logs.to_pylist() == without.to_pylist(), (a, b, plan.key_sources)
+    _KEY_SOURCES.update(plan.key_sources)
+    return with_logs
 
 
 def _same_as_keys_feed(feed: pa.Table, keys: pa.Table) -> None:
@@ -287,3 +312,46 @@ def test_read_positions_reads_the_rows_at_positions_across_row_groups(tmp_path):
     assert got.column("id").to_pylist() == want
     assert read_positions(pf, BitMap64(range(1000))).to_pylist() == t.to_pylist()
     assert read_positions(pf, BitMap64()).num_rows == 0
+
+
+def test_keys_feed_takes_deleted_keys_from_the_delete_logs(tmp_path):
+    """A persist that deletes rows of older files writes a delete log named by its snapshot alone; the
+    keys feed over persisted history takes the deleted keys from it, across a restart; a snapshot
+    without one (compaction) does not inherit it; a log that is gone falls back to the files."""
+    import os
+
+    from mooncake_assets.engine.compaction import compact
+    from mooncake_assets.engine.iceberg import SUMMARY_DELETE_LOG
+
+    t = _iceberg_table(tmp_path)
+    t.persist()
+    for k in range(20):
+        commit(t, 100 + k, insert(k, f"v{k}", k))
+    t.persist()
+    a = t.flush_lsn
+    commit(t, 200, delete((3,)))
+    commit(t, 210, update((5, "u5", 50), (5,), "K"))
+    commit(t, 220, insert(30, "v30", 30))
+    commit(t, 230, delete((30,)))  # a buffered row: nothing to log
+    t.persist()
+    b = t.flush_lsn
+    summary = t.iceberg.refresh().table.current_snapshot().summary.additional_properties
+    log_loc = summary[SUMMARY_DELETE_LOG]
+    t = _iceberg_table(tmp_path)  # a restart: the feed needs only the snapshots
+    t.restore()
+    plan = plan_changes(t, a, b, "keys")
+    keys = run_plan(plan)
+    assert plan.key_sources == {"logged": 2, "read": 0}
+    assert [(r["id"], r["_change"]) for r in keys.to_pylist()] == [(3, "delete"), (5, "delete"), (5, "insert")]
+    _same_as_keys_feed(_feed(t, a, b), keys)
+    os.remove(log_loc.removeprefix("file://"))
+    plan = plan_changes(t, a, b, "keys")
+    assert run_plan(plan).to_pylist() == keys.to_pylist()
+    assert plan.key_sources == {"logged": 0, "read": 2}
+    commit(t, 300, insert(40, "v40", 40))
+    t.persist()  # deletes nothing
+    compact(t, full=True, expire=False)
+    logs = [
+        s.summary.additional_properties.get(SUMMARY_DELETE_LOG) for s in t.iceberg.refresh().table.metadata.snapshots
+    ]
+    assert [x for x in logs if x] == [log_loc]  # neither the next persist nor compaction carries it over

@@ -12,7 +12,7 @@ from ..storage.duckdb_ext import connect_with_iceberg
 from .catalog import make_catalog, metadata_json
 from .datafile import iceberg_arrow_schema
 from .errors import CommitConflict, CommitStateUnknown, IcebergMirrorError, UnsupportedCatalog
-from .names import DELETE_FORMATS, INDEX_BLOB_TYPE, SUMMARY_FLUSH_LSN, SUMMARY_INDEX_FILE
+from .names import DELETE_FORMATS, INDEX_BLOB_TYPE, SUMMARY_DELETE_LOG, SUMMARY_FLUSH_LSN, SUMMARY_INDEX_FILE
 from .state import DataFileState, PersistedState
 from .table import IcebergMirrorTable
 
@@ -20,6 +20,7 @@ __all__ = [
     "DELETE_FORMATS",
     "INDEX_BLOB_TYPE",
     "SUMMARY_FLUSH_LSN",
+    "SUMMARY_DELETE_LOG",
     "SUMMARY_INDEX_FILE",
     "CommitConflict",
     "CommitStateUnknown",

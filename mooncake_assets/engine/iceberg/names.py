@@ -17,6 +17,11 @@ SUMMARY_COMMIT_ID = "mooncake.commit-id"
 SUMMARY_FLUSH_LSN = "mooncake.flush-lsn"
 """Snapshot summary key: the Postgres LSN (``X/Y``) the snapshot holds every change up to."""
 
+SUMMARY_DELETE_LOG = "mooncake.delete-log"
+"""Snapshot summary key: location of the snapshot's delete log (Parquet: the keys of the rows its commit
+newly deleted from older data files, ``engine/table/delete_log.py``). Belongs to that one snapshot:
+never carried over to a later one."""
+
 PROPERTY_DELETE_FORMAT = "mooncake.delete-format"
 """Table property: ``deletion-vectors`` or ``position-deletes``."""
 

@@ -54,7 +54,7 @@ import mooncake_assets.engine.iceberg.compat as compat
 
 from .errors import CommitConflict
 from .manifest import ManifestInfo, unassigned_row_count, write_manifest, write_manifest_list
-from .names import CREATED_BY, SUMMARY_COMMIT_ID, SUMMARY_INDEX_FILE
+from .names import CREATED_BY, SUMMARY_COMMIT_ID, SUMMARY_DELETE_LOG, SUMMARY_INDEX_FILE
 from .snapshots import LiveEntry, SnapshotReader
 from .writers import write_deletion_vectors, write_index, write_position_delete_files
 
@@ -310,11 +310,12 @@ class SnapshotProducer:
         return write_position_delete_files(self.io, self.provider, new_sets, self.written, remember)
 
     def mooncake_properties(self) -> dict[str, str]:
-        """The ``mooncake.*`` summary properties: the base's carried over (not its commit id), a new
+        """The ``mooncake.*`` summary properties: the base's carried over (not its commit id, nor its
+        delete log, which describes that commit's deletes only), a new
         ``mooncake.index-file`` when the request has an index blob (written here), the request's summary,
         this commit's id, and ``engine-name``."""
         base = self.base.summary.additional_properties if self.base and self.base.summary else {}
-        props = {k: v for k, v in base.items() if k.startswith("mooncake.") and k != SUMMARY_COMMIT_ID}
+        props = {k: v for k, v in base.items() if k.startswith("mooncake.") and k not in _NOT_CARRIED}
         if self.request.index_blob is not None:
             props[SUMMARY_INDEX_FILE] = write_index(
                 self.io, self.md.location, self.request.index_blob, self.snapshot_id, self.sequence_number, self.written
@@ -536,6 +537,9 @@ def schema_list(schema: Schema | Sequence[Schema] | None) -> list[Schema]:
 
 def as_bitmap(positions: BitMap64 | Iterable[int]) -> BitMap64:
     return positions if isinstance(positions, BitMap64) else BitMap64(positions)
+
+
+_NOT_CARRIED = (SUMMARY_COMMIT_ID, SUMMARY_DELETE_LOG)
 
 
 def find_commit(md: TableMetadata, commit_id: str) -> int | None:

@@ -24,7 +24,7 @@ from pyroaring import BitMap64
 from mooncake_assets.engine.deletes import decode_deletion_vector, read_puffin
 
 from .manifest import ManifestInfo, data_file_field, read_manifest_entries, read_manifest_list
-from .names import SUMMARY_INDEX_FILE
+from .names import SUMMARY_DELETE_LOG, SUMMARY_INDEX_FILE
 from .position_deletes import FILE_PATH_FIELD_ID, decode_position_deletes
 
 CACHE_MANIFESTS = 1024
@@ -191,7 +191,8 @@ class SnapshotReader:
         _cache_put(self._deletes, (location, offset, target), positions, CACHE_DELETES)
 
     def files_of(self, io: FileIO, md: TableMetadata, snapshot: Snapshot) -> set[str]:
-        """Every file a snapshot needs: manifest list, manifests, live data and delete files, index file."""
+        """Every file a snapshot needs: manifest list, manifests, live data and delete files, index file,
+        delete log."""
         snap = self.files(io, md, snapshot)
         files = {snapshot.manifest_list}
         files.update(m.path for m in snap.manifests)
@@ -199,4 +200,6 @@ class SnapshotReader:
         files.update(live.entry.data_file.file_path for live in snap.deletes)
         if snapshot.summary and (index := snapshot.summary.additional_properties.get(SUMMARY_INDEX_FILE)):
             files.add(index)
+        if snapshot.summary and (log := snapshot.summary.additional_properties.get(SUMMARY_DELETE_LOG)):
+            files.add(log)
         return files

@@ -218,6 +218,7 @@ class RunApplyRole(ChangeApplyRole):
         disk_files: list[str] = []
         disk_rows: list[int] = []
         disk_lsns: list[int] = []
+        disk_idx: list[int] = []
         row_lsns = [lsn] * len(seg) if isinstance(ls, int) else ls.tolist()
         for i, f, at in zip(seg, founds, row_lsns):
             if f is None:
@@ -231,7 +232,11 @@ class RunApplyRole(ChangeApplyRole):
                 disk_files.append(f[1][0])
                 disk_rows.append(f[1][1])
                 disk_lsns.append(at)
+                disk_idx.append(i)
         self.disk.delete_many(disk_files, disk_rows, disk_lsns)
+        if disk_idx and self._delete_log_on():
+            take = pa.array(disk_idx, pa.int64())
+            self.delete_log.add_many(disk_files, disk_rows, [c.take(take) for c in key_cols])
         self.mem.delete_many(mem_locs, mem_hashes, lsn if isinstance(ls, int) else mem_lsns)
         if rb is not None and hn is not None:
             self.mem.append_batch(rb, hn[idx], ls)

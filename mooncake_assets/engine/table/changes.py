@@ -47,8 +47,10 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
 from ..iceberg.cuts import CUT_TAG_PREFIX, parse_cut_tag
+from ..iceberg.names import SUMMARY_DELETE_LOG
 from ..lsn import Lsn
 from .change_rows import cancel_pairs, read_positions
+from .delete_log import Logged, logged_keys, read_logs, typed_entries
 from .evolution import project
 
 if TYPE_CHECKING:
@@ -176,6 +178,14 @@ class ChangePlan:
     files: list[_FileRows] = field(default_factory=list)
     mem: tuple[pa.Table, np.ndarray, pa.Table, np.ndarray] | None = None
     deletes: str = "rows"
+    #: delete logs (:mod:`.delete_log`) of the snapshots the range covers (``deletes="keys"`` only)
+    logs: list[str] = field(default_factory=list)
+    #: the live table's delete log (:meth:`.delete_log.DeleteLog.table`, file names), each file's
+    #: location or local path by name, and the key columns' specs: the keys of pending deletes
+    mem_log: tuple[pa.Table, dict[str, str], list[Any]] | None = None
+    #: what the last :meth:`gather` did with deleted positions read as keys: ``logged`` (taken from
+    #: the delete logs) and ``read`` (read from data files), in positions
+    key_sources: dict[str, int] = field(default_factory=dict)
 
     def gather(
         self, key_schema: pa.Schema | None = None
@@ -184,13 +194,17 @@ class ChangePlan:
         keys, their LSNs)``, each a list of Arrow tables and matching uint64 LSN arrays. ``key_schema``
         None: every deleted row is read in full (the key lists stay empty); given: deleted positions of
         files that stay in the table are read as those key columns only (by field id), while the
-        buffer's deletes and the rows of files leaving the table (``whole``) are read in full."""
+        buffer's deletes and the rows of files leaving the table (``whole``) are read in full; the keys
+        of a file's deleted positions come from the range's delete logs (``logs``) when those hold
+        every one of them, else from the file."""
         ins: list[pa.Table] = []
         ins_l: list[np.ndarray] = []
         dels: list[pa.Table] = []
         del_l: list[np.ndarray] = []
         keys: list[pa.Table] = []
         key_l: list[np.ndarray] = []
+        logged: Logged | None = None
+        self.key_sources = {"logged": 0, "read": 0}
         if self.mem is not None:
             mi, mil, md, mdl = self.mem
             ins.append(mi)
@@ -207,9 +221,23 @@ class ChangePlan:
                 dels.append(self.read_rows(fr))
                 del_l.append(fr.lsn_array())
             else:
-                keys.append(self.read_rows(fr, key_schema))
+                if logged is None:
+                    logged = self._logged(key_schema)
+                got = logged_keys(logged, fr.where, fr.positions)
+                self.key_sources["logged" if got is not None else "read"] += len(fr.positions)
+                keys.append(got if got is not None else self.read_rows(fr, key_schema))
                 key_l.append(fr.lsn_array())
         return ins, ins_l, dels, del_l, keys, key_l
+
+    def _logged(self, key_schema: pa.Schema) -> Logged:
+        """The keys the range's delete logs hold (snapshots' and the live table's), by file."""
+        extra = []
+        if self.mem_log is not None:
+            t = typed_entries(*self.mem_log)
+            extra = [t] if t is not None else []
+        if not self.logs and not extra:
+            return {}
+        return read_logs(self.io, self.logs, key_schema, extra)
 
     def execute(self) -> pa.Table:
         """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``; deleted rows
@@ -318,18 +346,43 @@ def plan_changes(table: MirrorTable, since: int, until: int, deletes: str = "row
     )
     if since == until:
         return plan
+    if deletes == "keys" and until > live_lo and len(table.delete_log):
+        where = {f.name: _where(f)[0] for f in table.files.values()}
+        entries = table.delete_log.table()
+        if entries is not None:
+            plan.mem_log = (entries, where, [table.schema.columns[i] for i in table._key_idx])
     if since >= live_lo:  # both in the buffer window: exact
         plan.mem = table.mem.changed(since, until)
         plan.files = _live_deletes(table, since, until)
         return plan
-    a = _persisted(table, _snapshot_at(table, cuts, since, live_lo))
+    a_id = _snapshot_at(table, cuts, since, live_lo)
+    a = _persisted(table, a_id)
     if until >= live_lo:
         plan.mem = table.mem.changed(since, until)
         plan.files = _diff_to_live(table, a, since, until)
+        b_id = None
     else:
-        b = _persisted(table, _snapshot_at(table, cuts, until, live_lo))
-        plan.files = _diff_snapshots(a, b)
+        b_id = _snapshot_at(table, cuts, until, live_lo)
+        plan.files = _diff_snapshots(a, _persisted(table, b_id))
+    if deletes == "keys":
+        plan.logs = _delete_logs(table, a_id, b_id)
     return plan
+
+
+def _delete_logs(table: MirrorTable, after: int, upto: int | None) -> list[str]:
+    """Locations of the delete logs of the retained snapshots after snapshot ``after`` up to and
+    including ``upto`` (None: the newest), by sequence number (the mirror commits one line on ``main``)."""
+    assert table.iceberg is not None
+    snaps = table.iceberg.table.metadata.snapshots
+    seq = {s.snapshot_id: s.sequence_number or 0 for s in snaps}
+    lo = seq.get(after, 0)
+    hi = seq[upto] if upto is not None and upto in seq else max(seq.values(), default=0)
+    out = []
+    for s in snaps:
+        loc = s.summary.additional_properties.get(SUMMARY_DELETE_LOG) if s.summary else None
+        if loc and lo < (s.sequence_number or 0) <= hi:
+            out.append(loc)
+    return out
 
 
 def _snapshot_at(table: MirrorTable, cuts: list[SnapshotCut], lsn: int, live_lo: int) -> int:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from ..cdc import decode_text_columns
 from ..iceberg.lineage import has_lineage
+from .delete_log import DeleteLog
 from .evolution import project
 from .memslice import Carried
 
@@ -54,6 +55,8 @@ class KeyLookup:
     defaults: dict[int, pa.Scalar]
     evolved: bool
     _key_idx: list[int]
+    key_names: list[str]
+    delete_log: DeleteLog
     _row_cache: dict[str, pa.Table]
 
     # ------------------------------------------------------------------ scalar
@@ -153,14 +156,26 @@ class KeyLookup:
         """The values of a located row (text/None/Carried in the open buffer, Carried elsewhere)."""
         return self.mem.row_values(found[1]) if found[0] == "mem" else self._disk_row(*found[1])
 
-    def _delete_found(self, found: Found, lsn: int) -> None:
-        """Delete a located row at commit ``lsn`` (MemSlice deletion vector, or a pending file delete)."""
+    def _delete_found(self, found: Found, lsn: int, key: list[Any] | None = None) -> None:
+        """Delete a located row at commit ``lsn`` (MemSlice deletion vector, or a pending file delete).
+        ``key``: its key as the change carried it (text values), kept in the delete log for a file row."""
         kind, loc, h = found
         if kind == "mem":
             self.mem.delete(loc, h, lsn)
         else:
             fname, row = loc
             self.disk.delete(fname, row, lsn)
+            if key is not None and self._delete_log_on():
+                self.delete_log.add(fname, row, key)
+
+    def _delete_log_on(self) -> bool:
+        """Deletes of file rows are logged with their keys (:mod:`.delete_log`): tables with a primary key
+        only (the keys feed serves no other); a new key definition starts a new log."""
+        if not self.schema.key_columns:
+            return False
+        if self.delete_log.key_names != self.key_names:
+            self.delete_log = DeleteLog(self.key_names)
+        return True
 
     # ------------------------------------------------------------------ batched
     def live_candidate_counts(self, hashes: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ before L (``commit_lsn < L``), the same rule Postgres uses for an exported snaps
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -36,12 +37,14 @@ import pyarrow as pa
 from ..cdc import TableSchema
 from ..faults import fault
 from ..heap import release_unused
+from ..iceberg.names import SUMMARY_DELETE_LOG
 from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
 from ..index.saved import decode_index_blob
 from ..lsn import Lsn
 from . import maintenance
 from .apply_run import RunApplyRole
+from .delete_log import DeleteLog, build_log, write_log
 from .disk_files import DiskFile, DiskFileSet
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import MemSlice
@@ -98,6 +101,7 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
         self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
+        self.delete_log = DeleteLog(self.key_names)  # keys of file rows deleted since the last persist
         self.applied_lsn = 0
         self.flushed_lsn = 0
         self.flush_lsn = 0
@@ -218,7 +222,8 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
             properties={"mooncake.columns": self.columns_property()} if self.schema_pending else None,
         )
         if payload.add or payload.deletes or payload.remove or fl["rows"] or self.flush_lsn == 0 or self.schema_pending:
-            self._commit(payload)
+            self._commit(self._with_delete_log(payload))
+        self.delete_log.clear()
         rows_added = sum(self.files[name].num_rows for name, _ in payload.add)
         self.flushed_lsn = max(self.flushed_lsn, apply_persist(self.disk, payload))
         self.flush_lsn = payload.lsn
@@ -233,6 +238,25 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
             "flush_lsn": str(payload.lsn),
             "seconds": self.last_persist - t0,
         }
+
+    def _with_delete_log(self, payload: PersistPayload) -> PersistPayload:
+        """``payload`` with its delete log (:mod:`.delete_log`) written and named in its summary: the keys
+        of the positions it newly deletes in files already persisted, where the log holds them all or
+        some (unchanged when none). The log file is written before the commit that references it."""
+        if self.iceberg is None or not payload.deletes or not len(self.delete_log):
+            return payload
+        targets = {
+            f.name: (f.location, payload.deletes[f.location])
+            for f in self.files.values()
+            if f.location is not None and f.location in payload.deletes
+        }
+        specs = [self.schema.columns[i] for i in self._key_idx]
+        log_table = build_log(self.delete_log, targets, specs)
+        if log_table is None:
+            return payload
+        fault("persist:delete_log")
+        location = write_log(self.iceberg.io, self.iceberg.location, log_table)
+        return dataclasses.replace(payload, summary={**payload.summary, SUMMARY_DELETE_LOG: location})
 
     def _commit(self, payload: PersistPayload) -> None:
         """ONE Iceberg commit of ``payload`` (raises what the commit raises; then nothing changed)."""
@@ -272,6 +296,7 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         """Load the persisted state (data files, DVs, index, flush LSN) after a restart (the caller then
         removes the leftovers of an interrupted run: ``engine.compaction.cleanup_after_restore``)."""
         st = self.iceberg.state()
+        self.delete_log.clear()
         self.disk.load(st.data_files)
         lsn = st.summary.get("mooncake.flush-lsn") if st.summary else None
         self.flush_lsn = Lsn.parse(lsn) if lsn else 0

@@ -1,0 +1,240 @@
+"""The per-persist delete log: the keys of the rows one Iceberg commit newly deletes from older data files.
+
+The change feed with deletes as keys (:mod:`.change_keys`) needs, for each position a snapshot newly
+deletes in a data file an older snapshot already had, the key of the row there. Read from the data
+file, that is a read of the key column of nearly every row group (random deletes of 1 % of a table
+touch them all). Yet the key is known when the delete is applied: the DELETE (or the old half of an
+UPDATE) carries it, and the lookup finds the file position from it. So the mirror keeps it:
+
+- **While applying** (:class:`DeleteLog`): for a table with a primary key, each delete of a data-file
+  row records ``(file name, position, key)``, the key as the Postgres text the change carried.
+  Deletes of buffered rows are not recorded (a buffered row never reaches an older file).
+- **At persist** (:func:`build_log`, :func:`write_log`): the entries for positions the commit newly
+  writes into the deletion vectors of files that were already persisted are decoded to the key
+  columns' types (the decoder that wrote the rows) and written as ONE Parquet file
+  ``<table location>/delete-log/<uuid>.parquet`` *before* the commit; the commit's snapshot names it
+  in its summary property ``mooncake.delete-log``. A later snapshot does not carry the property over
+  (each log describes its own commit). A crash between the write and the commit leaves an orphan
+  file that nothing references (orphan cleanup removes it); the next persist writes a new log. The
+  in-memory entries are dropped after every persist.
+- **In the feed** (:func:`read_logs`, :func:`logged_keys`): the keys of the positions a range newly
+  deleted in a file are taken from the logs of the range's snapshots when those logs hold every one
+  of them; otherwise (a snapshot written before the logs existed, one whose log could not be decoded,
+  an expired snapshot inside the range) the file's key column is read, as before. Compaction and
+  index merges write no log: they delete nothing logically (a compacted file leaves the table and is
+  read in full).
+
+Log file columns: ``_mooncake_data_file`` (string: the data file's location as the manifests name
+it), ``_mooncake_pos`` (int64: 0-based row position in it), then the key columns by name with their
+Arrow types. Rows sorted by file and position, one per position.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyroaring import BitMap64
+
+from ..cdc import decode_text_columns
+
+__all__ = [
+    "DeleteLog",
+    "FILE_COLUMN",
+    "POS_COLUMN",
+    "build_log",
+    "logged_keys",
+    "read_logs",
+    "typed_entries",
+    "write_log",
+]
+
+log = logging.getLogger(__name__)
+
+FILE_COLUMN = "_mooncake_data_file"
+POS_COLUMN = "_mooncake_pos"
+#: file name -> (positions ascending, int64; the key columns' rows at them, in that order)
+Logged = dict[str, tuple[np.ndarray, pa.Table]]
+
+
+class DeleteLog:
+    """Deletes of data-file rows since the last persist with the keys the changes carried (module
+    docstring). ``key_names``: the key columns the keys are of (in order)."""
+
+    def __init__(self, key_names: Sequence[str]) -> None:
+        self.key_names = list(key_names)
+        self._chunks: list[pa.Table] = []
+        self._files: list[str] = []  # row-wise deletes, turned into a chunk on the next batch or read
+        self._rows: list[int] = []
+        self._keys: list[list[Any]] = [[] for _ in self.key_names]
+
+    def add(self, fname: str, row: int, key: Sequence[Any]) -> None:
+        """Position ``row`` of file ``fname`` deleted; ``key``: its key as text values (None: NULL). A key
+        with another value (an unchanged TOAST marker) is not recorded (that file's keys are then read
+        from the file)."""
+        if not all(v is None or isinstance(v, str) for v in key):
+            return
+        self._files.append(fname)
+        self._rows.append(int(row))
+        for col, v in zip(self._keys, key):
+            col.append(v)
+
+    def add_many(self, fnames: Sequence[str], rows: Sequence[int], keys: Sequence[pa.Array]) -> None:
+        """Positions ``rows[i]`` of files ``fnames[i]`` deleted; ``keys``: one Arrow string array per key
+        column, aligned with them."""
+        if not len(rows):
+            return
+        self._seal()
+        self._chunks.append(self._table(pa.array(fnames, pa.string()), pa.array(rows, pa.int64()), list(keys)))
+
+    def _table(self, files: pa.Array, rows: pa.Array, keys: list[pa.Array]) -> pa.Table:
+        names = [FILE_COLUMN, POS_COLUMN] + [f"k{i}" for i in range(len(keys))]
+        return pa.Table.from_arrays([files, rows, *[k.cast(pa.string()) for k in keys]], names=names)
+
+    def _seal(self) -> None:
+        if self._rows:
+            keys = [pa.array(c, pa.string()) for c in self._keys]
+            self._chunks.append(self._table(pa.array(self._files, pa.string()), pa.array(self._rows, pa.int64()), keys))
+            self._files, self._rows, self._keys = [], [], [[] for _ in self.key_names]
+
+    def table(self) -> pa.Table | None:
+        """Every entry as one table (``_mooncake_data_file`` = file *name*, ``_mooncake_pos``, ``k0``…: key
+        text), oldest first; None when empty."""
+        self._seal()
+        return pa.concat_tables(self._chunks).combine_chunks() if self._chunks else None
+
+    def clear(self) -> None:
+        """Drop every entry (after a persist)."""
+        self._chunks = []
+        self._files, self._rows, self._keys = [], [], [[] for _ in self.key_names]
+
+    def __len__(self) -> int:
+        return int(sum(c.num_rows for c in self._chunks)) + len(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes held (Arrow buffers, ~100 B per row-wise entry not yet in a chunk)."""
+        return int(sum(c.nbytes for c in self._chunks)) + 100 * len(self._rows)
+
+
+def build_log(dlog: DeleteLog, targets: dict[str, tuple[str, BitMap64]], specs: Sequence[Any]) -> pa.Table | None:
+    """The log table of one persist: for each ``targets`` entry (file name -> (its location, the positions
+    the persist newly writes into its deletion vector)) the logged keys of those positions (the newest
+    entry of a position wins), keys decoded with ``specs`` (the key columns' ``ColumnSpec``). None when
+    no entry applies or a key cannot be decoded (then the feed reads those keys from the files)."""
+    t = dlog.table()
+    if t is None or not targets:
+        return None
+    t = t.filter(pc.is_in(t.column(FILE_COLUMN), value_set=pa.array(list(targets), pa.string())))
+    if not t.num_rows:
+        return None
+    codes = t.column(FILE_COLUMN).dictionary_encode().combine_chunks()
+    names = codes.dictionary.to_pylist()
+    idx = np.asarray(codes.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    pos = np.asarray(t.column(POS_COLUMN).to_numpy(), dtype=np.int64)
+    take: list[np.ndarray] = []
+    where: list[str] = []
+    for c, name in enumerate(names):
+        rows = np.flatnonzero(idx == c)
+        p = pos[rows]
+        last = len(p) - 1 - np.unique(p[::-1], return_index=True)[1]  # newest entry per position, by position
+        rows, p = rows[last], p[last]
+        want = np.fromiter(targets[name][1], dtype=np.int64, count=len(targets[name][1]))
+        keep = np.isin(p, want)
+        take.append(rows[keep])
+        where += [targets[name][0]] * int(keep.sum())
+    sel = t.take(pa.array(np.concatenate(take)))
+    if not sel.num_rows:
+        return None
+    try:
+        keys = decode_text_columns(list(specs), [sel.column(f"k{i}") for i in range(len(specs))], column_major=True)
+    except ValueError as e:
+        log.warning("delete log not written (keys not decodable: %s); the change feed reads those keys from files", e)
+        return None
+    cols = [pa.array(where, pa.string()), sel.column(POS_COLUMN).combine_chunks(), *keys.columns]
+    out = pa.Table.from_arrays(cols, names=[FILE_COLUMN, POS_COLUMN, *[s.name for s in specs]])
+    return out.sort_by([(FILE_COLUMN, "ascending"), (POS_COLUMN, "ascending")])
+
+
+def typed_entries(entries: pa.Table, where: dict[str, str], specs: Sequence[Any]) -> pa.Table | None:
+    """:meth:`DeleteLog.table` ``entries`` in the log file's layout: file names replaced by ``where``
+    (file name -> its location or local path; entries of other files dropped), keys decoded with
+    ``specs``. None when none is left or a key cannot be decoded."""
+    entries = entries.filter(pc.is_in(entries.column(FILE_COLUMN), value_set=pa.array(list(where), pa.string())))
+    if not entries.num_rows:
+        return None
+    codes = entries.column(FILE_COLUMN).dictionary_encode().combine_chunks()
+    paths = pa.array([where[n] for n in codes.dictionary.to_pylist()], pa.string())
+    try:
+        keys = decode_text_columns(list(specs), [entries.column(f"k{i}") for i in range(len(specs))], column_major=True)
+    except ValueError:
+        return None
+    cols = [paths.take(codes.indices), entries.column(POS_COLUMN).combine_chunks(), *keys.columns]
+    return pa.Table.from_arrays(cols, names=[FILE_COLUMN, POS_COLUMN, *[s.name for s in specs]])
+
+
+def write_log(fileio: Any, table_location: str, log_table: pa.Table) -> str:
+    """Write ``log_table`` as ``<table_location>/delete-log/<uuid>.parquet`` through ``fileio``; returns the
+    location (for summary ``mooncake.delete-log``). Raises what the FileIO raises."""
+    buf = _io.BytesIO()
+    pq.write_table(log_table, buf, compression="zstd")
+    location = f"{table_location.rstrip('/')}/delete-log/{uuid.uuid4()}.parquet"
+    with fileio.new_output(location).create(overwrite=True) as out:
+        out.write(buf.getvalue())
+    return location
+
+
+def read_logs(fileio: Any, locations: Sequence[str], key_schema: pa.Schema, extra: Sequence[pa.Table] = ()) -> Logged:
+    """The logs at ``locations`` and the log tables ``extra`` (:func:`typed_entries`) merged, per data
+    file (location or local path): positions (ascending, distinct) and the keys at them in
+    ``key_schema``'s layout (columns by name, cast to its types). A log that cannot be read or lacks a
+    key column is skipped (the feed then reads those files)."""
+    parts: dict[str, list[tuple[np.ndarray, pa.Table]]] = {}
+    for loc in [*locations, *extra]:
+        try:
+            if isinstance(loc, pa.Table):
+                t = loc
+            else:
+                with fileio.new_input(loc).open() as stream:
+                    t = pq.read_table(stream)
+            keys = pa.Table.from_arrays(
+                [t.column(f.name).cast(f.type) for f in key_schema], schema=key_schema
+            ).combine_chunks()
+        except (OSError, KeyError, ValueError, pa.ArrowException) as e:
+            what = "of the buffer" if isinstance(loc, pa.Table) else loc
+            log.warning("delete log %s not used (%s); the change feed reads those keys from files", what, e)
+            continue
+        files = t.column(FILE_COLUMN).dictionary_encode().combine_chunks()
+        idx = np.asarray(files.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        pos = np.asarray(t.column(POS_COLUMN).to_numpy(), dtype=np.int64)
+        for c, name in enumerate(files.dictionary.to_pylist()):
+            rows = np.flatnonzero(idx == c)
+            parts.setdefault(name, []).append((pos[rows], keys.take(pa.array(rows))))
+    out: Logged = {}
+    for name, ps in parts.items():
+        p = np.concatenate([x for x, _ in ps])
+        k = pa.concat_tables([y for _, y in ps]).combine_chunks()
+        p, first = np.unique(p, return_index=True)
+        out[name] = (p, k.take(pa.array(first)))
+    return out
+
+
+def logged_keys(logged: Logged, location: str, positions: BitMap64) -> pa.Table | None:
+    """The keys at ``positions`` (ascending) of the data file ``location`` from ``logged``, in that order;
+    None unless the logs hold every one of them."""
+    got = logged.get(location)
+    if got is None:
+        return None
+    have, keys = got
+    want = np.fromiter(positions, dtype=np.int64, count=len(positions))
+    at = np.searchsorted(have, want)
+    if (at >= len(have)).any() or not np.array_equal(have[np.minimum(at, len(have) - 1)], want):
+        return None
+    return keys.take(pa.array(at))
