@@ -240,6 +240,7 @@ def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -
     from .engine.service.process import start_service
 
     _set_memory_limit(memory_limit)
+    _check_source_login(prefix)
     try:
         pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
     except Exception as e:
@@ -269,6 +270,34 @@ def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -
         f"{prefix}mooncake service running (pid {pid}, socket {CTX.settings.socket_path}, maintenance: {mode})",
         highlight=False,
     )
+
+
+def _check_source_login(prefix: str) -> None:
+    """Before a service is started: log in to the source once (``connect_timeout`` 10 s), so that a
+    wrong password, an unknown role or database, or a source that does not answer fails ``start`` in
+    one line (the DSN without its password) rather than a service that says it runs but can never
+    mirror anything. Nothing is checked when a service already answers, or for the embedded Postgres
+    (no DSN: started by the service)."""
+    import psycopg
+
+    from .engine.pg.conninfo import connect_error, redact
+    from .engine.service import ServiceClient, ServiceUnavailable
+
+    dsn = CTX.settings.dsn
+    if not dsn:
+        return
+    c = ServiceClient(CTX.settings.socket_path)
+    try:
+        if c.ping(timeout=1.0):
+            return
+    except ServiceUnavailable:
+        pass
+    finally:
+        c.close()
+    try:
+        psycopg.connect(dsn, connect_timeout=10).close()
+    except psycopg.Error as e:
+        fail(f"{prefix}not started: cannot log in to the source {redact(dsn)}: {connect_error(e)}")
 
 
 @app.command()

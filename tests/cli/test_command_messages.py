@@ -222,3 +222,20 @@ def test_a_dsn_with_a_typo_is_refused_in_one_line_and_not_saved(pg_dsn, state_di
         assert r.returncode == 2 and len(out.strip().splitlines()) == 1, out
         assert f'"{param}"' in out and "hunter2secret" not in out and "********" in out, out
         assert not (state_dir / "settings.json").exists() and not (state_dir / "service.log").exists()
+
+
+def test_start_with_a_wrong_password_and_no_mirror_fails_in_one_line(pg_cluster, pg_dsn, state_dir):
+    """``start`` logs in to the source before starting a service: a wrong password fails in one line
+    (exit 1, the DSN without its password) and starts nothing, even with no mirror to copy yet."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from ..helpers import replication_role
+
+    with replication_role(pg_cluster.dsn(), pg_dsn, "pw_", "right-pw") as role:
+        d = conninfo_to_dict(pg_dsn) | {"user": role, "password": "wrong-pw-hunter2"}
+        s = make_settings(state_dir, make_conninfo(**d))
+        r = mooncake(s, "start", timeout=120)
+        msg = r.stderr.strip()
+        assert r.returncode == 1 and len(msg.splitlines()) == 1 and "running" not in r.stdout, (r.stdout, r.stderr)
+        assert "password authentication failed" in msg and "hunter2" not in msg, msg
+        assert not (state_dir / "service.pid").exists()
