@@ -624,7 +624,9 @@ class SourceCatalog:
 
     A lookup never waits on a lock for long (``lock_timeout`` 500 ms: the user's DDL goes first) and
     retries what can pass: a lost connection or a lock/statement timeout (``OperationalError``, 5
-    tries, 0.5–4 s apart) and catalogs that do not show the change's transaction yet
+    tries, 0.5–4 s apart), a ``cache lookup failed`` internal error (a type dropped by a DDL that
+    committed while the lookup ran: 5 tries, 0.05–0.4 s apart) and catalogs that do not show the
+    change's transaction yet
     (:class:`CatalogNotCurrent`: polled for up to ``visible_wait_s``
     seconds — a commit is sent by logical decoding a moment before it is visible, longer while a
     synchronous standby is awaited). What is still failing after that is raised; the caller stops the
@@ -665,6 +667,15 @@ class SourceCatalog:
                 if attempt == 4:
                     raise
                 time.sleep(0.5 * 2**attempt)
+                attempt += 1
+            except psycopg.errors.InternalError_ as e:
+                # "cache lookup failed for type N": the statement's snapshot saw a type that a DDL
+                # transaction committing meanwhile dropped (Prisma's enum migration) before the system
+                # cache looked it up. A new statement sees the committed catalogs: try again.
+                if "cache lookup failed" not in str(e) or attempt == 4:
+                    raise
+                log.info("schema change lookup: %s; trying again", " ".join(str(e).split()))
+                time.sleep(0.05 * 2**attempt)
                 attempt += 1
 
     def columns(self, table_oid: int, xid: int | None = None) -> list[CatalogColumn]:
