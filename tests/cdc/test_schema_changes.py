@@ -498,16 +498,22 @@ def test_position_delete_tables_evolve_too_but_not_with_defaults(mirror):
 def test_prisma_enum_migration_then_restart(fresh_mirror):
     """Prisma's enum migration (a new enum, the column retyped to it, the old enum dropped, the new one
     renamed) made while the service is down: the restart reads the column, whose saved type no longer
-    exists, as its current enum (both are strings in the mirror); every mirror starts and follows."""
+    exists, as its current enum (both are strings in the mirror); every mirror starts and follows. A
+    column moved to a type that is not a string, its enum dropped too, stops only its table, which
+    drop-table then drops."""
     m = fresh_mirror
     m.sql(
         """CREATE TYPE "Role" AS ENUM ('USER', 'ADMIN')""",
         """CREATE TABLE pm_users (id int PRIMARY KEY, role "Role" NOT NULL DEFAULT 'USER')""",
         "INSERT INTO pm_users VALUES (1, 'USER'), (2, 'ADMIN')",
         "CREATE TABLE pm_other (id int PRIMARY KEY)",
+        "CREATE TYPE pm_level AS ENUM ('low', 'high')",
+        "CREATE TABLE pm_ints (id int PRIMARY KEY, level pm_level)",
+        "INSERT INTO pm_ints VALUES (1, 'high')",
     )
     m.create("pm_users")
     m.create("pm_other")
+    m.create("pm_ints")
     m.sql("INSERT INTO pm_users VALUES (3, 'ADMIN')")  # in the buffer, not persisted: replayed
     stop_service(m.settings)
     m.txn(
@@ -521,8 +527,17 @@ def test_prisma_enum_migration_then_restart(fresh_mirror):
     )
     m.sql("INSERT INTO pm_users VALUES (4, 'OWNER')", "UPDATE pm_users SET role = 'OWNER' WHERE id = 1")
     m.sql("INSERT INTO pm_other VALUES (1)")
+    # an enum column moved to int, its enum dropped: no string to read it as, so that table stops alone
+    m.sql(
+        "ALTER TABLE pm_ints ALTER COLUMN level TYPE int USING (level = 'high')::int",
+        "DROP TYPE pm_level",
+    )
     start_service(m.settings)
     m.client.close()
     assert m.status("pm_users")["state"] == "ready", m.status("pm_users")
+    st = m.status("pm_ints")
+    assert st["state"] == "error" and "table public.pm_ints: mirrored column level" in st["error"], st
+    assert " at LSN " in st["error"] and len(st["error"].splitlines()) == 1, st
+    m.call("drop_table", table="pm_ints")
     m.sql("INSERT INTO pm_users VALUES (5, 'OWNER')", "INSERT INTO pm_other VALUES (2)")
     m.check("pm_users", "pm_other", iceberg=True)

@@ -21,7 +21,7 @@ import copy
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -381,6 +381,8 @@ def describe_mirrored(
     column_types: dict[str, str] | None = None,
     exclude: Sequence[str] | None = None,
     text_field_ids: Collection[int] = (),
+    field_types: Mapping[int, pa.DataType] | None = None,
+    unresolved: list[str] | None = None,
 ) -> TableSchema:
     """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
     :func:`column_signature`), decoded with the source's current catalogs: columns that still exist
@@ -394,8 +396,11 @@ def describe_mirrored(
     the retype at its LSN). Without a signature: :func:`describe_table`. ``current_columns`` of the
     result: the source's columns now (names).
 
-    Raises :class:`UnsupportedTypeError` naming the table, column and type oid when a saved type can
-    neither be resolved nor read as the column's current one."""
+    A saved type that can neither be resolved nor read as the column's current one raises
+    :class:`UnsupportedTypeError` naming the table, column and type oid — unless ``unresolved`` (a list)
+    is given and ``field_types`` (Iceberg field id -> the mirror's Arrow type) has the column: then the
+    column keeps that Arrow type, undecodable (the caller stops the table), and one line naming table,
+    column and type oid is appended to ``unresolved``."""
     column_types = dict(column_types or {})
     exclude = list(exclude or [])
     if not signature:
@@ -438,6 +443,18 @@ def describe_mirrored(
                     spec = copy.copy(c)
                     spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
                     cols.append(_apply_signature(spec, sig))
+                    continue
+                fid = int(sig.get("field_id") or 0)
+                if unresolved is not None and field_types is not None and fid in field_types:
+                    unresolved.append(
+                        f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no "
+                        f"longer be resolved ({e})"
+                    )
+                    gone = ColumnSpec(
+                        sig["name"], sig["oid"], sig["typmod"], f"type oid {sig['oid']}", field_types[fid]
+                    )
+                    gone.decl_oid, gone.decl_typmod = sig["oid"], sig["typmod"]
+                    cols.append(_apply_signature(gone, sig))
                     continue
                 raise UnsupportedTypeError(
                     f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "

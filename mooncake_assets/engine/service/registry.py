@@ -21,11 +21,13 @@ from typing import Any, cast
 
 import psycopg
 from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.types import StringType
 
 from .. import storage
 from ..compaction import cleanup_after_restore
 from ..iceberg import IcebergMirrorTable
+from ..lsn import Lsn
 from ..pg.catalog import describe_mirrored
 from ..pg.conninfo import with_options
 from ..private import write_private
@@ -147,7 +149,12 @@ class TableRegistry:
             saved = json.loads(prop)
             cols, key, hash_ids = saved["columns"], saved["key"], saved.get("hash_field_ids")
         # a saved type dropped since (an enum migration) reads as the current one when both are strings
-        text_ids = {f.field_id for f in ice.table.schema().fields if isinstance(f.field_type, StringType)}
+        ice_schema = ice.table.schema()
+        text_ids = {f.field_id for f in ice_schema.fields if isinstance(f.field_type, StringType)}
+        # a column whose type is gone and cannot be read as its current one stops this table only
+        arrow = schema_to_pyarrow(ice_schema, include_field_ids=False)
+        field_types = {f.field_id: arrow.field(f.name).type for f in ice_schema.fields}
+        unresolved: list[str] = []
         with psycopg.connect(with_options(self.dsn)) as conn:
             schema = describe_mirrored(
                 conn,
@@ -157,6 +164,8 @@ class TableRegistry:
                 column_types=meta.get("column_types"),
                 exclude=meta.get("exclude"),
                 text_field_ids=text_ids,
+                field_types=field_types,
+                unresolved=unresolved,
             )
         cast(Any, schema).hash_field_ids = hash_ids  # an extra attribute: MirrorTable reads it with getattr
         t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
@@ -164,6 +173,12 @@ class TableRegistry:
         # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
         t.last_cleanup = cleanup_after_restore(t, interrupted=not clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see StreamLoop.ensure_slot)
+        if unresolved and not t.error:
+            t.error = (
+                f"{unresolved[0]} at LSN {Lsn(t.flush_lsn)}: the mirror is stopped there (its persisted rows "
+                f"stay readable); drop-table {name} and create it again"
+            )
+            log.error("%s", t.error)
         self.tables[name] = t
         first = self.by_oid.get(schema.oid)
         if first is not None and first is not t:  # made before mirrors were one per source (see create_table)
