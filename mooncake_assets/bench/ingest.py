@@ -189,7 +189,7 @@ class _OurSide:
         try:
             repl.start(slot, [pub], 0, streaming=True)
             asm = TransactionAssembler()
-            dec = NativeDecoder() if self.svc.config.decoder == "native" else None  # (native_batch.py)
+            dec = NativeDecoder(batch=True) if self.svc.config.decoder == "native" else None  # (native_batch.py)
             deadline = time.time() + timeout
             txns = 0
             while True:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from mooncake_assets.engine.cdc.columnar import (
     ChangeRun,
+    ColumnarBatch,
     changes_from_run,
     columnar_transaction,
     merge_runs,
@@ -636,23 +637,38 @@ def test_batch_runs_of_the_compiled_decoder_apply_like_the_reference_changes(kin
                 payload = m_delete(None, OID, c.old_kind, cells(c.old))
             msgs.append((lsn + 2 + i, payload))
         msgs.append((lsn + 900, m_commit(lsn + 900, lsn + 950, 0)))
-    asm, dec = TransactionAssembler(), NativeDecoder()
+    asm, dec, bdec = TransactionAssembler(), NativeDecoder(), NativeDecoder(batch=True)
     ref = [t for lsn_, p in msgs for t in asm.feed_payload(p, lsn_)]
     nat = [t for lsn_, p in msgs for t in dec.feed(p, lsn_)]
+    # the batch decoder: its batch runs cut straight from its buffer, taken every few messages
+    cut = data.draw(st.integers(1, len(msgs)))
+    batches = [
+        b for i, (lsn_, p) in enumerate(msgs) for b in bdec.feed(p, lsn_) + (bdec.take() if i % cut == 0 else [])
+    ]
+    batches += bdec.take()
+    assert all(isinstance(b, ColumnarBatch) for b in batches)
+    assert sum(len(b) for b in batches) == len(ref)
     ref_runs = merge_runs([columnar_transaction(t) for t in ref])
     nat_runs = merge_runs(nat)
     assert len(ref_runs) == len(nat_runs)
     assert all(x.equals(y) for x, y in zip(ref_runs, nat_runs))
+    if len(batches) == 1:  # one batch, run limits not reached: the same batch runs as merge_runs
+        assert len(batches[0].runs) == len(ref_runs)
+        assert all(x.equals(y) for x, y in zip(ref_runs, batches[0].runs))
     with tempfile.TemporaryDirectory() as d:
         a = make_table(Path(d) / "a", kind, list(OUR), 7)
         b = make_table(Path(d) / "b", kind, list(OUR), 7)
+        c = make_table(Path(d) / "c", kind, list(OUR), 7)
         for rt in ref:
             for ch in rt.changes:
                 a.apply(ch, rt.commit_lsn)
         for run in nat_runs:
             b.apply_run(run, 0)
-        assert state(a) == state(b)
-        assert visible(a) == visible(b)
+        for bt in batches:
+            for run in bt.runs:
+                c.apply_run(run, 0)
+        assert state(a) == state(b) == state(c)
+        assert visible(a) == visible(b) == visible(c)
 
 
 def test_service_decoder_is_checked_and_read_from_the_environment(tmp_path, monkeypatch):

@@ -18,12 +18,13 @@ import random
 import struct
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mooncake_assets.engine.cdc import columnar
-from mooncake_assets.engine.cdc.columnar import columnar_transaction
+from mooncake_assets.engine.cdc.columnar import ColumnarBatch, changes_from_run, columnar_transaction
 from mooncake_assets.engine.cdc.native import (
     NativeDecoder,
     Receiver,
@@ -327,8 +328,8 @@ def run_reference(msgs):
     return asm, out, err
 
 
-def run_native(msgs):
-    dec = NativeDecoder()
+def run_native(msgs, batch: bool = False):
+    dec = NativeDecoder(batch=batch)
     out, err = [], None
     for i, (lsn, payload) in enumerate(msgs):
         try:
@@ -337,7 +338,71 @@ def run_native(msgs):
         except (ProtocolError, ValueError, KeyError) as e:
             err = (i, e)
             break
+        if batch and i % 5 == 4:
+            out += dec.take()  # (batches of a few messages' transactions, as the receive loop takes them)
+    if batch:
+        out += dec.take()  # (the transactions committed before an error stay in the batch buffer until taken)
     return dec, out, err
+
+
+def _row_keys(runs) -> list[tuple]:
+    """The rows of ``runs`` as comparable tuples (kind, relation, LSN, old kind, new and old cells)."""
+
+    def tup(t):
+        return None if t is None else (t.kinds, [None if v is None else bytes(v) for v in t.data])
+
+    return [
+        (
+            c.kind,
+            c.relation_oid,
+            c.relation,
+            c.lsn,
+            c.old_kind,
+            tup(c.new),
+            tup(c.old),
+            c.truncate_oids,
+            c.truncate_cascade,
+            c.truncate_restart_identity,
+        )
+        for run in runs
+        for c in changes_from_run(run)
+    ]
+
+
+def assert_batches_hold(ref, out) -> None:
+    """``out`` (a batch decoder's output: :class:`ColumnarBatch` and spilled transactions) holds the
+    transactions ``ref`` (the reference's, columnar), row for row: each batch run of one kind, relation
+    and Relation within the run limits, with its rows' commit LSNs; cut back into transactions
+    (``ColumnarBatch.transactions``) the same transactions and rows."""
+    txns = []
+    for item in out:
+        if isinstance(item, ColumnarBatch):
+            starts = 0
+            for run in item.runs:
+                assert run.commit_lsns is not None and len(run.commit_lsns) == run.rows
+                assert run.rows <= columnar.MAX_RUN_ROWS
+                rows = changes_from_run(run) if run.kind != "truncate" else []
+                assert all(c.kind == run.kind and c.relation_oid == run.relation_oid for c in rows)
+                # each row's commit LSN is its transaction's
+                tx = np.searchsorted(item.row_ends, np.arange(starts, starts + run.rows), side="right")
+                assert run.commit_lsns.tolist() == item.commit_lsns[tx].tolist()
+                starts += run.rows
+            assert starts == item.rows
+            txns += item.transactions()
+        else:
+            txns.append(item)
+    assert len(ref) == len(txns)
+    for a, b in zip(ref, txns):
+        assert (a.xid, a.commit_lsn, a.end_lsn, a.commit_time, a.streamed, a.origin, a.rows) == (
+            b.xid,
+            b.commit_lsn,
+            b.end_lsn,
+            b.commit_time,
+            b.streamed,
+            b.origin,
+            b.rows,
+        )
+        assert _row_keys(a.runs) == _row_keys(b.runs)
 
 
 def assert_same_transactions(ref, nat) -> None:
@@ -369,6 +434,9 @@ def compare(msgs) -> None:
         return
     dec, nat, nat_err = run_native(msgs)
     assert_same_transactions(ref, nat)
+    bdec, bat, bat_err = run_native(msgs, batch=True)
+    assert_batches_hold(ref, bat)
+    assert (bat_err is None) == (nat_err is None) and (bat_err is None or bat_err[0] == nat_err[0])
     if ref_err is None:
         assert nat_err is None, nat_err
         assert (dec.in_stream, dec.in_transaction, dec.open_streams, dec.buffered_changes, dec.idle) == (

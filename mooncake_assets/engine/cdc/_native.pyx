@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from mooncake_assets.engine.cdc import columnar as _columnar
-from mooncake_assets.engine.cdc.columnar import CellColumn, ChangeRun, ColumnarTransaction
+from mooncake_assets.engine.cdc.columnar import CellColumn, ChangeRun, ColumnarBatch, ColumnarTransaction
 from mooncake_assets.engine.cdc.pgoutput import (
     Begin,
     Commit,
@@ -261,6 +261,57 @@ cdef class _TxnBuf:
         self.last_rel_idx = -1
         self.truncs = []
 
+    cdef int append_from(self, _TxnBuf src) except -1:
+        """``src``'s rows, cells and value bytes appended after this buffer's (a committed transaction
+        joining the decoder's batch buffer): row offsets, Relation and TRUNCATE indexes rebased."""
+        cdef Py_ssize_t i, r0 = self.nrows
+        cdef int64_t c0 = self.ncells, d0 = self.ndata
+        cdef RowRec* r
+        cdef int32_t rel_base
+        if src.nrows == 0:
+            return 0
+        while self.caprows < self.nrows + src.nrows:
+            self._grow_rows()
+        self._need_cells(src.ncells)
+        self._need_data(src.ndata)
+        memcpy(self.rows + r0, src.rows, src.nrows * sizeof(RowRec))
+        if src.ncells:
+            memcpy(self.cells + c0, src.cells, src.ncells * sizeof(CellRec))
+        if src.ndata:
+            memcpy(self.data + d0, src.data, src.ndata)
+        rel_base = len(self.rels)
+        trunc_base = len(self.truncs)
+        self.rels.extend(src.rels)
+        self.truncs.extend(src.truncs)
+        self.last_rel = None  # (the next _rel_index appends: the rels list is no longer deduplicated at its end)
+        self.last_rel_idx = -1
+        for i in range(r0, r0 + src.nrows):
+            r = self.rows + i
+            r.cell0 += c0
+            r.data0 += d0
+            if r.rel >= 0:
+                r.rel += rel_base
+            if r.aux >= 0:
+                r.aux += trunc_base
+        self.nrows += src.nrows
+        self.ncells += src.ncells
+        self.ndata += src.ndata
+        return 0
+
+    cdef int recycle(self, int64_t keep) except -1:
+        """Empty for reuse: the arrays kept (freed when more than ``keep`` bytes are allocated), the
+        Relation and TRUNCATE lists and the origin cleared."""
+        if self.allocated() > keep:
+            self.release()
+        else:
+            self._truncate_to(0, 0, 0)
+            self.rels = []
+            self.last_rel = None
+            self.last_rel_idx = -1
+            self.truncs = []
+        self.origin = None
+        return 0
+
     @property
     def rows_count(self):
         return self.nrows
@@ -463,15 +514,16 @@ cdef tuple _columns(_TxnBuf b, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ncol
 _NO_LAYOUT = (0, None, None, None)
 
 
-cdef object _make_run(_TxnBuf b, Py_ssize_t start, Py_ssize_t end):
+cdef object _make_run(_TxnBuf b, Py_ssize_t start, Py_ssize_t end, object commits):
     cdef RowRec* r0 = b.rows + start
     cdef Py_ssize_t ncols, i
     cdef object rel
     lsns = _lsn_array(b, start, end)
+    cl = None if commits is None else commits[start:end]
     if r0.kind == K_TRUNCATE:
         oids, cascade, restart = b.truncs[r0.aux]
         return ChangeRun("truncate", r0.oid, None, 1, lsns, truncate_oids=oids, cascade=cascade,
-                         restart_identity=restart)
+                         restart_identity=restart, commit_lsns=cl)
     rel = b.rels[r0.rel]
     if rel is not None:
         ncols = len(rel.columns)
@@ -494,11 +546,13 @@ cdef object _make_run(_TxnBuf b, Py_ssize_t start, Py_ssize_t end):
         old_kinds = np.empty(end - start, dtype=np.uint8)
         for i in range(start, end):
             old_kinds[i - start] = b.rows[i].old_kind
-    return ChangeRun(kind, r0.oid, rel, end - start, lsns, new, old, old_kinds, layouts=(lay_new, lay_old))
+    return ChangeRun(kind, r0.oid, rel, end - start, lsns, new, old, old_kinds, commit_lsns=cl,
+                     layouts=(lay_new, lay_old))
 
 
-cdef list _runs(_TxnBuf b):
-    """Cut ``b``'s rows into runs (the boundaries of :mod:`.columnar`'s docstring)."""
+cdef list _runs(_TxnBuf b, object commits=None):
+    """Cut ``b``'s rows into runs (the boundaries of :mod:`.columnar`'s docstring). ``commits``: for the
+    batch buffer, the ``uint64`` commit LSN of every row (each run gets its slice as ``commit_lsns``)."""
     cdef Py_ssize_t max_rows = _columnar.MAX_RUN_ROWS
     cdef int64_t max_bytes = _columnar.MAX_RUN_BYTES
     cdef Py_ssize_t i = 0, start
@@ -524,7 +578,7 @@ cdef list _runs(_TxnBuf b):
                     break
                 nbytes += r.nbytes
                 i += 1
-        runs.append(_make_run(b, start, i))
+        runs.append(_make_run(b, start, i, commits))
     return runs
 
 
@@ -553,8 +607,16 @@ cdef class NativeDecoder:
     cdef public int64_t spill_bytes  # an open transaction's buffer spills past this (bytes)
     cdef object _c_rel
     cdef Py_ssize_t _c_ncols
+    cdef public bint batch  # committed transactions join the batch buffer (see the class docstring)
+    cdef _TxnBuf _batch  # the committed transactions not yet taken, rows end to end
+    cdef _TxnBuf _spare  # an emptied transaction buffer, reused by the next Begin
+    cdef list _bt_xid, _bt_commit, _bt_end, _bt_time, _bt_rowend, _bt_streamed, _bt_origin
 
-    def __init__(self):
+    def __init__(self, bint batch=False):
+        self.batch = batch
+        self._batch = _TxnBuf()
+        self._spare = None
+        self._bt_clear()
         self.relations = {}
         self.types = {}
         self.in_stream = False
@@ -586,9 +648,11 @@ cdef class NativeDecoder:
 
     @property
     def buffered_bytes(self):
-        """Bytes allocated for the open transactions' row, cell and value arrays."""
+        """Bytes allocated for the open transactions' row, cell and value arrays (with ``batch``, also
+        the batch buffer's and the spare buffer's kept for reuse)."""
         cdef _TxnBuf s
         n = self._current.allocated() if self._current is not None else 0
+        n += self._batch.allocated() + (self._spare.allocated() if self._spare is not None else 0)
         for s in self._streams.values():
             n += s.allocated()
         return n
@@ -597,8 +661,17 @@ cdef class NativeDecoder:
     def idle(self):
         return self._current is None and not self._streams and not self.in_stream
 
+    @property
+    def committed_rows(self):
+        """Rows of the committed transactions not yet taken (the batch buffer and the output list)."""
+        return self._batch.nrows + sum(t.rows for t in self._out)
+
     def reset(self):
-        """Forget in-flight transactions (keeps the relation and type caches)."""
+        """Forget in-flight transactions and committed ones not yet taken (keeps the relation and type
+        caches)."""
+        self._batch.recycle(0)
+        self._bt_clear()
+        self._out = []
         self._current = None
         self._streams.clear()
         self.in_stream = False
@@ -619,9 +692,68 @@ cdef class NativeDecoder:
         return out
 
     def take(self):
-        """The transactions completed since the last :meth:`take` (the receive loop's output)."""
+        """The transactions completed since the last :meth:`take` (the receive loop's output); with
+        ``batch``, the batch buffer cut into a :class:`~.columnar.ColumnarBatch` first."""
+        self._flush_batch()
         out, self._out = self._out, []
         return out
+
+    cdef void _bt_clear(self) noexcept:
+        self._bt_xid = []
+        self._bt_commit = []
+        self._bt_end = []
+        self._bt_time = []
+        self._bt_rowend = []
+        self._bt_streamed = []
+        self._bt_origin = []
+
+    cdef int _to_batch(self, _TxnBuf b, uint32_t xid, uint64_t commit_lsn, uint64_t end_lsn, int64_t ts,
+                       bint streamed, object origin) except -1:
+        """A committed transaction's buffer ``b`` joins the batch buffer (adopted when that is empty,
+        else appended); ``b`` (or the old empty batch buffer) is kept for the next Begin."""
+        cdef _TxnBuf old
+        if self._batch.nrows == 0:
+            old = self._batch
+            self._batch = b
+            old.recycle(1 << 22)
+            self._spare = old
+        else:
+            self._batch.append_from(b)
+            b.recycle(1 << 22)
+            self._spare = b
+        self._bt_xid.append(xid)
+        self._bt_commit.append(commit_lsn)
+        self._bt_end.append(end_lsn)
+        self._bt_time.append(ts)
+        self._bt_rowend.append(self._batch.nrows)
+        self._bt_streamed.append(streamed)
+        self._bt_origin.append(origin)
+        return 0
+
+    cdef int _flush_batch(self) except -1:
+        """The batch buffer's transactions as one :class:`~.columnar.ColumnarBatch` on the output list
+        (nothing when it holds none); the buffer emptied."""
+        if not self._bt_xid:
+            return 0
+        commits = np.array(self._bt_commit, dtype=np.uint64)
+        row_ends = np.array(self._bt_rowend, dtype=np.int64)
+        per_row = np.repeat(commits, np.diff(row_ends, prepend=0))
+        runs = _runs(self._batch, per_row)
+        self._out.append(
+            ColumnarBatch(
+                runs,
+                np.array(self._bt_xid, dtype=np.uint32),
+                commits,
+                np.array(self._bt_end, dtype=np.uint64),
+                np.array(self._bt_time, dtype=np.int64),
+                row_ends,
+                self._bt_streamed,
+                self._bt_origin,
+            )
+        )
+        self._bt_clear()
+        self._batch.recycle(1 << 24)
+        return 0
 
     cdef int _feed(self, const uint8_t* p, Py_ssize_t n, uint64_t lsn) except -1:
         cdef uint8_t t = p[0] if n > 0 else 0
@@ -740,7 +872,11 @@ cdef class NativeDecoder:
             raise ProtocolError(f"Begin of xid {xid} while xid {self._current.xid} is open")
         if self.in_stream:
             raise ProtocolError(f"Begin of xid {xid} inside the stream of xid {self._stream_xid}")
-        b = _TxnBuf()
+        if self._spare is not None:
+            b = self._spare
+            self._spare = None
+        else:
+            b = _TxnBuf()
         b.xid = xid
         b.final_lsn = final_lsn
         self._current = b
@@ -751,9 +887,13 @@ cdef class NativeDecoder:
         if cur is None:
             raise ProtocolError(f"Commit at {commit_lsn:X} without a Begin")
         self._current = None
+        spilled = self._spilled(cur.xid)
+        if self.batch and spilled is None:
+            return self._to_batch(cur, cur.xid, commit_lsn, end_lsn, ts, False, cur.origin)
+        self._flush_batch()
         self._out.append(
             ColumnarTransaction(cur.xid, commit_lsn, end_lsn, pg_time_to_datetime(ts), _runs(cur), False, cur.origin,
-                                self._spilled(cur.xid))
+                                spilled)
         )
         return 0
 
@@ -808,9 +948,14 @@ cdef class NativeDecoder:
         st = self._streams.pop(msg.xid, None)
         if st is None:
             raise ProtocolError(f"Stream Commit of xid {msg.xid}, which was never streamed")
+        spilled = self._spilled(msg.xid)
+        if self.batch and spilled is None:
+            self._to_batch(st, msg.xid, msg.commit_lsn, msg.end_lsn, _pg_us(msg.commit_time), True, None)
+            return
+        self._flush_batch()
         self._out.append(
             ColumnarTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, _runs(st), True, None,
-                                self._spilled(msg.xid))
+                                spilled)
         )
 
     cdef _on_stream_abort(self, msg):

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .pgoutput import Relation, TupleData
+from .pgoutput import Relation, TupleData, pg_time_to_datetime
 from .txn import Change, Transaction
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "CellColumn",
     "ChangeRun",
     "ColumnarTransaction",
+    "ColumnarBatch",
     "runs_from_changes",
     "columnar_transaction",
     "merge_runs",
@@ -174,6 +175,69 @@ class ColumnarTransaction:
     def rows(self) -> int:
         """Changes held in memory (``runs``; a spilled part not counted)."""
         return sum(r.rows for r in self.runs)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ColumnarBatch:
+    """Consecutive committed transactions as batch runs, cut by the compiled decoder straight from its
+    batch buffer (``NativeDecoder(batch=True)``): the same rows as :func:`merge_runs` of those
+    transactions' runs, without building each transaction's own runs first.
+
+    ``runs``: batch runs in commit order (module docstring's boundaries, counted from the start of each
+    batch run; every run has ``commit_lsns``). Per transaction, in commit order (``n`` of them):
+    ``xids`` (``uint32``), ``commit_lsns`` and ``end_lsns`` (``uint64``), ``commit_times`` (``int64`` µs
+    since 2000-01-01 UTC, pgoutput's timestamps), ``row_ends`` (``int64``: rows of the batch up to and
+    including that transaction's; an empty transaction adds none), ``streamed``, ``origins``.
+    Never spilled (a spilled transaction comes as its own :class:`ColumnarTransaction`)."""
+
+    runs: list[ChangeRun]
+    xids: npt.NDArray[np.uint32]
+    commit_lsns: npt.NDArray[np.uint64]
+    end_lsns: npt.NDArray[np.uint64]
+    commit_times: npt.NDArray[np.int64]
+    row_ends: npt.NDArray[np.int64]
+    streamed: list[bool]
+    origins: list[str | None]
+
+    def __len__(self) -> int:
+        """Number of transactions."""
+        return len(self.xids)
+
+    @property
+    def rows(self) -> int:
+        return int(self.row_ends[-1]) if len(self.row_ends) else 0
+
+    def transactions(self) -> list[ColumnarTransaction]:
+        """The batch cut back into one :class:`ColumnarTransaction` per transaction (zero-copy slices of
+        the batch runs; a transaction's runs may be cut where the batch run was, so compare rows, not
+        run boundaries): for the paths that take transactions one by one (the reference apply)."""
+        starts = np.cumsum([0] + [r.rows for r in self.runs]).tolist()
+        out = []
+        lo = k = 0
+        for i in range(len(self.xids)):
+            hi = int(self.row_ends[i])
+            runs = []
+            while k < len(self.runs) and starts[k + 1] <= lo:
+                k += 1  # (the first run holding row lo)
+            j = k
+            while j < len(self.runs) and starts[j] < hi:
+                run, rs = self.runs[j], starts[j]
+                part = run if run.kind == "truncate" else slice_run(run, max(lo, rs) - rs, min(hi, starts[j + 1]) - rs)
+                runs.append(replace(part, commit_lsns=None, layouts=None))
+                j += 1
+            lo = hi
+            out.append(
+                ColumnarTransaction(
+                    int(self.xids[i]),
+                    int(self.commit_lsns[i]),
+                    int(self.end_lsns[i]),
+                    pg_time_to_datetime(int(self.commit_times[i])),
+                    runs,
+                    self.streamed[i],
+                    self.origins[i],
+                )
+            )
+        return out
 
 
 def _tuple_bytes(t: TupleData | None) -> int:

@@ -43,7 +43,7 @@ from ..lsn import Lsn
 from ..pg.conninfo import OUTPUT_SETTINGS, with_options
 
 if TYPE_CHECKING:
-    from .columnar import ColumnarTransaction
+    from .columnar import ColumnarBatch, ColumnarTransaction
     from .native import NativeDecoder, Receiver
 
 __all__ = ["ReplicationConnection", "ReplicationError", "SystemIdentity"]
@@ -326,14 +326,17 @@ class ReplicationConnection:
         return out
 
     def read_transactions(
-        self, decoder: NativeDecoder, timeout: float, max_messages: int = 10_000
-    ) -> list[ColumnarTransaction]:
+        self, decoder: NativeDecoder, timeout: float, max_messages: int = 10_000, take: bool = True
+    ) -> list[ColumnarTransaction | ColumnarBatch]:
         """The compiled path's :meth:`read`: wait up to ``timeout`` seconds for XLogData, feed what is
         available at once (at most ``max_messages``) to ``decoder`` (a :class:`~.native.NativeDecoder`)
         inside the C receive loop (:class:`~.native.Receiver`: libpq's ``PQgetCopyData`` on this
         connection, no Python object per message) and return the
-        :class:`~.columnar.ColumnarTransaction` objects completed. Returns ``[]`` on timeout and when
-        the messages read completed no transaction (:attr:`messages_read` counts XLogData).
+        :class:`~.columnar.ColumnarTransaction` objects completed (a decoder with ``batch``: one
+        :class:`~.columnar.ColumnarBatch` of them, the spilled ones on their own). Returns ``[]`` on
+        timeout and when the messages read completed no transaction (:attr:`messages_read` counts
+        XLogData); with ``take=False`` always ``[]``, the completed transactions left in the decoder
+        for a later ``decoder.take()`` (a read batch of several reads taken at once).
 
         Keepalives, :attr:`server_wal_end`, status updates and errors as :meth:`read`; a decoder error
         (``ProtocolError``, ``ValueError``) propagates, nothing of an open transaction emitted."""
@@ -369,7 +372,7 @@ class ReplicationConnection:
                 self.keepalive_replies += 1
             self._maybe_status()
             if rc > 0 or time.monotonic() >= deadline:
-                return decoder.take()
+                return decoder.take() if take else []
 
     def _end_of_copy(self) -> NoReturn:
         """The server ended COPY: collect its error and raise it (:meth:`read` and :meth:`read_transactions`);

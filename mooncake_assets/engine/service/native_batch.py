@@ -48,7 +48,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..cdc.columnar import ChangeRun, ColumnarTransaction, changes_from_run, merge_runs, slice_run, split_by_commit
+from ..cdc.columnar import (
+    ChangeRun,
+    ColumnarBatch,
+    ColumnarTransaction,
+    changes_from_run,
+    merge_runs,
+    slice_run,
+    split_by_commit,
+)
 from ..cdc.spill import SpillError
 from ..cdc.txn import Transaction
 from ..faults import fault
@@ -100,7 +108,7 @@ def native_decoder(decoder: str, repl: ReplicationConnection) -> NativeDecoder |
         from ..cdc.native import NativeDecoder, receiver_for
 
         receiver_for(repl.pgconn)  # (what read_transactions does first)
-        return NativeDecoder()
+        return NativeDecoder(batch=True)
     except (ImportError, OSError, RuntimeError) as e:
         log.warning("compiled decoder unavailable (%s: %s); using the reference decoder", type(e).__name__, e)
         return None
@@ -108,27 +116,26 @@ def native_decoder(decoder: str, repl: ReplicationConnection) -> NativeDecoder |
 
 def read_native_batch(
     repl: ReplicationConnection, decoder: NativeDecoder, timeout: float, window_s: float = 0.02, max_rows: int = 20_000
-) -> list[ColumnarTransaction]:
+) -> list[ColumnarTransaction | ColumnarBatch]:
     """One read batch of the compiled path: wait up to ``timeout`` seconds for XLogData
     (:meth:`~..cdc.stream.ReplicationConnection.read_transactions`), then, while messages keep coming
     (each further read waits at most 2 ms), read on for up to ``window_s`` seconds or until the batch
     holds ``max_rows`` rows. libpq hands over what its socket buffer holds, a few dozen messages of a
     busy stream; a batch of many small transactions is what makes batch runs long. When the stream is
-    idle this adds nothing (the first read returns what there is); when busy at most ``window_s``."""
+    idle this adds nothing (the first read returns what there is); when busy at most ``window_s``.
+    The decoder's output is taken once, at the end: with ``decoder.batch`` the whole read batch's
+    transactions come as one :class:`~..cdc.columnar.ColumnarBatch` (and the spilled ones on their own)."""
     first = repl.messages_read
-    txns = repl.read_transactions(decoder, timeout)
+    repl.read_transactions(decoder, timeout, take=False)
     if repl.messages_read == first:
-        return txns
+        return decoder.take()
     end = time.monotonic() + window_s
-    rows = sum(t.rows for t in txns)
-    while rows < max_rows and time.monotonic() < end:
+    while decoder.committed_rows < max_rows and time.monotonic() < end:
         seen = repl.messages_read
-        more = repl.read_transactions(decoder, 0.002)
+        repl.read_transactions(decoder, 0.002, take=False)
         if repl.messages_read == seen:
             break
-        txns += more
-        rows += sum(t.rows for t in more)
-    return txns
+    return decoder.take()
 
 
 def reference_transaction(txn: ColumnarTransaction) -> Transaction:
@@ -143,18 +150,28 @@ def _generated_oids(loop: StreamLoop) -> set[int]:
     return {oid for oid, t in tables if any(c.generated for c in t.schema.columns)}
 
 
-def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder) -> int:
+def apply_native_batch(
+    loop: StreamLoop, items: list[ColumnarTransaction | ColumnarBatch], decoder: NativeDecoder
+) -> int:
     """Apply one read batch of the compiled decoder (module docstring); returns the number of
     transactions. Errors as ``StreamLoop.apply_batch`` (``psycopg.OperationalError`` when the generated
     columns' source cannot be asked: the caller reconnects and the slot resends the batch)."""
-    if not txns:
+    if not items:
         return 0
     mode = loop.config.apply_mode
     with loop.lock:
         gen = _generated_oids(loop) if mode != "change" else set()
-        plan: list[Transaction | ColumnarTransaction | list[ColumnarTransaction]] = []
+        plan: list[Transaction | ColumnarTransaction | ColumnarBatch | list[ColumnarTransaction]] = []
+        txns: list[ColumnarTransaction | ColumnarBatch] = []
+        for item in items:  # a batch that needs the reference path, cut back into its transactions
+            if isinstance(item, ColumnarBatch) and (mode == "change" or (gen and _batch_touches(item, gen))):
+                txns += item.transactions()
+            else:
+                txns.append(item)
         for txn in txns:
-            if txn.spilled is not None and txn.spilled.failed is not None:
+            if isinstance(txn, ColumnarBatch):
+                plan.append(txn)
+            elif txn.spilled is not None and txn.spilled.failed is not None:
                 plan.append(txn)  # (apply_spilled stops the tables it touches)
             elif mode == "change" or (gen and _touches(txn, gen)):
                 if txn.spilled is not None:  # (read back whole: the reference path has no chunks)
@@ -176,12 +193,24 @@ def apply_native_batch(loop: StreamLoop, txns: list[ColumnarTransaction], decode
                 loop._apply_txn(p, decoder)
             elif isinstance(p, ColumnarTransaction):
                 apply_spilled(loop, p, decoder)
+            elif isinstance(p, ColumnarBatch):
+                _apply_batch(loop, p, decoder)
             else:
                 _apply_group(loop, p, decoder)
+    n = 0
     for txn in txns:
+        if isinstance(txn, ColumnarBatch):
+            n += len(txn)
+            continue
+        n += 1
         if txn.spilled is not None:
             txn.spilled.delete()
-    return len(txns)
+    return n
+
+
+def _batch_touches(batch: ColumnarBatch, oids: set[int]) -> bool:
+    """Does ``batch`` change a row of a relation in ``oids``?"""
+    return any(r.kind != "truncate" and r.relation_oid in oids for r in batch.runs)
 
 
 def _touches(txn: ColumnarTransaction, oids: set[int]) -> bool:
@@ -256,13 +285,37 @@ def _apply_group(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: Nat
     _finish(loop, touched, txns[-1].end_lsn)
 
 
+def _apply_batch(loop: StreamLoop, batch: ColumnarBatch, decoder: NativeDecoder) -> None:
+    """A :class:`~..cdc.columnar.ColumnarBatch` (the decoder's batch runs, as ``_apply_group`` makes
+    them with ``merge_runs``; the caller holds the lock)."""
+    touched: dict[MirrorTable, int] = {}
+    commits = batch.commit_lsns.tolist()
+    xids = dict(zip(commits, batch.xids.tolist()))
+    ends = dict(zip(commits, batch.end_lsns.tolist()))
+    _apply_batch_runs(loop, batch.runs, xids, ends, decoder, touched)
+    _finish(loop, touched, int(batch.end_lsns[-1]))
+
+
 def _apply_runs(
     loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder, touched: dict[MirrorTable, int]
 ) -> None:
     """The batch runs of ``txns`` to their tables (``touched``: table -> last commit LSN applied, filled)."""
     xids = {t.commit_lsn: t.xid for t in txns}
     ends = {t.commit_lsn: t.end_lsn for t in txns}
-    for run in merge_runs(txns):
+    _apply_batch_runs(loop, merge_runs(txns), xids, ends, decoder, touched)
+
+
+def _apply_batch_runs(
+    loop: StreamLoop,
+    runs: list[ChangeRun],
+    xids: dict[int, int],
+    ends: dict[int, int],
+    decoder: NativeDecoder,
+    touched: dict[MirrorTable, int],
+) -> None:
+    """Batch runs (each with ``commit_lsns``) to their tables; ``xids`` / ``ends``: commit LSN -> xid /
+    end LSN of the runs' transactions."""
+    for run in runs:
         assert run.commit_lsns is not None  # (every batch run has them)
         for oid in run.truncate_oids if run.kind == "truncate" else [run.relation_oid]:
             rel = decoder.relations.get(oid)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
-from ..cdc.columnar import ChangeRun, ColumnarTransaction, columnar_transaction
+from ..cdc.columnar import ChangeRun, ColumnarBatch, ColumnarTransaction, columnar_transaction
 from ..cdc.spill import Spiller, SpillError
 from ..cdc.txn import Change, Transaction
 from ..faults import fault
@@ -210,7 +210,7 @@ class StreamLoop:
             decoder.spill = Spiller(self.config.state_dir / "spill")
             decoder.spill_bytes = memory.spill_bytes()
         memory.decoder = decoder if decoder is not None else assembler
-        ctxns: list[ColumnarTransaction] = []
+        ctxns: list[ColumnarTransaction | ColumnarBatch] = []
         log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
         if decoder is None:  # (docs/monitoring.md, "The memory budget": only the compiled decoder spills)
             log.warning(
