@@ -592,6 +592,15 @@ cdef class NativeDecoder:
     assembler) for a message out of place; ``ValueError`` for a malformed message, naming the LSN of
     its XLogData. After an error nothing of an open transaction has been emitted; :meth:`reset` (or a
     new decoder) and a reconnect from the slot's confirmed position is the remedy.
+
+    ``batch=True`` (the service's stream): a committed transaction that was not spilled is not cut into
+    runs of its own; its rows join one batch buffer (the transaction's buffer adopted when the batch is
+    empty, else appended: a few memcpy), and :meth:`take` cuts the whole buffer once into batch runs
+    spanning the transactions (a :class:`~.columnar.ColumnarBatch`: the runs with each row's commit LSN,
+    a table of the transactions) — what ``merge_runs`` makes of the per-transaction output, without a
+    set of Arrow arrays per transaction. :meth:`feed` then returns only what a spilled transaction's
+    commit pushed out (the batch so far, then that transaction), keeping commit order. The emptied
+    transaction buffers are reused by the next Begin.
     """
 
     cdef public dict relations

@@ -6,6 +6,11 @@ every committed transaction of a read batch arrives as a :class:`~..cdc.columnar
 (no Python object per row). :func:`apply_native_batch` applies them in commit order, with the same
 results as the reference path (``read()`` + ``TransactionAssembler`` + ``StreamLoop._apply_txn``):
 
+- The stream's decoder runs with ``batch=True``: a read batch's committed transactions come as one
+  :class:`~..cdc.columnar.ColumnarBatch` whose batch runs the decoder cut straight from its buffer
+  (applied as below, without ``merge_runs``); a batch that must take the reference path (``apply_mode``
+  ``change``, generated columns) is cut back into its transactions first
+  (``ColumnarBatch.transactions``). Spilled transactions still come on their own.
 - Consecutive transactions are applied together as *batch runs* (:func:`~..cdc.columnar.merge_runs`):
   the runs of the same kind on the same relation under the same Relation joined across transactions,
   each row at its own transaction's commit LSN (insert LSN, delete LSN). A run's fixed cost (its Arrow
