@@ -355,3 +355,24 @@ def test_keys_feed_takes_deleted_keys_from_the_delete_logs(tmp_path):
         s.summary.additional_properties.get(SUMMARY_DELETE_LOG) for s in t.iceberg.refresh().table.metadata.snapshots
     ]
     assert [x for x in logs if x] == [log_loc]  # neither the next persist nor compaction carries it over
+
+
+def test_delete_log_stops_at_its_budget_and_the_feed_reads_the_rest(tmp_path):
+    """Past ``max_bytes`` a table's delete log keeps no more entries; the persist logs what it kept and
+    the keys feed reads the other deleted keys from the data file: the same feed."""
+    from mooncake_assets.engine.table.delete_log import DeleteLog
+
+    t = _iceberg_table(tmp_path)
+    t.persist()
+    for k in range(20):
+        commit(t, 100 + k, insert(k, f"v{k}", k))
+    t.persist()
+    a = t.flush_lsn
+    t.delete_log = DeleteLog(t.key_names, max_bytes=250)  # three row-wise entries
+    for k in range(6):
+        commit(t, 200 + k, delete((k,)))
+    assert len(t.delete_log) == 3 and t.delete_log.dropped == 3
+    t.persist()
+    assert len(t.delete_log) == 0
+    keys = _keys_both_ways(t, a, t.flush_lsn)
+    assert [r["id"] for r in keys.to_pylist()] == list(range(6))

@@ -6,7 +6,8 @@ One number bounds what the service holds for replication, ``ServiceConfig.memory
   memory (``NativeDecoder.buffered_bytes``; the reference decoder: ``buffered_changes`` ×
   :data:`REFERENCE_CHANGE_BYTES`), plus every table's MemSlice (its Arrow bytes) with its MemIndex
   estimated at :data:`INDEX_ENTRY_BYTES` per row, plus the pending position deletes of its data files
-  (``PendingDeletes.nbytes``: about 5 B each; a plain mapping at :data:`PENDING_DELETE_BYTES` each). These are estimates of the structures that grow with the
+  (``PendingDeletes.nbytes``: about 5 B each; a plain mapping at :data:`PENDING_DELETE_BYTES` each) and their keys in the table's delete log
+  (``DeleteLog.nbytes``, at most ``MAX_LOG_BYTES``, ``engine/table/delete_log.py``). These are estimates of the structures that grow with the
   change stream, not the process's RSS (the interpreter, libraries and caches come on top).
 - **Early flush** (:meth:`MemoryBudget.relieve`): past :data:`FLUSH_SHARE` of the budget, committed
   buffers are flushed to local staging (``MirrorTable.flush``; no Iceberg commit), largest first, until
@@ -166,7 +167,8 @@ class MemoryBudget:
     def table_bytes(t: Any) -> int:
         """Estimated bytes ``t`` holds in memory for changes not yet flushed (module docstring)."""
         pending = sum(_pending_bytes(f.pending) for f in t.files.values())
-        return int(t.mem.nbytes + t.mem.num_rows * INDEX_ENTRY_BYTES + pending)
+        log = getattr(getattr(t, "delete_log", None), "nbytes", 0)  # keys of those deletes (table/delete_log.py)
+        return int(t.mem.nbytes + t.mem.num_rows * INDEX_ENTRY_BYTES + pending + log)
 
     def decoder_bytes(self) -> int:
         """Bytes of the open transactions the stream's decoder holds in memory."""

@@ -8,7 +8,9 @@ UPDATE) carries it, and the lookup finds the file position from it. So the mirro
 
 - **While applying** (:class:`DeleteLog`): for a table with a primary key, each delete of a data-file
   row records ``(file name, position, key)``, the key as the Postgres text the change carried.
-  Deletes of buffered rows are not recorded (a buffered row never reaches an older file).
+  Deletes of buffered rows are not recorded (a buffered row never reaches an older file). At most
+  :data:`MAX_LOG_BYTES` per table between persists (counted in the service's memory budget); past
+  that, deletes are not logged and the feed reads their keys from the files.
 - **At persist** (:func:`build_log`, :func:`write_log`): the entries for positions the commit newly
   writes into the deletion vectors of files that were already persisted are decoded to the key
   columns' types (the decoder that wrote the rows) and written as ONE Parquet file
@@ -64,12 +66,23 @@ POS_COLUMN = "_mooncake_pos"
 Logged = dict[str, tuple[np.ndarray, pa.Table]]
 
 
+#: bytes one table's log may hold between persists; deletes past it are not logged (their keys are
+#: then read from the files, as without a log), so a huge UPDATE costs no more memory than its pending deletes
+MAX_LOG_BYTES = 16 << 20
+#: estimated bytes of one row-wise entry not yet in a chunk
+ROW_ENTRY_BYTES = 100
+
+
 class DeleteLog:
     """Deletes of data-file rows since the last persist with the keys the changes carried (module
-    docstring). ``key_names``: the key columns the keys are of (in order)."""
+    docstring). ``key_names``: the key columns the keys are of (in order); ``max_bytes``: past it new
+    entries are dropped (:data:`MAX_LOG_BYTES`)."""
 
-    def __init__(self, key_names: Sequence[str]) -> None:
+    def __init__(self, key_names: Sequence[str], max_bytes: int = MAX_LOG_BYTES) -> None:
         self.key_names = list(key_names)
+        self.max_bytes = max_bytes
+        self.dropped = 0  # entries not kept since the last persist (over max_bytes)
+        self._bytes = 0
         self._chunks: list[pa.Table] = []
         self._files: list[str] = []  # row-wise deletes, turned into a chunk on the next batch or read
         self._rows: list[int] = []
@@ -81,6 +94,10 @@ class DeleteLog:
         from the file)."""
         if not all(v is None or isinstance(v, str) for v in key):
             return
+        if self._bytes >= self.max_bytes:
+            self.dropped += 1
+            return
+        self._bytes += ROW_ENTRY_BYTES
         self._files.append(fname)
         self._rows.append(int(row))
         for col, v in zip(self._keys, key):
@@ -91,37 +108,52 @@ class DeleteLog:
         column, aligned with them."""
         if not len(rows):
             return
+        if self._bytes >= self.max_bytes:
+            self.dropped += len(rows)
+            return
         self._seal()
-        self._chunks.append(self._table(pa.array(fnames, pa.string()), pa.array(rows, pa.int64()), list(keys)))
+        files = pa.array(fnames, pa.string()).dictionary_encode()  # a few files per batch
+        self._add_chunk(self._table(files, pa.array(rows, pa.int64()), list(keys)))
 
     def _table(self, files: pa.Array, rows: pa.Array, keys: list[pa.Array]) -> pa.Table:
         names = [FILE_COLUMN, POS_COLUMN] + [f"k{i}" for i in range(len(keys))]
         return pa.Table.from_arrays([files, rows, *[k.cast(pa.string()) for k in keys]], names=names)
 
+    def _add_chunk(self, chunk: pa.Table) -> None:
+        self._chunks.append(chunk)
+        self._bytes += int(chunk.nbytes)
+
     def _seal(self) -> None:
         if self._rows:
             keys = [pa.array(c, pa.string()) for c in self._keys]
-            self._chunks.append(self._table(pa.array(self._files, pa.string()), pa.array(self._rows, pa.int64()), keys))
+            files = pa.array(self._files, pa.string()).dictionary_encode()
+            self._bytes -= ROW_ENTRY_BYTES * len(self._rows)
+            rows = self._rows
             self._files, self._rows, self._keys = [], [], [[] for _ in self.key_names]
+            self._add_chunk(self._table(files, pa.array(rows, pa.int64()), keys))
 
     def table(self) -> pa.Table | None:
         """Every entry as one table (``_mooncake_data_file`` = file *name*, ``_mooncake_pos``, ``k0``…: key
         text), oldest first; None when empty."""
         self._seal()
-        return pa.concat_tables(self._chunks).combine_chunks() if self._chunks else None
+        if not self._chunks:
+            return None
+        plain = [c.set_column(0, FILE_COLUMN, c.column(0).cast(pa.string())) for c in self._chunks]
+        return pa.concat_tables(plain).combine_chunks()
 
     def clear(self) -> None:
         """Drop every entry (after a persist)."""
         self._chunks = []
         self._files, self._rows, self._keys = [], [], [[] for _ in self.key_names]
+        self._bytes = self.dropped = 0
 
     def __len__(self) -> int:
         return int(sum(c.num_rows for c in self._chunks)) + len(self._rows)
 
     @property
     def nbytes(self) -> int:
-        """Estimated bytes held (Arrow buffers, ~100 B per row-wise entry not yet in a chunk)."""
-        return int(sum(c.nbytes for c in self._chunks)) + 100 * len(self._rows)
+        """Estimated bytes held (Arrow buffers, :data:`ROW_ENTRY_BYTES` per row-wise entry not yet in a chunk)."""
+        return self._bytes
 
 
 def build_log(dlog: DeleteLog, targets: dict[str, tuple[str, BitMap64]], specs: Sequence[Any]) -> pa.Table | None:
