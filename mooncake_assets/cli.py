@@ -313,8 +313,23 @@ def stop():
 
 
 def _stop_one() -> None:
+    from .engine.service import ServiceClient
     from .engine.service.process import stop_service
 
+    c = ServiceClient(CTX.settings.socket_path)
+    try:  # a copy running now is interrupted: say so (the next start drops what it copied)
+        copying = [t for t in c.status()["tables"] if t.get("state") == "copying"]
+    except Exception:
+        copying = []
+    finally:
+        c.close()
+    for t in copying:
+        console.print(
+            f"interrupting the copy of {t['source']} as {t['name']}: nothing of it is kept; after `mooncake start`, "
+            f"run create-table {t['name']} {t['source']} again",
+            highlight=False,
+            soft_wrap=True,
+        )
     if stop_service(CTX.settings, mark=True):
         console.print("mooncake service stopped (`mooncake start` starts it again)")
     else:

@@ -131,7 +131,7 @@ def create_with_progress(
     command's settings when there are some (``CTX.settings``). Returns the service's result (``table``,
     ``source``, ``rows``, ``copy_lsn``, ``seconds``, ``key``, …); a refused create is :func:`fail`
     (``refused``: an object whose ``check(message)`` may raise its own exception first)."""
-    from .engine.service import ServiceClient, ServiceError
+    from .engine.service import ServiceClient, ServiceError, ServiceUnavailable
 
     box: dict = {}
 
@@ -147,6 +147,11 @@ def create_with_progress(
                 **({"publication": CTX.settings.publication} if hasattr(CTX, "settings") else {}),
                 **({"column_types": column_types} if column_types else {}),
                 **({"exclude": exclude} if exclude else {}),
+            )
+        except ServiceUnavailable:  # the service went away mid-copy (`mooncake stop`, a crash)
+            box["err"] = (
+                f"the copy of {src} as {dst} was interrupted: the service stopped; nothing of it is kept (the "
+                f"next start drops the partial copy): start the service and run create-table {dst} {src} again"
             )
         except ServiceError as e:
             box["err"] = str(e)

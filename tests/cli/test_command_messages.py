@@ -239,3 +239,34 @@ def test_start_with_a_wrong_password_and_no_mirror_fails_in_one_line(pg_cluster,
         assert r.returncode == 1 and len(msg.splitlines()) == 1 and "running" not in r.stdout, (r.stdout, r.stderr)
         assert "password authentication failed" in msg and "hunter2" not in msg, msg
         assert not (state_dir / "service.pid").exists()
+
+
+def test_stop_during_an_initial_copy_says_so_and_leaves_no_mirror(pg_dsn, state_dir):
+    """``stop`` while create-table copies (held here by a lock on the source table) says that it
+    interrupts the copy, create-table fails in one line saying so, and after the next start no mirror
+    of the table is listed (the partial copy is dropped, not shown as ready)."""
+    from ..helpers import service_tables, wait_until
+
+    s = make_settings(state_dir, pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE cp (id int PRIMARY KEY)")
+        c.execute("INSERT INTO cp SELECT generate_series(1, 100)")
+    try:
+        mooncake(s, "start", check=True)
+        with psycopg.connect(pg_dsn) as lock:
+            lock.execute("LOCK TABLE cp IN ACCESS EXCLUSIVE MODE")
+            cmd = [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(state_dir), "--dsn", pg_dsn]
+            create = subprocess.Popen(
+                cmd + ["create-table", "cp", "public.cp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            wait_until(lambda: service_tables(s).get("cp", {}).get("state") == "copying", what="the copy")
+            out = mooncake(s, "stop", check=True).stdout
+        assert "interrupting the copy of public.cp as cp" in out and "create-table cp public.cp again" in out, out
+        _, err = create.communicate(timeout=60)
+        assert create.returncode == 1 and len(err.strip().splitlines()) == 1, err
+        assert "the copy of public.cp as cp was interrupted" in err, err
+        mooncake(s, "start", check=True)
+        tables = json.loads(mooncake(s, "list-tables", "--json", check=True).stdout)["tables"]
+        assert [t["name"] for t in tables] == [], tables
+    finally:
+        mooncake(s, "stop")

@@ -73,7 +73,11 @@ class TableRegistry:
         lock."""
         for name, meta in list(self.doc["tables"].items()):
             if meta.get("state") != "ready":
-                log.warning("table %s was being copied when the service stopped; copying again", name)
+                log.warning(
+                    "table %s was being copied when the service stopped: its partial copy is dropped; "
+                    "create-table copies it again",
+                    name,
+                )
                 self.drop_iceberg(name)
                 self.doc["tables"].pop(name)
                 self.save()
