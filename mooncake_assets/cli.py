@@ -273,11 +273,14 @@ def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -
 
 
 def _check_source_login(prefix: str) -> None:
-    """Before a service is started: log in to the source once (``connect_timeout`` 10 s), so that a
-    wrong password, an unknown role or database, or a source that does not answer fails ``start`` in
-    one line (the DSN without its password) rather than a service that says it runs but can never
-    mirror anything. Nothing is checked when a service already answers, or for the embedded Postgres
-    (no DSN: started by the service)."""
+    """Before a service is started: log in to the source once (``connect_timeout`` 10 s). When the
+    server answers and refuses the login (a wrong password, an unknown role or database, no
+    ``pg_hba.conf`` entry), ``start`` fails in one line (the DSN without its password) rather than
+    starting a service that says it runs but can never mirror anything. When the source cannot be
+    reached now (refused, timed out, starting up, too many connections), the service starts anyway
+    and retries, as it does after an outage; one warning line says so and ``mooncake status`` shows
+    when the source is reachable. Nothing is checked when a service already answers, or for the
+    embedded Postgres (no DSN: started by the service)."""
     import psycopg
 
     from .engine.pg.conninfo import connect_error, redact
@@ -297,7 +300,40 @@ def _check_source_login(prefix: str) -> None:
     try:
         psycopg.connect(dsn, connect_timeout=10).close()
     except psycopg.Error as e:
-        fail(f"{prefix}not started: cannot log in to the source {redact(dsn)}: {connect_error(e)}")
+        if login_refused(str(e)):
+            fail(f"{prefix}not started: cannot log in to the source {redact(dsn)}: {connect_error(e)}")
+        from rich.markup import escape
+
+        err.print(
+            f"[yellow]warning:[/yellow] {escape(prefix)}the source {escape(redact(dsn))} cannot be reached now "
+            f"({escape(connect_error(e))}); the service starts and retries (`mooncake status` says when it is reachable)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+# FATAL errors of a server that answered but will not come back by itself: the login needs a fix
+# (PostgreSQL's messages of client authentication and of a missing database, "Client Authentication",
+# https://www.postgresql.org/docs/current/client-authentication-problems.html). Messages of a server that
+# is starting, stopping or full are transient and not listed.
+_LOGIN_REFUSED = (
+    "authentication failed",
+    "no password supplied",
+    "password is required",
+    "no pg_hba.conf entry",
+    "does not exist",
+    "is not permitted to log in",
+    "permission denied",
+    "pg_hba.conf rejects",
+)
+
+
+def login_refused(message: str) -> bool:
+    """True when libpq's connection ``message`` says the server answered and refused the login (a fix of
+    the DSN or the server's roles is needed), False when the server could not be reached or was
+    transiently unavailable (refused connection, timeout, unknown host, starting up, too many clients)."""
+    low = message.lower()
+    return any(m in low for m in _LOGIN_REFUSED)
 
 
 @app.command()

@@ -270,3 +270,26 @@ def test_stop_during_an_initial_copy_says_so_and_leaves_no_mirror(pg_dsn, state_
         assert [t["name"] for t in tables] == [], tables
     finally:
         mooncake(s, "stop")
+
+
+def test_login_refused_tells_a_refused_login_from_an_unreachable_source():
+    """``start`` fails on a login the server refused and starts (with a warning) when the source cannot
+    be reached now; the messages are libpq's, as psycopg 3 raised them against PostgreSQL 15."""
+    from mooncake_assets.cli import login_refused
+
+    refused = [
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user "postgres"',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "nodb" does not exist',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  no pg_hba.conf entry for host "10.0.0.1"',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: fe_sendauth: no password supplied',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  role "x" is not permitted to log in',
+    ]
+    transient = [
+        'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?',
+        "failed to resolve host 'nohost.invalid': [Errno -2] Name or service not known",
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  the database system is starting up',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  sorry, too many clients already',
+        'connection failed: connection to server at "10.0.0.9", port 5432 failed: timeout expired',
+    ]
+    assert all(login_refused(m) for m in refused)
+    assert not any(login_refused(m) for m in transient)

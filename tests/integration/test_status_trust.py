@@ -323,10 +323,15 @@ def test_failed_create_table_leaves_no_service_and_another_dsn_is_refused(pg_dsn
         assert "(reachable" in r.stdout and "s3cr3t" not in r.stdout
     finally:
         stop_service(good)
-    # a service whose source is down (no mirrors yet, so it starts): status says so
+    # a service whose source cannot be reached now starts (it retries, as after an outage) with one
+    # warning line; status says the source is not reachable. A refused login fails start instead
+    # (test_start_with_a_wrong_password_and_no_mirror_fails_in_one_line).
     bad = load_settings(state_dir / "other", dsn=BAD_DSN)
     try:
         r = mooncake(bad, "start", check=True)
+        warning = r.stderr.strip()
+        assert len(warning.splitlines()) == 1 and "cannot be reached now" in warning, warning
+        assert "port=1" in warning and "s3cr3t" not in warning, warning
         r = mooncake(bad, "status")
         assert "NOT reachable" in r.stdout and "s3cr3t" not in r.stdout, r.stdout
     finally:
