@@ -425,41 +425,12 @@ def describe_mirrored(
                 else:
                     spec = types.spec(sig["name"], sig["oid"], sig["typmod"], name_sql, sig.get("ndims") or 0)
             except (UnsupportedTypeError, TypeError, psycopg.Error) as e:
-                if (
-                    c is not None
-                    and sig.get("field_id") in text_field_ids
-                    and _plain_string(c)
-                    and (not sig.get("attnum") or sig.get("attnum") == c.attnum)
-                ):
-                    log.warning(
-                        "table %s: type oid %s of column %s no longer exists (%s); reading it as its current "
-                        "type %s (both are text in the mirror)",
-                        qualified_name,
-                        sig["oid"],
-                        sig["name"],
-                        e,
-                        c.type_name,
+                cols.append(
+                    _apply_signature(
+                        _gone_type_column(qualified_name, sig, c, e, text_field_ids, field_types, unresolved), sig
                     )
-                    spec = copy.copy(c)
-                    spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
-                    cols.append(_apply_signature(spec, sig))
-                    continue
-                fid = int(sig.get("field_id") or 0)
-                if unresolved is not None and field_types is not None and fid in field_types:
-                    unresolved.append(
-                        f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no "
-                        f"longer be resolved ({e})"
-                    )
-                    gone = ColumnSpec(
-                        sig["name"], sig["oid"], sig["typmod"], f"type oid {sig['oid']}", field_types[fid]
-                    )
-                    gone.decl_oid, gone.decl_typmod = sig["oid"], sig["typmod"]
-                    cols.append(_apply_signature(gone, sig))
-                    continue
-                raise UnsupportedTypeError(
-                    f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
-                    f"be resolved ({e})"
-                ) from None
+                )
+                continue
             spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
             cols.append(_apply_signature(spec, sig))
     keys = list(current.key_columns if key is None else key)
@@ -480,6 +451,49 @@ def describe_mirrored(
     out.current_columns = current_names
     out.catalog_lsn = current.catalog_lsn
     return out
+
+
+def _gone_type_column(
+    qualified_name: str,
+    sig: ColumnSignature,
+    current: ColumnSpec | None,
+    error: Exception,
+    text_field_ids: Collection[int],
+    field_types: Mapping[int, pa.DataType] | None,
+    unresolved: list[str] | None,
+) -> ColumnSpec:
+    """The column spec of a mirrored column whose saved type oid (``sig``) could not be resolved
+    (``error``), as :func:`describe_mirrored` documents: read as its ``current`` type when both are
+    plain strings in the mirror, else kept with the mirror's Arrow type and reported in ``unresolved``,
+    else :class:`UnsupportedTypeError` naming table, column and type oid."""
+    if (
+        current is not None
+        and sig.get("field_id") in text_field_ids
+        and _plain_string(current)
+        and (not sig.get("attnum") or sig.get("attnum") == current.attnum)
+    ):
+        log.warning(
+            "table %s: type oid %s of column %s no longer exists (%s); reading it as its current "
+            "type %s (both are text in the mirror)",
+            qualified_name,
+            sig["oid"],
+            sig["name"],
+            error,
+            current.type_name,
+        )
+        spec = copy.copy(current)
+    else:
+        fid = int(sig.get("field_id") or 0)
+        msg = (
+            f"table {qualified_name}: mirrored column {sig['name']} (type oid {sig['oid']}) can no longer "
+            f"be resolved ({error})"
+        )
+        if unresolved is None or field_types is None or fid not in field_types:
+            raise UnsupportedTypeError(msg) from None
+        unresolved.append(msg)
+        spec = ColumnSpec(sig["name"], sig["oid"], sig["typmod"], f"type oid {sig['oid']}", field_types[fid])
+    spec.decl_oid, spec.decl_typmod = sig["oid"], sig["typmod"]
+    return spec
 
 
 def _plain_string(c: ColumnSpec) -> bool:
