@@ -80,15 +80,14 @@ class KeyLookup:
         Hashed keys are re-checked on every hit (module docstring): a text value is compared as text, a
         typed value (sealed batch or data file) with the key decoded by the table's own decoder;
         NULL equals NULL and NaN equals NaN, as for a row identity."""
-        typed: Any = None
+        typed: pa.RecordBatch | None = None
         for j, (i, kv) in enumerate(zip(self._key_idx, key_vals)):
             v = vals[i]
             if isinstance(v, Carried):
                 if typed is None:
                     specs = [self.schema.columns[k] for k in self._key_idx]
-                    typed = decode_text_columns(specs, [[x] for x in key_vals], column_major=True).to_pylist()[0]
-                    typed = [typed[c.name] for c in specs]
-                if not _same_value(v.value, typed[j]):
+                    typed = decode_text_columns(specs, [[x] for x in key_vals], column_major=True)
+                if not same_scalar(v.scalar, typed.column(j)[0]):
                     return False
             elif v != kv:
                 return False
@@ -117,17 +116,7 @@ class KeyLookup:
                 if isinstance(v, Carried):
                     if typed is None:
                         typed = decode_text_columns(self.schema.columns, [[x] for x in old], column_major=True)
-                    t = typed.column(i)[0]
-                    if not (
-                        v.scalar.equals(t)
-                        or (
-                            pa.types.is_floating(t.type)
-                            and t.is_valid
-                            and v.scalar.is_valid
-                            and t.as_py() != t.as_py()
-                            and v.value != v.value
-                        )
-                    ):
+                    if not same_scalar(v.scalar, typed.column(i)[0]):
                         same = False
                         break
                 elif v != o:
@@ -215,7 +204,17 @@ class KeyLookup:
         return out
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    if a == b:
+def same_scalar(a: pa.Scalar, b: pa.Scalar) -> bool:
+    """Do two Arrow scalars hold the same value (NULL equals NULL, NaN equals NaN)? Compared as Arrow
+    values, never as Python ones: timestamp and date ``infinity``, BC values and years past 9999 have
+    no Python value (``as_py`` raises). ``b`` is cast to ``a``'s type when they differ (False when it
+    cannot be)."""
+    if not a.type.equals(b.type):
+        try:
+            b = b.cast(a.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return False
+    if a.equals(b):
         return True
-    return isinstance(a, float) and isinstance(b, float) and a != a and b != b  # NaN
+    nan = pa.types.is_floating(a.type) and a.is_valid and b.is_valid
+    return bool(nan and a.as_py() != a.as_py() and b.as_py() != b.as_py())
