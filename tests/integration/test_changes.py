@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from collections import Counter
 from itertools import combinations
 
 import psycopg
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -345,3 +347,89 @@ def test_changes_older_than_expired_snapshots_name_the_oldest_lsn(pg_dsn, state_
         old = mooncake(s, "changes", "ex", "--since", str(first))
         assert old.returncode == 1 and old.stderr.strip().count("\n") == 0
         assert "table ex:" in old.stderr and f"the oldest available LSN is {oldest}" in old.stderr
+
+
+DK_KEYS = ["a,b", 'q"uote', "it's", "NULL", "\\N", "", "ünï©ødé ✓ 🦆", "tab\tnew\nline", "back\\slash", "{a,b}"]
+
+
+def test_keys_feed_from_delete_logs_equals_the_files_for_a_composite_key_of_many_types(pg_dsn, state_dir):
+    """A primary key of timestamptz (±infinity, BC), text (commas, quotes, backslashes, 'NULL', '\\N',
+    '', unicode, control characters), numeric (NaN, long values) and uuid, in an order that is not the
+    table's: the initial copy writes the rows, the deletes' keys come from pgoutput. The keys feed takes
+    them from the persist's delete log; it equals the full-row feed's deleted keys (read from the
+    files), and the feed after the log file is removed (keys read from the files). Pending deletes in
+    the buffer window the same."""
+    from mooncake_assets.engine.iceberg import SUMMARY_DELETE_LOG
+
+    _sql(
+        pg_dsn,
+        "CREATE TABLE dk (t text, v text, u uuid, n numeric, ts timestamptz, PRIMARY KEY (ts, t, n, u))",
+        "INSERT INTO dk SELECT k.t, 'v' || g || '.' || k.i, md5(g::text || k.t)::uuid,"
+        " CASE g % 3 WHEN 0 THEN 'NaN'::numeric WHEN 1 THEN g / 8.0 ELSE -g * 1000000000000000000000.5 END,"
+        " CASE (g + k.i) % 4 WHEN 0 THEN 'infinity'::timestamptz WHEN 1 THEN '-infinity'"
+        " WHEN 2 THEN timestamptz '0044-03-15 12:00:00+00 BC' + g * interval '1 us'"
+        " ELSE timestamptz '2024-02-29 12:34:56.789+05:30' END"
+        " FROM unnest(ARR::text[]) WITH ORDINALITY k(t, i), generate_series(1, 4) g".replace("ARR", _pg_array(DK_KEYS)),
+    )
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    key = ["ts", "t", "n", "u"]
+    text_rows = "SELECT ts::text, t, n::text, u::text, v FROM dk"
+    with running_service(s) as client:
+        client.call("create_table", dst="dk", src="public.dk")
+        a = _snapshot_lsn(s, "dk")
+        before = set(_text_rows(pg_dsn, text_rows))
+        _sql(
+            pg_dsn,
+            "DELETE FROM dk WHERE v LIKE 'v1.%' OR v LIKE '%.3'",
+            "UPDATE dk SET v = v || 'x' WHERE v LIKE 'v2.%'",  # the key unchanged: no old key sent
+            "UPDATE dk SET t = t || '!' WHERE v LIKE 'v3.%'",  # a key change
+        )
+        client.wait_lsn(_lsn(pg_dsn))
+        client.call("persist", table="dk")
+        b = _snapshot_lsn(s, "dk")
+        after = set(_text_rows(pg_dsn, text_rows))
+        _sql(pg_dsn, "DELETE FROM dk WHERE v LIKE 'v4.%'")  # pending in the buffer window
+        now = Lsn.parse(_lsn(pg_dsn))
+        client.wait_lsn(str(now))
+        pending = len(after - set(_text_rows(pg_dsn, text_rows)))
+        summary = _current_summary(s, "dk")
+        assert summary.get(SUMMARY_DELETE_LOG), summary
+        want = len(before - after)
+        assert want >= 25
+
+        def deleted(feed):
+            return feed.filter(pc.equal(feed.column("_change"), "delete")).select(key)
+
+        feeds = {}
+        for lo, hi in [(a, b), (b, now), (a, now)]:
+            _, keys = client.changes("dk", str(Lsn(lo)), str(Lsn(hi)), deletes="keys")
+            _, full = client.changes("dk", str(Lsn(lo)), str(Lsn(hi)))
+            assert deleted(keys).equals(deleted(full)), (Lsn(lo), Lsn(hi))
+            feeds[lo, hi] = keys
+        assert deleted(feeds[a, b]).num_rows == want
+        assert deleted(feeds[b, now]).num_rows == pending == 9
+        os.remove(summary[SUMMARY_DELETE_LOG].removeprefix("file://"))  # now read from the data files
+        for (lo, hi), keys in feeds.items():
+            _, again = client.changes("dk", str(Lsn(lo)), str(Lsn(hi)), deletes="keys")
+            assert again.equals(keys), (Lsn(lo), Lsn(hi))
+
+
+def _pg_array(values: list[str]) -> str:
+    """``values`` as a Postgres text array literal (E'' string, each element double-quoted)."""
+    body = ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return "E'{" + body.replace("\\", "\\\\").replace("'", "''") + "}'"
+
+
+def _text_rows(dsn: str, query: str) -> list[tuple]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute(query).fetchall()
+
+
+def _current_summary(s, table: str) -> dict[str, str]:
+    from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
+    from mooncake_assets.engine.storage import catalog_properties
+
+    ice = IcebergMirrorTable.load(
+        make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s)), f"mooncake.{table}"
+    )
+    return dict(ice.table.metadata.current_snapshot().summary.additional_properties)
