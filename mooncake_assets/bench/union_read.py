@@ -46,8 +46,11 @@ size (``Sizes.union_rows``, 5M by default) every other reader is timed.
 
 The reader memoizes decoded deletion vectors and per-file read plans by the vectors' bytes
 (:mod:`mooncake_assets.engine.read.plan`), so from the second round on it reads like a long-lived
-reader of an unchanged table; the ReadState itself (Flight round trip, bitmaps serialized by the
-service) and the Parquet reads are paid in every round. The readers are built once per run
+reader of an unchanged table. The Flight server publishes its service lock's epoch on the read board
+(:mod:`mooncake_assets.engine.service.board`) as the service does; the tables do not change while
+they are read, so from the second query on the client answers ``read_states`` from the board (no
+round trip) and the reader's views stand, as for any long-lived reader of an unchanged table; the
+Parquet reads are paid in every round. The readers are built once per run
 (:func:`make_readers`) and reused by every round.
 
 Fixed cost per query (``fixed_ms_per_query``): the same readers on a tiny table (:data:`TINY_ROWS`
@@ -148,7 +151,16 @@ class _Service:
     """The part of ReplicatorService the Flight server calls for reads, over in-process MirrorTables."""
 
     def __init__(self, tables: dict):
+        from ..engine.service.board import EpochLock
+
         self.tables = tables
+        # as the service's: the Flight front publishes its epoch on the read board (engine/service/board.py);
+        # the bench's tables do not change while they are read, so the epoch stays
+        self.lock = EpochLock()
+
+    def board_applied_lsn(self) -> int:
+        """Every LSN is applied (:meth:`wait_lsn`)."""
+        return 2**64 - 1
 
     def read_state(self, name: str, lsn=None, known=None):
         t = self.tables[name]
@@ -156,7 +168,8 @@ class _Service:
 
     def read_states(self, names: list, lsn=None, known=None) -> list:
         """As ``ReplicatorService.read_states``: a held state's rows are not gathered again."""
-        return [self.read_state(n, lsn, (known or {}).get(n)) for n in names]
+        with self.lock.reading():
+            return [self.read_state(n, lsn, (known or {}).get(n)) for n in names]
 
     def status(self) -> dict:
         return {"tables": [{"name": n, "state": "ready"} for n in self.tables]}

@@ -82,10 +82,11 @@ def test_one_long_lived_reader_equals_postgres_across_every_change(m):
         _applied(m)
         m.call("persist", table="wr")
         _equal(m, r, "the deletes committed as deletion vectors")
-        hits, unchanged = r.cache.hits, m.client.unchanged
+        hits, unchanged = r.cache.hits, m.client.unchanged + m.client.skipped
         _equal(m, r, "nothing")  # nothing changed: footers, vectors and plans come from the cache
         assert r.cache.hits > hits
-        assert m.client.unchanged > unchanged  # and the service sent only the LSN, not the state again
+        # and the service sent only the LSN, not the state again, or was not asked (its read board)
+        assert m.client.unchanged + m.client.skipped > unchanged
         m.sql("DELETE FROM wr WHERE id % 7 = 0")
         _applied(m)
         m.call("persist", table="wr")
@@ -111,5 +112,51 @@ def test_one_long_lived_reader_equals_postgres_across_every_change(m):
             "INSERT INTO wr (id, a, c) SELECT g, g, g FROM generate_series(500, 520) g", "DELETE FROM wr WHERE id < 100"
         )
         _equal(m, r, "deletes of compacted files and new in-memory rows")
+    finally:
+        r.close()
+
+
+class _CountingFlight:
+    """The client's real FlightClient, counting the calls made through it."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def do_action(self, *a, **kw):
+        self.calls += 1
+        return self.inner.do_action(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_read_board_skips_the_round_trip_only_while_nothing_changed(m):
+    """The warm reader's fast path (engine/service/board.py): a query after no change makes no Flight
+    call at all (the client answers from the read board) and returns the same rows; a query after a
+    change committed in Postgres always sees it (read-your-writes), in every round."""
+    m.sql("CREATE TABLE rb (id int PRIMARY KEY, a int)", "INSERT INTO rb SELECT g, g FROM generate_series(1, 200) g")
+    m.create("rb")
+    r = UnionReader(m.client, m.dsn)
+    sql = "SELECT count(*) AS n, sum(a) AS s FROM rb"
+    try:
+        r.query(sql)
+        counting = _CountingFlight(m.client._conn())
+        m.client._client = counting
+        skipped = 0
+        for i in range(20):
+            calls, before = counting.calls, m.client.skipped
+            got = _plain(r.query(sql).to_pylist())  # nothing changed since the last query
+            assert got == _plain(_pg(m, sql)), f"round {i}: unchanged"
+            if m.client.skipped > before:  # answered from the board: no call at all
+                assert counting.calls == calls, f"round {i}: a skipped read made a Flight call"
+                skipped += 1
+            else:  # the board moved (a keepalive, the idle budget check): one round trip, as before
+                assert counting.calls == calls + 1, f"round {i}"
+            m.sql(f"UPDATE rb SET a = a + {i + 1} WHERE id = {i + 1}")  # a change right before the query
+            calls, before = counting.calls, m.client.skipped
+            got = _plain(r.query(sql).to_pylist())
+            assert got == _plain(_pg(m, sql)), f"round {i}: the update of id {i + 1} is not seen"
+            assert m.client.skipped == before and counting.calls == calls + 1, f"round {i}: a change was skipped"
+        assert skipped >= 10, f"the fast path was taken in {skipped} of 20 unchanged rounds"
     finally:
         r.close()

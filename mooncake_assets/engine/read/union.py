@@ -233,7 +233,9 @@ class UnionReader:
     read-your-writes barrier, and its :class:`~.cache.ReadCache` (Parquet footers, decoded deletion
     vectors, plans and keep masks of the files still read). Per query it then pays one
     ``pg_current_wal_lsn()`` (with a DSN), **one** round trip to the service (wait, ReadStates and
-    in-memory rows together: :class:`BatchedStateSource`) and what changed. :meth:`close` ends the
+    in-memory rows together: :class:`BatchedStateSource`) and what changed; while nothing changed in
+    the service (its read board, :mod:`..service.board`), not even that round trip, and no
+    registration either (the client returns the same ReadState objects, whose views stand). :meth:`close` ends the
     connections. One thread at a time.
     """
 
@@ -270,6 +272,9 @@ class UnionReader:
         self._mem_tables: dict[str, pa.Table] = {}  # view -> the rows its __mc_memt_ temp table holds
         self._masked: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its arrow-mode files and columns, their rows)
         self._dirty_tables: dict[str, Any] = {}  # view -> the files and columns its __mc_dirtyt_ temp table holds
+        # view -> (the ReadState object, mode, columns) query() last registered it over: the same object
+        # again (ServiceClient.read_states answered from the read board) needs no registration at all
+        self._fresh: dict[str, tuple[ReadState, str, list[str] | None]] = {}
 
     def barrier(self) -> str | None:
         """Wait until the service has applied everything committed in Postgres so far; returns that LSN."""
@@ -394,6 +399,7 @@ class UnionReader:
         rows ``mem``, applying deletes the ``mode`` way (module docstring)."""
         if mode not in ("lazy", "arrow", "anti"):
             raise ValueError(f"mode must be lazy, arrow or anti, not {mode!r}")
+        self._fresh.pop(view, None)
         storage = rs.storage
         if storage and storage != self._storage:  # object store: the service's endpoint, our credentials
             ensure_duckdb_store(self.con, storage)
@@ -588,13 +594,16 @@ class UnionReader:
         _raise_refused(info.refused)
         match = sorted(info.tables) if tables is None and info.parsed else None
         for t, got in self._fetch(tables, match, lsn, self._barrier_lsn() if lsn is None else lsn):
-            rs, mem = got.with_(mem=None), cast(pa.Table, got.mem)
             mode, cols = self.mode, None
             if mode == "auto":
-                mode = "arrow" if info.whole or _few_live_rows(rs) else "lazy"
+                mode = "arrow" if info.whole or _few_live_rows(got) else "lazy"
             if mode == "arrow" and info.columns is not None:
-                cols = [c for c in rs.schema if c.lower() in info.columns] or list(rs.schema[:1])
-            self.register_state(rs, mem, t, columns=cols, mode=mode)
+                cols = [c for c in got.schema if c.lower() in info.columns] or list(got.schema[:1])
+            last = self._fresh.get(t)
+            if last is not None and last[0] is got and last[1] == mode and last[2] == cols:
+                continue  # the very state the view was registered over (the client's board fast path)
+            self.register_state(got.with_(mem=None), cast(pa.Table, got.mem), t, columns=cols, mode=mode)
+            self._fresh[t] = (got, mode, cols)
         return self._execute(sql, params)
 
     def _execute(self, sql: str, params: list[Any] | None) -> pa.Table:
@@ -647,6 +656,7 @@ class UnionReader:
         finally:
             self.con.execute(f"DROP VIEW IF EXISTS {_ident(view)}")
             self._views.pop(view, None)
+            self._fresh.pop(view, None)
             self._drop_dv_table(view, f"__mc_dv_{view}")
             self._drop_mem_table(view)
             self._mem.pop(view, None)

@@ -19,6 +19,7 @@ import pyarrow.flight as flight
 
 from ..lsn import Lsn
 from ..table.read_state import ReadState
+from .board import BoardReader, board_path
 
 #: the client holds the in-memory rows of the tables it last read between ``read_states`` calls, up to
 #: this many bytes in all and this many tables (the least recently read dropped first; a reader
@@ -44,6 +45,11 @@ class ServiceClient:
         self._client: Any = None  # a pyarrow FlightClient once connected (pyarrow has no type information)
         self._held: dict[str, tuple[str, ReadState]] = {}  # name -> (token, its last ReadState with rows)
         self.unchanged = 0  # read_states answers that were "unchanged" (the held state at a new LSN)
+        self.board = BoardReader(board_path(self.socket_path))
+        # (tables, match) -> (board incarnation, epoch, the answer) of the last read_states at the
+        # applied LSN, while its rows are within HOLD_BYTES (read_states' fast path)
+        self._answers: dict[tuple[Any, Any], tuple[int, int, list[ReadState]]] = {}
+        self.skipped = 0  # read_states calls answered from the board, without a round trip
 
     def _conn(self) -> flight.FlightClient:
         if self._client is None:
@@ -110,7 +116,17 @@ class ServiceClient:
 
         The client holds the last state of each table (rows: :data:`HOLD_BYTES` in all) with its token:
         when the service finds a table unchanged it sends only the new LSN, and the state returned
-        is the held one (the same ``mem`` object) at that LSN. ``unchanged`` counts such answers."""
+        is the held one (the same ``mem`` object) at that LSN. ``unchanged`` counts such answers.
+
+        **No round trip** when the service's read board (:mod:`.board`) shows the incarnation and epoch
+        the last answer to the same ``tables``/``match`` (at the applied LSN, ``lsn`` None) was taken at,
+        and an applied LSN at or past ``wait_lsn``: nothing any reader sees has changed since, so that
+        answer (the same objects) is returned. ``skipped`` counts such calls."""
+        req = (tuple(tables) if tables is not None else None, tuple(match) if match is not None else None)
+        if lsn is None:
+            fast = self._from_board(req, wait_lsn)
+            if fast is not None:
+                return fast
         held = dict(self._held)  # this call's view of the held states (another thread may replace them)
         if tables is not None:
             held = {t: v for t, v in held.items() if t in tables}
@@ -129,7 +145,7 @@ class ServiceClient:
         try:
             results = iter(self._conn().do_action(flight.Action("read_states", json.dumps(body).encode()), opts))
             head = json.loads(next(results).body.to_pybytes())
-            out = []
+            out: list[ReadState] = []
             for wire in head["states"]:
                 if wire.get("same") is not None:  # unchanged: the held state and rows, at the new LSN
                     token, same = held[wire["key"]]  # the service answers so only to a token sent from held
@@ -148,7 +164,27 @@ class ServiceClient:
             raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None
         except flight.FlightError as e:
             raise ServiceError(_clean(e)) from None
-        return out
+        board = head.get("board")
+        self._answers.pop(req, None)
+        if lsn is None and board is not None and sum(cast(pa.Table, rs.mem).nbytes for rs in out) <= HOLD_BYTES:
+            self._answers[req] = (int(board["incarnation"]), int(board["epoch"]), out)
+            while len(self._answers) > HOLD_TABLES:
+                self._answers.pop(next(iter(self._answers)))
+        return list(out)
+
+    def _from_board(self, req: tuple[Any, Any], wait_lsn: str | None) -> list[ReadState] | None:
+        """The last answer to ``req`` when the read board shows it is still the service's answer (same
+        incarnation and epoch; applied LSN at or past ``wait_lsn``), else None (take the round trip)."""
+        last = self._answers.get(req)
+        if last is None:
+            return None
+        snap = self.board.snapshot()
+        if snap is None or snap.incarnation != last[0] or snap.epoch != last[1]:
+            return None
+        if wait_lsn is not None and snap.applied < Lsn.parse(wait_lsn):
+            return None
+        self.skipped += 1
+        return list(last[2])
 
     def _hold(self, key: str | None, token: str | None, rs: ReadState) -> None:
         """Keep ``rs`` (with its rows) under ``key`` (the name the service answered it for) and its
@@ -207,6 +243,8 @@ class ServiceClient:
             except Exception:
                 pass
             self._client = None
+        self._answers.clear()
+        self.board.close()
 
 
 def _clean(e: Exception) -> str:

@@ -23,7 +23,10 @@ version of the in-memory rows, or for services without one :func:`state_token`; 
 the LSN either way) and ``key`` (the name it was
 asked by, or its registry name); a client that holds a state sends ``known {key: token}``, and a
 state whose token is unchanged comes back as ``{"key", "table", "lsn", "same": token}`` without its
-rows (nothing else travels). The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
+rows (nothing else travels). A service with a read board (:mod:`.board`) adds ``"board":
+{"incarnation", "epoch"}`` to the JSON result: the board's epoch the states were taken at (one hold
+of the service lock), with which a client that holds the answer may skip the next round trip while
+the board shows that epoch. The socket is ``0600`` (owner only). ``do_get(ticket)`` streams the in-memory rows captured by ``read_state`` (once; tickets
 expire after 10 minutes). Errors reach the client as one-line Flight errors.
 """
 
@@ -47,6 +50,7 @@ import pyarrow.flight as flight
 from ..lsn import Lsn
 from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
+from .board import Board, EpochLock, board_path
 from .config import ServiceConfig
 from .process import select_memory_pool
 from .service import MooncakeError, ReplicatorService
@@ -71,6 +75,13 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         self.socket_path = socket_path
         self._tickets: dict[str, tuple[float, pa.Table]] = {}
         self._tlock = threading.Lock()
+        # the read board (board.py): published under the service's EpochLock; services without one
+        # (in-process doubles) have none, and their readers always take the round trip
+        self.board: Board | None = None
+        lock, applied = getattr(service, "lock", None), getattr(service, "board_applied_lsn", None)
+        if isinstance(lock, EpochLock) and applied is not None:
+            self.board = Board(board_path(socket_path))
+            lock.attach(self.board, applied)
 
     # ------------------------------------------------------------------ actions
     def do_action(self, context: Any, action: Any) -> Iterator[Any]:
@@ -203,7 +214,14 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         states, mems = [], []
         together = getattr(s, "read_states", None)  # one lock hold: a transaction is in every table or none
         asked = {n: known[n] for n in names if n in known}
-        got = together(names, lsn, asked) if together is not None else [s.read_state(n, lsn) for n in names]
+        board: dict[str, int] | None = None
+        if self.board is not None:  # the epoch these states are at, taken in the same hold (board.py)
+            lock = s.lock
+            with lock.reading():
+                board = {"incarnation": self.board.incarnation, "epoch": lock.epoch}
+                got = together(names, lsn, asked) if together is not None else [s.read_state(n, lsn) for n in names]
+        else:
+            got = together(names, lsn, asked) if together is not None else [s.read_state(n, lsn) for n in names]
         for name, rs in zip(names, got):
             if rs.token is not None and rs.token == known.get(name):  # the service's token: nothing serialized
                 states.append({"key": name, "table": rs.table, "lsn": str(rs.lsn), "same": rs.token})
@@ -221,7 +239,10 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
                 continue
             states.append({**wire, "key": name, "token": token})
             mems.append(rows)
-        yield flight.Result(json.dumps({"states": states}, default=str).encode())
+        head: dict[str, Any] = {"states": states}
+        if board is not None:
+            head["board"] = board
+        yield flight.Result(json.dumps(head, default=str).encode())
         for rows in mems:
             yield flight.Result(rows)
 
@@ -242,8 +263,19 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
 
     def _shutdown_soon(self) -> None:
         time.sleep(0.2)
+        self.close_board()
         self.service.stop()
         self.shutdown()
+
+    def close_board(self) -> None:
+        """Stop publishing on the read board and remove it (readers then take the round trip, which
+        tells them the service is gone)."""
+        if self.board is not None:
+            lock = getattr(self.service, "lock", None)
+            if isinstance(lock, EpochLock):
+                lock.detach()
+            self.board.close()
+            self.board = None
 
     # ------------------------------------------------------------------ streams
     def do_get(self, context: Any, ticket: Any) -> Any:
@@ -283,6 +315,7 @@ def serve(config: ServiceConfig, ready_cb: Callable[[], object] | None = None) -
     try:
         server.serve()
     finally:
+        server.close_board()
         try:
             if pidfile.exists() and pidfile.read_text().strip() == str(os.getpid()):
                 pidfile.unlink()

@@ -9,8 +9,8 @@ mypy checks that :class:`~.service.ReplicatorService` (which hands ``self`` to t
 ================================  ===========================================================  =====================
 role                              attributes                                                   used by
 ================================  ===========================================================  =====================
-:class:`SharedState`              ``reg`` (TableRegistry), ``lock`` (the service's RLock),      the other ``*Host``s
-                                  ``config`` (ServiceConfig)
+:class:`SharedState`              ``reg`` (TableRegistry), ``lock`` (the service lock,         the other ``*Host``s
+                                  an EpochLock), ``config`` (ServiceConfig)
 :class:`SchedulerHost`            SharedState + ``stream`` (:class:`StopsTables`)               ``PersistScheduler``
 :class:`SourceState`              SharedState + ``source_catalog`` (SourceCatalog)              the two below
 :class:`StreamHost`               SourceState + ``persister`` (:class:`Ticks`), ``generated``   ``StreamLoop``
@@ -29,7 +29,6 @@ Nothing here runs: the Protocols are never checked with ``isinstance``.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Protocol
 
 from pyiceberg.catalog import Catalog
@@ -38,6 +37,7 @@ from ..cdc.generated import GeneratedColumns
 from ..pg.catalog import SourceCatalog
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
+from .board import EpochLock
 from .config import ServiceConfig
 from .memory import MemoryBudget
 from .registry import TableRegistry
@@ -62,7 +62,7 @@ class SharedState(Protocol):
     @property
     def reg(self) -> TableRegistry: ...
     @property
-    def lock(self) -> threading.RLock: ...
+    def lock(self) -> EpochLock: ...
     @property
     def config(self) -> ServiceConfig: ...
 
@@ -142,7 +142,7 @@ class VerifierHost(Protocol):
     reads mirrors the way a client would, through ``read_state`` and ``wait_lsn``)."""
 
     @property
-    def lock(self) -> threading.RLock: ...
+    def lock(self) -> EpochLock: ...
     @property
     def dsn(self) -> str: ...
     @property

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import logging
-import threading
 from os import PathLike
 from typing import Any, cast
 
@@ -32,6 +31,7 @@ from ..pg.catalog import describe_mirrored
 from ..pg.conninfo import with_options
 from ..private import write_private
 from ..table.mirror import MirrorTable
+from .board import EpochLock
 from .config import ServiceConfig
 from .errors import MooncakeError
 
@@ -55,7 +55,7 @@ class TableRegistry:
     ``lock`` is the service lock: callers hold it around every change of ``tables``, ``by_oid``,
     ``copying`` and ``doc`` (the methods below that take it say so)."""
 
-    def __init__(self, config: ServiceConfig, catalog: Catalog, lock: threading.RLock) -> None:
+    def __init__(self, config: ServiceConfig, catalog: Catalog, lock: EpochLock) -> None:
         self.config = config
         self.dsn = config.dsn
         self.catalog = catalog

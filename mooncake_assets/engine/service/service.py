@@ -19,7 +19,6 @@ Everything the service runs with comes in one :class:`~.config.ServiceConfig`.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, cast
 
@@ -41,6 +40,7 @@ from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
 from ..timefmt import utc_now
+from .board import EpochLock
 from .chunked import ChunkedCopies
 from .config import ServiceConfig
 from .cut import take_cut
@@ -64,7 +64,8 @@ class ReplicatorService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.dsn = config.dsn
-        self.lock = threading.RLock()
+        # the service lock; its epoch and the board let warm readers skip a round trip (board.py)
+        self.lock = EpochLock()
         self.catalog = make_catalog(config.catalog_uri, config.warehouse_uri, **storage.catalog_properties(config))
         self.storage_hints = storage.storage_hints(config)  # s3 endpoint etc. for union readers (no secrets)
         self.reg = TableRegistry(config, self.catalog, self.lock)
@@ -255,7 +256,7 @@ class ReplicatorService:
         hints for readers and its ``token``; ``mem`` None when ``known`` is that token
         (:meth:`~..table.mirror.MirrorTable.read_state`).
         Raises :class:`MooncakeError` (the table stops) on an undecodable buffered row."""
-        with self.lock:
+        with self.lock.reading():  # changes nothing: the board's epoch stays (an error counts as a change)
             t = self.table(name)
             try:
                 return t.read_state(lsn, known, self.storage_hints or None)
@@ -272,8 +273,12 @@ class ReplicatorService:
         that lock, so the states of a multi-table read are after the same transactions: a transaction
         that touched two tables is in both or in neither. Raises as :meth:`read_state`."""
         known = known or {}
-        with self.lock:
+        with self.lock.reading():
             return [self.read_state(n, lsn, known.get(n)) for n in names]
+
+    def board_applied_lsn(self) -> int:
+        """The applied LSN the read board publishes (:mod:`.board`): the stream's."""
+        return self.stream.applied_lsn
 
     def changes(
         self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0, deletes: str = "rows"
