@@ -84,6 +84,17 @@ def _sysbench_section(sb: dict) -> list[str]:
     return lines + [""]
 
 
+#: (reader, line style, colour) of the read-time plot: one of each per reader (by name, so a reader added
+#: to :data:`_SHORT` does not shift the others' lines onto each other's)
+_LINES = (
+    ("clean", ".-", "black"),
+    ("union", "o-", "tab:blue"),
+    ("union_cold", "o:", "tab:cyan"),
+    ("anti_join", "s--", "tab:orange"),
+    ("equality_deletes_model", "v:", "tab:green"),
+    ("duckdb_iceberg_v2_equality_deletes", "^-", "tab:red"),
+    ("duckdb_iceberg_v3", "D-", "tab:purple"),
+)
 _SHORT = {
     "clean": "clean",
     "union": "union",
@@ -395,8 +406,9 @@ def _union_read_time_plot(plt, ur: dict, path: Path) -> Path:
     of plots per table size; the union read's fixed cost per query as a dotted line."""
     secs = _sections(ur)
     names = ur.get("readers") or {r: r for r in _SHORT}
-    styles = dict(zip(_SHORT, (".-", "o-", "s--", "v:", "^-", "D-")))
-    colors = dict(zip(_SHORT, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    styles, colors = {}, {}
+    for r, style, color in _LINES:
+        styles[r], colors[r] = style, color
     fig, axes = plt.subplots(len(secs), 2, figsize=(11, 4.2 * len(secs)), squeeze=False)
     for row, (title, root) in zip(axes, secs):
         for ax, q in zip(row, ("scan", "filter")):
