@@ -414,11 +414,13 @@ class IcebergMirrorTable:
 
     # ----------------------------------------------------------------- reading snapshots
 
-    def state(self, snapshot_id: int | None = None, index: bool = True) -> PersistedState:
+    def state(self, snapshot_id: int | None = None, index: bool = True, refresh: bool = True) -> PersistedState:
         """The persisted state of the current snapshot (or of ``snapshot_id``, time travel), reloaded from the
-        catalog; ``index`` False: without the index blob (:func:`.state.read_state`). Raises
-        ``ValueError`` for an unknown ``snapshot_id``."""
-        self.refresh()
+        catalog (``refresh`` False: from the metadata as loaded last, for a caller that just reloaded it);
+        ``index`` False: without the index blob (:func:`.state.read_state`). Raises ``ValueError`` for an
+        unknown ``snapshot_id``."""
+        if refresh:
+            self.refresh()
         md = self._table.metadata
         if snapshot_id is None:
             snapshot = md.current_snapshot()

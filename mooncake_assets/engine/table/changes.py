@@ -402,8 +402,10 @@ def _snapshot_at(table: MirrorTable, cuts: list[SnapshotCut], lsn: int, live_lo:
 
 
 def _persisted(table: MirrorTable, snapshot_id: int) -> PersistedState:
+    """Snapshot ``snapshot_id``'s state without its index (the feed needs none), from the metadata that
+    :func:`snapshot_cuts` reloaded for this plan (no second catalog round trip)."""
     assert table.iceberg is not None  # a snapshot cut exists only with an Iceberg table
-    return cast("PersistedState", table.iceberg.state(snapshot_id, index=False))  # the feed needs no index
+    return cast("PersistedState", table.iceberg.state(snapshot_id, index=False, refresh=False))
 
 
 def _all_but(rows: int, deleted: BitMap64) -> BitMap64:
