@@ -776,7 +776,7 @@ def query(
     Read-only: statements other than SELECT/EXPLAIN are refused. NULL prints empty (json: null),
     booleans t/f, arrays as Postgres array text (json: arrays), infinity as infinity."""
     from .engine.lsn import Lsn
-    from .engine.read import UnionReader
+    from .engine.read import MirrorNotReadable, UnionReader
     from .engine.read.render import FORMATS
     from .engine.read.union import ReadOnlyError
     from .engine.service import ServiceError
@@ -801,6 +801,8 @@ def query(
         res = reader.query(sql, lsn=lsn)
     except ReadOnlyError as e:
         fail(str(e), code=2)
+    except MirrorNotReadable as e:  # copying, stopped, interrupted, or no such mirror: one line saying which
+        fail(str(e))
     except (TimeoutError, ServiceError) as e:
         hint = " (raise --max-wait, or read what is applied with --no-wait)" if str(e).startswith("timed out") else ""
         fail(str(e).splitlines()[0] + hint)

@@ -293,3 +293,85 @@ def test_login_refused_tells_a_refused_login_from_an_unreachable_source():
     ]
     assert all(login_refused(m) for m in refused)
     assert not any(login_refused(m) for m in transient)
+
+
+def test_a_read_of_a_name_that_is_no_readable_mirror_says_why(pg_dsn, state_dir):
+    """``mooncake query``, ``UnionReader.query`` and ``UnionReader.register``/``read_table`` (the Dagster IO
+    manager's read) of a mirror in its initial copy, of one whose copy a stop interrupted, and of a name
+    that is no mirror say which in one line (the mirror, its source, the command to run; the mirrors
+    there are) instead of DuckDB's "Table with name big does not exist!"."""
+    from mooncake_assets.engine.read import MirrorNotReadable, UnionReader
+    from mooncake_assets.engine.service import ServiceClient, ServiceError
+
+    from ..helpers import service_tables, wait_until
+
+    s = make_settings(state_dir, pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for t in ("a", "b", "big"):
+            c.execute(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+            c.execute(f"INSERT INTO {t} SELECT generate_series(1, 100)")
+
+    def every_read(expect: str) -> None:
+        r = mooncake(s, "query", "SELECT count(*) FROM Big", timeout=60)
+        assert r.returncode == 1 and r.stderr.strip() == f"error: {expect}", r.stderr
+        client = ServiceClient(s.socket_path)
+        reader = UnionReader(client, pg_dsn)
+        try:
+            try:
+                reader.query("SELECT count(*) FROM big")
+                raise AssertionError("read a mirror that is not readable")
+            except MirrorNotReadable as e:
+                assert str(e) == expect.replace("Big", "big"), e
+            for read in (lambda: reader.register("big"), lambda: reader.read_table("big")):
+                try:
+                    read()
+                    raise AssertionError("read a mirror that is not readable")
+                except ServiceError as e:
+                    assert str(e) == expect.replace("Big", "big"), e
+        finally:
+            reader.close()
+            client.close()
+
+    try:
+        mooncake(s, "create-table", "a", "public.a", check=True)
+        mooncake(s, "create-table", "b", "public.b", check=True)
+        every_read("no mirror named Big; mirrors: a, b (see `mooncake list-tables`)")
+        with psycopg.connect(pg_dsn) as lock:  # the copy waits for the lock: it stays in its initial copy
+            lock.execute("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
+            cmd = [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(state_dir), "--dsn", pg_dsn]
+            create = subprocess.Popen(
+                cmd + ["create-table", "big", "public.big"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            wait_until(lambda: service_tables(s).get("big", {}).get("state") == "copying", what="the copy")
+            r = mooncake(s, "query", "SELECT count(*) FROM big", timeout=60)
+            assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert "error: mirror big is still in its initial copy of public.big" in r.stderr, r.stderr
+            assert "it can be read once its create-table finishes; see `mooncake status`" in r.stderr, r.stderr
+            mooncake(s, "stop", check=True)
+        create.communicate(timeout=60)
+        mooncake(s, "start", check=True)
+        every_read(
+            "mirror Big's initial copy of public.big was interrupted (the service stopped during it) and nothing "
+            "of it is kept: run `mooncake create-table Big public.big` again".replace("Big", "big")
+        )
+        mooncake(s, "create-table", "big", "public.big", check=True)  # mirrored again: readable, not "interrupted"
+        r = mooncake(s, "query", "SELECT count(*) AS n FROM big", "--format", "csv", check=True)
+        assert r.stdout == "n\n100\n", r.stdout
+        assert json.loads(mooncake(s, "list-tables", "--json", check=True).stdout).get("interrupted") in (None, [])
+    finally:
+        mooncake(s, "stop")
+
+
+def test_a_stopped_mirror_that_cannot_be_read_names_its_lsn_and_reason():
+    """The one line for a mirror that status shows stopped (``error``) and for no mirrors at all."""
+    from mooncake_assets.engine.read.missing import explain_missing, missing_table
+
+    status = {
+        "tables": [
+            {"name": "big", "source": "public.big", "state": "error", "applied_lsn": "0/16B3748", "error": "boom"}
+        ]
+    }
+    assert explain_missing("BIG", status) == "mirror big is stopped at LSN 0/16B3748: boom; see `mooncake status`"
+    assert explain_missing("x", {"tables": []}).startswith("no mirror named x; there are no mirrors yet")
+    assert missing_table('Catalog Error: Table with name "main".big does not exist!\nDid you mean') == "big"
+    assert missing_table("Catalog Error: Function with name f does not exist!") is None

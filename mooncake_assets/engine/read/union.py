@@ -64,6 +64,7 @@ from ..storage.arrow_fs import arrow_source
 from ..storage.duckdb_s3 import ensure_duckdb_store, sql_str
 from ..table.read_state import FileState, ReadField, ReadState
 from .cache import DEFAULT_BUDGET, ReadCache
+from .missing import MirrorNotReadable, explain_missing, missing_table
 from .plan import FilePlan
 
 MODES = ("auto", "lazy", "arrow", "anti")
@@ -604,7 +605,24 @@ class UnionReader:
                 continue  # the very state the view was registered over (the client's board fast path)
             self.register_state(got.with_(mem=None), cast(pa.Table, got.mem), t, columns=cols, mode=mode)
             self._fresh[t] = (got, mode, cols)
-        return self._execute(sql, params)
+        try:
+            return self._execute(sql, params)
+        except duckdb.CatalogException as e:
+            self._raise_not_readable(e)
+            raise
+
+    def _raise_not_readable(self, e: duckdb.CatalogException) -> None:
+        """:class:`~.missing.MirrorNotReadable` saying why, when ``e`` is DuckDB's "Table with name X does
+        not exist" and the reader has a service to ask (copying, stopped, interrupted or no such mirror);
+        returns otherwise (the caller re-raises ``e``)."""
+        name = missing_table(str(e))
+        if name is None or self.client is None:
+            return
+        try:
+            status = self.client.status()
+        except Exception:  # the service's answer is only the explanation: keep DuckDB's error
+            return
+        raise MirrorNotReadable(explain_missing(name, status)) from None
 
     def _execute(self, sql: str, params: list[Any] | None) -> pa.Table:
         """Run a statement over the registered views. DuckDB 1.5 may push a join's bloom filter into the

@@ -307,6 +307,7 @@ class TableProvisioner:
                 **({"exclude": job.exclude} if job.exclude else {}),
             }
             self.reg.doc["admin_publication"] = self.config.publication
+            (self.reg.doc.get("interrupted") or {}).pop(job.dst, None)  # mirrored again: no longer interrupted
             self.svc.stream.pub_seen[job.dst] = copy_lsn
             self.reg.save()
             self.reg.progress.pop(job.dst, None)

@@ -30,6 +30,7 @@ from ..lsn import Lsn
 from ..pg.catalog import describe_mirrored
 from ..pg.conninfo import with_options
 from ..private import write_private
+from ..read.missing import explain_missing
 from ..table.mirror import MirrorTable
 from .board import EpochLock
 from .config import ServiceConfig
@@ -80,6 +81,7 @@ class TableRegistry:
                 )
                 self.drop_iceberg(name)
                 self.doc["tables"].pop(name)
+                self.doc.setdefault("interrupted", {})[name] = {"source": meta.get("source")}  # for a read of it
                 self.save()
                 continue
             storage.retry_call(
@@ -209,8 +211,34 @@ class TableRegistry:
         """The open mirror ``name``; ``MooncakeError`` naming it when there is none."""
         t = self.tables.get(name)
         if t is None:
-            raise MooncakeError(f"no mirrored table named {name!r} (see `mooncake list-tables`)")
+            raise MooncakeError(explain_missing(name, self.brief_status()))
         return t
+
+    def brief_status(self) -> dict[str, Any]:
+        """What :func:`~..read.missing.explain_missing` needs of ``status``, from the registry alone:
+        ``tables`` (name, source, state ``ready``/``error``/``copying``, applied LSN, error, copy
+        progress) and ``interrupted`` (initial copies a service stop interrupted)."""
+        tables: list[dict[str, Any]] = [
+            {
+                "name": n,
+                "source": t.source,
+                "state": "error" if t.error else "ready",
+                "applied_lsn": str(Lsn(t.applied_lsn)),
+                "error": t.error,
+            }
+            for n, t in self.tables.items()
+        ]
+        for cp in self.copying.values():
+            t = cp["table"]
+            tables.append(
+                {"name": t.name, "source": t.source, "state": "copying", "progress": self.progress.get(t.name)}
+            )
+        return {"tables": tables, "interrupted": self.interrupted()}
+
+    def interrupted(self) -> list[dict[str, Any]]:
+        """The initial copies a service stop interrupted (dropped at the next start), until create-table
+        makes a mirror of that name again: ``name``, ``source``."""
+        return [{"name": n, **m} for n, m in (self.doc.get("interrupted") or {}).items()]
 
     def refuse_second_mirror(self, dst: str, src: str, oid: int | None = None) -> None:
         """One mirror per source table: the stream routes a source's changes by its OID to one mirror, so

@@ -151,7 +151,14 @@ class ReplicatorService:
         self.discovery.start()
 
     def stop(self) -> None:
-        """Stop table discovery, the verifier, maintenance, persists and the stream; mark a clean stop."""
+        """Stop table discovery, the verifier, maintenance, persists and the stream; mark a clean stop.
+        Initial copies running now are recorded as interrupted (``status``' ``interrupted``)."""
+        with self.lock:
+            if self.reg.copying:
+                for cp in self.reg.copying.values():
+                    t = cp["table"]
+                    self.reg.doc.setdefault("interrupted", {})[t.name] = {"source": t.source}
+                self.reg.save()
         self.stream.request_stop()
         self.chunked.close()
         self.discovery.stop()
@@ -390,7 +397,8 @@ class ReplicatorService:
         ``stream_counts`` (since the start: ``reads``, the stream loop's iterations; ``batches``, those that
         read data; ``transactions``, transactions applied) and
         ``discovery`` (:meth:`.discovery.TableDiscovery.status`: None when off; its ``failed`` tables are
-        not in ``tables``, which lists mirrors only)."""
+        not in ``tables``, which lists mirrors only), ``interrupted`` (``name``, ``source``: initial copies a
+        service stop interrupted, until create-table makes that mirror again)."""
         src_lsn = self._source_lsn()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
@@ -435,6 +443,7 @@ class ReplicatorService:
                 )
             return {
                 "tables": tables,
+                "interrupted": self.reg.interrupted(),
                 "applied_lsn": str(Lsn(self.stream.applied_lsn)),
                 "source_lsn": str(Lsn(src_lsn)) if src_lsn is not None else None,
                 "confirmed_lsn": str(Lsn(self.stream.confirmed_lsn)),

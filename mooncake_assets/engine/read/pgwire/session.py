@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import duckdb
 import pyarrow as pa
 
+from ..missing import MirrorNotReadable
 from ..snapshots import CutMissing
 from ..union import ReadOnlyError
 from .arrays import ELEMENT_OF, convert, dimensions, uses_as_array
@@ -111,7 +112,7 @@ def sqlstate(e: BaseException) -> tuple[str, str]:
         return "0A000", msg
     if isinstance(e, Canceled):
         return "57014", "canceling statement due to user request"
-    if isinstance(e, CutMissing):
+    if isinstance(e, (CutMissing, MirrorNotReadable)):
         return "42P01", msg
     if isinstance(e, TimeoutError):
         return "57014", msg
