@@ -246,11 +246,21 @@ def read_logs(fileio: Any, locations: Sequence[str], key_schema: pa.Schema, extr
         files = t.column(FILE_COLUMN).dictionary_encode().combine_chunks()
         idx = np.asarray(files.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         pos = np.asarray(t.column(POS_COLUMN).to_numpy(), dtype=np.int64)
-        for c, name in enumerate(files.dictionary.to_pylist()):
+        names = files.dictionary.to_pylist()
+        if len(idx) and bool(np.all(idx[1:] >= idx[:-1])):  # grouped by file (a log file is): zero-copy slices
+            bounds = np.searchsorted(idx, np.arange(len(names) + 1)).tolist()
+            for c, name in enumerate(names):
+                lo, hi = bounds[c], bounds[c + 1]
+                parts.setdefault(name, []).append((pos[lo:hi], keys.slice(lo, hi - lo)))
+            continue
+        for c, name in enumerate(names):
             rows = np.flatnonzero(idx == c)
             parts.setdefault(name, []).append((pos[rows], keys.take(pa.array(rows))))
     out: Logged = {}
     for name, ps in parts.items():
+        if len(ps) == 1 and bool(np.all(ps[0][0][1:] > ps[0][0][:-1])):  # one log, ascending and distinct
+            out[name] = ps[0]
+            continue
         p = np.concatenate([x for x, _ in ps])
         k = pa.concat_tables([y for _, y in ps]).combine_chunks()
         p, first = np.unique(p, return_index=True)
@@ -266,6 +276,8 @@ def logged_keys(logged: Logged, location: str, positions: BitMap64) -> pa.Table 
         return None
     have, keys = got
     want = np.fromiter(positions, dtype=np.int64, count=len(positions))
+    if len(want) == len(have) and np.array_equal(have, want):  # (the usual case: the log holds just these)
+        return keys
     at = np.searchsorted(have, want)
     if (at >= len(have)).any() or not np.array_equal(have[np.minimum(at, len(have) - 1)], want):
         return None
