@@ -54,3 +54,41 @@ def test_dropped_source_table_leaves_a_read_only_mirror(pg_dsn, state_dir):
         assert set(_status(s)) == {"kept"}
     finally:
         stop_service(s)
+
+
+@pytest.mark.slow
+def test_a_mirror_whose_source_table_is_gone_at_a_restart_stays_readable(pg_dsn, state_dir):
+    """A restart after a source table was dropped (while its mirror ran: stopped then; or while the service
+    was down) starts the service (it failed with "LookupError: table public.x does not exist", so no mirror
+    could be read): such a mirror is opened stopped from its saved columns, its last state readable with the
+    warning, status saying why; the other mirror streams on, and drop-table removes the stopped one."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for t in ("run_src", "down_src", "kept_src"):
+            c.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text, n numeric(10,2))")
+            c.execute(f"INSERT INTO {t} SELECT g, 'v' || g, g / 4.0 FROM generate_series(1, 10) g")
+    s = make_settings(state_dir, pg_dsn)
+    try:
+        for t in ("run", "down", "kept"):
+            mooncake(s, "create-table", t, f"public.{t}_src", check=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("DROP TABLE run_src")
+        assert _status(s)["run"]["state"] == "error"
+        mooncake(s, "stop", check=True)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("DROP TABLE down_src")
+            c.execute("INSERT INTO kept_src VALUES (11, 'new', 1.5)")
+        mooncake(s, "start", check=True)
+        st = _status(s)
+        for t in ("run", "down"):
+            assert st[t]["state"] == "error" and f"source table public.{t}_src was dropped" in st[t]["error"], st[t]
+            r = mooncake(s, "query", f"SELECT count(*) AS n, sum(n) AS s FROM {t}", "--format", "json", check=True)
+            assert json.loads(r.stdout) == [{"n": 10, "s": 13.75}], r.stdout
+            assert f"warning: {t} is stopped" in r.stderr, r.stderr
+        assert st["kept"]["state"] == "ready", st["kept"]
+        r = mooncake(s, "query", "SELECT count(*) AS n FROM kept", "--format", "csv", check=True)
+        assert r.stdout == "n\n11\n", r.stdout
+        for t in ("run", "down"):
+            mooncake(s, "drop-table", t, check=True)
+        assert set(_status(s)) == {"kept"}
+    finally:
+        stop_service(s)

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import psycopg
 import pyarrow as pa
@@ -32,6 +32,7 @@ from psycopg.rows import TupleRow
 
 from ..faults import fault
 from .conninfo import with_options
+from .names import split_qualified_name
 from .partitions import TREE_CTE
 from .schema import (
     INT2VECTOR,
@@ -383,6 +384,7 @@ def describe_mirrored(
     text_field_ids: Collection[int] = (),
     field_types: Mapping[int, pa.DataType] | None = None,
     unresolved: list[str] | None = None,
+    oid: int | None = None,
 ) -> TableSchema:
     """The :class:`TableSchema` of a mirror whose columns are ``signature`` (see
     :func:`column_signature`), decoded with the source's current catalogs: columns that still exist
@@ -400,13 +402,33 @@ def describe_mirrored(
     :class:`UnsupportedTypeError` naming the table, column and type oid — unless ``unresolved`` (a list)
     is given and ``field_types`` (Iceberg field id -> the mirror's Arrow type) has the column: then the
     column keeps that Arrow type, undecodable (the caller stops the table), and one line naming table,
-    column and type oid is appended to ``unresolved``."""
+    column and type oid is appended to ``unresolved``.
+
+    ``oid``: the source relation's oid as the mirror recorded it. With it, a source table whose oid no
+    longer exists either (dropped while the mirror was stopped, or the service down) gives the schema of the
+    saved columns, their types resolved from their saved oids, with ``current_columns`` empty and
+    ``source_gone`` True (the caller keeps the mirror stopped and readable), instead of ``LookupError``."""
     column_types = dict(column_types or {})
     exclude = list(exclude or [])
     if not signature:
         return describe_table(conn, qualified_name, column_types=column_types, exclude=exclude)
     # a later column may not map, and a column named by an option may be gone since
-    current = describe_table(conn, qualified_name, skip_unsupported=True)
+    try:
+        current = describe_table(conn, qualified_name, skip_unsupported=True)
+    except LookupError:
+        if oid is None or conn.execute("SELECT 1 FROM pg_class WHERE oid = %s::oid", [oid]).fetchone():
+            raise  # a relation that still exists under its oid (renamed?) is not a dropped one
+        parts = split_qualified_name(qualified_name)
+        current = TableSchema(
+            schema=parts[0] if len(parts) > 1 else "public",
+            name=parts[-1],
+            oid=oid,
+            columns=[],
+            key_columns=list(key or []),
+            has_primary_key=bool(key),
+            replica_identity="d",
+        )
+        cast(Any, current).source_gone = True
     current.columns = [text_spec(c) if column_types.get(c.name) == "text" else c for c in current.columns]
     current_names = current.current_columns
     by_name = {c.name: c for c in current.columns}
@@ -449,6 +471,7 @@ def describe_mirrored(
         column_types=column_types,
     )
     out.current_columns = current_names
+    cast(Any, out).source_gone = getattr(current, "source_gone", False)
     out.catalog_lsn = current.catalog_lsn
     return out
 

@@ -172,6 +172,7 @@ class TableRegistry:
                 text_field_ids=text_ids,
                 field_types=field_types,
                 unresolved=unresolved,
+                oid=meta.get("oid"),
             )
         cast(Any, schema).hash_field_ids = hash_ids  # an extra attribute: MirrorTable reads it with getattr
         t = MirrorTable(name, meta["source"], schema, ice, self.config.state_dir / "tables" / name)
@@ -179,6 +180,13 @@ class TableRegistry:
         # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
         t.last_cleanup = cleanup_after_restore(t, interrupted=not clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see StreamLoop.ensure_slot)
+        if getattr(schema, "source_gone", False) and not t.error:  # dropped while the service was down
+            t.error = (
+                f"table {name}: source table {meta['source']} was dropped (found gone at a restart), so its changes "
+                f"are no longer sent: the mirror is stopped at LSN {Lsn(t.applied_lsn)}; drop the mirror (drop-table)"
+            )
+            log.error("%s", t.error)
+            self.mark_error(name, t.error)
         if unresolved and not t.error:
             t.error = (
                 f"{unresolved[0]} at LSN {Lsn(t.flush_lsn)}: the mirror is stopped there (its persisted rows "
