@@ -42,21 +42,21 @@ def _tick_line(client, reader, dsn: str, t0: float) -> str:
 
     st = client.status()  # the lag as it is now, before the comparison waits for the mirror
     row = next((t for t in st["tables"] if t["name"] == "pgbench_accounts"), {})
+    head = (
+        f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
+    )
     try:
         lsn, src, mir = balances_at_one_lsn(dsn, reader)
-    except (ServiceError, TimeoutError, psycopg.Error) as e:
-        lsn, src, mir = "?", [], [{"error": str(e).splitlines()[0]}]
+    except (ServiceError, TimeoutError, psycopg.Error) as e:  # a failed read is no comparison, not a difference
+        return head + f"not compared this time: {str(e).splitlines()[0]}"
     pg_txt = ", ".join(f"branch {r[0]}: {int(r[1])}" for r in src)
-    mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if "bid" in r) or str(mir)
+    mir_txt = ", ".join(f"branch {r['bid']}: {int(r['balance'])}" for r in mir if "bid" in r) or "no rows"
     same = (
         "same"
         if [(r[0], int(r[1])) for r in src] == [(r.get("bid"), int(r.get("balance") or 0)) for r in mir]
         else "DIFFERENT"
     )
-    return (
-        f"[{time.time() - t0:5.1f}s] lag {row.get('lag_bytes') or 0:>10,} bytes, {row.get('lag_seconds') or 0:.1f}s | "
-        f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})"
-    )
+    return head + f"at LSN {lsn}: postgres {pg_txt} | mirror {mir_txt} ({same})"
 
 
 def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int = 4, dagster: bool = False) -> int:
@@ -129,20 +129,33 @@ def run_demo(settings: Settings, seconds: int = 30, scale: int = 1, clients: int
     return run_verify(TABLES, "union", settings)
 
 
-def balances_at_one_lsn(dsn: str, reader) -> tuple[str, list[tuple], list[dict]]:
+def balances_at_one_lsn(dsn: str, reader, tries: int = 3) -> tuple[str, list[tuple], list[dict]]:
     """``QUERY`` on Postgres and on the mirror at one LSN. Postgres: in one transaction, ``LOCK TABLE
     pgbench_accounts IN SHARE MODE`` (waits for the writers in flight to commit, then holds new ones
     for the few milliseconds of the read), the query, and ``pg_current_wal_lsn()`` = L: every change of
     the table committed before L is in the result, none after it. The mirror is then read at exactly L
     once the service has applied it (``reader``: a UnionReader, which waits up to its ``wait_timeout``). (``verify``'s exported snapshot of a temporary slot is exact for
     every table at once, but under a steady load a slot waits for a running-transactions record, logged
-    every 15 s; the demo prints every few seconds.) Returns (L as text, Postgres's rows, the mirror's rows)."""
-    with psycopg.connect(dsn) as c:  # one transaction, committed on exit
-        c.execute("LOCK TABLE pgbench_accounts IN SHARE MODE")
-        src = c.execute(QUERY).fetchall()
-        lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-    mir = reader.query(QUERY, tables=["pgbench_accounts"], lsn=lsn).to_pylist()
-    return lsn, src, mir
+    every 15 s; the demo prints every few seconds.) Returns (L as text, Postgres's rows, the mirror's rows).
+
+    The service may flush the table past L (its own maintenance) before the mirror is read at L, which
+    it then refuses ("cannot read at LSN L"): the pair is taken again, ``tries`` times in all, before
+    that ``ServiceError`` is raised."""
+    from .engine.service import ServiceError
+
+    for attempt in range(tries):
+        with psycopg.connect(dsn) as c:  # one transaction, committed on exit
+            c.execute("LOCK TABLE pgbench_accounts IN SHARE MODE")
+            src = c.execute(QUERY).fetchall()
+            lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        try:
+            mir = reader.query(QUERY, tables=["pgbench_accounts"], lsn=lsn).to_pylist()
+        except ServiceError as e:
+            if "cannot read at LSN" not in str(e) or attempt == tries - 1:
+                raise
+            continue
+        return lsn, src, mir
+    raise AssertionError("unreachable")
 
 
 class _DagsterMaintenance:

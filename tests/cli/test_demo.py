@@ -45,3 +45,61 @@ def test_demo_verifies_and_leaves_persisted_state(state_dir):
     finally:
         stop_service(load_settings(state))
         EmbeddedPostgres(state).destroy()
+
+
+def test_a_flush_between_the_source_read_and_the_mirror_read_is_no_difference(pg_dsn, state_dir):
+    """The demo reads Postgres at LSN L, then the mirror at L. When the service flushes the table past L in
+    between (its own maintenance, under load), the read at L is refused: the pair is taken again, and a
+    tick line whose every try was refused says "not compared this time: …", never "(DIFFERENT)" (which
+    made a correct mirror look wrong). The flush is made to land there with the real service."""
+    import time
+
+    import psycopg
+
+    from mooncake_assets.demo import QUERY, _tick_line, balances_at_one_lsn
+    from mooncake_assets.engine.read import UnionReader
+    from mooncake_assets.engine.service import ServiceClient, ServiceError
+
+    from ..helpers import make_settings, mooncake
+
+    class FlushedFirst(UnionReader):
+        """A union reader before whose first ``flushes`` reads a commit lands and is flushed."""
+
+        flushes = 1
+
+        def query(self, sql, tables=None, lsn=None, params=None):
+            if self.flushes:
+                self.flushes -= 1
+                with psycopg.connect(pg_dsn, autocommit=True) as c:
+                    c.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
+                    now = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+                self.client.wait_lsn(now, timeout=30)
+                self.client.call("flush", table="pgbench_accounts")
+            return super().query(sql, tables=tables, lsn=lsn, params=params)
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE pgbench_accounts (aid int PRIMARY KEY, bid int, abalance int)")
+        c.execute("INSERT INTO pgbench_accounts SELECT g, 1 + g % 2, g FROM generate_series(1, 100) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")  # no flush of its own: only the injected ones
+    client = ServiceClient(s.socket_path)
+    try:
+        mooncake(s, "create-table", "pgbench_accounts", "public.pgbench_accounts", check=True)
+        reader = FlushedFirst(client, pg_dsn, wait_timeout=30)
+        lsn, src, mir = balances_at_one_lsn(pg_dsn, reader)  # the first pair is refused, the second read
+        assert reader.flushes == 0 and [tuple(r) for r in src] == [(r["bid"], r["balance"]) for r in mir], (src, mir)
+        reader.flushes = 3  # every try refused
+        try:
+            balances_at_one_lsn(pg_dsn, reader)
+            raise AssertionError("read at an LSN the table was flushed past")
+        except ServiceError as e:
+            assert "cannot read at LSN" in str(e), e
+        reader.flushes = 3
+        line = _tick_line(client, reader, pg_dsn, time.time())
+        assert "not compared this time: table pgbench_accounts: cannot read at LSN" in line, line
+        assert "DIFFERENT" not in line, line
+        reader.flushes = 0
+        assert "(same)" in _tick_line(client, reader, pg_dsn, time.time())
+        assert QUERY.startswith("SELECT bid, sum(abalance)")
+    finally:
+        client.close()
+        mooncake(s, "stop")
