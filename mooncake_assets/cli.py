@@ -775,6 +775,8 @@ def query(
 
     Read-only: statements other than SELECT/EXPLAIN are refused. NULL prints empty (json: null),
     booleans t/f, arrays as Postgres array text (json: arrays), infinity as infinity."""
+    import psycopg
+
     from .engine.lsn import Lsn
     from .engine.read import MirrorNotReadable, UnionReader
     from .engine.read.render import FORMATS
@@ -803,6 +805,8 @@ def query(
         fail(str(e), code=2)
     except MirrorNotReadable as e:  # copying, stopped, interrupted, or no such mirror: one line saying which
         fail(str(e))
+    except psycopg.OperationalError as e:  # the barrier asks the source for its current LSN
+        fail(_barrier_unreachable(e))
     except (TimeoutError, ServiceError) as e:
         hint = " (raise --max-wait, or read what is applied with --no-wait)" if str(e).startswith("timed out") else ""
         fail(str(e).splitlines()[0] + hint)
@@ -857,6 +861,8 @@ def changes(
 
     Applying the deletes (one equal row each) and inserts to DST read at --since gives DST read at
     --until. The range actually served is printed on stderr ("changes of DST in [A, B): …")."""
+    import psycopg
+
     from .engine.lsn import Lsn
     from .engine.read.render import FORMATS
     from .engine.read.union import current_wal_lsn
@@ -880,6 +886,8 @@ def changes(
         if until is None and not no_wait:
             until = current_wal_lsn(CTX.settings.source_dsn())
         head, feed = service_client().changes(dst, since, until, timeout=max_wait, deletes=deletes)
+    except psycopg.OperationalError as e:  # the default end is the source's current LSN
+        fail(_barrier_unreachable(e))
     except (TimeoutError, ServiceError) as e:
         hint = " (raise --max-wait)" if "timed out" in str(e) else ""
         fail(str(e).splitlines()[0] + hint)
@@ -1035,6 +1043,17 @@ def sql_server_user(
         fail("empty password", code=2)
     write_user(file, name, password)
     console.print(f"{name}: verifier written to {file}", highlight=False)
+
+
+def _barrier_unreachable(e: BaseException) -> str:
+    """The one line of a read whose read-your-writes barrier could not ask the source (nor the service)
+    for the source's current LSN: the source (no password), libpq's reason, and ``--no-wait``."""
+    from .engine.pg.conninfo import connect_error, redact
+
+    return (
+        f"cannot reach the source {redact(CTX.settings.source_dsn())} for read-your-writes (its current LSN): "
+        f"{connect_error(e)}; --no-wait reads what the service has applied (see `mooncake status`)"
+    )
 
 
 def _query_cut(sql: str, cut: str, fmt: str) -> None:

@@ -375,3 +375,43 @@ def test_a_stopped_mirror_that_cannot_be_read_names_its_lsn_and_reason():
     assert explain_missing("x", {"tables": []}).startswith("no mirror named x; there are no mirrors yet")
     assert missing_table('Catalog Error: Table with name "main".big does not exist!\nDid you mean') == "big"
     assert missing_table("Catalog Error: Function with name f does not exist!") is None
+
+
+def test_a_read_whose_source_is_down_says_so_and_names_no_wait(state_dir):
+    """With the source down (a dedicated cluster, stopped under a running service), ``query`` and
+    ``changes`` say in one line that the source cannot be reached for read-your-writes, naming it
+    (no password) and ``--no-wait``, instead of "OperationalError: connection failed: …"; ``query
+    --no-wait`` still reads what the service applied."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from mooncake_assets.engine.pg import EmbeddedPostgres
+    from mooncake_assets.engine.service.process import stop_service
+
+    root = Path(tempfile.mkdtemp(prefix="mooncake-srcdown-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    pg = EmbeddedPostgres(root / "pg")
+    pg.start()
+    s = make_settings(state_dir, pg.dsn())
+    try:
+        with psycopg.connect(pg.dsn(), autocommit=True) as c:
+            c.execute("CREATE TABLE d (id int PRIMARY KEY)")
+            c.execute("INSERT INTO d SELECT generate_series(1, 10)")
+        out = mooncake(s, "create-table", "d", "public.d", check=True).stdout
+        lsn = out.split(" at LSN ")[1].split()[0]
+        pg._run([str(pg.bin("pg_ctl")), "stop", "-m", "fast", "-w", "-D", str(pg.data_dir)], check=False)
+        for args in (("query", "SELECT count(*) FROM d"), ("changes", "d", "--since", lsn)):
+            r = mooncake(s, *args, timeout=120)
+            assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert (
+                r.stderr.startswith("error: cannot reach the source postgresql://")
+                and "for read-your-writes" in r.stderr
+            )
+            assert "--no-wait reads what the service has applied" in r.stderr and "OperationalError" not in r.stderr
+        r = mooncake(s, "query", "--no-wait", "SELECT count(*) AS n FROM d", "--format", "csv", check=True)
+        assert r.stdout == "n\n10\n", r.stdout
+    finally:
+        stop_service(s)
+        pg.destroy()
+        shutil.rmtree(root, ignore_errors=True)
