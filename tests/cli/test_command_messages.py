@@ -415,3 +415,18 @@ def test_a_read_whose_source_is_down_says_so_and_names_no_wait(state_dir):
         stop_service(s)
         pg.destroy()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_read_before_any_mirror_says_there_is_none(pg_dsn, state_dir):
+    """A new user's first ``query`` in a fresh state directory, before any create-table, says there is no
+    mirror yet and how to make one (it said "replication is not running (no mirrored table?)")."""
+    s = make_settings(state_dir, pg_dsn)
+    try:
+        mooncake(s, "start", check=True)
+        r = mooncake(s, "query", "SELECT count(*) FROM orders", timeout=120)
+        assert r.returncode == 1 and r.stderr.strip() == (
+            "error: no mirror named orders; there are no mirrors yet (`mooncake create-table NAME SCHEMA.TABLE` "
+            "makes one)"
+        ), r.stderr
+    finally:
+        mooncake(s, "stop")
