@@ -137,22 +137,27 @@ def test_random_interleavings_apply_to_the_next_read(tmp_path_factory, ops):
 
 
 # ------------------------------------------------------------------ persisted history, in-process
-def _iceberg_table(tmp, keyed: bool = True):
+def iceberg_mirror(tmp, schema, columns: list[str], oid: int = OID):
+    """A MirrorTable ``t`` of ``schema`` over a SQL catalog and file warehouse under ``tmp`` (loaded when
+    it exists there: a restart), its relation ``oid`` mapped with ``columns``."""
     from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
     from mooncake_assets.engine.table.mirror import MirrorTable
 
-    from .test_apply import _schema
-
     catalog = make_catalog(f"sqlite:///{tmp}/catalog.db", f"file://{tmp}/warehouse")
-    schema = _schema(keyed, "d" if keyed else "f")
     catalog.create_namespace_if_not_exists("mooncake")
     try:
         ice = IcebergMirrorTable.load(catalog, "mooncake.t")
     except Exception:
         ice = IcebergMirrorTable.create(catalog, "mooncake.t", schema.arrow_schema())
     t = MirrorTable("t", "public.t", schema, ice, tmp / "state")
-    t.column_map(OID, COLS)
+    t.column_map(oid, columns)
     return t
+
+
+def _iceberg_table(tmp, keyed: bool = True):
+    from .test_apply import _schema
+
+    return iceberg_mirror(tmp, _schema(keyed, "d" if keyed else "f"), COLS)
 
 
 PERSISTED_OPS = st.lists(
@@ -241,15 +246,23 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
 _KEY_SOURCES: Counter[str] = Counter()  # over the run: deleted keys taken from delete logs / read from files
 
 
-def _keys_both_ways(t, a: int, b: int) -> pa.Table:
-    """The keys feed of ``[a, b)`` with deleted keys from the snapshots' delete logs, checked equal to
-    the one that reads every deleted key from the data files (no logs: the fallback)."""
+def keys_with_and_without_logs(t, a: int, b: int):
+    """``(plan, with_logs, without)``: the keys feed of ``[a, b)`` with deleted keys from the snapshots'
+    delete logs, and the one that reads every deleted key from the data files (no logs: the fallback),
+    checked to take no key from a log."""
     plan = plan_changes(t, a, b, "keys")
     with_logs = run_plan(plan)
     bare = plan_changes(t, a, b, "keys")
     bare.logs, bare.mem_log = [], None
     without = run_plan(bare)
     assert bare.key_sources["logged"] == 0
+    return plan, with_logs, without
+
+
+def _keys_both_ways(t, a: int, b: int) -> pa.Table:
+    """The keys feed of ``[a, b)`` with deleted keys from the snapshots' delete logs, checked equal to
+    the one that reads every deleted key from the data files (no logs: the fallback)."""
+    plan, with_logs, without = keys_with_and_without_logs(t, a, b)
     assert with_logs.to_pylist() == without.to_pylist(), (a, b, plan.key_sources)
     _KEY_SOURCES.update(plan.key_sources)
     return with_logs
@@ -314,6 +327,16 @@ def test_read_positions_reads_the_rows_at_positions_across_row_groups(tmp_path):
     assert read_positions(pf, BitMap64()).num_rows == 0
 
 
+def _twenty_persisted_rows(tmp_path):
+    """A keyed table with rows 0..19 persisted (an empty snapshot first); returns it and its flush LSN."""
+    t = _iceberg_table(tmp_path)
+    t.persist()
+    for k in range(20):
+        commit(t, 100 + k, insert(k, f"v{k}", k))
+    t.persist()
+    return t, t.flush_lsn
+
+
 def test_keys_feed_takes_deleted_keys_from_the_delete_logs(tmp_path):
     """A persist that deletes rows of older files writes a delete log named by its snapshot alone; the
     keys feed over persisted history takes the deleted keys from it, across a restart; a snapshot
@@ -323,12 +346,7 @@ def test_keys_feed_takes_deleted_keys_from_the_delete_logs(tmp_path):
     from mooncake_assets.engine.compaction import compact
     from mooncake_assets.engine.iceberg import SUMMARY_DELETE_LOG
 
-    t = _iceberg_table(tmp_path)
-    t.persist()
-    for k in range(20):
-        commit(t, 100 + k, insert(k, f"v{k}", k))
-    t.persist()
-    a = t.flush_lsn
+    t, a = _twenty_persisted_rows(tmp_path)
     commit(t, 200, delete((3,)))
     commit(t, 210, update((5, "u5", 50), (5,), "K"))
     commit(t, 220, insert(30, "v30", 30))
@@ -362,12 +380,7 @@ def test_delete_log_stops_at_its_budget_and_the_feed_reads_the_rest(tmp_path):
     the keys feed reads the other deleted keys from the data file: the same feed."""
     from mooncake_assets.engine.table.delete_log import DeleteLog
 
-    t = _iceberg_table(tmp_path)
-    t.persist()
-    for k in range(20):
-        commit(t, 100 + k, insert(k, f"v{k}", k))
-    t.persist()
-    a = t.flush_lsn
+    t, a = _twenty_persisted_rows(tmp_path)
     t.delete_log = DeleteLog(t.key_names, max_bytes=250)  # three row-wise entries
     for k in range(6):
         commit(t, 200 + k, delete((k,)))

@@ -25,8 +25,9 @@ from mooncake_assets.engine.cdc.decode import decode_text_columns
 from mooncake_assets.engine.cdc.pgoutput import Relation, RelationColumn, TupleData
 from mooncake_assets.engine.cdc.txn import Change, Transaction
 from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, arrow_type_for, assign_field_ids
-from mooncake_assets.engine.table.change_keys import run_plan
 from mooncake_assets.engine.table.changes import plan_changes
+
+from .test_changes import iceberg_mirror, keys_with_and_without_logs
 
 OID = 16384
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -141,19 +142,7 @@ def _schema(kind: str) -> TableSchema:
 
 
 def _table(tmp, kind: str):
-    from mooncake_assets.engine.iceberg import IcebergMirrorTable, make_catalog
-    from mooncake_assets.engine.table.mirror import MirrorTable
-
-    catalog = make_catalog(f"sqlite:///{tmp}/catalog.db", f"file://{tmp}/warehouse")
-    schema = _schema(kind)
-    catalog.create_namespace_if_not_exists("mooncake")
-    try:
-        ice = IcebergMirrorTable.load(catalog, "mooncake.t")
-    except Exception:
-        ice = IcebergMirrorTable.create(catalog, "mooncake.t", schema.arrow_schema())
-    t = MirrorTable("t", "public.t", schema, ice, tmp / "state")
-    t.column_map(OID, [c[0] for c in KINDS[kind][0]])
-    return t
+    return iceberg_mirror(tmp, _schema(kind), [c[0] for c in KINDS[kind][0]], OID)
 
 
 class Rows:
@@ -205,12 +194,7 @@ def _check(t, a: int, b: int, kind: str, want: list[tuple[str, ...]]) -> dict[st
     """The keys feed of ``[a, b)`` with logs equals the one without and holds the keys ``want`` (text, key
     order) as deletes, equal to the full-row feed's deleted keys; returns where the keys came from."""
     key = KINDS[kind][1]
-    plan = plan_changes(t, a, b, "keys")
-    with_logs = run_plan(plan)
-    bare = plan_changes(t, a, b, "keys")
-    bare.logs, bare.mem_log = [], None
-    without = run_plan(bare)
-    assert bare.key_sources["logged"] == 0
+    plan, with_logs, without = keys_with_and_without_logs(t, a, b)
     assert with_logs.schema == without.schema
     assert with_logs.equals(without), (kind, plan.key_sources)
     full = plan_changes(t, a, b).execute()

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -413,22 +413,7 @@ def describe_mirrored(
     if not signature:
         return describe_table(conn, qualified_name, column_types=column_types, exclude=exclude)
     # a later column may not map, and a column named by an option may be gone since
-    try:
-        current = describe_table(conn, qualified_name, skip_unsupported=True)
-    except LookupError:
-        if oid is None or conn.execute("SELECT 1 FROM pg_class WHERE oid = %s::oid", [oid]).fetchone():
-            raise  # a relation that still exists under its oid (renamed?) is not a dropped one
-        parts = split_qualified_name(qualified_name)
-        current = TableSchema(
-            schema=parts[0] if len(parts) > 1 else "public",
-            name=parts[-1],
-            oid=oid,
-            columns=[],
-            key_columns=list(key or []),
-            has_primary_key=bool(key),
-            replica_identity="d",
-        )
-        cast(Any, current).source_gone = True
+    current = _current_or_gone(conn, qualified_name, oid, key)
     current.columns = [text_spec(c) if column_types.get(c.name) == "text" else c for c in current.columns]
     current_names = current.current_columns
     by_name = {c.name: c for c in current.columns}
@@ -471,9 +456,34 @@ def describe_mirrored(
         column_types=column_types,
     )
     out.current_columns = current_names
-    cast(Any, out).source_gone = getattr(current, "source_gone", False)
+    out.source_gone = current.source_gone
     out.catalog_lsn = current.catalog_lsn
     return out
+
+
+def _current_or_gone(
+    conn: psycopg.Connection, qualified_name: str, oid: int | None, key: list[str] | None
+) -> TableSchema:
+    """:func:`describe_table` of the source table now (unsupported columns skipped); when it is gone
+    under its name and its recorded ``oid`` is gone too (dropped), an empty schema with ``source_gone``
+    (see :func:`describe_mirrored`). A relation that still exists under its oid (renamed?) raises
+    ``LookupError`` as :func:`describe_table` did."""
+    try:
+        return describe_table(conn, qualified_name, skip_unsupported=True)
+    except LookupError:
+        if oid is None or conn.execute("SELECT 1 FROM pg_class WHERE oid = %s::oid", [oid]).fetchone():
+            raise  # a relation that still exists under its oid (renamed?) is not a dropped one
+    parts = split_qualified_name(qualified_name)
+    return TableSchema(
+        schema=parts[0] if len(parts) > 1 else "public",
+        name=parts[-1],
+        oid=oid,
+        columns=[],
+        key_columns=list(key or []),
+        has_primary_key=bool(key),
+        replica_identity="d",
+        source_gone=True,
+    )
 
 
 def _gone_type_column(

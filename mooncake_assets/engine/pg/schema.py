@@ -302,7 +302,8 @@ class TableSchema:
     -> ``"text"`` for columns mirrored as their exact text whatever their type (``--column-type``).
     Set by the catalog reads (:mod:`.catalog`), not compared: ``current_columns``, the names of every
     column the source table has now (unmirrored ones included); ``catalog_lsn``, a WAL position after
-    every commit the catalogs read showed (0 when unknown).
+    every commit the catalogs read showed (0 when unknown); ``source_gone``, True when the source
+    table no longer exists (the schema was built from the mirror's saved columns alone).
     """
 
     schema: str
@@ -318,6 +319,7 @@ class TableSchema:
     column_types: dict[str, str] = field(default_factory=dict)
     current_columns: set[str] = field(default_factory=set, repr=False, compare=False)
     catalog_lsn: int = field(default=0, repr=False, compare=False)
+    source_gone: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.column_index = {c.name: i for i, c in enumerate(self.columns)}

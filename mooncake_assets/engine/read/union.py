@@ -66,6 +66,7 @@ from ..table.read_state import FileState, ReadField, ReadState
 from .cache import DEFAULT_BUDGET, ReadCache
 from .missing import MirrorNotReadable, explain_missing, missing_table
 from .plan import FilePlan
+from .source_lsn import SourceLsn
 
 MODES = ("auto", "lazy", "arrow", "anti")
 # DuckDB scans registered Arrow tables through Acero, which warns once per batch about buffers that
@@ -259,7 +260,7 @@ class UnionReader:
             con.execute("SET parquet_metadata_cache = true")
         self.con = con
         self.cache = ReadCache(cache_bytes)
-        self._pg: psycopg.Connection[Any] | None = None  # kept for the barrier's pg_current_wal_lsn()
+        self._source = SourceLsn(dsn) if dsn else None  # the barrier's pg_current_wal_lsn(), one kept connection
         self._registered: dict[str, object] = {}  # Arrow object name -> the object registered under it
         self._dv_tables: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its files' vectors, the DV temp table's rows)
         self.wait_timeout = wait_timeout
@@ -284,31 +285,10 @@ class UnionReader:
             cast(ReadStateSource, self.client).wait_lsn(lsn, timeout=self.wait_timeout)
         return lsn
 
-    def _source_lsn(self) -> str:
-        """``pg_current_wal_lsn()`` over the reader's kept connection (opened on first use; a broken one
-        is replaced once). Raises ``psycopg.OperationalError`` when Postgres cannot be reached."""
-        for attempt in (0, 1):
-            if self._pg is None or self._pg.closed:
-                self._pg = psycopg.connect(cast(str, self.dsn), autocommit=True)
-            try:
-                return cast(tuple[str], self._pg.execute("SELECT pg_current_wal_lsn()::text").fetchone())[0]
-            except (psycopg.OperationalError, psycopg.InterfaceError):
-                self._close_pg()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _close_pg(self) -> None:
-        if self._pg is not None:
-            try:
-                self._pg.close()
-            except psycopg.Error:
-                pass
-            self._pg = None
-
     def close(self) -> None:
         """Close the reader's Postgres and DuckDB connections (the reader is not used after)."""
-        self._close_pg()
+        if self._source is not None:
+            self._source.close()
         self.con.close()
 
     def barrier_lsn(self) -> str | None:
@@ -318,12 +298,12 @@ class UnionReader:
 
     def _barrier_lsn(self) -> str | None:
         """The LSN the read-your-writes barrier waits for: the source's current LSN (None without a DSN)."""
-        if not self.dsn:
+        if self._source is None:
             return None
         client = cast(ReadStateSource, self.client)  # a reader with a DSN reads through its client
         lsn: str | None
         try:
-            lsn = self._source_lsn()
+            lsn = self._source.current()
         except psycopg.OperationalError:
             # this process may lack the source's password (it is kept in no file; engine/pg/conninfo.py):
             # the service has it, and reports the source's current LSN in its status

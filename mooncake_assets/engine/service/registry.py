@@ -180,7 +180,7 @@ class TableRegistry:
         # leftovers of a run the restart interrupted: unused index blocks, compaction outputs, warehouse orphans
         t.last_cleanup = cleanup_after_restore(t, interrupted=not clean_start)
         t.error = meta.get("error") or t.error  # e.g. its slot was gone (see StreamLoop.ensure_slot)
-        if getattr(schema, "source_gone", False) and not t.error:  # dropped while the service was down
+        if schema.source_gone and not t.error:  # dropped while the service was down
             t.error = (
                 f"table {name}: source table {meta['source']} was dropped (found gone at a restart), so its changes "
                 f"are no longer sent: the mirror is stopped at LSN {Lsn(t.applied_lsn)}; drop the mirror (drop-table)"
