@@ -228,7 +228,10 @@ class UnionReader:
     ``con``: an existing DuckDB connection to register into (else a new one, with DuckDB's Parquet
     metadata cache on); ``mode``: how deletes are
     applied (module docstring): ``auto`` (per statement), ``lazy``, ``arrow`` or ``anti``;
-    ``cache_bytes``: the byte budget of the reader's :class:`~.cache.ReadCache`.
+    ``cache_bytes``: the byte budget of the reader's :class:`~.cache.ReadCache`; ``hold_rows``: keep,
+    between queries, the live rows already read from files with deletes (and a view's registration
+    while its ReadState is the same object); False: every query reads them again, as a query after a
+    change must (what the benchmark's ratios against a clean Parquet scan time).
 
     **Keep one reader** for many queries: it keeps, between them, its DuckDB connection (and the views,
     whose DDL is re-run only when a table's files or layout changed), one Postgres connection for the
@@ -249,6 +252,7 @@ class UnionReader:
         wait_timeout: float = 30.0,
         mode: str = "auto",
         cache_bytes: int = DEFAULT_BUDGET,
+        hold_rows: bool = True,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -265,6 +269,7 @@ class UnionReader:
         self._dv_tables: dict[str, tuple[Any, pa.Table]] = {}  # view -> (its files' vectors, the DV temp table's rows)
         self.wait_timeout = wait_timeout
         self.mode = mode
+        self.hold_rows = hold_rows
         self.states: dict[str, ReadState] = {}
         self._objects: dict[str, list[str]] = {}  # view -> Arrow objects registered for it
         self._views: dict[str, str] = {}  # view -> the DDL it was created with
@@ -464,9 +469,9 @@ class UnionReader:
             self._drop_dirty_table(view)
             return []
         key = (tuple(cols), tuple((f.path, f.rows, f.deleted) for f in dirty))
-        if self._dirty_tables.get(view) == key:
+        if self.hold_rows and self._dirty_tables.get(view) == key:
             return [f"SELECT {sel} FROM {_ident(held_name)}"]
-        prev = self._masked.get(view)
+        prev = self._masked.get(view) if self.hold_rows else None
         rows = prev[1] if prev is not None and prev[0] == key else _read_masked(dirty, cols, self.cache)
         if int(pc.sum(rows["__mc_keep"]).as_py() or 0) <= MEM_TABLE_ROWS:
             _temp_table(self.con, held_name, rows, sel, " WHERE __mc_keep")
@@ -474,7 +479,7 @@ class UnionReader:
             self._masked.pop(view, None)
             return [f"SELECT {sel} FROM {_ident(held_name)}"]
         self._drop_dirty_table(view)
-        if rows.nbytes <= self.cache.budget_bytes // 4:
+        if self.hold_rows and rows.nbytes <= self.cache.budget_bytes // 4:
             self._masked[view] = (key, rows)
         else:
             self._masked.pop(view, None)
@@ -580,7 +585,7 @@ class UnionReader:
                 mode = "arrow" if info.whole or _few_live_rows(got) else "lazy"
             if mode == "arrow" and info.columns is not None:
                 cols = [c for c in got.schema if c.lower() in info.columns] or list(got.schema[:1])
-            last = self._fresh.get(t)
+            last = self._fresh.get(t) if self.hold_rows else None
             if last is not None and last[0] is got and last[1] == mode and last[2] == cols:
                 continue  # the very state the view was registered over (the client's board fast path)
             self.register_state(got.with_(mem=None), cast(pa.Table, got.mem), t, columns=cols, mode=mode)
