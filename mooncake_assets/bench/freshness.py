@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from ..engine.pg.embedded import reset_signals
 from .common import BenchDatabase, Sizes, pg_bin
 
 TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"]
@@ -110,6 +111,7 @@ def run_freshness_bench(admin_dsn: str, sizes: Sizes, log=print, timeout_s: floa
                     stderr=subprocess.PIPE,
                     text=True,
                     start_new_session=True,
+                    preexec_fn=reset_signals,  # terminate() stops it (SIGTERM may be inherited ignored)
                 )
                 with psycopg.connect(db.dsn, autocommit=True) as c:
                     h0 = c.execute("SELECT count(*) FROM pgbench_history").fetchone()[0]

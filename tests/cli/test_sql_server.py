@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from mooncake_assets.engine.pg.embedded import reset_signals
 from mooncake_assets.engine.read.pgwire import write_user
 
 from ..helpers import make_settings, mooncake, run_sql, wait_until
@@ -60,7 +61,12 @@ class SqlServer:
         ]
         cmd += ["sql-server", "--port", "0", *(["--users", str(users)] if users else []), *extra]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=self.log.open("w"), start_new_session=True, env=env
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
+            start_new_session=True,
+            env=env,
+            preexec_fn=reset_signals,  # SIGTERM stops it (a background parent may have it ignored)
         )
         m = wait_until(lambda: self._port(), timeout=120, what="sql-server to listen")
         self.port = int(m)

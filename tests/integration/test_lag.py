@@ -19,6 +19,7 @@ import pytest
 
 from mooncake_assets.demo import _pg_bin
 from mooncake_assets.engine.lsn import Lsn
+from mooncake_assets.engine.pg.embedded import reset_signals
 
 from ..helpers import make_settings, mooncake, running_service
 
@@ -51,6 +52,7 @@ def test_lag_agrees_with_pg_stat_replication_under_load(pg_dsn, state_dir, tmp_p
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=reset_signals,  # else it inherits SIGTERM ignored and terminate() waits out its -T 600
         )
         samples = []
         try:
@@ -74,7 +76,11 @@ def test_lag_agrees_with_pg_stat_replication_under_load(pg_dsn, state_dir, tmp_p
             doc = json.loads(mooncake(settings, "list-tables", "--json", check=True).stdout)
         finally:
             bench.terminate()
-            bench.wait()
+            try:
+                bench.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                bench.kill()
+                bench.wait()
         assert "lag" in human.splitlines()[2] or " lag " in human, human
         assert all("lag_seconds" in t for t in doc["tables"]), doc
         print("samples (pg lag before, after, WAL between, lag_bytes, lag_seconds):", samples)
