@@ -283,7 +283,7 @@ def _check_source_login(prefix: str) -> None:
     embedded Postgres (no DSN: started by the service)."""
     import psycopg
 
-    from .engine.pg.conninfo import connect_error, redact
+    from .engine.pg.conninfo import connect_error, login_refused, redact
     from .engine.service import ServiceClient, ServiceUnavailable
 
     dsn = CTX.settings.dsn
@@ -310,30 +310,6 @@ def _check_source_login(prefix: str) -> None:
             highlight=False,
             soft_wrap=True,
         )
-
-
-# FATAL errors of a server that answered but will not come back by itself: the login needs a fix
-# (PostgreSQL's messages of client authentication and of a missing database, "Client Authentication",
-# https://www.postgresql.org/docs/current/client-authentication-problems.html). Messages of a server that
-# is starting, stopping or full are transient and not listed.
-_LOGIN_REFUSED = (
-    "authentication failed",
-    "no password supplied",
-    "password is required",
-    "no pg_hba.conf entry",
-    "does not exist",
-    "is not permitted to log in",
-    "permission denied",
-    "pg_hba.conf rejects",
-)
-
-
-def login_refused(message: str) -> bool:
-    """True when libpq's connection ``message`` says the server answered and refused the login (a fix of
-    the DSN or the server's roles is needed), False when the server could not be reached or was
-    transiently unavailable (refused connection, timeout, unknown host, starting up, too many clients)."""
-    low = message.lower()
-    return any(m in low for m in _LOGIN_REFUSED)
 
 
 @app.command()

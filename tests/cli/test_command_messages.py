@@ -275,7 +275,7 @@ def test_stop_during_an_initial_copy_says_so_and_leaves_no_mirror(pg_dsn, state_
 def test_login_refused_tells_a_refused_login_from_an_unreachable_source():
     """``start`` fails on a login the server refused and starts (with a warning) when the source cannot
     be reached now; the messages are libpq's, as psycopg 3 raised them against PostgreSQL 15."""
-    from mooncake_assets.cli import login_refused
+    from mooncake_assets.engine.pg.conninfo import login_refused
 
     refused = [
         'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user "postgres"',

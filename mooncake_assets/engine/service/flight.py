@@ -32,6 +32,7 @@ expire after 10 minutes). Errors reach the client as one-line Flight errors.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -215,12 +216,10 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
         together = getattr(s, "read_states", None)  # one lock hold: a transaction is in every table or none
         asked = {n: known[n] for n in names if n in known}
         board: dict[str, int] | None = None
-        if self.board is not None:  # the epoch these states are at, taken in the same hold (board.py)
-            lock = s.lock
-            with lock.reading():
-                board = {"incarnation": self.board.incarnation, "epoch": lock.epoch}
-                got = together(names, lsn, asked) if together is not None else [s.read_state(n, lsn) for n in names]
-        else:
+        # with a board: the epoch these states are at, taken in the same (reading) hold (board.py)
+        with s.lock.reading() if self.board is not None else contextlib.nullcontext():
+            if self.board is not None:
+                board = {"incarnation": self.board.incarnation, "epoch": s.lock.epoch}
             got = together(names, lsn, asked) if together is not None else [s.read_state(n, lsn) for n in names]
         for name, rs in zip(names, got):
             if rs.token is not None and rs.token == known.get(name):  # the service's token: nothing serialized

@@ -236,12 +236,21 @@ class TableRegistry:
             }
             for n, t in self.tables.items()
         ]
-        for cp in self.copying.values():
-            t = cp["table"]
-            tables.append(
-                {"name": t.name, "source": t.source, "state": "copying", "progress": self.progress.get(t.name)}
-            )
-        return {"tables": tables, "interrupted": self.interrupted()}
+        return {"tables": tables + self.copying_status(), "interrupted": self.interrupted()}
+
+    def copying_status(self) -> list[dict[str, Any]]:
+        """The ``status`` entries of the initial copies running now: ``name``, ``source``, ``state``
+        ``copying``, ``error`` None and ``progress`` (rows copied so far, as :attr:`progress` has it)."""
+        return [
+            {
+                "name": cp["table"].name,
+                "source": cp["table"].source,
+                "state": "copying",
+                "error": None,
+                "progress": self.progress.get(cp["table"].name),
+            }
+            for cp in self.copying.values()
+        ]
 
     def interrupted(self) -> list[dict[str, Any]]:
         """The initial copies a service stop interrupted (dropped at the next start), until create-table

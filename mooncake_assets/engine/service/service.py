@@ -430,17 +430,7 @@ class ReplicatorService:
                 if name in self.persister.background.errors:
                     st["maintenance"]["error"] = self.persister.background.errors[name]
                 tables.append(st)
-            for cp in self.reg.copying.values():
-                t = cp["table"]
-                tables.append(
-                    {
-                        "name": t.name,
-                        "source": t.source,
-                        "state": "copying",
-                        "error": None,
-                        "progress": self.reg.progress.get(t.name),
-                    }
-                )
+            tables += self.reg.copying_status()
             return {
                 "tables": tables,
                 "interrupted": self.reg.interrupted(),
