@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
@@ -1449,6 +1450,20 @@ def _misplaced_main_option(argv: list[str]) -> str | None:
         if name in main_opts and name not in own:
             return f"{name} is an option of mooncake itself: give it before the command (mooncake {name} … {argv[i]} …)"
     return None
+
+
+def _reflowed(doc: str) -> str:
+    """A command's docstring as ``--help`` should print it: paragraphs (blank-line separated) kept, the
+    line breaks inside a paragraph dropped. Typer's rich help keeps a docstring's own line breaks, so
+    lines written ~100 characters wide broke again in an 80-column terminal into a ragged text."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _typer_app in (app, pg_app):
+    for _info in _typer_app.registered_commands:
+        _doc = _info.help or (_info.callback.__doc__ if _info.callback else None)
+        if _doc:
+            _info.help = _reflowed(_doc)
 
 
 def main():
