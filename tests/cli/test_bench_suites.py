@@ -38,6 +38,7 @@ def test_sysbench_suite_reports_tps_lag_catch_up_and_a_matching_mirror(pg_cluste
         assert f["seconds"] == SIZES["tiny"].sysbench_seconds
         assert isinstance(f["max_lag_bytes"], int) and f["max_lag_bytes"] >= 0, (w, f)
         assert f["catch_up_seconds"] > 0 and f["wal_bytes"] > 0, (w, f)
+        assert 0 < f["catch_up_apply_seconds"] <= f["catch_up_seconds"], (w, f)
         assert f["lag_samples"] and all(s["durable_lag_bytes"] >= 0 for s in f["lag_samples"])
         for key in ("max_lag_bytes", "catch_up_seconds"):
             t = doc["targets"][f"sysbench.{w}.{key}"]
