@@ -387,6 +387,37 @@ def test_the_open_buffer_takes_text_rows_and_arrow_parts_in_row_order(tmp_path):
     assert m.find(a.hasher.hash_one(["4"])) == [(0, 3)] and m.find(a.hasher.hash_one(["3"])) == []
 
 
+def test_a_sealed_batch_holds_its_rows_bytes_one_insert_lsn_per_transaction_and_delete_lsns_once_deleted(tmp_path):
+    a, _, _ = _both(tmp_path, batch_rows=4)
+    m = a.mem
+    n = 600
+    # the native decoder's shape: every column of the run a slice of one binary array of text values
+    text = [str(i) for i in range(n)] + ["k" * 20] * n + ["v"] * n + ["123456789"] * n + ["12345678.90"] * n
+    cols = [pa.array(text).slice(c * n, n) for c in range(5)]
+    rb = a._decode(cols)  # k and v stay slices of the shared buffer, which holds the other columns' text too
+    assert rb.get_total_buffer_size() > rb.nbytes + 20_000
+    lsns = np.array([10, 10, 10, 20, 20] + [30] * (n - 5), dtype=np.uint64)
+    m.append_batch(rb, a.hasher.hash_columns([cols[0]]), lsns)
+    (b,) = m.batches
+    assert b.rb.get_total_buffer_size() <= b.rb.nbytes + 64  # copied out: only this batch's bytes
+    assert b.ins_starts.tolist() == [0, 3, 5] and b.ins_lsns.tolist() == [10, 20, 30]
+    assert b.ins_lsn.tolist() == lsns.tolist() and not b.any_deleted
+    assert b.rb.column("k").to_pylist() == ["k" * 20] * n and b.rb.column("v").to_pylist() == ["v"] * n
+    assert m.visible(20).num_rows == 3 and m.visible(21).num_rows == 5 and m.read_token(31) == m.read_token()
+    m.delete((0, 4), a.hasher.hash_one(["4"]), 40)
+    assert b.any_deleted and b.del_lsn.tolist() == [0, 0, 0, 0, 40] + [0] * (n - 5)
+    assert m.visible(40).num_rows == n and 4 not in [r["id"] for r in m.visible(41).to_pylist()]
+    assert m.visible(41).num_rows == n - 1
+    assert m.read_token(40) != m.read_token() and m.read_token(41) == m.read_token()
+    _, ins_lsns, _, _ = m.changed(20, 41)
+    assert ins_lsns.tolist() == [20] + [30] * (n - 5)  # row 4 (LSN 20) is deleted inside the range: in neither
+    _, ins_lsns, deleted, del_lsns = m.changed(21, 41)
+    assert ins_lsns.tolist() == [30] * (n - 5)
+    assert del_lsns.tolist() == [40] and deleted.column("id").to_pylist() == [4]
+    table, hashes, horizon = m.drain()
+    assert table.num_rows == n - 1 and len(hashes) == n - 1 and horizon == 40
+
+
 def test_the_batched_lookup_answers_as_the_scalar_one(tmp_path):
     a, _, gen = _both(tmp_path, batch_rows=8)
     for lsn, ids in ((100, range(0, 20)), (200, range(20, 40))):

@@ -14,6 +14,11 @@ rows decoded column-wise with vectorized casts and every part concatenated into 
 - ``hash`` (uint64): the key hash (see :mod:`.keys`), kept so a flush builds its IndexBlock without
   re-hashing.
 
+Held compactly (:class:`Batch`): insert LSNs as runs (one per transaction: rows arrive in commit order),
+delete LSNs only for batches with a deleted row, hashes 8 bytes per row; an appended batch's columns
+that are slices of larger buffers (the native decoder's text columns share one buffer per run) are
+copied into buffers of their own, so the slice holds its rows' bytes and not the decoder's.
+
 Locations are ``(batch_id, row)``; the open buffer has ``batch_id == len(batches)``. The **MemIndex**
 maps key hash → locations (several for duplicate rows of key-less tables).
 """
@@ -23,7 +28,6 @@ from __future__ import annotations
 import uuid
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -72,14 +76,102 @@ class Carried:
         return f"Carried({self.scalar!r})"
 
 
-@dataclass
 class Batch:
-    """One sealed batch: ``rb`` rows with their ``ins_lsn``/``del_lsn``/``hash`` arrays (same length)."""
+    """One sealed batch: ``rb`` rows with their insert LSNs, delete LSNs and key hashes.
 
-    rb: pa.RecordBatch
-    ins_lsn: np.ndarray
-    del_lsn: np.ndarray
-    hashes: np.ndarray
+    Stored compactly (docs/architecture.md#data-path): insert LSNs run-length encoded
+    (``ins_starts``: int64 first row of each run, ``ins_lsns``: uint64 its commit LSN; rows arrive in
+    commit order, so a transaction is one run), delete LSNs as a uint64 array only once a row of the
+    batch is deleted (``None`` while every row is live), hashes uint64 per row. The constructor takes
+    per-row arrays (same length as ``rb``); :attr:`ins_lsn` and :attr:`del_lsn` give them back per row
+    (new arrays; writes go through :meth:`stamp_deleted`)."""
+
+    __slots__ = ("rb", "ins_starts", "ins_lsns", "_del", "hashes")
+
+    def __init__(self, rb: pa.RecordBatch, ins_lsn: np.ndarray, del_lsn: np.ndarray | None, hashes: np.ndarray):
+        self.rb = rb
+        self.ins_starts, self.ins_lsns = _runs(np.asarray(ins_lsn, dtype=np.uint64))
+        dl = None if del_lsn is None else np.asarray(del_lsn, dtype=np.uint64)
+        self._del: np.ndarray | None = dl if dl is not None and dl.any() else None
+        self.hashes = hashes
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rb.num_rows)
+
+    @property
+    def ins_lsn(self) -> np.ndarray:
+        """Each row's insert (commit) LSN, uint64 (num_rows,)."""
+        return _expand(self.ins_starts, self.ins_lsns, self.num_rows)
+
+    @property
+    def del_lsn(self) -> np.ndarray:
+        """Each row's delete LSN (0 = live), uint64 (num_rows,); read-only when no row is deleted."""
+        if self._del is None:
+            z = np.zeros(self.num_rows, dtype=np.uint64)
+            z.flags.writeable = False
+            return z
+        return self._del
+
+    @property
+    def any_deleted(self) -> bool:
+        return self._del is not None
+
+    def stamp_deleted(self, rows: Any, lsns: Any) -> None:
+        """Set the delete LSN of ``rows`` (an index, an index array or a boolean mask) to ``lsns``."""
+        if self._del is None:
+            self._del = np.zeros(self.num_rows, dtype=np.uint64)
+        self._del[rows] = lsns
+
+    def is_live(self, r: int) -> bool:
+        return self._del is None or bool(self._del[r] == LIVE)
+
+    def with_rb(self, rb: pa.RecordBatch) -> Batch:
+        """The same stamps over ``rb`` (a schema change's conversion of the rows)."""
+        out = Batch.__new__(Batch)
+        out.rb, out.ins_starts, out.ins_lsns, out._del, out.hashes = (
+            rb,
+            self.ins_starts,
+            self.ins_lsns,
+            self._del,
+            self.hashes,
+        )
+        return out
+
+
+def _runs(lsns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Run-length form of per-row LSNs: (int64 first row of each run, uint64 LSN of each run)."""
+    if len(lsns) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64)
+    starts = np.flatnonzero(lsns[1:] != lsns[:-1]) + 1
+    starts = np.concatenate([np.zeros(1, dtype=np.int64), starts.astype(np.int64)])
+    return starts, lsns[starts].copy()
+
+
+def _expand(starts: np.ndarray, lsns: np.ndarray, n: int) -> np.ndarray:
+    """Per-row LSNs (uint64 (n,)) from :func:`_runs`' form."""
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    lens = np.diff(np.append(starts, n))
+    return np.repeat(lsns, lens)
+
+
+def _compact(rb: pa.RecordBatch) -> pa.RecordBatch:
+    """``rb`` with every column that references more buffer bytes than its own values (a slice of a
+    larger buffer: the native decoder's text columns are slices of one buffer holding every column
+    of the run) copied into buffers of its own, so a MemSlice holds only its rows' bytes."""
+    if rb.get_total_buffer_size() <= rb.nbytes + 4096:
+        return rb
+    cols = list(rb.columns)
+    changed = False
+    for i, c in enumerate(cols):
+        if c.get_total_buffer_size() > c.nbytes + 1024:
+            try:
+                cols[i] = pa.concat_arrays([c])
+                changed = True
+            except (pa.ArrowException, TypeError):  # pragma: no cover (a type Concatenate does not take)
+                pass
+    return pa.RecordBatch.from_arrays(cols, schema=rb.schema) if changed else rb
 
 
 class MemSlice:
@@ -124,21 +216,35 @@ class MemSlice:
         if lsn is None:
             return base
         if self._max_stamp[0] != self.version:
-            ins, dels, _ = self.row_stamps()
-            top = max(int(ins.max()) if len(ins) else 0, int(dels.max()) if len(dels) else 0)
-            self._max_stamp = (self.version, top)
+            self._max_stamp = (self.version, self._top_stamp())
         return base if lsn > self._max_stamp[1] else f"{base}@{lsn}"
+
+    def _top_stamp(self) -> int:
+        """The largest insert or delete LSN held (0 when none)."""
+        tops = [0]
+        for b in self.batches:
+            if len(b.ins_lsns):
+                tops.append(int(b.ins_lsns.max()))
+            if b.any_deleted:
+                tops.append(int(b.del_lsn.max()))
+        tops.extend(self._ins_lsns)
+        tops.extend(self._open_del.values())
+        return max(tops)
 
     def _reset_open(self) -> None:
         # the open buffer: ``_parts`` (text-row lists and decoded RecordBatches, in row order, starting at
-        # ``_part_starts``) then the tail ``_rows`` from row ``_rows_start``; ``_ins``/``_hashes``/``_open_del``
-        # cover all of it (open-buffer row offsets)
+        # ``_part_starts``) then the tail ``_rows`` from row ``_rows_start``; insert LSNs as runs
+        # (``_ins_starts``: open-buffer row offset where a run starts, ``_ins_lsns``: its LSN), key hashes
+        # as uint64 arrays (``_hash_parts``) then a list of the tail's (``_hash_tail``), ``_open_del``
+        # the deleted rows (open-buffer row offsets)
         self._parts: list[list[list[Any]] | pa.RecordBatch] = []
         self._part_starts: list[int] = []
         self._rows = []
         self._rows_start = 0
-        self._ins: list[int] = []
-        self._hashes: list[int] = []
+        self._ins_starts: list[int] = []
+        self._ins_lsns: list[int] = []
+        self._hash_parts: list[np.ndarray] = []
+        self._hash_tail: list[int] = []
         self._open_del: dict[int, int] = {}
         self._open_arrow_bytes = 0
 
@@ -162,8 +268,10 @@ class MemSlice:
         loc = (len(self.batches), self._rows_start + len(self._rows))
         self.version += 1
         self._rows.append(values)
-        self._ins.append(lsn)
-        self._hashes.append(h)
+        if not self._ins_lsns or self._ins_lsns[-1] != lsn:
+            self._ins_starts.append(loc[1])
+            self._ins_lsns.append(lsn)
+        self._hash_tail.append(h)
         self.index.insert_one(h, loc[0], loc[1])
         if loc[1] + 1 >= self.batch_rows:
             self.seal()
@@ -191,8 +299,21 @@ class MemSlice:
         self._parts.append(rb)
         self._part_starts.append(start)
         self._rows_start = start + n
-        self._ins.extend([lsn] * n if isinstance(lsn, int) else lsn.tolist())
-        self._hashes.extend(hashes.tolist())
+        if isinstance(lsn, int):
+            run_starts, run_lsns = [0], [lsn]
+        else:
+            st, ls = _runs(np.asarray(lsn, dtype=np.uint64))
+            run_starts, run_lsns = st.tolist(), ls.tolist()
+        for s, v in zip(run_starts, run_lsns):
+            if not self._ins_lsns or self._ins_lsns[-1] != v:
+                self._ins_starts.append(start + s)
+                self._ins_lsns.append(v)
+        if self._hash_tail:
+            self._hash_parts.append(np.array(self._hash_tail, dtype=np.uint64))
+            self._hash_tail = []
+        self._hash_parts.append(np.array(hashes, dtype=np.uint64))  # a copy: never a view of the caller's
+        rb = _compact(rb)
+        self._parts[-1] = rb
         self._open_arrow_bytes += rb.nbytes
         self.index.insert(hashes, len(self.batches), np.arange(start, start + n, dtype=np.uint64))
         if self._rows_start >= self.batch_rows:
@@ -203,8 +324,7 @@ class MemSlice:
         b, r = loc
         if b == len(self.batches):
             return r not in self._open_del
-        live: bool = self.batches[b].del_lsn[r] == LIVE  # a typed local, not cast(): no call per key hit
-        return live
+        return self.batches[b].is_live(r)
 
     def delete(self, loc: tuple[int, int], h: int, lsn: int) -> None:
         """Mark the row at ``loc`` deleted by the commit at ``lsn`` and drop it from the MemIndex."""
@@ -213,7 +333,7 @@ class MemSlice:
         if b == len(self.batches):
             self._open_del[r] = lsn
         else:
-            self.batches[b].del_lsn[r] = lsn
+            self.batches[b].stamp_deleted(r, lsn)
         self.index.remove(h, loc)
         self.deleted_rows += 1
 
@@ -227,7 +347,7 @@ class MemSlice:
             if b == nb:
                 self._open_del[r] = at
             else:
-                self.batches[b].del_lsn[r] = at
+                self.batches[b].stamp_deleted(r, at)
         self.index.remove_many(hashes, locs)
         self.deleted_rows += len(locs)
 
@@ -257,10 +377,22 @@ class MemSlice:
         dl = np.zeros(n_open, dtype=np.uint64)
         for r, lsn in self._open_del.items():
             dl[r] = lsn
-        ins = [b.ins_lsn for b in self.batches] + [np.array(self._ins, dtype=np.uint64)]
+        ins = [b.ins_lsn for b in self.batches] + [self._open_ins(n_open)]
         dels = [b.del_lsn for b in self.batches] + [dl]
-        hs = [b.hashes for b in self.batches] + [np.array(self._hashes, dtype=np.uint64)]
+        hs = [b.hashes for b in self.batches] + [self._open_hashes()]
         return np.concatenate(ins), np.concatenate(dels), np.concatenate(hs)
+
+    def _open_ins(self, n: int) -> np.ndarray:
+        """The open buffer's insert LSNs, uint64 (n,) (n: its rows)."""
+        return _expand(np.array(self._ins_starts, dtype=np.int64), np.array(self._ins_lsns, dtype=np.uint64), n)
+
+    def _open_ins_at(self, r: int) -> int:
+        """The insert LSN of open-buffer row ``r``."""
+        return self._ins_lsns[bisect_right(self._ins_starts, r) - 1]
+
+    def _open_hashes(self) -> np.ndarray:
+        parts = self._hash_parts + ([np.array(self._hash_tail, dtype=np.uint64)] if self._hash_tail else [])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
     # -- sealing ------------------------------------------------------------------------------
     def seal(self) -> None:
@@ -280,9 +412,8 @@ class MemSlice:
         dl = np.zeros(n, dtype=np.uint64)
         for r, lsn in self._open_del.items():
             dl[r] = lsn
-        self.batches.append(
-            Batch(rb, np.array(self._ins, dtype=np.uint64), dl, np.array(self._hashes, dtype=np.uint64))
-        )
+        rb = _compact(rb)
+        self.batches.append(Batch(rb, self._open_ins(n), dl, self._open_hashes()))
         self._bytes += rb.nbytes
         self._reset_open()
 
@@ -300,7 +431,7 @@ class MemSlice:
             rb = self._decode(cols)
         except ValueError as e:  # name the commit that brought the value (the open buffer stays as it was)
             bad = next((i for i in range(len(rows)) if not self._decodes([[c[i]] for c in cols])), 0)
-            raise BadRowError(str(e), self._ins[start + bad], getattr(e, "columns", None)) from None
+            raise BadRowError(str(e), self._open_ins_at(start + bad), getattr(e, "columns", None)) from None
         if patches:
             arrays = list(rb.columns)
             for ci, idx, scalars in patches:  # splice the carried values in, in Arrow (no Python round trip)
@@ -326,7 +457,7 @@ class MemSlice:
         from sealing (the slice is then unchanged)."""
         self.seal()
         self.version += 1
-        self.batches = [Batch(convert(b.rb), b.ins_lsn, b.del_lsn, b.hashes) for b in self.batches]
+        self.batches = [b.with_rb(convert(b.rb)) for b in self.batches]
         self._bytes = sum(b.rb.nbytes for b in self.batches)
         self.schema = schema
         self._decode = decode
@@ -346,9 +477,15 @@ class MemSlice:
         parts = []
         for b in self.batches:
             if lsn is None:
+                if not b.any_deleted:
+                    parts.append(b.rb)
+                    continue
                 mask = b.del_lsn == LIVE
             else:
                 L = np.uint64(lsn)
+                if not b.any_deleted and (len(b.ins_lsns) == 0 or b.ins_lsns.max() < L):
+                    parts.append(b.rb)
+                    continue
                 mask = (b.ins_lsn < L) & ((b.del_lsn == LIVE) | (b.del_lsn >= L))
             if mask.all():
                 parts.append(b.rb)
@@ -402,8 +539,12 @@ class MemSlice:
         parts, hashes = [], []
         horizon = 0
         for b in self.batches:
-            if len(b.ins_lsn):
-                horizon = max(horizon, int(b.ins_lsn.max()), int(b.del_lsn.max()))
+            if len(b.ins_lsns):
+                horizon = max(horizon, int(b.ins_lsns.max()), int(b.del_lsn.max()) if b.any_deleted else 0)
+            if not b.any_deleted:
+                parts.append(b.rb)
+                hashes.append(b.hashes)
+                continue
             mask = b.del_lsn == LIVE
             if mask.any():
                 parts.append(b.rb.filter(pa.array(mask)) if not mask.all() else b.rb)
@@ -419,7 +560,7 @@ class MemSlice:
         self.version += 1
         for b in self.batches:
             live = b.del_lsn == LIVE
-            b.del_lsn[live] = lsn
+            b.stamp_deleted(live, lsn)
             self.deleted_rows += int(live.sum())
         self.index = MemIndex()
 
@@ -435,7 +576,7 @@ class MemSlice:
     @property
     def num_rows(self) -> int:
         """Rows held (live and deleted), sealed and open."""
-        return cast(int, sum(b.rb.num_rows for b in self.batches) + self._rows_start + len(self._rows))
+        return sum(b.num_rows for b in self.batches) + self._rows_start + len(self._rows)
 
     @property
     def live_rows(self) -> int:
