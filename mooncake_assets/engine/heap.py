@@ -27,6 +27,16 @@ peak (VmHWM)                       675     615
 
 It costs a few milliseconds per GiB of heap (``malloc_trim`` walks every arena), so callers use it
 after a large piece of work (a flush, a persist, a spilled transaction's apply), not per row.
+
+:func:`fix_mmap_threshold` keeps the peak from building up in the first place: glibc serves a
+request of at least ``M_MMAP_THRESHOLD`` bytes (128 KiB) with its own ``mmap`` and unmaps it on
+``free`` — but by default it *raises* that threshold to the size of each such block freed (up to
+32 MiB), so after the first large transaction every later transaction's buffers (the decoder's
+columns, a run's text arrays, the hashes, a batch before it is copied out) come from the heap and
+stay there when freed, under the blocks that outlive them (mallopt(3), "M_MMAP_THRESHOLD"). Setting
+the threshold (mallopt) switches that adjustment off. Measured with the service's own bench steps
+(500,000 narrow rows in transactions of 50,000, no flush; 2026-12-03, shared machine): RSS after
++109 → +74 MiB, peak +109 → +89 MiB (``MALLOC_MMAP_THRESHOLD_=131072``, the same setting).
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["release_unused", "malloc_trim_available"]
+__all__ = ["release_unused", "malloc_trim_available", "fix_mmap_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,27 @@ def _glibc_trim() -> Callable[[int], int] | None:
     fn.restype = ctypes.c_int
     _TRIM = fn
     return fn
+
+
+#: mallopt(3)'s parameter number of M_MMAP_THRESHOLD (glibc's malloc.h)
+M_MMAP_THRESHOLD = -3
+
+
+def fix_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Fix glibc's ``M_MMAP_THRESHOLD`` at ``nbytes`` (module docstring): every ``malloc`` of at least
+    that many bytes gets its own mapping, returned to the system by ``free``. Returns True when set,
+    False when the C library is not glibc or refuses the value (``mallopt`` returns 0). Never raises."""
+    if _glibc_trim() is None:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.mallopt
+        fn.argtypes = [ctypes.c_int, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return bool(fn(M_MMAP_THRESHOLD, int(nbytes)))
+    except (AttributeError, OSError, ValueError) as e:
+        log.debug("mallopt(M_MMAP_THRESHOLD) failed: %s", e)
+        return False
 
 
 def malloc_trim_available() -> bool:

@@ -49,3 +49,43 @@ def test_release_unused_twice_is_harmless():
     """Nothing left to release: no error, the process goes on."""
     release_unused()
     release_unused()
+
+
+_CHILD_MMAP = r"""
+import json, sys
+from pathlib import Path
+def rss():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+from mooncake_assets.engine.heap import fix_mmap_threshold
+fixed = fix_mmap_threshold() if sys.argv[1] == "fix" else None
+first = bytearray(8 << 20)  # one large block freed: glibc would raise its mmap threshold to 8 MiB
+del first
+blocks = [bytearray(1 << 20) for _ in range(150)]  # 150 MiB in 1 MiB blocks (every page touched)
+pin = bytearray(200_000)  # above them in the heap, so trimming the heap's top cannot return them
+peak = rss()
+del blocks
+print(json.dumps({"fixed": fixed, "peak": peak, "freed": rss()}))
+"""
+
+
+@pytest.mark.skipif(not malloc_trim_available(), reason="mallopt is glibc's")
+def test_with_a_fixed_mmap_threshold_freed_large_blocks_leave_at_once():
+    """After one 8 MiB block is freed, glibc's default keeps 150 freed 1 MiB blocks in its heap (RSS
+    stays near the peak); with :func:`fix_mmap_threshold` each had its own mapping and RSS falls by
+    at least 120 MiB on ``free``, with no ``malloc_trim``."""
+    mib = 1 << 20
+    runs = {}
+    for mode in ("default", "fix"):
+        out = subprocess.run([sys.executable, "-c", _CHILD_MMAP, mode], capture_output=True, text=True, check=True)
+        runs[mode] = json.loads(out.stdout)
+    print(
+        {
+            k: {f: v / mib if isinstance(v, int) and not isinstance(v, bool) else v for f, v in m.items()}
+            for k, m in runs.items()
+        }
+    )
+    assert runs["default"]["freed"] > runs["default"]["peak"] - 30 * mib, runs  # (what the fix is for)
+    assert runs["fix"]["fixed"] is True
+    assert runs["fix"]["freed"] < runs["fix"]["peak"] - 120 * mib, runs

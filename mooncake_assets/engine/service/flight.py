@@ -48,6 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from ..heap import fix_mmap_threshold
 from ..lsn import Lsn
 from ..pg.conninfo import install_log_scrubber, scrub, source_label
 from ..private import ensure_private_dir, write_private
@@ -293,6 +294,7 @@ def serve(config: ServiceConfig, ready_cb: Callable[[], object] | None = None) -
     os.umask(0o077)  # everything the service creates (state, staging, catalog, socket) is owner-only
     install_log_scrubber()
     select_memory_pool()
+    fix_mmap_threshold()  # large transient buffers go back to the system when freed (engine/heap.py)
     ensure_private_dir(config.state_dir)
     pidfile = config.state_dir / "service.pid"
     service = ReplicatorService(config)
