@@ -234,3 +234,20 @@ def test_a_full_disk_fails_only_that_transactions_spill(tmp_path, monkeypatch):
     again.append((7002, m_commit(7002, 7003, 0)))
     got = [x for lsn, p in again for x in dec.feed(p, lsn)]
     assert len(got) == 1 and got[0].spilled is None and len(_changes(got[0])) == 1
+
+
+def test_a_large_transactions_buffers_are_freed_once_it_is_taken():
+    """The batch decoder keeps at most 4 MiB of row/cell/value arrays for reuse after a batch is taken:
+    a 50,000-row transaction (~12 MiB of arrays while it is buffered) does not leave its capacity
+    allocated for the life of the service (it was kept up to 16 MiB)."""
+    dec = NativeDecoder(batch=True)
+    msgs = [(1, REL), (2, m_begin(900, 0, 9))]
+    msgs += [(3 + i, m_insert(None, 1, [("t", str(i).encode()), ("t", b"z" * 84)])) for i in range(50_000)]
+    msgs.append((60_000, m_commit(60_000, 60_001, 0)))
+    for lsn, payload in msgs:
+        dec.feed(payload, lsn)
+    held = dec.buffered_bytes
+    assert held > 8 << 20  # the committed transaction, not taken yet
+    (batch,) = dec.take()
+    assert batch.rows == 50_000
+    assert dec.buffered_bytes <= 4 << 20, (held, dec.buffered_bytes)

@@ -761,7 +761,7 @@ cdef class NativeDecoder:
             )
         )
         self._bt_clear()
-        self._batch.recycle(1 << 24)
+        self._batch.recycle(1 << 22)
         return 0
 
     cdef int _feed(self, const uint8_t* p, Py_ssize_t n, uint64_t lsn) except -1:
