@@ -330,3 +330,49 @@ def test_arrow_mode_holds_the_live_rows_of_files_with_deletes_until_a_vector_cha
     monkeypatch.setattr(union, "MEM_TABLE_ROWS", 65_536)  # a small table: all its files held as one table
     check(pa.concat_tables([_rows(np.arange(0, 3000), 0), mem]))
     assert [k[0] for k in r._dirty_tables["t"][1]] == [clean[0]["path"]] and "read_parquet" not in r._views["t"]
+
+
+def test_arrow_mode_past_the_held_size_reads_files_in_parallel_and_drops_their_deleted_rows(tmp_path):
+    """More live rows than MEM_TABLE_ROWS in files with deletes, over PARALLEL_ROWS in all: the arrow
+    way reads the files side by side with PyArrow and drops each one's deleted rows by its keep mask
+    (random deletes, a fully deleted row group, a file whose every row is deleted, a clean file). A
+    reader that holds no rows reads them again in every query; every query equals the expected rows,
+    also a statement that scans the view twice."""
+    import mooncake_assets.engine.read.union as union
+
+    rng = np.random.default_rng(11)
+    n, files, expected = 90_000, [], []
+    layout = {
+        "random": sorted(rng.choice(n, n // 50, replace=False).tolist()),
+        "groups": list(range(10_000, 30_000)) + [5, 40_000, 89_999],
+        "gone": list(range(n)),
+        "clean": [],
+    }
+    for k, (name, dels) in enumerate(layout.items()):
+        t = pa.table(
+            {"id": pa.array(np.arange(k * n, (k + 1) * n), pa.int64()), "val": pa.array(rng.integers(0, 1000, n))}
+        )
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(t, path, row_group_size=10_000)
+        files.append({"name": path.name, "path": str(path), "rows": n, "deleted": _dv(dels)})
+        keep = np.ones(n, bool)
+        keep[dels] = False
+        expected.append(t.filter(pa.array(keep)))
+    mem = pa.table({"id": pa.array([10**9], pa.int64()), "val": pa.array([7])})
+    expected.append(mem)
+    want = pa.concat_tables(expected)
+    client = FakeClient()
+    client.tables["t"] = ({"table": "t", "lsn": "0/10", "files": files, "schema": ["id", "val"]}, mem)
+    assert sum(len(d) and n - len(d) for d in layout.values()) > union.MEM_TABLE_ROWS
+    assert 4 * n >= union.PARALLEL_ROWS
+    r = UnionReader(client, mode="arrow", hold_rows=False)
+    for _ in range(2):
+        got = r.query("SELECT id, val FROM t", lsn="0/10")
+        assert got.num_rows == want.num_rows
+        assert sorted(got["id"].to_pylist()) == sorted(want["id"].to_pylist())
+        assert pc.sum(got["val"]).as_py() == pc.sum(want["val"]).as_py()
+    assert "__mc_dirty_t" in r._registered  # the registered Arrow branch, not a held DuckDB table
+    twice = r.query(
+        "SELECT count(*) AS n, sum(val) AS s FROM (SELECT val FROM t UNION ALL SELECT val FROM t)", lsn="0/10"
+    )
+    assert twice.to_pylist() == [{"n": 2 * want.num_rows, "s": 2 * pc.sum(want["val"]).as_py()}]
