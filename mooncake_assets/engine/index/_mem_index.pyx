@@ -16,12 +16,13 @@ Open addressing with linear probing in Robin Hood order (a resident further from
 never displaced by a newcomer closer to its own), home slot ``(key × capacity) >> 64`` (any
 capacity, no power of two), deletion by backward shift (no tombstones). The table grows by ×1.3 when
 its distinct hashes pass 7/8 of the capacity, so its load stays in [0.67, 0.875]: 18.3–23.8 bytes per
-distinct hash. The C loops hold the GIL (no other Python thread runs during one); callers that share
+distinct hash. It grows in place (``_reserve``: realloc, then every resident re-placed), so a growth
+never holds the old array beside the new one (that was +16 bytes per slot at the peak). The C loops hold the GIL (no other Python thread runs during one); callers that share
 a MemIndex between threads serialize their calls (the table's lock), as with the dict version.
 """
 
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc, PyMem_RawRealloc
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
@@ -235,7 +236,10 @@ cdef class MemIndex:
         self.used -= 1
 
     cdef int _reserve(self, size_t distinct) except -1:
-        """Grow (rehash) so ``distinct`` hashes fit under the load limit 7/8."""
+        """Grow (rehash) so ``distinct`` hashes fit under the load limit 7/8. In place: the slot array is
+        reallocated (a large one is remapped by the C library, not copied) and every resident re-placed
+        under the new capacity, a bitmap (1 bit per slot) telling the re-placed from those not yet
+        moved, so a growth needs the new array only, not the old one beside it."""
         if distinct * 8 <= self.cap * 7:
             return 0
         cdef size_t new_cap = self.cap + self.cap * 3 // 10
@@ -243,20 +247,64 @@ cdef class MemIndex:
             new_cap = MIN_CAP
         while distinct * 8 > new_cap * 7:
             new_cap += new_cap * 3 // 10
-        cdef Slot *new = <Slot *>PyMem_RawMalloc(new_cap * sizeof(Slot))
-        if new == NULL:
+        cdef Slot *grown = <Slot *>PyMem_RawRealloc(self.slots, new_cap * sizeof(Slot))
+        if grown == NULL:
             raise MemoryError()
-        memset(new, 0xFF, new_cap * sizeof(Slot))
-        cdef Slot *old = self.slots
         cdef size_t old_cap = self.cap, i
-        self.slots = new
+        memset(grown + old_cap, 0xFF, (new_cap - old_cap) * sizeof(Slot))
+        cdef uint8_t *done = <uint8_t *>PyMem_RawMalloc((new_cap + 7) // 8)
+        if done == NULL:
+            self.slots = grown  # (still the old table: the extra slots are empty, beyond its capacity)
+            raise MemoryError()
+        memset(done, 0, (new_cap + 7) // 8)
+        self.slots = grown
         self.cap = new_cap
-        self.used = 0
-        for i in range(old_cap):  # in home order, so the new homes are visited in order too
-            if old[i].val != EMPTY:
-                self._place(old[i].key, old[i].val)
-        PyMem_RawFree(old)
+        cdef uint64_t key, val
+        for i in range(old_cap):
+            if grown[i].val != EMPTY and not (done[i >> 3] >> (i & 7)) & 1:
+                key = grown[i].key
+                val = grown[i].val
+                grown[i].val = EMPTY
+                self._replace(key, val, done)
+        PyMem_RawFree(done)
         return 0
+
+    cdef inline void _replace(self, uint64_t key, uint64_t val, uint8_t *done) noexcept nogil:
+        """:meth:`_place` during an in-place growth: a slot whose resident is not re-placed yet (bit clear
+        in ``done``) counts as free — the newcomer takes it and that resident is placed next, from its
+        own home. ``used`` is unchanged."""
+        cdef size_t i = self._home(key)
+        cdef size_t d = 0, rd
+        cdef uint64_t tk, tv
+        cdef Slot *s
+        while True:
+            s = &self.slots[i]
+            if s.val == EMPTY or not (done[i >> 3] >> (i & 7)) & 1:
+                tk = s.key
+                tv = s.val
+                s.key = key
+                s.val = val
+                done[i >> 3] |= <uint8_t>(1 << (i & 7))
+                if tv == EMPTY:
+                    return
+                key = tk
+                val = tv
+                i = self._home(key)
+                d = 0
+                continue
+            rd = self._dist(i, s.key)
+            if rd < d:
+                tk = s.key
+                tv = s.val
+                s.key = key
+                s.val = val
+                key = tk
+                val = tv
+                d = rd
+            i += 1
+            if i == self.cap:
+                i = 0
+            d += 1
 
     # -- overflow vectors ---------------------------------------------------------------------
     cdef int _new_list(self, uint64_t a, uint64_t b, uint64_t *ref) except -1:
