@@ -14,6 +14,14 @@ One mechanism, two ways to arm it, both read by the service process at each poin
   down in the file (``conflicts_injected`` counts up). The error raised is the one the layer owning
   the point registered with :func:`register_conflict` (the Iceberg catalog registers its own
   pointer-conflict error), so this module depends on no layer above it.
+  ``{"corrupt_relation": OID}`` corrupts, while the file says so, every Insert/Update/Delete of that
+  relation on its way into the stream's decoder (either decoder: ``fault_corrupt_oid`` of
+  ``TransactionAssembler`` / ``NativeDecoder``, set by the stream loop from :func:`corrupt_relation`
+  before each read): the payload is cut right after its relation OID
+  (``pgoutput.cut_after_relation``; the compiled decoder cuts its view of the libpq buffer the same
+  way), a malformed message as a broken decoder or a damaged stream would hand over; with
+  ``"corrupt_short": true`` it is cut inside the OID (a message no table can be named for: the stream
+  fails). Removing the key (or the file) ends it.
 
 A third, ``MOONCAKE_JITTER`` (``<seed>[:<max seconds>[:<probability>]]``, defaults 0.2 s and 0.3),
 adds *seeded* delays at every point: the n-th time the process passes point P it sleeps, with the
@@ -69,7 +77,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fault", "faults", "register_conflict", "set_faults", "jitter", "jitter_delay"]
+__all__ = ["fault", "faults", "register_conflict", "set_faults", "corrupt_relation", "jitter", "jitter_delay"]
 
 log = logging.getLogger("mooncake.faults")
 _FILE_LOCK = threading.Lock()
@@ -141,6 +149,21 @@ def set_faults(path: str | os.PathLike[str], **faults: object) -> None:
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps(faults))
     tmp.replace(p)
+
+
+def corrupt_relation() -> tuple[int | None, bool]:
+    """``(relation OID, short)``: the relation whose row messages the ``MOONCAKE_FAULTS`` file says to
+    corrupt and whether inside the OID (``corrupt_relation``, ``corrupt_short``: module docstring);
+    ``(None, False)`` without a file, such a key or a readable file."""
+    path = os.environ.get("MOONCAKE_FAULTS")
+    if not path:
+        return None, False
+    try:
+        armed = json.loads(Path(path).read_text())
+        oid = armed.get("corrupt_relation")
+    except (OSError, ValueError, AttributeError):
+        return None, False
+    return (oid, bool(armed.get("corrupt_short"))) if isinstance(oid, int) else (None, False)
 
 
 def _file_fault(point: str) -> None:

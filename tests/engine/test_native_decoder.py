@@ -8,7 +8,8 @@ transactions interleaved with plain ones, Stream Abort of subtransactions and of
 first_segment restarts) and feeds them to the reference (:class:`TransactionAssembler` +
 :func:`columnar_transaction`) and to :class:`NativeDecoder`: same transactions, same runs
 (``ChangeRun.equals``; run limits patched small so runs split), same relation and type caches,
-and the same error at the same message for broken sequences. The receive loop on a real stream:
+and the same error at the same message for broken sequences; a malformed row message of a readable
+relation inside a transaction is no error but the same bad-message marker (``bad``) on both. The receive loop on a real stream:
 tests/pg/test_native_receiver.py.
 """
 
@@ -287,11 +288,17 @@ CONTROL = set(b"BCSEcA")
 
 @st.composite
 def broken_streams(draw):
-    """A valid stream with one control message dropped, duplicated or moved, or one message cut short."""
+    """A valid stream with one control message dropped, duplicated or moved, or one message cut short
+    (any message, or a row message cut after its relation OID: a bad-message marker on both decoders)."""
     msgs = list(draw(streams()))
     ctl = [i for i, (_, p) in enumerate(msgs) if p[0] in CONTROL]
-    how = draw(st.sampled_from(["drop", "dup", "cut"]))
-    if how == "cut":
+    rows = [i for i, (_, p) in enumerate(msgs) if p[0] in b"IUDR"]
+    how = draw(st.sampled_from(["drop", "dup", "cut", "cut_row"]))
+    if how == "cut_row" and rows:
+        i = draw(st.sampled_from(rows))
+        lsn, p = msgs[i]
+        msgs[i] = (lsn, p[: draw(st.integers(min(9, len(p) - 1), len(p) - 1))])  # (9: past a stream xid + OID)
+    elif how == "cut":
         i = draw(st.integers(0, len(msgs) - 1))
         lsn, p = msgs[i]
         msgs[i] = (lsn, p[: draw(st.integers(0, len(p) - 1))])
@@ -399,7 +406,8 @@ def assert_batches_hold(ref, out) -> None:
 
 def _txn_header(t) -> tuple:
     """What a decoded transaction says of itself, apart from its rows."""
-    return (t.xid, t.commit_lsn, t.end_lsn, t.commit_time, t.streamed, t.origin, t.rows)
+    bad = [(b.relation_oid, b.lsn, b.kind, b.xid) for b in t.bad]
+    return (t.xid, t.commit_lsn, t.end_lsn, t.commit_time, t.streamed, t.origin, t.rows, bad)
 
 
 def assert_same_transactions(ref, nat) -> None:
@@ -426,6 +434,8 @@ def compare(msgs) -> None:
     bdec, bat, bat_err = run_native(msgs, batch=True)
     assert_batches_hold(ref, bat)
     assert (bat_err is None) == (nat_err is None) and (bat_err is None or bat_err[0] == nat_err[0])
+    if any(t.bad for t in ref):
+        event("bad message marker")
     if ref_err is None:
         assert nat_err is None, nat_err
         assert (dec.in_stream, dec.in_transaction, dec.open_streams, dec.buffered_changes, dec.idle) == (
@@ -488,21 +498,78 @@ def test_long_runs_split_at_max_run_rows():
 
 
 def test_errors_name_the_lsn_and_emit_nothing():
-    """A malformed Insert in an open transaction: ValueError naming its XLogData's LSN; the transaction
-    is not emitted (its Commit, fed after the error, finds it still open: no partial row kept)."""
+    """An Insert too short to hold its relation OID in an open transaction: ValueError naming its
+    XLogData's LSN (it cannot be attributed to a table: the stream fails); the transaction is not
+    emitted (its Commit, fed after the error, finds it still open: no partial row kept)."""
     rel = m_relation(None, 1, "public", "t", "d", [(1, "id", 23, -1)])
-    dec = NativeDecoder()
-    dec.feed(rel, 1)
-    dec.feed(m_begin(10, 0, 5), 2)
-    dec.feed(m_insert(None, 1, [("t", b"1")]), 3)
-    bad = m_insert(None, 1, [("t", b"22")])[:-1]
-    with pytest.raises(ValueError, match=r"at LSN 1/23456789"):
-        dec.feed(bad, 0x1_23456789)
-    assert dec.buffered_changes == 1
+    for dec in (NativeDecoder(), TransactionAssembler()):
+        feed = dec.feed if isinstance(dec, NativeDecoder) else dec.feed_payload
+        feed(rel, 1)
+        feed(m_begin(10, 0, 5), 2)
+        feed(m_insert(None, 1, [("t", b"1")]), 3)
+        with pytest.raises(ValueError, match=r"at LSN 1/23456789"):
+            feed(b"I\0\0", 0x1_23456789)
+        assert dec.buffered_changes == 1
+        (txn,) = feed(m_commit(11, 12, 0), 4)
+        assert len(txn.changes if hasattr(txn, "changes") else range(txn.rows)) == 1 and not txn.bad
     with pytest.raises(ProtocolError, match="Insert for relation 1 outside any transaction"):
         NativeDecoder().feed(m_insert(None, 1, [("t", b"1")]), 4)
-    (txn,) = dec.feed(m_commit(11, 12, 0), 4)
-    assert txn.rows == 1
+    with pytest.raises(ValueError, match=r"past the end .* at LSN 0/4"):  # malformed outside a transaction
+        NativeDecoder().feed(m_insert(None, 1, [("t", b"1")])[:-1], 4)
+
+
+@pytest.mark.parametrize(("native", "batch"), [(False, False), (True, False), (True, True)])
+def test_malformed_row_message_is_a_marker_of_its_transaction(native, batch):
+    """A malformed Insert/Update/Delete/Relation whose relation OID can be read, inside a transaction:
+    no error; the transaction assembles with a BadMessage (relation, XLogData LSN, type byte, what was
+    wrong) and without that message's row; the other relation's rows are all there. In batch mode the
+    transaction comes on its own (not inside a ColumnarBatch), after the batch before it."""
+    r1 = m_relation(None, 1, "public", "a", "d", [(1, "id", 23, -1)])
+    r2 = m_relation(None, 2, "public", "b", "d", [(1, "id", 23, -1)])
+    msgs = [(1, r1), (2, r2), (3, m_begin(9, 0, 4)), (4, m_insert(None, 2, [("t", b"0")])), (5, m_commit(9, 10, 0))]
+    msgs += [(6, m_begin(20, 0, 5)), (7, m_insert(None, 1, [("t", b"1")])), (8, m_insert(None, 2, [("t", b"1")]))]
+    msgs += [
+        (0x1_00000009, m_insert(None, 1, [("t", b"2")])[:-1]),  # cut: value runs past the end
+        (10, m_insert(None, 2, [("t", b"2")])),
+        (11, m_delete(None, 1, "X", [("t", b"1")])),  # bad old-tuple kind
+        (12, m_insert(None, 1, [("t", b"3"), ("t", b"4")])),  # two columns, its Relation says one
+        (13, m_relation(None, 2, "public", "b", "d", [(1, "id", 23, -1)])[:-3]),  # cut Relation
+        (14, m_commit(20, 21, 0)),
+    ]
+    if native:
+        _, out, err = run_native(msgs, batch=batch)
+    else:
+        _, out, err = run_reference(msgs)
+    assert err is None
+    if batch:
+        assert isinstance(out[0], ColumnarBatch) and len(out) == 2
+        out = out[0].transactions() + out[1:]
+    assert [t.bad for t in out[:1]] == [[]]
+    txn = out[1]
+    assert [(b.relation_oid, b.lsn, b.kind, b.xid) for b in txn.bad] == [
+        (1, 0x1_00000009, "I", 5),
+        (1, 11, "D", 5),
+        (1, 12, "I", 5),
+        (2, 13, "R", 5),
+    ]
+    assert "XLogData at LSN 1/9" in txn.bad[0].error and "runs past the end" in txn.bad[0].error
+    assert "has 2 columns, its Relation message 1" in txn.bad[2].error
+    rows = [(c.relation_oid, bytes(c.new.data[0])) for run in txn.runs for c in changes_from_run(run)]
+    assert rows == [(1, b"1"), (2, b"1"), (2, b"2")]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bad_message_of_an_aborted_subtransaction_goes_with_it(native):
+    """Streamed: a malformed Insert tagged with a subxid that later aborts (ROLLBACK TO SAVEPOINT) is
+    dropped with that subtransaction's changes; one of the top xid stays."""
+    rel = m_relation(None, 1, "public", "a", "d", [(1, "id", 23, -1)])
+    msgs = [(1, rel), (2, m_stream_start(7, True)), (3, m_insert(7, 1, [("t", b"1")]))]
+    msgs += [(4, m_insert(8, 1, [("t", b"2")])[:-1]), (5, m_insert(7, 1, [("t", b"3")])[:-1]), (6, m_stream_stop())]
+    msgs += [(7, b"A" + struct.pack(">II", 7, 8)), (8, m_stream_commit(7, 30, 31, 0))]
+    _, out, err = run_native(msgs) if native else run_reference(msgs)
+    assert err is None
+    (txn,) = out
+    assert [(b.relation_oid, b.lsn, b.xid) for b in txn.bad] == [(1, 5, 7)] and txn.rows == 1
 
 
 def test_receiver_needs_a_loaded_libpq():

@@ -73,7 +73,7 @@ def test_spilled_transactions_equal_in_memory_ones(msgs, spill_bytes, tmp_path):
     assert len(plain) == len(spilled)
     for a, b in zip(plain, spilled):
         assert (a.xid, a.commit_lsn, a.end_lsn, a.streamed) == (b.xid, b.commit_lsn, b.end_lsn, b.streamed)
-        assert _changes(a) == _changes(b)
+        assert _changes(a) == _changes(b) and a.bad == b.bad
         if b.spilled is not None:
             b.spilled.delete()
     open_xids = set(dec.open_streams) | ({None} if dec.in_transaction else set())
@@ -125,6 +125,30 @@ def test_plain_transaction_spills_and_reads_back_in_chunks(tmp_path):
     assert [int(bytes(ch.new.data[0])) for ch in _changes(t)] == list(range(5000))
     t.spilled.delete()
     assert list(tmp_path.glob("*.arrow")) == []
+
+
+def test_a_spilled_transaction_keeps_its_bad_messages(tmp_path):
+    """A malformed Insert of a readable relation in a transaction that spills (threshold 0: after every
+    change) is a BadMessage of the committed transaction, not lost with the spilled rows; one of a
+    streamed subtransaction that aborts goes with it."""
+    rel = m_relation(None, 1, "public", "t", "d", [(1, "id", 23, -1)])
+    msgs = [(1, rel), (2, m_begin(10, 0, 5)), (3, m_insert(None, 1, [("t", b"1")]))]
+    msgs += [
+        (4, m_insert(None, 1, [("t", b"2")])[:-1]),
+        (5, m_insert(None, 1, [("t", b"3")])),
+        (6, m_commit(10, 11, 0)),
+    ]
+    msgs += [(7, m_stream_start(8, True)), (8, m_insert(8, 1, [("t", b"4")])), (9, m_insert(9, 1, [("t", b"5")])[:-1])]
+    msgs += [(10, m_insert(8, 1, [("t", b"6")])[:-1]), (11, m_stream_stop()), (12, m_stream_abort(8, 9))]
+    msgs += [(13, m_stream_commit(8, 20, 21, 0))]
+    dec, out, err = _decode(msgs, tmp_path / "s", 0)
+    assert err is None and len(out) == 2 and all(t.spilled is not None for t in out)
+    assert [(b.relation_oid, b.lsn, b.xid) for b in out[0].bad] == [(1, 4, 5)]
+    assert [(b.relation_oid, b.lsn, b.xid) for b in out[1].bad] == [(1, 10, 8)]
+    assert [bytes(c.new.data[0]) for c in _changes(out[0])] == [b"1", b"3"]
+    assert [bytes(c.new.data[0]) for c in _changes(out[1])] == [b"4"]
+    for t in out:
+        t.spilled.delete()
 
 
 def test_a_new_spiller_removes_files_left_behind(tmp_path):

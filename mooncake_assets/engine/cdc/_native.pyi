@@ -14,6 +14,8 @@ class NativeDecoder:
     types: dict[int, Type]
     in_stream: bool
     spill: Spiller | None
+    fault_corrupt_oid: int | None
+    fault_corrupt_short: bool
     spill_bytes: int
     batch: bool
     def __init__(self, batch: bool = False) -> None: ...

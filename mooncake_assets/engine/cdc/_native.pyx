@@ -46,6 +46,7 @@ import pyarrow as pa
 from mooncake_assets.engine.cdc import columnar as _columnar
 from mooncake_assets.engine.cdc.columnar import CellColumn, ChangeRun, ColumnarBatch, ColumnarTransaction
 from mooncake_assets.engine.cdc.pgoutput import (
+    BadMessage,
     Begin,
     Commit,
     Message,
@@ -58,6 +59,7 @@ from mooncake_assets.engine.cdc.pgoutput import (
     Truncate,
     Type,
     PG_EPOCH,
+    message_relation,
     parse_message,
     pg_time_to_datetime,
 )
@@ -149,10 +151,12 @@ cdef class _TxnBuf:
     cdef public uint32_t xid
     cdef public uint64_t final_lsn
     cdef public object origin
+    cdef public list bad  # the transaction's BadMessages (kept when its rows spill)
 
     def __cinit__(self):
         self._reset()
         self.origin = None
+        self.bad = []
 
     def __dealloc__(self):
         free(self.rows)
@@ -233,6 +237,8 @@ cdef class _TxnBuf:
         self.nrows = w
         self.ncells = cw
         self.ndata = dw
+        if self.bad:
+            self.bad = [m for m in self.bad if m.xid != sub]
 
     cdef int64_t used(self) noexcept:
         return self.nrows * <int64_t>sizeof(RowRec) + self.ncells * <int64_t>sizeof(CellRec) + self.ndata
@@ -310,6 +316,7 @@ cdef class _TxnBuf:
             self.last_rel_idx = -1
             self.truncs = []
         self.origin = None
+        self.bad = []
         return 0
 
     @property
@@ -588,9 +595,11 @@ cdef class NativeDecoder:
     :class:`~.txn.TransactionAssembler` returns for the same stream).
 
     ``relations`` / ``types``: oid → latest :class:`~.pgoutput.Relation` / :class:`~.pgoutput.Type`,
-    kept as the assembler keeps them. Errors: :class:`~.txn.ProtocolError` (same messages as the
-    assembler) for a message out of place; ``ValueError`` for a malformed message, naming the LSN of
-    its XLogData. After an error nothing of an open transaction has been emitted; :meth:`reset` (or a
+    kept as the assembler keeps them. A malformed row message of a readable relation inside a
+    transaction becomes a :class:`~.pgoutput.BadMessage` of it (``ColumnarTransaction.bad``; the
+    assembler's rule, txn.py). Errors: :class:`~.txn.ProtocolError` (same messages as the
+    assembler) for a message out of place; ``ValueError`` for any other malformed message, naming the
+    LSN of its XLogData. After an error nothing of an open transaction has been emitted; :meth:`reset` (or a
     new decoder) and a reconnect from the slot's confirmed position is the remedy.
 
     ``batch=True`` (the service's stream): a committed transaction that was not spilled is not cut into
@@ -616,6 +625,9 @@ cdef class NativeDecoder:
     cdef public int64_t spill_bytes  # an open transaction's buffer spills past this (bytes)
     cdef object _c_rel
     cdef Py_ssize_t _c_ncols
+    cdef public object fault_corrupt_oid  # fault injection (faults.corrupt_relation): None, or an OID whose
+    #                                      Insert/Update/Delete payloads are cut after the OID
+    cdef public bint fault_corrupt_short  # ... cut inside the OID instead (no table can be named)
     cdef public bint batch  # committed transactions join the batch buffer (see the class docstring)
     cdef _TxnBuf _batch  # the committed transactions not yet taken, rows end to end
     cdef _TxnBuf _spare  # an emptied transaction buffer, reused by the next Begin
@@ -637,6 +649,8 @@ cdef class NativeDecoder:
         self._c_oid = -1
         self.spill = None
         self.spill_bytes = 0
+        self.fault_corrupt_oid = None
+        self.fault_corrupt_short = False
 
     # -- state for observers (as TransactionAssembler) -------------------------------------------------
     @property
@@ -766,7 +780,12 @@ cdef class NativeDecoder:
 
     cdef int _feed(self, const uint8_t* p, Py_ssize_t n, uint64_t lsn) except -1:
         cdef uint8_t t = p[0] if n > 0 else 0
+        cdef Py_ssize_t at
         if t == K_INSERT or t == K_UPDATE or t == K_DELETE:
+            if self.fault_corrupt_oid is not None:  # fault injection: pgoutput.cut_after_relation's cut
+                at = 5 if self.in_stream else 1
+                if n >= at + 4 and _be32(p + at) == <uint32_t>self.fault_corrupt_oid:
+                    n = at + (2 if self.fault_corrupt_short else 4)
             return self._data(p, n, lsn, t)
         if t == 66 and n >= 21:  # 'B' Begin: Int64 final LSN, Int64 commit time, Int32 xid
             return self._begin(_be32(p + 17), _be64(p + 1))
@@ -816,7 +835,11 @@ cdef class NativeDecoder:
             _read_row(b, p, n, pos, kind, oid, xid, lsn, rel, self._c_ncols)
         except ValueError as e:
             b._truncate_to(nrows, ncells, ndata)
-            raise ValueError(f"{e} (XLogData at LSN {_lsn_text(lsn)})") from None
+            if b is self._scratch:
+                raise ValueError(f"{e} (XLogData at LSN {_lsn_text(lsn)})") from None
+            # a malformed row of a readable relation: a marker of the transaction (txn.py's docstring)
+            b.bad.append(BadMessage(oid, lsn, chr(kind), f"{e} (XLogData at LSN {_lsn_text(lsn)})", xid))
+            return 0
         if b is self._scratch:
             b._truncate_to(0, 0, 0)
             name = "Insert" if kind == K_INSERT else "Update" if kind == K_UPDATE else "Delete"
@@ -840,10 +863,18 @@ cdef class NativeDecoder:
         return self.spill.take(xid) if self.spill is not None else None
 
     cdef int _control(self, bytes payload, uint64_t lsn) except -1:
+        cdef uint32_t xid = 0
+        cdef _TxnBuf b
         try:
             msg = parse_message(payload, self.in_stream)
         except ValueError as e:
-            raise ValueError(f"{e} (XLogData at LSN {_lsn_text(lsn)})") from None
+            text = f"{e} (XLogData at LSN {_lsn_text(lsn)})"
+            at = message_relation(payload, self.in_stream)  # (a Relation here: Insert/Update/Delete go to _data)
+            if at is None or not (self.in_stream or self._current is not None):
+                raise ValueError(text) from None
+            b = self._target(&xid)
+            b.bad.append(BadMessage(at[1], lsn, chr(payload[0]), text, at[0] if at[0] is not None else xid))
+            return 0
         t = type(msg)
         if t is Begin:
             self._begin(msg.xid, msg.final_lsn)
@@ -897,12 +928,12 @@ cdef class NativeDecoder:
             raise ProtocolError(f"Commit at {commit_lsn:X} without a Begin")
         self._current = None
         spilled = self._spilled(cur.xid)
-        if self.batch and spilled is None:
+        if self.batch and spilled is None and not cur.bad:
             return self._to_batch(cur, cur.xid, commit_lsn, end_lsn, ts, False, cur.origin)
         self._flush_batch()
         self._out.append(
             ColumnarTransaction(cur.xid, commit_lsn, end_lsn, pg_time_to_datetime(ts), _runs(cur), False, cur.origin,
-                                spilled)
+                                spilled, cur.bad)
         )
         return 0
 
@@ -958,13 +989,13 @@ cdef class NativeDecoder:
         if st is None:
             raise ProtocolError(f"Stream Commit of xid {msg.xid}, which was never streamed")
         spilled = self._spilled(msg.xid)
-        if self.batch and spilled is None:
+        if self.batch and spilled is None and not st.bad:
             self._to_batch(st, msg.xid, msg.commit_lsn, msg.end_lsn, _pg_us(msg.commit_time), True, None)
             return
         self._flush_batch()
         self._out.append(
             ColumnarTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, _runs(st), True, None,
-                                spilled)
+                                spilled, st.bad)
         )
 
     cdef _on_stream_abort(self, msg):

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .pgoutput import Relation, TupleData, pg_time_to_datetime
+from .pgoutput import BadMessage, Relation, TupleData, pg_time_to_datetime
 from .txn import Change, Transaction
 
 __all__ = [
@@ -160,7 +160,9 @@ class ColumnarTransaction:
     """A committed transaction in columnar form (fields as :class:`.txn.Transaction`, ``runs`` in commit
     order instead of ``changes``). ``spilled``: the compiled decoder wrote the transaction's first
     changes to disk (:class:`.spill.TransactionSpill`); they come before ``runs``, read back with
-    ``spilled.runs()``; None for a transaction held in memory whole."""
+    ``spilled.runs()``; None for a transaction held in memory whole. ``bad``: as
+    :attr:`.txn.Transaction.bad` (the compiled decoder's batch mode hands such a transaction over on
+    its own, never inside a :class:`ColumnarBatch`)."""
 
     xid: int
     commit_lsn: int
@@ -170,6 +172,7 @@ class ColumnarTransaction:
     streamed: bool = False
     origin: str | None = None
     spilled: Any = None  # a .spill.TransactionSpill (not imported: spill builds on this module)
+    bad: list[BadMessage] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -316,6 +319,8 @@ def columnar_transaction(txn: Transaction) -> ColumnarTransaction:
         runs_from_changes(txn.changes),
         txn.streamed,
         txn.origin,
+        None,
+        list(txn.bad),
     )
 
 

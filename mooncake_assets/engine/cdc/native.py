@@ -7,8 +7,11 @@ same stream, with no Python object per row (PG docs, "Logical Replication Messag
 "Logical Streaming Replication Protocol"; protocol versions 1 and 2 with streamed transactions).
 Its API mirrors the assembler's: ``feed(payload, wal_lsn) -> list[ColumnarTransaction]``,
 ``relations``, ``types``, ``in_stream``, ``in_transaction``, ``open_streams``, ``buffered_changes``,
-``idle``, ``reset()``. Errors: :class:`~.txn.ProtocolError` (the assembler's messages) for a broken
-message sequence, ``ValueError`` naming the XLogData's LSN for a malformed message.
+``idle``, ``reset()``. A malformed Insert/Update/Delete/Relation of a readable relation OID inside a
+transaction is no error but a :class:`~.pgoutput.BadMessage` on the transaction
+(``ColumnarTransaction.bad``, as the assembler's ``Transaction.bad``; such a transaction is never
+part of a ``ColumnarBatch``). Errors: :class:`~.txn.ProtocolError` (the assembler's messages) for a
+broken message sequence, ``ValueError`` naming the XLogData's LSN for any other malformed message.
 
 :class:`Receiver` (compiled) reads XLogData from libpq with ``PQgetCopyData`` on psycopg's own
 ``PGconn`` and feeds the decoder without a Python ``bytes`` per message;

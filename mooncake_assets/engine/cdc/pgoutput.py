@@ -30,6 +30,9 @@ TupleData: Int16 ncols, then per column one of ``'n'`` (NULL), ``'u'`` (unchange
 not sent), ``'t'`` Int32 n + n bytes of text, ``'b'`` Int32 n + n bytes of binary.
 
 Malformed or unknown messages raise ``ValueError`` saying what was expected and what was found.
+The decoders (:class:`~.txn.TransactionAssembler`, the compiled ``NativeDecoder``) turn a malformed
+Insert, Update, Delete or Relation whose relation OID can be read, inside a transaction, into a
+:class:`BadMessage` of that transaction instead (:func:`message_relation`): only that table stops.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ __all__ = [
     "StreamCommit",
     "StreamAbort",
     "PgOutputMessage",
+    "BadMessage",
+    "message_relation",
+    "cut_after_relation",
     "parse_message",
     "pg_time_to_datetime",
     "PG_EPOCH",
@@ -287,6 +293,54 @@ PgOutputMessage = (
     | StreamCommit
     | StreamAbort
 )
+
+
+@dataclass(frozen=True, slots=True)
+class BadMessage:
+    """A malformed (or unexpected) row message of one relation inside a transaction: the decoders
+    record it on the transaction instead of raising, and the service stops only that relation's table
+    at the transaction's commit LSN. ``relation_oid``; ``lsn``: WAL start of the XLogData that carried
+    it; ``kind``: its type byte (``'I'``, ``'U'``, ``'D'`` or ``'R'``); ``error``: what was wrong (the
+    decoder's one-line message, naming that LSN). ``xid`` (inside a stream: the (sub)transaction of the
+    message, so that a Stream Abort of that subtransaction drops the marker with its changes; else the
+    transaction's xid)."""
+
+    relation_oid: int
+    lsn: int
+    kind: str
+    error: str
+    xid: int = 0
+
+
+#: the type bytes of the messages a :class:`BadMessage` can stand for
+RELATION_MESSAGES = b"IUDR"
+
+
+def message_relation(buf: bytes | bytearray | memoryview, in_stream: bool) -> tuple[int | None, int] | None:
+    """``(xid, relation OID)`` of an Insert, Update, Delete or Relation payload when the bytes reach that
+    far (``xid``: the leading xid inside a stream, else None); None for any other message or one too
+    short to hold its OID (such a message cannot be attributed to a table)."""
+    if not buf or buf[0] not in RELATION_MESSAGES:
+        return None
+    pos = 5 if in_stream else 1
+    if len(buf) < pos + 4:
+        return None
+    xid = _U32.unpack_from(buf, 1)[0] if in_stream else None
+    return xid, _U32.unpack_from(buf, pos)[0]
+
+
+def cut_after_relation(
+    buf: bytes | bytearray | memoryview, in_stream: bool, oid: int, short: bool = False
+) -> bytes | None:
+    """Fault injection (``faults.corrupt_relation``): an Insert/Update/Delete of relation ``oid`` cut
+    right after its OID (a malformed message of that relation), or with ``short`` in the middle of the
+    OID (one no table can be named for); None for any other message."""
+    if not buf or buf[0] not in b"IUD":
+        return None
+    got = message_relation(buf, in_stream)
+    if got is None or got[1] != oid:
+        return None
+    return bytes(buf[: (5 if in_stream else 1) + (2 if short else 4)])
 
 
 def _string(buf: bytes, pos: int) -> tuple[str, int]:

@@ -12,6 +12,13 @@ subtransaction that had streamed changes (nested ones included). A Stream Start 
 ``first_segment`` for an xid already buffered restarts it (the server re-streams a transaction from
 its beginning after a reconnect).
 
+A malformed Insert, Update, Delete or Relation inside a transaction whose relation OID can be read
+(:func:`~.pgoutput.message_relation`; also a row whose tuple width disagrees with its Relation) does not
+raise: it becomes a :class:`~.pgoutput.BadMessage` on the transaction (``Transaction.bad``; a Stream
+Abort of its subtransaction drops it with the changes), and the transaction still assembles. The
+service stops only that table, at the commit LSN. Any other malformed message (Begin, Commit, an
+unknown type byte, a message too short to hold its OID, one outside any transaction) raises.
+
 Memory: a streamed transaction is buffered whole until its commit (it is applied atomically); the
 caller may watch :attr:`TransactionAssembler.buffered_changes`.
 """
@@ -23,7 +30,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from ..lsn import Lsn
 from .pgoutput import (
+    BadMessage,
     Begin,
     Commit,
     Delete,
@@ -40,15 +49,22 @@ from .pgoutput import (
     TupleData,
     Type,
     Update,
+    cut_after_relation,
+    message_relation,
     parse_message,
 )
 
-__all__ = ["Change", "Transaction", "TransactionAssembler", "ProtocolError"]
+__all__ = ["Change", "Transaction", "TransactionAssembler", "ProtocolError", "BadMessageError"]
 
 
 class ProtocolError(ValueError):
     """The message sequence breaks the pgoutput protocol (permanent for this stream position; a
     bug or a corrupted stream: reconnecting from the slot's confirmed position is the remedy)."""
+
+
+class BadMessageError(ValueError):
+    """A table stopped by a :class:`~.pgoutput.BadMessage` of one of its transactions (the one-line
+    message names table, relation, the XLogData and commit LSNs, what was wrong and the remedy)."""
 
 
 @dataclass(slots=True)
@@ -82,7 +98,9 @@ class Transaction:
     """A committed transaction. ``commit_lsn``: LSN of its commit record (pgoutput's Commit "commit
     LSN"; the LSN every change is stamped with); ``end_lsn``: end of the commit record (the position
     to confirm to the slot once it is durable: the server resends transactions whose commit LSN is
-    at or after the confirmed position). ``commit_time``: aware UTC datetime."""
+    at or after the confirmed position). ``commit_time``: aware UTC datetime. ``bad``: the malformed
+    row messages of the transaction (:class:`~.pgoutput.BadMessage`, in arrival order): their
+    relations' changes in ``changes`` are incomplete, so the service stops those tables."""
 
     xid: int
     commit_lsn: int
@@ -91,6 +109,7 @@ class Transaction:
     changes: list[Change]
     streamed: bool = False
     origin: str | None = None
+    bad: list[BadMessage] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -99,12 +118,14 @@ class _Open:
     final_lsn: int
     changes: list[Change] = field(default_factory=list)
     origin: str | None = None
+    bad: list[BadMessage] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Streamed:
     xid: int
     tagged: list[tuple[int, Change]] = field(default_factory=list)
+    bad: list[BadMessage] = field(default_factory=list)
 
 
 class TransactionAssembler:
@@ -121,6 +142,10 @@ class TransactionAssembler:
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         self.in_stream = False
+        #: fault injection (``faults.corrupt_relation``): Insert/Update/Delete payloads of this relation
+        #: OID are cut after their OID before parsing (a truncated message); None: off
+        self.fault_corrupt_oid: int | None = None
+        self.fault_corrupt_short = False  # ... cut inside the OID instead (no table can be named)
         self._current: _Open | None = None
         self._stream_xid: int | None = None
         self._streams: dict[int, _Streamed] = {}
@@ -165,8 +190,54 @@ class TransactionAssembler:
 
     # -- feeding -------------------------------------------------------------------------------------
     def feed_payload(self, payload: bytes | memoryview, wal_lsn: int) -> list[Transaction]:
-        """Parse one XLogData payload (with the right ``in_stream``) and :meth:`feed` it."""
-        return self.feed(parse_message(payload, self.in_stream), wal_lsn)
+        """Parse one XLogData payload (with the right ``in_stream``) and :meth:`feed` it. A malformed
+        Insert/Update/Delete/Relation of a readable relation OID inside a transaction becomes a
+        :class:`~.pgoutput.BadMessage` of it (module docstring); any other malformed message raises
+        ``ValueError`` naming the XLogData's LSN."""
+        if self.fault_corrupt_oid is not None:
+            cut = cut_after_relation(payload, self.in_stream, self.fault_corrupt_oid, self.fault_corrupt_short)
+            payload = cut or payload
+        try:
+            msg = parse_message(payload, self.in_stream)
+        except ValueError as e:
+            at = message_relation(payload, self.in_stream)
+            text = f"{e} (XLogData at LSN {Lsn(wal_lsn)})"
+            if at is None or not self._in_txn():
+                raise ValueError(text) from None
+            self._mark(BadMessage(at[1], wal_lsn, chr(payload[0]), text, at[0] or 0))
+            return []
+        if isinstance(msg, (Insert, Update, Delete)):
+            width = self._width_error(msg)
+            if width is not None:
+                text = f"{width} (XLogData at LSN {Lsn(wal_lsn)})"
+                self._mark(BadMessage(msg.relation_oid, wal_lsn, chr(payload[0]), text, msg.xid or 0))
+                return []
+        return self.feed(msg, wal_lsn)
+
+    def _width_error(self, msg: Insert | Update | Delete) -> str | None:
+        """A row tuple whose width is not its Relation's (the compiled decoder's check, same text)."""
+        rel = self.relations.get(msg.relation_oid)
+        if rel is None:
+            return None
+        want = len(rel.columns)
+        nnew = len(msg.new) if not isinstance(msg, Delete) else 0
+        nold = len(msg.old) if not isinstance(msg, Insert) and msg.old is not None else 0
+        if (nnew and nnew != want) or (nold and nold != want):
+            kind = "I" if isinstance(msg, Insert) else "U" if isinstance(msg, Update) else "D"
+            return f"pgoutput: {kind!r} tuple of relation {msg.relation_oid} has {nnew or nold} columns, its Relation message {want}"
+        return None
+
+    def _in_txn(self) -> bool:
+        return self.in_stream or self._current is not None
+
+    def _mark(self, bad: BadMessage) -> None:
+        """Record ``bad`` on the open transaction (plain: tagged with its xid; or the stream chunk's:
+        ``bad.xid`` is the message's own)."""
+        if self.in_stream:
+            self._streams[self._stream_xid].bad.append(bad)  # type: ignore[index]
+        else:
+            assert self._current is not None
+            self._current.bad.append(BadMessage(bad.relation_oid, bad.lsn, bad.kind, bad.error, self._current.xid))
 
     def feed(self, msg: PgOutputMessage, wal_lsn: int) -> list[Transaction]:
         """Consume one message; return the transactions it completes (0 or 1), in commit order.
@@ -284,7 +355,9 @@ class TransactionAssembler:
         if cur is None:
             raise ProtocolError(f"Commit at {msg.commit_lsn:X} without a Begin")
         self._current = None
-        return [Transaction(cur.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, cur.changes, False, cur.origin)]
+        return [
+            Transaction(cur.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, cur.changes, False, cur.origin, cur.bad)
+        ]
 
     def _on_origin(self, msg: Origin, lsn: int) -> list[Transaction]:
         if self._current is not None:
@@ -322,7 +395,8 @@ class TransactionAssembler:
         st = self._streams.pop(msg.xid, None)
         if st is None:
             raise ProtocolError(f"Stream Commit of xid {msg.xid}, which was never streamed")
-        return [Transaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, [c for _, c in st.tagged], True)]
+        changes = [c for _, c in st.tagged]
+        return [Transaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, changes, True, None, st.bad)]
 
     def _on_stream_abort(self, msg: StreamAbort, lsn: int) -> list[Transaction]:
         if msg.subxid == msg.xid:
@@ -332,6 +406,7 @@ class TransactionAssembler:
             if st is not None:
                 sub = msg.subxid
                 st.tagged = [tc for tc in st.tagged if tc[0] != sub]
+                st.bad = [b for b in st.bad if b.xid != sub]
         return []
 
     def reset(self) -> None:

@@ -38,9 +38,18 @@ results as the reference path (``read()`` + ``TransactionAssembler`` + ``StreamL
   ``engine/cdc/spill.py``) is applied on its own (:func:`apply_spilled`): its runs read back one at a
   time, the memory budget flushing committed buffers between them, the applied LSNs moved at its end.
 
-A malformed message stops the stream as on the reference path: the decoder raises (``ValueError``
-naming the XLogData LSN, or ``ProtocolError``) before anything of the batch is applied, the stream
-reconnects and the slot resends from the confirmed LSN.
+- A transaction with a **malformed row message** (``ColumnarTransaction.bad``: an Insert, Update,
+  Delete or Relation of a readable relation OID the decoder could not decode; the batch decoder hands
+  such a transaction over on its own) stops only the tables of those relations, at its commit LSN
+  (``StreamLoop.stop_bad``, as the reference path does in ``_apply_txn``); the rest of it is applied
+  (:func:`_apply_bad`; spilled, :func:`apply_spilled`, skips the same tables). The stopped table's
+  applied LSN stays below the commit and the slot is held at its flush LSN: a restart reads it again.
+
+A message that cannot be attributed to a table (a malformed Begin or Commit, an unknown type byte, a
+message too short to hold its relation OID, a broken message sequence) stops the stream as on the
+reference path: the decoder raises (``ValueError`` naming the XLogData LSN, or ``ProtocolError``)
+before anything of the batch is applied, the stream reconnects and the slot resends from the
+confirmed LSN (``status`` shows the stream error and every table ``retrying``).
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from ..cdc.columnar import (
     slice_run,
     split_by_commit,
 )
+from ..cdc.pgoutput import BadMessage
 from ..cdc.spill import SpillError
 from ..cdc.txn import Transaction
 from ..faults import fault
@@ -94,6 +104,8 @@ class StreamLoop(Protocol):
     spilled_txns: int
 
     def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None: ...
+
+    def stop_bad(self, commit_lsn: int, bad: list[BadMessage]) -> set[int]: ...
 
     def send_status(self, reply: bool = False) -> None: ...
 
@@ -146,7 +158,9 @@ def read_native_batch(
 def reference_transaction(txn: ColumnarTransaction) -> Transaction:
     """``txn`` as the reference's :class:`~..cdc.txn.Transaction` (one ``Change`` per row)."""
     changes = [ch for run in txn.runs for ch in changes_from_run(run)]
-    return Transaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, changes, txn.streamed, txn.origin)
+    return Transaction(
+        txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, changes, txn.streamed, txn.origin, list(txn.bad)
+    )
 
 
 def _generated_oids(loop: StreamLoop) -> set[int]:
@@ -182,8 +196,8 @@ def apply_native_batch(
                 if txn.spilled is not None:  # (read back whole: the reference path has no chunks)
                     txn = replace(txn, runs=[*txn.spilled.runs(), *txn.runs], spilled=None)
                 plan.append(reference_transaction(txn))
-            elif txn.spilled is not None:
-                plan.append(txn)
+            elif txn.spilled is not None or txn.bad:
+                plan.append(txn)  # (applied on its own: apply_spilled, _apply_bad)
             elif plan and isinstance(plan[-1], list):
                 plan[-1].append(txn)
             else:
@@ -197,7 +211,10 @@ def apply_native_batch(
             if isinstance(p, Transaction):
                 loop._apply_txn(p, decoder)
             elif isinstance(p, ColumnarTransaction):
-                apply_spilled(loop, p, decoder)
+                if p.spilled is not None:
+                    apply_spilled(loop, p, decoder)
+                else:
+                    _apply_bad(loop, p, decoder)
             elif isinstance(p, ColumnarBatch):
                 _apply_batch(loop, p, decoder)
             else:
@@ -237,10 +254,16 @@ def apply_spilled(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
     if txn.spilled.failed is not None:
         _spill_failed(loop, txn, decoder)
         return
+    skip = loop.stop_bad(txn.commit_lsn, txn.bad) if txn.bad else set()
     touched: dict[MirrorTable, int] = {}
     budget = loop.svc.memory
     last, flushes = time.monotonic(), budget.early_flushes
     for run in chain(txn.spilled.runs(), txn.runs):
+        if skip:
+            kept = _without([run], skip)
+            if not kept:
+                continue
+            run = kept[0]
         one = ColumnarTransaction(txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, [run], txn.streamed)
         _apply_runs(loop, [one], decoder, touched)
         del one, run
@@ -262,6 +285,7 @@ def _spill_failed(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
     LSN); the rest of the transaction, kept in memory, goes to the other tables."""
     sp = txn.spilled
     assert sp is not None and sp.failed is not None
+    skip = loop.stop_bad(txn.commit_lsn, txn.bad) if txn.bad else set()
     for oid in sorted(sp.oids):
         cp = loop.reg.copying.get(oid)
         t = cp["table"] if cp is not None else loop.reg.by_oid.get(oid)
@@ -276,11 +300,35 @@ def _spill_failed(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDec
             ),
             txn.commit_lsn,
         )
-    tail = [r for r in txn.runs if r.kind == "truncate" or r.relation_oid not in sp.oids]
+    tail = _without([r for r in txn.runs if r.kind == "truncate" or r.relation_oid not in sp.oids], skip)
     touched: dict[MirrorTable, int] = {}
     if tail:
         _apply_runs(loop, [replace(txn, runs=tail, spilled=None)], decoder, touched)
     _finish(loop, touched, txn.end_lsn)
+
+
+def _without(runs: list[ChangeRun], oids: set[int]) -> list[ChangeRun]:
+    """``runs`` without the rows of the relations in ``oids`` (a TRUNCATE keeps its other OIDs)."""
+    if not oids:
+        return runs
+    out = []
+    for r in runs:
+        if r.kind == "truncate":
+            keep = tuple(o for o in r.truncate_oids if o not in oids)
+            if keep:
+                out.append(
+                    r if len(keep) == len(r.truncate_oids) else replace(r, relation_oid=keep[0], truncate_oids=keep)
+                )
+        elif r.relation_oid not in oids:
+            out.append(r)
+    return out
+
+
+def _apply_bad(loop: StreamLoop, txn: ColumnarTransaction, decoder: NativeDecoder) -> None:
+    """A transaction with malformed row messages (``txn.bad``; the caller holds the lock): their tables
+    stopped at its commit (``StreamLoop.stop_bad``), the rest of it applied as a group of one."""
+    skip = loop.stop_bad(txn.commit_lsn, txn.bad)
+    _apply_group(loop, [replace(txn, runs=_without(txn.runs, skip), bad=[])], decoder)
 
 
 def _apply_group(loop: StreamLoop, txns: list[ColumnarTransaction], decoder: NativeDecoder) -> None:

@@ -9,7 +9,12 @@ source what is applied and what is durable (``send_status``: the slot is confirm
 ``ServiceConfig.publication_check_s`` seconds that each mirrored table is still published (a table
 that left the publication stops with an error naming table, publication and LSN: pgoutput just stops
 sending its changes). A lost stream is reconnected with backoff; the slot resends what was not
-confirmed. A change a table cannot take stops that table only (:meth:`StreamLoop.stop_table`).
+confirmed. A change a table cannot take stops that table only (:meth:`StreamLoop.stop_table`); so does
+a malformed row message of one relation (a :class:`~..cdc.pgoutput.BadMessage` of its transaction:
+:meth:`StreamLoop.stop_bad`). A message that cannot be attributed to a table (a malformed Begin or
+Commit, an unknown type byte, one too short to hold its relation OID) fails the stream: it reconnects
+with backoff, ``stream_error`` is set until the stream has applied past the point where it failed (or
+caught up), and ``status`` shows every table of the service ``retrying`` meanwhile.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ..cdc import ReplicationConnection, TransactionAssembler, parse_message
+from ..cdc import ReplicationConnection, TransactionAssembler
 from ..cdc.columnar import ChangeRun, ColumnarBatch, ColumnarTransaction, columnar_transaction
+from ..cdc.pgoutput import BadMessage
 from ..cdc.spill import Spiller, SpillError
-from ..cdc.txn import Change, Transaction
-from ..faults import fault
+from ..cdc.txn import BadMessageError, Change, Transaction
+from ..faults import corrupt_relation, fault
 from ..lsn import Lsn
 from ..pg import publication as pubs
 from ..pg.catalog import missing_relations
@@ -87,6 +93,7 @@ class StreamLoop:
         self._thread: threading.Thread | None = None
         self.repl: ReplicationConnection | None = None
         self.stream_error: str | None = None
+        self._error_applied = 0  # applied_lsn when the stream last failed (stream_error clears past it)
         self.stream_faults: list[
             dict[str, str]
         ] = []  # the last few lost streams: {"at", "error"} (status reports them)
@@ -185,6 +192,7 @@ class StreamLoop:
                 backoff = 0.5
             except Exception as e:  # reconnect with backoff; never confirm past what is durable
                 self.stream_error = f"{type(e).__name__}: {e}"
+                self._error_applied = self.applied_lsn
                 self.stream_faults = (
                     self.stream_faults + [{"at": utc_now(), "error": self.stream_error.splitlines()[0]}]
                 )[-10:]
@@ -219,7 +227,6 @@ class StreamLoop:
                 format_size(memory.limit),
                 format_size(memory.spill_bytes()),
             )
-        self.stream_error = None
         last_status = 0.0
         last_maint = 0.0
         last_pub = 0.0
@@ -228,6 +235,9 @@ class StreamLoop:
         while not self._stop.is_set():
             msgs: list[tuple[int, memoryview]] = []
             ctxns = []
+            if os.environ.get("MOONCAKE_FAULTS"):  # (tests: engine/faults.py, corrupt_relation)
+                dec = decoder if decoder is not None else assembler
+                dec.fault_corrupt_oid, dec.fault_corrupt_short = corrupt_relation()
             if memory.backpressure:  # over budget after flushing: read nothing until usage drops
                 self._stop.wait(0.05)
                 got = False
@@ -263,6 +273,10 @@ class StreamLoop:
                     for t in self.reg.tables.values():
                         if not t.error:
                             t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
+            if self.stream_error is not None and (
+                self.applied_lsn > self._error_applied or (idle and 0 < self.repl.server_wal_end <= self.applied_lsn)
+            ):  # past the point where the last stream failed (or caught up with the server): healthy again
+                self.stream_error = None
             now = time.time()
             # after every applied batch, tell the source what is applied (pg_stat_replication's write_lsn
             # then agrees with list-tables' lag: one small message per batch); when idle, once a second
@@ -370,11 +384,7 @@ class StreamLoop:
         generated columns cannot be computed stops (the others go on); errors: ``ProtocolError``,
         ``psycopg.OperationalError`` (the source cannot be asked: the caller reconnects and the slot
         resends the batch)."""
-        txns = [
-            txn
-            for wal_start, payload in msgs
-            for txn in assembler.feed(parse_message(payload, assembler.in_stream), wal_start)
-        ]
+        txns = [txn for wal_start, payload in msgs for txn in assembler.feed_payload(payload, wal_start)]
         if not txns:
             return 0
         with self.lock:
@@ -410,9 +420,12 @@ class StreamLoop:
         else:
             items = txn.changes
         touched: set[MirrorTable] = set()
+        skip = self.stop_bad(txn.commit_lsn, txn.bad) if txn.bad else set()
         for item in items:
             oids = item.truncate_oids if item.kind == "truncate" else [item.relation_oid]
             for oid in oids:
+                if oid in skip:
+                    continue  # its table stopped at this commit (a malformed message of it)
                 cp = self.reg.copying.get(oid)
                 if cp is not None:
                     if txn.commit_lsn >= cp["copy_lsn"]:
@@ -436,6 +449,36 @@ class StreamLoop:
             if not t.error:  # a stopped table stays at the commit that failed
                 t.applied_lsn = max(t.applied_lsn, self.applied_lsn)
 
+    def stop_bad(self, commit_lsn: int, bad: list[BadMessage]) -> set[int]:
+        """Stop the tables of a transaction's malformed row messages (``bad``; the caller holds the lock
+        and applies the rest of the transaction without the returned relation OIDs). A table stops at
+        ``commit_lsn`` with one line naming table, relation, the XLogData and commit LSNs, what was
+        wrong and the remedy; its applied LSN stays below the commit and the slot is held at its flush
+        LSN, so a restart reads the transaction again. Relations not mirrored, tables stopped already
+        and commits a table has applied (resent after a reconnect) or a copy has below its consistent
+        point are passed over."""
+        what = {"I": "Insert", "U": "Update", "D": "Delete", "R": "Relation"}
+        for b in bad:
+            cp = self.reg.copying.get(b.relation_oid)
+            t = cp["table"] if cp is not None else self.reg.by_oid.get(b.relation_oid)
+            if t is None or t.error:
+                continue
+            if commit_lsn < (cp["copy_lsn"] if cp is not None else t.applied_lsn):
+                continue
+            self.stop_table(
+                t,
+                BadMessageError(
+                    f"table {t.name}: malformed {what.get(b.kind, b.kind)} message of relation {b.relation_oid} "
+                    f"({t.source}) at LSN {Lsn(b.lsn)} in the transaction committed at LSN {Lsn(commit_lsn)}: "
+                    f"{b.error}; this table stopped (the others go on) and holds the replication slot at its "
+                    f"flush LSN {Lsn(t.flush_lsn)}; restart the service (mooncake stop, then mooncake start) to "
+                    "read it again from there, and if it stops at the same LSN again, re-create the mirror "
+                    "(drop-table, then create-table)"
+                ),
+                commit_lsn,
+            )
+        return {b.relation_oid for b in bad}
+
     def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None:
         """Stop one table after a change it cannot take (the others go on). ``lsn``: the commit being
         applied; a row found undecodable later (``BadRowError``) names its own commit. The table's
@@ -444,7 +487,7 @@ class StreamLoop:
         lsn = getattr(e, "lsn", lsn)
         t.error = (
             str(e)
-            if isinstance(e, (SchemaChangeError, CatalogLookupError, SpillError))
+            if isinstance(e, (SchemaChangeError, CatalogLookupError, SpillError, BadMessageError))
             else f"table {t.name}: change at LSN {Lsn(lsn)} failed: {type(e).__name__}: {e}"
         )
         cols = getattr(e, "columns", None)

@@ -388,7 +388,8 @@ class ReplicatorService:
         moment and without the service lock: the applied LSNs are read right after the source's
         position, not after waiting for the apply thread to finish its batch (which would read 0).
         Per table also: ``verify`` (the last scheduled verify: ``result``, ``lsn``, ``at``, ``detail``…;
-        a ``mismatch`` shows the table as ``error``), ``warnings`` (list of one-line texts). Service
+        a ``mismatch`` shows the table as ``error``; while the replication stream fails, ``stream_error`` set,
+        a table that would be ``ready`` is ``retrying`` with that error: nothing is applied), ``warnings`` (list of one-line texts). Service
         level: ``maintenance`` (auto or dagster), ``source`` (the DSN without its password),
         ``source_reachable`` and ``source_error``, ``verify_interval_s``, ``memory_pool`` (the Arrow pool's
         backend, :func:`.process.select_memory_pool`) and ``arrow_allocated_bytes`` (bytes it holds now),
@@ -405,6 +406,7 @@ class ReplicatorService:
         if src_lsn is not None:
             self.stream.lag.record(src_lsn, now)
             self._check_source_tables()  # after the lag's two reads: its round trip must not come between them
+        stream_error = scrub(cast(str, self.stream.stream_error))  # None passes through
         with self.lock:
             tables: list[dict[str, Any]] = []
             for name, meta in self.registry["tables"].items():
@@ -419,6 +421,9 @@ class ReplicatorService:
                 st["verify"] = dict(ver) if ver else None
                 if ver and ver.get("result") == "mismatch" and not t.error:  # wrong, though it still applies
                     st["state"], st["error"] = "error", scrub(ver.get("detail"))
+                if st["state"] == "ready" and stream_error:  # nothing is applied while the stream fails
+                    st["state"] = "retrying"
+                    st["error"] = f"table {name}: replication stream failing, changes not applied: {stream_error}"
                 st["warnings"] = self._warnings(t, src_lsn, now)
                 st["source_dropped"] = name in self.source_dropped  # stopped: last state kept, readable
                 a = applied.get(name, t.applied_lsn)
@@ -439,7 +444,7 @@ class ReplicatorService:
                 "confirmed_lsn": str(Lsn(self.stream.confirmed_lsn)),
                 "slot": self.slot,
                 "publication": self.publication,
-                "stream_error": scrub(cast(str, self.stream.stream_error)),  # None passes through
+                "stream_error": stream_error,
                 "stream_faults": [{**f, "error": scrub(f["error"])} for f in self.stream.stream_faults],
                 "streaming": self.stream.running,
                 "maintenance": self.config.maintenance,
