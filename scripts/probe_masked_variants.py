@@ -2,7 +2,8 @@
 
 Builds the union_read bench's files for one delete share (no in-memory rows, no Flight) and times the
 files-with-deletes part alone against a clean Parquet scan. ``python scripts/probe_masked_variants.py
-ROWS SHARE ROUNDS [x]``; with ``x`` only the before / after / RecordBatchReader comparison. A registered
+ROWS SHARE ROUNDS [x]``; with ``x`` the keep-column path (``v0_before``) against filtering in Arrow with and without Arrow's threads
+and pre-buffering (``v1_after``: commit 031a1a6, reverted: worse at 5M). A registered
 ``RecordBatchReader`` is the cheapest scan but is consumed by the first scan: a statement that scans the
 view twice, or a second query, silently sees no rows (so the reader does not use it)."""
 
@@ -18,7 +19,7 @@ from pyroaring import FrozenBitMap64
 from mooncake_assets.bench import union_read as ur
 from mooncake_assets.bench.common import interleaved, med
 from mooncake_assets.engine.read.cache import ReadCache
-from mooncake_assets.engine.read.union import _pool, _read_masked
+from mooncake_assets.engine.read.union import _pool
 from mooncake_assets.engine.table.read_state import FileState
 
 n, share, rounds = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
@@ -53,6 +54,33 @@ def _read_masked_old(files, cols, cache):
     return pa.concat_tables(list(_pool().map(one, files)))
 
 
+def _read_variant(filter_rows, threads, pre_buffer):
+    known = {f.path: (cache.keep(f.path, f.rows, f.deleted), cache.metadata(f.path)) for f in files}
+
+    def one(f):
+        (live, keep), md = known[f.path]
+        pf = pq.ParquetFile(f.path, metadata=md, pre_buffer=pre_buffer)
+        t = (
+            pf.read(columns=cols, use_threads=threads)
+            if live is None
+            else pf.read_row_groups(list(live), columns=cols, use_threads=threads)
+        )
+        return t.filter(keep) if filter_rows else t.append_column("__mc_keep", keep)
+
+    return pa.concat_tables(list(_pool().map(one, files)))
+
+
+def variant(filter_rows, threads, pre_buffer):
+    def run():
+        rows = _read_variant(filter_rows, threads, pre_buffer)
+        con.register("x9", rows)
+        r = con.execute(Q + ("x9" if filter_rows else "(SELECT abalance, bid FROM x9 WHERE __mc_keep)")).fetchall()
+        con.unregister("x9")
+        return r
+
+    return run
+
+
 def v0():
     rows = _read_masked_old(files, cols, cache)
     con.register("x0", rows)
@@ -77,12 +105,8 @@ for f in files:
     cache.metadata(f.path)
 
 
-def v1():
-    rows = _read_masked(files, cols, cache)
-    con.register("x1", rows)
-    r = con.execute(Q + "x1").fetchall()
-    con.unregister("x1")
-    return r
+def v1():  # commit 031a1a6 (reverted): filtered in Arrow, files side by side without Arrow's threads or pre-buffering
+    return variant(True, False, False)()
 
 
 def v1s():  # serial, no pool
@@ -187,7 +211,14 @@ def v3():
 
 
 c2 = (
-    {"clean": clean_, "v0_before": v0, "v1_after": v1, "v2b_reader": v2b}
+    {
+        "clean": clean_,
+        "v0_before": v0,
+        "v1_after": v1,
+        "filter_threads_pb": variant(True, True, True),
+        "keep_nothreads_nopb": variant(False, False, False),
+        "filter_threads_nopb": variant(True, True, False),
+    }
     if len(sys.argv) > 4
     else {"clean": clean_, "v1_after": v1, "v2_capsule": v2, "v2b_reader": v2b, "v3_lazy_getbit": v3}
 )

@@ -334,7 +334,7 @@ def test_arrow_mode_holds_the_live_rows_of_files_with_deletes_until_a_vector_cha
 
 def test_arrow_mode_past_the_held_size_reads_files_in_parallel_and_drops_their_deleted_rows(tmp_path):
     """More live rows than MEM_TABLE_ROWS in files with deletes, over PARALLEL_ROWS in all: the arrow
-    way reads the files side by side with PyArrow and drops each one's deleted rows by its keep mask
+    way reads the files side by side with PyArrow and applies each one's keep mask
     (random deletes, a fully deleted row group, a file whose every row is deleted, a clean file). A
     reader that holds no rows reads them again in every query; every query equals the expected rows,
     also a statement that scans the view twice."""

@@ -19,9 +19,9 @@ built from per-file plans (:mod:`.plan`):
              projections and filters into the Parquet scan and tests positions only on the rows that
              survive them (selective queries, ``LIMIT``, arbitrary SQL over :meth:`register`).
   ``arrow`` — in PyArrow, when the columns a query needs are known: each file's surviving row groups
-             are read (only those columns, files in parallel) and filtered by a keep mask built from
-             the bitmap (Arrow ``filter``); DuckDB scans the live rows as a registered Arrow table. For
-             scans, the cheapest (no hash table, no per-row function call).
+             are read (only those columns, files in parallel) and a keep mask built from the bitmap is
+             attached as a column that DuckDB filters on. For scans, the cheapest (no hash table, no
+             per-row function call).
   ``anti``  — the baseline: one ``ANTI JOIN`` on ``file_row_number`` per file with deletes.
 
 - the in-memory rows: the Arrow table from Flight, ``UNION ALL BY NAME``.
@@ -56,6 +56,7 @@ import duckdb
 import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import FrozenBitMap64
 
@@ -472,8 +473,8 @@ class UnionReader:
             return [f"SELECT {sel} FROM {_ident(held_name)}"]
         prev = self._masked.get(view) if self.hold_rows else None
         rows = prev[1] if prev is not None and prev[0] == key else _read_masked(dirty, cols, self.cache)
-        if rows.num_rows <= MEM_TABLE_ROWS:
-            _temp_table(self.con, held_name, rows, sel)
+        if int(pc.sum(rows["__mc_keep"]).as_py() or 0) <= MEM_TABLE_ROWS:
+            _temp_table(self.con, held_name, rows, sel, " WHERE __mc_keep")
             self._dirty_tables[view] = key
             self._masked.pop(view, None)
             return [f"SELECT {sel} FROM {_ident(held_name)}"]
@@ -484,7 +485,7 @@ class UnionReader:
             self._masked.pop(view, None)
         name = f"__mc_dirty_{view}"
         objs[name] = rows
-        return [f"SELECT {sel} FROM {_ident(name)}"]
+        return [f"SELECT {sel} FROM {_ident(name)} WHERE __mc_keep"]
 
     def _drop_dirty_table(self, view: str) -> None:
         if self._dirty_tables.pop(view, None) is not None:
@@ -758,33 +759,22 @@ def _lazy_parts(
 
 
 def _read_masked(files: list[FileState], cols: list[str], cache: ReadCache) -> pa.Table:
-    """The live rows of the files with deletes (columns ``cols``), read with PyArrow: row groups with
-    live rows only, each file's deleted rows dropped by an Arrow ``filter`` with its keep mask, files in
-    parallel. Footers and masks come from ``cache`` (looked up here, before the parallel reads: the
-    cache is single-threaded).
-
-    Filtered here, in the reading threads, rather than by DuckDB on a keep column: DuckDB's scan of a
-    registered Arrow table with a pushed-down filter costs more CPU than the Arrow filter and the scan
-    of fewer rows (scripts/probe_masked_variants.py). A file read in parallel with others does not
-    fan out into Arrow's own threads too, and a local file is read without pre-buffering (both cost
-    CPU for nothing when the files are already read side by side); an object-store file keeps
-    PyArrow's pre-buffering (it coalesces the ranged requests)."""
+    """Files with deletes read with PyArrow (columns ``cols``, row groups with live rows only, files in
+    parallel), plus a ``__mc_keep`` boolean column that is False on deleted rows. Footers and masks
+    come from ``cache`` (looked up here, before the parallel reads: the cache is single-threaded)."""
     known = {
         f.path: (cache.keep(f.path, f.rows, cast(FrozenBitMap64, f.deleted)), cache.metadata(f.path)) for f in files
     }
-    parallel = len(files) > 1 and sum(f.rows for f in files) >= PARALLEL_ROWS
 
     def one(f: FileState) -> pa.Table:
         (live, keep), md = known[f.path]
-        src = arrow_source(f.path)  # s3:// through PyArrow's S3 filesystem
-        pf = pq.ParquetFile(src, metadata=md, pre_buffer=not isinstance(src, str))
+        pf = pq.ParquetFile(arrow_source(f.path), metadata=md)  # s3:// through PyArrow's S3 filesystem
         if live is None:
-            t = pf.read(columns=cols, use_threads=not parallel)
-        elif live:
-            t = pf.read_row_groups(list(live), columns=cols, use_threads=not parallel)
+            t = pf.read(columns=cols)
         else:
-            return pf.schema_arrow.empty_table().select(cols)
-        return t.filter(keep)
+            t = pf.read_row_groups(list(live), columns=cols) if live else pf.schema_arrow.empty_table().select(cols)
+        return t.append_column("__mc_keep", keep)
 
+    parallel = len(files) > 1 and sum(f.rows for f in files) >= PARALLEL_ROWS
     tables = list(_pool().map(one, files)) if parallel else [one(f) for f in files]
     return pa.concat_tables(tables)
