@@ -664,3 +664,44 @@ def test_mem_index_grows_in_place():
     assert peak < 1.2 * m.nbytes, (peak, m.nbytes)
     for i in range(0, 300_000, 997):
         assert m.lookup(int(hashes[i])) == [(i // 10_000, i % 10_000)]
+
+
+@pytest.mark.parametrize("sizes", [[0], [1], [5, 0, 7], [1000, 999, 1, 4096]])
+def test_block_from_sorted_runs_equals_the_block_built_from_the_whole_file(tmp_path, sizes):
+    """The initial copy's IndexBlock: per-batch sorted runs merged give the entries (and the bytes)
+    that a sort of the whole file's hashes gives, duplicates included."""
+    from mooncake_assets.engine.index.file_index import sorted_run
+
+    rng = np.random.default_rng(sum(sizes) + len(sizes))
+    n = sum(sizes)
+    h = rng.integers(0, 2**63, n).astype(np.uint64)
+    if n > 10:
+        h[5] = h[n - 1]  # one key hash in two batches
+        h[:3] = np.array([0, M64, 0], dtype=np.uint64)
+    runs, first = [], 0
+    for k in sizes:
+        hs, rows = sorted_run(h[first : first + k])
+        runs.append((hs, rows + np.uint64(first)))
+        first += k
+    merged = FileIndex.build_from_runs(runs, tmp_path / "runs.idx", "f.parquet")
+    whole = IndexBlock.build(tmp_path / "whole.idx", h, 0, np.arange(n, dtype=np.uint32), ["f.parquet"])
+    assert merged.num_entries == n and merged.files == ("f.parquet",)
+    mh, _, mr = merged.entries()
+    wh, _, wr = whole.entries()
+    assert sorted(zip(mh.tolist(), mr.tolist())) == sorted(zip(wh.tolist(), wr.tolist()))
+    assert sorted(zip(mh.tolist(), mr.tolist())) == sorted(zip(h.tolist(), range(n)))
+    for q in h[:50].tolist():
+        assert sorted(merged.lookup(q)) == sorted(("f.parquet", i) for i in range(n) if int(h[i]) == q)
+    merged.close()
+    whole.close()
+
+
+def test_block_from_runs_rejects_an_unsorted_run(tmp_path):
+    with pytest.raises(ValueError, match="not sorted"):
+        FileIndex.build_from_runs(
+            [(np.array([3, 1], dtype=np.uint64), np.arange(2, dtype=np.uint64))], tmp_path / "b", "f"
+        )
+    with pytest.raises(ValueError, match="2 hashes but 1 rows"):
+        FileIndex.build_from_runs(
+            [(np.array([1, 3], dtype=np.uint64), np.zeros(1, dtype=np.uint64))], tmp_path / "b", "f"
+        )

@@ -69,16 +69,18 @@ def copy_statement(table: TableSchema, rng: CtidRange | None = None) -> sql.Comp
 
 
 def _parse_csv(
-    block: bytes, table: TableSchema, text_idx: list[int] | None = None
+    block: bytes, table: TableSchema, text_idx: list[int] | None = None, threads: bool = True
 ) -> tuple[pa.RecordBatch, list[list[Any]] | None]:
     """One block of COPY rows (CSV, starting with :data:`_BOM`) -> ``(RecordBatch, texts)``: ``texts``
     the text values of the ``text_idx`` columns, one Arrow string array per column (None when
-    ``text_idx`` is None)."""
+    ``text_idx`` is None). ``threads``: let ``pyarrow.csv`` parse on its CPU thread pool (off when
+    several reading threads parse blocks at once: they are the parallelism, and the pool's handoffs
+    cost more than they give, about 20 % wall on 2 cores)."""
     names = [f"c{i}" for i in range(len(table.columns))]  # positional names, safe in CSV options
     data = pa.py_buffer(block)
     tbl = pacsv.read_csv(
         pa.BufferReader(data),
-        read_options=pacsv.ReadOptions(column_names=names, block_size=4 << 20, use_threads=True),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=4 << 20, use_threads=threads),
         parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False, double_quote=True),
         convert_options=pacsv.ConvertOptions(
             column_types={n: pa.string() for n in names},
@@ -110,7 +112,8 @@ def initial_copy(
     connect: Callable[[], psycopg.Connection] | None = None,
     min_range_pages: int = MIN_RANGE_PAGES,
     text_as_arrow: bool = False,
-) -> Iterator[pa.RecordBatch] | Iterator[tuple[pa.RecordBatch, list[list[Any]]]]:
+    prepare: Callable[[Any], Any] | None = None,
+) -> Iterator[Any]:
     """Stream a table's rows as RecordBatches (schema: ``table.arrow_schema()`` without metadata).
 
     ``conn``: an ordinary (not replication) connection with no transaction in progress; it is used
@@ -143,6 +146,11 @@ def initial_copy(
     column, the rows' Postgres text values (``list[str | None]``, e.g. to hash keys exactly as the
     stream's text values are hashed); ``text_as_arrow``: each column's texts as one ``pa.StringArray``
     instead (no Python object per value). Raises ``ValueError`` for a name that is not a column.
+
+    ``prepare``: applied to each item (the batch, or ``(batch, texts)``) in the thread that read it,
+    the iterator yields its result instead: per-batch work (key hashing, sorting) then runs on the
+    reading connections' threads, beside the COPYs, not on the consumer's. Its exception is raised
+    here as a reader's error is.
     """
     text_idx = _text_indexes(table, text_columns)
     if not table.columns:
@@ -153,23 +161,24 @@ def initial_copy(
     conn.autocommit = True
     ok = False
     extra: list[psycopg.Connection] = []
-    items: Generator[tuple[Item, int], None, None] | None = None
+    items: Generator[tuple[Any, int, int], None, None] | None = None
     try:
         begin_copy_transaction(conn, snapshot_name)
         ranges = copy_plan(conn, table, parallel if connect is not None else 1, min_range_pages)
+        finish = _finisher(text_as_arrow, prepare)
         if len(ranges) == 1:
-            items = _range_items(conn, table, None, text_idx, batch_rows, batch_bytes)
+            items = _finished(_range_items(conn, table, None, text_idx, batch_rows, batch_bytes), finish)
         else:
             assert connect is not None  # copy_plan plans one range without it
             _open_readers(conn, snapshot_name, min(parallel, len(ranges)) - 1, connect, extra)
-            items = _parallel_items([conn, *extra], table, ranges, text_idx, batch_rows, batch_bytes)
+            items = _parallel_items([conn, *extra], table, ranges, text_idx, batch_rows, batch_bytes, finish)
         rows = nbytes = 0
-        for item, n in items:
-            rows += item[0].num_rows
+        for out, nrows, n in items:
+            rows += nrows
             nbytes += n
             if progress:
                 progress(rows, nbytes)
-            yield _public(item, text_as_arrow)
+            yield out
         for c in extra:
             c.execute("COMMIT")
         conn.execute("COMMIT")
@@ -262,6 +271,27 @@ def _public(item: Item, text_as_arrow: bool) -> Any:
     return batch, texts if text_as_arrow else [a.to_pylist() for a in texts]
 
 
+def _finisher(text_as_arrow: bool, prepare: Callable[[Any], Any] | None) -> Callable[[Item], Any]:
+    """What a reader does to each item before handing it over: :func:`_public`, then ``prepare``."""
+    if prepare is None:
+        return lambda item: _public(item, text_as_arrow)
+    return lambda item: prepare(_public(item, text_as_arrow))
+
+
+def _finished(
+    items: Iterator[tuple[Item, int]], finish: Callable[[Item], Any]
+) -> Generator[tuple[Any, int, int], None, None]:
+    """``(finish(item), rows, CSV bytes)`` of each ``(item, CSV bytes)``; closing it closes ``items``
+    (which cancels their COPY)."""
+    try:
+        for item, n in items:
+            yield finish(item), item[0].num_rows, n
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
 def _range_items(
     conn: psycopg.Connection,
     table: TableSchema,
@@ -270,12 +300,14 @@ def _range_items(
     batch_rows: int,
     batch_bytes: int,
     stop: threading.Event | None = None,
+    threads: bool = True,
 ) -> Generator[tuple[Item, int], None, None]:
-    """``((batch, texts), CSV bytes)`` of each block of the range's COPY."""
+    """``((batch, texts), CSV bytes)`` of each block of the range's COPY (``threads``: as
+    :func:`_parse_csv`'s)."""
     for block, _n in copy_blocks(
         conn, copy_statement(table, rng), max_bytes=batch_bytes, max_rows=batch_rows, prefix=_BOM, stop=stop
     ):
-        yield _parse_csv(block, table, text_idx), len(block) - len(_BOM)
+        yield _parse_csv(block, table, text_idx, threads), len(block) - len(_BOM)
 
 
 _DONE = object()  # a reader thread's last item
@@ -288,9 +320,11 @@ def _parallel_items(
     text_idx: list[int] | None,
     batch_rows: int,
     batch_bytes: int,
-) -> Generator[tuple[Item, int], None, None]:
-    """The items of every range, read by one thread per connection (each in its copy transaction),
-    which take the next range from a shared queue; at most two items per thread wait to be consumed.
+    finish: Callable[[Item], Any],
+) -> Generator[tuple[Any, int, int], None, None]:
+    """``(finish(item), rows, CSV bytes)`` of every range's items, read by one thread per connection
+    (each in its copy transaction, ``finish`` applied there), which take the next range from a shared
+    queue; at most two items per thread wait to be consumed.
     The first error of a thread stops the others and is raised; closing early stops them too."""
     todo: queue.SimpleQueue[CtidRange] = queue.SimpleQueue()
     for r in ranges:
@@ -313,7 +347,9 @@ def _parallel_items(
                     rng = todo.get_nowait()
                 except queue.Empty:
                     break
-                gen = _range_items(c, table, rng, text_idx, batch_rows, batch_bytes, stop)
+                gen = _finished(
+                    _range_items(c, table, rng, text_idx, batch_rows, batch_bytes, stop, threads=False), finish
+                )
                 try:
                     for item in gen:
                         put(item)

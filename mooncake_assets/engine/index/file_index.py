@@ -21,7 +21,7 @@ import numpy.typing as npt
 from .block import IndexBlock, PathLike, _as_hashes
 from .position_map import PositionMap, as_position_map
 
-__all__ = ["FileIndex", "BatchLookup", "merge_sorted_runs"]
+__all__ = ["FileIndex", "BatchLookup", "merge_sorted_runs", "sorted_run"]
 
 _U64 = np.uint64
 _ROW_MASK = _U64(0xFFFFFFFF)
@@ -78,6 +78,15 @@ def _merge_two(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray
     out_h[rest] = large_h
     out_p[rest] = large_p
     return out_h, out_p
+
+
+def sorted_run(hashes: npt.ArrayLike, first_row: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(hashes sorted ascending, their rows)`` of a batch whose rows sit at ``first_row …
+    first_row + n - 1`` of a data file, in order (uint64 both): one run for
+    :meth:`FileIndex.build_from_runs`."""
+    h = _as_hashes(hashes)
+    order = np.argsort(h)
+    return h[order], order.astype(np.uint64) + np.uint64(first_row)
 
 
 def merge_sorted_runs(runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -239,6 +248,24 @@ class FileIndex:
         return BatchLookup(qi[order], np.concatenate(parts_f)[order], np.concatenate(parts_r)[order], files)
 
     # ------------------------------------------------------------------ maintenance builds
+    @staticmethod
+    def build_from_runs(runs: Sequence[tuple[np.ndarray, np.ndarray]], path: PathLike, file: str) -> IndexBlock:
+        """One new block at ``path`` for the rows of one data file ``file``, from sorted runs: each run
+        ``(hashes, rows)`` holds uint64 key hashes sorted ascending and the positions (rows of
+        ``file``, ``[0, 2³²)``) they belong to, as :func:`sorted_run` makes them per batch. The runs
+        are k-way merged by :func:`merge_sorted_runs` (linear, no sort of the whole file) and
+        bit-packed as :meth:`IndexBlock.build` would pack the same entries. Raises ``ValueError`` for
+        runs of unequal lengths, an unsorted run or a row offset out of range."""
+        for h, r in runs:
+            if len(h) != len(r):
+                raise ValueError(f"a run has {len(h)} hashes but {len(r)} rows")
+            if len(h) > 1 and bool(np.any(h[1:] < h[:-1])):
+                raise ValueError("a run's hashes are not sorted")
+        h, rows = merge_sorted_runs(runs)
+        if len(rows) and int(rows.max()) >= 1 << 32:
+            raise ValueError(f"row offsets must be in [0, 2**32), found {int(rows.max())}")
+        return IndexBlock._build_sorted(path, h, np.zeros(len(h), dtype=np.uint64), rows, (file,))
+
     @staticmethod
     def build_from_merge(blocks: Sequence[IndexBlock], path: PathLike) -> IndexBlock:
         """Merge ``blocks`` into one new block at ``path``.

@@ -21,11 +21,13 @@ from typing import Any, cast
 
 import numpy as np
 import psycopg
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
 from ..cdc import ReplicationConnection, initial_copy
 from ..iceberg import IcebergMirrorTable
+from ..index.file_index import sorted_run
 from ..lsn import Lsn
 from ..pg import preflight
 from ..pg import publication as pubs
@@ -34,6 +36,7 @@ from ..pg.conninfo import connect_error, with_options
 from ..pg.names import InvalidName, TableName, case_collision, check_mirror_name, resolve_table
 from ..pg.schema import TableSchema, column_option_hint, column_signature
 from ..pg.slot import drop_slot
+from ..table.disk_files import MAX_FILE_ROWS, PARQUET_COMPRESSION, ROW_GROUP_ROWS
 from ..table.mirror import MirrorTable
 from .errors import MooncakeError
 from .parts import ProvisionerHost
@@ -367,23 +370,36 @@ class TableProvisioner:
         return schema
 
     def _copy(self, table: MirrorTable, schema: TableSchema, snapshot: str) -> int:
-        """Initial copy at the exported snapshot into Parquet files (≤ 1M rows each) with IndexBlocks."""
+        """Initial copy at the exported snapshot into Parquet files (≤ ``MAX_FILE_ROWS`` rows each)
+        with IndexBlocks.
+
+        The reading connections' threads (:func:`~..cdc.copy.initial_copy`'s ``prepare``) decode each
+        batch, hash its keys and sort the hashes (a sorted run); this thread only writes the batches
+        to Parquet, and each file's IndexBlock is the merge of its runs (linear) instead of a sort of
+        the whole file after its last batch."""
         total = 0
+
+        def prepare(
+            item: tuple[pa.RecordBatch, list[pa.Array]],
+        ) -> tuple[pa.RecordBatch, tuple[np.ndarray, np.ndarray]]:
+            rb, key_text = item
+            return rb, sorted_run(table.hasher.hash_columns(key_text))
+
         with psycopg.connect(with_options(self.dsn)) as c:
             writer: Any  # a pyarrow ParquetWriter while a file is open (pyarrow has no type information)
             path: Path | None
-            hashes: list[np.ndarray]
-            writer, path, n, hashes = None, None, 0, []
+            runs: list[tuple[np.ndarray, np.ndarray]]
+            writer, path, n, runs = None, None, 0, []
 
             def close() -> None:
-                nonlocal writer, path, n, hashes
+                nonlocal writer, path, n, runs
                 if writer is not None:
                     writer.close()
                     assert path is not None  # opened together with the writer
-                    table.add_copied_file(path, n, np.concatenate(hashes))
-                writer, path, n, hashes = None, None, 0, []
+                    table.add_copied_file(path, n, runs)
+                writer, path, n, runs = None, None, 0, []
 
-            for rb, key_text in initial_copy(
+            for rb, (hashes, rows) in initial_copy(
                 c,
                 schema,
                 snapshot,
@@ -392,15 +408,16 @@ class TableProvisioner:
                 progress=lambda r, b: self.reg.progress.get(table.name, {}).update(rows=r, bytes=b),
                 parallel=self.config.copy_parallel,
                 connect=lambda: psycopg.connect(with_options(self.dsn)),
+                prepare=prepare,
             ):
                 if writer is None:
                     path = table.dir / "staging" / f"{uuid.uuid4().hex}.parquet"
-                    writer = pq.ParquetWriter(path, table.arrow_schema, compression="zstd")
-                writer.write_batch(rb, row_group_size=128 * 1024)
-                hashes.append(table.hasher.hash_columns(key_text))
+                    writer = pq.ParquetWriter(path, table.arrow_schema, compression=PARQUET_COMPRESSION)
+                writer.write_batch(rb, row_group_size=ROW_GROUP_ROWS)
+                runs.append((hashes, rows + np.uint64(n)))  # the batch's rows follow the file's first n
                 n += rb.num_rows
                 total += rb.num_rows
-                if n >= 1_000_000:
+                if n >= MAX_FILE_ROWS:
                     close()
             close()
         return total

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -174,17 +174,31 @@ class DiskFileSet:
         self.index.add_block(block)
         return len(names), nbytes
 
-    def add_copied(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:
-        """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
+    def add_copied(
+        self, path: Path, num_rows: int, hashes: np.ndarray | Sequence[tuple[np.ndarray, np.ndarray]]
+    ) -> None:
+        """Register a Parquet file written by the initial copy. ``hashes``: its rows' key hashes in file
+        order (uint64, ``(num_rows,)``), or sorted runs ``(hashes, rows)`` covering its rows
+        (:func:`~..index.file_index.sorted_run` per batch), merged instead of sorted again.
+        ``ValueError`` when they do not hold ``num_rows`` entries."""
         name = path.name
+        if isinstance(hashes, np.ndarray):
+            n = len(hashes)
+        else:
+            n = sum(len(h) for h, _ in hashes)
+        if n != num_rows:
+            raise ValueError(f"data file {name}: {num_rows} rows but {n} key hashes")
         self.files[name] = DiskFile(name=name, num_rows=num_rows, size_bytes=path.stat().st_size, local_path=str(path))
-        block = IndexBlock.build(
-            self.new_block_path(),
-            hashes,
-            np.zeros(num_rows, dtype=np.uint32),
-            np.arange(num_rows, dtype=np.uint32),
-            [name],
-        )
+        if isinstance(hashes, np.ndarray):
+            block = IndexBlock.build(
+                self.new_block_path(),
+                hashes,
+                np.zeros(num_rows, dtype=np.uint32),
+                np.arange(num_rows, dtype=np.uint32),
+                [name],
+            )
+        else:
+            block = FileIndex.build_from_runs(hashes, self.new_block_path(), name)
         self.index.add_block(block)
 
     # ------------------------------------------------------------------ deletes

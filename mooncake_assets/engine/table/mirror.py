@@ -158,8 +158,11 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         release_unused()
         return {"rows": rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
 
-    def add_copied_file(self, path: Path, num_rows: int, hashes: np.ndarray) -> None:
-        """Register a Parquet file written by the initial copy (rows in file order, their key hashes)."""
+    def add_copied_file(
+        self, path: Path, num_rows: int, hashes: np.ndarray | Sequence[tuple[np.ndarray, np.ndarray]]
+    ) -> None:
+        """Register a Parquet file written by the initial copy: its rows' key hashes in file order, or
+        sorted runs of them (:meth:`.disk_files.DiskFileSet.add_copied`)."""
         self.disk.add_copied(path, num_rows, hashes)
 
     # ------------------------------------------------------------------ persist
