@@ -18,6 +18,11 @@ Contenders, timed in ``Sizes.changes_rounds`` rotated rounds (medians; :mod:`.co
   range touches, then the feed's Arrow rows sent to this process;
 - ``changes_keys``: the same with ``deletes="keys"`` (:mod:`..engine.table.change_keys`): inserted
   rows in full, deleted rows as their key only;
+- ``changes_full``: ``changes`` of :data:`FULL_TABLE`, a second table of the same rows and the same
+  changes (applied in the same transactions' shapes, cut at the same LSNs) whose source has
+  ``REPLICA IDENTITY FULL``: every UPDATE and DELETE carries the whole old row, the persists' delete
+  logs keep it, and the feed takes the deleted rows from those logs instead of the data files
+  (``docs/changes.md``);
 - ``full_read``: ``UnionReader.query("SELECT * FROM t")`` — a union read of the whole table
   (ReadState over Flight, the data files with their deletion vectors read by DuckDB in this process)
   into one Arrow table: what a downstream job without the feed reads each run.
@@ -27,7 +32,11 @@ Figures: ``ratio_vs_full_read`` = median ``changes`` seconds ÷ median ``full_re
 service process's ``utime + stime`` from ``/proc/<pid>/stat``, proc(5), over the call: the feed is
 computed in the service, the full read here), ``cpu_ratio_vs_full_read``, ``per_round``; the same
 for ``changes_keys`` as ``keys_ratio_vs_full_read``, ``keys_seconds``, ``keys_cpu_seconds``,
-``keys_cpu_ratio_vs_full_read``. Checks:
+``keys_cpu_ratio_vs_full_read``; for ``changes_full`` the section ``identity_full`` (``ratio_vs_full_read``,
+``seconds``, ``cpu_seconds``, ``cpu_ratio_vs_full_read``, the same full read as denominator) with
+``sources`` (the service's count of deleted rows taken from the delete logs / read from data files,
+and of data file reads, in the last round; ``sources`` at the top level: the same for ``changes``).
+Checks:
 ``feed_rows`` must be ``2 × updated + deleted + inserted`` (an UPDATE is a delete and an insert),
 with ``feed_inserts`` / ``feed_deletes`` split accordingly (for ``changes_keys`` too, every delete's
 non-key columns null), and the full read must return
@@ -50,12 +59,13 @@ import psycopg
 from .common import BenchDatabase, Sizes, med
 
 TABLE = "accounts"
+FULL_TABLE = "accounts_full"  # the same table with REPLICA IDENTITY FULL
 CHANGE_SHARE = 0.01  # share of the rows that change between the two cuts
 SHARES = {"updated": 0.6, "deleted": 0.2, "inserted": 0.2}  # how those changes split
 BATCH = 1000  # keys per UPDATE / DELETE transaction
-DDL = f"CREATE TABLE {TABLE} (aid int PRIMARY KEY, bid int NOT NULL, abalance int NOT NULL, filler char(84))"
+DDL = "CREATE TABLE {table} (aid int PRIMARY KEY, bid int NOT NULL, abalance int NOT NULL, filler char(84))"
 FILL = (
-    f"INSERT INTO {TABLE} SELECT g, (g - 1) / 100000 + 1, (g::bigint * 7919 % 10001)::int - 5000, '' "
+    "INSERT INTO {table} SELECT g, (g - 1) / 100000 + 1, (g::bigint * 7919 % 10001)::int - 5000, '' "
     "FROM generate_series({lo}, {hi}) g"
 )
 FULL_SQL = f"SELECT * FROM {TABLE}"
@@ -81,16 +91,16 @@ def plan_changes_workload(rows: int, seed: int = 18) -> dict[str, Any]:
     return {"updated": np.sort(keys[:n_upd]), "deleted": np.sort(keys[n_upd:]), "inserted": n_ins}
 
 
-def _apply_changes(dsn: str, rows: int, w: dict[str, Any]) -> None:
-    """Run the workload's UPDATEs, DELETEs (one transaction per :data:`BATCH` keys) and the INSERT."""
+def _apply_changes(dsn: str, rows: int, w: dict[str, Any], table: str = TABLE) -> None:
+    """Run the workload's UPDATEs, DELETEs (one transaction per :data:`BATCH` keys) and the INSERT on ``table``."""
     with psycopg.connect(dsn, autocommit=True) as c:
         for sql, keys in (
-            (f"UPDATE {TABLE} SET abalance = abalance + 1 WHERE aid = ANY(%s)", w["updated"]),
-            (f"DELETE FROM {TABLE} WHERE aid = ANY(%s)", w["deleted"]),
+            (f"UPDATE {table} SET abalance = abalance + 1 WHERE aid = ANY(%s)", w["updated"]),
+            (f"DELETE FROM {table} WHERE aid = ANY(%s)", w["deleted"]),
         ):
             for s in range(0, len(keys), BATCH):
                 c.execute(sql, (keys[s : s + BATCH].tolist(),))
-        c.execute(FILL.format(lo=rows + 1, hi=rows + w["inserted"]))
+        c.execute(FILL.format(table=table, lo=rows + 1, hi=rows + w["inserted"]))
 
 
 def _timed(fn, pid: int | None) -> tuple[Any, float, float]:
@@ -118,7 +128,7 @@ def _rounds(contenders: dict[str, Any], rounds: int, pid: int | None, check) -> 
 
 def _summary(per_round: list[dict], rows: int, w: dict, expect: dict, extra: dict) -> dict[str, Any]:
     """The ``changes`` section from the rounds (module docstring)."""
-    names = ("changes", "changes_keys", "full_read")
+    names = ("changes", "changes_keys", "changes_full", "full_read")
     m = {n: med([r[n]["seconds"] for r in per_round]) for n in names}
     mc = {n: med([r[n]["cpu_seconds"] for r in per_round]) for n in names}
     last = per_round[-1]
@@ -142,6 +152,15 @@ def _summary(per_round: list[dict], rows: int, w: dict, expect: dict, extra: dic
         "keys_cpu_seconds": mc["changes_keys"],
         "keys_ratio_vs_full_read": m["changes_keys"] / m["full_read"],
         "keys_cpu_ratio_vs_full_read": mc["changes_keys"] / mc["full_read"] if mc["full_read"] else None,
+        "sources": last["changes"].get("sources"),
+        "identity_full": {
+            "table": FULL_TABLE,
+            "ratio_vs_full_read": m["changes_full"] / m["full_read"],
+            "seconds": m["changes_full"],
+            "cpu_seconds": mc["changes_full"],
+            "cpu_ratio_vs_full_read": mc["changes_full"] / mc["full_read"] if mc["full_read"] else None,
+            "sources": last["changes_full"].get("sources"),
+        },
         "feed_rows": last["changes"]["rows"],
         "feed_inserts": last["changes"]["inserts"],
         "feed_deletes": last["changes"]["deletes"],
@@ -176,9 +195,11 @@ def _setup(db: BenchDatabase, sizes: Sizes, scratch: Path, log) -> tuple[Any, An
     from ..engine.service.process import start_service, stop_service
 
     rows = sizes.changes_rows
-    db.execute(DDL)
-    for lo in range(1, rows + 1, 1_000_000):
-        db.execute(FILL.format(lo=lo, hi=min(lo + 999_999, rows)))
+    for table in (TABLE, FULL_TABLE):
+        db.execute(DDL.format(table=table))
+        for lo in range(1, rows + 1, 1_000_000):
+            db.execute(FILL.format(table=table, lo=lo, hi=min(lo + 999_999, rows)))
+    db.execute(f"ALTER TABLE {FULL_TABLE} REPLICA IDENTITY FULL")
     settings = Settings(state_dir=scratch, dsn=db.dsn, maintenance="dagster")
     settings.save()
     start_service(settings, timeout=120)
@@ -192,18 +213,21 @@ def _setup(db: BenchDatabase, sizes: Sizes, scratch: Path, log) -> tuple[Any, An
 
 
 def _mirror_and_change(db: BenchDatabase, rows: int, client: Any, log) -> dict[str, Any]:
-    """Mirror the table, cut, change 1 % of its rows, cut; returns the facts of the run."""
+    """Mirror the tables, cut, change 1 % of their rows, cut; returns the facts of the run."""
     t0 = time.perf_counter()
     client.call("create_table", dst=TABLE, src=f"public.{TABLE}", timeout=3600)
     copy_s = time.perf_counter() - t0
+    client.call("create_table", dst=FULL_TABLE, src=f"public.{FULL_TABLE}", timeout=3600)
     _wait_applied(client, db.dsn)
-    since = client.call("cut", tables=[TABLE], timeout=3600)["lsn"]
+    since = client.call("cut", tables=[TABLE, FULL_TABLE], timeout=3600)["lsn"]
     w = plan_changes_workload(rows)
     t0 = time.perf_counter()
     _apply_changes(db.dsn, rows, w)
     _wait_applied(client, db.dsn)
     change_s = time.perf_counter() - t0
-    until = client.call("cut", tables=[TABLE], timeout=3600)["lsn"]
+    _apply_changes(db.dsn, rows, w, FULL_TABLE)
+    _wait_applied(client, db.dsn)
+    until = client.call("cut", tables=[TABLE, FULL_TABLE], timeout=3600)["lsn"]
     log(f"  changes: {rows:,} rows mirrored in {copy_s:.1f}s; 1% changed in {change_s:.1f}s; [{since}, {until})")
     return {"since": since, "until": until, "create_table_seconds": copy_s, "change_seconds": change_s, "w": w}
 
@@ -245,11 +269,18 @@ def run_changes_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict[str, Any]
                         and (feed.num_rows, st["inserts"], st["deletes"])
                         == (expect["feed_rows"], expect["feed_inserts"], expect["feed_deletes"])
                     )
-                    return {"rows": feed.num_rows, "inserts": st["inserts"], "deletes": st["deletes"], "ok": ok}
+                    return {
+                        "rows": feed.num_rows,
+                        "inserts": st["inserts"],
+                        "deletes": st["deletes"],
+                        "ok": ok,
+                        "sources": head.get("sources"),
+                    }
 
                 contenders = {
                     "changes": lambda: client.changes(TABLE, since, until, timeout=600),
                     "changes_keys": lambda: client.changes(TABLE, since, until, timeout=600, deletes="keys"),
+                    "changes_full": lambda: client.changes(FULL_TABLE, since, until, timeout=600),
                     "full_read": lambda: reader.query(FULL_SQL, tables=[TABLE]),
                 }
                 for c in contenders.values():  # warm both (page cache, plans) before timing
@@ -263,12 +294,17 @@ def run_changes_bench(admin_dsn: str, sizes: Sizes, log=print) -> dict[str, Any]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out = _summary(per_round, rows, w, expect, f)
+    full, src = out["identity_full"], out["sources"] or {}
+    full_src = full["sources"] or {}
     log(
         f"  changes: feed of {out['feed_rows']:,} rows ({out['changed_rows']:,} rows changed of {rows:,}) in "
         f"{out['seconds'] * 1000:.1f} ms vs full read of {out['full_read_rows']:,} rows in "
         f"{out['full_read_seconds'] * 1000:.1f} ms: ratio {out['ratio_vs_full_read']:.3f} "
         f"(CPU {out['cpu_ratio_vs_full_read'] or 0:.3f}); deletes as keys in {out['keys_seconds'] * 1000:.1f} ms: "
         f"ratio {out['keys_ratio_vs_full_read']:.3f} (CPU {out['keys_cpu_ratio_vs_full_read'] or 0:.3f}); "
+        f"REPLICA IDENTITY FULL feed in {full['seconds'] * 1000:.1f} ms: ratio {full['ratio_vs_full_read']:.3f} "
+        f"(CPU {full['cpu_ratio_vs_full_read'] or 0:.3f}; deleted rows logged/read {full_src.get('rows_logged')}"
+        f"/{full_src.get('rows_read')}, default {src.get('rows_logged')}/{src.get('rows_read')}); "
         f"checks ok: {out['check']['ok']}"
     )
     return out

@@ -140,6 +140,20 @@ def _union_read_table(ur: dict, sec_root: dict, readers: list[str], ratio_key: s
     return lines + [""]
 
 
+def _identity_full_sentence(full: dict) -> str:
+    """The change feed of the same table with REPLICA IDENTITY FULL (deleted rows from the delete logs)."""
+    if not full:
+        return ""
+    src = full.get("sources") or {}
+    return (
+        f"The same table and changes with `REPLICA IDENTITY FULL` at the source (deleted rows from the delete "
+        f"logs: {_f(src.get('rows_logged'))} logged, {_f(src.get('rows_read'))} read from data files): "
+        f"{_f(None if full.get('seconds') is None else full['seconds'] * 1000)} ms, "
+        f"`identity_full.ratio_vs_full_read` **{_f(full.get('ratio_vs_full_read'))}** "
+        f"(CPU {_f(full.get('cpu_ratio_vs_full_read'))}). "
+    )
+
+
 def _changes_section(ch: dict) -> list[str]:
     """The ``## Change feed`` paragraph: the feed of 1 % of a table vs a full union read of it."""
     ms = lambda v: _f(None if v is None else v * 1000)
@@ -155,7 +169,9 @@ def _changes_section(ch: dict) -> list[str]:
         f"(CPU {_f(ch.get('cpu_ratio_vs_full_read'))}; target ≤ 0.05). With deletes as keys "
         f'(`deletes="keys"`) the feed took {ms(ch.get("keys_seconds"))} ms (CPU {ms(ch.get("keys_cpu_seconds"))} ms): '
         f"`keys_ratio_vs_full_read` **{_f(ch.get('keys_ratio_vs_full_read'))}** "
-        f"(CPU {_f(ch.get('keys_cpu_ratio_vs_full_read'))}). Medians of {ch.get('rounds')} rotated rounds; "
+        f"(CPU {_f(ch.get('keys_cpu_ratio_vs_full_read'))}). "
+        + _identity_full_sentence(ch.get("identity_full") or {})
+        + f"Medians of {ch.get('rounds')} rotated rounds; "
         f"CPU = this process + the service process; row counts as expected in every round: "
         f"{'yes' if (ch.get('check') or {}).get('ok') else '**NO**'}.",
         "",

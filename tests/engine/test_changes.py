@@ -173,12 +173,14 @@ PERSISTED_OPS = st.lists(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=PERSISTED_OPS, keyed=st.booleans())
-def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops, keyed):
+@given(ops=PERSISTED_OPS, keyed=st.booleans(), full=st.booleans())
+def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory, ops, keyed, full):
     """Snapshots are cuts (their rows carry no commit LSN), the buffer window is exact; flushes,
     persists, compactions, index merges and restarts in between; every LSN that is neither is refused.
     Keyed: the keys feed equals the full feed's keys, with deleted keys from the delete logs and
-    without them (read from the data files)."""
+    without them (read from the data files). ``full``: updates and deletes carry the whole old row
+    (REPLICA IDENTITY FULL; key-less tables always do), and for a keyed table the full-row feed with
+    deleted rows from the delete logs equals the one reading them from the data files."""
     from mooncake_assets.engine.compaction import compact, merge_index
     from mooncake_assets.engine.table.changes import NotACutError, snapshot_cuts
 
@@ -204,9 +206,9 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
         elif op == "update" and k in live:
             old = live[k]
             live[k] = (k, f"u{i}", i)
-            ch = update(live[k], (k,), "K") if keyed else update(live[k], old, "O")
+            ch = update(live[k], (k,), "K") if keyed and not full else update(live[k], old, "O")
         elif op == "delete" and k in live:
-            ch = delete((k,)) if keyed else delete(live[k], "O")
+            ch = delete((k,)) if keyed and not full else delete(live[k], "O")
             del live[k]
         elif op == "flush":
             t.flush()
@@ -237,6 +239,8 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
                 assert feed.column("_commit_lsn").null_count == 0
             if keyed:
                 _same_as_keys_feed(feed, _keys_both_ways(t, a, b))
+            if keyed and full:
+                _rows_without_logs_same(t, a, b, feed)
     for m, _ in marks:
         if m not in cuts and m < t.flushed_lsn and m > min(cuts):
             with pytest.raises(NotACutError, match="is not a cut"):
@@ -244,6 +248,18 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
 
 
 _KEY_SOURCES: Counter[str] = Counter()  # over the run: deleted keys taken from delete logs / read from files
+_ROW_SOURCES: Counter[str] = Counter()  # the same for whole deleted rows (REPLICA IDENTITY FULL)
+
+
+def _rows_without_logs_same(t, a: int, b: int, feed: pa.Table) -> None:
+    """The full-row feed ``feed`` of ``[a, b)`` equals the one reading every deleted row from the data files."""
+    plan = plan_changes(t, a, b)
+    assert plan.execute().equals(feed)
+    bare = plan_changes(t, a, b)
+    bare.logs, bare.mem_log = [], None
+    assert bare.execute().equals(feed), (a, b, plan.row_sources)
+    assert bare.row_sources["logged"] == 0
+    _ROW_SOURCES.update(plan.row_sources)
 
 
 def keys_with_and_without_logs(t, a: int, b: int):

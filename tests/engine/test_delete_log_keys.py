@@ -237,3 +237,97 @@ def test_keys_feed_with_logs_equals_the_files_for_every_key_type(tmp_path, kind,
     t = _table(tmp_path, kind)  # a restart: the logs of the snapshots are read back from Parquet
     t.restore()
     assert _check(t, a, b, kind, first) == {"logged": 5, "read": 0}
+
+
+# ---------------------------------------------------------------- whole old rows (REPLICA IDENTITY FULL)
+def _full_tup(r: Rows, key: tuple[str, ...], v: str | None) -> TupleData:
+    return r.tup(key, v)
+
+
+def _delete_full(r: Rows, key, v) -> Change:
+    return Change("delete", OID, old=_full_tup(r, key, v), old_kind="O", relation=r.relation)
+
+
+def _update_full(r: Rows, key, v, old_key, old_v) -> Change:
+    return Change("update", OID, new=r.tup(key, v), old=_full_tup(r, old_key, old_v), old_kind="O", relation=r.relation)
+
+
+def _rows_both_ways(t, a: int, b: int) -> tuple[pa.Table, dict[str, int], list[str]]:
+    """The full-row feed of ``[a, b)`` with the logs' whole old rows, checked equal to the one reading
+    every deleted row from the data files (no logs); returns it, where its deleted rows came from and
+    the files it read."""
+    plan = plan_changes(t, a, b)
+    feed = plan.execute()
+    bare = plan_changes(t, a, b)
+    bare.logs, bare.mem_log = [], None
+    without = bare.execute()
+    assert bare.row_sources["logged"] == 0
+    assert feed.schema == without.schema
+    assert feed.equals(without), (plan.row_sources, feed.to_pylist(), without.to_pylist())
+    return feed, dict(plan.row_sources), list(plan.files_read)
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["changes", "runs"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_full_row_feed_takes_whole_old_rows_from_the_logs_for_every_key_type(tmp_path, kind, runs):
+    """Changes that carry the whole old row ('O', REPLICA IDENTITY FULL; NULL values included): the
+    persist's log holds those rows (summary ``mooncake.delete-log-rows``), and the full-row feed takes
+    the deleted rows from it and the buffer's log instead of the data file (which it does not read),
+    equal to the feed that reads them from the file, across a restart. A key-only delete ('K') of the
+    same file makes that file's deleted rows come from the file again."""
+    keys = KINDS[kind][2]
+    r = Rows(kind)
+    t = _table(tmp_path, kind)
+    t.persist()
+    vals = [None if i == 3 else f"v{i}" for i in range(len(keys) - 1)]
+    _commit(t, 100, [r.insert(k, vals[i]) for i, k in enumerate(keys[:-1])], runs)
+    t.persist()
+    a = t.flush_lsn
+    old_file = next(iter(t.files.values())).location
+    _commit(t, 200, [_delete_full(r, keys[0], vals[0]), _delete_full(r, keys[2], vals[2])], runs)
+    _commit(t, 210, [_update_full(r, keys[1], "u1", keys[1], vals[1])], runs)
+    _commit(t, 220, [_update_full(r, keys[3], "u3", keys[3], None)], runs)  # a NULL in the old row
+    _commit(t, 230, [_update_full(r, keys[-1], "moved", keys[4], vals[4])], runs)  # a key change
+    t.persist()
+    b = t.flush_lsn
+    summary = t.iceberg.refresh().table.current_snapshot().summary.additional_properties
+    assert summary.get("mooncake.delete-log-rows") == "5", summary
+    _commit(t, 300, [_delete_full(r, keys[5], vals[5]), _update_full(r, keys[6], "u6", keys[6], vals[6])], runs)
+    now = t.applied_lsn
+    for lo, hi, n in [(a, b, 5), (b, now, 2), (a, now, 7)]:
+        feed, sources, read = _rows_both_ways(t, lo, hi)
+        assert sources == {"logged": n, "read": 0}, (lo, hi)
+        assert old_file not in read, (lo, hi, read)
+        dels = feed.filter(pc.equal(feed.column("_change"), "delete"))
+        assert dels.num_rows == n
+    t2 = _table(tmp_path, kind)  # a restart: the log is read back from Parquet
+    t2.restore()
+    feed, sources, read = _rows_both_ways(t2, a, b)
+    assert sources == {"logged": 5, "read": 0} and old_file not in read
+    # a key-only delete ('K'): its file's deleted rows are read from that file, the others' still logged
+    _commit(t, 310, [r.delete(keys[7])], runs)
+    feed, sources, read = _rows_both_ways(t, b, t.applied_lsn)
+    if len(keys) > 8:  # keys[7] is a row of the old file: all three of its deleted rows are read from it
+        assert sources == {"logged": 0, "read": 3} and old_file in read
+    else:  # keys[7] is the moved row, in the file the persist at b wrote
+        assert sources == {"logged": 2, "read": 1} and old_file not in read
+
+
+def test_default_identity_writes_no_whole_rows_and_the_full_row_feed_reads_the_files(tmp_path):
+    """Key-only changes (the default replica identity): the log holds keys only (no
+    ``mooncake.delete-log-rows``) and the full-row feed reads the deleted rows from the data file."""
+    kind = "text"
+    keys = KINDS[kind][2]
+    r = Rows(kind)
+    t = _table(tmp_path, kind)
+    t.persist()
+    _commit(t, 100, [r.insert(k, f"v{i}") for i, k in enumerate(keys[:4])], False)
+    t.persist()
+    a = t.flush_lsn
+    _commit(t, 200, [r.delete(keys[0]), r.update(keys[1], "u1")], False)
+    t.persist()
+    summary = t.iceberg.refresh().table.current_snapshot().summary.additional_properties
+    assert summary.get("mooncake.delete-log") and "mooncake.delete-log-rows" not in summary
+    plan = plan_changes(t, a, t.flush_lsn)
+    plan.execute()
+    assert plan.logs == [] and plan.row_sources == {"logged": 0, "read": 2}

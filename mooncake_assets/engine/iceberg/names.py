@@ -18,6 +18,8 @@ SUMMARY_FLUSH_LSN = "mooncake.flush-lsn"
 """Snapshot summary key: the Postgres LSN (``X/Y``) the snapshot holds every change up to."""
 
 SUMMARY_DELETE_LOG = "mooncake.delete-log"
+#: how many entries of that snapshot's delete log hold the whole old row (REPLICA IDENTITY FULL); absent: none
+SUMMARY_DELETE_LOG_ROWS = "mooncake.delete-log-rows"
 """Snapshot summary key: location of the snapshot's delete log (Parquet: the keys of the rows its commit
 newly deleted from older data files, ``engine/table/delete_log.py``). Belongs to that one snapshot:
 never carried over to a later one."""

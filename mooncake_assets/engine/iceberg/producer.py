@@ -54,7 +54,7 @@ import mooncake_assets.engine.iceberg.compat as compat
 
 from .errors import CommitConflict
 from .manifest import ManifestInfo, unassigned_row_count, write_manifest, write_manifest_list
-from .names import CREATED_BY, SUMMARY_COMMIT_ID, SUMMARY_DELETE_LOG, SUMMARY_INDEX_FILE
+from .names import CREATED_BY, SUMMARY_COMMIT_ID, SUMMARY_DELETE_LOG, SUMMARY_DELETE_LOG_ROWS, SUMMARY_INDEX_FILE
 from .snapshots import LiveEntry, SnapshotReader
 from .writers import write_deletion_vectors, write_index, write_position_delete_files
 
@@ -539,7 +539,7 @@ def as_bitmap(positions: BitMap64 | Iterable[int]) -> BitMap64:
     return positions if isinstance(positions, BitMap64) else BitMap64(positions)
 
 
-_NOT_CARRIED = (SUMMARY_COMMIT_ID, SUMMARY_DELETE_LOG)
+_NOT_CARRIED = (SUMMARY_COMMIT_ID, SUMMARY_DELETE_LOG, SUMMARY_DELETE_LOG_ROWS)
 
 
 def find_commit(md: TableMetadata, commit_id: str) -> int | None:

@@ -216,7 +216,8 @@ class ServiceClient:
         ``"persisted"``: the current snapshot's LSN), the ``changes`` action (:mod:`.flight`; shape: :mod:`..table.changes`). LSNs not
         applied yet are waited for up to ``timeout`` s. ``deletes``: ``rows`` (deleted rows in full) or
         ``keys`` (deleted rows as their primary key, other columns null: :mod:`..table.change_keys`). Returns ``({"table", "since", "until",
-        "rows"}, feed)``; ``ServiceError`` with the service's one-line message otherwise."""
+        "rows", "sources"}, feed)`` (``sources``: where the deleted rows came from — delete logs or data files —
+        :func:`..table.changes.feed_sources`); ``ServiceError`` with the service's one-line message otherwise."""
         body = {"table": table, "since": since, "until": until, "timeout_s": timeout, "deletes": deletes}
         opts = flight.FlightCallOptions(timeout=max(self.timeout, timeout + 10))
         try:

@@ -247,14 +247,18 @@ class MooncakeFlightServer(flight.FlightServerBase):  # type: ignore[misc]  # py
             yield flight.Result(rows)
 
     def _changes(self, b: dict[str, Any]) -> Iterator[Any]:
-        """The ``changes`` action (module docstring): JSON ``{"table", "since", "until", "rows"}``, then
-        the feed as an Arrow IPC stream."""
+        """The ``changes`` action (module docstring): JSON ``{"table", "since", "until", "rows", "sources"}``
+        (``sources``: where the deleted rows came from, :func:`..table.changes.feed_sources`), then the
+        feed as an Arrow IPC stream."""
         since = Lsn.parse(b["since"])
         u = b.get("until")
         until = u if u == "persisted" else (Lsn.parse(u) if u else None)
         timeout_s = float(b.get("timeout_s", 30))
-        end, feed = self.service.changes(b["table"], since, until, timeout_s, str(b.get("deletes") or "rows"))
-        head = {"table": b["table"], "since": str(since), "until": str(end), "rows": feed.num_rows}
+        sources: dict[str, Any] = {}
+        end, feed = self.service.changes(
+            b["table"], since, until, timeout_s, str(b.get("deletes") or "rows"), sources=sources
+        )
+        head = {"table": b["table"], "since": str(since), "until": str(end), "rows": feed.num_rows, "sources": sources}
         yield flight.Result(json.dumps(head).encode())
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, feed.schema) as w:

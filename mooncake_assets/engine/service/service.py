@@ -35,7 +35,7 @@ from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_
 from ..pg.patterns import TableSelection
 from ..pg.slot import current_wal_lsn
 from ..table.change_keys import run_plan
-from ..table.changes import persisted_cut, plan_changes
+from ..table.changes import feed_sources, persisted_cut, plan_changes
 from ..table.memslice import BadRowError
 from ..table.mirror import MirrorTable
 from ..table.read_state import ReadState
@@ -288,7 +288,13 @@ class ReplicatorService:
         return self.stream.applied_lsn
 
     def changes(
-        self, name: str, since: int, until: int | str | None = None, timeout_s: float = 30.0, deletes: str = "rows"
+        self,
+        name: str,
+        since: int,
+        until: int | str | None = None,
+        timeout_s: float = 30.0,
+        deletes: str = "rows",
+        sources: dict[str, Any] | None = None,
     ) -> tuple[Lsn, pa.Table]:
         """The change feed of table ``name`` over ``[since, until)`` (:mod:`..table.changes`; ``until``
         None: everything applied now; ``"persisted"``: the LSN of the table's current Iceberg
@@ -297,7 +303,8 @@ class ReplicatorService:
         first waited for, up to ``timeout_s`` seconds (``TimeoutError`` naming both LSNs). Returns
         ``(until, feed)``; raises ``ValueError``
         for a range that cannot be served (one line, naming the LSNs that can), :class:`MooncakeError`
-        (the table stops) on an undecodable buffered row. The files are read without the lock."""
+        (the table stops) on an undecodable buffered row. The files are read without the lock.
+        ``sources``: when given, filled with where the deleted rows came from (:func:`feed_sources`)."""
         target = max(since, until if isinstance(until, int) else 0)
         if target > self.stream.applied_lsn:
             self.wait_lsn(target, timeout_s)
@@ -309,7 +316,10 @@ class ReplicatorService:
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
-        return Lsn(end), run_plan(plan)
+        feed = run_plan(plan)
+        if sources is not None:
+            sources.update(feed_sources(plan))
+        return Lsn(end), feed
 
     # ------------------------------------------------------------------ status
     def _source_lsn(self) -> int | None:

@@ -122,7 +122,7 @@ class ChangeApplyRole(KeyLookup):
             if found is None:
                 self._report_missing("DELETE", key, commit_lsn)
             else:
-                self._delete_found(found, commit_lsn, key)
+                self._delete_found(found, commit_lsn, key, old if change.old_kind == "O" else None)
         elif kind == "update":
             new = self._values(change.new, change.relation_oid)
             old = self._values(change.old, change.relation_oid) if change.old is not None else None
@@ -144,7 +144,7 @@ class ChangeApplyRole(KeyLookup):
             if found is None:
                 self._report_missing("UPDATE", key, commit_lsn)
             else:
-                self._delete_found(found, commit_lsn, key)
+                self._delete_found(found, commit_lsn, key, old if change.old_kind == "O" else None)
             nkey = self._key(new)
             nkey_text = [v.value if isinstance(v, Carried) else v for v in nkey]
             self.mem.append(new, self.hasher.hash_one([None if x is None else str(x) for x in nkey_text]), commit_lsn)

@@ -236,10 +236,32 @@ class RunApplyRole(ChangeApplyRole):
         self.disk.delete_many(disk_files, disk_rows, disk_lsns)
         if disk_idx and self._delete_log_on():
             take = pa.array(disk_idx, pa.int64())
-            self.delete_log.add_many(disk_files, disk_rows, [c.take(take) for c in key_cols])
+            values, full = self._old_rows(run, disk_idx)
+            self.delete_log.add_many(disk_files, disk_rows, [c.take(take) for c in key_cols], values, full)
         self.mem.delete_many(mem_locs, mem_hashes, lsn if isinstance(ls, int) else mem_lsns)
         if rb is not None and hn is not None:
             self.mem.append_batch(rb, hn[idx], ls)
+
+    def _old_rows(self, run: ChangeRun, rows: list[int]) -> tuple[list[pa.Array] | None, np.ndarray | None]:
+        """For the delete log: the old rows' non-key columns (text) at ``rows`` of a run, and which of
+        those rows carried the whole old row (``'O'``, no unchanged TOAST value); ``(None, None)`` when none did."""
+        if run.old is None or run.old_kinds is None:
+            return None, None
+        idx = np.asarray(rows, dtype=np.int64)
+        full = run.old_kinds[idx] == ord("O")
+        if not full.any():
+            return None, None
+        for cells in run.old:
+            full &= cells.kinds[idx] != KIND_UNCHANGED
+        if not full.any():
+            return None, None
+        m = self._relmap[run.relation_oid]
+        take = pa.array(idx)
+        n = len(rows)
+        values = [
+            _text(run.old[m[i]].values.take(take)) if m[i] >= 0 else pa.nulls(n, pa.string()) for i in self._value_idx
+        ]
+        return values, full
 
 
 def _text(values: pa.Array) -> pa.Array:

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
 from ..iceberg.cuts import CUT_TAG_PREFIX, parse_cut_tag
-from ..iceberg.names import SUMMARY_DELETE_LOG
+from ..iceberg.names import SUMMARY_DELETE_LOG, SUMMARY_DELETE_LOG_ROWS
 from ..lsn import Lsn
 from .change_rows import cancel_pairs, read_positions
 from .delete_log import Logged, logged_keys, read_logs, typed_entries
@@ -67,6 +67,7 @@ __all__ = [
     "persisted_cut",
     "cancel_pairs",
     "check_deletes_mode",
+    "feed_sources",
     "plan_changes",
     "read_positions",
     "snapshot_cuts",
@@ -178,14 +179,21 @@ class ChangePlan:
     files: list[_FileRows] = field(default_factory=list)
     mem: tuple[pa.Table, np.ndarray, pa.Table, np.ndarray] | None = None
     deletes: str = "rows"
-    #: delete logs (:mod:`.delete_log`) of the snapshots the range covers (``deletes="keys"`` only)
+    #: delete logs (:mod:`.delete_log`) of the snapshots the range covers: for ``deletes="keys"`` every
+    #: one; for ``deletes="rows"`` those holding whole old rows (REPLICA IDENTITY FULL)
     logs: list[str] = field(default_factory=list)
     #: the live table's delete log (:meth:`.delete_log.DeleteLog.table`, file names), each file's
-    #: location or local path by name, and the key columns' specs: the keys of pending deletes
-    mem_log: tuple[pa.Table, dict[str, str], list[Any]] | None = None
+    #: location or local path by name, the key columns' specs and the other columns' specs: the keys
+    #: (and whole old rows) of pending deletes
+    mem_log: tuple[pa.Table, dict[str, str], list[Any], list[Any]] | None = None
     #: what the last :meth:`gather` did with deleted positions read as keys: ``logged`` (taken from
     #: the delete logs) and ``read`` (read from data files), in positions
     key_sources: dict[str, int] = field(default_factory=dict)
+    #: the same for deleted positions read as whole rows (``deletes="rows"``, files that stay): ``logged``
+    #: (whole old rows from the delete logs) and ``read`` (read from the data files)
+    row_sources: dict[str, int] = field(default_factory=dict)
+    #: the data files (location or local path) the last :meth:`gather` read, in the order it read them
+    files_read: list[str] = field(default_factory=list)
 
     def gather(
         self, key_schema: pa.Schema | None = None
@@ -205,6 +213,8 @@ class ChangePlan:
         key_l: list[np.ndarray] = []
         logged: Logged | None = None
         self.key_sources = {"logged": 0, "read": 0}
+        self.row_sources = {"logged": 0, "read": 0}
+        self.files_read = []
         if self.mem is not None:
             mi, mil, md, mdl = self.mem
             ins.append(mi)
@@ -217,7 +227,16 @@ class ChangePlan:
             if fr.change == "insert":
                 ins.append(self.read_rows(fr))
                 ins_l.append(fr.lsn_array())
+            elif key_schema is None and not fr.whole and (self.logs or self.mem_log is not None):
+                if logged is None:  # whole old rows (REPLICA IDENTITY FULL) from the delete logs
+                    logged = self._logged(self.schema, full_only=True)
+                got = logged_keys(logged, fr.where, fr.positions)
+                self.row_sources["logged" if got is not None else "read"] += len(fr.positions)
+                dels.append(got if got is not None else self.read_rows(fr))
+                del_l.append(fr.lsn_array())
             elif key_schema is None or fr.whole:
+                if key_schema is None and not fr.whole:
+                    self.row_sources["read"] += len(fr.positions)
                 dels.append(self.read_rows(fr))
                 del_l.append(fr.lsn_array())
             else:
@@ -229,15 +248,17 @@ class ChangePlan:
                 key_l.append(fr.lsn_array())
         return ins, ins_l, dels, del_l, keys, key_l
 
-    def _logged(self, key_schema: pa.Schema) -> Logged:
-        """The keys the range's delete logs hold (snapshots' and the live table's), by file."""
+    def _logged(self, key_schema: pa.Schema, full_only: bool = False) -> Logged:
+        """The keys the range's delete logs hold (snapshots' and the live table's), by file; with
+        ``full_only`` the whole old rows they hold (``key_schema``: the table's layout)."""
         extra = []
         if self.mem_log is not None:
-            t = typed_entries(*self.mem_log)
+            entries, where, specs, value_specs = self.mem_log
+            t = typed_entries(entries, where, specs, value_specs if full_only else None)
             extra = [t] if t is not None else []
         if not self.logs and not extra:
             return {}
-        return read_logs(self.io, self.logs, key_schema, extra)
+        return read_logs(self.io, self.logs, key_schema, extra, full_only=full_only)
 
     def execute(self) -> pa.Table:
         """The feed (module docstring): the table's columns + ``_change`` + ``_commit_lsn``; deleted rows
@@ -252,6 +273,7 @@ class ChangePlan:
         """The rows at ``fr.positions`` in the layout ``schema`` (default: the table's); with a
         ``schema`` of some of the table's columns only those columns are read from the file."""
         target = self.schema if schema is None else schema
+        self.files_read.append(fr.where)
         if fr.location:
             with self.io.new_input(fr.where).open() as stream:
                 rows = read_positions(pq.ParquetFile(stream), fr.positions, None if schema is None else target)
@@ -346,11 +368,14 @@ def plan_changes(table: MirrorTable, since: int, until: int, deletes: str = "row
     )
     if since == until:
         return plan
-    if deletes == "keys" and until > live_lo and len(table.delete_log):
+    # full rows from the logs: a keyed table whose changes carried whole old rows (REPLICA IDENTITY FULL)
+    full_rows = deletes == "rows" and bool(plan.key)
+    if until > live_lo and len(table.delete_log) and (deletes == "keys" or (full_rows and table.delete_log.full_rows)):
         where = {f.name: _where(f)[0] for f in table.files.values()}
         entries = table.delete_log.table()
         if entries is not None:
-            plan.mem_log = (entries, where, [table.schema.columns[i] for i in table._key_idx])
+            specs = [table.schema.columns[i] for i in table._key_idx]
+            plan.mem_log = (entries, where, specs, [table.schema.columns[i] for i in table._value_idx])
     if since >= live_lo:  # both in the buffer window: exact
         plan.mem = table.mem.changed(since, until)
         plan.files = _live_deletes(table, since, until)
@@ -364,14 +389,15 @@ def plan_changes(table: MirrorTable, since: int, until: int, deletes: str = "row
     else:
         b_id = _snapshot_at(table, cuts, until, live_lo)
         plan.files = _diff_snapshots(a, _persisted(table, b_id))
-    if deletes == "keys":
-        plan.logs = _delete_logs(table, a_id, b_id)
+    if deletes == "keys" or full_rows:
+        plan.logs = _delete_logs(table, a_id, b_id, rows=full_rows)
     return plan
 
 
-def _delete_logs(table: MirrorTable, after: int, upto: int | None) -> list[str]:
+def _delete_logs(table: MirrorTable, after: int, upto: int | None, rows: bool = False) -> list[str]:
     """Locations of the delete logs of the retained snapshots after snapshot ``after`` up to and
-    including ``upto`` (None: the newest), by sequence number (the mirror commits one line on ``main``)."""
+    including ``upto`` (None: the newest), by sequence number (the mirror commits one line on ``main``);
+    ``rows``: only logs holding whole old rows (summary ``mooncake.delete-log-rows``)."""
     assert table.iceberg is not None
     snaps = table.iceberg.table.metadata.snapshots
     seq = {s.snapshot_id: s.sequence_number or 0 for s in snaps}
@@ -379,7 +405,10 @@ def _delete_logs(table: MirrorTable, after: int, upto: int | None) -> list[str]:
     hi = seq[upto] if upto is not None and upto in seq else max(seq.values(), default=0)
     out = []
     for s in snaps:
-        loc = s.summary.additional_properties.get(SUMMARY_DELETE_LOG) if s.summary else None
+        props = s.summary.additional_properties if s.summary else {}
+        loc = props.get(SUMMARY_DELETE_LOG)
+        if rows and not int(props.get(SUMMARY_DELETE_LOG_ROWS) or 0):
+            continue
         if loc and lo < (s.sequence_number or 0) <= hi:
             out.append(loc)
     return out
@@ -474,6 +503,19 @@ def _diff_snapshots(a: PersistedState, b: PersistedState) -> list[_FileRows]:
         if loc not in b.data_files:
             out.append(_FileRows(loc, True, _all_but(df.record_count, df.deleted), "delete", whole=True))
     return out
+
+
+def feed_sources(plan: ChangePlan) -> dict[str, int]:
+    """Where an executed ``plan``'s deleted rows came from: ``rows_logged`` / ``rows_read`` (whole
+    deleted rows of files that stay, from the delete logs / read from the data files), ``keys_logged`` /
+    ``keys_read`` (the same for deleted keys, ``deletes="keys"``), ``files_read`` (data file reads)."""
+    return {
+        "rows_logged": plan.row_sources.get("logged", 0),
+        "rows_read": plan.row_sources.get("read", 0),
+        "keys_logged": plan.key_sources.get("logged", 0),
+        "keys_read": plan.key_sources.get("read", 0),
+        "files_read": len(plan.files_read),
+    }
 
 
 def lsn_stats(feed: pa.Table) -> dict[str, int]:

@@ -55,6 +55,7 @@ class KeyLookup:
     defaults: dict[int, pa.Scalar]
     evolved: bool
     _key_idx: list[int]
+    _col_names: list[str]
     key_names: list[str]
     delete_log: DeleteLog
     _row_cache: dict[str, pa.Table]
@@ -145,9 +146,11 @@ class KeyLookup:
         """The values of a located row (text/None/Carried in the open buffer, Carried elsewhere)."""
         return self.mem.row_values(found[1]) if found[0] == "mem" else self._disk_row(*found[1])
 
-    def _delete_found(self, found: Found, lsn: int, key: list[Any] | None = None) -> None:
+    def _delete_found(self, found: Found, lsn: int, key: list[Any] | None = None, old: list[Any] | None = None) -> None:
         """Delete a located row at commit ``lsn`` (MemSlice deletion vector, or a pending file delete).
-        ``key``: its key as the change carried it (text values), kept in the delete log for a file row."""
+        ``key``: its key as the change carried it (text values), kept in the delete log for a file row;
+        ``old``: the whole old row (every column's text value) when the change carried it (REPLICA
+        IDENTITY FULL), kept there too."""
         kind, loc, h = found
         if kind == "mem":
             self.mem.delete(loc, h, lsn)
@@ -155,15 +158,26 @@ class KeyLookup:
             fname, row = loc
             self.disk.delete(fname, row, lsn)
             if key is not None and self._delete_log_on():
-                self.delete_log.add(fname, row, key)
+                values = [old[i] for i in self._value_idx] if old is not None else None
+                self.delete_log.add(fname, row, key, values)
+
+    @property
+    def value_names(self) -> list[str]:
+        """The columns that are not the key, in table order (a delete log's whole old rows hold them)."""
+        return [n for n in self._col_names if n not in self.key_names]
+
+    @property
+    def _value_idx(self) -> list[int]:
+        return [i for i, n in enumerate(self._col_names) if n not in self.key_names]
 
     def _delete_log_on(self) -> bool:
         """Deletes of file rows are logged with their keys (:mod:`.delete_log`): tables with a primary key
-        only (the keys feed serves no other); a new key definition starts a new log."""
+        only (the keys feed serves no other); a new key definition or column list starts a new log."""
         if not self.schema.key_columns:
             return False
-        if self.delete_log.key_names != self.key_names:
-            self.delete_log = DeleteLog(self.key_names)
+        values = self.value_names
+        if self.delete_log.key_names != self.key_names or self.delete_log.value_names != values:
+            self.delete_log = DeleteLog(self.key_names, self.delete_log.max_bytes, values)
         return True
 
     # ------------------------------------------------------------------ batched

@@ -33,18 +33,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..cdc import TableSchema
 from ..faults import fault
 from ..heap import release_unused
-from ..iceberg.names import SUMMARY_DELETE_LOG
+from ..iceberg.names import SUMMARY_DELETE_LOG, SUMMARY_DELETE_LOG_ROWS
 from ..index import FileIndex, KeyHash
 from ..index.key_hash import blob_needs_rebuild
 from ..index.saved import decode_index_blob
 from ..lsn import Lsn
 from . import maintenance
 from .apply_run import RunApplyRole
-from .delete_log import DeleteLog, build_log, write_log
+from .delete_log import FULL_COLUMN, DeleteLog, build_log, write_log
 from .disk_files import DiskFile, DiskFileSet
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import MemSlice
@@ -101,7 +102,8 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
         self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
-        self.delete_log = DeleteLog(self.key_names)  # keys of file rows deleted since the last persist
+        # keys (and whole old rows, REPLICA IDENTITY FULL) of file rows deleted since the last persist
+        self.delete_log = DeleteLog(self.key_names, value_names=self.value_names)
         self.applied_lsn = 0
         self.flushed_lsn = 0
         self.flush_lsn = 0
@@ -254,12 +256,16 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
             if f.location is not None and f.location in payload.deletes
         }
         specs = [self.schema.columns[i] for i in self._key_idx]
-        log_table = build_log(self.delete_log, targets, specs)
+        value_specs = [self.schema.columns[i] for i in self._value_idx]
+        log_table = build_log(self.delete_log, targets, specs, value_specs)
         if log_table is None:
             return payload
         fault("persist:delete_log")
         location = write_log(self.iceberg.io, self.iceberg.location, log_table)
-        return dataclasses.replace(payload, summary={**payload.summary, SUMMARY_DELETE_LOG: location})
+        summary = {**payload.summary, SUMMARY_DELETE_LOG: location}
+        if FULL_COLUMN in log_table.column_names:  # whole old rows: the full-row feed reads this log too
+            summary[SUMMARY_DELETE_LOG_ROWS] = str(int(pc.sum(log_table.column(FULL_COLUMN)).as_py() or 0))
+        return dataclasses.replace(payload, summary=summary)
 
     def _commit(self, payload: PersistPayload) -> None:
         """ONE Iceberg commit of ``payload`` (raises what the commit raises; then nothing changed)."""
