@@ -54,6 +54,7 @@ from .parts import StreamHost
 
 if TYPE_CHECKING:
     from ..cdc.native import NativeDecoder
+    from .registry import TableRegistry
 
 __all__ = ["StreamLoop", "tune_gc", "apply_item", "long_runs"]
 
@@ -451,32 +452,11 @@ class StreamLoop:
 
     def stop_bad(self, commit_lsn: int, bad: list[BadMessage]) -> set[int]:
         """Stop the tables of a transaction's malformed row messages (``bad``; the caller holds the lock
-        and applies the rest of the transaction without the returned relation OIDs). A table stops at
-        ``commit_lsn`` with one line naming table, relation, the XLogData and commit LSNs, what was
-        wrong and the remedy; its applied LSN stays below the commit and the slot is held at its flush
-        LSN, so a restart reads the transaction again. Relations not mirrored, tables stopped already
-        and commits a table has applied (resent after a reconnect) or a copy has below its consistent
-        point are passed over."""
-        what = {"I": "Insert", "U": "Update", "D": "Delete", "R": "Relation"}
-        for b in bad:
-            cp = self.reg.copying.get(b.relation_oid)
-            t = cp["table"] if cp is not None else self.reg.by_oid.get(b.relation_oid)
-            if t is None or t.error:
-                continue
-            if commit_lsn < (cp["copy_lsn"] if cp is not None else t.applied_lsn):
-                continue
-            self.stop_table(
-                t,
-                BadMessageError(
-                    f"table {t.name}: malformed {what.get(b.kind, b.kind)} message of relation {b.relation_oid} "
-                    f"({t.source}) at LSN {Lsn(b.lsn)} in the transaction committed at LSN {Lsn(commit_lsn)}: "
-                    f"{b.error}; this table stopped (the others go on) and holds the replication slot at its "
-                    f"flush LSN {Lsn(t.flush_lsn)}; restart the service (mooncake stop, then mooncake start) to "
-                    "read it again from there, and if it stops at the same LSN again, re-create the mirror "
-                    "(drop-table, then create-table)"
-                ),
-                commit_lsn,
-            )
+        and applies the rest of the transaction without the returned relation OIDs), each at
+        ``commit_lsn`` with the error of :func:`bad_message_stops`: its applied LSN stays below the
+        commit and the slot is held at its flush LSN, so a restart reads the transaction again."""
+        for t, e in bad_message_stops(self.reg, commit_lsn, bad):
+            self.stop_table(t, e, commit_lsn)
         return {b.relation_oid for b in bad}
 
     def stop_table(self, t: MirrorTable, e: Exception, lsn: int) -> None:
@@ -544,3 +524,38 @@ class StreamLoop:
             self._want_reply.set()
             time.sleep(0.01)
         return self.applied_lsn
+
+
+_MESSAGE_KINDS = {"I": "Insert", "U": "Update", "D": "Delete", "R": "Relation"}
+
+
+def bad_message_stops(
+    reg: TableRegistry, commit_lsn: int, bad: list[BadMessage]
+) -> list[tuple[MirrorTable, BadMessageError]]:
+    """The tables a transaction's malformed row messages (``bad``, committed at ``commit_lsn``) stop, each
+    with its one-line error naming table, relation, the XLogData and commit LSNs, what was wrong, the
+    flush LSN the slot is held at and the remedy. Relations not mirrored, tables stopped already and
+    commits a table has applied (resent after a reconnect) or a copy has below its consistent point are
+    passed over."""
+    out: list[tuple[MirrorTable, BadMessageError]] = []
+    for b in bad:
+        cp = reg.copying.get(b.relation_oid)
+        t = cp["table"] if cp is not None else reg.by_oid.get(b.relation_oid)
+        if t is None or t.error or any(t is u for u, _ in out):
+            continue
+        if commit_lsn < (cp["copy_lsn"] if cp is not None else t.applied_lsn):
+            continue
+        out.append(
+            (
+                t,
+                BadMessageError(
+                    f"table {t.name}: malformed {_MESSAGE_KINDS.get(b.kind, b.kind)} message of relation "
+                    f"{b.relation_oid} ({t.source}) at LSN {Lsn(b.lsn)} in the transaction committed at LSN "
+                    f"{Lsn(commit_lsn)}: {b.error}; this table stopped (the others go on) and holds the "
+                    f"replication slot at its flush LSN {Lsn(t.flush_lsn)}; restart the service (mooncake stop, "
+                    "then mooncake start) to read it again from there, and if it stops at the same LSN again, "
+                    "re-create the mirror (drop-table, then create-table)"
+                ),
+            )
+        )
+    return out
