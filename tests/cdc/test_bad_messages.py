@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 
 import pytest
 
@@ -62,6 +61,15 @@ def faulty_mirror(request, pg_cluster, monkeypatch):
             shutil.rmtree(state, ignore_errors=True)
 
 
+def _fault_taken(m: Mirror) -> None:
+    """Return once the stream loop has read the faults file as it is now: it reads the file at the top
+    of every iteration, before its read, so once a change written after the file was set is applied,
+    every later read (the writes that follow this call) comes after such a check. (A fixed sleep was
+    not enough on a loaded machine: an iteration can take longer.)"""
+    m.sql("INSERT INTO good VALUES (-1, 'heartbeat') ON CONFLICT (id) DO UPDATE SET v = good.v || '.'")
+    m.client.wait_lsn(m.sql("SELECT pg_current_wal_lsn()::text")[0][0], timeout=120)
+
+
 def _writes(m: Mirror, i: int) -> None:
     """Both tables changed in the same transaction (insert, update, delete)."""
     m.txn(
@@ -82,7 +90,7 @@ def test_a_malformed_message_stops_only_its_table_and_loses_nothing(faulty_mirro
     flush = Lsn.parse(m.status("bad")["flush_lsn"])
     oid = m.sql("SELECT 'public.bad'::regclass::oid")[0][0]
     set_faults(faults, corrupt_relation=oid)
-    time.sleep(0.5)  # the stream loop reads the fault file before each read (a read waits <= 50 ms)
+    _fault_taken(m)
     _writes(m, 1)
     st = wait_until(lambda: (x := m.status("bad"))["state"] == "error" and x, what="the bad table to stop")
     err = st["error"]
@@ -121,7 +129,7 @@ def test_a_message_no_table_can_be_named_for_fails_the_stream_visibly(faulty_mir
     m.check("good", "bad")
     oid = m.sql("SELECT 'public.bad'::regclass::oid")[0][0]
     set_faults(faults, corrupt_relation=oid, corrupt_short=True)
-    time.sleep(0.5)  # the stream loop reads the fault file before each read (a read waits <= 50 ms)
+    _fault_taken(m)
     _writes(m, 1)
     st = wait_until(lambda: (x := m.client.status())["stream_error"] and x, what="the stream error")
     assert "truncated" in st["stream_error"] and "at LSN" in st["stream_error"], st["stream_error"]
