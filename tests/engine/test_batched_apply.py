@@ -418,6 +418,60 @@ def test_a_sealed_batch_holds_its_rows_bytes_one_insert_lsn_per_transaction_and_
     assert table.num_rows == n - 1 and len(hashes) == n - 1 and horizon == 40
 
 
+EXTREME_IDS = [0, -1, 1, 2**63 - 1, -(2**63), 12_345_678_901, -42, 7, 8, 9, 2**31, -(2**31) - 1]
+
+
+def test_an_exact_key_slice_keeps_no_hashes_and_recomputes_the_ones_apply_gave(tmp_path):
+    """An integer key's hashes are not kept per sealed row but recomputed from the key column: they must
+    equal what the apply paths hashed (``hash_one`` of the key's text), row-wise and run-wise, before and
+    after deletes, in :meth:`MemSlice.drain` (what the flush's IndexBlock is built from)."""
+    a, b, gen = _both(tmp_path, batch_rows=4)
+    assert apply_both(a, b, _txn(100, [_ins(gen, i, n="1") for i in EXTREME_IDS])) == (None, None)
+    for t in (a, b):
+        t.mem.seal()
+        assert t.mem.key_column == 0 and len(t.mem.batches) >= 1
+        assert all(bt.hashes is None for bt in t.mem.batches)  # 8 bytes per row not held
+        assert t.mem.row_stamps()[2].tolist() == [t.hasher.hash_one([str(i)]) for i in EXTREME_IDS]
+    dels = [_del(gen, i) for i in (EXTREME_IDS[1], EXTREME_IDS[3], EXTREME_IDS[4])]
+    assert apply_both(a, b, _txn(200, dels)) == (None, None)
+    assert state(a) == state(b)
+    for t in (a, b):
+        table, hashes, horizon = t.mem.drain()
+        ids = table.column("id").to_pylist()
+        assert len(ids) == len(EXTREME_IDS) - 3 and horizon == 200
+        assert hashes.tolist() == [t.hasher.hash_one([str(i)]) for i in ids]
+    c, _, gen_t = _both(tmp_path / "text", kind="text", batch_rows=4)
+    for i in range(6):
+        c.apply(_ins(gen_t, i), 100)
+    c.mem.seal()
+    assert c.mem.key_column is None and all(bt.hashes is not None for bt in c.mem.batches)  # text keys keep them
+
+
+def test_a_schema_change_keeps_the_exact_key_hashes_computed_before_it(tmp_path):
+    """:meth:`MemSlice.evolve` computes the hashes from the rows before conversion and keeps them: after a
+    change that moves the key column (here to the end) the column the slice knew is another one."""
+    a, _, gen = _both(tmp_path, batch_rows=4)
+    for i in EXTREME_IDS:
+        a.apply(_ins(gen, i, n="1"), 100)
+    a.mem.delete(a.mem.find(a.hasher.hash_one(["7"]))[0], a.hasher.hash_one(["7"]), 150)
+    m = a.mem
+    before = m.row_stamps()[2].tolist()
+    order = ["k", "v", "n", "d", "id"]
+    new_schema = pa.schema([m.schema.field(n) for n in order])
+    m.evolve(
+        new_schema, a._decode, lambda rb: pa.RecordBatch.from_arrays([rb.column(n) for n in order], schema=new_schema)
+    )
+    assert m.key_column is None and all(bt.hashes is not None for bt in m.batches)
+    assert m.row_stamps()[2].tolist() == before
+    table, hashes, _ = m.drain()
+    assert hashes.tolist() == [a.hasher.hash_one([str(i)]) for i in table.column("id").to_pylist()]
+    assert table.num_rows == len(EXTREME_IDS) - 1
+
+
+def _del(gen: Gen, i: int) -> Change:
+    return Change("delete", OID, old=gen.tup({"id": str(i)}, ["id"]), old_kind="K", relation=gen.relation)
+
+
 def test_the_batched_lookup_answers_as_the_scalar_one(tmp_path):
     a, _, gen = _both(tmp_path, batch_rows=8)
     for lsn, ids in ((100, range(0, 20)), (200, range(20, 40))):

@@ -11,11 +11,14 @@ rows decoded column-wise with vectorized casts and every part concatenated into 
 - ``del_lsn`` (uint64): the commit LSN of the transaction that deleted it, 0 while live — this is the
   **BatchDeletionVector**, stamped so that a read at LSN L sees exactly the commits with
   ``commit_lsn < L``;
-- ``hash`` (uint64): the key hash (see :mod:`.keys`), kept so a flush builds its IndexBlock without
-  re-hashing.
+- ``hash`` (uint64): the key hash (:mod:`..index.key_hash`) the flush's IndexBlock needs. For a table
+  with an exact key (one integer column, ``key_column``) it is not kept once the rows are sealed but
+  recomputed from the key column when needed (``splitmix64`` of the value, :func:`int_key_hashes`:
+  the same hash :meth:`~..index.key_hash.KeyHash.hash_one` gives the value's text); other tables keep
+  it, 8 bytes per row, since their hash is defined on Postgres's text of the key.
 
 Held compactly (:class:`Batch`): insert LSNs as runs (one per transaction: rows arrive in commit order),
-delete LSNs only for batches with a deleted row, hashes 8 bytes per row; an appended batch's columns
+delete LSNs only for batches with a deleted row, hashes 8 bytes per row or none; an appended batch's columns
 that are slices of larger buffers (the native decoder's text columns share one buffer per run) are
 copied into buffers of their own, so the slice holds its rows' bytes and not the decoder's.
 
@@ -35,6 +38,7 @@ import pyarrow as pa
 
 from ..cdc.decode import ewkb_srid_suspect
 from ..index import MemIndex
+from ..index.key_hash import int_key_hashes
 from ..lsn import Lsn
 
 if TYPE_CHECKING:
@@ -82,13 +86,14 @@ class Batch:
     Stored compactly (docs/architecture.md#data-path): insert LSNs run-length encoded
     (``ins_starts``: int64 first row of each run, ``ins_lsns``: uint64 its commit LSN; rows arrive in
     commit order, so a transaction is one run), delete LSNs as a uint64 array only once a row of the
-    batch is deleted (``None`` while every row is live), hashes uint64 per row. The constructor takes
+    batch is deleted (``None`` while every row is live), hashes uint64 per row, or ``None`` when the
+    slice recomputes them from its exact key column (:meth:`MemSlice.batch_hashes`). The constructor takes
     per-row arrays (same length as ``rb``); :attr:`ins_lsn` and :attr:`del_lsn` give them back per row
     (new arrays; writes go through :meth:`stamp_deleted`)."""
 
     __slots__ = ("rb", "ins_starts", "ins_lsns", "_del", "hashes")
 
-    def __init__(self, rb: pa.RecordBatch, ins_lsn: np.ndarray, del_lsn: np.ndarray | None, hashes: np.ndarray):
+    def __init__(self, rb: pa.RecordBatch, ins_lsn: np.ndarray, del_lsn: np.ndarray | None, hashes: np.ndarray | None):
         self.rb = rb
         self.ins_starts, self.ins_lsns = _runs(np.asarray(ins_lsn, dtype=np.uint64))
         dl = None if del_lsn is None else np.asarray(del_lsn, dtype=np.uint64)
@@ -180,7 +185,11 @@ class MemSlice:
     ``decode``: callable(list of column value lists) -> pa.RecordBatch (the table's text decoder);
     values that are :class:`Carried` are patched in after the vectorized decode. ``specs``: the
     table's ColumnSpecs, one per ``schema`` field (what :func:`_suspect_checks` needs beyond Arrow
-    types: a PostGIS column's SRID).
+    types: a PostGIS column's SRID). ``key_column``: index in ``schema`` of the table's exact key (one
+    integer column, :attr:`~..index.key_hash.KeyHash.exact`), or None: with it, sealed batches keep no
+    key hashes (8 bytes per row) and :meth:`batch_hashes` recomputes them from that column — the caller
+    guarantees the hashes it passes are ``int_key_hashes`` of the values it decodes to; without it (and
+    after :meth:`evolve`) the hashes passed in are kept.
 
     ``version``: bumped by every change of what :meth:`visible` may return (append, delete, TRUNCATE,
     schema change, drain); with ``incarnation`` (random, unique per slice) it names the rows
@@ -188,9 +197,15 @@ class MemSlice:
     """
 
     def __init__(
-        self, schema: pa.Schema, decode: Decoder, batch_rows: int = 16384, specs: list[ColumnSpec] | None = None
+        self,
+        schema: pa.Schema,
+        decode: Decoder,
+        batch_rows: int = 16384,
+        specs: list[ColumnSpec] | None = None,
+        key_column: int | None = None,
     ) -> None:
         self.schema = schema
+        self.key_column = key_column
         self._decode = decode
         self.batch_rows = batch_rows
         self.batches: list[Batch] = []
@@ -379,7 +394,7 @@ class MemSlice:
             dl[r] = lsn
         ins = [b.ins_lsn for b in self.batches] + [self._open_ins(n_open)]
         dels = [b.del_lsn for b in self.batches] + [dl]
-        hs = [b.hashes for b in self.batches] + [self._open_hashes()]
+        hs = [self.batch_hashes(b) for b in self.batches] + [self._open_hashes()]
         return np.concatenate(ins), np.concatenate(dels), np.concatenate(hs)
 
     def _open_ins(self, n: int) -> np.ndarray:
@@ -389,6 +404,15 @@ class MemSlice:
     def _open_ins_at(self, r: int) -> int:
         """The insert LSN of open-buffer row ``r``."""
         return self._ins_lsns[bisect_right(self._ins_starts, r) - 1]
+
+    def batch_hashes(self, b: Batch, mask: np.ndarray | None = None) -> np.ndarray:
+        """Key hashes (uint64 (rows,)) of sealed batch ``b``'s rows, or of the rows ``mask`` (bool
+        (num_rows,)) keeps: kept ones, or recomputed from the exact key column (:attr:`key_column`)."""
+        if b.hashes is not None:
+            return b.hashes if mask is None else b.hashes[mask]
+        assert self.key_column is not None, "a batch without hashes in a slice without an exact key column"
+        col = b.rb.column(self.key_column)
+        return int_key_hashes(col if mask is None else col.filter(pa.array(mask)))
 
     def _open_hashes(self) -> np.ndarray:
         parts = self._hash_parts + ([np.array(self._hash_tail, dtype=np.uint64)] if self._hash_tail else [])
@@ -413,7 +437,8 @@ class MemSlice:
         for r, lsn in self._open_del.items():
             dl[r] = lsn
         rb = _compact(rb)
-        self.batches.append(Batch(rb, self._open_ins(n), dl, self._open_hashes()))
+        hashes = None if self.key_column is not None else self._open_hashes()
+        self.batches.append(Batch(rb, self._open_ins(n), dl, hashes))
         self._bytes += rb.nbytes
         self._reset_open()
 
@@ -453,10 +478,16 @@ class MemSlice:
         """Switch to a new table schema (a source schema change): the open buffer is sealed with the old
         decoder, every sealed batch is converted with ``convert(RecordBatch) -> RecordBatch`` (see
         :func:`.evolution.project`), then rows decode with ``decode`` into ``schema``. LSN stamps,
-        hashes and the MemIndex are unchanged (locations stay valid). Raises :class:`BadRowError`
-        from sealing (the slice is then unchanged)."""
+        hashes and the MemIndex are unchanged (locations stay valid): hashes recomputed from an exact key
+        column are computed once here, from the rows before conversion, and kept from then on (a change
+        may move, retype or replace the key column). Raises :class:`BadRowError` from sealing (the
+        slice is then unchanged)."""
         self.seal()
         self.version += 1
+        if self.key_column is not None:
+            for b in self.batches:
+                b.hashes = self.batch_hashes(b)
+            self.key_column = None
         self.batches = [b.with_rb(convert(b.rb)) for b in self.batches]
         self._bytes = sum(b.rb.nbytes for b in self.batches)
         self.schema = schema
@@ -543,12 +574,12 @@ class MemSlice:
                 horizon = max(horizon, int(b.ins_lsns.max()), int(b.del_lsn.max()) if b.any_deleted else 0)
             if not b.any_deleted:
                 parts.append(b.rb)
-                hashes.append(b.hashes)
+                hashes.append(self.batch_hashes(b))
                 continue
             mask = b.del_lsn == LIVE
             if mask.any():
                 parts.append(b.rb.filter(pa.array(mask)) if not mask.all() else b.rb)
-                hashes.append(b.hashes[mask])
+                hashes.append(self.batch_hashes(b, None if mask.all() else mask))
         table = pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
         hs = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
         self.clear()

@@ -101,7 +101,11 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         self._schema_versions: list[Schema] = []  # Iceberg schemas since the last commit, oldest first
         self.last_schema_change: str | None = None  # what the last followed ALTER TABLE did, and its LSN
         self.hasher = KeyHash([schema.columns[i].type_oid for i in self._key_idx], keyed=bool(schema.key_columns))
-        self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns)
+        # an exact key's hashes are recomputed from the key column at flush, not kept per buffered row
+        key_col = self._key_idx[0] if self.hasher.exact else None
+        if key_col is not None and not pa.types.is_integer(self.arrow_schema.field(key_col).type):
+            key_col = None
+        self.mem = MemSlice(self.arrow_schema, self._decode, specs=schema.columns, key_column=key_col)
         # keys (and whole old rows, REPLICA IDENTITY FULL) of file rows deleted since the last persist
         self.delete_log = DeleteLog(self.key_names, value_names=self.value_names)
         self.applied_lsn = 0
