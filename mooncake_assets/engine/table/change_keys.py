@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .changes import ChangePlan, cancel_pairs
+from .changes import ChangePlan, cancel_pairs, kept
 
 __all__ = ["execute_keys", "run_plan"]
 
@@ -48,11 +48,12 @@ def execute_keys(plan: ChangePlan) -> pa.Table:
     ins, ins_l, full_d, full_dl, key_d, key_dl = plan.gather(key_schema)
     i_tab, i_lsn = plan.concat_rows(ins, ins_l)
     d_tab, d_lsn = plan.concat_rows(full_d, full_dl)
-    keep_i, keep_d = cancel_pairs(i_tab, d_tab)
-    i_tab, i_lsn = i_tab.filter(keep_i), i_lsn[keep_i]
-    keys = [d_tab.filter(keep_d).select(plan.key).cast(key_schema)]
+    keep_i, keep_d = cancel_pairs(i_tab, d_tab, plan.key)
+    i_tab, i_lsn = kept(i_tab, i_lsn, keep_i)
+    d_tab, d_lsn = kept(d_tab, d_lsn, keep_d)
+    keys = [d_tab.select(plan.key).cast(key_schema)]
     keys += [t.cast(key_schema) if not t.schema.equals(key_schema) else t for t in key_d]
-    k_lsn = np.concatenate([d_lsn[keep_d], *key_dl])
+    k_lsn = np.concatenate([d_lsn, *key_dl])
     out_schema = pa.schema([f if f.name in plan.key else f.with_nullable(True) for f in plan.schema])
     k_tab = pa.concat_tables(keys).combine_chunks()
     dels = pa.Table.from_arrays(

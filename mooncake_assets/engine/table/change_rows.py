@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
@@ -53,14 +54,29 @@ def _file_columns(have: pa.Schema, want: pa.Schema) -> list[str]:
     return out
 
 
-def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def cancel_pairs(ins: pa.Table, dels: pa.Table, key: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Boolean keep masks (one per row of ``ins``, of ``dels``) after removing pairs of equal rows, one
-    insert with one delete each (multiset difference; same schema). Rows are matched by a 64-bit hash
-    of all their values (DuckDB ``hash``) and then compared value by value, so a hash collision never
-    cancels two different rows."""
+    insert with one delete each (multiset difference; same schema). Two rows are equal when their
+    Python values' ``repr`` are (NaN equals NaN, NULL equals NULL, ``-0.0`` differs from ``0.0``).
+
+    ``key``: the table's key columns. Equal rows have equal keys, so where no key value is null and
+    every key value occurs at most once on each side (a keyed table's reads), the rows are paired by
+    key (Arrow ``index_in`` of one key column, a hash join of several) and each pair compared column by column in Arrow
+    (:func:`_same_values`; columns of other types by ``repr``, pair by pair), without hashing the rows.
+    Otherwise (no key, a null or repeated key, a floating-point key, a key type Arrow cannot join on) rows are matched by a
+    64-bit hash of all their values (DuckDB ``hash``) and then compared value by value, so a hash
+    collision never cancels two different rows."""
     keep_i = np.ones(ins.num_rows, dtype=bool)
     keep_d = np.ones(dels.num_rows, dtype=bool)
     if not ins.num_rows or not dels.num_rows:
+        return keep_i, keep_d
+    pairs = _key_pairs(ins, dels, key) if key else None
+    if pairs is not None:
+        pi, pd = pairs
+        if len(pi):
+            same = _same_values(ins, dels, pi, pd)
+            keep_i[pi[same]] = False
+            keep_d[pd[same]] = False
         return keep_i, keep_d
     hi, hd = _row_hashes(ins), _row_hashes(dels)
     common = np.intersect1d(hi, hd)
@@ -81,6 +97,103 @@ def cancel_pairs(ins: pa.Table, dels: pa.Table) -> tuple[np.ndarray, np.ndarray]
                 del js[n]
                 break
     return keep_i, keep_d
+
+
+_I, _D = "__mc_i", "__mc_d"
+
+
+def _key_pairs(ins: pa.Table, dels: pa.Table, key: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Row numbers ``(in ins, in dels)`` of the rows with equal keys, when no key value is null and no
+    row meets more than one on the other side; None otherwise (the caller hashes whole rows). One key
+    column: ``index_in`` of the deleted keys among the inserted ones (distinct); several: a hash join."""
+    if any(ins.column(k).null_count or dels.column(k).null_count for k in key):
+        return None
+    if any(pa.types.is_floating(ins.schema.field(k).type) for k in key):
+        return None  # NaN keys: a hash lookup need not pair them, while their rows can be equal
+    try:
+        if len(key) == 1:
+            a, b = ins.column(key[0]).combine_chunks(), dels.column(key[0]).combine_chunks()
+            if not _distinct(a):
+                return None
+            at = pc.index_in(b, value_set=a)
+            pd = np.flatnonzero(np.asarray(at.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
+            pi = np.asarray(at.drop_null().to_numpy(zero_copy_only=False), dtype=np.int64)
+        else:
+            ta = ins.select(key).append_column(_I, pa.array(np.arange(ins.num_rows, dtype=np.int64)))
+            tb = dels.select(key).append_column(_D, pa.array(np.arange(dels.num_rows, dtype=np.int64)))
+            j = ta.join(tb, keys=key, join_type="inner", use_threads=False)
+            pi = np.asarray(j.column(_I).to_numpy(), dtype=np.int64)
+            pd = np.asarray(j.column(_D).to_numpy(), dtype=np.int64)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
+        return None
+    if not (_distinct_ints(pi) and _distinct_ints(pd)):
+        return None  # a key met twice: not a keyed read, pair by whole-row hashes
+    return pi, pd
+
+
+def _distinct_ints(x: np.ndarray) -> bool:
+    s = np.sort(x)
+    return not bool((s[1:] == s[:-1]).any())
+
+
+def _distinct(x: pa.Array) -> bool:
+    """Whether the non-null values of ``x`` are all different."""
+    if pa.types.is_integer(x.type):
+        return _distinct_ints(np.asarray(x.to_numpy(zero_copy_only=False)))
+    return len(pc.unique(x)) == len(x)
+
+
+def _same_values(ins: pa.Table, dels: pa.Table, pi: np.ndarray, pd: np.ndarray) -> np.ndarray:
+    """Pair by pair (row ``pi[n]`` of ``ins``, row ``pd[n]`` of ``dels``; same schema), whether the two
+    rows hold equal values in the sense of :func:`cancel_pairs`. Columns are compared one at a time,
+    fixed-width types first, each for the pairs still equal on the ones before (an UPDATE's pair
+    usually differs on a narrow column, so wide ones are rarely taken): integer, boolean, string,
+    binary, decimal, temporal types and floats in Arrow/NumPy, any other type (nested) by the
+    ``repr`` of its values."""
+    same = np.ones(len(pi), dtype=bool)
+    names = sorted(ins.column_names, key=lambda c: not pa.types.is_primitive(ins.schema.field(c).type))
+    for name in names:
+        at = np.flatnonzero(same)
+        if not len(at):
+            break
+        x = ins.column(name).take(pa.array(pi[at])).combine_chunks()
+        y = dels.column(name).take(pa.array(pd[at])).combine_chunks()
+        eq = _column_equal(x, y)
+        if eq is None:  # a type compared by repr
+            eq = np.array([repr(u) == repr(v) for u, v in zip(x.to_pylist(), y.to_pylist())], dtype=bool)
+        same[at] = eq
+    return same
+
+
+def _column_equal(x: pa.Array, y: pa.Array) -> np.ndarray | None:
+    """Equal values of ``x`` and ``y`` pairwise (both NULL: equal; floats: NaN equals NaN, ``-0.0``
+    differs from ``0.0``, as their ``repr``); None for a type compared here by ``repr`` only."""
+    t = x.type
+    both_null = np.asarray(pc.and_(x.is_null(), y.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
+    valid = np.asarray(pc.and_(x.is_valid(), y.is_valid()).to_numpy(zero_copy_only=False), dtype=bool)
+    try:
+        if pa.types.is_floating(t):
+            xv = np.asarray(x.fill_null(0).to_numpy(zero_copy_only=False))
+            yv = np.asarray(y.fill_null(0).to_numpy(zero_copy_only=False))
+            with np.errstate(invalid="ignore"):
+                eq = ((xv == yv) & (np.signbit(xv) == np.signbit(yv))) | (np.isnan(xv) & np.isnan(yv))
+        elif (
+            pa.types.is_integer(t)
+            or pa.types.is_boolean(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_decimal(t)
+            or pa.types.is_temporal(t)
+        ):
+            eq = np.asarray(pc.fill_null(pc.equal(x, y), False).to_numpy(zero_copy_only=False), dtype=bool)
+        else:
+            return None
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    return np.asarray((valid & eq) | both_null, dtype=bool)
 
 
 _local = threading.local()

@@ -67,6 +67,7 @@ __all__ = [
     "persisted_cut",
     "cancel_pairs",
     "check_deletes_mode",
+    "kept",
     "feed_sources",
     "plan_changes",
     "read_positions",
@@ -266,8 +267,8 @@ class ChangePlan:
         ins, ins_l, dels, del_l, _, _ = self.gather()
         i_tab, i_lsn = self.concat_rows(ins, ins_l)
         d_tab, d_lsn = self.concat_rows(dels, del_l)
-        keep_i, keep_d = cancel_pairs(i_tab, d_tab)
-        return self.output(i_tab.filter(keep_i), i_lsn[keep_i], d_tab.filter(keep_d), d_lsn[keep_d])
+        keep_i, keep_d = cancel_pairs(i_tab, d_tab, self.key)
+        return self.output(*kept(i_tab, i_lsn, keep_i), *kept(d_tab, d_lsn, keep_d))
 
     def read_rows(self, fr: _FileRows, schema: pa.Schema | None = None) -> pa.Table:
         """The rows at ``fr.positions`` in the layout ``schema`` (default: the table's); with a
@@ -303,6 +304,14 @@ class ChangePlan:
             return out.sort_by(order) if self.key else out
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
             return out  # a key type Arrow cannot sort: rows stay deletes first, then inserts
+
+
+def kept(tab: pa.Table, lsns: np.ndarray, keep: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """The rows of ``tab`` and ``lsns`` where ``keep`` is True; as they are when it is True everywhere
+    (the usual case: no equal pair cancelled; a filter would copy every column)."""
+    if keep.all():
+        return tab, lsns
+    return tab.filter(keep), lsns[keep]
 
 
 # ---------------------------------------------------------------------------------------------- planning

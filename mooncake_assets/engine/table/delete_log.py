@@ -357,17 +357,20 @@ def read_logs(
     key column is skipped (the feed then reads those files). ``full_only``: only the entries holding
     whole old rows (``_mooncake_full``), ``key_schema`` then being the table's whole layout; a log whose
     column of a name carries another Iceberg field id than ``key_schema``'s (a column dropped and
-    added again) is skipped."""
+    added again) is skipped. Only the columns used are read, the data file names as a dictionary."""
     parts: dict[str, list[tuple[np.ndarray, pa.Table]]] = {}
+    cols = [FILE_COLUMN, POS_COLUMN, *([FULL_COLUMN] if full_only else []), *key_schema.names]
     for loc in [*locations, *extra]:
         try:
             if isinstance(loc, pa.Table):
                 t = loc
             else:
-                with fileio.new_input(loc).open() as stream:
-                    t = pq.read_table(stream)
+                with fileio.new_input(loc).open() as stream:  # file names as a dictionary (one per file)
+                    t = pq.read_table(stream, columns=cols, read_dictionary=[FILE_COLUMN])
             if full_only:
-                t = t.filter(pc.fill_null(t.column(FULL_COLUMN), False))
+                full = pc.fill_null(t.column(FULL_COLUMN), False)
+                if not pc.all(full).as_py():  # (a filter copies every column: only when some are not full)
+                    t = t.filter(full)
                 _same_field_ids(t.schema, key_schema)
                 if not t.num_rows:
                     continue
