@@ -106,7 +106,9 @@ class SpillError(OSError):
 
 class TransactionSpill:
     """The spill file of one transaction (module docstring). ``rows``: changes spilled; ``oids``: the
-    relations they touch; ``aborted``: subtransactions whose rows are left out; ``failed``: why the
+    relations they touch; ``aborted``: subtransaction -> rows spilled when it aborted (its rows among
+    those are left out; rows of the same xid spilled later are kept, as the in-memory decoder keeps what
+    arrives after an abort); ``failed``: why the
     spill failed (one line; None while it works), after which nothing is kept."""
 
     def __init__(self, path: Path, xid: int) -> None:
@@ -115,7 +117,7 @@ class TransactionSpill:
         self.rows = 0
         self.bytes = 0
         self.oids: set[int] = set()
-        self.aborted: set[int] = set()
+        self.aborted: dict[int, int] = {}
         self.failed: str | None = None
         self._segs: list[_Segment] = []
         self._f: Any = None  # opened by the first write
@@ -153,7 +155,7 @@ class TransactionSpill:
             self.rows += run.rows
             self.oids.update(run.truncate_oids if run.kind == "truncate" else (run.relation_oid,))
             if run.kind == "truncate":
-                self._segs.append(_Segment(-1, 0, run.kind, run.relation_oid, None, 0, 0, 1, run, int(x[0])))
+                self._segs.append(_Segment(-1, 0, run.kind, run.relation_oid, None, 0, 0, run.rows, run, int(x[0])))
                 continue
             fault("spill:write")
             rb = _batch(run, x)
@@ -181,11 +183,13 @@ class TransactionSpill:
         if self.failed is not None:
             raise SpillError(self.failed)
         self.close()
-        aborted = np.array(sorted(self.aborted), dtype=np.uint32)
+        aborted = self.aborted
+        start = 0  # rows of the segments before this one (the row count ``aborted`` is in)
         with open(self.path, "rb") as f:
             for seg in self._segs:
+                at, start = start, start + seg.rows
                 if seg.run is not None:
-                    if seg.xid not in self.aborted:
+                    if at >= aborted.get(seg.xid, 0):
                         yield seg.run
                     continue
                 f.seek(seg.offset)
@@ -193,10 +197,15 @@ class TransactionSpill:
                 rb = pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
                 del data
                 run = _run_of(seg, rb)
-                if not len(aborted):
+                if not aborted or at >= max(aborted.values()):
                     yield run
                     continue
-                keep = ~np.isin(rb.column("xid").to_numpy(zero_copy_only=False), aborted)
+                xids = rb.column("xid").to_numpy(zero_copy_only=False)
+                row = np.arange(at, at + rb.num_rows)
+                keep = np.ones(rb.num_rows, dtype=bool)
+                for x, upto in aborted.items():
+                    if upto > at:
+                        keep &= ~((xids == x) & (row < upto))
                 edges = np.flatnonzero(np.diff(np.concatenate(([False], keep, [False])).astype(np.int8)))
                 for a, b in zip(edges[::2], edges[1::2]):
                     yield slice_run(run, int(a), int(b))
@@ -246,10 +255,10 @@ class Spiller:
         return sp
 
     def abort_sub(self, xid: int, subxid: int) -> None:
-        """Subtransaction ``subxid`` of ``xid`` aborted: its spilled rows are left out."""
+        """Subtransaction ``subxid`` of ``xid`` aborted: the rows of it spilled so far are left out."""
         sp = self.open.get(xid)
         if sp is not None:
-            sp.aborted.add(subxid)
+            sp.aborted[subxid] = sp.rows
 
     def discard(self, xid: int) -> None:
         """``xid`` aborted (or restarts from its first segment): its spill file goes."""
