@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from ..iceberg.table import IcebergMirrorTable
     from ..pg.schema import ColumnSpec
+    from .delete_log import DeleteLog
     from .memslice import MemSlice
 
 log = logging.getLogger("mooncake.table")
@@ -43,6 +44,7 @@ class TableSchemaRole:
     arrow_schema: pa.Schema
     iceberg: Any  # its IcebergMirrorTable, or None (see MirrorTable); Any: MirrorTable uses it unchecked
     mem: MemSlice
+    delete_log: DeleteLog
     defaults: dict[int, pa.Scalar]
     key_names: list[str]
     flushed_lsn: int
@@ -138,6 +140,13 @@ class TableSchemaRole:
             specs=new.columns,
         )
         self._set_schema(new, hash_ids if not new.key_columns else None)
+        # the delete log's entries (keys and whole old rows, as text of the old columns) are not decoded
+        # under the new ones (a column added, dropped, renamed or retyped): it starts again, and the change
+        # feed reads what no log holds from the data files (engine/table/delete_log.py)
+        dlog = self.delete_log
+        self.delete_log = type(dlog)(
+            self.key_names, dlog.max_bytes, [n for n in self._col_names if n not in self.key_names]
+        )
         self._relmap.clear()
         self._identity.clear()
         self.__dict__.get("_relations_seen", {}).clear()
