@@ -76,6 +76,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["fault", "faults", "register_conflict", "set_faults", "corrupt_relation", "jitter", "jitter_delay"]
 
@@ -151,19 +152,23 @@ def set_faults(path: str | os.PathLike[str], **faults: object) -> None:
     tmp.replace(p)
 
 
+def _armed(path: str) -> dict[str, Any] | None:
+    """The ``MOONCAKE_FAULTS`` file at ``path`` as a dict; None when it is missing or not a JSON object."""
+    try:
+        armed = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return armed if isinstance(armed, dict) else None
+
+
 def corrupt_relation() -> tuple[int | None, bool]:
     """``(relation OID, short)``: the relation whose row messages the ``MOONCAKE_FAULTS`` file says to
     corrupt and whether inside the OID (``corrupt_relation``, ``corrupt_short``: module docstring);
     ``(None, False)`` without a file, such a key or a readable file."""
     path = os.environ.get("MOONCAKE_FAULTS")
-    if not path:
-        return None, False
-    try:
-        armed = json.loads(Path(path).read_text())
-        oid = armed.get("corrupt_relation")
-    except (OSError, ValueError, AttributeError):
-        return None, False
-    return (oid, bool(armed.get("corrupt_short"))) if isinstance(oid, int) else (None, False)
+    armed = _armed(path) if path else None
+    oid = armed.get("corrupt_relation") if armed else None
+    return (oid, bool(armed.get("corrupt_short"))) if armed and isinstance(oid, int) else (None, False)
 
 
 def _file_fault(point: str) -> None:
@@ -172,9 +177,8 @@ def _file_fault(point: str) -> None:
     if not path or make_error is None:
         return
     with _FILE_LOCK:
-        try:
-            armed = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
+        armed = _armed(path)
+        if armed is None:
             return
         n = int(armed.get("commit_conflicts", 0))
         if n <= 0:

@@ -29,6 +29,7 @@ from ..iceberg.lineage import has_lineage
 from .delete_log import DeleteLog
 from .evolution import project
 from .memslice import Carried
+from .schema_state import value_columns
 
 if TYPE_CHECKING:
     from ..cdc import TableSchema
@@ -164,7 +165,7 @@ class KeyLookup:
     @property
     def value_names(self) -> list[str]:
         """The columns that are not the key, in table order (a delete log's whole old rows hold them)."""
-        return [n for n in self._col_names if n not in self.key_names]
+        return value_columns(self._col_names, self.key_names)
 
     @property
     def _value_idx(self) -> list[int]:

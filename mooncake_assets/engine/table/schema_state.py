@@ -35,6 +35,12 @@ log = logging.getLogger("mooncake.table")
 __all__ = ["TableSchemaRole", "initial_defaults"]
 
 
+def value_columns(col_names: list[str], key_names: list[str]) -> list[str]:
+    """The columns of ``col_names`` that are not in ``key_names``, in table order (the values a delete
+    log's whole old rows hold, :mod:`.delete_log`)."""
+    return [n for n in col_names if n not in key_names]
+
+
 class TableSchemaRole:
     """Schema state and evolution of a :class:`~.mirror.MirrorTable` (module docstring)."""
 
@@ -144,9 +150,7 @@ class TableSchemaRole:
         # under the new ones (a column added, dropped, renamed or retyped): it starts again, and the change
         # feed reads what no log holds from the data files (engine/table/delete_log.py)
         dlog = self.delete_log
-        self.delete_log = type(dlog)(
-            self.key_names, dlog.max_bytes, [n for n in self._col_names if n not in self.key_names]
-        )
+        self.delete_log = type(dlog)(self.key_names, dlog.max_bytes, value_columns(self._col_names, self.key_names))
         self._relmap.clear()
         self._identity.clear()
         self.__dict__.get("_relations_seen", {}).clear()
