@@ -102,6 +102,7 @@ class Batch:
 
     @property
     def num_rows(self) -> int:
+        """Rows of the batch (live and deleted)."""
         return int(self.rb.num_rows)
 
     @property
@@ -120,6 +121,7 @@ class Batch:
 
     @property
     def any_deleted(self) -> bool:
+        """True once a row of the batch has a delete LSN (the per-row array exists only then)."""
         return self._del is not None
 
     def stamp_deleted(self, rows: Any, lsns: Any) -> None:
@@ -129,6 +131,7 @@ class Batch:
         self._del[rows] = lsns
 
     def is_live(self, r: int) -> bool:
+        """Row ``r`` (0-based) has no delete LSN."""
         return self._del is None or bool(self._del[r] == LIVE)
 
     def with_rb(self, rb: pa.RecordBatch) -> Batch:
