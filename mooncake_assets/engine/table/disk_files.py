@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap64, FrozenBitMap64
 
 from ..index import FileIndex, IndexBlock
+from ..index.file_index import sorted_run
 from ..index.saved import IndexBlob, encode_index_blob
 from .pending_deletes import PendingDeletes
 from .read_state import FileState, frozen
@@ -182,23 +183,12 @@ class DiskFileSet:
         (:func:`~..index.file_index.sorted_run` per batch), merged instead of sorted again.
         ``ValueError`` when they do not hold ``num_rows`` entries."""
         name = path.name
-        if isinstance(hashes, np.ndarray):
-            n = len(hashes)
-        else:
-            n = sum(len(h) for h, _ in hashes)
+        runs = [sorted_run(hashes)] if isinstance(hashes, np.ndarray) else hashes
+        n = sum(len(h) for h, _ in runs)
         if n != num_rows:
             raise ValueError(f"data file {name}: {num_rows} rows but {n} key hashes")
         self.files[name] = DiskFile(name=name, num_rows=num_rows, size_bytes=path.stat().st_size, local_path=str(path))
-        if isinstance(hashes, np.ndarray):
-            block = IndexBlock.build(
-                self.new_block_path(),
-                hashes,
-                np.zeros(num_rows, dtype=np.uint32),
-                np.arange(num_rows, dtype=np.uint32),
-                [name],
-            )
-        else:
-            block = FileIndex.build_from_runs(hashes, self.new_block_path(), name)
+        block = FileIndex.build_from_runs(runs, self.new_block_path(), name)
         self.index.add_block(block)
 
     # ------------------------------------------------------------------ deletes
