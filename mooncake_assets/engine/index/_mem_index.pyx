@@ -196,30 +196,8 @@ cdef class MemIndex:
 
     cdef inline void _place(self, uint64_t key, uint64_t val) noexcept nogil:
         """Insert a key known to be absent (capacity available), in Robin Hood order."""
-        cdef size_t i = self._home(key)
-        cdef size_t d = 0, rd
-        cdef uint64_t tk, tv
-        cdef Slot *s
-        while True:
-            s = &self.slots[i]
-            if s.val == EMPTY:
-                s.key = key
-                s.val = val
-                self.used += 1
-                return
-            rd = self._dist(i, s.key)
-            if rd < d:
-                tk = s.key
-                tv = s.val
-                s.key = key
-                s.val = val
-                key = tk
-                val = tv
-                d = rd
-            i += 1
-            if i == self.cap:
-                i = 0
-            d += 1
+        self._robin_hood(key, val, NULL)
+        self.used += 1
 
     cdef inline void _erase(self, size_t i) noexcept nogil:
         """Empty slot ``i`` by backward shift (the following cluster moves one slot home-wards)."""
@@ -265,26 +243,29 @@ cdef class MemIndex:
                 key = grown[i].key
                 val = grown[i].val
                 grown[i].val = EMPTY
-                self._replace(key, val, done)
+                self._robin_hood(key, val, done)
         PyMem_RawFree(done)
         return 0
 
-    cdef inline void _replace(self, uint64_t key, uint64_t val, uint8_t *done) noexcept nogil:
-        """:meth:`_place` during an in-place growth: a slot whose resident is not re-placed yet (bit clear
-        in ``done``) counts as free — the newcomer takes it and that resident is placed next, from its
-        own home. ``used`` is unchanged."""
+    cdef inline void _robin_hood(self, uint64_t key, uint64_t val, uint8_t *done) noexcept nogil:
+        """Place ``key`` (absent from the table) in Robin Hood order: walking from its home, it takes the
+        first empty slot, or the slot of a resident nearer its own home (which moves on in its stead).
+        ``done``: NULL, or during an in-place growth (:meth:`_reserve`) the bitmap of re-placed slots — a
+        slot whose resident is not re-placed yet (bit clear) counts as free: the newcomer takes it and
+        that resident is placed next, from its own home. Does not count ``used``."""
         cdef size_t i = self._home(key)
         cdef size_t d = 0, rd
         cdef uint64_t tk, tv
         cdef Slot *s
         while True:
             s = &self.slots[i]
-            if s.val == EMPTY or not (done[i >> 3] >> (i & 7)) & 1:
+            if s.val == EMPTY or (done != NULL and not (done[i >> 3] >> (i & 7)) & 1):
                 tk = s.key
                 tv = s.val
                 s.key = key
                 s.val = val
-                done[i >> 3] |= <uint8_t>(1 << (i & 7))
+                if done != NULL:
+                    done[i >> 3] |= <uint8_t>(1 << (i & 7))
                 if tv == EMPTY:
                     return
                 key = tk
