@@ -38,17 +38,17 @@ the threshold (mallopt) switches that adjustment off. Measured with the service'
 (500,000 narrow rows in transactions of 50,000, no flush; 2026-12-03, shared machine): RSS after
 +109 → +74 MiB, peak +109 → +89 MiB (``MALLOC_MMAP_THRESHOLD_=131072``, the same setting).
 
-**Its cost** (measured 2026-12-03, open): every Arrow buffer of 128 KiB or more (the ``system`` Arrow
-pool allocates through ``malloc``) is then a fresh mapping, page-faulted in and unmapped on free.
-Arrow work in the service process pays for it: a read + filter + sort + concat of 2M narrow rows
-(pyarrow, system pool; median of 7, CPU) 0.57–0.60 s with glibc's dynamic threshold, 0.97–1.09 s with
-it fixed at 128 KiB, 1 MiB or 4 MiB; the change feed in the service's settings 42 → 93 ms CPU (REPLICA
-IDENTITY FULL, 5M rows), the default-identity full-row feed 400 → 1,490 ms. The apply path showed no
-cost (``mooncake bench --quick --suite ingest`` with and without ``MALLOC_MMAP_THRESHOLD_=131072``, CPU
-µs/row equal within the noise). With Arrow on the ``jemalloc`` pool and the threshold fixed, the same
-read costs 0.62 s and ``bench --suite memory --quick`` gave 146–147 MB per million rows (system: 145)
-but a 30 MiB higher peak in its large transaction (335–338 vs 305 MiB): the pool choice
-(:func:`~.service.process.select_memory_pool`, measured before this threshold) needs measuring again.
+**Its cost, and why the service's Arrow pool is jemalloc**: every buffer of 128 KiB or more that comes
+from ``malloc`` is then a fresh mapping, page-faulted in and unmapped on free. With Arrow on the
+``system`` pool (which allocates through ``malloc``) Arrow work in the service cost ~1.9x the CPU: a
+read + filter + sort + concat of 2M narrow rows (``scripts/probe_arrow_heap.py``, CPU median of 7)
+0.49–0.51 s with glibc's dynamic threshold, 0.94–0.97 s fixed at 128 KiB (0.84–0.90 fixed at 1 MiB
+with a 256 MiB trim threshold); the
+change feed in the service's settings 42 → 93 ms CPU. Arrow on ``jemalloc`` (its own mappings, reused)
+with the threshold fixed: 0.56 s, the same peak RSS in the MemSlice pattern
+(:func:`~.service.process.select_memory_pool` has the table). The apply path showed no cost either way
+(``mooncake bench --quick --suite ingest`` with and without ``MALLOC_MMAP_THRESHOLD_=131072``, CPU µs/row
+equal within the noise).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .client import ServiceClient
 log = logging.getLogger(__name__)
 
 #: the Arrow memory pool of the service process (see :func:`select_memory_pool`)
-SERVICE_MEMORY_POOL = "system"
+SERVICE_MEMORY_POOL = "jemalloc"
 #: Arrow's own variable naming the default pool (jemalloc, mimalloc or system); set, it wins
 ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
@@ -40,26 +40,30 @@ def select_memory_pool(name: str | None = None) -> str:
     this pyarrow build lacks (``pa.supported_memory_backends()``) falls back to ``system`` with a
     warning; a name that is no backend raises ``ValueError``.
 
-    Why ``system``: measured with ``python -m mooncake_assets.bench.arrow_pool --rows 1000000 --rounds 3``
-    (2026-12-01, pyarrow 26, glibc; three rounds of 1M narrow rows appended to a MemSlice, drained,
-    written to Parquet and dropped; RSS of a fresh process that starts at ~157 MiB, MiB):
+    Why ``jemalloc``: the service fixes glibc's mmap threshold (``engine/heap.py``, ``fix_mmap_threshold``, so
+    that each transaction's transient buffers leave the heap when freed). With the ``system`` pool
+    every Arrow buffer of 128 KiB or more then becomes a fresh mapping, page-faulted in and unmapped
+    on free, and Arrow work in the service (the change feed, persists, compaction, Flight answers)
+    costs ~1.9x the CPU. Measured 2026-12-03 on the quiet 2-core machine (load < 1):
+    ``scripts/probe_arrow_heap.py`` (read + filter + sort + concat of 2M narrow rows, CPU median of 7,
+    two rounds) and ``python -m mooncake_assets.bench.arrow_pool --child <variant>`` with
+    ``MALLOC_MMAP_THRESHOLD_=131072`` (the same setting; 1M narrow rows appended to a MemSlice, drained,
+    written to Parquet, dropped, the pool's ``release_unused`` after each round, 3 rounds, MiB):
 
-    =======================  ========  ===========================  ==========================
-    pool                     peak RSS  RSS full → after drop, 1 s   round 2 / round 3
-    =======================  ========  ===========================  ==========================
-    jemalloc                 353       308 → 304, 290               333 → 227; 340 → 267
-    jemalloc, decay_ms(0)    345       307 → 305, 249               345 → 258; 333 → 253
-    system                   327       309 → 305, 305               327 → 326; 327 → 326
-    system + release_unused  329       310 → 163, 163               327 → 163; 328 → 163
-    mimalloc                 399       376 → 389, 389               387 → 349; 378 → 394
-    mimalloc + release       398       377 → 204, 204               398 → 187; 396 → 184
-    =======================  ========  ===========================  ==========================
+    ==============================  ================  ========  ==========================
+    pool, glibc mmap threshold      Arrow work, CPU s  peak RSS  RSS after each flush, 1 s
+    ==============================  ================  ========  ==========================
+    system, glibc's dynamic         0.49–0.51          297       132, 132, 133
+    system, fixed 128 KiB           0.94–0.97          288       133, 133, 133
+    jemalloc, fixed 128 KiB         0.56               288       207, 199, 143
+    ==============================  ================  ========  ==========================
 
-    Arrow itself held 95 MiB per round and 0 after each drop in every pool; the rest is the numpy
-    stamps, the MemIndex and Python objects, which live in glibc's heap. The system pool puts Arrow in
-    that heap too, so one ``release_unused()`` (``malloc_trim``) after a flush (``MirrorTable.flush``
-    calls it) hands all of it back: the lowest peak and the only pool back at its start after a flush.
-    jemalloc (Arrow's default) keeps 70–130 MiB even with a decay of 0, mimalloc more.
+    (``M_TRIM_THRESHOLD`` 256 MiB beside the fixed threshold: 0.96; plus ``M_TOP_PAD`` 64 MiB: 0.63–0.73.)
+    The peaks are equal; jemalloc keeps up to ~100 MiB of freed pages a little longer after a flush
+    (bounded: its decay hands them back; ``release_unused`` asks at once) where the system pool returns
+    to its start, and every large Arrow operation of the service needs ~0.6 of the system pool's CPU
+    (within ~12 % of glibc's dynamic threshold). An earlier measurement (2026-12-01, before the
+    threshold was fixed) had chosen ``system`` for that return after a flush.
     """
     want = (name or os.environ.get(ARROW_POOL_ENV) or SERVICE_MEMORY_POOL).strip().lower()
     makers = {"jemalloc": pa.jemalloc_memory_pool, "mimalloc": pa.mimalloc_memory_pool, "system": pa.system_memory_pool}
