@@ -103,3 +103,34 @@ def test_summary_and_row_lineage_of_committed_snapshots(table, tmp_path):
     props = second.summary.additional_properties
     assert props["added-data-files"] == "1" and props["added-dvs"] == "1" and props["total-records"] == "5"
     assert props["total-position-deletes"] == "1" and props["engine-name"] == "mooncake-assets"
+
+
+def test_the_reader_parses_each_manifest_list_once_and_reads_every_snapshot_as_it_is(table, tmp_path, monkeypatch):
+    """A manifest list is immutable (spec "Manifest Lists"): the reader keeps it parsed by path, so a
+    second read of a snapshot reads no manifest list again, and each new snapshot's list is read once."""
+    from mooncake_assets.engine.iceberg import snapshots
+
+    parsed: list[str] = []
+    real = snapshots.read_manifest_list
+
+    def counting(io, location, fv):
+        parsed.append(location)
+        return real(io, location, fv)
+
+    monkeypatch.setattr(snapshots, "read_manifest_list", counting)
+    a = upload(table, tmp_path, "a", [1, 2, 3])
+    table.commit(add_files=[a])
+    first = table.state(index=False)
+    b = upload(table, tmp_path, "b", [4, 5])
+    table.commit(add_files=[b], deletes={a: [1]})
+    second = table.state(index=False)
+    again = table.state(first.snapshot_id, index=False)
+    assert sorted(p.rsplit("/", 1)[-1] for p in first.data_files) == ["a.parquet"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in second.data_files) == ["a.parquet", "b.parquet"]
+    assert again.data_files.keys() == first.data_files.keys()
+    assert second.data_files[a].live_rows == 2 and again.data_files[a].live_rows == 3
+    assert len(parsed) == len(set(parsed)) >= 2  # every list once: the third read parsed none
+    before = len(parsed)
+    table.state(index=False)
+    table.state(first.snapshot_id, index=False)
+    assert len(parsed) == before

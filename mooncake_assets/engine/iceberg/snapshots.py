@@ -33,6 +33,10 @@ CACHE_MANIFESTS = 1024
 CACHE_DELETES = 4096
 """Decoded delete sets kept per reader."""
 
+CACHE_MANIFEST_LISTS = 256
+"""Parsed manifest lists kept per reader (one per snapshot; a manifest list is written once under a
+name of its own and never changed, spec "Manifest Lists", so its path identifies its contents)."""
+
 
 @dataclass
 class LiveEntry:
@@ -75,7 +79,8 @@ def read_all(io: FileIO, location: str) -> bytes:
 
 
 class SnapshotReader:
-    """Reads snapshots of one table through ``io``, caching parsed manifests and decoded delete sets.
+    """Reads snapshots of one table through ``io``, caching parsed manifest lists, manifests and decoded
+    delete sets (immutable files, by path).
 
     ``identifier``: the table's name, for error messages.
     """
@@ -83,6 +88,7 @@ class SnapshotReader:
     def __init__(self, identifier: str) -> None:
         self.identifier = identifier
         self._manifests: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
+        self._lists: OrderedDict[tuple[str, int], list[ManifestInfo]] = OrderedDict()
         self._deletes: OrderedDict[tuple[Any, ...], BitMap64] = OrderedDict()
 
     def files(self, io: FileIO, md: TableMetadata, snapshot: Snapshot | None) -> SnapshotFiles:
@@ -91,7 +97,10 @@ class SnapshotReader:
         if snapshot is None:
             return SnapshotFiles([], {}, {}, [])
         fv = md.format_version
-        manifests = read_manifest_list(io, snapshot.manifest_list, fv)
+        manifests = self._lists.get((snapshot.manifest_list, fv))
+        if manifests is None:
+            manifests = read_manifest_list(io, snapshot.manifest_list, fv)
+            _cache_put(self._lists, (snapshot.manifest_list, fv), manifests, CACHE_MANIFEST_LISTS)
         out = SnapshotFiles(manifests, {}, {}, [])
         for manifest in manifests:
             entries = self._manifests.get(manifest.path)
