@@ -3,7 +3,8 @@
 Builds one delete share's table as the union_read bench does (its own helpers; no Iceberg tables), serves it
 over Flight, and times ``clean`` vs ``union`` (UnionReader(hold_rows=False)) in rotated rounds (medians, CPU
 of this process), then profiles the union reader's query. Usage:
-``python scripts/probe_union_scan.py ROWS SHARE ROUNDS [--profile]``.
+``python scripts/probe_union_scan.py ROWS SHARE ROUNDS [--profile] [--filter]`` (``--filter``: the bench's
+selective query instead of the scan).
 """
 
 import cProfile
@@ -37,6 +38,9 @@ import duckdb
 
 con = duckdb.connect()
 sql = ur.SCAN_SQL
+if "--filter" in sys.argv:  # the bench's filter: 0.1 % of the keys from the middle
+    lo = n // 2
+    sql = ur.FILTER_SQL.replace("{lo}", str(lo)).replace("{hi}", str(lo + max(n // 1000, 10) - 1))
 files = [(f["path"].split("/")[-1], f["rows"], len(f["committed"]) + len(f["pending"])) for f in h.files]
 print(
     f"rows {n:,} share {share}: files {len(files)}, with deletes {sum(1 for f in files if f[2])}, mem rows {mem_rows.num_rows}"

@@ -53,16 +53,38 @@ CHANGES_KEYS = (
     "keys_cpu_seconds",
 )
 
-# (dotted key, comparison, target, what it means)
+# (dotted key, comparison, target, what it means): the issues' targets, each reported met / not met / not
+# measured at the end of a run (never enforced: a bench run on a loaded machine is still a record)
 TARGETS = [
-    ("ingest.narrow.ratio", ">=", 0.5, "ingest ≥ 0.5 of pg_recvlogical for narrow rows"),
+    *[(f"ingest.{k}.ratio", ">=", 0.8, f"ingest ≥ 0.8 of pg_recvlogical ({k})") for k in INGEST_KEYS],
+    ("initial_copy.ratio", ">=", 0.5, "initial copy ≥ 0.5 of psql COPY TO STDOUT"),
+    ("memory.service_rss_bytes_per_million_rows", "<=", 150e6, "service memory ≤ 150 MB per million buffered rows"),
     ("freshness.p99_ms", "<=", 1000.0, "freshness p99 ≤ 1 s"),
-    ("union_read.scan.ratio_vs_clean.d1", "<=", 1.3, "union read ≤ 1.3× the clean-Parquet scan at 1% deletes"),
+    # the scan's (issue 15: "the cost of a bitmap filter in a vectorised scan"); the selective filter's
+    # ratios are reported beside them, its per-query cost has the fixed-cost target below
+    *[
+        (
+            f"union_read.scan.cpu_ratio_vs_clean.{d}",
+            "<=",
+            lim,
+            f"union read scan CPU ≤ {lim}× clean Parquet at {d[1:]}% deletes",
+        )
+        for d, lim in (("d1", 1.3), ("d10", 1.6))
+    ],
+    *[
+        (
+            f"union_read.{q}.fixed_ms_per_query_warm",
+            "<=",
+            2.0,
+            f"union read {q}: fixed cost per query in a warm reader ≤ 2 ms",
+        )
+        for q in ("scan", "filter")
+    ],
     (
         "union_read.scan.speedup_vs_duckdb_iceberg_equality_deletes.d10",
         ">=",
-        5.0,
-        "our v3 table ≥ 5× faster than a Flink-style equality-delete table at 10% deletes (DuckDB iceberg_scan on both)",
+        50.0,
+        "our v3 table ≥ 50× faster than a Flink-style equality-delete table at 10% deletes (DuckDB iceberg_scan on both)",
     ),
     (
         "changes.ratio_vs_full_read",
