@@ -338,7 +338,11 @@ def test_nan_in_decimal_column_at_create_table(mirror):
     assert ["a", "numeric(10,2)"] in r["text_columns"]
     m.sql("INSERT INTO nan13 VALUES (3, 'NaN', '{NaN}', 'NaN')")  # c is still a decimal: only that stops
     m.sql("INSERT INTO nan13 VALUES (4, '1.10', NULL, 1)")
-    st = m.status("nan13")
+    from ..helpers import wait_until
+
+    # the stream applies the NaN row after the INSERT returns: wait for it (the status right after it
+    # could still say ready: the first full CI run of 2026-12-03 failed here once)
+    st = wait_until(lambda: (s := m.status("nan13"))["state"] == "error" and s, what="nan13 stops")
     assert st["state"] == "error" and "column c" in st["error"], st
     # the remedy repeats the table's options and adds the new one
     assert (
