@@ -161,6 +161,7 @@ class _OurSide:
         from ..engine.table.mirror import MirrorTable
 
         self.dsn = dsn
+        self.scratch = scratch
         settings = Settings(
             state_dir=scratch, dsn=dsn, maintenance="dagster", decoder=os.environ.get("MOONCAKE_DECODER")
         )
@@ -176,6 +177,7 @@ class _OurSide:
         (wall seconds from connecting, this process's CPU seconds meanwhile, transactions applied)."""
         from ..engine.cdc import ReplicationConnection, TransactionAssembler
         from ..engine.cdc.native import NativeDecoder
+        from ..engine.cdc.spill import Spiller
         from ..engine.pg.conninfo import with_options
         from ..engine.service import replication as svc_module
         from ..engine.service.native_batch import apply_native_batch, read_native_batch
@@ -190,6 +192,9 @@ class _OurSide:
             repl.start(slot, [pub], 0, streaming=True)
             asm = TransactionAssembler()
             dec = NativeDecoder(batch=True) if self.svc.config.decoder == "native" else None  # (native_batch.py)
+            if dec is not None:  # (as _stream_once: a large open transaction spills as it grows)
+                dec.spill = Spiller(self.scratch / "spill")
+                dec.spill_bytes = self.svc.memory.spill_bytes()
             deadline = time.time() + timeout
             txns = 0
             while True:

@@ -15,6 +15,7 @@ from mooncake_assets.engine.cdc.native import NativeDecoder
 from mooncake_assets.engine.cdc.spill import Spiller
 from mooncake_assets.engine.service.memory import (
     MIN_MEMORY_LIMIT,
+    MemoryBudget,
     check_memory_limit,
     default_memory_limit,
     parse_size,
@@ -205,6 +206,13 @@ def test_minimum_and_default(tmp_path):
     mi.write_text("MemTotal:       25165824 kB\nMemFree: 1 kB\n")
     assert default_memory_limit(str(mi)) == 6 << 30
     assert default_memory_limit(str(tmp_path / "none")) == 1 << 30
+
+
+@pytest.mark.parametrize("limit", [MIN_MEMORY_LIMIT, 512 << 20, 6 << 30, 64 << 30])
+def test_an_open_transaction_spills_every_16_mib_whatever_the_budget(limit):
+    """Not a share of the budget: a transaction held whole until its commit costs wall time and RSS
+    (``memory.SPILL_BYTES``'s measurement); at the smallest budget 16 MiB is an eighth of it."""
+    assert MemoryBudget(limit).spill_bytes() == 16 << 20
 
 
 class _Mem:

@@ -254,6 +254,17 @@ cdef class _TxnBuf:
         self._reset()
         return 0
 
+    cdef int cut(self) except -1:
+        """Empty after its rows were cut into runs (``NativeDecoder._spill``): the arrays kept for the
+        transaction's next changes, the Relation and TRUNCATE lists cleared; ``origin`` and ``bad`` (the
+        transaction's) kept."""
+        self._truncate_to(0, 0, 0)
+        self.rels = []
+        self.last_rel = None
+        self.last_rel_idx = -1
+        self.truncs = []
+        return 0
+
     cdef void _reset(self) noexcept:
         """The empty state (no arrays, no Relations, no TRUNCATEs), shared by ``__cinit__`` and
         ``release``; the arrays must be freed (or never allocated) before. ``origin`` is kept."""
@@ -849,14 +860,15 @@ cdef class NativeDecoder:
         return 0
 
     cdef int _spill(self, _TxnBuf b) except -1:
-        """``b``'s changes so far to its spill file (``.spill``); ``b`` starts again empty."""
+        """``b``'s changes so far to its spill file (``.spill``); ``b`` starts again empty, its arrays
+        kept for the transaction's next changes (memory already faulted in: ``MemoryBudget.spill_bytes``)."""
         cdef Py_ssize_t i
         xids = np.empty(b.nrows, dtype=np.uint32)
         cdef uint32_t[::1] xv = xids
         for i in range(b.nrows):
             xv[i] = b.rows[i].xid
         self.spill.write(b.xid, _runs(b), xids)
-        b.release()
+        b.cut()
         return 0
 
     cdef object _spilled(self, uint32_t xid):

@@ -13,8 +13,9 @@ One number bounds what the service holds for replication, ``ServiceConfig.memory
   buffers are flushed to local staging (``MirrorTable.flush``; no Iceberg commit), largest first, until
   usage is back under it (a MemSlice below 1/:data:`MIN_FLUSH_FRACTION` of the budget is left alone:
   pending deletes, which only a persist frees, must not cause a flush per batch). Called between read batches and between the chunks of a spilled transaction.
-- **Spill** (``engine/cdc/spill.py``): an open transaction of the compiled decoder whose buffer passes
-  :meth:`MemoryBudget.spill_bytes` goes to disk; it is applied from there at commit, chunk by chunk.
+- **Spill** (``engine/cdc/spill.py``): each time an open transaction of the compiled decoder holds
+  :meth:`MemoryBudget.spill_bytes` in its buffer, its changes so far go to disk (the buffer then starts
+  again, its memory reused); at commit it is applied from there, chunk by chunk.
 - **Backpressure** (:attr:`MemoryBudget.backpressure`): still over the budget after flushing (a table
   that cannot flush), the stream stops reading from the slot until usage drops (``status`` shows
   ``backpressure: true``). Open transactions are left out of that test (reading on is what completes
@@ -55,9 +56,18 @@ DEFAULT_SHARE = 0.25
 #: again: the live rows gathered into one Arrow table, the Parquet writer's buffers; at 0.5 the
 #: 3M-row UPDATE under 512 MiB peaked at +464 MiB RSS, at 0.25 at +265 MiB)
 FLUSH_SHARE = 0.25
-#: an open transaction spills past this share of the budget (its buffer, then a copy as runs while it is
-#: written, and the arrays' growth room come on top: about 3x this at the peak)
-SPILL_SHARE = 0.0625
+#: an open transaction's buffer spills past this many bytes (its buffer, then a copy as runs while it
+#: is written, and the arrays' growth room come on top: about 3x this at the peak). Not a share of the
+#: budget: a larger buffer only costs more. Measured 2026-12-03 with ``scripts/probe_streamed_ingest.py
+#: STATE ROWS --shape … --mode large`` (one streamed INSERT, the bench's apply loop; quiet 2-core
+#: machine, 4 rotated rounds, medians): 400,000 wide rows held whole until the commit (what 377 MiB,
+#: the share this replaced at the default budget, did) 6.74 s wall, 5.86 s CPU, max RSS 696 MiB; spilled
+#: every 16 MiB 4.96 s, 4.2 s, 525 MiB (the runs kept in memory instead of a file: 5.61 s, 4.65 s,
+#: 664 MiB); 1M narrow rows 11.3 → 9.1–10.9 s. The buffer is reused already faulted in (fresh
+#: anonymous memory is the costly part: the kernel zeroes it), the runs are built while the walsender
+#: still decodes the transaction instead of after its commit, and a spill file deleted within seconds
+#: never reaches the disk (page cache writeback comes later)
+SPILL_BYTES = 16 << 20
 #: an early flush takes a MemSlice of at least 1/this of the budget
 MIN_FLUSH_FRACTION = 32
 #: estimated bytes per MemIndex entry (key hash → location, Python dict and lists)
@@ -155,8 +165,9 @@ class MemoryBudget:
         self.peak_usage = 0
 
     def spill_bytes(self) -> int:
-        """Bytes of one open transaction's in-memory buffer past which it spills to disk."""
-        return max(16 << 20, int(self.limit * SPILL_SHARE))
+        """Bytes of one open transaction's in-memory buffer past which it spills to disk
+        (:data:`SPILL_BYTES`, whatever the budget: at :data:`MIN_MEMORY_LIMIT` an eighth of it)."""
+        return SPILL_BYTES
 
     @staticmethod
     def buffer_bytes(t: Any) -> int:
