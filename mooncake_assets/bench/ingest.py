@@ -177,10 +177,9 @@ class _OurSide:
         (wall seconds from connecting, this process's CPU seconds meanwhile, transactions applied)."""
         from ..engine.cdc import ReplicationConnection, TransactionAssembler
         from ..engine.cdc.native import NativeDecoder
-        from ..engine.cdc.spill import Spiller
         from ..engine.pg.conninfo import with_options
         from ..engine.service import replication as svc_module
-        from ..engine.service.native_batch import apply_native_batch, read_native_batch
+        from ..engine.service.native_batch import apply_native_batch, attach_spill, read_native_batch
 
         tune = getattr(svc_module, "tune_gc", None)
         if tune:
@@ -193,8 +192,7 @@ class _OurSide:
             asm = TransactionAssembler()
             dec = NativeDecoder(batch=True) if self.svc.config.decoder == "native" else None  # (native_batch.py)
             if dec is not None:  # (as _stream_once: a large open transaction spills as it grows)
-                dec.spill = Spiller(self.scratch / "spill")
-                dec.spill_bytes = self.svc.memory.spill_bytes()
+                attach_spill(dec, self.scratch / "spill", self.svc.memory)
             deadline = time.time() + timeout
             txns = 0
             while True:

@@ -321,11 +321,7 @@ cdef class _TxnBuf:
         if self.allocated() > keep:
             self.release()
         else:
-            self._truncate_to(0, 0, 0)
-            self.rels = []
-            self.last_rel = None
-            self.last_rel_idx = -1
-            self.truncs = []
+            self.cut()
         self.origin = None
         self.bad = []
         return 0

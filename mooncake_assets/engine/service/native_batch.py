@@ -58,6 +58,7 @@ import logging
 import time
 from dataclasses import replace
 from itertools import chain
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -72,7 +73,7 @@ from ..cdc.columnar import (
     split_by_commit,
 )
 from ..cdc.pgoutput import BadMessage
-from ..cdc.spill import SpillError
+from ..cdc.spill import Spiller, SpillError
 from ..cdc.txn import Transaction
 from ..faults import fault
 from ..heap import release_unused
@@ -80,6 +81,7 @@ from ..lsn import Lsn
 from ..table.mirror import MirrorTable
 from .apply_items import apply_item, generated_work
 from .config import ServiceConfig
+from .memory import MemoryBudget
 from .parts import StreamHost
 from .registry import TableRegistry
 
@@ -129,6 +131,14 @@ def native_decoder(decoder: str, repl: ReplicationConnection) -> NativeDecoder |
     except (ImportError, OSError, RuntimeError) as e:
         log.warning("compiled decoder unavailable (%s: %s); using the reference decoder", type(e).__name__, e)
         return None
+
+
+def attach_spill(decoder: NativeDecoder, spill_dir: Path, memory: MemoryBudget) -> None:
+    """Give ``decoder`` the stream's spill (``engine/cdc/spill.py``): its open transactions go to
+    ``spill_dir`` (created; files left there are deleted) every ``memory.spill_bytes()`` bytes of
+    buffer, as the service's stream does (the bench's apply loop too)."""
+    decoder.spill = Spiller(spill_dir)
+    decoder.spill_bytes = memory.spill_bytes()
 
 
 def read_native_batch(

@@ -32,7 +32,7 @@ import psycopg
 from ..cdc import ReplicationConnection, TransactionAssembler
 from ..cdc.columnar import ChangeRun, ColumnarBatch, ColumnarTransaction, columnar_transaction
 from ..cdc.pgoutput import BadMessage
-from ..cdc.spill import Spiller, SpillError
+from ..cdc.spill import SpillError
 from ..cdc.txn import BadMessageError, Change, Transaction
 from ..faults import corrupt_relation, fault
 from ..lsn import Lsn
@@ -49,7 +49,7 @@ from .apply_items import apply_item, generated_work, long_runs
 from .errors import MooncakeError
 from .lag import LagTracker
 from .memory import format_size
-from .native_batch import apply_native_batch, native_decoder, read_native_batch
+from .native_batch import apply_native_batch, attach_spill, native_decoder, read_native_batch
 from .parts import StreamHost
 
 if TYPE_CHECKING:
@@ -216,8 +216,7 @@ class StreamLoop:
         decoder = native_decoder(self.config.decoder, self.repl)
         memory = self.svc.memory
         if decoder is not None:  # open transactions past the budget's share spill to <state>/spill
-            decoder.spill = Spiller(self.config.state_dir / "spill")
-            decoder.spill_bytes = memory.spill_bytes()
+            attach_spill(decoder, self.config.state_dir / "spill", memory)
         memory.decoder = decoder if decoder is not None else assembler
         ctxns: list[ColumnarTransaction | ColumnarBatch] = []
         log.info("replication stream started (%s decoder)", "compiled" if decoder is not None else "reference")
