@@ -57,10 +57,12 @@ class SnapshotFiles:
 
     ``manifests``: as listed; ``entries``: manifest path -> every entry (DELETED included); ``data``:
     data file location -> its live entry; ``deletes``: live position-delete entries (DVs or v2 files).
+    ``manifests`` and each ``entries`` value are tuples: the reader's caches share them between the
+    snapshots it parses, so no caller may change them.
     """
 
-    manifests: list[ManifestInfo]
-    entries: dict[str, list[ManifestEntry]]
+    manifests: tuple[ManifestInfo, ...]
+    entries: dict[str, tuple[ManifestEntry, ...]]
     data: dict[str, LiveEntry]
     deletes: list[LiveEntry]
 
@@ -87,25 +89,25 @@ class SnapshotReader:
 
     def __init__(self, identifier: str) -> None:
         self.identifier = identifier
-        self._manifests: OrderedDict[str, list[ManifestEntry]] = OrderedDict()
-        self._lists: OrderedDict[tuple[str, int], list[ManifestInfo]] = OrderedDict()
+        self._manifests: OrderedDict[str, tuple[ManifestEntry, ...]] = OrderedDict()
+        self._lists: OrderedDict[tuple[str, int], tuple[ManifestInfo, ...]] = OrderedDict()
         self._deletes: OrderedDict[tuple[Any, ...], BitMap64] = OrderedDict()
 
     def files(self, io: FileIO, md: TableMetadata, snapshot: Snapshot | None) -> SnapshotFiles:
         """The manifests and live entries of ``snapshot`` (empty for None). Raises ``ValueError`` for a data
         file listed twice or an equality delete file (mirrors never write them and cannot apply them)."""
         if snapshot is None:
-            return SnapshotFiles([], {}, {}, [])
+            return SnapshotFiles((), {}, {}, [])
         fv = md.format_version
         manifests = self._lists.get((snapshot.manifest_list, fv))
         if manifests is None:
-            manifests = read_manifest_list(io, snapshot.manifest_list, fv)
+            manifests = tuple(read_manifest_list(io, snapshot.manifest_list, fv))
             _cache_put(self._lists, (snapshot.manifest_list, fv), manifests, CACHE_MANIFEST_LISTS)
         out = SnapshotFiles(manifests, {}, {}, [])
         for manifest in manifests:
             entries = self._manifests.get(manifest.path)
             if entries is None:
-                entries = read_manifest_entries(io, manifest, fv)
+                entries = tuple(read_manifest_entries(io, manifest, fv))
                 _cache_put(self._manifests, manifest.path, entries, CACHE_MANIFESTS)
             out.entries[manifest.path] = entries
             for e in entries:

@@ -108,6 +108,11 @@ class DeleteLog:
         self._full: list[bool] = []
         self._vals: list[list[Any]] = [[] for _ in self.value_names]
 
+    def restarted(self, key_names: Sequence[str], value_names: Sequence[str]) -> DeleteLog:
+        """An empty log of the same byte budget for a table whose columns changed (a schema change: the
+        entries held, text of the old columns, cannot be decoded under the new ones)."""
+        return DeleteLog(key_names, self.max_bytes, value_names)
+
     def add(self, fname: str, row: int, key: Sequence[Any], values: Sequence[Any] | None = None) -> None:
         """Position ``row`` of file ``fname`` deleted; ``key``: its key as text values (None: NULL). A key
         with another value (an unchanged TOAST marker) is not recorded (that file's keys are then read

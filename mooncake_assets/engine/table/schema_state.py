@@ -149,8 +149,7 @@ class TableSchemaRole:
         # the delete log's entries (keys and whole old rows, as text of the old columns) are not decoded
         # under the new ones (a column added, dropped, renamed or retyped): it starts again, and the change
         # feed reads what no log holds from the data files (engine/table/delete_log.py)
-        dlog = self.delete_log
-        self.delete_log = type(dlog)(self.key_names, dlog.max_bytes, value_columns(self._col_names, self.key_names))
+        self.delete_log = self.delete_log.restarted(self.key_names, value_columns(self._col_names, self.key_names))
         self._relmap.clear()
         self._identity.clear()
         self.__dict__.get("_relations_seen", {}).clear()
