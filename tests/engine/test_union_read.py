@@ -332,13 +332,32 @@ def test_arrow_mode_holds_the_live_rows_of_files_with_deletes_until_a_vector_cha
     assert [k[0] for k in r._dirty_tables["t"][1]] == [clean[0]["path"]] and "read_parquet" not in r._views["t"]
 
 
-def test_arrow_mode_past_the_held_size_reads_files_in_parallel_and_drops_their_deleted_rows(tmp_path):
+def test_files_with_deletes_are_read_side_by_side_only_from_an_object_store():
+    """Local files are decoded one after the other by Arrow's own threads; several object-store files
+    holding PARALLEL_ROWS together are read side by side (the network wait dominates)."""
+    from mooncake_assets.engine.read.union import PARALLEL_ROWS, _side_by_side
+    from mooncake_assets.engine.table.read_state import FileState
+
+    half = PARALLEL_ROWS // 2
+    assert not _side_by_side([FileState(f"f{i}", f"/w/f{i}.parquet", half) for i in range(4)])
+    assert not _side_by_side([FileState(f"f{i}", f"file:///w/f{i}.parquet", half) for i in range(4)])
+    assert _side_by_side([FileState(f"f{i}", f"s3://b/w/f{i}.parquet", half) for i in range(2)])
+    assert _side_by_side([FileState("a", "/w/a.parquet", half), FileState("b", "gs://b/w/b.parquet", half)])
+    assert not _side_by_side([FileState("f", "s3://b/w/f.parquet", 4 * PARALLEL_ROWS)])  # one file
+    assert not _side_by_side([FileState(f"f{i}", f"s3://b/w/f{i}.parquet", 10) for i in range(3)])  # few rows
+
+
+@pytest.mark.parametrize("side_by_side", [False, True], ids=["one_by_one", "side_by_side"])
+def test_arrow_mode_past_the_held_size_reads_files_and_drops_their_deleted_rows(tmp_path, monkeypatch, side_by_side):
     """More live rows than MEM_TABLE_ROWS in files with deletes, over PARALLEL_ROWS in all: the arrow
-    way reads the files side by side with PyArrow and applies each one's keep mask
+    way reads the files with PyArrow — one after the other (local files), or side by side (as
+    object-store files are) — and applies each one's keep mask
     (random deletes, a fully deleted row group, a file whose every row is deleted, a clean file). A
     reader that holds no rows reads them again in every query; every query equals the expected rows,
     also a statement that scans the view twice."""
     import mooncake_assets.engine.read.union as union
+
+    monkeypatch.setattr(union, "_side_by_side", lambda files: side_by_side)
 
     rng = np.random.default_rng(11)
     n, files, expected = 90_000, [], []
