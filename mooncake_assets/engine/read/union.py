@@ -19,7 +19,7 @@ built from per-file plans (:mod:`.plan`):
              projections and filters into the Parquet scan and tests positions only on the rows that
              survive them (selective queries, ``LIMIT``, arbitrary SQL over :meth:`register`).
   ``arrow`` — in PyArrow, when the columns a query needs are known: each file's surviving row groups
-             are read (only those columns, files in parallel) and a keep mask built from the bitmap is
+             are read (only those columns, decoded on Arrow's threads) and a keep mask built from the bitmap is
              attached as a column that DuckDB filters on. For scans, the cheapest (no hash table, no
              per-row function call).
   ``anti``  — the baseline: one ``ANTI JOIN`` on ``file_row_number`` per file with deletes.
