@@ -62,6 +62,7 @@ from pyroaring import FrozenBitMap64
 
 from ..storage.arrow_fs import arrow_source
 from ..storage.duckdb_s3 import ensure_duckdb_store, sql_str
+from ..storage.stores import kind_of_scheme, scheme
 from ..table.read_state import FileState, ReadField, ReadState
 from .cache import DEFAULT_BUDGET, ReadCache
 from .missing import MirrorNotReadable, explain_missing, missing_table
@@ -766,7 +767,7 @@ def _read_masked(files: list[FileState], cols: list[str], cache: ReadCache) -> p
     Local files are read one after the other, each decoded by Arrow's own thread pool (one thread per
     core): a pool of ours reading files side by side on top of it ran more threads than cores — 5M
     rows in 7 files with 1 % deleted, two int columns, 2 cores: 34.4 ms CPU, 19.7 ms wall, against
-    28.5 ms CPU, 21.1 ms wall one file at a time (scripts/probe_union_scan.py's table). Object-store
+    28.5 ms CPU, 21.1 ms wall one file at a time (the table scripts/probe_union_scan.py builds). Object-store
     files (``s3://``, ``gs://``, …) are still read side by side, where waiting on the network
     dominates."""
     known = {
@@ -787,7 +788,8 @@ def _read_masked(files: list[FileState], cols: list[str], cache: ReadCache) -> p
 
 
 def _side_by_side(files: list[FileState]) -> bool:
-    """Whether :func:`_read_masked` reads ``files`` side by side: object-store files, several, holding
-    at least :data:`PARALLEL_ROWS` rows together."""
-    remote = any("://" in f.path and not f.path.startswith("file://") for f in files)
+    """Whether :func:`_read_masked` reads ``files`` side by side: several, holding at least
+    :data:`PARALLEL_ROWS` rows together, one of them in an object store (a scheme
+    :func:`~..storage.stores.kind_of_scheme` knows, as :func:`~..storage.arrow_fs.arrow_source` opens)."""
+    remote = any(kind_of_scheme(scheme(f.path)) is not None for f in files)
     return remote and len(files) > 1 and sum(f.rows for f in files) >= PARALLEL_ROWS
