@@ -868,7 +868,10 @@ cdef class NativeDecoder:
         return 0
 
     cdef object _spilled(self, uint32_t xid):
-        return self.spill.take(xid) if self.spill is not None else None
+        # most transactions never spilled: a look in the spill's dict of open spills, not a method call
+        if self.spill is None or not self.spill.open or xid not in self.spill.open:
+            return None
+        return self.spill.take(xid)
 
     cdef int _control(self, bytes payload, uint64_t lsn) except -1:
         cdef uint32_t xid = 0

@@ -318,14 +318,14 @@ class MemSlice:
         self._part_starts.append(start)
         self._rows_start = start + n
         if isinstance(lsn, int):
-            run_starts, run_lsns = [0], [lsn]
+            run_starts, run_lsns = [start], [lsn]
         else:
             st, ls = _runs(np.asarray(lsn, dtype=np.uint64))
-            run_starts, run_lsns = st.tolist(), ls.tolist()
-        for s, v in zip(run_starts, run_lsns):
-            if not self._ins_lsns or self._ins_lsns[-1] != v:
-                self._ins_starts.append(start + s)
-                self._ins_lsns.append(v)
+            run_starts, run_lsns = (st + start).tolist(), ls.tolist()
+        if self._ins_lsns and self._ins_lsns[-1] == run_lsns[0]:  # the open run goes on
+            run_starts, run_lsns = run_starts[1:], run_lsns[1:]
+        self._ins_starts.extend(run_starts)
+        self._ins_lsns.extend(run_lsns)
         if self._hash_tail:
             self._hash_parts.append(np.array(self._hash_tail, dtype=np.uint64))
             self._hash_tail = []
