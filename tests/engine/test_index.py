@@ -417,6 +417,28 @@ def test_merge_sorted_runs_matches_sort():
     assert len(merge_sorted_runs([])[0]) == 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 60), max_size=9), top=st.sampled_from([5, 1000, 2**64 - 1]), seed=st.integers(0, 9999)
+)
+def test_merge_sorted_runs_equals_the_pairwise_merge_tree(sizes, top, seed):
+    """The stable-sort merge gives the entries and tie order of the pairwise merge tree it replaced."""
+    from mooncake_assets.engine.index.file_index import merge_sorted_runs_pairwise
+
+    rng = np.random.default_rng(seed)
+    runs = [
+        (
+            np.sort(rng.integers(0, top, n, dtype=np.uint64, endpoint=True)),
+            rng.integers(0, 2**64 - 1, n, dtype=np.uint64),
+        )
+        for n in sizes
+    ]
+    h, p = merge_sorted_runs(runs)
+    rh, rp = merge_sorted_runs_pairwise(runs)
+    assert h.dtype == p.dtype == np.uint64
+    assert np.array_equal(h, rh) and np.array_equal(p, rp)
+
+
 def _flush_blocks(tmp_path, nblocks, rows_per_block, seed=0, key_range=None):
     rng = np.random.default_rng(seed)
     fi = FileIndex()
@@ -705,3 +727,44 @@ def test_block_from_runs_rejects_an_unsorted_run(tmp_path):
         FileIndex.build_from_runs(
             [(np.array([1, 3], dtype=np.uint64), np.zeros(1, dtype=np.uint64))], tmp_path / "b", "f"
         )
+
+
+# ------------------------------------------------------------------ bit packing: compiled against numpy
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    widths=st.lists(st.integers(0, 64), min_size=1, max_size=5).filter(lambda ws: sum(ws) <= 128),
+    n=st.integers(0, 300),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_compiled_bit_packing_equals_the_numpy_reference(widths, n, seed):
+    """The IndexBlock's record packing (compiled, one field at a time) writes the very words of the
+    numpy reference for any field widths (0..64, records up to 128 bits) and values that fill them."""
+    from mooncake_assets.engine.index._bits import pack_records, pack_records_numpy, read_field
+
+    rng = np.random.default_rng(seed)
+    fields = []
+    for w in widths:
+        top = np.uint64((1 << w) - 1) if w else np.uint64(0)
+        v = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True) & top
+        if n:
+            v[0] = top  # every bit of the field set at least once
+        fields.append((v, w))
+    got = pack_records(fields, n)
+    assert got.dtype == np.uint64 and np.array_equal(got, pack_records_numpy(fields, n))
+    total, off = sum(widths), 0
+    for v, w in fields:  # and the fields read back
+        if w and n:
+            pos = np.arange(n, dtype=np.uint64) * np.uint64(total) + np.uint64(off)
+            assert np.array_equal(read_field(got, pos, w), v)
+        off += w
+
+
+def test_compiled_bit_packing_refuses_a_short_output():
+    from mooncake_assets.engine.index._pack import or_field
+
+    with pytest.raises(ValueError, match="cannot hold"):
+        or_field(np.zeros(2, dtype=np.uint64), np.ones(10, dtype=np.uint64), 10, 64, 0, 64)
+    with pytest.raises(ValueError, match="3 values for 10 records"):
+        or_field(np.zeros(20, dtype=np.uint64), np.ones(3, dtype=np.uint64), 10, 64, 0, 64)

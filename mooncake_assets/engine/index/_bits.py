@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._pack import or_field
+
 _U64 = np.uint64
 _ALL = _U64(0xFFFFFFFFFFFFFFFF)
 
@@ -24,7 +26,29 @@ def words_for_bits(nbits: int) -> int:
 
 def pack_records(fields: Sequence[tuple[np.ndarray, int]], n: int) -> np.ndarray:
     """Pack ``n`` records; ``fields`` = [(values uint64 (n,), width bits 0..64), ...] in record order,
-    total width ``W`` ≤ 128.
+    total width ``W`` ≤ 128. Values must already fit their width (checked by the caller). Returns the
+    stream as uint64 words (``words_for_bits(n * W)``), equal to :func:`pack_records_numpy`'s: each
+    field is OR-ed in by a compiled loop (:func:`._pack.or_field`, ~5 ms per million records where the
+    numpy form takes ~160 ms). Raises ``ValueError`` for records wider than 128 bits."""
+    width_total = sum(w for _, w in fields)
+    if width_total > 128:
+        raise ValueError(f"records wider than 128 bits are not supported, found {width_total}")
+    out = np.zeros(words_for_bits(n * width_total), dtype=np.uint64)
+    if n == 0 or width_total == 0:
+        return out
+    offset = 0
+    for values, width in fields:
+        if width:
+            v = np.ascontiguousarray(values, dtype=np.uint64)
+            if v.ndim == 0:
+                v = np.full(n, v, dtype=np.uint64)
+            or_field(out, v, n, width_total, offset, width)
+        offset += width
+    return out
+
+
+def pack_records_numpy(fields: Sequence[tuple[np.ndarray, int]], n: int) -> np.ndarray:
+    """The reference form of :func:`pack_records` in numpy alone (the compiled one is tested against it).
 
     Values must already fit their width (checked by the caller). Returns the stream as uint64 words
     (``words_for_bits(n * W)``). Each record is first assembled as a 128-bit value (two uint64

@@ -1,0 +1,3 @@
+import numpy as np
+
+def or_field(out: np.ndarray, values: np.ndarray, n: int, record_bits: int, offset: int, width: int) -> None: ...
