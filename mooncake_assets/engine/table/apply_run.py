@@ -25,8 +25,9 @@ when it reaches ``batch_rows`` after a part).
   that row's new version (the MemSlice comes first, and the key held at most one live MemSlice row
   when the segment began), so the chained row is not looked up: the version it replaces, appended
   with the segment's part, is deleted at its commit LSN right after (sysbench's hot keys cut a
-  2,000-row run into ~60 segments before). A segment is located in one batch (:meth:`~.lookup.KeyLookup.find_exact_batch` for an exact key;
-  per row with the precomputed hash and the re-check otherwise), its new rows decoded before any of
+  2,000-row run into ~60 segments before). A segment is located in one batch
+  (:meth:`~.lookup.KeyLookup.find_exact_batch` for an exact key; per row with the precomputed hash
+  and the re-check otherwise), its new rows decoded before any of
   its deletes, then deleted and appended as one Arrow part. Rows the row-wise path must take —
   unchanged TOAST values (``'u'``), a NULL in an exact key, a whole old row (``'O'``) of a table that
   matches full rows when several live rows hold its key — are applied one by one with
