@@ -54,6 +54,8 @@ Points:
 ``persist:after_upload``               a persist's data files uploaded, its commit not started
 ``commit:before_swap``                 every file of any Iceberg commit written, pointer not swapped
 ``persist:after_commit``               a persist's commit landed, in-memory state not updated yet
+``copy:block``                         the initial copy has read a block of rows of a table from
+                                       its COPY, before parsing it (on the copy's reader thread)
 ``spill:write``                        an open transaction's run about to be appended to its spill
                                        file (``engine/cdc/spill.py``; ``errno:ENOSPC``: a full disk)
 ``spill:apply``                        a run of a spilled transaction applied at its commit, after

@@ -273,16 +273,22 @@ def test_sigkill_during_create_table_then_create_again(fresh_mirror):
         "INSERT INTO ck SELECT g, repeat('x', 50) FROM generate_series(1, 400000) g",
         "CREATE TABLE ck_other (id int PRIMARY KEY)",
     )
+    # the copy is held at its first block (MOONCAKE_FAULT=copy:block=wait:<flag>) while the flag exists:
+    # the kill lands mid-copy however fast the copy is
+    flag = Path(m.settings.state_dir) / "hold-copy"
+    kill_service(m.settings)
+    start_service(m.settings, extra_env={"MOONCAKE_FAULT": f"copy:block=wait:{flag}"})
+    m.client.close()
     m.create("ck_other")
+    flag.touch()
     errors = []
     th = threading.Thread(target=lambda: errors.append(_try(lambda: m.create("ck"))))
     th.start()
-    wait_until(
-        lambda: any(t["name"] == "ck" and t["state"] == "copying" for t in m.client.status()["tables"]),
-        what="the copy to start",
-    )
+    wait_until(lambda: Path(f"{flag}.reached").exists(), what="the copy to reach its first block")
+    assert any(t["name"] == "ck" and t["state"] == "copying" for t in m.client.status()["tables"])
     kill_service(m.settings)
     th.join()
+    flag.unlink()
     start_service(m.settings)
     m.client.close()
     assert all(t["name"] != "ck" for t in m.client.status()["tables"])

@@ -24,16 +24,22 @@ def words_for_bits(nbits: int) -> int:
     return (nbits + 63) // 64 + 1
 
 
+def _record_stream(fields: Sequence[tuple[np.ndarray, int]], n: int) -> tuple[int, np.ndarray]:
+    """The record width ``W`` (bits) of ``fields`` and a zeroed stream for ``n`` records of it
+    (``words_for_bits(n * W)`` uint64 words). Raises ``ValueError`` for records wider than 128 bits."""
+    width_total = sum(w for _, w in fields)
+    if width_total > 128:
+        raise ValueError(f"records wider than 128 bits are not supported, found {width_total}")
+    return width_total, np.zeros(words_for_bits(n * width_total), dtype=np.uint64)
+
+
 def pack_records(fields: Sequence[tuple[np.ndarray, int]], n: int) -> np.ndarray:
     """Pack ``n`` records; ``fields`` = [(values uint64 (n,), width bits 0..64), ...] in record order,
     total width ``W`` ≤ 128. Values must already fit their width (checked by the caller). Returns the
     stream as uint64 words (``words_for_bits(n * W)``), equal to :func:`pack_records_numpy`'s: each
     field is OR-ed in by a compiled loop (:func:`._pack.or_field`, ~5 ms per million records where the
     numpy form takes ~160 ms). Raises ``ValueError`` for records wider than 128 bits."""
-    width_total = sum(w for _, w in fields)
-    if width_total > 128:
-        raise ValueError(f"records wider than 128 bits are not supported, found {width_total}")
-    out = np.zeros(words_for_bits(n * width_total), dtype=np.uint64)
+    width_total, out = _record_stream(fields, n)
     if n == 0 or width_total == 0:
         return out
     offset = 0
@@ -56,10 +62,7 @@ def pack_records_numpy(fields: Sequence[tuple[np.ndarray, int]], n: int) -> np.n
     distinct words, otherwise runs of one word are OR-reduced (``bitwise_or.reduceat``) first. Fields
     never overlap, so OR is exact.
     """
-    width_total = sum(w for _, w in fields)
-    if width_total > 128:
-        raise ValueError(f"records wider than 128 bits are not supported, found {width_total}")
-    out = np.zeros(words_for_bits(n * width_total), dtype=np.uint64)
+    width_total, out = _record_stream(fields, n)
     if n == 0 or width_total == 0:
         return out
     lo = np.zeros(n, dtype=np.uint64)
