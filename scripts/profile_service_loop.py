@@ -23,6 +23,9 @@ so its replication thread runs under cProfile (timed by the thread's CPU time) a
 service's shutdown); the top functions are printed (cProfile slows the thread down ~2x, so the CPU
 figures of that run are not comparable).
 
+``--workload W``: another sysbench workload instead (``oltp_insert``, ``oltp_update_index``, …; the
+figures per transaction are then per transaction of that workload).
+
 ``--rate N``: sysbench's ``--rate`` (a fixed arrival rate, transactions/s) instead of as fast as it can: a
 service that keeps up reads small batches, where the loop's per-batch work shows. ``--rand-type``:
 sysbench's key distribution (its default, ``special``, sends 75 % of the updates to 1 % of the rows,
@@ -161,7 +164,7 @@ def _run(db: BenchDatabase, scratch: Path, a: argparse.Namespace) -> dict:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-        run_args, env = sysbench_args(db.dsn, "oltp_update_non_index", a.rows, a.seconds)
+        run_args, env = sysbench_args(db.dsn, a.workload, a.rows, a.seconds)
         run_args = [x if not x.startswith("--threads=") else f"--threads={a.threads}" for x in run_args]
         if a.rate:
             run_args.append(f"--rate={a.rate}")  # sysbench's fixed arrival rate (transactions/s, all threads)
@@ -235,6 +238,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000)
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument(
+        "--workload", default="oltp_update_non_index", help="the sysbench workload run (default oltp_update_non_index)"
+    )
     ap.add_argument("--rate", type=int, default=0, help="sysbench --rate (transactions/s); 0: as fast as it can")
     ap.add_argument("--rand-type", default=None, help="sysbench --rand-type (uniform, gaussian, special, pareto)")
     ap.add_argument("--top", type=int, default=30)
