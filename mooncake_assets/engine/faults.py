@@ -49,6 +49,8 @@ Points:
 ``compaction:before_commit``           every file of the Iceberg commit written, pointer not swapped
 ``compaction:after_commit``            the Iceberg commit landed, in-memory state not swapped yet
 ``merge_index:after_index_rebuilt``    the merged IndexBlock written, not swapped in
+``persist:write``                      a persist has taken the buffered rows (``MirrorTable.begin_flush``)
+                                       and is about to write them to Parquet without the service lock
 ``persist:upload``                     a persist about to copy a staged file to the warehouse (the
                                        copy runs without the service lock)
 ``persist:after_upload``               a persist's data files uploaded, its commit not started

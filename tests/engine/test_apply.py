@@ -9,6 +9,8 @@ their deleted positions plus its in-memory rows, compared with what the changes 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -238,13 +240,15 @@ class ApplyModel(RuleBasedStateMachine):
     """Drive apply (+ flush) with random transactions against a dict key → row; after every step the
     table's read equals the dict, and a read at any servable earlier LSN equals the dict as it was then."""
 
-    @initialize(full=st.booleans())
-    def setup(self, full):
+    @initialize(full=st.booleans(), batch_rows=st.sampled_from([2, 3, 16384]))
+    def setup(self, full, batch_rows):
         import tempfile
 
         self.tmp = tempfile.TemporaryDirectory()
         self.full = full  # replica identity full: deletes and updates carry the whole old row
         self.t = make_table(self.tmp.name, identity="f" if full else "d")
+        self.t.mem.batch_rows = batch_rows  # small: several sealed batches, frozen and not
+        self.frozen = None  # a flush outside the lock begun (MirrorTable.begin_flush), not finished
         self.model: dict[int, tuple] = {}
         self.lsn = 0
         self.history: list[tuple[int, dict]] = []  # (LSN, rows visible at it)
@@ -321,6 +325,39 @@ class ApplyModel(RuleBasedStateMachine):
     def flush(self):
         self.t.flush()
 
+    @precondition(lambda self: self.frozen is None)
+    @rule()
+    def begin_flush(self):
+        """The first step of the persist's flush outside the lock: the rules that run before
+        :meth:`finish_flush` are what the replication thread applies while the Parquet file is written."""
+        self.frozen = self.t.begin_flush()
+
+    @precondition(lambda self: self.frozen is not None)
+    @rule()
+    def finish_flush(self):
+        frozen, self.frozen = self.frozen, None
+        written = self.t.write_frozen(frozen)
+        before = set(self.t.files)
+        if self.t.finish_flush(frozen, written) is None:  # drained meanwhile: its files are gone
+            assert set(self.t.files) == before
+            assert written is None or not any(Path(f.local_path).exists() for f in written.files)
+            self.t.flush()
+        else:
+            assert len(self.t.mem.index) == sum(1 for _ in self._mem_locations())
+
+    def _mem_locations(self):
+        """The live MemSlice rows by location, checked against the MemIndex (every live row found under
+        its key hash, nothing else held)."""
+        m = self.t.mem
+        _, dels, hashes = m.row_stamps()
+        nb = len(m.batches)
+        locs = [(b, r) for b in range(nb) for r in range(m.batches[b].num_rows)]
+        locs += [(nb, r) for r in range(m.num_rows - len(locs))]
+        for loc, d, h in zip(locs, dels, hashes):
+            if d == 0:
+                assert loc in m.index.lookup(int(h)), loc
+                yield loc
+
     @invariant()
     def reads_match_the_model(self):
         if not hasattr(self, "t"):
@@ -334,7 +371,7 @@ class ApplyModel(RuleBasedStateMachine):
 
 
 ApplyModel.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_apply_model = ApplyModel.TestCase
 

@@ -34,7 +34,7 @@ from mooncake_assets.engine.cdc.native import NativeDecoder
 from mooncake_assets.engine.cdc.pgoutput import Relation, RelationColumn, TupleData
 from mooncake_assets.engine.cdc.txn import Change, Transaction, TransactionAssembler
 from mooncake_assets.engine.pg.schema import ColumnSpec, TableSchema, assign_field_ids
-from mooncake_assets.engine.table.memslice import BadRowError
+from mooncake_assets.engine.table.memslice import BadRowError, changed_rows
 from mooncake_assets.engine.table.mirror import MirrorTable
 
 from .test_native_decoder import m_begin, m_commit, m_delete, m_insert, m_relation, m_update
@@ -409,9 +409,9 @@ def test_a_sealed_batch_holds_its_rows_bytes_one_insert_lsn_per_transaction_and_
     assert m.visible(40).num_rows == n and 4 not in [r["id"] for r in m.visible(41).to_pylist()]
     assert m.visible(41).num_rows == n - 1
     assert m.read_token(40) != m.read_token() and m.read_token(41) == m.read_token()
-    _, ins_lsns, _, _ = m.changed(20, 41)
+    _, ins_lsns, _, _ = changed_rows(m, 20, 41)
     assert ins_lsns.tolist() == [20] + [30] * (n - 5)  # row 4 (LSN 20) is deleted inside the range: in neither
-    _, ins_lsns, deleted, del_lsns = m.changed(21, 41)
+    _, ins_lsns, deleted, del_lsns = changed_rows(m, 21, 41)
     assert ins_lsns.tolist() == [30] * (n - 5)
     assert del_lsns.tolist() == [40] and deleted.column("id").to_pylist() == [4]
     table, hashes, horizon = m.drain()

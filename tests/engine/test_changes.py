@@ -146,12 +146,26 @@ OPS = st.lists(
         st.tuples(st.just("update"), st.integers(0, 12)),
         st.tuples(st.just("rekey"), st.integers(0, 12)),
         st.tuples(st.just("delete"), st.integers(0, 12)),
-        st.tuples(st.just("flush"), st.just(0)),
+        st.tuples(st.sampled_from(["flush", "begin_flush", "finish_flush"]), st.just(0)),
         st.tuples(st.just("truncate"), st.just(0)),
     ),
     min_size=1,
     max_size=30,
 )
+
+
+def split_flush(t, op: str, frozen):
+    """``begin_flush``: the first step of a flush outside the lock (returns what it took);
+    ``finish_flush``: the write and the swap of the one begun (a plain flush when the buffer changed
+    meanwhile); anything else: ``frozen`` unchanged. The ops in between are what the replication thread
+    applies while the persist's Parquet file is written."""
+    if op == "begin_flush" and frozen is None:
+        return t.begin_flush()
+    if op == "finish_flush" and frozen is not None:
+        if t.finish_flush(frozen, t.write_frozen(frozen)) is None:
+            t.flush()
+        return None
+    return frozen
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -161,8 +175,12 @@ def test_random_interleavings_apply_to_the_next_read(tmp_path_factory, ops):
     live: dict[int, tuple] = {}
     lsn = 100
     marks = []  # LSNs with the read the table must give there
-    for i, (op, k) in enumerate(ops):
+    frozen = None
+    for i, (op, k) in enumerate(ops + [("finish_flush", 0)]):
         lsn += 10
+        if op in ("begin_flush", "finish_flush"):
+            frozen = split_flush(t, op, frozen)
+            continue
         if op == "flush":
             t.flush()
             continue
@@ -223,7 +241,10 @@ PERSISTED_OPS = st.lists(
         st.tuples(st.just("insert"), st.integers(0, 10)),
         st.tuples(st.just("update"), st.integers(0, 10)),
         st.tuples(st.just("delete"), st.integers(0, 10)),
-        st.tuples(st.sampled_from(["flush", "persist", "compact", "merge", "restart"]), st.just(0)),
+        st.tuples(
+            st.sampled_from(["flush", "begin_flush", "finish_flush", "persist", "compact", "merge", "restart"]),
+            st.just(0),
+        ),
     ),
     min_size=1,
     max_size=25,
@@ -255,10 +276,13 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
     t.persist()
     marks.append((t.flush_lsn, sorted(live.values(), key=repr)))
     lsn = 100
-    for i, (op, k) in enumerate(ops):
+    frozen = None
+    for i, (op, k) in enumerate(ops + [("finish_flush", 0)]):
         lsn += 10
         ch = None
-        if op == "insert" and k not in live:
+        if op in ("begin_flush", "finish_flush"):
+            frozen = split_flush(t, op, frozen)
+        elif op == "insert" and k not in live:
             live[k] = (k, f"v{i}", i)
             ch = insert(*live[k])
         elif op == "update" and k in live:
@@ -277,6 +301,7 @@ def test_random_interleavings_across_persist_compaction_restart(tmp_path_factory
         elif op == "merge":
             merge_index(t, full=True)
         elif op == "restart":
+            frozen = None  # (the flush begun dies with the process)
             t = _iceberg_table(tmp, keyed)
             t.restore()
             for at, c in log:

@@ -17,6 +17,31 @@ from mooncake_assets.verify import verify
 from ..helpers import make_settings, running_service
 
 
+def _held_persist(s, table: str, flag):
+    """Start ``persist`` of ``table`` in a thread with its own connection to the service (``flag``
+    created first, so the armed fault point holds it) and wait until it is held there; returns the
+    thread and the dict its result lands in (``"r"``)."""
+    flag.touch()
+    done: dict = {}
+
+    def persist():
+        other = ServiceClient(s.socket_path)
+        try:
+            done["r"] = other.call("persist", table=table, timeout=120)
+        finally:
+            other.close()
+
+    th = threading.Thread(target=persist)
+    th.start()
+    reached = flag.with_name(flag.name + ".reached")
+    for _ in range(2400):  # a hang guard (120 s), not a speed claim
+        if reached.exists():
+            break
+        time.sleep(0.05)
+    assert reached.exists(), f"the persist of {table} never reached its fault point"
+    return th, done
+
+
 def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkeypatch):
     flag = state_dir / "hold-upload"
     monkeypatch.setenv("MOONCAKE_FAULT", f"persist:upload=wait:{flag}")
@@ -32,24 +57,7 @@ def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkey
             applied = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
         client.wait_lsn(applied, timeout=120)  # the rows are in the buffer (a loaded machine lags)
         client.call("flush", table="pu")  # a staged file for the persist to upload
-        flag.touch()
-        done = {}
-
-        def persist():
-            other = ServiceClient(s.socket_path)  # its own connection to the service
-            try:
-                done["r"] = other.call("persist", table="pu", timeout=120)
-            finally:
-                other.close()
-
-        th = threading.Thread(target=persist)
-        th.start()
-        reached = flag.with_name(flag.name + ".reached")
-        for _ in range(2400):  # a hang guard (120 s), not a speed claim
-            if reached.exists():
-                break
-            time.sleep(0.05)
-        assert reached.exists(), "the persist never reached its upload"
+        th, done = _held_persist(s, "pu", flag)
         with psycopg.connect(pg_dsn, autocommit=True) as c:  # the persist is held inside its upload now
             c.execute("INSERT INTO pu VALUES (201, 'during'), (202, 'during')")
             c.execute("DELETE FROM pu WHERE id = 1")
@@ -64,4 +72,48 @@ def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkey
         assert all(r.match for r in results), [r.line() for r in results]
         client.call("persist", table="pu")
         results, lsn = verify(s, ["pu"], "pyiceberg")
+        assert all(r.match for r in results), [r.line() for r in results]
+
+
+def test_apply_goes_on_while_a_persist_writes_the_buffer(pg_dsn, state_dir, monkeypatch):
+    """A persist writes the buffered rows to Parquet without the service lock: held right after it took
+    them (``MOONCAKE_FAULT=persist:write=wait:<flag>``), updates and deletes of those very rows, a new
+    insert and a key change are applied and read meanwhile; once the write ends, the rows changed meanwhile
+    are deletes of the new file at their commits, and the union read and PyIceberg match Postgres."""
+    flag = state_dir / "hold-write"
+    monkeypatch.setenv("MOONCAKE_FAULT", f"persist:write=wait:{flag}")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS pw")
+        c.execute("CREATE TABLE pw (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO pw SELECT g, 'copied' FROM generate_series(1, 50) g")
+    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    with running_service(s) as client:
+        client.call("create_table", dst="pw", src="public.pw")
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute("INSERT INTO pw SELECT g, 'buffered' FROM generate_series(51, 150) g")
+            c.execute("DELETE FROM pw WHERE id IN (60, 61)")  # deleted before the persist takes the buffer
+            applied = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        client.wait_lsn(applied, timeout=120)
+        th, done = _held_persist(s, "pw", flag)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:  # the rows taken by the persist change now
+            c.execute("UPDATE pw SET v = 'changed during the write' WHERE id BETWEEN 70 AND 79")
+            c.execute("DELETE FROM pw WHERE id IN (51, 100, 150, 3)")
+            c.execute("UPDATE pw SET id = id + 1000 WHERE id = 90")
+            c.execute("INSERT INTO pw VALUES (500, 'during')")
+        rows = UnionReader(client, pg_dsn, wait_timeout=60).read_table("pw")  # applied, not blocked
+        assert th.is_alive() and flag.exists()
+        ids = set(rows.column("id").to_pylist())
+        assert {500, 1090} <= ids and not ids & {3, 51, 60, 61, 90, 100, 150} and len(ids) == 145
+        flag.unlink()
+        th.join(timeout=120)
+        assert "r" in done and done["r"]["rows"] >= 98, done
+        results, lsn = verify(s, ["pw"], "union", client)
+        assert all(r.match for r in results), [r.line() for r in results]
+        client.call("persist", table="pw")
+        results, lsn = verify(s, ["pw"], "pyiceberg")
+        assert all(r.match for r in results), [r.line() for r in results]
+        with psycopg.connect(pg_dsn, autocommit=True) as c:  # and the table goes on as usual after it
+            c.execute("DELETE FROM pw WHERE id BETWEEN 70 AND 72")
+            c.execute("UPDATE pw SET v = 'after' WHERE id = 80")
+        results, lsn = verify(s, ["pw"], "union", client)
         assert all(r.match for r in results), [r.line() for r in results]

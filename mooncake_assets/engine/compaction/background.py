@@ -92,12 +92,17 @@ class BackgroundMaintenance:
                 r = compact(table, lock=self.lock, policy=policy, expire=False, persist_first=False)
                 if r.get("compacted"):
                     log.info(
-                        "table %s: compacted %s files into %s (%s rows dropped) in %.2fs, lock held %.3fs",
+                        "table %s: compacted %s files into %s (%s rows dropped) in %.2fs (rewrite %.2fs, upload "
+                        "%.2fs, index %.2fs, commit %.2fs), lock held %.3fs",
                         table.name,
                         r["files_in"],
                         r["files_out"],
                         r["deleted_rows_dropped"],
                         r["seconds"],
+                        r.get("rewrite_seconds", 0.0),
+                        r.get("upload_seconds", 0.0),
+                        r.get("index_seconds", 0.0),
+                        r.get("commit_seconds", 0.0),
                         r["lock_seconds"],
                     )
             if not self._stop.is_set() and (do_merge or len(table.file_index.blocks) > policy.index_max_blocks):

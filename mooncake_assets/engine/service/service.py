@@ -207,7 +207,8 @@ class ReplicatorService:
         return self.stream.durable_lsn()
 
     def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
-        """Persist ``t``, holding the lock only to flush and commit (:meth:`.persist.PersistScheduler.persist_unlocked`)."""
+        """Persist ``t``, holding the lock only to take the buffer, swap its files in and commit
+        (:meth:`.persist.PersistScheduler.persist_unlocked`)."""
         return self.persister.persist_unlocked(t)
 
     def cut(self, names: list[str] | None = None) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from ..lsn import Lsn
 from .change_rows import cancel_pairs, read_positions
 from .delete_log import Logged, logged_keys, read_logs, typed_entries
 from .evolution import project
+from .memslice import changed_rows
 
 if TYPE_CHECKING:
     from ..iceberg.state import PersistedState
@@ -386,13 +387,13 @@ def plan_changes(table: MirrorTable, since: int, until: int, deletes: str = "row
             specs = [table.schema.columns[i] for i in table._key_idx]
             plan.mem_log = (entries, where, specs, [table.schema.columns[i] for i in table._value_idx])
     if since >= live_lo:  # both in the buffer window: exact
-        plan.mem = table.mem.changed(since, until)
+        plan.mem = changed_rows(table.mem, since, until)
         plan.files = _live_deletes(table, since, until)
         return plan
     a_id = _snapshot_at(table, cuts, since, live_lo)
     a = _persisted(table, a_id)
     if until >= live_lo:
-        plan.mem = table.mem.changed(since, until)
+        plan.mem = changed_rows(table.mem, since, until)
         plan.files = _diff_to_live(table, a, since, until)
         b_id = None
     else:

@@ -32,6 +32,7 @@ from .read_state import FileState, frozen
 __all__ = [
     "DiskFile",
     "DiskFileSet",
+    "WrittenFiles",
     "MAX_FILE_ROWS",
     "PARQUET_COMPRESSION",
     "ROW_GROUP_ROWS",
@@ -136,6 +137,16 @@ class DiskFile:
         return len(self.committed) + len(self.pending)
 
 
+@dataclass
+class WrittenFiles:
+    """Staged data files and their one IndexBlock, written by :meth:`DiskFileSet.prepare` and not yet
+    in the set; ``nbytes``: the files' total size."""
+
+    files: list[DiskFile]
+    block: IndexBlock
+    nbytes: int
+
+
 class DiskFileSet:
     """The table's :class:`DiskFile` s by name (``files``) and its FileIndex (``index``), under
     ``table_dir`` (``staging/`` for flushed files, ``index/`` for IndexBlock files).
@@ -158,8 +169,18 @@ class DiskFileSet:
 
     def write(self, table: pa.Table, hashes: np.ndarray) -> tuple[int, int]:
         """Write ``table``'s rows (in order; ``hashes``: their key hashes) as staged Parquet files of at
-        most :data:`MAX_FILE_ROWS` rows, plus ONE IndexBlock for them. Returns (files, bytes)."""
-        names, file_ids, rows = [], [], []
+        most :data:`MAX_FILE_ROWS` rows, plus ONE IndexBlock for them, and add them to the set
+        (:meth:`prepare` then :meth:`register`). Returns (files, bytes)."""
+        written = self.prepare(table, hashes)
+        self.register(written)
+        return len(written.files), written.nbytes
+
+    def prepare(self, table: pa.Table, hashes: np.ndarray) -> WrittenFiles:
+        """:meth:`write` without adding anything to the set: new files only (fresh names under
+        ``staging/`` and ``index/``), so it may run without the service lock while the set changes;
+        :meth:`register` adds them, :meth:`discard` removes them instead. File ``i`` holds rows
+        ``[i * MAX_FILE_ROWS, (i + 1) * MAX_FILE_ROWS)`` of ``table``."""
+        files, file_ids, rows = [], [], []
         nbytes = 0
         for fi, start in enumerate(range(0, table.num_rows, MAX_FILE_ROWS)):
             part = table.slice(start, MAX_FILE_ROWS)
@@ -167,13 +188,26 @@ class DiskFileSet:
             path = self.dir / "staging" / name
             size = write_parquet(part, path)
             nbytes += size
-            self.files[name] = DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path))
-            names.append(name)
+            files.append(DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path)))
             file_ids.append(np.full(part.num_rows, fi, dtype=np.uint32))
             rows.append(np.arange(part.num_rows, dtype=np.uint32))
+        names = [f.name for f in files]
         block = IndexBlock.build(self.new_block_path(), hashes, np.concatenate(file_ids), np.concatenate(rows), names)
-        self.index.add_block(block)
-        return len(names), nbytes
+        return WrittenFiles(files, block, nbytes)
+
+    def register(self, written: WrittenFiles) -> None:
+        """Add files :meth:`prepare` wrote (and their IndexBlock) to the set."""
+        for f in written.files:
+            self.files[f.name] = f
+        self.index.add_block(written.block)
+
+    @staticmethod
+    def discard(written: WrittenFiles) -> None:
+        """Remove files :meth:`prepare` wrote that will not be registered (nothing references them)."""
+        written.block.unlink()
+        for f in written.files:
+            if f.local_path:
+                Path(f.local_path).unlink(missing_ok=True)
 
     def add_copied(
         self, path: Path, num_rows: int, hashes: np.ndarray | Sequence[tuple[np.ndarray, np.ndarray]]

@@ -52,6 +52,84 @@ Suspect = tuple[int, Callable[[str], bool]]
 LIVE = 0
 
 
+class FrozenRows:
+    """The sealed batches of a :class:`MemSlice` as :meth:`MemSlice.freeze` took them for a flush that
+    writes outside the service lock: ``batches`` (the :class:`Batch` objects, in order), ``live`` (per
+    batch a bool mask (num_rows,) of the rows live then), ``horizon`` (as :meth:`MemSlice.drain`'s),
+    ``key_column`` (the slice's then), ``incarnation`` and ``schema`` (the slice's then)."""
+
+    __slots__ = ("batches", "live", "horizon", "key_column", "incarnation", "schema")
+
+    def __init__(
+        self,
+        batches: list[Batch],
+        live: list[np.ndarray],
+        horizon: int,
+        key_column: int | None,
+        incarnation: str,
+        schema: pa.Schema,
+    ) -> None:
+        self.batches, self.live, self.horizon = batches, live, horizon
+        self.key_column, self.incarnation, self.schema = key_column, incarnation, schema
+
+    def rows(self) -> tuple[pa.Table, np.ndarray]:
+        """The rows live at the freeze, in order, and their key hashes (uint64 (n,)): what the flush
+        writes. Reads only immutable data (the batches' Arrow rows and kept hashes), so it needs no
+        lock."""
+        parts, hashes = [], []
+        for b, mask in zip(self.batches, self.live):
+            if not mask.any():
+                continue
+            whole = bool(mask.all())
+            parts.append(b.rb if whole else b.rb.filter(pa.array(mask)))
+            if b.hashes is not None:
+                hashes.append(b.hashes if whole else b.hashes[mask])
+            else:
+                assert self.key_column is not None, "a batch without hashes in a slice without an exact key column"
+                col = b.rb.column(self.key_column)
+                hashes.append(int_key_hashes(col if whole else col.filter(pa.array(mask))))
+        table = pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
+        return table, (np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64))
+
+    def deleted_since(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(positions int64 (k,), delete LSNs uint64 (k,), gone)``: the rows live at the freeze and
+        deleted since, positions counted in :meth:`rows`' order, and how many rows of the batches are
+        deleted now (then or since). Call under the service lock (deletes stamp the batches)."""
+        pos_parts, lsn_parts = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.uint64)]
+        offset = gone = 0
+        for b, mask in zip(self.batches, self.live):
+            dl = b.del_lsn
+            newly = mask & (dl != LIVE)
+            if newly.any():
+                pos_parts.append((np.cumsum(mask, dtype=np.int64) - 1)[newly] + offset)
+                lsn_parts.append(dl[newly].astype(np.uint64))
+            offset += int(mask.sum())
+            gone += int((dl != LIVE).sum())
+        return np.concatenate(pos_parts), np.concatenate(lsn_parts), gone
+
+
+def _horizon(batches: list[Batch]) -> int:
+    """The largest insert or delete LSN of sealed ``batches`` (0 when none)."""
+    horizon = 0
+    for b in batches:
+        if len(b.ins_lsns):
+            horizon = max(horizon, int(b.ins_lsns.max()), int(b.del_lsn.max()) if b.any_deleted else 0)
+    return horizon
+
+
+def _index_without_first(index: MemIndex, k: int) -> MemIndex:
+    """A MemIndex of ``index``'s locations in batches ``k`` and later, their batch ids lowered by ``k``."""
+    hs, bs, rs = index.entries()
+    keep = bs >= k
+    hs, bs, rs = hs[keep], bs[keep], rs[keep]
+    out = MemIndex()
+    if len(bs):
+        cuts = np.flatnonzero(np.diff(bs)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(bs)]):
+            out.insert(hs[lo:hi], int(bs[lo]) - k, rs[lo:hi].astype(np.uint64))
+    return out
+
+
 class BadRowError(ValueError):
     """A buffered row whose text cannot be decoded to the table's Arrow types (found when the open
     buffer is sealed). ``lsn``: commit LSN of the transaction that wrote the row. Permanent."""
@@ -529,40 +607,6 @@ class MemSlice:
             return self.schema.empty_table()
         return pa.Table.from_batches(parts, schema=self.schema)
 
-    def changed(self, since: int, until: int) -> tuple[pa.Table, np.ndarray, pa.Table, np.ndarray]:
-        """The buffered rows that differ between the reads at ``since`` and at ``until`` (LSNs,
-        ``since <= until``; a read at L sees the commits with commit_lsn < L).
-
-        Returns ``(inserted, insert_lsns, deleted, delete_lsns)``: ``inserted``: rows committed in
-        ``[since, until)`` and still live at ``until``, with their commit LSNs (uint64, one per row);
-        ``deleted``: rows live at ``since`` whose deleting commit is in ``[since, until)``, with that
-        commit's LSN. A row inserted and deleted inside the range is in neither (it is in no read)."""
-        self.seal()
-        lo, hi = np.uint64(since), np.uint64(until)
-        ins_parts: list[pa.RecordBatch] = []
-        del_parts: list[pa.RecordBatch] = []
-        ins_lsns: list[np.ndarray] = []
-        del_lsns: list[np.ndarray] = []
-        for b in self.batches:
-            live_at_hi = (b.del_lsn == LIVE) | (b.del_lsn >= hi)
-            m_ins = (b.ins_lsn >= lo) & (b.ins_lsn < hi) & live_at_hi
-            m_del = (b.ins_lsn < lo) & (b.del_lsn != LIVE) & (b.del_lsn >= lo) & (b.del_lsn < hi)
-            for mask, parts, lsns, stamp in (
-                (m_ins, ins_parts, ins_lsns, b.ins_lsn),
-                (m_del, del_parts, del_lsns, b.del_lsn),
-            ):
-                if mask.any():
-                    parts.append(b.rb.filter(pa.array(mask)))
-                    lsns.append(stamp[mask])
-
-        def table(parts: list[pa.RecordBatch]) -> pa.Table:
-            return pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
-
-        def stamps(lsns: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate(lsns) if lsns else np.zeros(0, dtype=np.uint64)
-
-        return table(ins_parts), stamps(ins_lsns), table(del_parts), stamps(del_lsns)
-
     def drain(self) -> tuple[pa.Table, np.ndarray, int]:
         """Take every live row out (for a flush) and empty the slice.
 
@@ -571,10 +615,8 @@ class MemSlice:
         """
         self.seal()
         parts, hashes = [], []
-        horizon = 0
+        horizon = _horizon(self.batches)
         for b in self.batches:
-            if len(b.ins_lsns):
-                horizon = max(horizon, int(b.ins_lsns.max()), int(b.del_lsn.max()) if b.any_deleted else 0)
             if not b.any_deleted:
                 parts.append(b.rb)
                 hashes.append(self.batch_hashes(b))
@@ -587,6 +629,38 @@ class MemSlice:
         hs = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
         self.clear()
         return table, hs, horizon
+
+    def freeze(self) -> FrozenRows:
+        """Seal, then take the sealed batches as they are for a flush outside the service lock (call it
+        under the lock); the rows stay here, visible and deletable, until :meth:`release`. Raises
+        :class:`BadRowError` from sealing."""
+        self.seal()
+        live = [b.del_lsn == LIVE for b in self.batches]  # new arrays: later deletes do not change them
+        return FrozenRows(
+            list(self.batches), live, _horizon(self.batches), self.key_column, self.incarnation, self.schema
+        )
+
+    def release(self, frozen: FrozenRows) -> tuple[np.ndarray, np.ndarray] | None:
+        """Remove the batches ``frozen`` took (their live rows are now in a data file, in
+        :meth:`FrozenRows.rows`' order); rows appended since stay, their MemIndex locations moved down.
+        Call under the service lock. Returns that file's rows deleted since the freeze (positions,
+        delete LSNs: :meth:`FrozenRows.deleted_since`), or None, changing nothing, when the slice is no
+        longer the one frozen (drained, its schema changed): the caller discards the file."""
+        k = len(frozen.batches)
+        if (
+            self.incarnation != frozen.incarnation
+            or self.schema is not frozen.schema
+            or len(self.batches) < k
+            or any(a is not b for a, b in zip(self.batches, frozen.batches))
+        ):
+            return None
+        pos, lsns, gone = frozen.deleted_since()
+        self.index = _index_without_first(self.index, k)
+        self._bytes -= sum(b.rb.nbytes for b in frozen.batches)
+        self.batches = self.batches[k:]
+        self.deleted_rows -= gone
+        self.version += 1
+        return pos, lsns
 
     def truncate(self, lsn: int) -> None:
         """TRUNCATE committed at ``lsn``: every live row deleted as of that LSN; the MemIndex emptied."""
@@ -675,3 +749,38 @@ def _suspect_checks(schema: pa.Schema, specs: list[ColumnSpec] | None = None) ->
                 )
             )
     return out
+
+
+def changed_rows(mem: MemSlice, since: int, until: int) -> tuple[pa.Table, np.ndarray, pa.Table, np.ndarray]:
+    """The rows of ``mem`` (sealed first) that differ between the reads at ``since`` and at ``until`` (LSNs,
+    ``since <= until``; a read at L sees the commits with commit_lsn < L).
+
+    Returns ``(inserted, insert_lsns, deleted, delete_lsns)``: ``inserted``: rows committed in
+    ``[since, until)`` and still live at ``until``, with their commit LSNs (uint64, one per row);
+    ``deleted``: rows live at ``since`` whose deleting commit is in ``[since, until)``, with that
+    commit's LSN. A row inserted and deleted inside the range is in neither (it is in no read)."""
+    mem.seal()
+    lo, hi = np.uint64(since), np.uint64(until)
+    ins_parts: list[pa.RecordBatch] = []
+    del_parts: list[pa.RecordBatch] = []
+    ins_lsns: list[np.ndarray] = []
+    del_lsns: list[np.ndarray] = []
+    for b in mem.batches:
+        live_at_hi = (b.del_lsn == LIVE) | (b.del_lsn >= hi)
+        m_ins = (b.ins_lsn >= lo) & (b.ins_lsn < hi) & live_at_hi
+        m_del = (b.ins_lsn < lo) & (b.del_lsn != LIVE) & (b.del_lsn >= lo) & (b.del_lsn < hi)
+        for mask, parts, lsns, stamp in (
+            (m_ins, ins_parts, ins_lsns, b.ins_lsn),
+            (m_del, del_parts, del_lsns, b.del_lsn),
+        ):
+            if mask.any():
+                parts.append(b.rb.filter(pa.array(mask)))
+                lsns.append(stamp[mask])
+
+    def table(parts: list[pa.RecordBatch]) -> pa.Table:
+        return pa.Table.from_batches(parts, schema=mem.schema) if parts else mem.schema.empty_table()
+
+    def stamps(lsns: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(lsns) if lsns else np.zeros(0, dtype=np.uint64)
+
+    return table(ins_parts), stamps(ins_lsns), table(del_parts), stamps(del_lsns)

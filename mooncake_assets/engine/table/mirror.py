@@ -46,9 +46,9 @@ from ..lsn import Lsn
 from . import maintenance
 from .apply_run import RunApplyRole
 from .delete_log import FULL_COLUMN, DeleteLog, build_log, write_log
-from .disk_files import DiskFile, DiskFileSet
+from .disk_files import MAX_FILE_ROWS, DiskFile, DiskFileSet, WrittenFiles
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
-from .memslice import MemSlice
+from .memslice import FrozenRows, MemSlice
 from .persist import PersistPayload, apply_persist, build_payload
 from .read_state import ReadField, ReadState
 from .schema_state import TableSchemaRole
@@ -163,6 +163,48 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         # arrays and the MemIndex of the slice; see engine/heap.py, service.process.select_memory_pool)
         release_unused()
         return {"rows": rows, "files": files, "bytes": nbytes, "seconds": time.time() - t0}
+
+    def begin_flush(self) -> FrozenRows:
+        """A flush in three steps, so that the service lock is not held while Parquet is written: this
+        one (under the lock) takes the MemSlice's rows as they are (:meth:`MemSlice.freeze`); they stay
+        visible and deletable. :meth:`write_frozen` (without the lock) writes them;
+        :meth:`finish_flush` (under it) swaps the files in. Raises ``BadRowError`` from sealing."""
+        return self.mem.freeze()
+
+    def write_frozen(self, frozen: FrozenRows) -> WrittenFiles | None:
+        """The rows :meth:`begin_flush` took, written as staged Parquet files and one IndexBlock that
+        nothing references yet (:meth:`.disk_files.DiskFileSet.prepare`); None when none was live.
+        Reads only immutable data: call it WITHOUT the service lock."""
+        table, hashes = frozen.rows()
+        if table.num_rows == 0:
+            return None
+        return self.disk.prepare(table, hashes)
+
+    def finish_flush(self, frozen: FrozenRows, written: WrittenFiles | None) -> dict[str, Any] | None:
+        """Swap the files :meth:`write_frozen` wrote in for the rows :meth:`begin_flush` took (under the
+        service lock): the rows leave the MemSlice, the files and their IndexBlock join the set, and
+        rows deleted meanwhile become pending deletes of the new files at their commit LSNs (a read at
+        any LSN sees what it saw before). Returns ``{"rows", "files", "bytes"}``, or None when the
+        MemSlice changed under the write (drained by another flush, a schema change): the files are
+        then removed and nothing changes — the caller flushes as usual."""
+        newly = self.mem.release(frozen)
+        if newly is None:
+            if written is not None:
+                self.disk.discard(written)
+            return None
+        if frozen.horizon:
+            self.flushed_lsn = max(self.flushed_lsn, frozen.horizon + 1)
+        self._row_cache.clear()
+        if written is None:
+            return {"rows": 0, "files": 0, "bytes": 0}
+        self.disk.register(written)
+        pos, lsns = newly
+        if len(pos):
+            fi = pos // MAX_FILE_ROWS
+            names = [written.files[i].name for i in fi.tolist()]
+            self.disk.delete_many(names, (pos % MAX_FILE_ROWS).tolist(), lsns.tolist())
+        rows = sum(f.num_rows for f in written.files)
+        return {"rows": rows, "files": len(written.files), "bytes": written.nbytes}
 
     def add_copied_file(
         self, path: Path, num_rows: int, hashes: np.ndarray | Sequence[tuple[np.ndarray, np.ndarray]]
