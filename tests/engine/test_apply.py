@@ -154,6 +154,21 @@ def test_flush_writes_a_file_and_an_index_block_then_deletes_become_position_del
         t.read_state(10)  # below the flush boundary: not servable exactly
 
 
+def test_a_flush_write_that_fails_half_way_leaves_no_file_and_the_rows_in_the_buffer(tmp_path):
+    """An error between the Parquet files and the IndexBlock (here: one key hash too few) removes the
+    files written so far; nothing was taken, so the rows stay buffered and a later flush writes them."""
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1), insert(2, "b", 2), insert(3, "c", 3))
+    frozen = t.begin_flush()
+    table, hashes = frozen.rows()
+    with pytest.raises(ValueError):
+        t.disk.prepare(table, hashes[:-1])
+    assert sorted(p.name for p in (tmp_path.rglob("*")) if p.is_file() and p.suffix in (".parquet", ".idx")) == []
+    assert read(t) == [(1, "a", 1), (2, "b", 2), (3, "c", 3)] and not t.files
+    assert t.finish_flush(frozen, t.write_frozen(frozen))["rows"] == 3
+    assert read(t) == [(1, "a", 1), (2, "b", 2), (3, "c", 3)] and t.mem.is_empty() and len(t.files) == 1
+
+
 def test_key_change_update(tmp_path):
     t = make_table(tmp_path)
     commit(t, 10, insert(1, "a", 1))

@@ -179,20 +179,30 @@ class DiskFileSet:
         """:meth:`write` without adding anything to the set: new files only (fresh names under
         ``staging/`` and ``index/``), so it may run without the service lock while the set changes;
         :meth:`register` adds them, :meth:`discard` removes them instead. File ``i`` holds rows
-        ``[i * MAX_FILE_ROWS, (i + 1) * MAX_FILE_ROWS)`` of ``table``."""
+        ``[i * MAX_FILE_ROWS, (i + 1) * MAX_FILE_ROWS)`` of ``table``. An error (a full disk, say) removes
+        what it wrote so far and propagates."""
         files, file_ids, rows = [], [], []
         nbytes = 0
-        for fi, start in enumerate(range(0, table.num_rows, MAX_FILE_ROWS)):
-            part = table.slice(start, MAX_FILE_ROWS)
-            name = f"{uuid.uuid4().hex}.parquet"
-            path = self.dir / "staging" / name
-            size = write_parquet(part, path)
-            nbytes += size
-            files.append(DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path)))
-            file_ids.append(np.full(part.num_rows, fi, dtype=np.uint32))
-            rows.append(np.arange(part.num_rows, dtype=np.uint32))
-        names = [f.name for f in files]
-        block = IndexBlock.build(self.new_block_path(), hashes, np.concatenate(file_ids), np.concatenate(rows), names)
+        path = block_path = None
+        try:
+            for fi, start in enumerate(range(0, table.num_rows, MAX_FILE_ROWS)):
+                part = table.slice(start, MAX_FILE_ROWS)
+                name = f"{uuid.uuid4().hex}.parquet"
+                path = self.dir / "staging" / name
+                size = write_parquet(part, path)
+                nbytes += size
+                files.append(DiskFile(name=name, num_rows=part.num_rows, size_bytes=size, local_path=str(path)))
+                file_ids.append(np.full(part.num_rows, fi, dtype=np.uint32))
+                rows.append(np.arange(part.num_rows, dtype=np.uint32))
+            names = [f.name for f in files]
+            block_path = self.new_block_path()
+            block = IndexBlock.build(block_path, hashes, np.concatenate(file_ids), np.concatenate(rows), names)
+        except BaseException:
+            # nothing references these files yet: an error mid-way leaves none of them behind
+            for p in [*(f.local_path for f in files), path, block_path]:
+                if p:
+                    Path(p).unlink(missing_ok=True)
+            raise
         return WrittenFiles(files, block, nbytes)
 
     def register(self, written: WrittenFiles) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import uuid
 from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -52,25 +53,32 @@ Suspect = tuple[int, Callable[[str], bool]]
 LIVE = 0
 
 
+def batch_hashes(b: Batch, key_column: int | None, mask: np.ndarray | None = None) -> np.ndarray:
+    """Key hashes (uint64 (rows,)) of sealed batch ``b``'s rows, or of the rows ``mask`` (bool
+    (num_rows,)) keeps: the batch's kept hashes, else recomputed from the exact key column
+    ``key_column`` (:func:`int_key_hashes`; a slice without one keeps every batch's hashes)."""
+    if b.hashes is not None:
+        return b.hashes if mask is None else b.hashes[mask]
+    assert key_column is not None, "a batch without hashes in a slice without an exact key column"
+    col = b.rb.column(key_column)
+    return int_key_hashes(col if mask is None else col.filter(pa.array(mask)))
+
+
+@dataclass(frozen=True, slots=True)
 class FrozenRows:
     """The sealed batches of a :class:`MemSlice` as :meth:`MemSlice.freeze` took them for a flush that
     writes outside the service lock: ``batches`` (the :class:`Batch` objects, in order), ``live`` (per
-    batch a bool mask (num_rows,) of the rows live then), ``horizon`` (as :meth:`MemSlice.drain`'s),
-    ``key_column`` (the slice's then), ``incarnation`` and ``schema`` (the slice's then)."""
+    batch a bool mask (num_rows,) of the rows live then), ``horizon`` (the largest insert or delete LSN
+    among them, 0 when none: a read at an LSN <= horizon can no longer be served from the slice once
+    they leave it), ``key_column`` (the slice's then), ``incarnation`` and ``schema`` (the slice's
+    then)."""
 
-    __slots__ = ("batches", "live", "horizon", "key_column", "incarnation", "schema")
-
-    def __init__(
-        self,
-        batches: list[Batch],
-        live: list[np.ndarray],
-        horizon: int,
-        key_column: int | None,
-        incarnation: str,
-        schema: pa.Schema,
-    ) -> None:
-        self.batches, self.live, self.horizon = batches, live, horizon
-        self.key_column, self.incarnation, self.schema = key_column, incarnation, schema
+    batches: list[Batch]
+    live: list[np.ndarray]
+    horizon: int
+    key_column: int | None
+    incarnation: str
+    schema: pa.Schema
 
     def rows(self) -> tuple[pa.Table, np.ndarray]:
         """The rows live at the freeze, in order, and their key hashes (uint64 (n,)): what the flush
@@ -82,12 +90,7 @@ class FrozenRows:
                 continue
             whole = bool(mask.all())
             parts.append(b.rb if whole else b.rb.filter(pa.array(mask)))
-            if b.hashes is not None:
-                hashes.append(b.hashes if whole else b.hashes[mask])
-            else:
-                assert self.key_column is not None, "a batch without hashes in a slice without an exact key column"
-                col = b.rb.column(self.key_column)
-                hashes.append(int_key_hashes(col if whole else col.filter(pa.array(mask))))
+            hashes.append(batch_hashes(b, self.key_column, None if whole else mask))
         table = pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
         return table, (np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64))
 
@@ -487,13 +490,8 @@ class MemSlice:
         return self._ins_lsns[bisect_right(self._ins_starts, r) - 1]
 
     def batch_hashes(self, b: Batch, mask: np.ndarray | None = None) -> np.ndarray:
-        """Key hashes (uint64 (rows,)) of sealed batch ``b``'s rows, or of the rows ``mask`` (bool
-        (num_rows,)) keeps: kept ones, or recomputed from the exact key column (:attr:`key_column`)."""
-        if b.hashes is not None:
-            return b.hashes if mask is None else b.hashes[mask]
-        assert self.key_column is not None, "a batch without hashes in a slice without an exact key column"
-        col = b.rb.column(self.key_column)
-        return int_key_hashes(col if mask is None else col.filter(pa.array(mask)))
+        """:func:`batch_hashes` of sealed batch ``b`` with this slice's :attr:`key_column`."""
+        return batch_hashes(b, self.key_column, mask)
 
     def _open_hashes(self) -> np.ndarray:
         parts = self._hash_parts + ([np.array(self._hash_tail, dtype=np.uint64)] if self._hash_tail else [])
@@ -608,27 +606,16 @@ class MemSlice:
         return pa.Table.from_batches(parts, schema=self.schema)
 
     def drain(self) -> tuple[pa.Table, np.ndarray, int]:
-        """Take every live row out (for a flush) and empty the slice.
+        """Take every live row out (for a flush under the lock) and empty the slice: :meth:`freeze`,
+        :meth:`FrozenRows.rows`, :meth:`release` in one step.
 
-        Returns (live rows, their key hashes, ``horizon``): the largest insert or delete LSN among the
-        rows taken out, so a read at an LSN <= horizon can no longer be served exactly (0 when empty).
+        Returns (live rows, their key hashes, ``horizon``): :attr:`FrozenRows.horizon`.
         """
-        self.seal()
-        parts, hashes = [], []
-        horizon = _horizon(self.batches)
-        for b in self.batches:
-            if not b.any_deleted:
-                parts.append(b.rb)
-                hashes.append(self.batch_hashes(b))
-                continue
-            mask = b.del_lsn == LIVE
-            if mask.any():
-                parts.append(b.rb.filter(pa.array(mask)) if not mask.all() else b.rb)
-                hashes.append(self.batch_hashes(b, None if mask.all() else mask))
-        table = pa.Table.from_batches(parts, schema=self.schema) if parts else self.schema.empty_table()
-        hs = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
-        self.clear()
-        return table, hs, horizon
+        frozen = self.freeze()
+        table, hashes = frozen.rows()
+        released = self.release(frozen)
+        assert released is not None and not len(released[0]), "the slice changed under its own drain"
+        return table, hashes, frozen.horizon
 
     def freeze(self) -> FrozenRows:
         """Seal, then take the sealed batches as they are for a flush outside the service lock (call it
@@ -655,7 +642,8 @@ class MemSlice:
         ):
             return None
         pos, lsns, gone = frozen.deleted_since()
-        self.index = _index_without_first(self.index, k)
+        rest = self.num_rows - sum(b.num_rows for b in frozen.batches)  # rows appended since the freeze
+        self.index = _index_without_first(self.index, k) if rest else MemIndex()
         self._bytes -= sum(b.rb.nbytes for b in frozen.batches)
         self.batches = self.batches[k:]
         self.deleted_rows -= gone
