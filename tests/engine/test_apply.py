@@ -169,6 +169,23 @@ def test_a_flush_write_that_fails_half_way_leaves_no_file_and_the_rows_in_the_bu
     assert read(t) == [(1, "a", 1), (2, "b", 2), (3, "c", 3)] and t.mem.is_empty() and len(t.files) == 1
 
 
+def test_flushable_leaves_out_the_rows_a_flush_has_taken(tmp_path):
+    t = make_table(tmp_path)
+    commit(t, 10, insert(1, "a", 1), insert(2, "b", 2), insert(3, "c", 3))
+    assert t.mem.flushable()[0] == 3
+    frozen = t.begin_flush()
+    commit(t, 20, insert(4, "d", 4))
+    assert t.mem.flushable()[0] == 1 and t.mem.live_rows == 4
+    t.mem.unfreeze(frozen)  # (its write failed): the rows count again
+    assert t.mem.flushable()[0] == 4
+    frozen = t.begin_flush()
+    assert t.mem.flushable()[0] == 0
+    assert t.finish_flush(frozen, t.write_frozen(frozen))["rows"] == 4
+    assert t.mem.frozen is None and t.mem.flushable()[0] == 0 and len(t.files) == 1
+    commit(t, 30, insert(5, "e", 5))
+    assert t.mem.flushable()[0] == 1
+
+
 def test_key_change_update(tmp_path):
     t = make_table(tmp_path)
     commit(t, 10, insert(1, "a", 1))

@@ -72,7 +72,8 @@ class PersistScheduler:
                 if t.error:
                     continue
                 try:
-                    big = t.mem.live_rows >= s.flush_rows or t.mem.nbytes >= s.flush_bytes
+                    rows, nbytes = t.mem.flushable()  # (not what a persist in progress writes)
+                    big = rows >= s.flush_rows or nbytes >= s.flush_bytes
                     if s.maintenance == "auto":
                         fault = self.faults.get(t.name)
                         if fault is not None and not fault.due():
@@ -153,11 +154,17 @@ class PersistScheduler:
             self._check_live(t)
             frozen = t.begin_flush()
         fault("persist:write")  # (the buffer taken, its Parquet file not written: the stream applies meanwhile)
-        written = t.write_frozen(frozen)
+        try:
+            written = t.write_frozen(frozen)
+        except BaseException:
+            with self.lock:
+                t.mem.unfreeze(frozen)  # the rows stay buffered for the next flush
+            raise
         with self.lock:
             try:
                 self._check_live(t)
             except MooncakeError:
+                t.mem.unfreeze(frozen)
                 if written is not None:
                     t.disk.discard(written)
                 raise

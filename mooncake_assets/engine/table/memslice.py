@@ -80,6 +80,16 @@ class FrozenRows:
     incarnation: str
     schema: pa.Schema
 
+    @property
+    def nbytes(self) -> int:
+        """Arrow bytes of the batches taken (live and deleted rows)."""
+        return sum(b.rb.nbytes for b in self.batches)
+
+    @property
+    def live_rows(self) -> int:
+        """Rows live at the freeze: what the flush writes."""
+        return sum(int(m.sum()) for m in self.live)
+
     def rows(self) -> tuple[pa.Table, np.ndarray]:
         """The rows live at the freeze, in order, and their key hashes (uint64 (n,)): what the flush
         writes. Reads only immutable data (the batches' Arrow rows and kept hashes), so it needs no
@@ -298,6 +308,7 @@ class MemSlice:
         self._reset_open()
         self.deleted_rows = 0
         self._bytes = 0
+        self.frozen: FrozenRows | None = None  # the batches a flush in progress took (freeze..release)
         self._suspects = _suspect_checks(schema, specs)
         self.incarnation = uuid.uuid4().hex
         self.version = 0
@@ -623,9 +634,25 @@ class MemSlice:
         :class:`BadRowError` from sealing."""
         self.seal()
         live = [b.del_lsn == LIVE for b in self.batches]  # new arrays: later deletes do not change them
-        return FrozenRows(
+        self.frozen = FrozenRows(
             list(self.batches), live, _horizon(self.batches), self.key_column, self.incarnation, self.schema
         )
+        return self.frozen
+
+    def unfreeze(self, frozen: FrozenRows) -> None:
+        """Forget a :meth:`freeze` whose flush will not :meth:`release` (its write failed): the rows stay
+        here as they are, and :meth:`flushable` counts them again."""
+        if self.frozen is frozen:
+            self.frozen = None
+
+    def flushable(self) -> tuple[int, int]:
+        """(live rows, Arrow bytes) not taken by a flush in progress (:meth:`freeze` until
+        :meth:`release`): what the next flush would take beyond it; approximate (rows of the taken
+        batches deleted since still count as taken)."""
+        rows, nbytes = self.live_rows, self.nbytes
+        if self.frozen is not None:
+            rows, nbytes = max(0, rows - self.frozen.live_rows), max(0, nbytes - self.frozen.nbytes)
+        return rows, nbytes
 
     def release(self, frozen: FrozenRows) -> tuple[np.ndarray, np.ndarray] | None:
         """Remove the batches ``frozen`` took (their live rows are now in a data file, in
@@ -634,6 +661,7 @@ class MemSlice:
         delete LSNs: :meth:`FrozenRows.deleted_since`), or None, changing nothing, when the slice is no
         longer the one frozen (drained, its schema changed): the caller discards the file."""
         k = len(frozen.batches)
+        self.unfreeze(frozen)
         if (
             self.incarnation != frozen.incarnation
             or self.schema is not frozen.schema
@@ -664,6 +692,7 @@ class MemSlice:
         """Empty the slice (every row gone)."""
         self.version += 1
         self.batches = []
+        self.frozen = None
         self.index = MemIndex()
         self._reset_open()
         self.deleted_rows = 0
