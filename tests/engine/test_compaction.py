@@ -3,6 +3,9 @@ its position map, the index rebuild through it, fault parsing."""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +20,7 @@ from mooncake_assets.engine.compaction import (
     policy_for,
     rewrite_files,
 )
-from mooncake_assets.engine.compaction.runner import _dead_file_maps
+from mooncake_assets.engine.compaction.runner import _dead_file_maps, niced
 from mooncake_assets.engine.faults import faults
 from mooncake_assets.engine.iceberg.lineage import FileLineage
 from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
@@ -42,6 +45,9 @@ def test_policy_defaults_and_validation():
     with pytest.raises(ValueError, match="target_file_bytes must be a int"):
         MaintenancePolicy.from_dict({"target_file_bytes": "big"})
     assert MaintenancePolicy.from_dict({"target_file_bytes": "2048"}).target_file_bytes == 2048
+    assert p.worker_nice == 10
+    with pytest.raises(ValueError, match="worker_nice must be in 0–19"):
+        MaintenancePolicy(worker_nice=20)
 
 
 def test_policy_per_table_precedence():
@@ -156,7 +162,19 @@ def _write(path, ids):
     return path.stat().st_size
 
 
-def test_rewrite_applies_dvs_and_maps_every_row(tmp_path):
+def test_niced_runs_the_work_in_a_thread_of_lower_priority_and_hands_back_its_result_or_error():
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # (Linux: this thread's nice value)
+    here = threading.get_ident()
+    got = niced(lambda: (os.getpriority(os.PRIO_PROCESS, 0), threading.get_ident()), 5)
+    assert got == (min(19, base + 5), got[1]) and got[1] != here
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the caller's priority is untouched
+    assert niced(lambda: threading.get_ident(), 0) == here  # 0: in this thread
+    with pytest.raises(KeyError, match="boom"):
+        niced(lambda: {}["boom"], 5)
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_rewrite_applies_dvs_and_maps_every_row(tmp_path, threads):
     a_ids, b_ids = list(range(0, 5000)), list(range(10_000, 13_000))
     sa, sb = _write(tmp_path / "a.parquet", a_ids), _write(tmp_path / "b.parquet", b_ids)
     del_a = BitMap64(range(0, 5000, 3))
@@ -165,7 +183,7 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path):
         RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 5000, del_a, sa),
         RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 3000, del_b, sb),
     ]
-    res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4)
+    res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4, threads=threads)
     assert res.rows_in == 8000 and res.rows_dropped == len(del_a) + 3000 and res.rows_out == 5000 - len(del_a)
     assert len(res.outputs) >= 2  # cut at the target: every output but the last reaches it
     assert all(o.size_bytes >= sa // 4 for o in res.outputs[:-1]), [o.size_bytes for o in res.outputs]

@@ -89,7 +89,9 @@ class BackgroundMaintenance:
         try:
             if do_compact and not self._stop.is_set():
                 # the service persists by its own policy; compaction takes what is persisted by now
-                r = compact(table, lock=self.lock, policy=policy, expire=False, persist_first=False)
+                r = compact(
+                    table, lock=self.lock, policy=policy, expire=False, persist_first=False, nice=policy.worker_nice
+                )
                 if r.get("compacted"):
                     log.info(
                         "table %s: compacted %s files into %s (%s rows dropped) in %.2fs (rewrite %.2fs, upload "

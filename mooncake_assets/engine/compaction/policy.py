@@ -79,6 +79,10 @@ class MaintenancePolicy:
       snapshot is that old, here and in any engine's expiry (seconds, ≥ 0; default 0: no age limit).
     ``auto_interval_s``: in ``maintenance: auto``, how often the service checks a table for index merge,
       compaction and expiry (seconds, ≥ 0; default 5).
+    ``worker_nice``: in ``maintenance: auto``, how much lower the CPU priority of a compaction's rewrite,
+      upload and index rebuild is than the service's (nice steps, 0–19; default 10; 0: the same): on a
+      machine that Postgres keeps busy, compaction takes the CPU the apply loop leaves instead of
+      stalling it (Linux per-thread nice, sched(7)). Its swap under the service lock runs at full priority.
     """
 
     target_file_bytes: int = 128 << 20
@@ -97,6 +101,7 @@ class MaintenancePolicy:
     keep_cuts: int = 24
     cut_max_age_s: float = 0.0
     auto_interval_s: float = 5.0
+    worker_nice: int = 10
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rng: str) -> None:
@@ -118,6 +123,7 @@ class MaintenancePolicy:
         need(self.keep_cuts >= 0, "keep_cuts", "≥ 0 (cuts)")
         need(self.cut_max_age_s >= 0, "cut_max_age_s", "≥ 0 (seconds)")
         need(self.auto_interval_s >= 0, "auto_interval_s", "≥ 0 (seconds)")
+        need(0 <= self.worker_nice <= 19, "worker_nice", "in 0–19 (nice steps)")
         IndexMergePolicy(self.index_max_blocks, self.index_max_blocks_per_merge)  # validates both
 
     @property

@@ -44,10 +44,10 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 from pyroaring import BitMap64
@@ -58,6 +58,8 @@ from ..index import FileIndex, PositionMap
 from ..table.maintenance import CompactionResult
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
+
+T = TypeVar("T")
 from .rewriter import RewriteInput, RewriteResult, rewrite_files
 
 if TYPE_CHECKING:
@@ -315,6 +317,7 @@ def compact(
     dry_run: bool = False,
     persist_first: bool | None = None,
     expire: bool = True,
+    nice: int = 0,
 ) -> dict[str, Any]:
     """Compact the table's data files by policy (``full``: every persisted file) — see the module
     docstring for the steps, :mod:`.planner` for the choice.
@@ -323,7 +326,9 @@ def compact(
     (no persist, nothing written) and return ``{"dry_run": True, "picked", "files": [{file, rows,
     deleted, bytes, live_bytes, delete_ratio_percent, reasons}], "checks", "policy"}``.
     ``persist_first``: default from the policy. ``expire``: afterwards, expire snapshots and delete
-    files no snapshot needs (:func:`expire_and_clean`).
+    files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite, upload and index
+    rebuild (the part without the lock) in a thread of that much lower CPU priority (:func:`niced`;
+    0: this thread).
 
     Returns (JSON-serializable): ``compacted`` (bool), ``files_in``, ``files_out``, ``rows_in``,
     ``rows_out``, ``bytes_in``, ``bytes_out``, ``deleted_rows_dropped`` (rows the old DVs deleted, not
@@ -368,7 +373,7 @@ def compact(
             # schema change during the rewrite must not put field ids into the outputs that the table does
             # not know yet (they stay readable by id either way)
             inp = table.compaction_input(plan.files)
-        report = _work_and_swap(table, lk, policy, plan, inp)
+        report = _work_and_swap(table, lk, policy, plan, inp, nice)
         report["persist_seconds"] = round(persist_s, 4)
     if expire:
         report["expired"] = _expire_after(table, policy)
@@ -377,8 +382,41 @@ def compact(
     return _record(table, "compact", report)
 
 
+def niced(fn: Callable[[], T], nice: int) -> T:
+    """``fn()`` run in a new thread whose CPU priority is ``nice`` steps lower (Linux schedules threads
+    one by one: ``setpriority(PRIO_PROCESS, <thread id>, …)``, sched(7) "The nice value"), so on a busy
+    machine it gets the CPU the apply loop and Postgres leave. Threads it starts inherit the value. A
+    thread cannot raise its own priority back without privilege, hence a thread of its own: never hold
+    the service lock in ``fn`` (a deprioritised holder would stall the stream). Returns what ``fn``
+    returns, raises what it raises; ``nice`` 0 (or a platform without per-thread niceness) runs ``fn``
+    here."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return fn()
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(
+                os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+            )
+        except OSError:  # (not allowed here: run at the same priority)
+            pass
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # handed to the caller
+            out.append((False, e))
+
+    th = threading.Thread(target=run, name=f"{threading.current_thread().name}-niced", daemon=True)
+    th.start()
+    th.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return cast(T, value)
+
+
 def _work(
-    table: MirrorTable, policy: MaintenancePolicy, inp: CompactionInput
+    table: MirrorTable, policy: MaintenancePolicy, inp: CompactionInput, threads: bool = True
 ) -> tuple[RewriteResult, CompactionResult, float, float]:
     """The heavy part, without the lock: rewrite the live rows of ``inp.files``, upload the new files,
     rebuild the IndexBlock of ``inp.blocks`` in one pass. Returns (RewriteResult, CompactionResult,
@@ -401,6 +439,7 @@ def _work(
         open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
         defaults=inp.defaults,
         lineage=lineage is not None,
+        threads=threads,
     )
     assert rw.position_map is not None  # rewrite_files always sets it
     try:
@@ -472,9 +511,9 @@ def _commit_swap(table: MirrorTable, prep: PreparedSwap, res: CompactionResult) 
 
 
 def _work_and_swap(
-    table: MirrorTable, lk: _Timed, policy: MaintenancePolicy, plan: CompactionPlan, inp: CompactionInput
+    table: MirrorTable, lk: _Timed, policy: MaintenancePolicy, plan: CompactionPlan, inp: CompactionInput, nice: int = 0
 ) -> dict[str, Any]:
-    rw, res, upload_s, index_s = _work(table, policy, inp)
+    rw, res, upload_s, index_s = niced(lambda: _work(table, policy, inp, threads=nice <= 0), nice)
     committed = False
     try:
         with lk():  # -- swap (lock): the table prepares, the commit lands, the table applies

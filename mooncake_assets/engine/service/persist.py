@@ -36,6 +36,12 @@ class PersistFault(MooncakeError):
     :meth:`PersistScheduler._persist`)."""
 
 
+#: a persist whose unlocked flush and upload took long enough for ``flush_rows`` / this many rows to
+#: arrive gives them a second such round before the commit flushes the rest under the lock (10k rows
+#: at the default flush_rows: tens of milliseconds of locked work on a busy machine)
+SECOND_ROUND_SHARE = 20
+
+
 class PersistScheduler:
     """The persists and background maintenance of one service's mirrors. ``svc``: the
     :class:`~.service.ReplicatorService` as a :class:`~.parts.SchedulerHost` (its lock, registry,
@@ -148,8 +154,27 @@ class PersistScheduler:
         and to commit: the buffered rows are written to Parquet (:meth:`MirrorTable.write_frozen`, a
         fraction of a second per 200k rows, several times that on a loaded machine) and the staged
         files copied to the warehouse (the slow part, seconds on S3) without it, so the replication
-        thread keeps applying and readers keep reading meanwhile. Call WITHOUT holding the lock.
-        Raises like :meth:`_persist` (``MooncakeError`` for a stopped or dropped table)."""
+        thread keeps applying and readers keep reading meanwhile. When that took long enough for
+        ``flush_rows`` / :data:`SECOND_ROUND_SHARE` more rows to arrive, they get a second such round,
+        so that the flush the commit does under the lock (everything applied must be in it) is small. Call WITHOUT
+        holding the lock. Raises like :meth:`_persist` (``MooncakeError`` for a stopped or dropped
+        table)."""
+        uploaded: dict[str, str] = {}
+        self._flush_and_upload(t, uploaded)
+        with self.lock:
+            again = t.mem.flushable()[0] >= max(1, self.config.flush_rows // SECOND_ROUND_SHARE)
+        if again:
+            self._flush_and_upload(t, uploaded)
+        fault("persist:unlocked")  # (jitter: a schema switch may land between the upload and the commit)
+        with self.lock:
+            if self.reg.tables.get(t.name) is not t or t.error:
+                raise MooncakeError(f"table {t.name} was dropped or stopped while it was being persisted")
+            return self._persist(t, uploaded)
+
+    def _flush_and_upload(self, t: MirrorTable, uploaded: dict[str, str]) -> None:
+        """One round of :meth:`persist_unlocked`: take the buffer (lock), write it (no lock), swap the
+        files in (lock), copy every staged file not in ``uploaded`` to the warehouse (no lock) and add
+        them to it (name → location)."""
         with self.lock:
             self._check_live(t)
             frozen = t.begin_flush()
@@ -171,16 +196,12 @@ class PersistScheduler:
             if t.finish_flush(frozen, written) is None:  # the buffer changed under the write
                 t.flush()
             todo, schemas = t.upload_plan()
+        todo = [(name, path) for name, path in todo if name not in uploaded]
         try:
-            uploaded = t.upload(todo, schemas)
+            uploaded.update(t.upload(todo, schemas))
         except Exception as e:
             with self.lock:
                 self._persist_failed(t, e)
-        fault("persist:unlocked")  # (jitter: a schema switch may land between the upload and the commit)
-        with self.lock:
-            if self.reg.tables.get(t.name) is not t or t.error:
-                raise MooncakeError(f"table {t.name} was dropped or stopped while it was being persisted")
-            return self._persist(t, uploaded)
 
     def _check_live(self, t: MirrorTable) -> None:
         """Raise ``MooncakeError`` when ``t`` was dropped or is stopped by an error (caller holds the lock)."""
