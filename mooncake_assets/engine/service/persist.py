@@ -110,13 +110,15 @@ class PersistScheduler:
         log.error("table %s: maintenance failed", t.name, exc_info=e)
         t.error = f"maintenance: {type(e).__name__}: {e}"
 
-    def _persist(self, t: MirrorTable, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
-        """``t.persist()``; a storage or catalog failure (unreachable endpoint, missing bucket, rejected
+    def _persist(
+        self, t: MirrorTable, uploaded: dict[str, str] | None = None, save_index: bool = True
+    ) -> dict[str, Any]:
+        """``t.persist()`` (``save_index``: :meth:`MirrorTable.persist`'s); a storage or catalog failure (unreachable endpoint, missing bucket, rejected
         credentials, lost catalog connection) keeps everything in the buffer, local staging and the slot
         (nothing is confirmed past ``t.flush_lsn``), is recorded with a backoff shown by ``status``, and
         raises ``PersistFault`` (a MooncakeError) saying what happened. Other errors propagate."""
         try:
-            res = t.persist(uploaded)
+            res = t.persist(uploaded, save_index=save_index)
         except Exception as e:
             self._persist_failed(t, e)
         if self.faults.pop(t.name, None) is not None:
@@ -149,14 +151,16 @@ class PersistScheduler:
         """Record a failed upload or persist (caller holds the lock): :meth:`_persist_failed`."""
         self._persist_failed(t, e)
 
-    def persist_unlocked(self, t: MirrorTable) -> dict[str, Any]:
+    def persist_unlocked(self, t: MirrorTable, save_index: bool = True) -> dict[str, Any]:
         """A persist that holds the service lock only to take the buffer, to swap the written files in
         and to commit: the buffered rows are written to Parquet (:meth:`MirrorTable.write_frozen`, a
         fraction of a second per 200k rows, several times that on a loaded machine) and the staged
         files copied to the warehouse (the slow part, seconds on S3) without it, so the replication
         thread keeps applying and readers keep reading meanwhile. When that took long enough for
         ``flush_rows`` / :data:`SECOND_ROUND_SHARE` more rows to arrive, they get a second such round,
-        so that the flush the commit does under the lock (everything applied must be in it) is small. Call WITHOUT
+        so that the flush the commit does under the lock (everything applied must be in it) is small.
+        ``save_index`` False (the service's own persists): the FileIndex is saved only when due
+        (:meth:`MirrorTable.persist`). Call WITHOUT
         holding the lock. Raises like :meth:`_persist` (``MooncakeError`` for a stopped or dropped
         table)."""
         uploaded: dict[str, str] = {}
@@ -169,7 +173,7 @@ class PersistScheduler:
         with self.lock:
             if self.reg.tables.get(t.name) is not t or t.error:
                 raise MooncakeError(f"table {t.name} was dropped or stopped while it was being persisted")
-            return self._persist(t, uploaded)
+            return self._persist(t, uploaded, save_index)
 
     def _flush_and_upload(self, t: MirrorTable, uploaded: dict[str, str]) -> None:
         """One round of :meth:`persist_unlocked`: take the buffer (lock), write it (no lock), swap the
@@ -219,7 +223,7 @@ class PersistScheduler:
 
         def work() -> None:
             try:
-                self.persist_unlocked(t)
+                self.persist_unlocked(t, save_index=False)
             except Exception as e:
                 with self.lock:
                     self.maintenance_failed(t, e)

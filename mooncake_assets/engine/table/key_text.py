@@ -146,8 +146,9 @@ def _read_file(table: RestoredTable, f: DiskFile) -> pa.Table:
     return t
 
 
-def rebuild_file_index(table: RestoredTable) -> FileIndex:
-    """A new FileIndex of a restored :class:`~.mirror.MirrorTable`: one IndexBlock per live data file,
+def rebuild_file_index(table: RestoredTable, names: Sequence[str] | None = None) -> FileIndex:
+    """A new FileIndex of a restored :class:`~.mirror.MirrorTable`: one IndexBlock per live data file
+    (``names``: only these),
     every row hashed from its key's Postgres text (reads each data file's key columns once). When a key
     column's text cannot be reproduced, sets ``table.error`` (the mirror shows ``error`` and stops
     following: an index missing its persisted rows would apply updates and deletes to nothing) and
@@ -155,7 +156,7 @@ def rebuild_file_index(table: RestoredTable) -> FileIndex:
     specs = [table.schema.columns[i] for i in table._key_idx]
     blocks = []
     try:
-        for f in table.files.values():
+        for f in table.files.values() if names is None else [table.files[n] for n in names]:
             data = _read_file(table, f)
             texts = key_text_columns(data, [s.name for s in specs], [s.type_oid for s in specs])
             hashes = table.hasher.hash_columns(texts)
@@ -171,13 +172,15 @@ def rebuild_file_index(table: RestoredTable) -> FileIndex:
             )
     except ValueError as e:
         # the mirror stops here rather than follow with an index that misses its persisted rows
+        why = "it was saved under an older key hash" if names is None else "files persisted after its last save"
         table.error = (
-            f"table {table.name}: cannot rebuild its index from the data files ({e}); it was saved under "
-            "an older key hash: drop-table, then create-table"
+            f"table {table.name}: cannot rebuild its index from the data files ({e}); {why}: drop-table, "
+            "then create-table"
         )
         log.error("%s", table.error)
         for b in blocks:
             b.unlink()
         return FileIndex()
-    log.info("table %s: index rebuilt from %d data files (saved under an older key hash)", table.name, len(blocks))
+    if names is None:
+        log.info("table %s: index rebuilt from %d data files (saved under an older key hash)", table.name, len(blocks))
     return FileIndex(blocks)

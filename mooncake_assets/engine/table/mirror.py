@@ -49,7 +49,7 @@ from .delete_log import FULL_COLUMN, DeleteLog, build_log, write_log
 from .disk_files import MAX_FILE_ROWS, DiskFile, DiskFileSet, WrittenFiles
 from .maintenance import CompactionInput, CompactionResult, IndexMergeInput, PreparedSwap
 from .memslice import FrozenRows, MemSlice
-from .persist import PersistPayload, apply_persist, build_payload
+from .persist import INDEX_SAVE_INTERVAL_S, PersistPayload, apply_persist, build_payload
 from .read_state import ReadField, ReadState
 from .schema_state import TableSchemaRole
 
@@ -115,6 +115,7 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         self.missing_keys = 0
         self.error: str | None = None
         self.last_persist = time.time()
+        self.index_saved_at = 0.0  # time.time() of the last persist that saved the FileIndex (0: none yet)
         # since when (time.time()) changes have waited for a persist, as the service first saw the table
         # dirty after one (None: everything seen is persisted); status warns past warn_persist_age_s
         self.dirty_since: float | None = None
@@ -246,13 +247,15 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
             out[name] = self.iceberg.upload_data_file(path, overwrite=True, schema=schema)
         return out
 
-    def persist(self, uploaded: dict[str, str] | None = None) -> dict[str, Any]:
+    def persist(self, uploaded: dict[str, str] | None = None, save_index: bool = True) -> dict[str, Any]:
         """Flush, then commit to Iceberg in ONE commit: new data files, merged deletes (one DV per file),
         files whose rows are all deleted removed, the FileIndex blob and ``mooncake.flush-lsn`` (the
         :class:`~.persist.PersistPayload`).
 
         ``uploaded``: files :meth:`upload` already copied (name → location); the others are uploaded
-        here. Only after it returns may the slot be confirmed up to ``flush_lsn``. Nothing of the table
+        here. ``save_index`` False: the commit carries the last saved FileIndex over unless that save is
+        :data:`~.persist.INDEX_SAVE_INTERVAL_S` old (or the key is not exact, the schema is new, nothing
+        was committed yet); the service's own persists pass it. Only after it returns may the slot be confirmed up to ``flush_lsn``. Nothing of the table
         changes until the commit has landed: a failed upload or commit (e.g. the warehouse is
         unreachable) leaves files, pending deletes and removals as they were, so the next persist
         retries all of it. Returns counts: ``rows`` (rows of the data files this commit adds, flushed
@@ -263,6 +266,14 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         t0 = time.time()
         fl = self.flush()
         schemas = self._pending_schemas()
+        # (a restart re-indexes files the saved index misses from their keys' text: exact keys only)
+        with_index = (
+            save_index
+            or not self.hasher.exact
+            or self.flush_lsn == 0
+            or self.schema_pending
+            or t0 - self.index_saved_at >= INDEX_SAVE_INTERVAL_S
+        )
         payload = build_payload(
             self.disk,
             self.applied_lsn,
@@ -271,9 +282,12 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
             lambda path: self.iceberg.upload_data_file(path, overwrite=True, schema=schemas),
             schemas=schemas,
             properties={"mooncake.columns": self.columns_property()} if self.schema_pending else None,
+            with_index=with_index,
         )
         if payload.add or payload.deletes or payload.remove or fl["rows"] or self.flush_lsn == 0 or self.schema_pending:
             self._commit(self._with_delete_log(payload))
+            if with_index:
+                self.index_saved_at = t0
         self.delete_log.clear()
         rows_added = sum(self.files[name].num_rows for name, _ in payload.add)
         self.flushed_lsn = max(self.flushed_lsn, apply_persist(self.disk, payload))
@@ -358,7 +372,23 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         self.applied_lsn = self.flushed_lsn = self.flush_lsn
         if st.index_blob:
             self.restore_index(st.index_blob)
+        self._index_unsaved_files()
         self.evolved = len(self.iceberg.table.metadata.schemas) > 1
+
+    def _index_unsaved_files(self) -> None:
+        """After a restore: the data files the saved FileIndex does not cover (persisted after its last
+        save, :data:`~.persist.INDEX_SAVE_INTERVAL_S`) get an IndexBlock each, from their key columns
+        (:func:`~.key_text.rebuild_file_index`; sets :attr:`error` when that fails)."""
+        covered = {name for b in self.file_index.blocks for name in b.files}
+        missing = [name for name in self.files if name not in covered]
+        if not missing or self.error:
+            return
+        from .key_text import rebuild_file_index
+
+        for block in rebuild_file_index(self, missing).blocks:
+            self.file_index.add_block(block)
+        if not self.error:
+            log.info("table %s: %d data file(s) persisted after the saved index re-indexed", self.name, len(missing))
 
     # ------------------------------------------------------------------ maintenance (engine/compaction)
     # Compaction and index merge take a frozen input and hand back a result this table applies; the

@@ -24,7 +24,15 @@ from ..lsn import Lsn
 from .disk_files import DiskFileSet
 from .pending_deletes import PendingDeletes
 
-__all__ = ["PersistPayload", "build_payload", "apply_persist"]
+__all__ = ["PersistPayload", "build_payload", "apply_persist", "INDEX_SAVE_INTERVAL_S"]
+
+#: a persist of a table with an exact key (one integer column) saves the whole FileIndex
+#: (``mooncake.index-file``, about 10 bytes per row of the table) when the last save is at least this
+#: old (seconds), or the table has a new schema or no commit yet; its other persists carry the saved
+#: one over (other tables save it at every persist). A restart re-indexes the data files the saved index
+#: does not cover from their key columns (:meth:`~.mirror.MirrorTable.restore`), so this bounds that
+#: work (the files persisted in the last minute) while a persist's cost stops growing with the table.
+INDEX_SAVE_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,8 @@ class PersistPayload:
     whose rows are all deleted (persisted or only staged: they leave the table); ``schemas``: the
     Iceberg schemas the commit adds (oldest first; None: unchanged); ``properties``: table
     properties to set (None: none); ``summary``: snapshot summary properties; ``index_blob``: the
-    FileIndex as :meth:`DiskFileSet.index_blob` bytes.
+    FileIndex as :meth:`DiskFileSet.index_blob` bytes, or None: the commit carries the last saved one
+    over (:data:`INDEX_SAVE_INTERVAL_S`).
     """
 
     lsn: Lsn
@@ -48,7 +57,7 @@ class PersistPayload:
     schemas: Any = None
     properties: dict[str, str] | None = None
     summary: dict[str, str] = field(default_factory=dict)
-    index_blob: bytes = b""
+    index_blob: bytes | None = None
 
     @property
     def new_deletes(self) -> int:
@@ -64,8 +73,10 @@ def build_payload(
     upload: Callable[[str], str],
     schemas: Any = None,
     properties: dict[str, str] | None = None,
+    with_index: bool = True,
 ) -> PersistPayload:
-    """The :class:`PersistPayload` of ``disk`` at ``lsn`` (changes nothing of ``disk``).
+    """The :class:`PersistPayload` of ``disk`` at ``lsn`` (changes nothing of ``disk``); ``with_index``:
+    it carries the whole FileIndex (else the last saved one stays the snapshot's).
 
     ``uploaded``: staged files already copied to the warehouse (name → location); ``upload(local
     path) -> location`` copies the others (overwriting: an earlier failed persist may have copied
@@ -94,7 +105,7 @@ def build_payload(
         schemas=schemas,
         properties=properties,
         summary={"mooncake.flush-lsn": str(Lsn(lsn)), "mooncake.source": source},
-        index_blob=disk.index_blob(),
+        index_blob=disk.index_blob() if with_index else None,
     )
 
 
