@@ -7,6 +7,7 @@ import os
 import time
 
 import psycopg
+import pytest
 
 from mooncake_assets.verify import verify
 
@@ -89,10 +90,12 @@ def _lsn(dsn):
         return c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
 
-def test_a_restart_reindexes_the_files_persisted_after_the_last_index_save(pg_dsn, state_dir):
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_restart_reindexes_the_files_persisted_after_the_last_index_save(pg_dsn, state_dir, compact):
     """The service's own persists save the FileIndex only once a minute (``INDEX_SAVE_INTERVAL_S``):
     the others carry the saved index over. After a restart the data files it does not cover get
-    IndexBlocks from their key columns, so updates and deletes still find their rows."""
+    IndexBlocks from their key columns, so updates and deletes still find their rows (also when a
+    compaction replaced the files in between)."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE late (id bigint PRIMARY KEY, v text)")
         c.execute("INSERT INTO late SELECT g, 'copied' FROM generate_series(1, 1000) g")
@@ -106,8 +109,13 @@ def test_a_restart_reindexes_the_files_persisted_after_the_last_index_save(pg_ds
                 lsn = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
             _wait_persisted(client, lsn)
         assert _index_file(s) == saved  # carried over, not saved again
+        if compact:  # so does one of the service's own compactions (save_index=False): its output is in no saved block
+            r = client.call(
+                "compact", table="late", full=True, expire=False, persist_first=False, save_index=False, timeout=120
+            )
+            assert r["compacted"] and _index_file(s) == saved, r
         files = _table(client, "late")["data_files"]
-        assert files >= 3
+        assert files >= (1 if compact else 3)
     with running_service(s) as client:
         st = _table(client, "late")
         assert st["data_files"] == files and st["index_blocks"] >= files and not st.get("error")

@@ -90,7 +90,13 @@ class BackgroundMaintenance:
             if do_compact and not self._stop.is_set():
                 # the service persists by its own policy; compaction takes what is persisted by now
                 r = compact(
-                    table, lock=self.lock, policy=policy, expire=False, persist_first=False, nice=policy.worker_nice
+                    table,
+                    lock=self.lock,
+                    policy=policy,
+                    expire=False,
+                    persist_first=False,
+                    nice=policy.worker_nice,
+                    save_index=False,
                 )
                 if r.get("compacted"):
                     log.info(

@@ -318,6 +318,7 @@ def compact(
     persist_first: bool | None = None,
     expire: bool = True,
     nice: int = 0,
+    save_index: bool = True,
 ) -> dict[str, Any]:
     """Compact the table's data files by policy (``full``: every persisted file) — see the module
     docstring for the steps, :mod:`.planner` for the choice.
@@ -328,7 +329,8 @@ def compact(
     ``persist_first``: default from the policy. ``expire``: afterwards, expire snapshots and delete
     files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite, upload and index
     rebuild (the part without the lock) in a thread of that much lower CPU priority (:func:`niced`;
-    0: this thread).
+    0: this thread). ``save_index`` False (the service's own compactions): the commit saves the
+    FileIndex only when due (``MirrorTable.index_save_due``), else carries the saved one over.
 
     Returns (JSON-serializable): ``compacted`` (bool), ``files_in``, ``files_out``, ``rows_in``,
     ``rows_out``, ``bytes_in``, ``bytes_out``, ``deleted_rows_dropped`` (rows the old DVs deleted, not
@@ -373,7 +375,7 @@ def compact(
             # schema change during the rewrite must not put field ids into the outputs that the table does
             # not know yet (they stay readable by id either way)
             inp = table.compaction_input(plan.files)
-        report = _work_and_swap(table, lk, policy, plan, inp, nice)
+        report = _work_and_swap(table, lk, policy, plan, inp, nice, save_index)
         report["persist_seconds"] = round(persist_s, 4)
     if expire:
         report["expired"] = _expire_after(table, policy)
@@ -511,14 +513,20 @@ def _commit_swap(table: MirrorTable, prep: PreparedSwap, res: CompactionResult) 
 
 
 def _work_and_swap(
-    table: MirrorTable, lk: _Timed, policy: MaintenancePolicy, plan: CompactionPlan, inp: CompactionInput, nice: int = 0
+    table: MirrorTable,
+    lk: _Timed,
+    policy: MaintenancePolicy,
+    plan: CompactionPlan,
+    inp: CompactionInput,
+    nice: int = 0,
+    save_index: bool = True,
 ) -> dict[str, Any]:
     rw, res, upload_s, index_s = niced(lambda: _work(table, policy, inp, threads=nice <= 0), nice)
     committed = False
     try:
         with lk():  # -- swap (lock): the table prepares, the commit lands, the table applies
             t_swap = time.perf_counter()
-            prep = table.prepare_compaction(inp, res)
+            prep = table.prepare_compaction(inp, res, save_index)
             t_c = time.perf_counter()
             snapshot_id = _commit_swap(table, prep, res)
             committed = True

@@ -94,13 +94,14 @@ class CompactionResult:
 class PreparedSwap:
     """A compaction ready to commit: the new :class:`DiskFile` s (deletes that arrived meanwhile moved
     onto them), ``adds``: new location → committed positions for the commit, ``remove``: old
-    locations, ``index_blob``: the swapped index as bytes, and counts (``remapped``, ``dropped``:
+    locations, ``index_blob``: the swapped index as bytes (None: the commit carries the saved one over,
+    :data:`~.persist.INDEX_SAVE_INTERVAL_S`), and counts (``remapped``, ``dropped``:
     deletes whose row has no new position, ``vanished``: inputs a persist removed meanwhile)."""
 
     new_files: tuple[DiskFile, ...]
     adds: dict[str, BitMap64]
     remove: tuple[str, ...]
-    index_blob: bytes
+    index_blob: bytes | None
     remapped: int
     dropped: int
     vanished: int
@@ -146,9 +147,12 @@ def _pending_of(positions: list[np.ndarray], lsns: list[np.ndarray]) -> PendingD
     return PendingDeletes.from_arrays(np.concatenate(positions), np.concatenate(lsns))
 
 
-def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionResult) -> PreparedSwap:
+def prepare_compaction(
+    disk: DiskFileSet, inp: CompactionInput, res: CompactionResult, with_index: bool = True
+) -> PreparedSwap:
     """Under the lock, before the commit (changes nothing): the new DiskFiles with the deletes that
-    arrived during the run moved onto them, and the index blob of the swapped index."""
+    arrived during the run moved onto them, and the index blob of the swapped index (``with_index``
+    False: none; a restart re-indexes the new files from their keys)."""
     pm = res.position_map
     nout = len(res.outputs)
     committed = [BitMap64() for _ in range(nout)]
@@ -207,7 +211,7 @@ def prepare_compaction(disk: DiskFileSet, inp: CompactionInput, res: CompactionR
         new_files=tuple(new_files),
         adds=adds,
         remove=tuple(remove),
-        index_blob=disk.index_blob(staged),
+        index_blob=disk.index_blob(staged) if with_index else None,
         remapped=remapped,
         dropped=dropped,
         vanished=vanished,

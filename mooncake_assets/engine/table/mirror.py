@@ -266,14 +266,7 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         t0 = time.time()
         fl = self.flush()
         schemas = self._pending_schemas()
-        # (a restart re-indexes files the saved index misses from their keys' text: exact keys only)
-        with_index = (
-            save_index
-            or not self.hasher.exact
-            or self.flush_lsn == 0
-            or self.schema_pending
-            or t0 - self.index_saved_at >= INDEX_SAVE_INTERVAL_S
-        )
+        with_index = save_index or self.index_save_due(t0)
         payload = build_payload(
             self.disk,
             self.applied_lsn,
@@ -344,6 +337,18 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         self._schema_versions = []
 
     # ------------------------------------------------------------------ index persistence, restore
+    def index_save_due(self, now: float) -> bool:
+        """Whether a commit of the service's own (persist, compaction) must save the FileIndex: the key
+        is not exact (a restart re-indexes the files a saved index misses from their keys' text, exact
+        keys only), nothing was committed yet, the schema is new, or the last save is
+        :data:`~.persist.INDEX_SAVE_INTERVAL_S` old."""
+        return (
+            not self.hasher.exact
+            or self.flush_lsn == 0
+            or self.schema_pending
+            or now - self.index_saved_at >= INDEX_SAVE_INTERVAL_S
+        )
+
     def index_blob(self) -> bytes:
         """The FileIndex as bytes (:meth:`DiskFileSet.index_blob`)."""
         return self.disk.index_blob()
@@ -407,13 +412,16 @@ class MirrorTable(TableSchemaRole, RunApplyRole):
         got = row_lineage(locations.values())
         return {n: got[loc] for n, loc in locations.items()}
 
-    def prepare_compaction(self, inp: CompactionInput, res: CompactionResult) -> PreparedSwap:
-        """The swap a compaction's result makes, ready to commit (nothing changes yet)."""
-        return maintenance.prepare_compaction(self.disk, inp, res)
+    def prepare_compaction(self, inp: CompactionInput, res: CompactionResult, save_index: bool = True) -> PreparedSwap:
+        """The swap a compaction's result makes, ready to commit (nothing changes yet); it saves the
+        FileIndex when ``save_index`` or :meth:`index_save_due`."""
+        return maintenance.prepare_compaction(self.disk, inp, res, save_index or self.index_save_due(time.time()))
 
     def apply_compaction(self, inp: CompactionInput, res: CompactionResult, prep: PreparedSwap) -> None:
         """After the compaction's commit landed: its files and IndexBlock replace the old ones."""
         maintenance.apply_compaction(self.disk, inp, res, prep)
+        if prep.index_blob is not None:
+            self.index_saved_at = time.time()
         self._row_cache.clear()
 
     def index_merge_input(self, blocks: Iterable[IndexBlock]) -> IndexMergeInput:
