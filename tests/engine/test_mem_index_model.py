@@ -1,7 +1,7 @@
 """Model-based test of the compiled MemIndex against a dict of lists (hash → locations in insertion order).
 
-Random inserts (vectorised and per row), removes (one and many), lookups (single and batched), drops of batches,
-entries, clears; hashes drawn from a small pool (so hashes repeat: equal rows of key-less tables) that
+Random inserts (vectorised and per row), removes (one and many), lookups (single and batched), drops of batches
+(any, and the first k with the rest renumbered), entries, clears; hashes drawn from a small pool (so hashes repeat: equal rows of key-less tables) that
 holds the extremes 0 and 2⁶⁴−1 and values the mixer sends next to each other; bursts of many distinct
 hashes force the table through many rehashes. No Postgres.
 """
@@ -111,6 +111,17 @@ class MemIndexMachine(RuleBasedStateMachine):
                 del self.model.map[h]
         self.model.batches -= ids
 
+    @rule(k=st.integers(0, 9))
+    def drop_first(self, k):
+        """A MemSlice releasing its first k batches: theirs go, later ones are renumbered b - k."""
+        self.m.drop_first(k)
+        for h in list(self.model.map):
+            self.model.map[h] = [(b - k, r) for b, r in self.model.map[h] if b >= k]
+            if not self.model.map[h]:
+                del self.model.map[h]
+        self.model.batches = {b - k for b in self.model.batches if b >= k}
+        self.next_row = {b - k: n for b, n in self.next_row.items() if b >= k}
+
     @rule()
     def clear(self):
         self.m.clear()
@@ -209,3 +220,31 @@ def test_many_equal_hashes_stay_linear():
     assert m.lookup(0) == [(1, 49_999)]
     m.remove(0, (1, 49_999))
     assert len(m) == 0 and m.lookup(0) == [] and m.batch_ids == [1]
+
+
+def test_drop_first_renumbers_single_and_listed_locations():
+    """Batches 0-1 go; 2 and 3 become 0 and 1, whether a hash has one location or several (an
+    overflow vector), and the table keeps working (inserts, removes, lookups) after it."""
+    m = MemIndex()
+    m.insert(np.arange(100, dtype=np.uint64), 0)
+    m.insert(np.arange(100, dtype=np.uint64), 1)
+    m.insert(np.arange(50, 150, dtype=np.uint64), 2)
+    m.insert_one(60, 3, 6)
+    m.insert_one(7, 3, 5)
+    m.drop_first(2)
+    assert m.batch_ids == [0, 1] and len(m) == 102
+    assert m.lookup(60) == [(0, 10), (1, 6)]  # a listed hash
+    assert m.lookup(7) == [(1, 5)] and m.lookup(149) == [(0, 99)] and m.lookup(10) == []
+    qi, b, r = m.lookup_batch(np.array([60, 149], dtype=np.uint64))
+    assert list(zip(qi.tolist(), b.tolist(), r.tolist())) == [(0, 0, 10), (0, 1, 6), (1, 0, 99)]
+    m.insert_one(60, 1, 7)
+    m.drop_first(1)
+    assert m.lookup(60) == [(0, 6), (0, 7)] and m.lookup(7) == [(0, 5)] and len(m) == 3 and m.batch_ids == [0]
+    m.remove(7, (0, 5))
+    assert m.lookup(7) == [] and len(m) == 2
+    m.drop_first(0)
+    assert len(m) == 2
+    with pytest.raises(ValueError):
+        m.drop_first(-1)
+    m.drop_first(5)
+    assert len(m) == 0 and m.batch_ids == []

@@ -42,14 +42,21 @@ def _held_persist(s, table: str, flag):
     return th, done
 
 
-def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkeypatch):
-    flag = state_dir / "hold-upload"
-    monkeypatch.setenv("MOONCAKE_FAULT", f"persist:upload=wait:{flag}")
+def _held_setup(pg_dsn, state_dir, monkeypatch, point: str, table: str, rows: int, **settings):
+    """Arm ``MOONCAKE_FAULT=persist:<point>=wait:<flag>`` (a persist holds there while the flag file
+    exists), create ``table`` (id int PRIMARY KEY, v text) with ids 1..``rows`` ('copied') in Postgres,
+    and return (the flag path, settings in ``maintenance: dagster`` with ``settings`` on top)."""
+    flag = state_dir / f"hold-{point}"
+    monkeypatch.setenv("MOONCAKE_FAULT", f"persist:{point}=wait:{flag}")
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("DROP TABLE IF EXISTS pu")
-        c.execute("CREATE TABLE pu (id int PRIMARY KEY, v text)")
-        c.execute("INSERT INTO pu SELECT g, 'v' FROM generate_series(1, 100) g")
-    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+        c.execute(f"DROP TABLE IF EXISTS {table}")
+        c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+        c.execute(f"INSERT INTO {table} SELECT g, 'copied' FROM generate_series(1, {rows}) g")
+    return flag, make_settings(state_dir, pg_dsn, maintenance="dagster", **settings)
+
+
+def test_apply_and_reads_go_on_while_a_persist_uploads(pg_dsn, state_dir, monkeypatch):
+    flag, s = _held_setup(pg_dsn, state_dir, monkeypatch, "upload", "pu", 100)
     with running_service(s) as client:
         client.call("create_table", dst="pu", src="public.pu")
         with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -80,13 +87,7 @@ def test_apply_goes_on_while_a_persist_writes_the_buffer(pg_dsn, state_dir, monk
     them (``MOONCAKE_FAULT=persist:write=wait:<flag>``), updates and deletes of those very rows, a new
     insert and a key change are applied and read meanwhile; once the write ends, the rows changed meanwhile
     are deletes of the new file at their commits, and the union read and PyIceberg match Postgres."""
-    flag = state_dir / "hold-write"
-    monkeypatch.setenv("MOONCAKE_FAULT", f"persist:write=wait:{flag}")
-    with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("DROP TABLE IF EXISTS pw")
-        c.execute("CREATE TABLE pw (id int PRIMARY KEY, v text)")
-        c.execute("INSERT INTO pw SELECT g, 'copied' FROM generate_series(1, 50) g")
-    s = make_settings(state_dir, pg_dsn, maintenance="dagster")
+    flag, s = _held_setup(pg_dsn, state_dir, monkeypatch, "write", "pw", 50)
     with running_service(s) as client:
         client.call("create_table", dst="pw", src="public.pw")
         with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -126,13 +127,7 @@ def test_the_scheduler_leaves_the_rows_a_persist_is_writing_to_it(pg_dsn, state_
     under the lock and throwing the persist's write away. The 30 rows that arrived during the write are
     more than ``flush_rows`` / 20, so the persist writes them in a second round without the lock
     (nothing is left for the commit's locked flush). Once the persist ends, the mirror matches."""
-    flag = state_dir / "hold-write"
-    monkeypatch.setenv("MOONCAKE_FAULT", f"persist:write=wait:{flag}")
-    with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("DROP TABLE IF EXISTS pf")
-        c.execute("CREATE TABLE pf (id int PRIMARY KEY, v text)")
-        c.execute("INSERT INTO pf SELECT g, 'copied' FROM generate_series(1, 10) g")
-    s = make_settings(state_dir, pg_dsn, maintenance="dagster", flush_rows=50)
+    flag, s = _held_setup(pg_dsn, state_dir, monkeypatch, "write", "pf", 10, flush_rows=50)
     with running_service(s) as client:
         client.call("create_table", dst="pf", src="public.pf")
 

@@ -658,6 +658,37 @@ cdef class MemIndex:
         self._batch_set -= ids
         self._last_batch = -1
 
+    def drop_first(self, k):
+        """Forget every location of batches ``0 … k-1`` and renumber each later batch ``b`` as
+        ``b - k``, in place: what a MemSlice does when its first ``k`` batches leave for a data file
+        (the rows of later batches keep their hashes and row offsets). ``k``: int ≥ 0 (0 changes
+        nothing). Two O(capacity) passes (:meth:`drop_batches`, then one that lowers every packed
+        location by ``k << 32``; a slot's key, hence its place, does not change), no re-placement."""
+        cdef long long kk = int(k)
+        cdef uint64_t sub
+        cdef size_t i
+        cdef uint32_t j
+        cdef uint64_t v
+        cdef LocList *ls
+        if kk < 0:
+            raise ValueError(f"k must be >= 0, found {k}")
+        if kk == 0:
+            return
+        self.drop_batches(range(kk))
+        sub = (<uint64_t>kk) << 32
+        for i in range(self.cap):
+            v = self.slots[i].val
+            if v == EMPTY:
+                continue
+            if not v & LIST:
+                self.slots[i].val = v - sub
+            else:
+                ls = &self.lists[v & ~LIST]
+                for j in range(ls.n):
+                    ls.data[j] -= sub
+        self._batch_set = {b - kk for b in self._batch_set}
+        self._last_batch = -1
+
     def clear(self):
         """Forget everything (and free the table)."""
         self._free_all()

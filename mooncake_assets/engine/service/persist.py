@@ -113,10 +113,11 @@ class PersistScheduler:
     def _persist(
         self, t: MirrorTable, uploaded: dict[str, str] | None = None, save_index: bool = True
     ) -> dict[str, Any]:
-        """``t.persist()`` (``save_index``: :meth:`MirrorTable.persist`'s); a storage or catalog failure (unreachable endpoint, missing bucket, rejected
-        credentials, lost catalog connection) keeps everything in the buffer, local staging and the slot
-        (nothing is confirmed past ``t.flush_lsn``), is recorded with a backoff shown by ``status``, and
-        raises ``PersistFault`` (a MooncakeError) saying what happened. Other errors propagate."""
+        """``t.persist(uploaded, save_index=save_index)`` (:meth:`MirrorTable.persist`). A storage or
+        catalog failure (unreachable endpoint, missing bucket, rejected credentials, lost catalog
+        connection) keeps everything in the buffer, local staging and the slot (nothing is confirmed
+        past ``t.flush_lsn``), is recorded with a backoff shown by ``status``, and raises
+        ``PersistFault`` (a MooncakeError) saying what happened. Other errors propagate."""
         try:
             res = t.persist(uploaded, save_index=save_index)
         except Exception as e:

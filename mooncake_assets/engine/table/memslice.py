@@ -31,7 +31,7 @@ from __future__ import annotations
 import uuid
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -80,15 +80,13 @@ class FrozenRows:
     incarnation: str
     schema: pa.Schema
 
-    @property
-    def nbytes(self) -> int:
-        """Arrow bytes of the batches taken (live and deleted rows)."""
-        return sum(b.rb.nbytes for b in self.batches)
+    nbytes: int = field(init=False)  # Arrow bytes of the batches taken (live and deleted rows)
+    live_rows: int = field(init=False)  # rows live at the freeze: what the flush writes
 
-    @property
-    def live_rows(self) -> int:
-        """Rows live at the freeze: what the flush writes."""
-        return sum(int(m.sum()) for m in self.live)
+    def __post_init__(self) -> None:
+        # counted once (the scheduler asks for them twice a second per table while a flush runs)
+        object.__setattr__(self, "nbytes", sum(b.rb.nbytes for b in self.batches))
+        object.__setattr__(self, "live_rows", sum(int(m.sum()) for m in self.live))
 
     def rows(self) -> tuple[pa.Table, np.ndarray]:
         """The rows live at the freeze, in order, and their key hashes (uint64 (n,)): what the flush
@@ -128,19 +126,6 @@ def _horizon(batches: list[Batch]) -> int:
         if len(b.ins_lsns):
             horizon = max(horizon, int(b.ins_lsns.max()), int(b.del_lsn.max()) if b.any_deleted else 0)
     return horizon
-
-
-def _index_without_first(index: MemIndex, k: int) -> MemIndex:
-    """A MemIndex of ``index``'s locations in batches ``k`` and later, their batch ids lowered by ``k``."""
-    hs, bs, rs = index.entries()
-    keep = bs >= k
-    hs, bs, rs = hs[keep], bs[keep], rs[keep]
-    out = MemIndex()
-    if len(bs):
-        cuts = np.flatnonzero(np.diff(bs)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(bs)]):
-            out.insert(hs[lo:hi], int(bs[lo]) - k, rs[lo:hi].astype(np.uint64))
-    return out
 
 
 class BadRowError(ValueError):
@@ -670,9 +655,8 @@ class MemSlice:
         ):
             return None
         pos, lsns, gone = frozen.deleted_since()
-        rest = self.num_rows - sum(b.num_rows for b in frozen.batches)  # rows appended since the freeze
-        self.index = _index_without_first(self.index, k) if rest else MemIndex()
-        self._bytes -= sum(b.rb.nbytes for b in frozen.batches)
+        self.index.drop_first(k)  # rows appended since keep their locations, batch ids lowered by k
+        self._bytes -= frozen.nbytes
         self.batches = self.batches[k:]
         self.deleted_rows -= gone
         self.version += 1
