@@ -3,8 +3,10 @@ its position map, the index rebuild through it, fault parsing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +22,8 @@ from mooncake_assets.engine.compaction import (
     policy_for,
     rewrite_files,
 )
-from mooncake_assets.engine.compaction.runner import _dead_file_maps, niced
+from mooncake_assets.engine.compaction.runner import _dead_file_maps
+from mooncake_assets.engine.compaction.worker import rewrite_in_child
 from mooncake_assets.engine.faults import faults
 from mooncake_assets.engine.iceberg.lineage import FileLineage
 from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
@@ -162,19 +165,23 @@ def _write(path, ids):
     return path.stat().st_size
 
 
-def test_niced_runs_the_work_in_a_thread_of_lower_priority_and_hands_back_its_result_or_error():
-    base = os.getpriority(os.PRIO_PROCESS, 0)  # (Linux: this thread's nice value)
-    here = threading.get_ident()
-    got = niced(lambda: (os.getpriority(os.PRIO_PROCESS, 0), threading.get_ident()), 5)
-    assert got == (min(19, base + 5), got[1]) and got[1] != here
-    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the caller's priority is untouched
-    assert niced(lambda: threading.get_ident(), 0) == here  # 0: in this thread
-    with pytest.raises(KeyError, match="boom"):
-        niced(lambda: {}["boom"], 5)
+def _children() -> set[int]:
+    """Pids of this process's multiprocessing workers (Linux ``/proc/<pid>/task/<tid>/children``,
+    proc(5); spawned workers run ``spawn_main``, multiprocessing's resource tracker does not)."""
+    out: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            for p in f.read().split():
+                with contextlib.suppress(OSError), open(f"/proc/{p}/cmdline", "rb") as c:
+                    if b"spawn_main" in c.read():
+                        out.add(int(p))
+    return out
 
 
-@pytest.mark.parametrize("threads", [True, False])
-def test_rewrite_applies_dvs_and_maps_every_row(tmp_path, threads):
+@pytest.mark.parametrize("child", [False, True])
+def test_rewrite_applies_dvs_and_maps_every_row(tmp_path, child):
+    """In this process and in the child process of lower priority (``maintenance: auto``), the same
+    files, position map and row values come out."""
     a_ids, b_ids = list(range(0, 5000)), list(range(10_000, 13_000))
     sa, sb = _write(tmp_path / "a.parquet", a_ids), _write(tmp_path / "b.parquet", b_ids)
     del_a = BitMap64(range(0, 5000, 3))
@@ -183,7 +190,15 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path, threads):
         RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 5000, del_a, sa),
         RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 3000, del_b, sb),
     ]
-    res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4, threads=threads)
+    if child:
+        before = _children()
+        res = rewrite_in_child(inputs, tmp_path / "out", SCHEMA, sa // 4, nice=7)
+        kids = _children() - before  # the child stays for the next compaction
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        assert [os.getpriority(os.PRIO_PROCESS, k) for k in kids] == [min(19, base + 7)], kids
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base
+    else:
+        res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4)
     assert res.rows_in == 8000 and res.rows_dropped == len(del_a) + 3000 and res.rows_out == 5000 - len(del_a)
     assert len(res.outputs) >= 2  # cut at the target: every output but the last reaches it
     assert all(o.size_bytes >= sa // 4 for o in res.outputs[:-1]), [o.size_bytes for o in res.outputs]
@@ -198,6 +213,52 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path, threads):
             assert out[fi[old]].column("id")[int(fr[old])].as_py() == a_ids[old]
     assert (pm.map_rows("b.parquet", np.arange(3000))[0] == -1).all()
     assert pq.ParquetFile(res.outputs[0].path).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_a_rewrite_in_the_child_hands_back_its_error_and_a_killed_child_is_replaced(tmp_path):
+    """A missing input fails in the child, the error comes back as itself and no output is left; a
+    child killed (as the OOM killer would) fails its compaction with BrokenProcessPool, and the next
+    rewrite runs in a new child."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    size = _write(tmp_path / "a.parquet", list(range(100)))
+    good = [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 100, BitMap64(), size)]
+    gone = [RewriteInput("gone.parquet", str(tmp_path / "gone.parquet"), 100, BitMap64(), size)]
+    with pytest.raises(FileNotFoundError, match="gone.parquet"):
+        rewrite_in_child(good + gone, tmp_path / "out", SCHEMA, MiB, nice=3)
+    assert not list((tmp_path / "out").glob("*"))  # the partial output deleted by the child
+    before = _children()
+    assert rewrite_in_child(good, tmp_path / "out", SCHEMA, MiB, nice=3).rows_out == 100
+    (kid,) = [k for k in _children() if os.getpriority(os.PRIO_PROCESS, k) == os.getpriority(os.PRIO_PROCESS, 0) + 3]
+    assert kid in before  # the same child served both
+    hold = tmp_path / "big.parquet"
+    big = _write(hold, list(range(300_000)))
+    many = [RewriteInput(f"b{i}.parquet", str(hold), 300_000, BitMap64(), big) for i in range(40)]
+    killer = threading.Timer(0.5, lambda: os.kill(kid, 9))
+    killer.start()
+    with pytest.raises(BrokenProcessPool):
+        rewrite_in_child(many, tmp_path / "out2", SCHEMA, 1 << 40, nice=3)
+    killer.join()
+    assert rewrite_in_child(good, tmp_path / "out3", SCHEMA, MiB, nice=3).rows_out == 100
+
+
+def test_an_idle_rewrite_child_exits_and_a_new_one_serves_the_next_rewrite(tmp_path, monkeypatch):
+    """The child gives its memory back after IDLE_EXIT_S without work; the next rewrite starts another."""
+    from mooncake_assets.engine.compaction import worker
+
+    monkeypatch.setattr(worker, "IDLE_EXIT_S", 0.2)
+    size = _write(tmp_path / "a.parquet", list(range(100)))
+    good = [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 100, BitMap64(), size)]
+    before = _children()
+    assert rewrite_in_child(good, tmp_path / "o1", SCHEMA, MiB, nice=4).rows_out == 100
+    (kid,) = _children() - before
+    for _ in range(200):  # a hang guard (20 s), not a speed claim
+        if kid not in _children():
+            break
+        time.sleep(0.1)
+    assert kid not in _children()
+    assert rewrite_in_child(good, tmp_path / "o2", SCHEMA, MiB, nice=4).rows_out == 100
+    assert len(_children() - before) == 1 and kid not in _children()
 
 
 def test_rewrite_outputs_are_not_small_again(tmp_path):

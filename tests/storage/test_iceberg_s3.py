@@ -62,3 +62,31 @@ def test_everything_is_in_the_bucket(catalog, tmp_path, moto_server, s3_bucket):
     assert any("/index/" in k and k.endswith(".puffin") for k in keys)
     assert any(k.endswith(".metadata.json") for k in keys) and any(k.endswith(".avro") for k in keys)
     assert set(t.state().data_files[a].deleted) == {1}
+
+
+def test_a_compaction_rewrite_in_the_child_process_reads_its_inputs_from_s3(tmp_path, s3_bucket, s3_cfg, moto_server):
+    """``maintenance: auto`` rewrites in a child process (engine/compaction/worker.py): the table's FileIO
+    (``MooncakeFileIO`` with the store's properties) crosses to it pickled, and the child opens the
+    ``s3://`` inputs with it; the rows and the position map come back."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyroaring import BitMap64
+
+    from mooncake_assets.engine.compaction import RewriteInput
+    from mooncake_assets.engine.compaction.worker import rewrite_in_child
+    from mooncake_assets.engine.storage.fileio import MooncakeFileIO
+
+    schema = pa.schema([pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"})])
+    local = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}, schema=schema), local)
+    moto_server.client().upload_file(str(local), s3_bucket, "in/in.parquet")
+    io = MooncakeFileIO(s3_cfg.fileio_properties())
+    uri = f"s3://{s3_bucket}/in/in.parquet"
+    inp = [RewriteInput("in.parquet", uri, 1000, BitMap64(range(0, 1000, 2)), local.stat().st_size)]
+    res = rewrite_in_child(inp, tmp_path / "out", schema, 1 << 20, nice=5, io=io)
+    assert res.rows_out == 500 and pq.read_table(res.outputs[0].path).column("id").to_pylist() == list(
+        range(1, 1000, 2)
+    )
+    fi, fr = res.position_map.map_rows("in.parquet", np.array([1, 2, 999]))
+    assert fi.tolist() == [0, -1, 0] and int(fr[0]) == 0 and int(fr[2]) == 499

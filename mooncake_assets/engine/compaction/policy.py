@@ -79,10 +79,11 @@ class MaintenancePolicy:
       snapshot is that old, here and in any engine's expiry (seconds, ≥ 0; default 0: no age limit).
     ``auto_interval_s``: in ``maintenance: auto``, how often the service checks a table for index merge,
       compaction and expiry (seconds, ≥ 0; default 5).
-    ``worker_nice``: in ``maintenance: auto``, how much lower the CPU priority of a compaction's rewrite,
-      upload and index rebuild is than the service's (nice steps, 0–19; default 10; 0: the same): on a
-      machine that Postgres keeps busy, compaction takes the CPU the apply loop leaves instead of
-      stalling it (Linux per-thread nice, sched(7)). Its swap under the service lock runs at full priority.
+    ``worker_nice``: in ``maintenance: auto``, how much lower the CPU priority of a compaction's rewrite
+      (a child process, :mod:`.worker`) is than the service's (nice steps, 0–19; default 10; 0: in
+      the service's maintenance thread): on a machine
+      that Postgres keeps busy, compaction takes the CPU the apply loop leaves instead of stalling it
+      (Linux nice, sched(7)). Its swap under the service lock runs at full priority.
     """
 
     target_file_bytes: int = 128 << 20

@@ -197,7 +197,6 @@ def _rewrite_one(
     open_input: Callable[[str], Any] | None,
     defaults: dict[int, pa.Scalar] | None,
     lineage: bool,
-    threads: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Copy the live rows of one input into ``out``; returns its (new file index, new row) arrays.
     ``lineage``: ``out.schema`` ends with the lineage columns, filled from the input (module docstring)."""
@@ -219,7 +218,7 @@ def _rewrite_one(
         if pf.metadata.num_rows != inp.rows:
             raise ValueError(f"data file {inp.name}: expected {inp.rows} rows, found {pf.metadata.num_rows}")
         start = 0
-        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, use_threads=threads):
+        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
             if not batch.schema.equals(out.schema, check_metadata=True):
                 batch = project(batch, out.schema, defaults)
             if lineage:
@@ -246,7 +245,6 @@ def rewrite_files(
     open_input: Callable[[str], Any] | None = None,
     defaults: dict[int, pa.Scalar] | None = None,
     lineage: bool = False,
-    threads: bool = True,
 ) -> RewriteResult:
     """Rewrite ``inputs`` into new files under ``out_dir`` (see the module docstring).
 
@@ -258,8 +256,9 @@ def rewrite_files(
     the path itself. ``compression``: the Parquet codec (default ZSTD, as flushes write). Returns a
     :class:`RewriteResult`; on any error the partly written outputs are deleted and the error raised.
     ``OSError`` passes through (may be temporary). ``lineage``: write the row lineage columns after
-    ``schema``'s (format v3; every input must carry its ``lineage``, else ``ValueError``). ``threads``:
-    decode the inputs on Arrow's thread pool (False: in this thread, so that its CPU priority applies).
+    ``schema``'s (format v3; every input must carry its ``lineage``, else ``ValueError``). Inputs are
+    decoded on Arrow's thread pool; :func:`~.worker.rewrite_in_child` runs this in a process of lower
+    CPU priority.
     """
     t0 = time.time()
     out_dir = Path(out_dir)
@@ -269,7 +268,7 @@ def rewrite_files(
     maps: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}  # input name -> (new file index, new row)
     try:
         for inp in inputs:
-            maps[inp.name] = _rewrite_one(inp, out, open_input, defaults, lineage, threads)
+            maps[inp.name] = _rewrite_one(inp, out, open_input, defaults, lineage)
         out.close_current()
     except BaseException:
         out.abandon()

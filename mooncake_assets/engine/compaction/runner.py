@@ -44,10 +44,10 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from pyroaring import BitMap64
@@ -58,9 +58,8 @@ from ..index import FileIndex, PositionMap
 from ..table.maintenance import CompactionResult
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
-
-T = TypeVar("T")
 from .rewriter import RewriteInput, RewriteResult, rewrite_files
+from .worker import rewrite_in_child
 
 if TYPE_CHECKING:
     from ..index import IndexBlock
@@ -327,9 +326,10 @@ def compact(
     (no persist, nothing written) and return ``{"dry_run": True, "picked", "files": [{file, rows,
     deleted, bytes, live_bytes, delete_ratio_percent, reasons}], "checks", "policy"}``.
     ``persist_first``: default from the policy. ``expire``: afterwards, expire snapshots and delete
-    files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite, upload and index
-    rebuild (the part without the lock) in a thread of that much lower CPU priority (:func:`niced`;
-    0: this thread). ``save_index`` False (the service's own compactions): the commit saves the
+    files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite in a child process
+    of that much lower CPU priority (:func:`~.worker.rewrite_in_child`; 0: in this thread). The
+    upload and index rebuild run in this thread at its priority: a thread of lower priority that
+    the kernel deschedules while it holds the GIL stalls the apply loop (priority inversion). ``save_index`` False (the service's own compactions): the commit saves the
     FileIndex only when due (``MirrorTable.index_save_due``), else carries the saved one over.
 
     Returns (JSON-serializable): ``compacted`` (bool), ``files_in``, ``files_out``, ``rows_in``,
@@ -384,43 +384,11 @@ def compact(
     return _record(table, "compact", report)
 
 
-def niced(fn: Callable[[], T], nice: int) -> T:
-    """``fn()`` run in a new thread whose CPU priority is ``nice`` steps lower (Linux schedules threads
-    one by one: ``setpriority(PRIO_PROCESS, <thread id>, …)``, sched(7) "The nice value"), so on a busy
-    machine it gets the CPU the apply loop and Postgres leave. Threads it starts inherit the value. A
-    thread cannot raise its own priority back without privilege, hence a thread of its own: never hold
-    the service lock in ``fn`` (a deprioritised holder would stall the stream). Returns what ``fn``
-    returns, raises what it raises; ``nice`` 0 (or a platform without per-thread niceness) runs ``fn``
-    here."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return fn()
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            os.setpriority(
-                os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-            )
-        except OSError:  # (not allowed here: run at the same priority)
-            pass
-        try:
-            out.append((True, fn()))
-        except BaseException as e:  # handed to the caller
-            out.append((False, e))
-
-    th = threading.Thread(target=run, name=f"{threading.current_thread().name}-niced", daemon=True)
-    th.start()
-    th.join()
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return cast(T, value)
-
-
 def _work(
-    table: MirrorTable, policy: MaintenancePolicy, inp: CompactionInput, threads: bool = True
+    table: MirrorTable, policy: MaintenancePolicy, inp: CompactionInput, nice: int = 0
 ) -> tuple[RewriteResult, CompactionResult, float, float]:
-    """The heavy part, without the lock: rewrite the live rows of ``inp.files``, upload the new files,
+    """The heavy part, without the lock: rewrite the live rows of ``inp.files`` (``nice`` > 0: in the
+    child process of that lower priority, :func:`~.worker.rewrite_in_child`), upload the new files,
     rebuild the IndexBlock of ``inp.blocks`` in one pass. Returns (RewriteResult, CompactionResult,
     upload seconds, index seconds); on failure deletes what it wrote and re-raises."""
     ice = table.iceberg
@@ -433,16 +401,27 @@ def _work(
     ]
     uploaded: list[str] = []
     new_block = None
-    rw = rewrite_files(
-        inputs,
-        table.dir / "compaction",
-        inp.schema,
-        policy.target_file_bytes,
-        open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
-        defaults=inp.defaults,
-        lineage=lineage is not None,
-        threads=threads,
-    )
+    if nice > 0:  # in a child process of that priority: its own GIL (worker.py says why)
+        rw = rewrite_in_child(
+            inputs,
+            table.dir / "compaction",
+            inp.schema,
+            policy.target_file_bytes,
+            nice,
+            io=ice.io,
+            defaults=inp.defaults,
+            lineage=lineage is not None,
+        )
+    else:
+        rw = rewrite_files(
+            inputs,
+            table.dir / "compaction",
+            inp.schema,
+            policy.target_file_bytes,
+            open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
+            defaults=inp.defaults,
+            lineage=lineage is not None,
+        )
     assert rw.position_map is not None  # rewrite_files always sets it
     try:
         t_up = time.perf_counter()
@@ -521,7 +500,7 @@ def _work_and_swap(
     nice: int = 0,
     save_index: bool = True,
 ) -> dict[str, Any]:
-    rw, res, upload_s, index_s = niced(lambda: _work(table, policy, inp, threads=nice <= 0), nice)
+    rw, res, upload_s, index_s = _work(table, policy, inp, nice)
     committed = False
     try:
         with lk():  # -- swap (lock): the table prepares, the commit lands, the table applies
