@@ -223,6 +223,9 @@ def test_changes_command(pg_dsn, state_dir):
         ]
         assert all(x["_commit_lsn"] for x in rows)
         assert "changes of cc in [" in r.stderr and "2 inserts, 2 deletes" in r.stderr
+        # rows 1 and 2 came back from the copied data file: the note says why and what to do
+        assert "note: 2 deleted rows of cc were read back from 1 data file(s)" in r.stderr, r.stderr
+        assert "ALTER TABLE public.cc REPLICA IDENTITY FULL" in r.stderr
         until = r.stderr.split(", ")[1].split(")")[0]
         out = state_dir / "feed.parquet"
         mooncake(
@@ -245,6 +248,7 @@ def test_changes_command(pg_dsn, state_dir):
         assert pq.read_table(io.BytesIO(out.read_bytes())).column_names[-2:] == ["_change", "_commit_lsn"]
 
         keys = mooncake(s, "changes", "cc", "--since", since, "--until", until, "--format", "json", "--deletes", "keys")
+        assert "note:" not in keys.stderr
         assert [(x["id"], x["v"], x["_change"]) for x in json.loads(keys.stdout)] == [
             (1, None, "delete"),
             (2, None, "delete"),

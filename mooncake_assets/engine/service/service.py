@@ -32,6 +32,7 @@ from ..iceberg import make_catalog
 from ..lsn import Lsn
 from ..pg.catalog import SourceCatalog
 from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_options: re-exported)
+from ..pg.names import TableName
 from ..pg.patterns import TableSelection
 from ..pg.slot import current_wal_lsn
 from ..table.change_keys import run_plan
@@ -305,7 +306,9 @@ class ReplicatorService:
         ``(until, feed)``; raises ``ValueError``
         for a range that cannot be served (one line, naming the LSNs that can), :class:`MooncakeError`
         (the table stops) on an undecodable buffered row. The files are read without the lock.
-        ``sources``: when given, filled with where the deleted rows came from (:func:`feed_sources`)."""
+        ``sources``: when given, filled with where the deleted rows came from (:func:`feed_sources`),
+        plus ``source`` (the Postgres table) and ``replica_identity`` (its ``pg_class.relreplident``
+        as the mirror last saw it: ``d``, ``f``, ``i`` or ``n``), which say why rows were read."""
         target = max(since, until if isinstance(until, int) else 0)
         if target > self.stream.applied_lsn:
             self.wait_lsn(target, timeout_s)
@@ -317,9 +320,13 @@ class ReplicatorService:
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
                 self._stop_table(t, e, e.lsn)
                 raise MooncakeError(t.error) from None
+            origin = {
+                "source": str(TableName(t.schema.schema, t.schema.name)),
+                "replica_identity": t.schema.replica_identity,
+            }
         feed = run_plan(plan)
         if sources is not None:
-            sources.update(feed_sources(plan))
+            sources.update(feed_sources(plan), **origin)
         return Lsn(end), feed
 
     # ------------------------------------------------------------------ status
