@@ -261,6 +261,53 @@ def test_an_idle_rewrite_child_exits_and_a_new_one_serves_the_next_rewrite(tmp_p
     assert len(_children() - before) == 1 and kid not in _children()
 
 
+def test_the_rewrite_child_of_a_killed_service_ends_itself(tmp_path):
+    """A service killed outright (SIGKILL) cannot stop its rewrite child; the child notices it was
+    reparented and exits instead of waiting for work forever (the chaos run's kills left them)."""
+    import signal
+    import subprocess
+    import sys
+
+    size = _write(tmp_path / "a.parquet", list(range(100)))
+    script = f"""
+import os, sys, time
+import pyarrow as pa
+from pyroaring import BitMap64
+from mooncake_assets.engine.compaction import RewriteInput
+from mooncake_assets.engine.compaction.worker import rewrite_in_child
+schema = pa.schema([pa.field("id", pa.int64(), metadata={{b"PARQUET:field_id": b"1"}}),
+                    pa.field("v", pa.string(), metadata={{b"PARQUET:field_id": b"2"}})])
+inp = [RewriteInput("a.parquet", {str(tmp_path / "a.parquet")!r}, 100, BitMap64(), {size})]
+rewrite_in_child(inp, {str(tmp_path / "out")!r}, schema, 1 << 20, nice=2)
+print("ready", flush=True)
+time.sleep(600)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            kids = [int(p) for p in f.read().split()]
+        workers = []
+        for k in kids:
+            with contextlib.suppress(OSError), open(f"/proc/{k}/cmdline", "rb") as c:
+                if b"spawn_main" in c.read():
+                    workers.append(k)
+        assert len(workers) == 1, kids
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for _ in range(200):  # a hang guard (20 s), not a speed claim
+        if not os.path.exists(f"/proc/{workers[0]}"):
+            break
+        with contextlib.suppress(OSError), open(f"/proc/{workers[0]}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # exited (a zombie until init reaps it)
+        time.sleep(0.1)
+    else:
+        os.kill(workers[0], signal.SIGKILL)
+        raise AssertionError("the rewrite child outlived its killed parent")
+
+
 def test_rewrite_outputs_are_not_small_again(tmp_path):
     """Outputs land at the target (not far above), so the planner does not pick a fresh compaction's
     outputs again: compaction reaches a fixpoint."""

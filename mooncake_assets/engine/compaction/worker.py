@@ -20,7 +20,8 @@ columnar: the inputs (names, paths, deletion-vector bitmaps, lineage), the Arrow
 (PyIceberg FileIOs pickle their properties, so ``s3://``, ``gs://`` and ``abfs://`` inputs open in
 the child as in the service), and back the :class:`~.rewriter.RewriteResult` (output paths and the
 PositionMap, 12 bytes per input row). A child that dies (killed, out of memory) fails that
-compaction with ``BrokenProcessPool``; the next one starts a new child.
+compaction with ``BrokenProcessPool``; the next one starts a new child. A child whose service died
+ends itself within :data:`PARENT_CHECK_S`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import atexit
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -51,14 +53,28 @@ _idle_timers: dict[int, threading.Timer] = {}
 _pools_lock = threading.Lock()
 
 
-def _lower_priority(nice: int) -> None:
-    """Child initializer: ``nice`` steps lower CPU priority, and one decoding thread (Arrow's pool
-    holds one thread): a compaction adds at most one busy core to the machine the stream runs on."""
+#: seconds between the child's checks that the service that started it is alive
+PARENT_CHECK_S = 1.0
+
+
+def _start_child(nice: int, parent: int) -> None:
+    """Child initializer: ``nice`` steps lower CPU priority, one decoding thread (Arrow's pool holds
+    one thread: a compaction adds at most one busy core to the machine the stream runs on), and a
+    watchdog that ends the child once ``parent`` (the service's pid) is gone. A service killed
+    outright (SIGKILL, the OOM killer) cannot stop its child, and the child would wait forever for
+    work: its end of the work queue keeps the pipe open, so it never reads EOF."""
     try:
         os.nice(nice)
     except OSError:  # (not allowed: run at the parent's priority)
         pass
     pa.set_cpu_count(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)  # reparented: the service is gone; half-written outputs are orphans it cleans up
+
+    threading.Thread(target=watch, name="mooncake-parent-watch", daemon=True).start()
 
 
 def _open_with(io: Any) -> Callable[[str], Any]:
@@ -92,8 +108,8 @@ def _take(nice: int) -> ProcessPoolExecutor:
             pool = ProcessPoolExecutor(
                 max_workers=1,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_lower_priority,
-                initargs=(nice,),
+                initializer=_start_child,
+                initargs=(nice, os.getpid()),
             )
             _pools[nice] = pool
         _running[nice] = _running.get(nice, 0) + 1
