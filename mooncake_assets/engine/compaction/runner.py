@@ -329,8 +329,9 @@ def compact(
     files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite in a child process
     of that much lower CPU priority (:func:`~.worker.rewrite_in_child`; 0: in this thread). The
     upload and index rebuild run in this thread at its priority: a thread of lower priority that
-    the kernel deschedules while it holds the GIL stalls the apply loop (priority inversion). ``save_index`` False (the service's own compactions): the commit saves the
-    FileIndex only when due (``MirrorTable.index_save_due``), else carries the saved one over.
+    the kernel deschedules while it holds the GIL stalls the apply loop (priority inversion).
+    ``save_index`` False (the service's own compactions): the commit saves the FileIndex only when
+    due (``MirrorTable.index_save_due``), else carries the saved one over.
 
     Returns (JSON-serializable): ``compacted`` (bool), ``files_in``, ``files_out``, ``rows_in``,
     ``rows_out``, ``bytes_in``, ``bytes_out``, ``deleted_rows_dropped`` (rows the old DVs deleted, not

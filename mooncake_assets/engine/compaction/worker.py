@@ -46,15 +46,13 @@ __all__ = ["rewrite_in_child", "shutdown_workers"]
 #: seconds a child waits for the next rewrite before it exits (its ~200 MB of imports and buffers
 #: go back to the machine; the next compaction starts a new one, about a second of CPU at its priority)
 IDLE_EXIT_S = 120.0
+#: seconds between the child's checks that the service that started it is alive
+PARENT_CHECK_S = 1.0
 
 _pools: dict[int, ProcessPoolExecutor] = {}
 _running: dict[int, int] = {}  # rewrites in flight per priority
 _idle_timers: dict[int, threading.Timer] = {}
 _pools_lock = threading.Lock()
-
-
-#: seconds between the child's checks that the service that started it is alive
-PARENT_CHECK_S = 1.0
 
 
 def _start_child(nice: int, parent: int) -> None:
