@@ -900,8 +900,8 @@ def identity_hint(dst: str, sources: dict, deletes: str) -> str | None:
         return None
     src = sources.get("source") or dst
     return (
-        f"note: {read} deleted rows of {dst} were read back from {sources.get('files_read', 0)} data file(s): "
-        f"the replica identity of {src} sends only the key of an updated or deleted row. On a table "
+        f"note: {read} deleted rows of {dst} were read back from its data files: the replica identity "
+        f"of {src} sends only the key of an updated or deleted row. On a table "
         f"whose changes are read often, ALTER TABLE {src} REPLICA IDENTITY FULL makes the feed take "
         "them from the mirror's delete logs (about the cost of --deletes keys; more WAL per UPDATE and "
         "DELETE: docs/changes.md); or read --deletes keys"

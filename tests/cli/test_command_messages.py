@@ -440,7 +440,7 @@ def test_the_changes_note_names_the_replica_identity_statement_only_when_rows_we
     read = {"rows_read": 40, "files_read": 3, "source": 'public."User"', "replica_identity": "d"}
     note = identity_hint("users", read, "rows")
     assert note is not None and note.count("\n") == 0
-    assert note.startswith("note: 40 deleted rows of users were read back from 3 data file(s)")
+    assert note.startswith("note: 40 deleted rows of users were read back from its data files")
     assert 'ALTER TABLE public."User" REPLICA IDENTITY FULL' in note and "--deletes keys" in note
     assert identity_hint("users", {**read, "replica_identity": "i"}, "rows") is not None  # an index: keys too
     assert identity_hint("users", {**read, "replica_identity": "f"}, "rows") is None  # (a compaction's rows)
