@@ -844,6 +844,7 @@ def changes(
     from .engine.read.render import FORMATS
     from .engine.read.union import current_wal_lsn
     from .engine.service import ServiceError
+    from .engine.table.changes import identity_note
 
     if fmt not in CHANGE_FORMATS:
         fail(f"--format must be one of {', '.join(CHANGE_FORMATS)}, not {fmt!r}", code=2)
@@ -886,26 +887,9 @@ def changes(
         f"changes of {dst} in [{head['since']}, {head['until']}): {ins} inserts, {feed.num_rows - ins} deletes",
         highlight=False,
     )
-    hint = identity_hint(dst, head.get("sources") or {}, deletes)
-    if hint:
-        err.print(hint, highlight=False)
-
-
-def identity_hint(dst: str, sources: dict, deletes: str) -> str | None:
-    """The note ``changes`` prints when whole deleted rows had to be read back from data files because
-    the source's replica identity sends only keys (``sources``: the ``changes`` head's, see
-    ``ServiceClient.changes``); None when there is nothing to say."""
-    read = int(sources.get("rows_read") or 0)
-    if deletes != "rows" or read == 0 or sources.get("replica_identity") in (None, "f"):
-        return None
-    src = sources.get("source") or dst
-    return (
-        f"note: {read} deleted rows of {dst} were read back from its data files: the replica identity "
-        f"of {src} sends only the key of an updated or deleted row. On a table "
-        f"whose changes are read often, ALTER TABLE {src} REPLICA IDENTITY FULL makes the feed take "
-        "them from the mirror's delete logs (about the cost of --deletes keys; more WAL per UPDATE and "
-        "DELETE: docs/changes.md); or read --deletes keys"
-    )
+    note = identity_note(head.get("sources") or {}, dst, "--deletes keys") if deletes == "rows" else None
+    if note:
+        err.print(note, highlight=False)
 
 
 def _change_lsn(opt: str, value: str) -> str:

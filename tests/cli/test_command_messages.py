@@ -433,17 +433,17 @@ def test_a_read_before_any_mirror_says_there_is_none(pg_dsn, state_dir):
 
 
 def test_the_changes_note_names_the_replica_identity_statement_only_when_rows_were_read_back():
-    """``mooncake changes`` notes on stderr why whole deleted rows were read from data files (the
-    source sends only keys) and the statement that changes it; nothing for FULL, keys or no reads."""
-    from mooncake_assets.cli import identity_hint
+    """``mooncake changes`` (and an incremental Dagster input) note why whole deleted rows were read
+    from data files (the source sends only keys) and the statement that changes it; nothing for FULL,
+    no reads, or an older service's head."""
+    from mooncake_assets.engine.table.changes import identity_note
 
     read = {"rows_read": 40, "files_read": 3, "source": 'public."User"', "replica_identity": "d"}
-    note = identity_hint("users", read, "rows")
+    note = identity_note(read, "users", "--deletes keys")
     assert note is not None and note.count("\n") == 0
     assert note.startswith("note: 40 deleted rows of users were read back from its data files")
-    assert 'ALTER TABLE public."User" REPLICA IDENTITY FULL' in note and "--deletes keys" in note
-    assert identity_hint("users", {**read, "replica_identity": "i"}, "rows") is not None  # an index: keys too
-    assert identity_hint("users", {**read, "replica_identity": "f"}, "rows") is None  # (a compaction's rows)
-    assert identity_hint("users", read, "keys") is None
-    assert identity_hint("users", {**read, "rows_read": 0}, "rows") is None
-    assert identity_hint("users", {}, "rows") is None  # an older service's head
+    assert 'ALTER TABLE public."User" REPLICA IDENTITY FULL' in note and note.endswith("or read --deletes keys")
+    assert identity_note({**read, "replica_identity": "i"}, "users", "k") is not None  # an index: keys too
+    assert identity_note({**read, "replica_identity": "f"}, "users", "k") is None  # (a compaction's rows)
+    assert identity_note({**read, "rows_read": 0}, "users", "k") is None  # (deletes as keys read no rows)
+    assert identity_note({}, "users", "k") is None  # an older service's head

@@ -63,10 +63,13 @@ def _persisted(mc) -> None:
     mc.replication.persist("pgbench_accounts")
 
 
-def _run(mc) -> dict:
-    """Materialize the incremental asset with its check; both succeed; returns its metadata."""
+def _run(mc, results: list | None = None) -> dict:
+    """Materialize the incremental asset with its check; both succeed; returns its metadata (and
+    appends the run's result to ``results``)."""
     res = mc.materialize(KEY, checks=True)
     assert res.success
+    if results is not None:
+        results.append(res)
     checks = res.get_asset_check_evaluations()
     assert [c.check_name for c in checks] == ["matches_full_recompute"]
     assert all(c.passed for c in checks), [c.metadata for c in checks]
@@ -94,9 +97,26 @@ def test_incremental_aggregate_equals_full_recompute(mc):
     tpcb(mc.dsn, 40, seed=1)
     _accounts_churn(mc, 1)
     _persisted(mc)
-    second = _run(mc)
+    runs: list = []
+    second = _run(mc, runs)
     assert second["full_read"] is False and second["mooncake/since"] == first["mooncake/lsn"]
     assert 0 < second["changed_rows"] <= 2 * 40 + 3
+    # pgbench_accounts has the default replica identity: the updated rows' old values were read back
+    # from the data files, and the run's log says so and what would avoid it
+    read_back = [
+        e.asset_observation_data.asset_observation.metadata["mooncake/deleted_rows_read"].value
+        for e in runs[0].all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+        and "mooncake/deleted_rows_read" in e.asset_observation_data.asset_observation.metadata
+    ]
+    assert read_back and read_back[0] > 0, read_back
+    logs = [r.user_message for r in mc.instance.all_logs(runs[0].run_id)]
+    assert any(
+        "deleted rows of pgbench_accounts were read back from its data files" in m
+        and "ALTER TABLE public.pgbench_accounts REPLICA IDENTITY FULL" in m
+        and 'input metadata "mooncake/deletes": "keys"' in m
+        for m in logs
+    ), [m for m in logs if "note" in m]
     assert _stored(mc) == _pg_balances(mc)
 
     # changes not persisted yet are not read; the run is empty and keeps its result

@@ -307,10 +307,15 @@ class CursorKeeper:
             previous = read_output(con, cursor["output"]) if cursor and cursor["mirror"] == table else None
         until = self._step_cut(context, step)
         out = None
+        read_back = 0
         if cursor is not None and previous is not None:
             try:
-                end, feed = self._replication.changes(table, cursor["lsn"], until or "persisted", deletes=deletes)
+                sources: dict = {}
+                end, feed = self._replication.changes(
+                    table, cursor["lsn"], until or "persisted", deletes=deletes, sources=sources
+                )
                 out = MirrorChanges(table, cursor["lsn"], str(end), project(feed, columns), previous)
+                read_back = _note_read_back(context, table, sources, deletes)
             except ServiceError as e:
                 if not _history_gone(e):
                     raise
@@ -332,7 +337,7 @@ class CursorKeeper:
                 "database": asset_database(context),
             }
             _PENDING.put(step, row)
-        _input_metadata(context, out)
+        _input_metadata(context, out, read_back)
         return out
 
     def commit(
@@ -345,7 +350,19 @@ class CursorKeeper:
             write_cursors(con, rows, output, run_id)
 
 
-def _input_metadata(context: dg.InputContext, out: MirrorChanges) -> None:
+def _note_read_back(context: dg.InputContext, table: str, sources: dict, deletes: str) -> int:
+    """Warn in the run's log when the feed read whole deleted rows back from data files because the
+    source's replica identity sends only keys (what to do about it: ``identity_note``); returns how
+    many rows it read back."""
+    from mooncake_assets.engine.table.changes import identity_note
+
+    note = identity_note(sources, table, f'input metadata "{DELETES}": "keys"') if deletes == "rows" else None
+    if note:
+        context.log.warning(f"input {context.name}: {note}")
+    return int(sources.get("rows_read") or 0)
+
+
+def _input_metadata(context: dg.InputContext, out: MirrorChanges, read_back: int = 0) -> None:
     import pyarrow.compute as pc
 
     inserts = int(pc.sum(pc.equal(out.rows.column(CHANGE), "insert")).as_py() or 0)
@@ -358,6 +375,7 @@ def _input_metadata(context: dg.InputContext, out: MirrorChanges) -> None:
                 "mooncake/full_read": out.full,
                 "mooncake/inserts": inserts,
                 "mooncake/deletes": out.rows.num_rows - inserts,
+                "mooncake/deleted_rows_read": read_back,  # whole deleted rows read back from data files
             }
         )
     except Exception:  # metadata is best effort (not every context records input metadata)

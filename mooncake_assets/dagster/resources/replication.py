@@ -320,16 +320,25 @@ class ReplicationResource(dg.ConfigurableResource):
         return rs
 
     def changes(
-        self, name: str, since: str, until: str | None = "persisted", deletes: str = "rows"
+        self,
+        name: str,
+        since: str,
+        until: str | None = "persisted",
+        deletes: str = "rows",
+        sources: dict | None = None,
     ) -> tuple[str, pa.Table]:
         """The rows of mirror ``name`` that changed in ``[since, until)`` (``X/Y`` LSNs; ``until``
         ``"persisted"``, the default: the table's current Iceberg snapshot, a cursor that stays valid;
         None: everything applied), as one Arrow table: the table's columns plus ``_change``
         (``insert``/``delete``) and ``_commit_lsn`` (docs/changes.md). Returns ``(until, feed)``:
         keep ``until`` as the next call's ``since``. ``deletes="keys"``: deleted rows as their primary key
-        only, other columns null. ``ServiceError`` (one line) for a range that cannot
-        be served; waits up to ``wait_timeout_s`` for an LSN not applied yet."""
+        only, other columns null. ``sources``: when given, filled with where the deleted rows came
+        from (``rows_logged``/``rows_read``…, ``source``, ``replica_identity``: ``ServiceClient.changes``).
+        ``ServiceError`` (one line) for a range that cannot be served; waits up to
+        ``wait_timeout_s`` for an LSN not applied yet."""
         head, feed = self.client().changes(name, since, until, timeout=self.wait_timeout_s, deletes=deletes)
+        if sources is not None:
+            sources.update(head.get("sources") or {})
         return head["until"], feed
 
     def wait_lsn(self, lsn: str, timeout: float | None = None) -> dict:

@@ -37,6 +37,7 @@ table was created or re-created), and ``since`` after ``until`` or ``until`` pas
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -70,6 +71,7 @@ __all__ = [
     "check_deletes_mode",
     "kept",
     "feed_sources",
+    "identity_note",
     "plan_changes",
     "read_positions",
     "snapshot_cuts",
@@ -526,6 +528,27 @@ def feed_sources(plan: ChangePlan) -> dict[str, int]:
         "keys_read": plan.key_sources.get("read", 0),
         "files_read": len(plan.files_read),
     }
+
+
+def identity_note(sources: Mapping[str, Any], table: str, keys_option: str) -> str | None:
+    """One line saying why a full-row feed of ``table`` read whole deleted rows back from its data
+    files — the source's replica identity sends only the key of an updated or deleted row — with the
+    statement that changes that (``ALTER TABLE … REPLICA IDENTITY FULL``, PostgreSQL docs "ALTER
+    TABLE") and ``keys_option`` (how the caller asks for deleted keys instead). ``sources``: what
+    ``ReplicatorService.changes`` fills (:func:`feed_sources` plus ``source`` and
+    ``replica_identity``). None when no row was read back or the identity is FULL (rows a compaction
+    rewrote are read back under any identity)."""
+    read = int(sources.get("rows_read") or 0)
+    if read == 0 or sources.get("replica_identity") in (None, "f"):
+        return None
+    src = sources.get("source") or table
+    return (
+        f"note: {read} deleted rows of {table} were read back from its data files: the replica identity "
+        f"of {src} sends only the key of an updated or deleted row. On a table whose changes are read "
+        f"often, ALTER TABLE {src} REPLICA IDENTITY FULL makes the feed take them from the mirror's "
+        f"delete logs (about the cost of deleted keys; more WAL per UPDATE and DELETE: docs/changes.md); "
+        f"or read {keys_option}"
+    )
 
 
 def lsn_stats(feed: pa.Table) -> dict[str, int]:
