@@ -887,7 +887,7 @@ def changes(
         f"changes of {dst} in [{head['since']}, {head['until']}): {ins} inserts, {feed.num_rows - ins} deletes",
         highlight=False,
     )
-    note = identity_note(head.get("sources") or {}, dst, "--deletes keys") if deletes == "rows" else None
+    note = identity_note(head.get("sources") or {}, dst, "--deletes keys")  # (None for --deletes keys)
     if note:
         err.print(note, highlight=False)
 

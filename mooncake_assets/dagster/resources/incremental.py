@@ -315,7 +315,7 @@ class CursorKeeper:
                     table, cursor["lsn"], until or "persisted", deletes=deletes, sources=sources
                 )
                 out = MirrorChanges(table, cursor["lsn"], str(end), project(feed, columns), previous)
-                read_back = _note_read_back(context, table, sources, deletes)
+                read_back = _note_read_back(context, table, sources)
             except ServiceError as e:
                 if not _history_gone(e):
                     raise
@@ -350,13 +350,13 @@ class CursorKeeper:
             write_cursors(con, rows, output, run_id)
 
 
-def _note_read_back(context: dg.InputContext, table: str, sources: dict, deletes: str) -> int:
+def _note_read_back(context: dg.InputContext, table: str, sources: dict) -> int:
     """Warn in the run's log when the feed read whole deleted rows back from data files because the
     source's replica identity sends only keys (what to do about it: ``identity_note``); returns how
     many rows it read back."""
     from mooncake_assets.engine.table.changes import identity_note
 
-    note = identity_note(sources, table, f'input metadata "{DELETES}": "keys"') if deletes == "rows" else None
+    note = identity_note(sources, table, f'input metadata "{DELETES}": "keys"')  # (None when deletes are keys)
     if note:
         context.log.warning(f"input {context.name}: {note}")
     return int(sources.get("rows_read") or 0)

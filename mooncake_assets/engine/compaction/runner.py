@@ -58,7 +58,7 @@ from ..index import FileIndex, PositionMap
 from ..table.maintenance import CompactionResult
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
-from .rewriter import RewriteInput, RewriteResult, rewrite_files
+from .rewriter import RewriteInput, RewriteResult
 from .worker import rewrite_in_child
 
 if TYPE_CHECKING:
@@ -402,27 +402,16 @@ def _work(
     ]
     uploaded: list[str] = []
     new_block = None
-    if nice > 0:  # in a child process of that priority: its own GIL (worker.py says why)
-        rw = rewrite_in_child(
-            inputs,
-            table.dir / "compaction",
-            inp.schema,
-            policy.target_file_bytes,
-            nice,
-            io=ice.io,
-            defaults=inp.defaults,
-            lineage=lineage is not None,
-        )
-    else:
-        rw = rewrite_files(
-            inputs,
-            table.dir / "compaction",
-            inp.schema,
-            policy.target_file_bytes,
-            open_input=lambda p: ice.io.new_input(p).open() if "://" in p else p,
-            defaults=inp.defaults,
-            lineage=lineage is not None,
-        )
+    rw = rewrite_in_child(  # nice > 0: in a child process of that priority, its own GIL (worker.py says why)
+        inputs,
+        table.dir / "compaction",
+        inp.schema,
+        policy.target_file_bytes,
+        nice,
+        io=ice.io,
+        defaults=inp.defaults,
+        lineage=lineage is not None,
+    )
     assert rw.position_map is not None  # rewrite_files always sets it
     try:
         t_up = time.perf_counter()

@@ -147,10 +147,13 @@ def rewrite_in_child(
 ) -> RewriteResult:
     """:func:`~.rewriter.rewrite_files` of ``inputs`` (same arguments, ``open_input`` made from
     ``io``: a PyIceberg FileIO for URI inputs, None for local paths) run in the child process of
-    priority ``nice`` (steps below this process, 1–19). Blocks until it is done; returns its
+    priority ``nice`` (steps below this process, 1–19; 0 or less: here, in the calling thread, at its
+    priority). Blocks until it is done; returns its
     :class:`RewriteResult` (outputs written under ``out_dir`` by the child, local paths). Raises what
     the rewrite raises (outputs deleted, as :func:`rewrite_files` does), or ``BrokenProcessPool``
     when the child died (its partial outputs are left to the orphan cleanup of ``out_dir``)."""
+    if nice <= 0:
+        return _rewrite(list(inputs), str(out_dir), schema, target_bytes, io, defaults, lineage)
     pool = _take(nice)
     try:
         return pool.submit(_rewrite, list(inputs), str(out_dir), schema, target_bytes, io, defaults, lineage).result()

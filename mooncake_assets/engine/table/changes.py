@@ -536,8 +536,8 @@ def identity_note(sources: Mapping[str, Any], table: str, keys_option: str) -> s
     statement that changes that (``ALTER TABLE … REPLICA IDENTITY FULL``, PostgreSQL docs "ALTER
     TABLE") and ``keys_option`` (how the caller asks for deleted keys instead). ``sources``: what
     ``ReplicatorService.changes`` fills (:func:`feed_sources` plus ``source`` and
-    ``replica_identity``). None when no row was read back or the identity is FULL (rows a compaction
-    rewrote are read back under any identity)."""
+    ``replica_identity``). None when no row was read back (a feed of deleted keys counts none) or the
+    identity is FULL (rows a compaction rewrote are read back under any identity)."""
     read = int(sources.get("rows_read") or 0)
     if read == 0 or sources.get("replica_identity") in (None, "f"):
         return None
