@@ -22,11 +22,10 @@ from mooncake_assets.engine.compaction import (
     policy_for,
     rewrite_files,
 )
-from mooncake_assets.engine.compaction.runner import _dead_file_maps
-from mooncake_assets.engine.compaction.worker import rewrite_in_child
+from mooncake_assets.engine.compaction.worker import compact_in_child
 from mooncake_assets.engine.faults import faults
 from mooncake_assets.engine.iceberg.lineage import FileLineage
-from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, splitmix64
+from mooncake_assets.engine.index import FileIndex, IndexBlock, PositionMap, dead_file_maps, splitmix64
 
 KiB = 1024
 MiB = 1 << 20
@@ -192,11 +191,18 @@ def test_rewrite_applies_dvs_and_maps_every_row(tmp_path, child):
     ]
     if child:
         before = _children()
-        res = rewrite_in_child(inputs, tmp_path / "out", SCHEMA, sa // 4, nice=7)
+        res = compact_in_child(inputs, tmp_path / "out", SCHEMA, sa // 4, nice=7).rewrite
         kids = _children() - before  # the child stays for the next compaction
         base = os.getpriority(os.PRIO_PROCESS, 0)
         assert [os.getpriority(os.PRIO_PROCESS, k) for k in kids] == [min(19, base + 7)], kids
         assert os.getpriority(os.PRIO_PROCESS, 0) == base
+        # its own session, whose autogroup has the same nice value (sched(7)): where the kernel groups
+        # by session, the child's CPU then does not come out of the service's (and Postgres's) share
+        (kid,) = kids
+        assert os.getsid(kid) == kid != os.getsid(0)
+        if os.path.exists(f"/proc/{kid}/autogroup"):
+            with open(f"/proc/{kid}/autogroup") as f:
+                assert f.read().split()[-2:] == ["nice", "7"]
     else:
         res = rewrite_files(inputs, tmp_path / "out", SCHEMA, target_bytes=sa // 4)
     assert res.rows_in == 8000 and res.rows_dropped == len(del_a) + 3000 and res.rows_out == 5000 - len(del_a)
@@ -225,10 +231,10 @@ def test_a_rewrite_in_the_child_hands_back_its_error_and_a_killed_child_is_repla
     good = [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 100, BitMap64(), size)]
     gone = [RewriteInput("gone.parquet", str(tmp_path / "gone.parquet"), 100, BitMap64(), size)]
     with pytest.raises(FileNotFoundError, match="gone.parquet"):
-        rewrite_in_child(good + gone, tmp_path / "out", SCHEMA, MiB, nice=3)
+        compact_in_child(good + gone, tmp_path / "out", SCHEMA, MiB, nice=3)
     assert not list((tmp_path / "out").glob("*"))  # the partial output deleted by the child
     before = _children()
-    assert rewrite_in_child(good, tmp_path / "out", SCHEMA, MiB, nice=3).rows_out == 100
+    assert compact_in_child(good, tmp_path / "out", SCHEMA, MiB, nice=3).rewrite.rows_out == 100
     (kid,) = [k for k in _children() if os.getpriority(os.PRIO_PROCESS, k) == os.getpriority(os.PRIO_PROCESS, 0) + 3]
     assert kid in before  # the same child served both
     hold = tmp_path / "big.parquet"
@@ -237,27 +243,27 @@ def test_a_rewrite_in_the_child_hands_back_its_error_and_a_killed_child_is_repla
     killer = threading.Timer(0.5, lambda: os.kill(kid, 9))
     killer.start()
     with pytest.raises(BrokenProcessPool):
-        rewrite_in_child(many, tmp_path / "out2", SCHEMA, 1 << 40, nice=3)
+        compact_in_child(many, tmp_path / "out2", SCHEMA, 1 << 40, nice=3)
     killer.join()
-    assert rewrite_in_child(good, tmp_path / "out3", SCHEMA, MiB, nice=3).rows_out == 100
+    assert compact_in_child(good, tmp_path / "out3", SCHEMA, MiB, nice=3).rewrite.rows_out == 100
 
 
 def test_an_idle_rewrite_child_exits_and_a_new_one_serves_the_next_rewrite(tmp_path, monkeypatch):
     """The child gives its memory back after IDLE_EXIT_S without work; the next rewrite starts another."""
-    from mooncake_assets.engine.compaction import worker
+    from mooncake_assets.engine import workers
 
-    monkeypatch.setattr(worker, "IDLE_EXIT_S", 0.2)
+    monkeypatch.setattr(workers, "IDLE_EXIT_S", 0.2)
     size = _write(tmp_path / "a.parquet", list(range(100)))
     good = [RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 100, BitMap64(), size)]
     before = _children()
-    assert rewrite_in_child(good, tmp_path / "o1", SCHEMA, MiB, nice=4).rows_out == 100
+    assert compact_in_child(good, tmp_path / "o1", SCHEMA, MiB, nice=4).rewrite.rows_out == 100
     (kid,) = _children() - before
     for _ in range(200):  # a hang guard (20 s), not a speed claim
         if kid not in _children():
             break
         time.sleep(0.1)
     assert kid not in _children()
-    assert rewrite_in_child(good, tmp_path / "o2", SCHEMA, MiB, nice=4).rows_out == 100
+    assert compact_in_child(good, tmp_path / "o2", SCHEMA, MiB, nice=4).rewrite.rows_out == 100
     assert len(_children() - before) == 1 and kid not in _children()
 
 
@@ -274,11 +280,11 @@ import os, sys, time
 import pyarrow as pa
 from pyroaring import BitMap64
 from mooncake_assets.engine.compaction import RewriteInput
-from mooncake_assets.engine.compaction.worker import rewrite_in_child
+from mooncake_assets.engine.compaction.worker import compact_in_child
 schema = pa.schema([pa.field("id", pa.int64(), metadata={{b"PARQUET:field_id": b"1"}}),
                     pa.field("v", pa.string(), metadata={{b"PARQUET:field_id": b"2"}})])
 inp = [RewriteInput("a.parquet", {str(tmp_path / "a.parquet")!r}, 100, BitMap64(), {size})]
-rewrite_in_child(inp, {str(tmp_path / "out")!r}, schema, 1 << 20, nice=2)
+compact_in_child(inp, {str(tmp_path / "out")!r}, schema, 1 << 20, nice=2)
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -398,12 +404,13 @@ def test_rewrite_failure_leaves_no_output(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_index_rebuild_through_the_rewrite_map(tmp_path):
-    """The worked example end to end: blocks of old files → build_from_compaction with the rewriter's
-    map (plus a dead file's entries dropped): every live key points at its row in the new files."""
+def _worked_example(tmp_path):
+    """Files a.parquet (ids 0–399) and b.parquet (1000–1299) and their IndexBlocks, the first also
+    covering 5 rows of dead.parquet (a file no longer in the table): (a ids, b ids, a bytes, b bytes,
+    block 1, block 2)."""
     a_ids, b_ids = list(range(0, 400)), list(range(1000, 1300))
-    _write(tmp_path / "a.parquet", a_ids)
-    _write(tmp_path / "b.parquet", b_ids)
+    sa = _write(tmp_path / "a.parquet", a_ids)
+    sb = _write(tmp_path / "b.parquet", b_ids)
     blk1 = IndexBlock.build(
         tmp_path / "1.idx",
         splitmix64(np.array(a_ids + [7777] * 5, dtype=np.uint64)),
@@ -414,6 +421,13 @@ def test_index_rebuild_through_the_rewrite_map(tmp_path):
     blk2 = IndexBlock.build(
         tmp_path / "2.idx", splitmix64(np.array(b_ids, dtype=np.uint64)), 0, np.arange(300), ["b.parquet"]
     )
+    return a_ids, b_ids, sa, sb, blk1, blk2
+
+
+def test_index_rebuild_through_the_rewrite_map(tmp_path):
+    """The worked example end to end: blocks of old files → build_from_compaction with the rewriter's
+    map (plus a dead file's entries dropped): every live key points at its row in the new files."""
+    a_ids, b_ids, _, _, blk1, blk2 = _worked_example(tmp_path)
     del_a, del_b = BitMap64(range(0, 400, 2)), BitMap64([0, 299])
     res = rewrite_files(
         [
@@ -424,7 +438,7 @@ def test_index_rebuild_through_the_rewrite_map(tmp_path):
         SCHEMA,
         target_bytes=1 << 20,
     )
-    dead = _dead_file_maps([blk1, blk2], {"a.parquet", "b.parquet"})
+    dead = dead_file_maps([blk1, blk2], {"a.parquet", "b.parquet"})
     assert set(dead) == {"dead.parquet"} and len(dead["dead.parquet"][0]) == 5
     pm = PositionMap(res.position_map.files, {**dead, **res.position_map.sources})
     new = FileIndex.build_from_compaction([blk1, blk2], pm, tmp_path / "new.idx")
@@ -439,6 +453,51 @@ def test_index_rebuild_through_the_rewrite_map(tmp_path):
             ((name, row),) = hits
             assert tables[name].column("id")[row].as_py() == k
     assert fidx.lookup(int(splitmix64(np.array([7777], dtype=np.uint64))[0])) == []
+
+
+def _entries(block):
+    h, f, r = block.entries()
+    order = np.lexsort((r, f, h))
+    return [block.files[i] for i in f[order]], h[order].tolist(), r[order].tolist()
+
+
+def test_the_rewrite_child_rebuilds_the_index_as_this_process_does(tmp_path):
+    """``maintenance: auto`` rebuilds the IndexBlocks of a compaction in the rewrite's child
+    (compact_in_child with a Reindex; a dead file's entries dropped there too) and merges blocks there
+    (merge_in_child): the blocks come out as the in-process build writes them;
+    a rebuild that fails in the child deletes the rewrite's outputs and comes back as itself."""
+    from mooncake_assets.engine.compaction.worker import Reindex, compact_in_child, merge_in_child
+
+    a_ids, b_ids, sa, sb, blk1, blk2 = _worked_example(tmp_path)
+    inputs = [
+        RewriteInput("a.parquet", str(tmp_path / "a.parquet"), 400, BitMap64(range(0, 400, 2)), sa),
+        RewriteInput("b.parquet", str(tmp_path / "b.parquet"), 300, BitMap64([0, 299]), sb),
+    ]
+    live = frozenset({"a.parquet", "b.parquet"})
+    blocks = (str(blk1.path), str(blk2.path))
+    here = compact_in_child(
+        inputs, tmp_path / "o1", SCHEMA, 1 << 20, 0, reindex=Reindex(blocks, live, str(tmp_path / "h.idx"))
+    )
+    there = compact_in_child(
+        inputs, tmp_path / "o2", SCHEMA, 1 << 20, 6, reindex=Reindex(blocks, live, str(tmp_path / "c.idx"))
+    )
+    assert there.block == str(tmp_path / "c.idx") and there.index_seconds > 0
+    with IndexBlock.open(here.block) as h, IndexBlock.open(there.block) as c:
+        assert c.num_entries == there.rewrite.rows_out == 200 + 298
+        names = {o.name: i for i, o in enumerate(there.rewrite.outputs)}
+        hnames = {o.name: i for i, o in enumerate(here.rewrite.outputs)}
+        hf, hh, hr = _entries(h)
+        cf, ch, cr = _entries(c)
+        assert (ch, cr) == (hh, hr) and [names[n] for n in cf] == [hnames[n] for n in hf]
+    merged = merge_in_child([blk1, blk2], {"a.parquet", "b.parquet"}, tmp_path / "m.idx", 6)
+    same = FileIndex.build_from_compaction(
+        [blk1, blk2], PositionMap((), dead_file_maps([blk1, blk2], live)), tmp_path / "m0.idx", unmapped="keep"
+    )
+    assert _entries(merged) == _entries(same) and merged.num_entries == 700
+    missing = Reindex((str(tmp_path / "gone.idx"),), live, str(tmp_path / "x.idx"))
+    with pytest.raises(FileNotFoundError, match="gone.idx"):
+        compact_in_child(inputs, tmp_path / "o3", SCHEMA, 1 << 20, 6, reindex=missing)
+    assert not list((tmp_path / "o3").glob("*")) and not (tmp_path / "x.idx").exists()
 
 
 # ------------------------------------------------------------------------------------------ faults

@@ -59,6 +59,15 @@ def _workload(w: psycopg.Connection, w2: psycopg.Connection) -> None:
     w.execute("INSERT INTO mark VALUES (1)")
 
 
+def _drop_slots(w: psycopg.Connection, names: list[str]) -> None:
+    """Drop the slots ``names`` once their walsenders are gone (a hang guard of 10 s)."""
+    deadline = time.monotonic() + 10
+    while w.execute("SELECT count(*) FROM pg_replication_slots WHERE active").fetchone()[0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    w.execute("SELECT pg_drop_replication_slot(s) FROM unnest(%s::text[]) s", (names,))
+
+
 def _pump(until, read, timeout=30.0):
     got = []
     deadline = time.monotonic() + timeout
@@ -102,11 +111,7 @@ def test_receive_loop_matches_read_on_the_same_wal(pg_dsn):
         finally:
             ref_rc.close()
             nat_rc.close()
-            deadline = time.monotonic() + 10
-            while w.execute("SELECT count(*) FROM pg_replication_slots WHERE active").fetchone()[0]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            w.execute("SELECT pg_drop_replication_slot(s) FROM unnest(ARRAY['ref', 'nat']) s")
+            _drop_slots(w, ["ref", "nat"])
     assert any(t.streamed for t in nat)
     assert_same_transactions(ref, nat)
     assert dec.relations == asm.relations
@@ -150,3 +155,53 @@ def test_receive_loop_keepalives_and_lost_connection(pg_dsn):
                 rc.read_transactions(dec, 0.1)  # the PGconn is not touched once the stream is gone
         finally:
             rc.close()
+
+
+def test_a_read_batch_takes_what_the_stream_sent_and_returns_at_once_when_idle(pg_dsn):
+    """The service's read batch (engine/service/native_batch.py, read_native_batch): 3000 one-row
+    transactions the walsender has sent come back in ONE batch, in commit order (the first read, a
+    pause, then reads until the socket is drained), as one ColumnarBatch; the reads after the pause
+    take more than one socket read each (a mutant reading once per pause needs several batches); an
+    idle stream returns what there is (nothing) after the timeout without pausing."""
+    from mooncake_assets.engine.service.native_batch import read_native_batch
+
+    n = 3000
+    with psycopg.connect(pg_dsn, autocommit=True) as w:
+        w.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        w.execute("CREATE PUBLICATION p FOR TABLE t")
+        rc = ReplicationConnection(pg_dsn, status_interval=60)
+        try:
+            rc.create_slot("main", export_snapshot=False)
+            rc.start("main", ["p"])
+            dec = NativeDecoder(batch=True)
+            t0 = time.monotonic()
+            assert read_native_batch(rc, dec, 0.3, pause_s=0.2) == []
+            assert 0.3 <= time.monotonic() - t0 < 0.45  # the timeout, no pause after it
+            with w.pipeline() as pipe:  # a Sync per statement: n transactions
+                for i in range(n):
+                    w.execute("INSERT INTO t VALUES (%s, repeat('x', 100))", (i,))
+                    pipe.sync()
+            end = w.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            sent = "SELECT sent_lsn >= %s FROM pg_stat_replication WHERE application_name = 'mooncake'"
+            deadline = time.monotonic() + 20
+            while not w.execute(sent, (end,)).fetchone()[0]:  # everything is in this socket's buffers
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            calls = []
+            read = rc.read_transactions
+
+            def counted(*a, **k):
+                before = rc.messages_read
+                r = read(*a, **k)
+                calls.append(rc.messages_read - before)
+                return r
+
+            rc.read_transactions = counted
+            (batch,) = read_native_batch(rc, dec, 5.0, window_s=0.5, pause_s=0.2)
+            assert len(batch.xids) == n and batch.row_ends[-1] == n
+            ids = [int(v) for r in batch.runs for v in r.new[0].values.to_pylist()]
+            assert ids == list(range(n))
+            assert sum(1 for c in calls if c) >= 2, calls  # the first read did not take it all
+        finally:
+            rc.close()
+            _drop_slots(w, ["main"])

@@ -74,7 +74,7 @@ def test_a_compaction_rewrite_in_the_child_process_reads_its_inputs_from_s3(tmp_
     from pyroaring import BitMap64
 
     from mooncake_assets.engine.compaction import RewriteInput
-    from mooncake_assets.engine.compaction.worker import rewrite_in_child
+    from mooncake_assets.engine.compaction.worker import compact_in_child
     from mooncake_assets.engine.storage.fileio import MooncakeFileIO
 
     schema = pa.schema([pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"})])
@@ -84,7 +84,7 @@ def test_a_compaction_rewrite_in_the_child_process_reads_its_inputs_from_s3(tmp_
     io = MooncakeFileIO(s3_cfg.fileio_properties())
     uri = f"s3://{s3_bucket}/in/in.parquet"
     inp = [RewriteInput("in.parquet", uri, 1000, BitMap64(range(0, 1000, 2)), local.stat().st_size)]
-    res = rewrite_in_child(inp, tmp_path / "out", schema, 1 << 20, nice=5, io=io)
+    res = compact_in_child(inp, tmp_path / "out", schema, 1 << 20, nice=5, io=io).rewrite
     assert res.rows_out == 500 and pq.read_table(res.outputs[0].path).column("id").to_pylist() == list(
         range(1, 1000, 2)
     )

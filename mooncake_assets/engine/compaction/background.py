@@ -114,7 +114,7 @@ class BackgroundMaintenance:
                         r["lock_seconds"],
                     )
             if not self._stop.is_set() and (do_merge or len(table.file_index.blocks) > policy.index_max_blocks):
-                merge_index(table, lock=self.lock, policy=policy)
+                merge_index(table, lock=self.lock, policy=policy, nice=policy.worker_nice)
             if do_expire and not self._stop.is_set():
                 expire_and_clean(table, policy=policy)
                 self._last_expire[table.name] = time.time()

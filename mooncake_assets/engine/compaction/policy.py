@@ -80,8 +80,9 @@ class MaintenancePolicy:
     ``auto_interval_s``: in ``maintenance: auto``, how often the service checks a table for index merge,
       compaction and expiry (seconds, ≥ 0; default 5).
     ``worker_nice``: in ``maintenance: auto``, how much lower the CPU priority of a compaction's rewrite
-      (a child process, :mod:`.worker`) is than the service's (nice steps, 0–19; default 10; 0: in
-      the service's maintenance thread): on a machine
+      and index rebuild, and of an index merge (a child process in a session of its own, whose
+      autogroup gets the same nice value: :mod:`~mooncake_assets.engine.workers`), is than the
+      service's (nice steps, 0–19; default 10; 0: in the service's maintenance thread): on a machine
       that Postgres keeps busy, compaction takes the CPU the apply loop leaves instead of stalling it
       (Linux nice, sched(7)). Its swap under the service lock runs at full priority.
     """

@@ -257,7 +257,7 @@ def rewrite_files(
     :class:`RewriteResult`; on any error the partly written outputs are deleted and the error raised.
     ``OSError`` passes through (may be temporary). ``lineage``: write the row lineage columns after
     ``schema``'s (format v3; every input must carry its ``lineage``, else ``ValueError``). Inputs are
-    decoded on Arrow's thread pool; :func:`~.worker.rewrite_in_child` runs this in a process of lower
+    decoded on Arrow's thread pool; :func:`~.worker.compact_in_child` runs this in a process of lower
     CPU priority.
     """
     t0 = time.time()

@@ -9,9 +9,11 @@ two short moments; the heavy work runs without it:
    :class:`~mooncake_assets.engine.table.maintenance.CompactionInput` (each picked file with a copy of
    its committed deletion vector, the IndexBlocks that cover them, the table's live file names);
 2. **work** (no lock): rewrite the live rows (:func:`.rewriter.rewrite_files`, keeping the old→new
-   :class:`~mooncake_assets.engine.index.PositionMap`), upload the new files to the warehouse, rebuild
-   the index of those blocks in one linear pass (``FileIndex.build_from_compaction``: entries of
-   rewritten rows move, entries of dropped rows and of files no longer in the table go, others stay);
+   :class:`~mooncake_assets.engine.index.PositionMap`), rebuild the index of those blocks in one
+   linear pass (``FileIndex.build_from_compaction``: entries of rewritten rows move, entries of
+   dropped rows and of files no longer in the table go, others stay) — both in a child process of
+   lower priority in ``maintenance: auto`` (:mod:`.worker`) — and upload the new files to the
+   warehouse;
 3. **swap** (lock): the work's :class:`~mooncake_assets.engine.table.maintenance.CompactionResult`
    goes back to the table, which re-maps the deletes that arrived meanwhile — positions of the old files deleted by
    transactions applied during step 2 (pending, keeping their commit LSNs) or committed by a persist
@@ -44,26 +46,24 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 from pyroaring import BitMap64
 
 from ..faults import fault
 from ..iceberg.errors import CommitStateUnknown
-from ..index import FileIndex, PositionMap
+from ..index import IndexBlock
 from ..table.maintenance import CompactionResult
 from .planner import FileStats, plan_compaction
 from .policy import MaintenancePolicy
 from .rewriter import RewriteInput, RewriteResult
-from .worker import rewrite_in_child
+from .worker import Reindex, compact_in_child, merge_in_child
 
 if TYPE_CHECKING:
-    from ..index import IndexBlock
-    from ..table.maintenance import CompactionInput, IndexMergeInput, PreparedSwap
+    from ..table.maintenance import CompactionInput, PreparedSwap
     from ..table.mirror import MirrorTable
     from .planner import CompactionPlan
 
@@ -132,24 +132,6 @@ def _record(table: MirrorTable, op: str, report: dict[str, Any]) -> dict[str, An
 # ------------------------------------------------------------------------------------ index helpers
 
 
-def _dead_file_maps(
-    blocks: Iterable[IndexBlock], live: frozenset[str] | set[str]
-) -> dict[Hashable, tuple[np.ndarray, np.ndarray]]:
-    """PositionMap sources that drop every entry of files no longer in the table (their row count is
-    taken from the entries themselves: the file is gone)."""
-    longest: dict[str, int] = {}
-    for b in blocks:
-        dead = [i for i, name in enumerate(b.files) if name not in live]
-        if not dead:
-            continue
-        _, fid, rows = b.entries()
-        mx = np.full(len(b.files), -1, dtype=np.int64)
-        np.maximum.at(mx, fid.astype(np.intp), rows.astype(np.int64))
-        for i in dead:
-            longest[b.files[i]] = max(longest.get(b.files[i], 0), int(mx[i]) + 1)
-    return {name: (np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.uint32)) for name, n in longest.items()}
-
-
 def _new_block_path(table: MirrorTable) -> Path:
     return table.dir / "index" / f"{uuid.uuid4().hex}.idx"
 
@@ -177,7 +159,12 @@ def _pick_blocks(table: MirrorTable, policy: MaintenancePolicy, full: bool) -> t
 
 
 def merge_index(
-    table: MirrorTable, *, lock: _Lock | None = None, policy: MaintenancePolicy | None = None, full: bool = False
+    table: MirrorTable,
+    *,
+    lock: _Lock | None = None,
+    policy: MaintenancePolicy | None = None,
+    full: bool = False,
+    nice: int = 0,
 ) -> dict[str, Any]:
     """Merge the table's IndexBlocks by policy (:class:`IndexMergePolicy`: more
     than ``index_max_blocks`` blocks → the smallest ``index_max_blocks_per_merge`` into one); ``full``:
@@ -185,7 +172,8 @@ def merge_index(
 
     The merge is ``FileIndex.build_from_merge`` (k-way by hash), or ``build_from_compaction`` with an
     empty map when some merged block still has entries of files that left the table (those entries
-    are dropped). Built without the service lock; the swap takes it. The merged index reaches Iceberg
+    are dropped). Built without the service lock (``nice`` > 0: in the child process of that lower
+    priority, :func:`~.worker.merge_in_child`); the swap takes it. The merged index reaches Iceberg
     with the next persist (until then a restart reloads the unmerged blocks, which are equivalent).
 
     Returns (JSON-serializable) ``{"merged", "blocks_in", "blocks_out", "blocks_before",
@@ -219,7 +207,7 @@ def merge_index(
                 },
             )
         entries_in = sum(b.num_entries for b in inp.blocks)
-        new = _merged_block(inp, _new_block_path(table))
+        new = merge_in_child(list(inp.blocks), inp.live, _new_block_path(table), nice)
         fault("merge_index:after_index_rebuilt")
         try:
             with lk():
@@ -245,15 +233,6 @@ def merge_index(
             "reason": reason,
         },
     )
-
-
-def _merged_block(inp: IndexMergeInput, path: Path) -> IndexBlock:
-    """The IndexBlock merging ``inp.blocks`` (no lock): a k-way merge by hash, or a rebuild dropping the
-    entries of files that left the table when some block has them."""
-    dead = _dead_file_maps(inp.blocks, inp.live)
-    if dead:
-        return FileIndex.build_from_compaction(list(inp.blocks), PositionMap((), dead), path, unmapped="keep")
-    return FileIndex.build_from_merge(list(inp.blocks), path)
 
 
 # ------------------------------------------------------------------------------------ compaction
@@ -326,9 +305,9 @@ def compact(
     (no persist, nothing written) and return ``{"dry_run": True, "picked", "files": [{file, rows,
     deleted, bytes, live_bytes, delete_ratio_percent, reasons}], "checks", "policy"}``.
     ``persist_first``: default from the policy. ``expire``: afterwards, expire snapshots and delete
-    files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite in a child process
-    of that much lower CPU priority (:func:`~.worker.rewrite_in_child`; 0: in this thread). The
-    upload and index rebuild run in this thread at its priority: a thread of lower priority that
+    files no snapshot needs (:func:`expire_and_clean`). ``nice``: run the rewrite and the index
+    rebuild in a child process of that much lower CPU priority (:func:`~.worker.compact_in_child`; 0:
+    in this thread). The upload runs in this thread at its priority: a thread of lower priority that
     the kernel deschedules while it holds the GIL stalls the apply loop (priority inversion).
     ``save_index`` False (the service's own compactions): the commit saves the FileIndex only when
     due (``MirrorTable.index_save_due``), else carries the saved one over.
@@ -388,10 +367,10 @@ def compact(
 def _work(
     table: MirrorTable, policy: MaintenancePolicy, inp: CompactionInput, nice: int = 0
 ) -> tuple[RewriteResult, CompactionResult, float, float]:
-    """The heavy part, without the lock: rewrite the live rows of ``inp.files`` (``nice`` > 0: in the
-    child process of that lower priority, :func:`~.worker.rewrite_in_child`), upload the new files,
-    rebuild the IndexBlock of ``inp.blocks`` in one pass. Returns (RewriteResult, CompactionResult,
-    upload seconds, index seconds); on failure deletes what it wrote and re-raises."""
+    """The heavy part, without the lock: rewrite the live rows of ``inp.files`` and rebuild the
+    IndexBlock of ``inp.blocks`` in one pass (``nice`` > 0: both in the child process of that lower
+    priority, :func:`~.worker.compact_in_child`), then upload the new files. Returns (RewriteResult,
+    CompactionResult, upload seconds, index seconds); on failure deletes what it wrote and re-raises."""
     ice = table.iceberg
     lineage = inp.lineage
     inputs = [
@@ -400,9 +379,13 @@ def _work(
         )
         for f in inp.files
     ]
+    reindex = (
+        Reindex(tuple(str(b.path) for b in inp.blocks), frozenset(inp.live), str(_new_block_path(table)))
+        if inp.blocks
+        else None
+    )
     uploaded: list[str] = []
-    new_block = None
-    rw = rewrite_in_child(  # nice > 0: in a child process of that priority, its own GIL (worker.py says why)
+    done = compact_in_child(  # nice > 0: in a child process of that priority, its own GIL (worker.py says why)
         inputs,
         table.dir / "compaction",
         inp.schema,
@@ -411,24 +394,24 @@ def _work(
         io=ice.io,
         defaults=inp.defaults,
         lineage=lineage is not None,
+        reindex=reindex,
     )
+    rw = done.rewrite
     assert rw.position_map is not None  # rewrite_files always sets it
+    new_block = None
     try:
+        if done.block is not None:
+            new_block = IndexBlock.open(done.block)
         t_up = time.perf_counter()
         for o in rw.outputs:
             uploaded.append(ice.upload_data_file(o.path))
         upload_s = time.perf_counter() - t_up
         fault("compaction:after_files_written")
-        t_ix = time.perf_counter()
-        pm = rw.position_map
-        dead = _dead_file_maps(inp.blocks, inp.live)
-        if dead:
-            pm = PositionMap(pm.files, {**dead, **pm.sources})
-        if inp.blocks:
-            new_block = FileIndex.build_from_compaction(list(inp.blocks), pm, _new_block_path(table), unmapped="keep")
-        index_s = time.perf_counter() - t_ix
         fault("compaction:after_index_rebuilt")
     except BaseException:
+        if new_block is None and done.block is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(done.block)
         _discard(ice, uploaded, new_block, rw)
         raise
     res = CompactionResult(
@@ -436,7 +419,7 @@ def _work(
         position_map=rw.position_map,
         new_block=new_block,
     )
-    return rw, res, upload_s, index_s
+    return rw, res, upload_s, done.index_seconds
 
 
 def _discard(ice: Any, uploaded: list[str], new_block: IndexBlock | None, rw: RewriteResult | None) -> None:

@@ -15,7 +15,7 @@ Pure core: no I/O but the block files themselves. Puffin blob type for saved blo
 """
 
 from .block import IndexBlock, IndexBlockFormatError, block_layout, next_power_of_two
-from .file_index import BatchLookup, FileIndex, merge_sorted_runs
+from .file_index import BatchLookup, FileIndex, dead_file_maps, merge_sorted_runs
 from .key_hash import KEY_HASH_VERSION, KeyHash, splitmix64, text_key_hash, text_key_hashes
 from .mem_index import MemIndex
 from .policy import IndexMergePolicy
@@ -36,6 +36,7 @@ __all__ = [
     "PUFFIN_BLOB_TYPE",
     "PositionMap",
     "block_layout",
+    "dead_file_maps",
     "merge_sorted_runs",
     "next_power_of_two",
     "splitmix64",

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from .block import IndexBlock, PathLike, _as_hashes
 from .position_map import PositionMap, as_position_map
 
-__all__ = ["FileIndex", "BatchLookup", "merge_sorted_runs", "sorted_run"]
+__all__ = ["FileIndex", "BatchLookup", "dead_file_maps", "merge_sorted_runs", "sorted_run"]
 
 _U64 = np.uint64
 _ROW_MASK = _U64(0xFFFFFFFF)
@@ -87,6 +87,26 @@ def sorted_run(hashes: npt.ArrayLike, first_row: int = 0) -> tuple[np.ndarray, n
     h = _as_hashes(hashes)
     order = np.argsort(h)
     return h[order], order.astype(np.uint64) + np.uint64(first_row)
+
+
+def dead_file_maps(
+    blocks: Iterable[IndexBlock], live: frozenset[str] | set[str]
+) -> dict[Hashable, tuple[np.ndarray, np.ndarray]]:
+    """PositionMap sources (name → (new file index -1 per row, new row 0), the shape of
+    :class:`PositionMap`) that drop every entry of ``blocks`` whose data file is not in ``live``
+    (names); each such file's row count is taken from its largest indexed row (the file is gone).
+    Empty when every file of ``blocks`` is live. For ``FileIndex.build_from_compaction``."""
+    longest: dict[str, int] = {}
+    for b in blocks:
+        dead = [i for i, name in enumerate(b.files) if name not in live]
+        if not dead:
+            continue
+        _, fid, rows = b.entries()
+        mx = np.full(len(b.files), -1, dtype=np.int64)
+        np.maximum.at(mx, fid.astype(np.intp), rows.astype(np.int64))
+        for i in dead:
+            longest[b.files[i]] = max(longest.get(b.files[i], 0), int(mx[i]) + 1)
+    return {name: (np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.uint32)) for name, n in longest.items()}
 
 
 def merge_sorted_runs(runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -141,17 +141,29 @@ def attach_spill(decoder: NativeDecoder, spill_dir: Path, memory: MemoryBudget) 
     decoder.spill_bytes = memory.spill_bytes()
 
 
+#: seconds the read loop sleeps between reads while the stream is busy (:func:`read_native_batch`)
+READ_PAUSE_S = 0.005
+
+
 def read_native_batch(
-    repl: ReplicationConnection, decoder: NativeDecoder, timeout: float, window_s: float = 0.02, max_rows: int = 20_000
+    repl: ReplicationConnection,
+    decoder: NativeDecoder,
+    timeout: float,
+    window_s: float = 0.02,
+    max_rows: int = 20_000,
+    pause_s: float = READ_PAUSE_S,
 ) -> list[ColumnarTransaction | ColumnarBatch]:
     """One read batch of the compiled path: wait up to ``timeout`` seconds for XLogData
-    (:meth:`~..cdc.stream.ReplicationConnection.read_transactions`), then, while messages keep coming
-    (each further read waits at most 2 ms), read on for up to ``window_s`` seconds or until the batch
-    holds ``max_rows`` rows. libpq hands over what its socket buffer holds, a few dozen messages of a
-    busy stream; a batch of many small transactions is what makes batch runs long. When the stream is
-    idle this adds nothing (the first read returns what there is); when busy at most ``window_s``.
-    The decoder's output is taken once, at the end: with ``decoder.batch`` the whole read batch's
-    transactions come as one :class:`~..cdc.columnar.ColumnarBatch` (and the spilled ones on their own)."""
+    (:meth:`~..cdc.stream.ReplicationConnection.read_transactions`), then, while messages keep coming,
+    sleep ``pause_s`` seconds and read what arrived meanwhile, for up to ``window_s`` seconds or until
+    the batch holds ``max_rows`` rows. The walsender sends each decoded transaction as it goes, a few
+    hundred bytes per TCP segment under a load of small transactions; waking for every segment (a
+    poll per segment) cost more CPU in context switches than the decoding itself, so while the stream
+    is busy the loop wakes once per ``pause_s`` and takes what the socket buffer holds by then. When
+    the stream is idle this adds nothing (the first read returns what there is; a pause that brought
+    nothing ends the batch); when busy at most ``window_s``. The decoder's output is taken once, at
+    the end: with ``decoder.batch`` the whole read batch's transactions come as one
+    :class:`~..cdc.columnar.ColumnarBatch` (and the spilled ones on their own)."""
     first = repl.messages_read
     repl.read_transactions(decoder, timeout, take=False)
     if repl.messages_read == first:
@@ -159,7 +171,13 @@ def read_native_batch(
     end = time.monotonic() + window_s
     while decoder.committed_rows < max_rows and time.monotonic() < end:
         seen = repl.messages_read
-        repl.read_transactions(decoder, 0.002, take=False)
+        if pause_s > 0:
+            time.sleep(pause_s)
+        while decoder.committed_rows < max_rows and time.monotonic() < end:  # one read: one recv's worth
+            before = repl.messages_read
+            repl.read_transactions(decoder, 0.0005, take=False)
+            if repl.messages_read == before:
+                break
         if repl.messages_read == seen:
             break
     return decoder.take()
