@@ -59,6 +59,8 @@ def test_flush_and_deletion_vectors_assets(mc):
     tpcb(mc.dsn, 40)
     with psycopg.connect(mc.dsn, autocommit=True) as c:
         c.execute("DELETE FROM pgbench_accounts WHERE aid BETWEEN 1 AND 50")
+        end = str(c.execute("SELECT pg_current_wal_lsn()").fetchone()[0])
+    mc.replication.wait_lsn(end)  # the buffer as the flush will find it (the stream applies in batches)
     before = mc.replication.table_status("pgbench_accounts")
     flush = _meta(mc.materialize("flush/pgbench_accounts"), "flush/pgbench_accounts")
     assert flush["rows"] == before["buffer_rows"] > 0 and flush["files"] == 1 and flush["bytes"] > 0
