@@ -413,17 +413,30 @@ def test_read_positions_reads_the_rows_at_positions_across_row_groups(tmp_path):
     import pyarrow.parquet as pq
     from pyroaring import BitMap64
 
-    t = pa.table({"id": pa.array(range(1000), pa.int64()), "v": pa.array([f"s{i}" * (i % 5) for i in range(1000)])})
+    t = pa.table(
+        {
+            "id": pa.array(range(1000), pa.int64()),
+            "v": pa.array([f"s{i}" * (i % 5) if i % 7 else None for i in range(1000)]),  # distinct, nulls
+            "status": pa.array(["new", "paid", "gone"][i % 3] for i in range(1000)),  # low cardinality
+            "b": pa.array([bytes([i % 256]) * (i % 3) for i in range(1000)], pa.binary()),
+        }
+    )
     path = tmp_path / "f.parquet"
     pq.write_table(t, path, row_group_size=128)
     pf = pq.ParquetFile(path)
     assert pf.num_row_groups == 8
     want = [0, 1, 127, 128, 300, 383, 640, 641, 999]  # row groups 0, 1, 2, 5, 7; none of 3, 4, 6
-    got = read_positions(pf, BitMap64(want))
-    assert got.to_pylist() == t.take(pa.array(want)).to_pylist()
-    assert got.column("id").to_pylist() == want
-    assert read_positions(pf, BitMap64(range(1000))).to_pylist() == t.to_pylist()
-    assert read_positions(pf, BitMap64()).num_rows == 0
+    for source in (path, str(path), pf, pa.memory_map(str(path))):  # a path, a stream, an open ParquetFile
+        got = read_positions(source, BitMap64(want))
+        assert got.schema == t.schema  # string columns read as dictionaries come back as strings
+        assert got.to_pylist() == t.take(pa.array(want)).to_pylist()
+        assert got.column("id").to_pylist() == want
+        assert read_positions(source, BitMap64(range(1000))).to_pylist() == t.to_pylist()
+        assert read_positions(source, BitMap64()).num_rows == 0
+    only = pa.schema([pa.field("status", pa.string())])
+    assert (
+        read_positions(path, BitMap64(want), only).to_pylist() == t.select(["status"]).take(pa.array(want)).to_pylist()
+    )
 
 
 def _twenty_persisted_rows(tmp_path):

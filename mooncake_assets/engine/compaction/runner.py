@@ -409,10 +409,7 @@ def _work(
         fault("compaction:after_files_written")
         fault("compaction:after_index_rebuilt")
     except BaseException:
-        if new_block is None and done.block is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(done.block)
-        _discard(ice, uploaded, new_block, rw)
+        _discard(ice, uploaded, new_block if new_block is not None else done.block, rw)
         raise
     res = CompactionResult(
         outputs=tuple((o.name, o.rows, o.size_bytes, loc) for o, loc in zip(rw.outputs, uploaded)),
@@ -422,12 +419,17 @@ def _work(
     return rw, res, upload_s, done.index_seconds
 
 
-def _discard(ice: Any, uploaded: list[str], new_block: IndexBlock | None, rw: RewriteResult | None) -> None:
+def _discard(ice: Any, uploaded: list[str], block: IndexBlock | str | None, rw: RewriteResult | None) -> None:
+    """Delete what a compaction that will not commit wrote: the ``uploaded`` data files, the new
+    IndexBlock (opened, or only its file's path when opening it failed) and the rewrite's local files."""
     for loc in uploaded:
         with contextlib.suppress(Exception):
             ice.io.delete(loc)
-    if new_block is not None:
-        new_block.unlink()
+    if isinstance(block, IndexBlock):
+        block.unlink()
+    elif block is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(block)
     _drop_local(rw)
 
 

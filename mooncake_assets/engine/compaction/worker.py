@@ -55,19 +55,19 @@ class CompactedFiles:
 
 
 def _build_block(blocks: tuple[str, ...], live: frozenset[str], out: str, position_map: PositionMap | None) -> str:
-    """Open ``blocks`` and write their rebuilt entries to ``out``: mapped through ``position_map``
-    (``FileIndex.build_from_compaction``, entries of files not in it kept), or without one merged by
-    hash (``build_from_merge``); entries of files not in ``live`` dropped either way. Returns ``out``."""
+    """Open ``blocks`` and write their entries to ``out`` through ``FileIndex.build_from_compaction``:
+    moved by ``position_map`` (None: nothing moves, a merge), entries of files not in ``live`` dropped,
+    of other files kept. When nothing moves and nothing is dropped, ``build_from_merge`` (a k-way merge
+    by hash, the same entries) is the faster way. Returns ``out``."""
     opened = [IndexBlock.open(p) for p in blocks]
     try:
         dead = dead_file_maps(opened, live)
-        if position_map is not None or dead:
-            pm = position_map or PositionMap((), {})
-            if dead:
-                pm = PositionMap(pm.files, {**dead, **pm.sources})
-            new = FileIndex.build_from_compaction(opened, pm, out, unmapped="keep")
-        else:
+        if position_map is None and not dead:
             new = FileIndex.build_from_merge(opened, out)
+        else:
+            pm = position_map if position_map is not None else PositionMap((), {})
+            pm = PositionMap(pm.files, {**dead, **pm.sources})
+            new = FileIndex.build_from_compaction(opened, pm, out, unmapped="keep")
         new.close()
     finally:
         for b in opened:

@@ -221,9 +221,9 @@ class ServiceClient:
         body = {"table": table, "since": since, "until": until, "timeout_s": timeout, "deletes": deletes}
         opts = flight.FlightCallOptions(timeout=max(self.timeout, timeout + 10))
         try:
-            results = iter(self._conn().do_action(flight.Action("changes", json.dumps(body).encode()), opts))
-            head = json.loads(next(results).body.to_pybytes())
-            feed = pa.ipc.open_stream(next(results).body).read_all()
+            results = list(self._conn().do_action(flight.Action("changes", json.dumps(body).encode()), opts))
+            head = json.loads(results[0].body.to_pybytes())
+            feed = self._conn().do_get(flight.Ticket(head.pop("ticket").encode()), opts).read_all()
         except flight.FlightUnavailableError as e:
             self.close()
             raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
 from ..iceberg.cuts import CUT_TAG_PREFIX, parse_cut_tag
@@ -278,11 +277,12 @@ class ChangePlan:
         ``schema`` of some of the table's columns only those columns are read from the file."""
         target = self.schema if schema is None else schema
         self.files_read.append(fr.where)
+        only = None if schema is None else target
         if fr.location:
             with self.io.new_input(fr.where).open() as stream:
-                rows = read_positions(pq.ParquetFile(stream), fr.positions, None if schema is None else target)
+                rows = read_positions(stream, fr.positions, only)
         else:
-            rows = read_positions(pq.ParquetFile(fr.where), fr.positions, None if schema is None else target)
+            rows = read_positions(fr.where, fr.positions, only)
         return project(rows, target, self.defaults)
 
     def concat_rows(self, tabs: list[pa.Table], lsns: list[np.ndarray]) -> tuple[pa.Table, np.ndarray]:
