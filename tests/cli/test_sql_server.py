@@ -334,3 +334,35 @@ def test_cancel_tls_refusal_trust_loopback_and_env_password(served, state_dir):
     finally:
         other.stop()
         trusting.stop()
+
+
+def test_sql_users_cannot_read_files_outside_the_mirrors(served):
+    """The statements run on DuckDB, whose table functions read any path the process can: the endpoint
+    confines them to the mirrors' data files (engine/read/sandbox.py). A SQL user's read_csv of
+    /etc/passwd, read_text of the server's users file, a glob, a path in FROM — on the readers, on the
+    catalog connection and on the snapshot reads — fail with an error that shows nothing of the file,
+    and the session goes on reading the mirrors. The same for ``mooncake query``."""
+    s, server = served
+    users = Path(s.state_dir) / "users"
+    stolen = ("root:", "SCRAM-SHA-256", users.read_text().strip()[:12])
+    with psycopg.connect(server.dsn(), autocommit=True) as c:
+        for sql in (
+            "SELECT * FROM read_csv('/etc/passwd')",
+            f"SELECT content FROM read_text('{users}')",
+            "SELECT count(*) FROM glob('/etc/*')",
+            "SELECT * FROM '/etc/passwd'",
+            "SELECT q.id, f.content FROM q, read_text('/etc/passwd') f",
+            "SELECT t.table_name, f.content FROM information_schema.tables t, read_text('/etc/passwd') f",
+        ):
+            with pytest.raises(psycopg.Error) as e:
+                c.execute(sql).fetchall()
+            assert not any(x in str(e.value) for x in stolen), (sql, str(e.value))
+            assert c.execute("SELECT count(*) FROM q").fetchone() == (4,)  # the mirrors still read
+        c.execute("SET mooncake.read = 'persisted'")
+        with pytest.raises(psycopg.Error) as e:
+            c.execute("SELECT content FROM read_text('/etc/passwd')").fetchall()
+        assert not any(x in str(e.value) for x in stolen), str(e.value)
+    got = mooncake(s, "query", "SELECT content FROM read_text('/etc/passwd')")
+    assert got.returncode != 0 and "root:" not in got.stdout + got.stderr, (got.stdout, got.stderr)
+    assert len(got.stderr.strip().splitlines()) == 1, got.stderr
+    assert mooncake(s, "query", "SELECT count(*) AS n FROM q", "--format", "csv", check=True).stdout == "n\n4\n"

@@ -19,6 +19,7 @@ from pyiceberg.table.snapshots import Snapshot
 from ..iceberg.cuts import cut_tag, cuts_of, parse_cut_tag
 from ..lsn import Lsn
 from ..table.changes import SUMMARY_FLUSH_LSN
+from .sandbox import confine
 from .union import check_read_only
 
 __all__ = ["CutInfo", "list_cuts", "query_cut", "read_snapshot"]
@@ -61,6 +62,7 @@ def query_cut(
         raise ValueError(f"{cut!r} is not a cut: expected an LSN X/Y or a tag lsn-X-Y")
     tag = cut_tag(lsn)
     con = duckdb.connect()
+    confine(con)  # the cut's rows are registered Arrow tables: the statement opens no file (sandbox.py)
     try:
         check_read_only(sql, con)
         used = referenced_tables(sql, con)  # None: read every table (a statement DuckDB cannot serialize)

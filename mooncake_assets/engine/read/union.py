@@ -67,6 +67,7 @@ from ..table.read_state import FileState, ReadField, ReadState
 from .cache import DEFAULT_BUDGET, ReadCache
 from .missing import MirrorNotReadable, explain_missing, missing_table
 from .plan import FilePlan
+from .sandbox import confine, confined
 from .source_lsn import SourceLsn
 
 MODES = ("auto", "lazy", "arrow", "anti")
@@ -254,11 +255,15 @@ class UnionReader:
         mode: str = "auto",
         cache_bytes: int = DEFAULT_BUDGET,
         hold_rows: bool = True,
+        confine: bool | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.client = client
         self.dsn = dsn
+        #: confine the connection to the service's data roots before the first statement runs
+        #: (:mod:`.sandbox`); None: when the reader has a service and makes its own connection
+        self.confine = (client is not None and con is None) if confine is None else confine
         if con is None:
             con = duckdb.connect()
             # data files are immutable (a new name per file): their footers may be kept across queries
@@ -591,11 +596,24 @@ class UnionReader:
                 continue  # the very state the view was registered over (the client's board fast path)
             self.register_state(got.with_(mem=None), cast(pa.Table, got.mem), t, columns=cols, mode=mode)
             self._fresh[t] = (got, mode, cols)
+        if self.confine:
+            self._confine()
         try:
             return self._execute(sql, params)
         except duckdb.CatalogException as e:
             self._raise_not_readable(e)
             raise
+
+    def _confine(self) -> None:
+        """Confine the connection (:func:`.sandbox.confine`) to the service's ``data_roots`` (its status),
+        once, after the first registration set up what the reads need (httpfs, the S3 secret). A source
+        whose status names no roots (a ReadState source other than the service) is not confined."""
+        self.confine = False
+        if confined(self.con) or self.client is None:
+            return
+        roots = self.client.status().get("data_roots")
+        if roots:
+            confine(self.con, roots)
 
     def _raise_not_readable(self, e: duckdb.CatalogException) -> None:
         """:class:`~.missing.MirrorNotReadable` saying why, when ``e`` is DuckDB's "Table with name X does

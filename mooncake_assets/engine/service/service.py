@@ -476,4 +476,6 @@ class ReplicatorService:
                 "backpressure": self.memory.backpressure,
                 "stream_counts": dict(self.stream.counts),
                 "discovery": self.discovery.status(),
+                # where the mirrors' data files are: readers confine users' SQL to these (read/sandbox.py)
+                "data_roots": [self.config.warehouse_uri, str(self.config.state_dir / "tables")],
             }

@@ -26,6 +26,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from ..sandbox import confine
 from ..snapshots import SnapshotReader
 from ..union import UnionReader, _ident, check_read_only
 from .catalog import READ_MODES, SqlError
@@ -61,6 +62,7 @@ class Backend:
         self.size = max(1, size if make_reader is not None else 1)
         self.snapshots = snapshots
         self.max_wait = reader.wait_timeout if max_wait is None else max_wait
+        reader.confine = True  # users' statements run on the readers: confined to the data roots (sandbox.py)
         self._free: list[UnionReader] = [reader]
         self._all: list[UnionReader] = [reader]
         self._made = 1
@@ -70,10 +72,13 @@ class Backend:
         self._types: dict[str, dict[str, str]] = {}  # mirror -> column -> source type, as last read
         self.parser = Parser()
         self._meta = duckdb.connect()  # information_schema and pg_catalog statements run here, off the readers
+        confine(self._meta)  # they read registered Arrow tables only: no file (sandbox.py)
         self._meta_lock = threading.Lock()
         self._catalog = CatalogTables(self.mirrors, self.schema, self.source_types)
         self._catalog_installed = False
         self._snap_db = duckdb.connect() if snapshots is not None else None
+        if self._snap_db is not None:
+            confine(self._snap_db)  # a cut's rows are registered Arrow tables (cuts.py): no file
 
     def run(
         self,
@@ -144,6 +149,7 @@ class Backend:
         try:  # made outside the lock: a reader's first use connects to the service and Postgres
             assert self.make_reader is not None  # a slot is made only when there is a maker
             reader = self.make_reader()
+            reader.confine = True
         except BaseException:
             with self._cond:
                 self._made -= 1

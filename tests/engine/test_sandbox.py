@@ -1,0 +1,55 @@
+"""engine/read/sandbox.py on a real DuckDB: a confined connection opens files under its roots only."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mooncake_assets.engine.read.sandbox import confine, confined, root_prefixes
+
+
+def test_a_confined_connection_reads_its_roots_and_nothing_else(tmp_path):
+    inside, outside = tmp_path / "warehouse" / "t", tmp_path / "other"
+    inside.mkdir(parents=True)
+    outside.mkdir()
+    pq.write_table(pa.table({"a": [1, 2]}), inside / "f.parquet")
+    pq.write_table(pa.table({"a": [3]}), outside / "g.parquet")
+    (outside / "secret.txt").write_text("s3cret")
+    con = duckdb.connect()
+    assert not confined(con)
+    confine(con, [f"file://{tmp_path / 'warehouse'}"])
+    assert confined(con) and confined(con.cursor())  # the database is confined: every cursor
+    assert con.execute(f"SELECT sum(a) FROM read_parquet('{inside / 'f.parquet'}')").fetchone() == (3,)
+    assert con.execute(f"SELECT count(*) FROM '{inside}/*.parquet'").fetchone() == (2,)
+    con.register("arrow_rows", pa.table({"x": [7]}))  # registered Arrow data stays readable
+    assert con.execute("SELECT x FROM arrow_rows").fetchone() == (7,)
+    for sql in (
+        f"SELECT * FROM read_parquet('{outside / 'g.parquet'}')",
+        f"SELECT * FROM read_text('{outside / 'secret.txt'}')",
+        f"SELECT * FROM read_parquet('{inside}/../../other/g.parquet')",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT count(*) FROM glob('/etc/*')",
+    ):
+        with pytest.raises(duckdb.PermissionException):
+            con.cursor().execute(sql).fetchall()
+    for sql in ("SET enable_external_access = true", "SET allowed_directories = ['/']", "RESET allowed_directories"):
+        with pytest.raises(duckdb.Error):  # nor can a statement undo it
+            con.execute(sql)
+    confine(con, ["/"])  # confining again leaves it as it is
+    with pytest.raises(duckdb.PermissionException):
+        con.execute("SELECT * FROM read_csv('/etc/passwd')").fetchall()
+
+
+def test_a_connection_confined_to_no_root_reads_registered_data_only():
+    con = duckdb.connect()
+    confine(con)
+    con.register("t", pa.table({"x": [1, 2]}))
+    assert con.execute("SELECT sum(x) FROM t").fetchone() == (3,)
+    with pytest.raises(duckdb.PermissionException):
+        con.execute("SELECT * FROM read_text('/etc/hostname')").fetchall()
+
+
+def test_root_prefixes():
+    assert root_prefixes(["file:///a/b", "s3://bkt/wh/", "/c"]) == ["/a/b/", "/c/", "file:///a/b/", "s3://bkt/wh/"]
