@@ -74,7 +74,8 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
     ``props``: further catalog/FileIO properties (``StoreConfig.fileio_properties()``); without a
     ``py-io-impl`` the object store's ones come from the environment (``engine/storage/stores.py``): the
     FileIO is PyIceberg's fsspec one (``storage.fileio.MooncakeFileIO``). Raises ``ValueError`` for
-    any other URI scheme.
+    any other URI scheme; ``storage.errors.CatalogUnavailable`` (one line, no password) when a SQL
+    catalog's database cannot be reached, refuses the login or cannot hold the catalog's tables.
     """
     wh = normalize_warehouse(warehouse)
     if wh.startswith("file://"):
@@ -89,17 +90,38 @@ def make_catalog(uri: str, warehouse: str, name: str = "mooncake", **props: str)
         db = uri.split(":///", 1)[1] if ":///" in uri else ""
         if db and db != ":memory:":
             Path(db).parent.mkdir(parents=True, exist_ok=True)
-        return SqlCatalog(name, uri=uri, warehouse=wh, **props)
+        return _sql_catalog(uri, name, uri=uri, warehouse=wh, **props)
     for prefix in ("postgresql://", "postgres://"):
         if uri.startswith(prefix):
-            return SqlCatalog(name, uri="postgresql+psycopg://" + uri[len(prefix) :], warehouse=wh, **props)
+            return _sql_catalog(uri, name, uri="postgresql+psycopg://" + uri[len(prefix) :], warehouse=wh, **props)
     if uri.startswith("postgresql+"):
-        return SqlCatalog(name, uri=uri, warehouse=wh, **props)
+        return _sql_catalog(uri, name, uri=uri, warehouse=wh, **props)
     if uri.startswith(("http://", "https://")):
         from pyiceberg.catalog.rest import RestCatalog
 
         return RestCatalog(name, uri=uri, warehouse=wh, **props)
     raise ValueError(f"catalog: expected a 'sqlite:///…', 'postgresql://…' or 'http(s)://…' URI, found {uri!r}")
+
+
+def _sql_catalog(given: str, name: str, **props: str) -> SqlCatalog:
+    """PyIceberg's ``SqlCatalog``, which connects (to create its tables when they are missing).
+    ``given``: the URI as the user wrote it. Raises ``storage.errors.CatalogUnavailable`` when the
+    database cannot be reached, refuses the login, or cannot hold the catalog's tables (e.g. no privilege
+    to create them): one line (``pg.conninfo.catalog_error``: the URI without its password, the driver's
+    reason without SQLAlchemy's link, for a refused login where the catalog's password comes from),
+    ``location`` the URI without its password, ``retryable`` only when the server could not be reached."""
+    import sqlalchemy.exc
+
+    try:
+        return SqlCatalog(name, **props)
+    except sqlalchemy.exc.DBAPIError as e:
+        from ..pg.conninfo import catalog_error, connect_reason, login_refused, scrub, split_uri_password
+        from ..storage.errors import CatalogUnavailable
+
+        connecting = isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError))
+        retryable = connecting and not login_refused(connect_reason(e))
+        shown = scrub(split_uri_password(given)[0] or given)
+        raise CatalogUnavailable(catalog_error(given, e), location=shown, retryable=retryable) from None
 
 
 def check_catalog_supports(catalog: Catalog, format_version: int) -> None:

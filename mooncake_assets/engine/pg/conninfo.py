@@ -32,6 +32,10 @@ __all__ = [
     "split_uri_password",
     "install_log_scrubber",
     "connect_error",
+    "connect_reason",
+    "catalog_error",
+    "CATALOG_HINT",
+    "login_refused",
     "with_password_hint",
     "PASSWORD_HINT",
     "SESSION_SETTINGS",
@@ -42,8 +46,15 @@ __all__ = [
 ]
 
 MASK = "********"
-_URI_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:([^/\s]*)@")  # greedy: up to the last '@'
-_LOOSE_PASSWORD = re.compile(r"password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))|://[^:/@\s]*:([^@\s]+)@")
+_URI_START = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+# the user info of a URI: user, ':', the password up to the last '@' before the first '/' (libpq ends it
+# at the first '@' or '/'; a user's unencoded '@' or space is taken as part of the password here)
+_URI_PASSWORD = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/@?\s]*:([^/]*)@")
+# ... and one with an unencoded '/': what follows the ':' is no port number, an '@' comes later
+_URI_SLASHED_PASSWORD = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/@?\s]*:((?![0-9]*[/?,]|[0-9]*$)[^@]*/[^@]*)@")
+# a URI's query parameter whose name ends in "password" (password, sslpassword): its value up to the
+# next '&' (or the end: a space or an unencoded '=' or '#' is taken as part of it)
+_URI_QUERY_PASSWORD = re.compile(r"[?&][A-Za-z_]*password=([^&]*)", re.IGNORECASE)
 _SECRETS: set[str] = set()
 
 PASSWORD_HINT = (
@@ -72,27 +83,98 @@ def scrub(text: str) -> str:
     return text
 
 
+def _loose_passwords(dsn: str) -> list[str]:
+    """Every text of ``dsn`` that is or looks like a password, as written and as libpq reads it, found
+    without libpq (so also in a DSN it cannot parse): the value of each ``…password`` key of a key/value
+    string (a quoted value without its closing quote runs to the end of the string), or the password of a
+    URI's user info or ``?password=``/``&sslpassword=`` parameter, as written and percent-decoded. Keys
+    are matched in any case: libpq refuses ``PASSWORD=`` (its keywords are lower case), but it is still
+    the user's password. Syntax: PG docs, "libpq: Connection Strings" (34.1.1.1 Keyword/Value Connection
+    Strings: single quotes, ``\\'`` and ``\\\\`` escapes; 34.1.1.2 Connection URIs)."""
+    found: list[str] = []
+    if _URI_START.match(dsn):
+        raws = [m.group(1) for m in (_URI_PASSWORD.match(dsn), _URI_SLASHED_PASSWORD.match(dsn)) if m]
+        raws += [m.group(1) for m in _URI_QUERY_PASSWORD.finditer(dsn)]
+        for raw in raws:
+            found += [raw, urllib.parse.unquote(raw, errors="replace")]
+            # an unencoded '@' or '/' makes libpq read parts of it as host, port or database name
+            found += [p for p in re.split(r"[@/]", raw) if len(p) >= 4 and p != raw]
+        return [f for f in found if f]
+    for key, raw, value in _keyword_values(dsn):
+        if key.lower().endswith("password"):
+            found += [raw, value]
+    return [f for f in found if f]
+
+
+_SPACE = " \t\n\r\f\v"  # C isspace(), which libpq's parser uses
+
+
+def _keyword_values(dsn: str) -> list[tuple[str, str, str]]:
+    """``(key, value as written, value as libpq reads it)`` of each ``key = value`` of a key/value
+    conninfo string, read as libpq's ``conninfo_parse`` does (a value in single quotes or up to the next
+    white space; a backslash takes the next character as it is) except that nothing is an error: a word
+    without ``=`` is skipped, a quoted value without its closing quote runs to the end."""
+    out: list[tuple[str, str, str]] = []
+    i, n = 0, len(dsn)
+    while i < n:
+        while i < n and dsn[i] in _SPACE:
+            i += 1
+        start = i
+        while i < n and dsn[i] != "=" and dsn[i] not in _SPACE:
+            i += 1
+        key = dsn[start:i]
+        while i < n and dsn[i] in _SPACE:
+            i += 1
+        if i >= n or dsn[i] != "=":
+            continue  # libpq: missing "=" after the word; the next word is looked at
+        i += 1
+        while i < n and dsn[i] in _SPACE:
+            i += 1
+        value: list[str] = []
+        if i < n and dsn[i] == "'":
+            i += 1
+            start = i
+            while i < n and dsn[i] != "'":
+                if dsn[i] == "\\" and i + 1 < n:
+                    i += 1
+                value.append(dsn[i])
+                i += 1
+            raw = dsn[start:i]
+            i += 1  # the closing quote
+        else:
+            start = i
+            while i < n and dsn[i] not in _SPACE:
+                if dsn[i] == "\\" and i + 1 < n:
+                    i += 1
+                elif dsn[i] == "\\":
+                    break
+                value.append(dsn[i])
+                i += 1
+            raw = dsn[start:i]
+        out.append((key, raw, "".join(value)))
+    return out
+
+
+def _remember_loose(dsn: str) -> None:
+    for secret in _loose_passwords(dsn):
+        remember_secret(secret)
+
+
 def split_password(dsn: str | None) -> tuple[str | None, str | None]:
     """``(dsn without its password, the password or None)`` for a libpq key/value string or URI.
 
     A DSN without a password comes back unchanged (the same text). One with a password comes back as
     a key/value string (``make_conninfo``) without the ``password`` key; the password is remembered
-    for :func:`scrub`. A DSN that libpq cannot parse comes back unchanged (connecting reports it)."""
+    for :func:`scrub`, as libpq reads it and as the DSN writes it (quoted, escaped, percent-encoded).
+    A DSN that libpq cannot parse comes back unchanged (connecting reports it), what looks like its
+    password remembered (:func:`_loose_passwords`: e.g. all of an unterminated ``password='…``)."""
     if not dsn:
         return dsn, None
-    m: re.Match[str] | None
+    _remember_loose(dsn)
     try:
         params = conninfo_to_dict(dsn)
     except Exception:
-        for m in _LOOSE_PASSWORD.finditer(dsn):  # still blank out what looks like its password
-            remember_secret(next(g for g in m.groups() if g))
         return dsn, None
-    m = _URI_USERINFO.match(dsn)
-    if m and m.group(1).count("@"):  # an '@' left unencoded in a URI's password: libpq splits it wrongly
-        remember_secret(m.group(1))
-        for piece in m.group(1).split("@"):
-            if len(piece) >= 4:
-                remember_secret(piece)
     password = params.pop("password", None)
     if password is None:
         return dsn, None
@@ -120,10 +202,9 @@ def dsn_problem(dsn: str | None) -> str | None:
     try:
         conninfo_to_dict(dsn)
     except Exception as e:
-        for m in _LOOSE_PASSWORD.finditer(dsn):
-            remember_secret(next(g for g in m.groups() if g))
-        why = " ".join(str(e).split())
-        return f"DSN {scrub(dsn)} is not valid: {scrub(why)}"
+        _remember_loose(dsn)
+        why = " ".join(scrub(str(e)).split())  # scrubbed first: the error may echo it with odd white space
+        return f"DSN {scrub(dsn)} is not valid: {why}"
     return None
 
 
@@ -133,6 +214,7 @@ def split_uri_password(uri: str | None) -> tuple[str | None, str | None]:
     remembered for :func:`scrub`."""
     if not uri or "@" not in uri or "://" not in uri:
         return uri, None
+    _remember_loose(uri)  # also what libpq would read as its password (an unencoded '/', '@' or space)
     parts = urllib.parse.urlsplit(uri)
     if parts.password is None:
         return uri, None
@@ -144,17 +226,51 @@ def split_uri_password(uri: str | None) -> tuple[str | None, str | None]:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}")), pw
 
 
-def connect_error(e: BaseException) -> str:
-    """One line for a failed connection: the driver's first line, scrubbed, plus where a password can
-    come from when the server asked for one (:data:`PASSWORD_HINT`)."""
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+def connect_reason(e: BaseException) -> str:
+    """The driver's reason for a failed connection in one scrubbed line: its first line, plus the
+    server's line about a password (libpq puts the server's FATAL line after "connection to server at …
+    failed:"). For an SQLAlchemy error, its driver's error (``e.orig``): without SQLAlchemy's
+    "(Background on this error at: https://sqlalche.me/…)" and its statement."""
+    orig = getattr(e, "orig", None)
+    if isinstance(orig, BaseException):
+        e = orig
+    text = scrub(str(e)).strip()  # scrubbed before it is cut into lines and its white space collapsed
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("(Background on")]
     first = lines[0] if lines else type(e).__name__
-    # libpq puts the server's FATAL line after "connection to server at … failed:"
     fatal = next((ln for ln in lines if "password" in ln.lower()), None)
     if fatal and fatal != first:
         first = f"{first} {fatal}"
-    return with_password_hint(scrub(first))
+    return " ".join(first.split())
+
+
+def connect_error(e: BaseException) -> str:
+    """One line for a failed connection to the source: :func:`connect_reason`, plus where a password can
+    come from when the server asked for one (:data:`PASSWORD_HINT`)."""
+    return with_password_hint(connect_reason(e))
+
+
+#: where the password of a catalog URI comes from (its own, not the source's: :data:`PASSWORD_HINT`)
+CATALOG_HINT = (
+    "check the user and password of the catalog URI (--catalog-uri or MOONCAKE_CATALOG_URI); mooncake keeps "
+    "no password in its state directory: give the URI with its password to the command that starts the "
+    "service, or put the password in the password file (~/.pgpass or PGPASSFILE)"
+)
+
+
+def catalog_error(uri: str, e: BaseException) -> str:
+    """One line for an Iceberg catalog that could not be opened: the catalog's URI without its password,
+    the driver's reason (:func:`connect_reason`, no SQLAlchemy link or statement) and, when the server
+    refused the login, :data:`CATALOG_HINT` (never the source's :data:`PASSWORD_HINT`). ``e``: the
+    connection's error (an ``OperationalError`` or ``InterfaceError``, of SQLAlchemy or the driver) or one
+    of a statement that opening the catalog runs (creating its tables: e.g. no ``CREATE`` privilege)."""
+    shown, _ = split_uri_password(uri)
+    shown = scrub(shown or uri)
+    reason = connect_reason(e)
+    if type(e).__name__ not in ("OperationalError", "InterfaceError"):
+        return f"the Iceberg catalog at {shown} cannot be used: {reason}"
+    if login_refused(reason):
+        return f"cannot log in to the Iceberg catalog at {shown}: {reason} ({CATALOG_HINT})"
+    return f"the Iceberg catalog at {shown} could not be reached: {reason}"
 
 
 # FATAL errors of a server that answered but will not come back by itself: the login needs a fix
@@ -188,6 +304,8 @@ def with_password_hint(msg: str) -> str:
     """``msg`` plus where a password can come from (:data:`PASSWORD_HINT`), when ``msg`` says the server
     wanted one (``fe_sendauth: no password supplied``, ``password authentication failed``)."""
     low = msg.lower()
+    if CATALOG_HINT in msg or "iceberg catalog" in low:  # the catalog's login, not the source's
+        return msg
     if any(a in low for a in _ASKED) and PASSWORD_HINT not in msg:
         return f"{msg} ({PASSWORD_HINT})"
     return msg

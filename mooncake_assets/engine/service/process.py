@@ -187,6 +187,8 @@ def _spawn(
     settings.save()
     (settings.state_dir / "service.stopped").unlink(missing_ok=True)
     log = open_private(settings.state_dir / "service.log", "ab")
+    log.seek(0, os.SEEK_END)
+    log_start = log.tell()  # what this service writes comes after it (the log is appended to)
     env = dict(os.environ)
     env["MOONCAKE_STATE_DIR"] = str(settings.state_dir)
     env.setdefault(ARROW_POOL_ENV, SERVICE_MEMORY_POOL)  # the child's pool from its first allocation
@@ -213,8 +215,21 @@ def _spawn(
             client.close()
             return proc.pid
         time.sleep(0.1)
-    tail = (settings.state_dir / "service.log").read_text(errors="replace").splitlines()[-15:]
-    raise RuntimeError(scrub("the mooncake service did not start:\n" + "\n".join(tail)))
+    raise RuntimeError(scrub(_start_failure(settings.state_dir / "service.log", log_start)))
+
+
+def _start_failure(log_path: Path, start: int) -> str:
+    """Why the service whose output began at byte ``start`` of ``log_path`` did not start: one line with
+    its ``error: …`` message (``serve``'s, which ends its output) when it printed one, else the log's
+    last lines (a crash's traceback)."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("error: ")), None)
+    if at is None:
+        return "the mooncake service did not start:\n" + "\n".join(lines[-15:])
+    why = " ".join(" ".join(ln.split()) for ln in [lines[at][len("error: ") :], *lines[at + 1 :]] if ln.strip())
+    return f"the mooncake service did not start: {why}"
 
 
 def stop_service(settings: ProcessSettings, timeout: float = 15.0, mark: bool = False) -> bool:
