@@ -7,12 +7,14 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
-from .commands import CTX, call, console, create_with_progress, err, fail, n_rows, run_verify, service_client
-from .config import load_settings
+from .commands import CTX, call, console, create_with_progress, err, fail, n_rows, run_verify
+from .commands import service_client as _service_client
+from .config import Settings, load_settings
 
 app = typer.Typer(
     add_completion=False,
@@ -209,6 +211,10 @@ def serve(
         # a sources file's service re-reads its patterns when the file is edited (table discovery)
         _serve(dataclasses.replace(s.service_config(), discover_reload=patterns_reloader(s)))
     except Exception as e:
+        from .engine.storage.errors import CatalogUnavailable
+
+        if isinstance(e, CatalogUnavailable):  # already one line: the catalog's URI (no password), why, a hint
+            fail(str(e))
         fail(f"the service stopped: {type(e).__name__}: {e}")
 
 
@@ -237,15 +243,20 @@ def start(
 def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -> None:
     """``start`` of this command's state directory (``prefix`` starts its line; ``memory_limit``: the
     ``--memory-limit`` text, kept in this state directory's settings)."""
+    from .engine.private import write_private
     from .engine.service import ServiceClient
-    from .engine.service.process import start_service
+    from .engine.service.process import start_service, stopped_mark
 
     _set_memory_limit(memory_limit)
     _check_source_login(prefix)
+    mark = stopped_mark(CTX.settings)
     try:
         pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
     except Exception as e:
+        if mark is not None and stopped_mark(CTX.settings) is None:  # a start that failed keeps the stop
+            write_private(_stop_mark_path(), mark)
         fail(str(e))
+    _stop_mark_path().unlink(missing_ok=True)  # started, or found running: `mooncake start` ends the stop
     c = ServiceClient(CTX.settings.socket_path)
     try:
         ping = c.call("ping", timeout=5)
@@ -315,7 +326,8 @@ def _check_source_login(prefix: str) -> None:
 
 @app.command()
 def stop():
-    """Stop the background replicator service (with a sources file: every source's, or --source's)."""
+    """Stop the background replicator service (with a sources file: every source's, or --source's). It
+    stays stopped until `mooncake start`: the commands that need it say so instead of starting it."""
     CTX.failed = False
     for name in _each_source(need_dsn=False):
         if name is not None:
@@ -520,6 +532,8 @@ def _sync_one(src, dry_run: bool) -> None:
         if parts not in picked:
             print(f"  {n} ({format_name(*parts)}): mirrored, no longer picked by the file (kept)", flush=True)
     taken = set(reg["tables"])
+    if todo and not dry_run and _skip_if_stopped(f"source {src.name}: "):
+        return
     client = None
     for schema, table in todo:
         dst, qualified = mirror_name(schema, table), format_name(schema, table)
@@ -640,6 +654,8 @@ def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-read
     CTX.failed = False
     out = {}
     for name in _each_source():
+        if name is not None and _skip_if_stopped(f"source {name}: "):
+            continue
         st = call(service_client(), "status")
         doc = {"tables": st["tables"], "maintenance": st.get("maintenance")}
         if st.get("discovery"):  # the service mirrors new tables the patterns pick (docs/sources.md)
@@ -785,6 +801,7 @@ def query(
     except psycopg.OperationalError as e:  # the barrier asks the source for its current LSN
         fail(_barrier_unreachable(e))
     except (TimeoutError, ServiceError) as e:
+        _fail_ahead_of_source(e)
         hint = " (raise --max-wait, or read what is applied with --no-wait)" if str(e).startswith("timed out") else ""
         fail(str(e).splitlines()[0] + hint)
     except Exception as e:
@@ -824,7 +841,8 @@ def changes(
     no_wait: bool = typer.Option(
         False,
         "--no-wait",
-        help="End at what the service applied now (instead of the source's current LSN); excludes --until",
+        help="End at what the service applied now (instead of the source's current LSN), without waiting "
+        "(a --since not applied yet is an error); excludes --until",
     ),
     deletes: str = typer.Option(
         "rows",
@@ -867,6 +885,7 @@ def changes(
     except psycopg.OperationalError as e:  # the default end is the source's current LSN
         fail(_barrier_unreachable(e))
     except (TimeoutError, ServiceError) as e:
+        _fail_ahead_of_source(e)
         hint = " (raise --max-wait)" if "timed out" in str(e) else ""
         fail(str(e).splitlines()[0] + hint)
     except Exception as e:
@@ -1026,6 +1045,17 @@ def sql_server_user(
     console.print(f"{name}: verifier written to {file}", highlight=False)
 
 
+def _fail_ahead_of_source(e: BaseException) -> None:
+    """When the service refused an LSN past the source's current WAL position (``--lsn``, ``--since``,
+    ``--until``: :meth:`ReplicatorService.wait_lsn <.engine.service.service.ReplicatorService.wait_lsn>`,
+    which names both LSNs and no password): its one line, exit 2 (bad input: waiting cannot help)."""
+    from .engine.service.service import AHEAD_OF_SOURCE
+
+    line = (str(e).splitlines() or [""])[0]
+    if AHEAD_OF_SOURCE in line:
+        fail(line, code=2)
+
+
 def _barrier_unreachable(e: BaseException) -> str:
     """The one line of a read whose read-your-writes barrier could not ask the source (nor the service)
     for the source's current LSN: the source (no password), libpq's reason, and ``--no-wait``."""
@@ -1099,15 +1129,68 @@ def _query_notes(reader, no_wait: bool) -> None:
             )
 
 
-def _refuse_if_stopped() -> None:
-    """After ``mooncake stop`` a read does not start the service behind the user's back: one line says
-    it is stopped and how to start it (``mooncake start`` clears the mark)."""
+def service_client(start: bool = True, settings: Settings | None = None, report: bool = False) -> Any:
+    """The commands' way to the service: :func:`.commands.service_client` (started when it is not
+    running, ``start``), except after ``mooncake stop``: then :func:`_refuse_if_stopped` fails first."""
+    if start:
+        _refuse_if_stopped(settings)
+    return _service_client(start, settings=settings, report=report)
+
+
+def _stopped_message(settings: Settings | None = None) -> str | None:
+    """The one line of :func:`_refuse_if_stopped` when the service of ``settings`` (default: the
+    command's) is stopped by ``mooncake stop`` and not running; None otherwise."""
     from .engine.service import ServiceClient
     from .engine.service.process import stopped_mark
 
-    mark = stopped_mark(CTX.settings)
-    if mark is not None and not ServiceClient(CTX.settings.socket_path).ping():
-        fail(f"the mooncake service is stopped (`mooncake stop` at {mark}); start it with `mooncake start`, then query")
+    s = settings or CTX.settings
+    mark = stopped_mark(s)
+    if mark is None:
+        return None
+    c = ServiceClient(s.socket_path)
+    try:
+        if c.ping():  # running all the same (`mooncake serve` in the foreground): it is used
+            return None
+    finally:
+        c.close()
+    return f"the mooncake service is stopped (`mooncake stop` at {mark}); start it with `mooncake start`, then run this command again"
+
+
+def _refuse_if_stopped(settings: Settings | None = None) -> None:
+    """After ``mooncake stop`` the service stays stopped until ``mooncake start``: no other command starts
+    it behind the user's back. The rule: every command that would start the service because it needs
+    it (list-tables, query, changes, sql-server, create-table, sync, drop-table, flush, persist, cut,
+    merge-index, compact, verify with the union reader or --checksum) fails instead with one line, exit
+    1, saying it is stopped and to run ``mooncake start``; they all get the service through
+    :func:`service_client`, which checks first. Not refused: ``start`` (it clears the mark, once a
+    service answers; a start that fails keeps it) and ``serve`` (the service in the foreground: while
+    it answers, the other commands use it, the mark kept); the commands that need no service (status,
+    stop, check-source, list-cuts, query --as-of-lsn, verify --reader of the Iceberg tables, pg …); and
+    demo, ui, bench and chaos, which start services of their own on purpose. The mark is
+    ``<state>/service.stopped`` (:func:`.engine.service.process.stopped_mark`)."""
+    msg = _stopped_message(settings)
+    if msg is not None:
+        fail(msg)
+
+
+def _skip_if_stopped(prefix: str) -> bool:
+    """Over every source of a sources file: True, after one error line (``prefix`` first) and
+    ``CTX.failed``, when this source's service is stopped (:func:`_refuse_if_stopped`); the command
+    goes on with the other sources."""
+    from rich.markup import escape
+
+    msg = _stopped_message()
+    if msg is None:
+        return False
+    err.print(f"[red]error:[/red] {escape(prefix + msg)}", highlight=False, soft_wrap=True)
+    CTX.failed = True
+    return True
+
+
+def _stop_mark_path() -> Path:
+    """``mooncake stop``'s mark of this command's state directory (read by :func:`stopped_mark
+    <.engine.service.process.stopped_mark>`)."""
+    return CTX.settings.state_dir / "service.stopped"
 
 
 def _maint(op: str, dst: str, **kw):
@@ -1147,8 +1230,9 @@ def _cut(tables: list[str] | None, as_json: bool, max_wait: float = 30.0) -> Non
     barrier (everything committed in the source before the command is in the cut)."""
     from .engine.read import current_wal_lsn
 
+    client = service_client()
     barrier = current_wal_lsn(CTX.settings.source_dsn())
-    res = call(service_client(), "cut", tables=tables or None, wait_lsn=barrier, timeout_s=max_wait, timeout=3600)
+    res = call(client, "cut", tables=tables or None, wait_lsn=barrier, timeout_s=max_wait, timeout=3600)
     if as_json:
         print(json.dumps(res))
         return
@@ -1278,6 +1362,8 @@ def verify(
         CTX.failed, codes = False, []
         for name in _each_source():  # every source of the sources file
             print(f"source {name}:", flush=True)
+            if reader == "union" and _skip_if_stopped(f"source {name}: "):
+                continue
             codes.append(run_verify(None, reader))
         raise typer.Exit(0 if codes and not CTX.failed and not any(codes) else 1)
     if checksum:
@@ -1287,6 +1373,8 @@ def verify(
         ok = sum(r["result"] == "match" for r in res.values())
         print(f"checksums: {ok}/{len(res)} tables match", flush=True)
         raise typer.Exit(0 if res and ok == len(res) else 1)
+    if reader == "union":  # the union reader is a client of the service (readers of Iceberg are not)
+        _refuse_if_stopped()
     code = run_verify(tables or None, reader)
     raise typer.Exit(code)
 

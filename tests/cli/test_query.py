@@ -89,9 +89,13 @@ def test_query_renders_like_psql_and_refuses_bad_input(pg_dsn, state_dir):
             c.execute("INSERT INTO q (id) VALUES (5)")
         mw = mooncake(s, "query", "SELECT count(*) AS n FROM q", "--max-wait", "60", "--format", "csv", check=True)
         assert mw.stdout == "n\n5\n", mw.stdout
-        # --lsn past what the mirror has applied waits for it, then says so (no older rows passed off as that LSN)
+        # --lsn past the source's current WAL position is refused at once, naming both LSNs (no older rows
+        # passed off as that LSN, and no wait for an LSN no commit reaches; tests/cli/test_stop_and_lsn_ahead.py)
         far = mooncake(s, "query", "SELECT count(*) AS n FROM q", "--lsn", "FF/0", "--max-wait", "1")
-        assert far.returncode == 1 and "timed out" in far.stderr and "FF/0" in far.stderr, (far.stdout, far.stderr)
+        assert far.returncode == 2 and "LSN FF/0 is ahead of the source's current WAL position" in far.stderr, (
+            far.stdout,
+            far.stderr,
+        )
         assert len(far.stderr.strip().splitlines()) == 1 and far.stdout == "", far.stderr
 
         # a stopped service is not started behind the user's back

@@ -148,6 +148,9 @@ def test_password_dsn_never_stored_or_shown(pg_cluster, pg_dsn, password_role, t
         passfile = tmp_path / "pgpass"
         passfile.write_text(f"127.0.0.1:{pg_cluster.port}:{db}:{role}:{password}\n")
         passfile.chmod(0o600)
+        r = _run(state, "start", env_extra={"PGPASSFILE": str(passfile)})  # after `stop` only `start` starts it
+        outputs += [r.stdout, r.stderr]
+        assert r.returncode == 0, r.stdout + r.stderr
         r = _run(state, "verify", env_extra={"PGPASSFILE": str(passfile)})
         outputs += [r.stdout, r.stderr]
         assert r.returncode == 0 and "verified: 1/1" in r.stdout, r.stdout + r.stderr

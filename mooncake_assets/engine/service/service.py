@@ -58,6 +58,10 @@ __all__ = ["MooncakeError", "NAMESPACE", "ReplicatorService", "default_names", "
 
 log = logging.getLogger("mooncake.service")
 
+#: the words of the one-line refusal of an LSN past the source's current WAL position
+#: (:meth:`ReplicatorService.wait_lsn`); the command line finds them in the service's message (exit 2)
+AHEAD_OF_SOURCE = "is ahead of the source's current WAL position"
+
 
 class ReplicatorService:
     """Owns the mirrored tables of one state directory. ``start()`` restores them and begins streaming."""
@@ -84,6 +88,7 @@ class ReplicatorService:
         self._clean_start = False
         self._status_conn: psycopg.Connection[Any] | None = None
         self._source_error: str | None = None  # why the source was not reachable at the last look
+        self._source_lsn_seen = 0  # the highest pg_current_wal_lsn() wait_lsn has seen (it only grows)
         # mirrors whose source table no longer exists (by oid): read-only, their last state kept
         self.source_dropped: set[str] = set()
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
@@ -200,8 +205,29 @@ class ReplicatorService:
         return self.provisioner.drop_table(name)
 
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
-        """Block until every commit below ``lsn`` is applied (:meth:`.replication.StreamLoop.wait_lsn`)."""
+        """Block until every commit below ``lsn`` is applied (:meth:`.replication.StreamLoop.wait_lsn`).
+        An ``lsn`` not applied yet is first compared with the source's current WAL position
+        (:meth:`_refuse_ahead_of_source`): one past it is refused at once instead of waited for."""
+        if lsn > self.stream.applied_lsn:
+            self._refuse_ahead_of_source(lsn)
         return self.stream.wait_lsn(lsn, timeout_s)
+
+    def _refuse_ahead_of_source(self, lsn: int) -> None:
+        """``ValueError`` (one line, :data:`AHEAD_OF_SOURCE`, both LSNs) when ``lsn`` is past the source's
+        ``pg_current_wal_lsn()``: no commit the source has made ends there, so waiting for it would only
+        time out. The source is asked over the status connection (:meth:`_source_lsn`) unless ``lsn`` is
+        at or below a position it reported before (its WAL position only moves forward); when it cannot
+        be asked, nothing is refused (the caller waits, as it did before)."""
+        if lsn <= self._source_lsn_seen:
+            return
+        src = self._source_lsn()
+        if src is None:
+            return
+        self._source_lsn_seen = max(self._source_lsn_seen, src)
+        if lsn > src:
+            raise ValueError(
+                f"LSN {Lsn(lsn)} {AHEAD_OF_SOURCE} {Lsn(src)} (pg_current_wal_lsn()); pick an LSN at or below it"
+            )
 
     def durable_lsn(self) -> int:
         """The LSN the slot may be confirmed to (:meth:`.replication.StreamLoop.durable_lsn`)."""
@@ -302,7 +328,9 @@ class ReplicatorService:
         None: everything applied now; ``"persisted"``: the LSN of the table's current Iceberg
         snapshot, a cut that stays valid while that snapshot is retained; ``deletes``: ``rows`` or ``keys``,
         :mod:`..table.change_keys`). An LSN not applied yet is
-        first waited for, up to ``timeout_s`` seconds (``TimeoutError`` naming both LSNs). Returns
+        first waited for, up to ``timeout_s`` seconds (``TimeoutError`` naming both LSNs), unless it is
+        past the source's current WAL position (``ValueError`` at once, :meth:`wait_lsn`); with ``until``
+        None nothing is waited for (a ``since`` not applied yet is a ``ValueError``). Returns
         ``(until, feed)``; raises ``ValueError``
         for a range that cannot be served (one line, naming the LSNs that can), :class:`MooncakeError`
         (the table stops) on an undecodable buffered row. The files are read without the lock.
@@ -310,11 +338,20 @@ class ReplicatorService:
         plus ``source`` (the Postgres table) and ``replica_identity`` (its ``pg_class.relreplident``
         as the mirror last saw it: ``d``, ``f``, ``i`` or ``n``), which say why rows were read."""
         target = max(since, until if isinstance(until, int) else 0)
-        if target > self.stream.applied_lsn:
+        if until is None:  # the range ends at what is applied now: nothing is waited for
+            if since > self.stream.applied_lsn:
+                self._refuse_ahead_of_source(since)
+        elif target > self.stream.applied_lsn:
             self.wait_lsn(target, timeout_s)
         with self.lock:
             t = self.table(name)
             end = t.applied_lsn if until is None else persisted_cut(t) if until == "persisted" else int(until)
+            if until is None and since > end:
+                raise ValueError(
+                    f"table {name}: LSN {Lsn(since)} is not applied yet (applied up to {Lsn(end)}); a range "
+                    "that ends at what is applied now (--no-wait) cannot start after it: leave out --no-wait "
+                    "to wait for it"
+                )
             try:
                 plan = plan_changes(t, since, end, deletes)
             except BadRowError as e:  # a buffered value that cannot be decoded stops the table
