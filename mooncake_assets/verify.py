@@ -201,7 +201,8 @@ def verify(
     names = names or sorted(reg)
     unknown = [n for n in names if n not in reg]
     if unknown:
-        raise ValueError(f"no mirrored table named {', '.join(unknown)}")
+        mirrors = ", ".join(sorted(reg)) or "none yet (`mooncake create-table NAME SCHEMA.TABLE` makes one)"
+        raise ValueError(f"no mirrored table named {', '.join(unknown)}; mirrors: {mirrors}")
     dsn = settings.source_dsn()
     from .engine.pg.conninfo import with_options
 

@@ -375,6 +375,15 @@ def test_a_stopped_mirror_that_cannot_be_read_names_its_lsn_and_reason():
     assert explain_missing("x", {"tables": []}).startswith("no mirror named x; there are no mirrors yet")
     assert missing_table('Catalog Error: Table with name "main".big does not exist!\nDid you mean') == "big"
     assert missing_table("Catalog Error: Function with name f does not exist!") is None
+    # a schema-qualified name (the source's, as a user writes it): say to name the mirror alone
+    msg = 'Catalog Error: Table with name "shop.orders" does not exist because schema "shop" does not exist.'
+    assert missing_table(msg) == "shop.orders"
+    ready = {"tables": [{"name": "orders", "source": "shop.orders", "state": "ready"}]}
+    assert explain_missing("shop.orders", ready) == (
+        "no table shop.orders: a mirror is read by its mirror name, without a schema: orders "
+        "(the mirror of shop.orders); write FROM orders"
+    )
+    assert explain_missing("other.x", ready) == "no mirror named other.x; mirrors: orders (see `mooncake list-tables`)"
 
 
 def test_a_read_whose_source_is_down_says_so_and_names_no_wait(state_dir):

@@ -77,6 +77,7 @@ def test_drop_of_a_legacy_duplicate_keeps_the_source_published(pg_dsn, state_dir
         reg = json.loads((state_dir / "tables.json").read_text())
         reg["tables"]["dup_b"].update(source="public.dup_src", oid=reg["tables"]["dup_a"]["oid"])
         (state_dir / "tables.json").write_text(json.dumps(reg))
+        mooncake(s, "start", check=True)  # after `stop` only `start` starts the service
         tables = _tables(s)
         assert tables["dup_a"]["state"] == "ready"
         assert tables["dup_b"]["state"] == "error" and "dup_a" in tables["dup_b"]["error"], tables["dup_b"]
@@ -202,8 +203,11 @@ def test_checksum_verify_matches_every_type_and_no_key(pg_dsn, state_dir):
         # a name that is not a mirror is refused in one line (it used to be dropped: "checksums: 0/0")
         r = mooncake(s, "verify", "--checksum", "all_types", "typo")
         assert (
-            r.returncode == 1 and r.stderr.strip() == "error: no mirrored table named typo (see `mooncake list-tables`)"
+            r.returncode == 1 and r.stderr.strip() == "error: no mirrored table named typo; mirrors: all_types, nokey"
         ), r
+        r = mooncake(s, "verify", "typo")  # the comparison with a reader: the same line
+        assert r.returncode != 0 and "no mirrored table named typo; mirrors: all_types, nokey" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 # ------------------------------------------------------------------------------------------ item 3

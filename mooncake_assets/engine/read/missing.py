@@ -25,21 +25,34 @@ class MirrorNotReadable(LookupError):
 
 
 def missing_table(message: str) -> str | None:
-    """The table name in DuckDB's "Table with name X does not exist!" message (as the SQL spelt it,
-    a schema prefix dropped), or None for any other message."""
+    """The table name in DuckDB's "Table with name X does not exist!" message, as the SQL spelt it
+    (quotes dropped): ``schema.table`` when the SQL named a schema other than DuckDB's ``main`` (a
+    mirror is read by its name alone), else ``table``; None for any other message."""
     m = _MISSING.search(message)
     if m is None:
         return None
-    return m.group(1).strip('"').rsplit(".", 1)[-1].strip('"')
+    parts = m.group(1).replace('"', "").split(".")
+    schema = parts[-2] if len(parts) > 1 else None
+    return f"{schema}.{parts[-1]}" if schema and schema.lower() != "main" else parts[-1]
 
 
 def explain_missing(name: str, status: dict[str, Any]) -> str:
     """One line saying why ``name`` (matched case-insensitively, as DuckDB names are) cannot be read,
     from a ``status`` document (``tables``: dicts with ``name``, ``state``, ``source``, ``applied_lsn``,
     ``error``, ``progress``; ``interrupted``: dicts with ``name`` and ``source``, initial copies a
-    service stop interrupted). Names the mirror, its LSN and the next command to run."""
+    service stop interrupted). Names the mirror, its LSN and the next command to run. A ``schema.table``
+    name whose table part (or whole name, as a source) is a mirror's says to name the mirror alone."""
     low = name.lower()
     tables = status.get("tables") or []
+    if "." in name:
+        table = low.rsplit(".", 1)[1]
+        for t in tables:
+            n, src = str(t.get("name", "")), str(t.get("source") or "")
+            if n.lower() == table or src.lower() == low:
+                return (
+                    f"no table {name}: a mirror is read by its mirror name, without a schema: "
+                    f"{n} (the mirror of {src or 'its source table'}); write FROM {n}"
+                )
     for t in tables:
         if str(t.get("name", "")).lower() != low:
             continue

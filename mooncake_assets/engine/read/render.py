@@ -34,6 +34,7 @@ output format.
 from __future__ import annotations
 
 import json
+import unicodedata
 from decimal import Decimal
 from typing import Any, cast
 
@@ -116,22 +117,53 @@ def text_rows(table: pa.Table) -> tuple[list[str], list[list[str | None]]]:
     return [n for n, _, _ in cols], _text_rows(cols, table.num_rows)
 
 
+def display_width(text: str) -> int:
+    """Terminal columns of ``text``: 2 for East Asian wide and fullwidth characters, 0 for combining
+    marks, 1 otherwise (Unicode UAX #11; what psql's ``PQdsplen`` counts for UTF-8)."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def to_table(table: pa.Table) -> str:
-    """psql's aligned format: centred headers, numbers right-aligned, NULL empty, ``(N rows)``;
-    never cut to a terminal's width."""
+    """psql's aligned format (``\\pset format aligned``, border 1): headers centred (the odd space
+    on the right), numbers right-aligned, text left-aligned, NULL empty, a value with line breaks on
+    several lines with ``+`` where it continues, widths in terminal columns (:func:`display_width`),
+    ``(N rows)``; never cut to a terminal's width."""
     cols = _columns(table)
     names, rows = [n for n, _, _ in cols], _text_rows(cols, table.num_rows)
     numeric = [c.numeric for _, c, _ in cols]
-    cells = [["" if v is None else v for v in r] for r in rows]
-    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+    cells = [[("" if v is None else v).split("\n") for v in r] for r in rows]
+    widths = [
+        max([display_width(n)] + [display_width(line) for r in cells for line in r[i]]) for i, n in enumerate(names)
+    ]
+    last = len(names) - 1
+
+    def pad(text: str, width: int, right: bool) -> str:
+        fill = " " * (width - display_width(text))
+        return fill + text if right else text + fill
+
+    def centred(text: str, width: int) -> str:
+        room = width - display_width(text)
+        return " " * (room // 2) + text + " " * (room - room // 2)
+
     lines = [
-        " " + " | ".join(n.center(w) for n, w in zip(names, widths)).rstrip(),
+        " " + " | ".join(centred(n, w) for n, w in zip(names, widths)) + " ",
         "-" + "-+-".join("-" * w for w in widths) + "-",
     ]
     for r in cells:
-        lines.append(
-            " " + " | ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(r, widths, numeric)).rstrip()
-        )
+        for k in range(max(len(c) for c in r)):
+            out = " "
+            for i, (c, w) in enumerate(zip(r, widths)):
+                text = c[k] if k < len(c) else ""
+                more = k < len(c) - 1  # this value goes on below: psql's "+"
+                if i < last:
+                    out += pad(text, w, numeric[i]) + ("+" if more else " ") + "| "
+                elif k >= len(c):
+                    pass  # the last column's value ended above: psql prints nothing more on the line
+                elif more or numeric[i]:
+                    out += pad(text, w, numeric[i]) + ("+" if more else "")
+                else:
+                    out += text
+            lines.append(out)
     n = len(rows)
     lines.append(f"({n} row{'' if n == 1 else 's'})")
     return "\n".join(lines) + "\n"

@@ -181,7 +181,8 @@ class Verifier:
             with svc.lock:
                 unknown = [n for n in names or [] if n not in svc.tables]
                 if unknown:
-                    raise LookupError(f"no mirrored table named {', '.join(unknown)} (see `mooncake list-tables`)")
+                    have = ", ".join(sorted(svc.tables)) or "none yet"
+                    raise LookupError(f"no mirrored table named {', '.join(unknown)}; mirrors: {have}")
                 names = list(names or svc.tables)
             out: dict[str, dict[str, Any]] = {}
             if not names:

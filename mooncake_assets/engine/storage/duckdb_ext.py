@@ -30,8 +30,8 @@ def extension_file(name: str, duckdb_version: str | None = None) -> Path:
         module = importlib.import_module(module_name)
     except ImportError:
         raise RuntimeError(
-            f"DuckDB extension package {module_name.replace('_', '-')} is not installed; install the test extras "
-            f"(pip install -e '.[test]') or 'pip install duckdb-extension-{name}=={version.lstrip('v')}'"
+            f"DuckDB extension package {module_name.replace('_', '-')} is not installed; install the readers extra "
+            f"(pip install 'mooncake-assets[readers]') or 'pip install duckdb-extension-{name}=={version.lstrip('v')}'"
         ) from None
     root = Path(str(importlib.resources.files(module))) / "extensions"
     path = root / version / f"{name}.duckdb_extension"
