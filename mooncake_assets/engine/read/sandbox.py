@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["confine", "confined", "root_prefixes"]
+__all__ = ["confine", "confine_to_service", "confined", "root_prefixes"]
 
 
 def root_prefixes(roots: Iterable[str]) -> list[str]:
@@ -54,3 +54,14 @@ def confine(con: Any, roots: Iterable[str] = ()) -> None:
     literal = "[" + ", ".join("'" + d.replace("'", "''") + "'" for d in dirs) + "]"
     con.execute(f"SET allowed_directories = {literal}")
     con.execute("SET enable_external_access = false")
+
+
+def confine_to_service(con: Any, client: Any) -> None:
+    """Confine ``con`` to the ``data_roots`` of ``client``'s service (its ``status``: the warehouse and
+    the staging directory); a database already confined, no client, or a status that names no roots
+    (a ReadState source other than the service) leaves it as it is."""
+    if client is None or confined(con):
+        return
+    roots = client.status().get("data_roots")
+    if roots:
+        confine(con, roots)

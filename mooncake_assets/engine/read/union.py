@@ -67,7 +67,7 @@ from ..table.read_state import FileState, ReadField, ReadState
 from .cache import DEFAULT_BUDGET, ReadCache
 from .missing import MirrorNotReadable, explain_missing, missing_table
 from .plan import FilePlan
-from .sandbox import confine, confined
+from .sandbox import confine_to_service
 from .source_lsn import SourceLsn
 
 MODES = ("auto", "lazy", "arrow", "anti")
@@ -135,6 +135,31 @@ def _raise_refused(kind: str | None) -> None:
             f"queries are read-only: {kind} is refused (mirrors change "
             "only through their source table in Postgres; run SELECT or EXPLAIN)"
         )
+
+
+def execute_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None) -> pa.Table:
+    """The Arrow result of ``sql`` (with ``params``) on ``con``. DuckDB 1.5 may push a join's bloom
+    filter into the scan of a registered Arrow table (the files with deletes, the in-memory rows),
+    which its PyArrow scan refuses ("Pushdown Filter Type BLOOM_FILTER is not currently supported in
+    PyArrow Scans"); such a statement is run again with the join filter pushdown optimizer off, for
+    this statement only (the same rows; only the plan differs)."""
+
+    def run() -> pa.Table:
+        return (con.execute(sql, params) if params else con.execute(sql)).to_arrow_table()
+
+    try:
+        return run()
+    except duckdb.NotImplementedException as e:
+        if "BLOOM_FILTER" not in str(e):
+            raise
+    row = con.execute("SELECT current_setting('disabled_optimizers')").fetchone()
+    before = str(row[0]) if row and row[0] else ""
+    off = ",".join(x for x in (before, "join_filter_pushdown") if x)
+    con.execute(f"SET disabled_optimizers = '{off}'")
+    try:
+        return run()
+    finally:
+        con.execute(f"SET disabled_optimizers = '{before}'")
 
 
 class StatementInfo:
@@ -596,24 +621,14 @@ class UnionReader:
                 continue  # the very state the view was registered over (the client's board fast path)
             self.register_state(got.with_(mem=None), cast(pa.Table, got.mem), t, columns=cols, mode=mode)
             self._fresh[t] = (got, mode, cols)
-        if self.confine:
-            self._confine()
+        if self.confine:  # once, after the first registration set up what the reads need
+            confine_to_service(self.con, self.client)
+            self.confine = False
         try:
-            return self._execute(sql, params)
+            return execute_arrow(self.con, sql, params)
         except duckdb.CatalogException as e:
             self._raise_not_readable(e)
             raise
-
-    def _confine(self) -> None:
-        """Confine the connection (:func:`.sandbox.confine`) to the service's ``data_roots`` (its status),
-        once, after the first registration set up what the reads need (httpfs, the S3 secret). A source
-        whose status names no roots (a ReadState source other than the service) is not confined."""
-        self.confine = False
-        if confined(self.con) or self.client is None:
-            return
-        roots = self.client.status().get("data_roots")
-        if roots:
-            confine(self.con, roots)
 
     def _raise_not_readable(self, e: duckdb.CatalogException) -> None:
         """:class:`~.missing.MirrorNotReadable` saying why, when ``e`` is DuckDB's "Table with name X does
@@ -627,31 +642,6 @@ class UnionReader:
         except Exception:  # the service's answer is only the explanation: keep DuckDB's error
             return
         raise MirrorNotReadable(explain_missing(name, status)) from None
-
-    def _execute(self, sql: str, params: list[Any] | None) -> pa.Table:
-        """Run a statement over the registered views. DuckDB 1.5 may push a join's bloom filter into the
-        scan of a registered Arrow table (the files with deletes, the in-memory rows), which its PyArrow
-        scan refuses ("Pushdown Filter Type BLOOM_FILTER is not currently supported in PyArrow Scans");
-        such a statement is run again with the join filter pushdown optimizer off, for this statement
-        only (the same rows; only the plan differs)."""
-        try:
-            return self._run(sql, params)
-        except duckdb.NotImplementedException as e:
-            if "BLOOM_FILTER" not in str(e):
-                raise
-        row = self.con.execute("SELECT current_setting('disabled_optimizers')").fetchone()
-        before = str(row[0]) if row and row[0] else ""
-        off = ",".join(x for x in (before, "join_filter_pushdown") if x)
-        self.con.execute(f"SET disabled_optimizers = '{off}'")
-        try:
-            return self._run(sql, params)
-        finally:
-            self.con.execute(f"SET disabled_optimizers = '{before}'")
-
-    def _run(self, sql: str, params: list[Any] | None) -> pa.Table:
-        if params:
-            return self.con.execute(sql, params).to_arrow_table()
-        return self.con.execute(sql).to_arrow_table()
 
     def source_types(self, view: str) -> dict[str, str]:
         """Column name -> the source column's Postgres type (``format_type`` text, the ``pg_type`` field

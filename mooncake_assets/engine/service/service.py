@@ -22,7 +22,6 @@ import logging
 import time
 from typing import Any, cast
 
-import psycopg
 import pyarrow as pa
 
 from .. import storage
@@ -34,7 +33,6 @@ from ..pg.catalog import SourceCatalog
 from ..pg.conninfo import scrub, source_label, with_options  # noqa: F401 (with_options: re-exported)
 from ..pg.names import TableName
 from ..pg.patterns import TableSelection
-from ..pg.slot import current_wal_lsn
 from ..table.change_keys import run_plan
 from ..table.changes import feed_sources, persisted_cut, plan_changes
 from ..table.memslice import BadRowError
@@ -52,15 +50,12 @@ from .persist import PersistScheduler
 from .provision import TableProvisioner
 from .registry import NAMESPACE, TableRegistry, default_names
 from .replication import StreamLoop, tune_gc
+from .source_position import SourcePosition
 from .verifier import Verifier
 
 __all__ = ["MooncakeError", "NAMESPACE", "ReplicatorService", "default_names", "tune_gc"]
 
 log = logging.getLogger("mooncake.service")
-
-#: the words of the one-line refusal of an LSN past the source's current WAL position
-#: (:meth:`ReplicatorService.wait_lsn`); the command line finds them in the service's message (exit 2)
-AHEAD_OF_SOURCE = "is ahead of the source's current WAL position"
 
 
 class ReplicatorService:
@@ -86,9 +81,7 @@ class ReplicatorService:
         self.provisioner = TableProvisioner(self)
         self.chunked = ChunkedCopies(self.provisioner)
         self._clean_start = False
-        self._status_conn: psycopg.Connection[Any] | None = None
-        self._source_error: str | None = None  # why the source was not reachable at the last look
-        self._source_lsn_seen = 0  # the highest pg_current_wal_lsn() wait_lsn has seen (it only grows)
+        self.source_position = SourcePosition(self.dsn)  # pg_current_wal_lsn(), one kept connection
         # mirrors whose source table no longer exists (by oid): read-only, their last state kept
         self.source_dropped: set[str] = set()
         self.verifier = Verifier(self, config.verify_interval_s)  # the scheduled check of every mirror
@@ -172,6 +165,7 @@ class ReplicatorService:
         self.persister.close()
         self.stream.close()
         self.source_catalog.close()
+        self.source_position.close()
         self.generated.close()
         try:  # the next start knows this run was not interrupted (a SIGKILL never gets here)
             (self.config.state_dir / "service.clean-stop").write_text(utc_now())
@@ -207,27 +201,10 @@ class ReplicatorService:
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
         """Block until every commit below ``lsn`` is applied (:meth:`.replication.StreamLoop.wait_lsn`).
         An ``lsn`` not applied yet is first compared with the source's current WAL position
-        (:meth:`_refuse_ahead_of_source`): one past it is refused at once instead of waited for."""
+        (:meth:`.source_position.SourcePosition.refuse_ahead`): one past it is a ``ValueError`` at once."""
         if lsn > self.stream.applied_lsn:
-            self._refuse_ahead_of_source(lsn)
+            self.source_position.refuse_ahead(lsn)
         return self.stream.wait_lsn(lsn, timeout_s)
-
-    def _refuse_ahead_of_source(self, lsn: int) -> None:
-        """``ValueError`` (one line, :data:`AHEAD_OF_SOURCE`, both LSNs) when ``lsn`` is past the source's
-        ``pg_current_wal_lsn()``: no commit the source has made ends there, so waiting for it would only
-        time out. The source is asked over the status connection (:meth:`_source_lsn`) unless ``lsn`` is
-        at or below a position it reported before (its WAL position only moves forward); when it cannot
-        be asked, nothing is refused (the caller waits, as it did before)."""
-        if lsn <= self._source_lsn_seen:
-            return
-        src = self._source_lsn()
-        if src is None:
-            return
-        self._source_lsn_seen = max(self._source_lsn_seen, src)
-        if lsn > src:
-            raise ValueError(
-                f"LSN {Lsn(lsn)} {AHEAD_OF_SOURCE} {Lsn(src)} (pg_current_wal_lsn()); pick an LSN at or below it"
-            )
 
     def durable_lsn(self) -> int:
         """The LSN the slot may be confirmed to (:meth:`.replication.StreamLoop.durable_lsn`)."""
@@ -340,7 +317,7 @@ class ReplicatorService:
         target = max(since, until if isinstance(until, int) else 0)
         if until is None:  # the range ends at what is applied now: nothing is waited for
             if since > self.stream.applied_lsn:
-                self._refuse_ahead_of_source(since)
+                self.source_position.refuse_ahead(since)
         elif target > self.stream.applied_lsn:
             self.wait_lsn(target, timeout_s)
         with self.lock:
@@ -367,20 +344,6 @@ class ReplicatorService:
         return Lsn(end), feed
 
     # ------------------------------------------------------------------ status
-    def _source_lsn(self) -> int | None:
-        """``pg_current_wal_lsn()`` of the source over a kept connection (None when unreachable; the
-        reason is kept in ``_source_error``)."""
-        try:
-            if self._status_conn is None or self._status_conn.closed:
-                self._status_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
-            text = current_wal_lsn(self._status_conn)
-            self._source_error = None
-            return Lsn.parse(text)
-        except psycopg.Error as e:
-            self._status_conn = None
-            self._source_error = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return None
-
     def _check_source_tables(self) -> None:
         """Mark the mirrors whose source relation is gone (``DROP TABLE`` at the source: Postgres removes
         it from the publication and pgoutput sends nothing, PostgreSQL docs "CREATE PUBLICATION") in
@@ -390,13 +353,10 @@ class ReplicatorService:
         re-created under the name has another oid). Needs the source reachable; a failed look changes
         nothing."""
         oids = {t.schema.oid: t.name for t in list(self.tables.values()) if t.name not in self.source_dropped}
-        if not oids or self._status_conn is None or self._status_conn.closed:
+        if not oids:
             return
-        try:
-            rows = self._status_conn.execute(
-                "SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)", [list(oids)]
-            ).fetchall()
-        except psycopg.Error:
+        rows = self.source_position.query("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)", [list(oids)])
+        if rows is None:
             return
         present = {int(r[0]) for r in rows}
         with self.lock:
@@ -455,7 +415,7 @@ class ReplicatorService:
         ``discovery`` (:meth:`.discovery.TableDiscovery.status`: None when off; its ``failed`` tables are
         not in ``tables``, which lists mirrors only), ``interrupted`` (``name``, ``source``: initial copies a
         service stop interrupted, until create-table makes that mirror again)."""
-        src_lsn = self._source_lsn()
+        src_lsn = self.source_position.current()
         now = time.time()
         applied = {name: t.applied_lsn for name, t in list(self.tables.items())}  # ints: no lock needed
         if src_lsn is not None:
@@ -505,7 +465,7 @@ class ReplicatorService:
                 "maintenance": self.config.maintenance,
                 "source": source_label(self.dsn),
                 "source_reachable": src_lsn is not None,
-                "source_error": scrub(cast(str, self._source_error)),  # None passes through
+                "source_error": scrub(cast(str, self.source_position.error)),  # None passes through
                 "verify_interval_s": self.config.verify_interval_s,
                 "memory_pool": pa.default_memory_pool().backend_name,
                 "arrow_allocated_bytes": pa.total_allocated_bytes(),
