@@ -15,8 +15,10 @@ from rich.table import Table
 from .commands import CTX, call, console, create_with_progress, err, fail, n_rows, run_verify
 from .commands import service_client as _service_client
 from .config import Settings, load_settings
+from .help_format import PlainCommand, PlainGroup
 
 app = typer.Typer(
+    cls=PlainGroup,  # --help names parameters as command-line tools do (help_format.py)
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -24,6 +26,7 @@ app = typer.Typer(
     "through DuckDB and Dagster orchestration.",
 )
 pg_app = typer.Typer(
+    cls=PlainGroup,
     no_args_is_help=True,
     help="The embedded local Postgres (wal_level=logical). Its data directory is under /var/tmp, where the "
     "postgres user can reach it; <state>/pg/location records where.",
@@ -120,7 +123,7 @@ def main_options(
 
 
 # ---------------------------------------------------------------------------------------- pg
-@pg_app.command("start")
+@pg_app.command("start", cls=PlainCommand)
 def pg_start():
     """Create (first time) and start the embedded Postgres; prints its DSN. No-op when running."""
     from .engine.pg import EmbeddedPostgres, PostgresNotFound
@@ -131,7 +134,7 @@ def pg_start():
         fail(str(e))
 
 
-@pg_app.command("stop")
+@pg_app.command("stop", cls=PlainCommand)
 def pg_stop():
     """Stop the embedded Postgres (fast shutdown); says whether it was running."""
     from .engine.pg import EmbeddedPostgres
@@ -146,7 +149,7 @@ def pg_stop():
     console.print(f"embedded Postgres stopped (data kept in {pg.data_dir}; `mooncake pg start` starts it again)")
 
 
-@pg_app.command("dsn")
+@pg_app.command("dsn", cls=PlainCommand)
 def pg_dsn():
     """Print the embedded Postgres's DSN."""
     from .engine.pg import EmbeddedPostgres
@@ -188,7 +191,7 @@ def _set_memory_limit(text: str | None) -> None:
         fail(f"--memory-limit: {e}")
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def serve(
     maintenance: str = typer.Option(None, help="auto (flush/persist by policy) or dagster (assets drive it)"),
     memory_limit: str | None = typer.Option(None, "--memory-limit", help=_MEMORY_LIMIT_HELP),
@@ -218,7 +221,7 @@ def serve(
         fail(f"the service stopped: {type(e).__name__}: {e}")
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def start(
     maintenance: str | None = typer.Option(
         None,
@@ -324,7 +327,7 @@ def _check_source_login(prefix: str) -> None:
         )
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def stop():
     """Stop the background replicator service (with a sources file: every source's, or --source's). It
     stays stopped until `mooncake start`: the commands that need it say so instead of starting it."""
@@ -380,7 +383,7 @@ def _each_source(need_dsn: bool = True):
         yield src.name
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def status():
     """Is the service running, and what is it doing (with a sources file: of every source, or --source's).
 
@@ -448,7 +451,7 @@ def _status_one() -> bool:
     return True
 
 
-@app.command("check-source")
+@app.command("check-source", cls=PlainCommand)
 def check_source(
     tables: list[str] | None = typer.Argument(
         None, help="Source tables to check, schema.table (default: the mirrored ones)"
@@ -485,7 +488,7 @@ def check_source(
 
 
 # ---------------------------------------------------------------------------------------- tables
-@app.command()
+@app.command(cls=PlainCommand)
 def sync(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be mirrored"),
 ):
@@ -545,7 +548,7 @@ def _sync_one(src, dry_run: bool) -> None:
         if dry_run:
             print(f"  would mirror {qualified} as {dst}", flush=True)
             continue
-        client = client or service_client()
+        client = client or service_client(begin=True)
         try:
             res = create_with_progress(client, dst, qualified, refused=_RaceRefusal)
         except _RaceRefusal as e:  # the service's table discovery mirrors it (discover_interval_s)
@@ -570,7 +573,7 @@ class _RaceRefusal(Exception):
             raise _RaceRefusal(msg.split(";")[0])
 
 
-@app.command("create-table")
+@app.command("create-table", cls=PlainCommand)
 def create_table(
     dst: str = typer.Argument(
         ..., help="Name of the mirror: 1-63 ASCII letters, digits and _, not starting with a digit"
@@ -606,6 +609,8 @@ def create_table(
     Every column type is mirrored: structured where Iceberg has a faithful type (composite → struct,
     hstore → map, PostGIS → WKB), else as Postgres's exact text (ranges, tsvector, geometric types, …;
     one notice lists those columns). See docs/types.md."""
+    if delete_format not in ("deletion-vectors", "position-deletes"):  # before a service is started for it
+        fail(f"--delete-format must be deletion-vectors or position-deletes, not {delete_format!r}", code=2)
     types: dict[str, str] = {}
     for opt in column_type:
         col, sep, kind = opt.rpartition("=")
@@ -613,7 +618,7 @@ def create_table(
             err.print(f"error: --column-type {opt!r}: expected COL=text")
             raise typer.Exit(2)
         types[col] = kind.strip().lower()
-    client, started = service_client(report=True)
+    client, started = service_client(report=True, begin=True)
     try:
         res = create_with_progress(client, dst, src, delete_format, column_types=types, exclude=list(exclude_column))
     except typer.Exit:
@@ -638,14 +643,14 @@ def create_table(
         )
 
 
-@app.command("drop-table")
+@app.command("drop-table", cls=PlainCommand)
 def drop_table(dst: str = typer.Argument(..., help="Name of the mirror to drop (see `mooncake list-tables`)")):
     """Stop mirroring DST and delete its Iceberg table (the slot goes with the last table)."""
     res = call(service_client(), "drop_table", table=dst)
     console.print(f"dropped {dst}" + (" (and the replication slot)" if res.get("slot_dropped") else ""))
 
 
-@app.command("list-tables")
+@app.command("list-tables", cls=PlainCommand)
 def list_tables(as_json: bool = typer.Option(False, "--json", help="Machine-readable output")):
     """Per table: LSNs, lag, buffer rows/bytes, files, index blocks, deletion vectors (with a sources
     file: a table per source, or --source's; --json: {"sources": {name: {"tables", "maintenance"}}}).
@@ -731,7 +736,7 @@ def _lag_text(row: dict) -> str:
     return f"{size}, {row.get('lag_seconds') or 0:.1f} s"
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def query(
     sql: str = typer.Argument(..., help="One SELECT (or EXPLAIN) over the mirrors, by their DST names"),
     fmt: str = typer.Option(
@@ -773,7 +778,7 @@ def query(
     from .engine.lsn import Lsn
     from .engine.read import MirrorNotReadable, UnionReader
     from .engine.read.render import FORMATS
-    from .engine.read.union import ReadOnlyError
+    from .engine.read.union import ReadOnlyError, check_read_only
     from .engine.service import ServiceError
 
     if fmt not in FORMATS:
@@ -790,10 +795,11 @@ def query(
             fail(f"--lsn {lsn!r} is not an LSN: expected two hexadecimal numbers as X/Y, e.g. 0/16B3748", code=2)
         if no_wait:
             fail("--lsn and --no-wait exclude each other (a read at --lsn never waits for the source)", code=2)
-    _refuse_if_stopped()
+    _refuse_to_start()
     try:
         reader = UnionReader(service_client(), None if no_wait else CTX.settings.source_dsn(), wait_timeout=max_wait)
-        res = reader.query(sql, lsn=lsn)
+        check_read_only(sql, reader.con)  # every statement is a read, before any runs
+        results = [(stmt, reader.query(stmt, lsn=lsn)) for stmt in _statements(sql)]
     except ReadOnlyError as e:
         fail(str(e), code=2)
     except MirrorNotReadable as e:  # copying, stopped, interrupted, or no such mirror: one line saying which
@@ -806,7 +812,8 @@ def query(
         fail(str(e).splitlines()[0] + hint)
     except Exception as e:
         fail(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    sys.stdout.write(FORMATS[fmt](_postgres_names(sql, res)))
+    # several statements: each result on its own, as psql prints them (tables a blank line apart)
+    sys.stdout.write(("\n" if fmt == "table" else "").join(FORMATS[fmt](_postgres_names(q, r)) for q, r in results))
     sys.stdout.flush()
     _query_notes(reader, no_wait)
 
@@ -814,7 +821,7 @@ def query(
 CHANGE_FORMATS = ("table", "csv", "json", "parquet")
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def changes(
     dst: str = typer.Argument(..., help="The mirror (see `mooncake list-tables`)"),
     since: str = typer.Option(
@@ -877,7 +884,7 @@ def changes(
         fail(f"--since {since} is after --until {until}", code=2)
     if fmt == "parquet" and output is None and sys.stdout.isatty():
         fail("--format parquet writes binary: give --output FILE (or redirect stdout)", code=2)
-    _refuse_if_stopped()
+    _refuse_to_start()
     try:
         if until is None and not no_wait:
             until = current_wal_lsn(CTX.settings.source_dsn())
@@ -928,7 +935,7 @@ def _change_lsn(opt: str, value: str) -> str:
     return str(lsn)
 
 
-@app.command("sql-server")
+@app.command("sql-server", cls=PlainCommand)
 def sql_server(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)"),
     port: int = typer.Option(5433, help="TCP port (0: any free port, printed on stderr)"),
@@ -993,7 +1000,7 @@ def sql_server(
             tls = tls_context(str(tls_cert), str(tls_key))
         except OSError as e:  # ssl.SSLError is one
             fail(f"--tls-cert/--tls-key: {e}", code=2)
-    _refuse_if_stopped()
+    _refuse_to_start()
     dsn = CTX.settings.source_dsn()
     db = duckdb.connect()  # the readers are cursors of one database: one memory limit
     db.execute("SET GLOBAL parquet_metadata_cache = true")
@@ -1026,7 +1033,7 @@ def sql_server(
             close()
 
 
-@app.command("sql-server-user")
+@app.command("sql-server-user", cls=PlainCommand)
 def sql_server_user(
     file: Path = typer.Argument(..., help="The users file (created with mode 0600)"),
     name: str = typer.Argument(..., help="User name"),
@@ -1049,7 +1056,7 @@ def _fail_ahead_of_source(e: BaseException) -> None:
     """When the service refused an LSN past the source's current WAL position (``--lsn``, ``--since``,
     ``--until``: :meth:`ReplicatorService.wait_lsn <.engine.service.service.ReplicatorService.wait_lsn>`,
     which names both LSNs and no password): its one line, exit 2 (bad input: waiting cannot help)."""
-    from .engine.service.service import AHEAD_OF_SOURCE
+    from .engine.service.source_position import AHEAD_OF_SOURCE
 
     line = (str(e).splitlines() or [""])[0]
     if AHEAD_OF_SOURCE in line:
@@ -1087,6 +1094,18 @@ def _query_cut(sql: str, cut: str, fmt: str) -> None:
     sys.stdout.write(FORMATS[fmt](_postgres_names(sql, res)))
     sys.stdout.flush()
     err.print(f"read the cut {info.tag} (LSN {info.lsn}): {', '.join(sorted(info.tables))}", highlight=False)
+
+
+def _statements(sql: str) -> list[str]:
+    """The statements of ``sql`` (DuckDB's parser), each run and printed on its own as psql does;
+    ``[sql]`` when it does not parse (running it then reports DuckDB's error)."""
+    import duckdb
+
+    try:
+        parts = [st.query.strip().rstrip(";").strip() for st in duckdb.extract_statements(sql)]
+    except duckdb.Error:
+        return [sql]
+    return [p for p in parts if p] or [sql]
 
 
 def _postgres_names(sql: str, res):
@@ -1129,12 +1148,51 @@ def _query_notes(reader, no_wait: bool) -> None:
             )
 
 
-def service_client(start: bool = True, settings: Settings | None = None, report: bool = False) -> Any:
+def service_client(
+    start: bool = True, settings: Settings | None = None, report: bool = False, begin: bool = False
+) -> Any:
     """The commands' way to the service: :func:`.commands.service_client` (started when it is not
-    running, ``start``), except after ``mooncake stop``: then :func:`_refuse_if_stopped` fails first."""
+    running, ``start``), except where :func:`_refuse_to_start` fails first. ``begin``: the command may
+    begin a mooncake state where there is none (create-table, sync)."""
     if start:
-        _refuse_if_stopped(settings)
+        _refuse_to_start(settings, begin)
     return _service_client(start, settings=settings, report=report)
+
+
+def _refuse_to_start(settings: Settings | None = None, begin: bool = False) -> None:
+    """Fail, in one line, where a command must not start the service: after ``mooncake stop``
+    (:func:`_refuse_if_stopped`) and where no mooncake state is (:func:`_refuse_if_nothing_here`)."""
+    _refuse_if_stopped(settings)
+    _refuse_if_nothing_here(settings, begin)
+
+
+def _refuse_if_nothing_here(settings: Settings | None = None, begin: bool = False) -> None:
+    """A command run where no mooncake state is (no ``settings.json``, no ``tables.json``: a wrong
+    directory, a forgotten ``MOONCAKE_STATE_DIR``) does not set one up behind the user's back — a state
+    directory, an embedded Postgres under /var/tmp, a background service — to answer "no mirrors":
+    it fails in one line naming the directory. ``create-table`` and ``sync`` (``begin``) begin one
+    there, and say so on stderr. A service already answering on the directory's socket is used as it
+    is."""
+    from .engine.service import ServiceClient
+
+    s = settings or CTX.settings
+    if s.settings_file.exists() or (s.state_dir / "tables.json").exists():
+        return
+    c = ServiceClient(s.socket_path)
+    try:
+        if c.ping():
+            return
+    finally:
+        c.close()
+    where = s.state_dir.resolve()
+    if begin:
+        pg = "" if s.dsn else " and an embedded Postgres under /var/tmp (no --dsn or MOONCAKE_PG_DSN given)"
+        err.print(f"notice: starting a new mooncake state in {where}{pg}", highlight=False, soft_wrap=True)
+        return
+    fail(
+        f"no mooncake state in {where}: nothing is mirrored there; give the state directory of your mirrors "
+        "(--state-dir or MOONCAKE_STATE_DIR), or begin one here with `mooncake create-table DST SCHEMA.TABLE`"
+    )
 
 
 def _stopped_message(settings: Settings | None = None) -> str | None:
@@ -1201,13 +1259,13 @@ def _maint(op: str, dst: str, **kw):
     )
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def flush(dst: str):
     """Write DST's in-memory rows to Parquet plus an index block (not yet in Iceberg)."""
     _maint("flush", dst)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def persist(
     dst: str | None = typer.Argument(None, help="The mirror to persist (or --all)"),
     persist_all: bool = typer.Option(
@@ -1244,7 +1302,7 @@ def _cut(tables: list[str] | None, as_json: bool, max_wait: float = 30.0) -> Non
     )
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def cut(
     tables: list[str] | None = typer.Argument(None, help="Mirrors in the cut (default: all)"),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
@@ -1265,7 +1323,7 @@ def _cut_catalog():
     return make_catalog(s.catalog, s.warehouse_uri, **catalog_properties(s))
 
 
-@app.command("list-cuts")
+@app.command("list-cuts", cls=PlainCommand)
 def list_cuts_cmd(as_json: bool = typer.Option(False, "--json", help="Print the cuts as JSON")):
     """The consistent cuts in the warehouse (tags lsn-X-Y): LSN, time, tables. Reads the catalog only."""
     from .engine.read.cuts import list_cuts
@@ -1286,7 +1344,7 @@ def list_cuts_cmd(as_json: bool = typer.Option(False, "--json", help="Print the 
     console.print(table)
 
 
-@app.command("merge-index")
+@app.command("merge-index", cls=PlainCommand)
 def merge_index(
     dst: str,
     merge_all: bool = typer.Option(False, "--all", help="Merge even below the policy's block count"),
@@ -1306,7 +1364,7 @@ def merge_index(
         )
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def compact(
     dst: str,
     full: bool = typer.Option(False, "--full", help="Rewrite every file"),
@@ -1340,7 +1398,7 @@ def compact(
     )
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def verify(
     tables: list[str] | None = typer.Argument(None, help="Mirrors to check (default: all)"),
     reader: str = typer.Option(
@@ -1374,12 +1432,12 @@ def verify(
         print(f"checksums: {ok}/{len(res)} tables match", flush=True)
         raise typer.Exit(0 if res and ok == len(res) else 1)
     if reader == "union":  # the union reader is a client of the service (readers of Iceberg are not)
-        _refuse_if_stopped()
+        _refuse_to_start()
     code = run_verify(tables or None, reader)
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def demo(
     seconds: int = typer.Option(30, help="How long pgbench runs"),
     scale: int = typer.Option(1, help="pgbench scale factor"),
@@ -1412,7 +1470,7 @@ def demo(
     raise typer.Exit(run_demo(settings, seconds=seconds, scale=scale, clients=clients, dagster=dagster))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def ui(
     port: int = typer.Option(3000, help="Webserver port"),
     host: str = typer.Option("127.0.0.1", help="Webserver address (loopback by default)"),
@@ -1426,7 +1484,7 @@ def ui(
     raise typer.Exit(run_ui(CTX.settings, host=host, port=port, scale=scale, rate=rate, clients=clients))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def chaos(
     seed: int = typer.Option(1, "--seed", help="First seed"),
     steps: int = typer.Option(300, "--steps", help="Workload steps per seed"),
@@ -1479,7 +1537,7 @@ def chaos(
     raise typer.Exit(1 if bad else 0)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def bench(
     quick: bool = typer.Option(
         False, "--quick", help="Smaller sizes and fewer repetitions: a smoke run, with less stable numbers"

@@ -160,6 +160,12 @@ def test_a_main_option_after_the_command_and_bad_changes_ranges_are_one_line(sta
         assert "or a cut tag lsn-X-Y" in r.stderr
     r = cli(*base, "--since", "lsn-0-20", "--until", "0/10")
     assert r.returncode == 2 and "--since 0/20 is after --until 0/10" in r.stderr  # the tag read as its LSN
+    # a bad --delete-format: the option's name, exit 2 like other bad options, and no service started for it
+    r = cli("--state-dir", str(s.state_dir), "--dsn", s.dsn, "create-table", "x", "public.x", "--delete-format", "v4")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --delete-format must be deletion-vectors or position-deletes, not 'v4'"
+    ), r.stderr
+    assert not (s.state_dir / "service.pid").exists()
 
 
 def test_one_row_is_one_row_and_persist_seconds_are_rounded(pg_dsn, state_dir):

@@ -54,3 +54,27 @@ def test_reflow_keeps_paragraphs_and_words():
     Second paragraph, its words
     all kept: <state>/x `code`."""
     assert cli._reflowed(doc) == "First line of a paragraph.\n\nSecond paragraph, its words all kept: <state>/x `code`."
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda p: " ".join(p) or "mooncake")
+def test_help_names_parameters_as_command_line_tools_do(path):
+    """No Python type after a flag or an option (Typer 0.29 shows ``--no-wait <bool>``, ``--lsn <str>``,
+    ``--help <bool>``): a flag shows nothing, an option's value its NAME (help_format.py)."""
+    r = CliRunner().invoke(cli.app, [*path, "--help"], env={"COLUMNS": "200", "TERM": "dumb"}, terminal_width=200)
+    assert r.exit_code == 0, r.output
+    rows = [line.strip("│ ") for line in r.output.splitlines() if line.lstrip("│ ").startswith("--")]
+    assert rows, r.output
+    for row in rows:
+        words = row.split()
+        assert not (len(words) > 1 and words[1].startswith("<")), f"`mooncake {' '.join(path)} --help`: {row!r}"
+    help_row = next(row for row in rows if row.startswith("--help"))
+    assert help_row.split()[1] == "Show", help_row
+
+
+def test_plain_metavars():
+    r = CliRunner().invoke(cli.app, ["query", "--help"], env={"COLUMNS": "200", "TERM": "dumb"}, terminal_width=200)
+    out = r.output
+    assert "{SQL}" in out and "--lsn" in out and " LSN " in out and "--format" in out and " FORMAT " in out, out
+    assert "SECONDS" in out, out  # what the code spelled out stays
+    no_wait = next(line for line in out.splitlines() if "--no-wait" in line)
+    assert no_wait.split("--no-wait", 1)[1].split()[0] == "Read", no_wait  # a flag: its help right after it

@@ -37,6 +37,14 @@ def _psql_csv(dsn: str, sql: str) -> str:
     ).stdout
 
 
+def _psql(dsn: str, sql: str) -> str:
+    psql = shutil.which("psql") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))), None)
+    env = dict(os.environ, PGTZ="UTC", PGDATESTYLE="ISO", PGCLIENTENCODING="UTF8")
+    return subprocess.run(
+        [str(psql), "--no-psqlrc", "-d", dsn, "-c", sql], capture_output=True, text=True, env=env, check=True
+    ).stdout
+
+
 def _setup(pg_dsn, state_dir):
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         for s in SETUP:
@@ -97,6 +105,13 @@ def test_query_renders_like_psql_and_refuses_bad_input(pg_dsn, state_dir):
             far.stderr,
         )
         assert len(far.stderr.strip().splitlines()) == 1 and far.stdout == "", far.stderr
+
+        # several statements: every result, each on its own, as psql prints them (it printed the last only)
+        two = "SELECT 1 AS a; SELECT id, note FROM q WHERE id < 3 ORDER BY id"
+        assert mooncake(s, "query", two, check=True).stdout + "\n" == _psql(pg_dsn, two), two
+        assert mooncake(s, "query", two, "--format", "csv", check=True).stdout == _psql_csv(pg_dsn, two)
+        bad = mooncake(s, "query", "SELECT 1 AS a; DELETE FROM q")  # nothing runs when one is not a read
+        assert bad.returncode == 2 and bad.stdout == "" and "queries are read-only" in bad.stderr, bad
 
         # a stopped service is not started behind the user's back
         assert "stopped" in mooncake(s, "stop", check=True).stdout

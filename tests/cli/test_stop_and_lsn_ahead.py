@@ -228,3 +228,41 @@ def test_with_a_sources_file_a_stopped_source_is_reported_and_the_others_served(
     finally:
         for name in ("one", "two"):
             cli(cfg, "--source", name, "stop", env=env)
+
+
+def test_a_command_where_no_state_is_sets_nothing_up(pg_dsn, state_dir):
+    """Run where no mooncake state is (a wrong directory, a forgotten MOONCAKE_STATE_DIR), a command that
+    reads or changes mirrors fails in one line naming the directory, and leaves no state directory,
+    no embedded Postgres and no service behind; create-table begins a state there and says so."""
+    import subprocess
+    import sys
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE fresh (id int PRIMARY KEY)")
+        c.execute("INSERT INTO fresh VALUES (1), (2)")
+    where = state_dir / "elsewhere"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MOONCAKE_")}
+        cmd = [sys.executable, "-m", "mooncake_assets.cli", "--state-dir", str(where), "--dsn", pg_dsn, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+    for args in (("list-tables",), ("query", "SELECT 1"), ("verify",), ("persist", "fresh"), ("cut",)):
+        r = cli(*args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert _one_line(r) == (
+            f"error: no mooncake state in {where.resolve()}: nothing is mirrored there; give the state directory "
+            "of your mirrors (--state-dir or MOONCAKE_STATE_DIR), or begin one here with "
+            "`mooncake create-table DST SCHEMA.TABLE`"
+        ), (args, r.stderr)
+        assert not (where / "settings.json").exists() and not (where / "service.pid").exists(), args
+    r = cli("create-table", "fresh", "public.fresh")
+    try:
+        assert r.returncode == 0, r.stderr
+        assert f"notice: starting a new mooncake state in {where.resolve()}" in r.stderr, r.stderr
+        assert "embedded Postgres" not in r.stderr  # a DSN was given
+        r = cli("query", "SELECT count(*) AS n FROM fresh", "--format", "csv")
+        assert r.returncode == 0 and r.stdout == "n\n2\n", r.stderr
+        assert "notice" not in cli("list-tables").stderr  # a state is there now: nothing to say
+    finally:
+        cli("stop")
