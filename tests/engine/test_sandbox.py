@@ -53,3 +53,29 @@ def test_a_connection_confined_to_no_root_reads_registered_data_only():
 
 def test_root_prefixes():
     assert root_prefixes(["file:///a/b", "s3://bkt/wh/", "/c"]) == ["/a/b/", "/c/", "file:///a/b/", "s3://bkt/wh/"]
+
+
+def test_confine_to_service_takes_the_roots_from_its_status(tmp_path):
+    """The service's status names the roots; a ReadState source without a status (a test double, the
+    bench's in-process source) or without roots leaves the connection as it is."""
+    from mooncake_assets.engine.read.sandbox import confine_to_service
+
+    class NoStatus:
+        pass
+
+    class Status:
+        def __init__(self, doc):
+            self.doc = doc
+
+        def status(self):
+            return self.doc
+
+    for client in (None, NoStatus(), Status({"tables": []})):
+        con = duckdb.connect()
+        confine_to_service(con, client)
+        assert not confined(con)
+    con = duckdb.connect()
+    confine_to_service(con, Status({"data_roots": [f"file://{tmp_path}"]}))
+    assert confined(con)
+    with pytest.raises(duckdb.PermissionException):
+        con.execute("SELECT * FROM read_text('/etc/hostname')").fetchall()

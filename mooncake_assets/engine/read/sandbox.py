@@ -58,10 +58,11 @@ def confine(con: Any, roots: Iterable[str] = ()) -> None:
 
 def confine_to_service(con: Any, client: Any) -> None:
     """Confine ``con`` to the ``data_roots`` of ``client``'s service (its ``status``: the warehouse and
-    the staging directory); a database already confined, no client, or a status that names no roots
-    (a ReadState source other than the service) leaves it as it is."""
-    if client is None or confined(con):
+    the staging directory); a database already confined, no client, or a client without a status or
+    whose status names no roots (a ReadState source other than the service) leaves it as it is."""
+    status = getattr(client, "status", None)
+    if status is None or confined(con):
         return
-    roots = client.status().get("data_roots")
+    roots = status().get("data_roots")
     if roots:
         confine(con, roots)
