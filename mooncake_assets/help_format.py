@@ -33,8 +33,11 @@ def plain_metavar(param: click.Parameter) -> None:
             param.metavar = name.upper().replace("-", "_")
 
 
-class PlainCommand(TyperCommand):
-    """A command whose help names its parameters plainly (:func:`plain_metavar`)."""
+class _PlainParams:
+    """What :class:`PlainCommand` and :class:`PlainGroup` add to Typer's: their parameters named plainly
+    (:func:`plain_metavar`) when made, and the ``--help`` option, made later by ``get_params``."""
+
+    params: list[click.Parameter]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -42,22 +45,15 @@ class PlainCommand(TyperCommand):
             plain_metavar(p)
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = super().get_params(ctx)
-        for p in params:  # the --help option is made here
-            plain_metavar(p)
-        return params
-
-
-class PlainGroup(TyperGroup):
-    """A group (``mooncake``, ``mooncake pg``) whose own options are named plainly (:func:`plain_metavar`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for p in self.params:
-            plain_metavar(p)
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = super().get_params(ctx)
+        params: list[click.Parameter] = super().get_params(ctx)  # type: ignore[misc]  # the Typer class after this one
         for p in params:
             plain_metavar(p)
         return params
+
+
+class PlainCommand(_PlainParams, TyperCommand):
+    """A command whose help names its parameters plainly (:func:`plain_metavar`)."""
+
+
+class PlainGroup(_PlainParams, TyperGroup):
+    """A group (``mooncake``, ``mooncake pg``) whose own options are named plainly (:func:`plain_metavar`)."""
