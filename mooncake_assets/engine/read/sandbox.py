@@ -20,6 +20,7 @@ afterwards.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,16 +45,24 @@ def confined(con: Any) -> bool:
     return bool(row) and row[0] is False
 
 
+#: one confinement at a time in this process: the sql-server's readers are cursors of one database, and
+#: two first statements at once would otherwise both set allowed_directories, the second after the first
+#: had turned external access off (DuckDB refuses that)
+_CONFINING = threading.Lock()
+
+
 def confine(con: Any, roots: Iterable[str] = ()) -> None:
     """Confine DuckDB connection ``con`` (and every cursor of its database) to files under ``roots``
     (module docstring; none: only registered Arrow data and DuckDB's temporary directory). A database
-    already confined is left as it is. Raises ``duckdb.Error`` when DuckDB refuses a setting."""
-    if confined(con):
-        return
-    dirs = root_prefixes(roots)
-    literal = "[" + ", ".join("'" + d.replace("'", "''") + "'" for d in dirs) + "]"
-    con.execute(f"SET allowed_directories = {literal}")
-    con.execute("SET enable_external_access = false")
+    already confined is left as it is; cursors of one database may call this at once. Raises
+    ``duckdb.Error`` when DuckDB refuses a setting."""
+    with _CONFINING:
+        if confined(con):
+            return
+        dirs = root_prefixes(roots)
+        literal = "[" + ", ".join("'" + d.replace("'", "''") + "'" for d in dirs) + "]"
+        con.execute(f"SET allowed_directories = {literal}")
+        con.execute("SET enable_external_access = false")
 
 
 def confine_to_service(con: Any, client: Any) -> None:
