@@ -1171,8 +1171,7 @@ def _refuse_if_nothing_here(settings: Settings | None = None, begin: bool = Fals
     directory, a forgotten ``MOONCAKE_STATE_DIR``) does not set one up behind the user's back — a state
     directory, an embedded Postgres under /var/tmp, a background service — to answer "no mirrors":
     it fails in one line naming the directory. ``create-table`` and ``sync`` (``begin``) begin one
-    there, and say so on stderr. A service already answering on the directory's socket is used as it
-    is."""
+    there. A service already answering on the directory's socket is used as it is."""
     from .engine.service import ServiceClient
 
     s = settings or CTX.settings
@@ -1186,8 +1185,6 @@ def _refuse_if_nothing_here(settings: Settings | None = None, begin: bool = Fals
         c.close()
     where = s.state_dir.resolve()
     if begin:
-        pg = "" if s.dsn else " and an embedded Postgres under /var/tmp (no --dsn or MOONCAKE_PG_DSN given)"
-        err.print(f"notice: starting a new mooncake state in {where}{pg}", highlight=False, soft_wrap=True)
         return
     fail(
         f"no mooncake state in {where}: nothing is mirrored there; give the state directory of your mirrors "

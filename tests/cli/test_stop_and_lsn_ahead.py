@@ -233,7 +233,7 @@ def test_with_a_sources_file_a_stopped_source_is_reported_and_the_others_served(
 def test_a_command_where_no_state_is_sets_nothing_up(pg_dsn, state_dir):
     """Run where no mooncake state is (a wrong directory, a forgotten MOONCAKE_STATE_DIR), a command that
     reads or changes mirrors fails in one line naming the directory, and leaves no state directory,
-    no embedded Postgres and no service behind; create-table begins a state there and says so."""
+    no embedded Postgres and no service behind; create-table begins a state there."""
     import subprocess
     import sys
 
@@ -259,10 +259,8 @@ def test_a_command_where_no_state_is_sets_nothing_up(pg_dsn, state_dir):
     r = cli("create-table", "fresh", "public.fresh")
     try:
         assert r.returncode == 0, r.stderr
-        assert f"notice: starting a new mooncake state in {where.resolve()}" in r.stderr, r.stderr
-        assert "embedded Postgres" not in r.stderr  # a DSN was given
+        assert (where / "settings.json").exists()  # create-table began the state
         r = cli("query", "SELECT count(*) AS n FROM fresh", "--format", "csv")
         assert r.returncode == 0 and r.stdout == "n\n2\n", r.stderr
-        assert "notice" not in cli("list-tables").stderr  # a state is there now: nothing to say
     finally:
         cli("stop")
