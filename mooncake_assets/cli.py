@@ -246,20 +246,16 @@ def start(
 def _start_one(maintenance: str | None, memory_limit: str | None, prefix: str) -> None:
     """``start`` of this command's state directory (``prefix`` starts its line; ``memory_limit``: the
     ``--memory-limit`` text, kept in this state directory's settings)."""
-    from .engine.private import write_private
     from .engine.service import ServiceClient
-    from .engine.service.process import start_service, stopped_mark
+    from .engine.service.process import clear_stopped_mark, start_service
 
     _set_memory_limit(memory_limit)
     _check_source_login(prefix)
-    mark = stopped_mark(CTX.settings)
-    try:
+    try:  # a start that fails keeps `mooncake stop`'s stop (only a service that answers clears it)
         pid, started = start_service(CTX.settings, report=True, maintenance=maintenance)
     except Exception as e:
-        if mark is not None and stopped_mark(CTX.settings) is None:  # a start that failed keeps the stop
-            write_private(_stop_mark_path(), mark)
         fail(str(e))
-    _stop_mark_path().unlink(missing_ok=True)  # started, or found running: `mooncake start` ends the stop
+    clear_stopped_mark(CTX.settings)  # found running: `mooncake start` ends the stop too
     c = ServiceClient(CTX.settings.socket_path)
     try:
         ping = c.call("ping", timeout=5)
@@ -1175,7 +1171,7 @@ def _refuse_if_nothing_here(settings: Settings | None = None, begin: bool = Fals
     from .engine.service import ServiceClient
 
     s = settings or CTX.settings
-    if s.settings_file.exists() or (s.state_dir / "tables.json").exists():
+    if begin or s.settings_file.exists() or (s.state_dir / "tables.json").exists():
         return
     c = ServiceClient(s.socket_path)
     try:
@@ -1184,8 +1180,6 @@ def _refuse_if_nothing_here(settings: Settings | None = None, begin: bool = Fals
     finally:
         c.close()
     where = s.state_dir.resolve()
-    if begin:
-        return
     fail(
         f"no mooncake state in {where}: nothing is mirrored there; give the state directory of your mirrors "
         "(--state-dir or MOONCAKE_STATE_DIR), or begin one here with `mooncake create-table DST SCHEMA.TABLE`"
@@ -1240,12 +1234,6 @@ def _skip_if_stopped(prefix: str) -> bool:
     err.print(f"[red]error:[/red] {escape(prefix + msg)}", highlight=False, soft_wrap=True)
     CTX.failed = True
     return True
-
-
-def _stop_mark_path() -> Path:
-    """``mooncake stop``'s mark of this command's state directory (read by :func:`stopped_mark
-    <.engine.service.process.stopped_mark>`)."""
-    return CTX.settings.state_dir / "service.stopped"
 
 
 def _maint(op: str, dst: str, **kw):

@@ -111,6 +111,11 @@ def service_pid(settings: ProcessSettings) -> int | None:
     return pid
 
 
+def clear_stopped_mark(settings: ProcessSettings) -> None:
+    """End ``mooncake stop``'s stop (:func:`stopped_mark`): a service answers again."""
+    (settings.state_dir / "service.stopped").unlink(missing_ok=True)
+
+
 def stopped_mark(settings: ProcessSettings) -> str | None:
     """When the user stopped the service with ``mooncake stop`` (and nothing started it since): the
     time of that stop (UTC, ISO 8601), else None. ``<state>/service.stopped`` holds it."""
@@ -185,7 +190,6 @@ def _spawn(
     extra_env: dict[str, str] | None = None,
 ) -> int:
     settings.save()
-    (settings.state_dir / "service.stopped").unlink(missing_ok=True)
     log = open_private(settings.state_dir / "service.log", "ab")
     log.seek(0, os.SEEK_END)
     log_start = log.tell()  # what this service writes comes after it (the log is appended to)
@@ -213,6 +217,7 @@ def _spawn(
             break
         if client.ping(timeout=1.0):
             client.close()
+            clear_stopped_mark(settings)  # only a start that answers ends `mooncake stop`'s stop
             return proc.pid
         time.sleep(0.1)
     raise RuntimeError(scrub(_start_failure(settings.state_dir / "service.log", log_start)))
