@@ -82,7 +82,8 @@ class ServiceClient:
             return False
 
     def fetch(self, ticket: str) -> pa.Table:
-        """The Arrow rows behind a ReadState's in-memory ticket."""
+        """The Arrow rows behind a ticket (``do_get``): a ReadState's in-memory rows, or a ``changes``
+        feed. Each ticket is taken once; ``ServiceError`` (one line) for an unknown or expired one."""
         try:
             reader = self._conn().do_get(flight.Ticket(ticket.encode()))
             return reader.read_all()
@@ -223,7 +224,7 @@ class ServiceClient:
         try:
             results = list(self._conn().do_action(flight.Action("changes", json.dumps(body).encode()), opts))
             head = json.loads(results[0].body.to_pybytes())
-            feed = self._conn().do_get(flight.Ticket(head.pop("ticket").encode()), opts).read_all()
+            feed = self.fetch(head.pop("ticket"))
         except flight.FlightUnavailableError as e:
             self.close()
             raise ServiceUnavailable(f"mooncake service at {self.socket_path} is not answering: {_clean(e)}") from None
