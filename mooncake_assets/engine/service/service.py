@@ -58,6 +58,10 @@ __all__ = ["MooncakeError", "NAMESPACE", "ReplicatorService", "default_names", "
 log = logging.getLogger("mooncake.service")
 
 
+#: seconds wait_lsn waits before it asks the source whether the LSN is past its WAL position at all
+AHEAD_CHECK_AFTER_S = 0.05
+
+
 class ReplicatorService:
     """Owns the mirrored tables of one state directory. ``start()`` restores them and begins streaming."""
 
@@ -201,9 +205,14 @@ class ReplicatorService:
     def wait_lsn(self, lsn: int, timeout_s: float = 30.0) -> int:
         """Block until every commit below ``lsn`` is applied (:meth:`.replication.StreamLoop.wait_lsn`).
         An ``lsn`` not applied yet is first compared with the source's current WAL position
-        (:meth:`.source_position.SourcePosition.refuse_ahead`): one past it is a ``ValueError`` at once."""
+        (:meth:`.source_position.SourcePosition.refuse_ahead`): one past it is a ``ValueError``. The source
+        is asked only for an LSN still not applied after :data:`AHEAD_CHECK_AFTER_S` (a read-your-writes
+        barrier is usually met sooner: no extra query on the union read's path)."""
         if lsn > self.stream.applied_lsn:
-            self.source_position.refuse_ahead(lsn)
+            try:
+                return self.stream.wait_lsn(lsn, min(timeout_s, AHEAD_CHECK_AFTER_S))
+            except TimeoutError:
+                self.source_position.refuse_ahead(lsn)
         return self.stream.wait_lsn(lsn, timeout_s)
 
     def durable_lsn(self) -> int:
